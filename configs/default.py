@@ -1,0 +1,38 @@
+"""Default run: an ensemble of 4 small GPT-2-style models on a fixed sparse Markov chain.
+
+Run (CPU, about a minute):
+  ihsweep train --config=configs/default.py --workdir=runs/default
+Override any field:
+  ihsweep train --config=configs/default.py --workdir=runs/x --config.train.lr=1e-3 \
+      --config.ensemble.size=8 --config.model.pos_encoding=rotary
+Variants via the argument string: ``configs/default.py:tiny`` (the benchmark's tiny workload).
+"""
+
+import ml_collections
+
+
+def get_config(arg: str = ""):
+  c = ml_collections.ConfigDict()
+  c.seed = 0  # model i of the ensemble uses seed + i
+
+  c.model = ml_collections.ConfigDict(dict(
+      n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096, max_context=128,
+      pos_encoding="learned", tie_embeddings=True, dtype="auto", param_dtype="float32"))
+
+  c.train = ml_collections.ConfigDict(dict(
+      batch_size=16, context_size=128, num_steps=400, steps_per_call=50,
+      lr=1e-3, schedule="cosine", warmup_frac=0.01, b1=0.9, b2=0.999, eps=1e-8,
+      weight_decay=0.0, grad_clip=1.0))
+
+  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=()))
+
+  c.data = ml_collections.ConfigDict(dict(source="markov_chain", n_successors=4, chain_seed=0))
+
+  c.mesh = ml_collections.ConfigDict(dict(num_devices=0))  # 0 = every device
+
+  if arg == "tiny":
+    c.model.update(d_model=64, d_mlp=256, vocab_size=512, max_context=64)
+    c.train.update(batch_size=8, context_size=64)
+  elif arg:
+    raise ValueError(f"configs/default.py: unknown variant {arg!r}; allowed: '' or 'tiny'")
+  return c

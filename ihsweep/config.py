@@ -1,0 +1,130 @@
+"""Validation of run configs, done before anything is compiled.
+
+Every check raises ``ConfigError`` naming the field, the value it got and what is allowed, so a bad
+override on the command line costs a second, not a compilation.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import jax
+
+from ihsweep.data import SOURCES
+from ihsweep.model import DTYPES, POS_ENCODINGS
+from ihsweep.sharding import MeshError, mesh_shape
+
+SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+
+
+class ConfigError(ValueError):
+  """A config field has a value that is not allowed."""
+
+  def __init__(self, field: str, value, allowed: str):
+    self.field, self.value, self.allowed = field, value, allowed
+    super().__init__(f"config.{field} = {value!r} is not allowed: {allowed}")
+
+
+def _int(cfg, section: str, name: str, lo: int | None = None, hi: int | None = None,
+         hint: str = "") -> int:
+  value = cfg[section][name]
+  field = f"{section}.{name}"
+  if isinstance(value, bool) or not isinstance(value, Integral):
+    raise ConfigError(field, value, "an integer")
+  if (lo is not None and value < lo) or (hi is not None and value > hi):
+    rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+    raise ConfigError(field, value, f"an integer {rng}{hint}")
+  return int(value)
+
+
+def _real(cfg, section: str, name: str, lo: float, hi: float = math.inf, *,
+          lo_open: bool = False, hi_open: bool = True) -> float:
+  value = cfg[section][name]
+  field = f"{section}.{name}"
+  _check_real(field, value, lo, hi, lo_open, hi_open)
+  return float(value)
+
+
+def _check_real(field, value, lo, hi, lo_open, hi_open):
+  ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+  if ok:
+    ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+  if not ok:
+    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
+    raise ConfigError(field, value, f"a finite number in {left}{lo}, {hi}{right}")
+
+
+def _choice(cfg, section: str, name: str, allowed) -> str:
+  value = cfg[section][name]
+  if value not in allowed:
+    raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(repr, allowed))}")
+  return value
+
+
+def validate(cfg) -> None:
+  """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
+  bad field. Does not touch devices beyond counting them."""
+  for section in ("model", "train", "ensemble", "data", "mesh"):
+    if section not in cfg:
+      raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
+
+  n_layers = _int(cfg, "model", "n_layers", 1)
+  n_heads = _int(cfg, "model", "n_heads", 1)
+  d_model = _int(cfg, "model", "d_model", 1)
+  if d_model % n_heads:
+    divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+    raise ConfigError("model.n_heads", n_heads,
+                      f"a divisor of model.d_model = {d_model}: one of {divisors}")
+  del n_layers
+  _int(cfg, "model", "d_mlp", 0, hint=" (0 = attention-only)")
+  vocab = _int(cfg, "model", "vocab_size", 2)
+  max_context = _int(cfg, "model", "max_context", 1)
+  pos = _choice(cfg, "model", "pos_encoding", POS_ENCODINGS)
+  if pos == "rotary" and (d_model // n_heads) % 2:
+    raise ConfigError("model.n_heads", n_heads,
+                      f"rotary needs an even head size; d_model / n_heads = {d_model // n_heads}")
+  _choice(cfg, "model", "dtype", DTYPES)
+  _choice(cfg, "model", "param_dtype", ("float32", "bfloat16"))
+  if not isinstance(cfg.model.tie_embeddings, bool):
+    raise ConfigError("model.tie_embeddings", cfg.model.tie_embeddings, "True or False")
+
+  batch = _int(cfg, "train", "batch_size", 1)
+  _int(cfg, "train", "context_size", 1, max_context,
+       hint=f" (at most model.max_context = {max_context})")
+  _int(cfg, "train", "num_steps", 1)
+  _int(cfg, "train", "steps_per_call", 1)
+  _real(cfg, "train", "lr", 0.0, lo_open=True)
+  _choice(cfg, "train", "schedule", SCHEDULES)
+  _real(cfg, "train", "warmup_frac", 0.0, 1.0)
+  _real(cfg, "train", "b1", 0.0, 1.0)
+  _real(cfg, "train", "b2", 0.0, 1.0)
+  _real(cfg, "train", "eps", 0.0, lo_open=True)
+  _real(cfg, "train", "weight_decay", 0.0)
+  _real(cfg, "train", "grad_clip", 0.0)
+
+  size = _int(cfg, "ensemble", "size", 1)
+  peak_lrs = cfg.ensemble.peak_lrs
+  if peak_lrs:
+    if len(peak_lrs) != size:
+      raise ConfigError("ensemble.peak_lrs", peak_lrs,
+                        f"empty (all models use train.lr) or one value per model "
+                        f"(ensemble.size = {size})")
+    for i, lr in enumerate(peak_lrs):
+      _check_real(f"ensemble.peak_lrs[{i}]", lr, 0.0, math.inf, True, True)
+  if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, Integral) or cfg.seed < 0:
+    raise ConfigError("seed", cfg.seed, "an integer >= 0")
+
+  source = _choice(cfg, "data", "source", SOURCES)
+  if source == "markov_chain":
+    _int(cfg, "data", "n_successors", 1, vocab,
+         hint=f" (at most model.vocab_size = {vocab})")
+    _int(cfg, "data", "chain_seed", 0)
+
+  n_avail = len(jax.devices())
+  n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,
+               hint=f" (0 = all {n_avail} available devices)")
+  try:
+    mesh_shape(size, batch, n_dev or n_avail)
+  except MeshError as e:
+    raise ConfigError("mesh.num_devices", n_dev, str(e)) from None

@@ -1,0 +1,101 @@
+"""Built-in synthetic sources that need no files: uniform random tokens and a fixed sparse
+Markov chain. Both are generated inside the jitted step from per-model PRNG keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformSource:
+  """I.i.d. uniform tokens: nothing to learn beyond the unigram (loss floor ln V nats)."""
+
+  vocab_size: int
+  batch_size: int
+  context_size: int
+
+  def data_params(self, n_models: int) -> dict:
+    """Per-model data values, leading axis E (none for this source)."""
+    del n_models
+    return {}
+
+  def sample(self, key: jax.Array, data_params: dict) -> jax.Array:
+    """Returns int32 tokens ``[B, C + 1]`` for one model."""
+    del data_params
+    return jax.random.randint(key, (self.batch_size, self.context_size + 1), 0, self.vocab_size,
+                              dtype=jnp.int32)
+
+  def entropy_rate(self) -> float:
+    """Best achievable next-token loss in nats/token."""
+    return float(np.log(self.vocab_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovChainSource:
+  """A fixed first-order Markov chain in which every token has ``n_successors`` successors.
+
+  The chain is built on the host from ``seed``: token a's successors are ``n_successors`` distinct
+  ids drawn uniformly, with probabilities drawn from Dirichlet(1, …, 1). The first token of each
+  sequence is uniform. A model can learn the bigram table, so the loss falls from ln V towards
+  the chain's entropy rate (``entropy_rate()``).
+  """
+
+  vocab_size: int
+  batch_size: int
+  context_size: int
+  n_successors: int = 4
+  seed: int = 0
+
+  def _table(self):
+    return _chain_table(self.vocab_size, self.n_successors, self.seed)
+
+  def data_params(self, n_models: int) -> dict:
+    del n_models
+    return {}
+
+  def sample(self, key: jax.Array, data_params: dict) -> jax.Array:
+    """Returns int32 tokens ``[B, C + 1]`` for one model."""
+    del data_params
+    succ_VxK, probs_VxK = self._table()
+    succ_VxK = jnp.asarray(succ_VxK)
+    # Thresholds between successors; a uniform draw u picks successor #(u > threshold).
+    cum_VxKm1 = jnp.asarray(np.cumsum(probs_VxK, axis=1)[:, :-1], dtype=jnp.float32)
+    k_first, k_next = jax.random.split(key)
+    first_B = jax.random.randint(k_first, (self.batch_size,), 0, self.vocab_size, jnp.int32)
+    u_CxB = jax.random.uniform(k_next, (self.context_size, self.batch_size))
+
+    def step(cur_B, u_B):
+      idx_B = jnp.sum(u_B[:, None] > cum_VxKm1[cur_B], axis=1)
+      nxt_B = jnp.take_along_axis(succ_VxK[cur_B], idx_B[:, None], axis=1)[:, 0]
+      return nxt_B, nxt_B
+
+    _, rest_CxB = jax.lax.scan(step, first_B, u_CxB)
+    return jnp.concatenate([first_B[:, None], rest_CxB.T], axis=1)
+
+  def entropy_rate(self) -> float:
+    """Σ_a π(a) H(P(·|a)) in nats/token, π by power iteration (first-token term excluded)."""
+    succ, probs = self._table()
+    pi = np.full(self.vocab_size, 1.0 / self.vocab_size)
+    for _ in range(1000):
+      new = np.zeros_like(pi)
+      np.add.at(new, succ, pi[:, None] * probs)
+      if np.abs(new - pi).sum() < 1e-12:
+        break
+      pi = new
+    row_entropy = -(probs * np.log(probs)).sum(axis=1)
+    return float(pi @ row_entropy)
+
+
+@functools.lru_cache(maxsize=8)
+def _chain_table(vocab_size: int, n_successors: int, seed: int):
+  """Successor ids ``[V, k]`` (int32) and their probabilities ``[V, k]`` (float64)."""
+  rng = np.random.default_rng(seed)
+  succ = np.stack([rng.choice(vocab_size, size=n_successors, replace=False)
+                   for _ in range(vocab_size)])
+  probs = rng.dirichlet(np.ones(n_successors), size=vocab_size)
+  return succ.astype(np.int32), probs

@@ -1,0 +1,110 @@
+"""Host side of training one ensemble: validate, build, dispatch, log.
+
+The loop dispatches host call i+1 before it reads call i's metrics (as nanodo does), so the
+device never waits on Python; all per-step values come back as ``[K, E]`` arrays once per call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from ihsweep import config as config_lib
+from ihsweep import sharding, train
+from ihsweep.data import make_source
+from ihsweep.model import Transformer
+
+log = logging.getLogger("ihsweep")
+
+
+def _jsonable(cfg) -> dict:
+  return json.loads(cfg.to_json_best_effort()) if hasattr(cfg, "to_json_best_effort") else cfg
+
+
+def write_resolved_config(cfg, workdir: str) -> str:
+  """Writes ``workdir/config.json`` (every field, after command-line overrides)."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(_jsonable(cfg), f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+  return path
+
+
+def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
+  """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates.
+
+  Writes ``workdir/config.json`` and appends one row per host call to ``workdir/metrics.jsonl``
+  (``step``, ``tokens`` per model, per-model ``loss`` and ``grad_norm`` averaged over the call's
+  updates). Returns ``{"state": final TrainState (leading axis E), "losses": [E] last-call
+  losses, "tokens_per_s": aggregate throughput after the first (compiling) call}``.
+
+  Raises:
+    ConfigError: before anything is compiled, if a field is invalid.
+  """
+  config_lib.validate(cfg)
+  mcfg, tcfg = train.model_and_train_config(cfg)
+  n_models = cfg.ensemble.size
+  devices = jax.devices()[:cfg.mesh.num_devices or None]
+  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
+  model = Transformer(mcfg)
+  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  hp = train.HParams(peak_lr=jnp.asarray(train.peak_lrs(cfg), jnp.float32),
+                     data=source.data_params(n_models))
+  hp = jax.device_put(hp, sharding.ensemble_sharding(mesh))
+  write_resolved_config(cfg, workdir)
+  log.info("mesh %s over %d %s device(s); E=%d B=%d C=%d", dict(mesh.shape), len(devices),
+           jax.default_backend(), n_models, tcfg.batch_size, tcfg.context_size)
+
+  seeds = jnp.arange(n_models, dtype=jnp.int32) + cfg.seed
+  state = train.make_init_fn(model, tcfg, mesh)(seeds)
+  programs: dict[int, Any] = {}
+  tokens_per_call_step = n_models * train.tokens_per_update(tcfg)
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  bar = tqdm(total=tcfg.num_steps, disable=not progress, unit="upd", dynamic_ncols=True)
+  pending = []  # metrics of the call in flight: (updates done after it, metrics, K)
+  first_drain_t, tokens_since_first, last_loss = None, 0, None
+  with open(metrics_path, "a") as mfile:
+
+    def drain(step: int, metrics, k: int) -> None:
+      nonlocal first_drain_t, tokens_since_first, last_loss
+      host = jax.tree_util.tree_map(np.asarray, metrics)  # the only host sync
+      now = time.perf_counter()
+      if first_drain_t is None:  # the first call includes compilation: not timed
+        first_drain_t = now
+      else:
+        tokens_since_first += k * tokens_per_call_step
+      last_loss = host["loss"].mean(axis=0)
+      row = {"step": step, "tokens": step * train.tokens_per_update(tcfg),
+             "loss": last_loss.tolist(), "grad_norm": host["grad_norm"].mean(axis=0).tolist()}
+      mfile.write(json.dumps(row) + "\n")
+      mfile.flush()
+      bar.update(k)
+      elapsed = now - first_drain_t
+      bar.set_postfix(loss=f"{last_loss.mean():.4f}",
+                      tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
+
+    done = 0
+    for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
+      if k not in programs:
+        programs[k] = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k)
+      state, metrics = programs[k](state, hp)  # dispatched; runs while we log the last call
+      done += k
+      if pending:
+        drain(*pending.pop())
+      pending.append((done, metrics, k))
+    while pending:
+      drain(*pending.pop())
+  bar.close()
+  elapsed = time.perf_counter() - first_drain_t if first_drain_t else 0.0
+  return {"state": state, "losses": last_loss,
+          "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}

@@ -1,0 +1,60 @@
+"""Device mesh for an ensemble: axes ``('ensemble', 'data')``.
+
+Placement rule (``mesh_shape``): with n devices, E models and B sequences per update, the
+``ensemble`` axis gets the largest divisor e of n that also divides E, and the ``data`` axis the
+remaining d = n / e devices, which split each model's batch (so d must divide B). Models never
+talk to each other, so the ensemble axis is free of communication; the data axis costs one
+gradient all-reduce per step and is used only for what the ensemble axis cannot fill. If no
+such split exists (e.g. E = 3, B = 6 on 4 devices) we refuse with a message rather than leave
+devices idle or pad the ensemble with dummy models; use ``mesh.num_devices`` to run on fewer.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("ensemble", "data")
+
+
+class MeshError(ValueError):
+  """No (ensemble, data) split of the devices fits E and B."""
+
+
+def mesh_shape(n_models: int, batch_size: int, n_devices: int) -> tuple[int, int]:
+  """Returns ``(ensemble, data)`` axis sizes with product ``n_devices`` (rule in module doc).
+
+  Raises:
+    MeshError: if no divisor e of n_devices divides n_models with n_devices / e dividing
+      batch_size.
+  """
+  for e in sorted((e for e in range(1, n_devices + 1) if n_devices % e == 0), reverse=True):
+    if n_models % e == 0 and batch_size % (n_devices // e) == 0:
+      return e, n_devices // e
+  raise MeshError(
+      f"cannot use all {n_devices} devices for ensemble size E = {n_models} and batch size "
+      f"B = {batch_size}: need a divisor e of {n_devices} with e dividing E and {n_devices}/e "
+      f"dividing B; change E or B, or set mesh.num_devices to a count that fits")
+
+
+def make_mesh(n_models: int, batch_size: int, devices=None) -> Mesh:
+  """A ``Mesh`` over ``devices`` (default: all) with axes ('ensemble', 'data')."""
+  devices = list(jax.devices() if devices is None else devices)
+  e, d = mesh_shape(n_models, batch_size, len(devices))
+  return Mesh(np.asarray(devices).reshape(e, d), AXES)
+
+
+def ensemble_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading axis E split over 'ensemble', the rest replicated (train state, hyper-parameters)."""
+  return NamedSharding(mesh, P("ensemble"))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """``[E, B, ...]`` arrays: E over 'ensemble', each model's batch over 'data'."""
+  return NamedSharding(mesh, P("ensemble", "data"))
+
+
+def per_step_sharding(mesh: Mesh) -> NamedSharding:
+  """``[K, E, ...]`` per-step outputs of a scan: E over 'ensemble'."""
+  return NamedSharding(mesh, P(None, "ensemble"))

@@ -1,0 +1,215 @@
+"""Training of one model, and of an ensemble as ``jax.vmap`` of the one-model step.
+
+``train_step`` knows nothing about the ensemble. ``make_ensemble_train_fn`` builds the only
+ensemble-aware program: per step it samples each model's batch in-graph from its own key, vmaps
+``train_step`` over the leading axis E of (state, hyper-parameters, batch), and ``lax.scan``s K
+such steps per host call under ``jax.jit`` with the state donated and sharded over a mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from ihsweep import sharding
+from ihsweep.model import ModelConfig, Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimisation settings shared by every model of an ensemble.
+
+  Defaults follow the study (PAPER.md, "released code"): AdamW with β = (0.9, 0.999), eps 1e-8,
+  weight decay 0, peak lr 2.5e-4, warmup over 1% of the updates then cosine decay to 0,
+  gradients clipped to global norm 1.0 (HF Trainer's default).
+  """
+
+  batch_size: int = 16          # B, sequences per update
+  context_size: int = 128       # C, tokens per sequence
+  num_steps: int = 1000         # updates; the schedule's horizon
+  steps_per_call: int = 50      # K, updates per host call (lax.scan length)
+  lr: float = 2.5e-4            # peak learning rate (per model: HParams.peak_lr)
+  schedule: str = "cosine"      # cosine | constant | inverse_sqrt
+  warmup_frac: float = 0.01     # linear warmup over this fraction of num_steps
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0     # decoupled, on matrices only (not biases, LayerNorm, embeddings)
+  grad_clip: float = 1.0        # global-norm clip; 0 disables
+
+  @classmethod
+  def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in dict(cfg).items() if k in names})
+
+  @property
+  def warmup_steps(self) -> int:
+    return int(round(self.warmup_frac * self.num_steps))
+
+
+@flax.struct.dataclass
+class TrainState:
+  """One model's training state (a pytree; the ensemble stacks it along a leading axis E).
+
+  step: int32 ``[]`` updates done. params / opt_state: Flax params and optax state.
+  data_key: uint32 ``[2]`` root key of this model's data stream; step t uses
+  ``fold_in(data_key, t)``, so a resumed run draws the same batches.
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  data_key: jax.Array
+
+
+@flax.struct.dataclass
+class HParams:
+  """Per-model values vmapped with the state: peak learning rate (float32 ``[]``) and the data
+  source's per-model parameters (a pytree, possibly empty)."""
+
+  peak_lr: jax.Array
+  data: Any
+
+
+def schedule_shape(tcfg: TrainConfig) -> optax.Schedule:
+  """Learning-rate multiplier in [0, 1] per update: linear warmup, then cosine decay to 0 at
+  ``num_steps`` (optax.warmup_cosine_decay_schedule), constant, or inverse square root
+  (Vaswani et al. 2017, eq. 3: ``sqrt(warmup / step)`` after warmup)."""
+  warmup = tcfg.warmup_steps
+  if tcfg.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        0.0, 1.0, warmup_steps=warmup, decay_steps=max(tcfg.num_steps, warmup + 1), end_value=0.0)
+  if tcfg.schedule == "constant":
+    if warmup == 0:
+      return optax.constant_schedule(1.0)
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)], [warmup])
+  if tcfg.schedule == "inverse_sqrt":
+    w = max(warmup, 1)
+    return lambda step: jnp.minimum(step / w, jnp.sqrt(w / jnp.maximum(step, 1)))
+  raise ValueError(f"train.schedule = {tcfg.schedule!r}: allowed: cosine, constant, inverse_sqrt")
+
+
+def _decay_mask(params):
+  return jax.tree_util.tree_map_with_path(
+      lambda path, p: p.ndim >= 2 and "embed" not in jax.tree_util.keystr(path), params)
+
+
+def make_optimizer(tcfg: TrainConfig, peak_lr) -> optax.GradientTransformation:
+  """AdamW (optax.adamw) with ``peak_lr · schedule_shape(step)`` and optional global-norm
+  clipping. ``peak_lr`` may be a traced per-model value: the optimizer state's structure does
+  not depend on it, so one state layout serves every learning rate of the ensemble."""
+  shape = schedule_shape(tcfg)
+  adamw = optax.adamw(lambda step: peak_lr * shape(step), b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps,
+                      weight_decay=tcfg.weight_decay, mask=_decay_mask)
+  if tcfg.grad_clip > 0:
+    return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw)
+  return adamw
+
+
+def init_state(seed, model: Transformer, tcfg: TrainConfig) -> TrainState:
+  """One model's initial state from an int seed (traceable, so ``vmap`` over seeds gives E).
+
+  The seed's key is split with ``fold_in``: 0 → parameter init, 1 → data stream (2 is reserved
+  for probes)."""
+  root = jax.random.PRNGKey(seed)
+  dummy_1xC = jnp.zeros((1, tcfg.context_size), jnp.int32)
+  params = model.init(jax.random.fold_in(root, 0), dummy_1xC)["params"]
+  opt_state = make_optimizer(tcfg, 1.0).init(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                    data_key=jax.random.fold_in(root, 1))
+
+
+def next_token_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy in nats/token (float32 ``[]``)."""
+  logz_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+  # A one-hot product, not a gather: its gradient is an elementwise fusion rather than a scatter.
+  onehot_BxTxV = jax.nn.one_hot(targets_BxT, logits_BxTxV.shape[-1], dtype=logits_BxTxV.dtype)
+  target_logit_BxT = jnp.sum(logits_BxTxV * onehot_BxTxV, axis=-1)
+  return jnp.mean(logz_BxT - target_logit_BxT)
+
+
+def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
+               model: Transformer, tcfg: TrainConfig) -> tuple[TrainState, dict]:
+  """One AdamW update of ONE model on int32 tokens ``[B, C + 1]``.
+
+  Returns the new state and float32 scalars ``loss`` (nats/token, before the update) and
+  ``grad_norm`` (global L2 norm before clipping).
+  """
+  inputs_BxC, targets_BxC = tokens_BxCp1[:, :-1], tokens_BxCp1[:, 1:]
+
+  def loss_fn(params):
+    return model.apply({"params": params}, inputs_BxC, targets_BxT=targets_BxC)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  tx = make_optimizer(tcfg, hp.peak_lr)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
+def sample_ensemble_batch(sample: Callable, state: TrainState, hp: HParams) -> jax.Array:
+  """Each model's batch for its current step, from its own key: int32 ``[E, B, C + 1]``."""
+  keys_Ex2 = jax.vmap(jax.random.fold_in)(state.data_key, state.step)
+  return jax.vmap(sample)(keys_Ex2, hp.data)
+
+
+def make_init_fn(model: Transformer, tcfg: TrainConfig, mesh: Mesh) -> Callable:
+  """``init(seeds_E int32) -> TrainState`` with leading axis E, sharded over the mesh."""
+  return jax.jit(jax.vmap(functools.partial(init_state, model=model, tcfg=tcfg)),
+                 out_shardings=sharding.ensemble_sharding(mesh))
+
+
+def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable,
+                           mesh: Mesh, n_steps: int) -> Callable:
+  """The compiled ensemble program: ``fn(state, hp) -> (state, metrics)``.
+
+  Runs ``n_steps`` updates of every model (``lax.scan``; no host sync inside). ``state`` is
+  donated. ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``.
+  ``sample(key, data_params) -> [B, C + 1]`` is the data source, called in-graph.
+  """
+  step_one = functools.partial(train_step, model=model, tcfg=tcfg)
+  batch_sh = sharding.batch_sharding(mesh)
+
+  def run(state, hp):
+    def one_update(state, _):
+      tokens_ExBxCp1 = sample_ensemble_batch(sample, state, hp)
+      tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
+      return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
+
+    return jax.lax.scan(one_update, state, None, length=n_steps)
+
+  ens_sh = sharding.ensemble_sharding(mesh)
+  return jax.jit(run, in_shardings=(ens_sh, ens_sh),
+                 out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
+
+
+def model_and_train_config(cfg) -> tuple[ModelConfig, TrainConfig]:
+  """Typed views of ``config.model`` and ``config.train``."""
+  return ModelConfig.from_config(cfg.model), TrainConfig.from_config(cfg.train)
+
+
+def peak_lrs(cfg) -> list[float]:
+  """Per-model peak learning rates: ``ensemble.peak_lrs`` if given, else ``train.lr`` for all."""
+  return list(cfg.ensemble.peak_lrs) or [cfg.train.lr] * cfg.ensemble.size
+
+
+def calls(num_steps: int, steps_per_call: int, done: int = 0) -> list[int]:
+  """Scan lengths of the host calls that take a run from ``done`` to ``num_steps`` updates."""
+  left = num_steps - done
+  full, rest = divmod(left, steps_per_call)
+  return [steps_per_call] * full + ([rest] if rest else [])
+
+
+def tokens_per_update(tcfg: TrainConfig) -> int:
+  """Tokens one model consumes per update: B · C (targets, not counting the +1 input token)."""
+  return tcfg.batch_size * tcfg.context_size
+

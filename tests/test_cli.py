@@ -1,0 +1,54 @@
+"""End-to-end: the installed ``ihsweep`` console script."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_mlp=64",
+        "--config.model.vocab_size=64", "--config.model.max_context=32",
+        "--config.train.batch_size=8", "--config.train.context_size=32",
+        "--config.train.num_steps=30", "--config.train.steps_per_call=10",
+        "--config.train.lr=3e-3", "--config.ensemble.size=2"]
+
+
+def _ihsweep(*args):
+  exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
+  cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  return subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_train_command_writes_config_and_metrics(tmp_path):
+  work = tmp_path / "run"
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={work}", "--noprogress",
+               *TINY, "--config.ensemble.peak_lrs=(1e-3, 3e-3)")
+  assert r.returncode == 0, r.stderr
+  assert "final loss per model" in r.stdout
+  resolved = json.loads((work / "config.json").read_text())
+  assert resolved["train"]["num_steps"] == 30
+  assert resolved["ensemble"]["peak_lrs"] == [1e-3, 3e-3]
+  rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [10, 20, 30]
+  assert rows[-1]["tokens"] == 30 * 8 * 32
+  assert all(len(r["loss"]) == 2 for r in rows)
+
+
+def test_bad_override_is_reported(tmp_path):
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/x",
+               "--config.model.n_heads=3")
+  assert r.returncode == 2
+  assert "config.model.n_heads = 3" in r.stderr and "divisor" in r.stderr
+  assert not (tmp_path / "x").exists()
+
+
+def test_usage_lists_commands():
+  r = _ihsweep("--help")
+  assert r.returncode == 0 and "train" in r.stdout
+  r = _ihsweep("frobnicate")
+  assert r.returncode == 2 and "unknown command" in r.stderr

@@ -1,0 +1,58 @@
+import pytest
+
+from ihsweep import runner, train
+from ihsweep.config import ConfigError, validate
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("model.n_heads", 3, ["model.n_heads = 3", "divisor of model.d_model = 32"]),
+    ("train.lr", -1e-3, ["train.lr = -0.001", "(0.0, inf)"]),
+    ("train.context_size", 64, ["train.context_size = 64", "model.max_context = 32"]),
+    ("ensemble.size", 0, ["ensemble.size = 0", ">= 1"]),
+    ("model.pos_encoding", "alibi", ["model.pos_encoding = 'alibi'", "'learned', 'rotary'"]),
+    ("train.schedule", "linear", ["train.schedule = 'linear'", "'cosine'"]),
+    ("train.warmup_frac", 1.5, ["train.warmup_frac = 1.5", "[0.0, 1.0)"]),
+    ("data.source", "wiki", ["data.source = 'wiki'", "'uniform', 'markov_chain'"]),
+    ("model.d_mlp", -1, ["model.d_mlp = -1", "0 = attention-only"]),
+    ("ensemble.peak_lrs", (1e-3,), ["ensemble.peak_lrs = (0.001,)", "ensemble.size = 2"]),
+    ("mesh.num_devices", 9, ["mesh.num_devices = 9", "[0, 4]"]),
+])
+def test_invalid_config_fails_before_compiling(tiny, tmp_path, monkeypatch, field, value, words):
+  cfg = tiny()
+  section, name = field.split(".")
+  with cfg.unlocked():
+    cfg[section][name] = value
+
+  def no_compile(*a, **k):
+    raise AssertionError("compiled before validating")
+
+  monkeypatch.setattr(train, "make_init_fn", no_compile)
+  monkeypatch.setattr(train, "make_ensemble_train_fn", no_compile)
+  with pytest.raises(ConfigError) as err:
+    runner.fit(cfg, str(tmp_path / "run"), progress=False)
+  for w in words:
+    assert w in str(err.value)
+  assert err.value.field == field
+  assert not (tmp_path / "run").exists()  # nothing written either
+
+
+def test_rotary_needs_even_head_size(tiny):
+  cfg = tiny(**{"model.pos_encoding": "rotary", "model.n_heads": 32})
+  with pytest.raises(ConfigError, match="even head size"):
+    validate(cfg)
+
+
+def test_mesh_that_would_idle_devices_is_refused(tiny):
+  cfg = tiny(**{"ensemble.size": 3, "train.batch_size": 6})
+  with pytest.raises(ConfigError, match="mesh.num_devices = 0.*cannot use all 4 devices"):
+    validate(cfg)
+  cfg.mesh.num_devices = 3
+  validate(cfg)  # 3 devices: (ensemble 3, data 1)
+
+
+def test_default_configs_are_valid():
+  import configs.default
+  validate(configs.default.get_config())
+  validate(configs.default.get_config("tiny"))
+  with pytest.raises(ValueError, match="unknown variant"):
+    configs.default.get_config("huge")

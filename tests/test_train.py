@@ -1,0 +1,113 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ihsweep import sharding, train
+from ihsweep.data import make_source
+from ihsweep.model import ModelConfig, Transformer
+from ihsweep.runner import fit
+
+
+def _setup(cfg, devices):
+  mcfg, tcfg = train.model_and_train_config(cfg)
+  model = Transformer(mcfg)
+  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  mesh = sharding.make_mesh(cfg.ensemble.size, tcfg.batch_size, devices)
+  return model, tcfg, source, mesh
+
+
+def _train_ensemble(cfg, devices, seeds, lrs):
+  model, tcfg, source, mesh = _setup(cfg, devices)
+  state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray(seeds, jnp.int32))
+  hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float32), data=source.data_params(len(seeds)))
+  metrics = []
+  for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
+    state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k)(state, hp)
+    metrics.append(m["loss"])
+  return state, np.concatenate(metrics)
+
+
+def _assert_trees_close(a, b, rtol):
+  """Each leaf agrees to ``rtol`` relative to its norm (elementwise relative error is
+  meaningless for entries near zero, which Adam moves by ~lr regardless of their size)."""
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if "qkv']['bias" in jax.tree_util.keystr(path):
+      # The key bias shifts every score of a row equally, so softmax cancels it: its true
+      # gradient is 0 and Adam turns the rounding noise there into lr-sized random steps.
+      x, y = np.delete(x, 1, axis=-3), np.delete(y, 1, axis=-3)  # [..., 3, H, K]
+    err = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-12)
+    assert err <= rtol, (jax.tree_util.keystr(path), err)
+
+
+def test_vmapped_ensemble_equals_models_trained_alone(tiny):
+  cfg = tiny(**{"ensemble.size": 3})
+  seeds, lrs = [5, 6, 7], [1e-3, 3e-3, 1e-2]
+  ens_state, ens_loss = _train_ensemble(cfg, jax.devices()[:1], seeds, lrs)
+  model, tcfg, source, _ = _setup(cfg, jax.devices()[:1])
+  step = jax.jit(lambda s, hp, tok: train.train_step(s, hp, tok, model=model, tcfg=tcfg))
+  for i, (seed, lr) in enumerate(zip(seeds, lrs)):
+    state = train.init_state(seed, model, tcfg)
+    hp = train.HParams(peak_lr=jnp.float32(lr), data={})
+    for t in range(tcfg.num_steps):
+      tokens = source.sample(jax.random.fold_in(state.data_key, t), {})
+      state, m = step(state, hp, tokens)
+      np.testing.assert_allclose(m["loss"], ens_loss[t, i], rtol=1e-5)
+    one = jax.tree_util.tree_map(lambda x: x[i], ens_state)
+    _assert_trees_close(one.params, state.params, rtol=1e-5)
+    assert int(one.step) == tcfg.num_steps == 20
+  # Different learning rates really gave different models.
+  assert not np.allclose(ens_loss[-1, 0], ens_loss[-1, 2])
+
+
+@pytest.mark.parametrize("n_models,batch,expect", [(4, 8, (4, 1)), (2, 8, (2, 2)),
+                                                    (3, 8, (1, 4)), (6, 2, (2, 2))])
+def test_mesh_shape_rule(n_models, batch, expect):
+  assert sharding.mesh_shape(n_models, batch, 4) == expect
+
+
+def test_mesh_refuses_to_idle_devices():
+  with pytest.raises(sharding.MeshError, match="E = 3 and batch size B = 6"):
+    sharding.mesh_shape(3, 6, 4)
+
+
+@pytest.mark.parametrize("n_models", [4, 3])  # (ensemble 4, data 1) and (ensemble 1, data 4)
+def test_sharded_over_four_devices_equals_one_device(tiny, n_models):
+  assert len(jax.devices()) == 4
+  cfg = tiny(**{"ensemble.size": n_models})
+  seeds, lrs = list(range(n_models)), [2e-3] * n_models
+  one_state, one_loss = _train_ensemble(cfg, jax.devices()[:1], seeds, lrs)
+  four_state, four_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs)
+  assert len(four_state.params["embed"]["embedding"].sharding.device_set) == 4
+  np.testing.assert_allclose(one_loss, four_loss, rtol=1e-5)
+  _assert_trees_close(one_state.params, four_state.params, rtol=1e-5)
+
+
+def test_loss_falls_on_a_learnable_source(tiny, tmp_path):
+  cfg = tiny(**{"train.num_steps": 200, "train.steps_per_call": 50, "train.lr": 1e-2,
+                "data.source": "markov_chain", "ensemble.size": 2})
+  out = fit(cfg, str(tmp_path), progress=False)
+  rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert len(rows) == 4
+  source = make_source(cfg.data, 64, 8, 32)
+  floor = source.entropy_rate()  # ≤ ln 4 ≈ 1.39 nats; ln 64 ≈ 4.16 at the start
+  assert np.all(out["losses"] < np.log(64) - 2.0), out["losses"]
+  assert np.all(out["losses"] < floor + 0.6), (out["losses"], floor)
+  assert (tmp_path / "config.json").exists()
+
+
+def test_schedules():
+  tcfg = train.TrainConfig(num_steps=1000, warmup_frac=0.01)
+  cos = train.schedule_shape(tcfg)
+  assert float(cos(0)) == 0.0 and float(cos(10)) == pytest.approx(1.0)
+  assert float(cos(505)) == pytest.approx(0.5, abs=0.01) and float(cos(1000)) == pytest.approx(0)
+  const = train.schedule_shape(train.TrainConfig(num_steps=1000, schedule="constant"))
+  assert float(const(5)) == pytest.approx(0.5) and float(const(900)) == 1.0
+  inv = train.schedule_shape(train.TrainConfig(num_steps=1000, schedule="inverse_sqrt"))
+  assert float(inv(10)) == pytest.approx(1.0) and float(inv(40)) == pytest.approx(0.5)
+
+
+def test_calls_cover_the_run():
+  assert train.calls(120, 50) == [50, 50, 20]
+  assert train.calls(100, 50, done=50) == [50]
