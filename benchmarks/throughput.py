@@ -29,8 +29,6 @@ from ihsweep import sharding, train
 from ihsweep.data.builtin import UniformSource
 from ihsweep.model import ModelConfig, Transformer, flops_per_token
 
-import os
-TIE = os.environ.get("TIE", "1") == "1"
 WORKLOADS = {
     "reference": dict(model=dict(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096,
                                  max_context=128), batch_size=16, context_size=128),
@@ -55,7 +53,7 @@ def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
 
 def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int):
   w = WORKLOADS[workload]
-  mcfg = ModelConfig(**w["model"], dtype="float32", tie_embeddings=TIE)
+  mcfg = ModelConfig(**w["model"], dtype="float32")
   tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
                            num_steps=total_steps, steps_per_call=steps_per_call, lr=1e-3)
   model = Transformer(mcfg)
