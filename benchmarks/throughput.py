@@ -2,10 +2,16 @@
 
   python benchmarks/throughput.py --json [--workload reference|tiny] [--E 16] [--E 1,4,16]
 
-Both modes do the same work: E models, ``--steps`` updates each, uniform random tokens sampled
-in-graph, the same ``train_step``. ``ensemble`` = ``make_ensemble_train_fn`` (vmap over E, scan
-over K updates per call). ``sequential`` = E separately jitted single-model programs (the same
-code with E = 1, also scanning K updates per call), called one after another in a Python loop.
+All modes do the same work: E models, ``--updates`` updates each per timed round, uniform random
+tokens sampled in-graph, the same ``train_step``:
+  ensemble         ``make_ensemble_train_fn``: one program, vmap over E, lax.scan over K updates
+                   per call (K = ``--steps_per_call``).
+  sequential       a Python loop over E separately jitted single-model steps (one update per
+                   call), model after model — what one writes without ihsweep.
+  sequential_scan  the same loop, but each single-model call also scans K updates (the
+                   strongest loop we know; isolates what vmap itself buys).
+tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the best round is the
+least disturbed); the median is reported beside it.
 
 Model FLOPs per token: ``ihsweep.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C (PaLM,
 appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
@@ -51,7 +57,8 @@ def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
   return 2 * n**3 / best / 1e9
 
 
-def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int):
+def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int,
+           vmap_chunk: int = 0):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
   tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
@@ -60,46 +67,58 @@ def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int):
   source = UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, jax.devices()[:1])
   init = train.make_init_fn(model, tcfg, mesh)
-  step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call)
+  step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call,
+                                      vmap_chunk)
   hp = train.HParams(peak_lr=jnp.full((n_models,), tcfg.lr), data=source.data_params(n_models))
   return mcfg, tcfg, init, step, hp
 
 
-def _time_programs(programs, n_calls: int) -> tuple[float, float]:
-  """programs: list of (step_fn, state, hp). Returns (compile_s, run_s) over n_calls calls each,
-  calling the programs one after another per call round."""
+def _time_programs(programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
+  """programs: list of (jitted step, state, hp) sharing one compiled executable.
+
+  Returns (compile_s, seconds of each timed round). A round makes ``n_calls`` calls of every
+  program, one program after another, after one untimed warm-up call each."""
+  step, state0, hp0 = programs[0]
   t0 = time.perf_counter()
+  compiled = step.lower(state0, hp0).compile()
+  compile_s = time.perf_counter() - t0
   states = []
-  for step, state, hp in programs:
-    state, metrics = step(state, hp)
+  for _, state, hp in programs:
+    state, metrics = compiled(state, hp)
     jax.block_until_ready(metrics)
     states.append(state)
-  compile_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  for _ in range(n_calls):
-    for i, (step, _, hp) in enumerate(programs):
-      states[i], metrics = step(states[i], hp)
-  jax.block_until_ready(states)
-  return compile_s, time.perf_counter() - t0
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    for i, (_, _, hp) in enumerate(programs):
+      for _ in range(n_calls):
+        states[i], metrics = compiled(states[i], hp)
+    jax.block_until_ready(states)
+    times.append(time.perf_counter() - t0)
+  return compile_s, times
 
 
-def run_mode(mode: str, workload: str, n_models: int, steps_per_call: int, n_calls: int,
-             peak_gflops: float) -> dict:
+def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_call: int,
+             rounds: int, peak_gflops: float) -> dict:
+  """``updates`` per model per round. ensemble: one program, ``steps_per_call`` updates per
+  call. sequential: E single-model programs, one update per call (a plain per-step loop).
+  sequential_scan: E single-model programs, ``steps_per_call`` updates per call."""
   seeds = jnp.arange(n_models, dtype=jnp.int32)
+  k = 1 if mode == "sequential" else steps_per_call
   if mode == "ensemble":
-    mcfg, tcfg, init, step, hp = _build(workload, n_models, steps_per_call, n_calls)
+    mcfg, tcfg, init, step, hp = _build(workload, n_models, k, updates)
     programs = [(step, init(seeds), hp)]
   else:
-    mcfg, tcfg, init, step, hp = _build(workload, 1, steps_per_call, n_calls)
+    mcfg, tcfg, init, step, hp = _build(workload, 1, k, updates)
     programs = [(step, init(seeds[i:i + 1]), hp) for i in range(n_models)]
-  compile_s, run_s = _time_programs(programs, n_calls)
-  tokens = n_models * n_calls * steps_per_call * train.tokens_per_update(tcfg)
-  tps = tokens / run_s
-  flops = tps * flops_per_token(mcfg, tcfg.context_size)
-  return {"mode": mode, "E": n_models, "tokens_per_s": round(tps, 1),
+  compile_s, times = _time_programs(programs, updates // k, rounds)
+  tokens = n_models * updates * train.tokens_per_update(tcfg)
+  best, median = tokens / min(times), tokens / float(np.median(times))
+  flops = best * flops_per_token(mcfg, tcfg.context_size)
+  return {"mode": mode, "E": n_models, "tokens_per_s": round(best, 1),
           "model_flops_per_s": round(flops, 1), "mfu": round(flops / (peak_gflops * 1e9), 4),
-          "compile_s": round(compile_s, 2), "steps_per_call": steps_per_call,
-          "updates_timed": n_calls * steps_per_call}
+          "compile_s": round(compile_s, 2), "tokens_per_s_median": round(median, 1),
+          "steps_per_call": k, "updates_per_round": updates, "rounds": rounds}
 
 
 def main(argv=None) -> int:
@@ -107,17 +126,17 @@ def main(argv=None) -> int:
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("--workload", choices=sorted(WORKLOADS), default="reference")
   p.add_argument("--E", default="1,4,16", help="ensemble sizes, comma-separated")
-  p.add_argument("--modes", default="ensemble,sequential")
+  p.add_argument("--modes", default="ensemble,sequential,sequential_scan")
   p.add_argument("--steps_per_call", type=int, default=10)
-  p.add_argument("--calls", type=int, default=3, help="timed calls (after one warm-up call)")
+  p.add_argument("--updates", type=int, default=10, help="timed updates per model per round")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median")
   args = p.parse_args(argv)
   peak = matmul_peak_gflops()
   results = []
   for n in [int(x) for x in args.E.split(",")]:
     for mode in args.modes.split(","):
-      if mode == "sequential" and n == 1 and "ensemble" in args.modes:
-        continue  # identical to the ensemble of one
-      r = run_mode(mode, args.workload, n, args.steps_per_call, args.calls, peak)
+      r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak)
       results.append(r)
       if not args.json:
         print(r, file=sys.stderr)

@@ -24,7 +24,8 @@ def get_config(arg: str = ""):
       lr=1e-3, schedule="cosine", warmup_frac=0.01, b1=0.9, b2=0.999, eps=1e-8,
       weight_decay=0.0, grad_clip=1.0))
 
-  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=()))
+  # vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU, cache-sized on CPU)
+  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), vmap_chunk=0))
 
   c.data = ml_collections.ConfigDict(dict(source="markov_chain", n_successors=4, chain_seed=0))
 

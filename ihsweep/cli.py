@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+  logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   handler = {"train": _train}[command]
   try:
     app.run(handler, argv=[f"{argv[0]} {command}"] + argv[2:])

@@ -125,6 +125,12 @@ def validate(cfg) -> None:
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,
                hint=f" (0 = all {n_avail} available devices)")
   try:
-    mesh_shape(size, batch, n_dev or n_avail)
+    n_ens, _ = mesh_shape(size, batch, n_dev or n_avail)
   except MeshError as e:
     raise ConfigError("mesh.num_devices", n_dev, str(e)) from None
+  chunk = _int(cfg, "ensemble", "vmap_chunk", 0, hint=" (0 = auto)")
+  local = size // n_ens
+  if chunk and local % chunk:
+    raise ConfigError("ensemble.vmap_chunk", chunk,
+                      f"0 (auto) or a divisor of the {local} models per device "
+                      f"(E = {size} over an ensemble mesh axis of {n_ens})")

@@ -138,16 +138,20 @@ class Attention(nn.Module):
       qk_BxTx2xHxK = jnp.stack([rotary(qkv_BxTx3xHxK[:, :, i], pos_T, cfg.rotary_base)
                                 for i in range(2)], axis=2)
       qkv_BxTx3xHxK = jnp.concatenate([qk_BxTx2xHxK, qkv_BxTx3xHxK[:, :, 2:]], axis=2)
-    # Heads-major layout so that both attention matmuls are plain batched GEMMs (on CPU the
-    # token-major einsums ran ~50x below matmul peak).
-    q_BxHxTxK, k_BxHxTxK, v_BxHxTxK = jnp.transpose(qkv_BxTx3xHxK, (2, 0, 3, 1, 4))
-    scores_BxHxTxT = jnp.einsum("bhqk,bhsk->bhqs", q_BxHxTxK, k_BxHxTxK,
-                                preferred_element_type=jnp.float32) * (1.0 / math.sqrt(k))
+    # Heads-major layout with (batch, head) flattened into one batch dimension, so that both
+    # attention matmuls are plain batched GEMMs also under the ensemble vmap (on CPU, XLA ran
+    # the token-major einsums, and dots with three batch dimensions, far below matmul peak).
+    b = x_BxTxD.shape[0]
+    q_GxTxK, k_GxTxK, v_GxTxK = jnp.transpose(qkv_BxTx3xHxK, (2, 0, 3, 1, 4)).reshape(
+        3, b * h, t, k)
+    scores_GxTxT = jnp.einsum("gqk,gsk->gqs", q_GxTxK, k_GxTxK,
+                              preferred_element_type=jnp.float32) * (1.0 / math.sqrt(k))
     causal_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores_BxHxTxT = jnp.where(causal_TxT, scores_BxHxTxT, jnp.finfo(jnp.float32).min)
-    probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
-    z_BxHxTxK = jnp.einsum("bhqs,bhsk->bhqk", probs_BxHxTxT.astype(dtype), v_BxHxTxK)
-    z_BxTxHxK = jnp.transpose(z_BxHxTxK, (0, 2, 1, 3))
+    scores_GxTxT = jnp.where(causal_TxT, scores_GxTxT, jnp.finfo(jnp.float32).min)
+    probs_GxTxT = jax.nn.softmax(scores_GxTxT, axis=-1)
+    z_GxTxK = jnp.einsum("gqs,gsk->gqk", probs_GxTxT.astype(dtype), v_GxTxK)
+    z_BxTxHxK = jnp.transpose(z_GxTxK.reshape(b, h, t, k), (0, 2, 1, 3))
+    probs_BxHxTxT = probs_GxTxT.reshape(b, h, t, t)
     w_o_HxKxD = self.param("w_o", nn.initializers.normal(out_std), (h, k, d), pdtype)
     b_o_D = self.param("b_o", nn.initializers.zeros, (d,), pdtype)
     w_o_HxKxD = w_o_HxKxD.astype(dtype)

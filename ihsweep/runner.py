@@ -96,7 +96,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
     done = 0
     for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
       if k not in programs:
-        programs[k] = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k)
+        programs[k] = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
+                                                   cfg.ensemble.vmap_chunk)
       state, metrics = programs[k](state, hp)  # dispatched; runs while we log the last call
       done += k
       if pending:

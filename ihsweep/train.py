@@ -168,24 +168,70 @@ def make_init_fn(model: Transformer, tcfg: TrainConfig, mesh: Mesh) -> Callable:
                  out_shardings=sharding.ensemble_sharding(mesh))
 
 
+def auto_vmap_chunk(local_models: int, tcfg: TrainConfig, vocab_size: int,
+                    backend: str | None = None) -> int:
+  """How many models one vmapped step trains at once on each device (``ensemble.vmap_chunk``
+  = 0). Accelerators: all of them. CPU: the largest divisor of ``local_models`` whose logits
+  (c · B · C · V float32) fit in 2 MiB, at least 1 — on CPU the step is bound by cache misses
+  on the logit-sized arrays, and a vmap over more models than the cache holds ran slower per
+  model than one model alone (benchmarks/throughput.py; numbers in the README)."""
+  backend = backend or jax.default_backend()
+  if backend != "cpu":
+    return local_models
+  per_model = tcfg.batch_size * tcfg.context_size * vocab_size * 4
+  fits = max(1, (2 << 20) // per_model)
+  return max(c for c in range(1, local_models + 1) if local_models % c == 0 and c <= fits)
+
+
 def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable,
-                           mesh: Mesh, n_steps: int) -> Callable:
+                           mesh: Mesh, n_steps: int, vmap_chunk: int = 0) -> Callable:
   """The compiled ensemble program: ``fn(state, hp) -> (state, metrics)``.
 
   Runs ``n_steps`` updates of every model (``lax.scan``; no host sync inside). ``state`` is
   donated. ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``.
   ``sample(key, data_params) -> [B, C + 1]`` is the data source, called in-graph.
+
+  ``vmap_chunk`` c (0 = ``auto_vmap_chunk``): each device vmaps ``train_step`` over c of its
+  models at a time and loops (``lax.map``, inside the same program) over its E_local / c chunks,
+  each chunk running all ``n_steps`` updates while its working set is hot. Models are
+  independent, so the result does not depend on c. c must divide E_local = E / (ensemble axis).
   """
   step_one = functools.partial(train_step, model=model, tcfg=tcfg)
   batch_sh = sharding.batch_sharding(mesh)
+  n_dev_e = mesh.shape["ensemble"]
 
-  def run(state, hp):
+  def k_updates(state, hp):
     def one_update(state, _):
       tokens_ExBxCp1 = sample_ensemble_batch(sample, state, hp)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
       return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
 
     return jax.lax.scan(one_update, state, None, length=n_steps)
+
+  def run(state, hp):
+    n_models = hp.peak_lr.shape[0]
+    local = n_models // n_dev_e
+    c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size)
+    if local % c:
+      raise ValueError(f"ensemble.vmap_chunk = {c} must divide the models per device ({local})")
+    n_chunks = local // c
+    if n_chunks == 1:
+      return k_updates(state, hp)
+    # [E] = [devices, chunks, c] -> [chunks, devices * c]: the loop runs over chunks while
+    # every chunk keeps one slice per device (its sharding over 'ensemble' is unchanged).
+    def split(x):
+      x = x.reshape((n_dev_e, n_chunks, c) + x.shape[1:]).swapaxes(0, 1)
+      return x.reshape((n_chunks, n_dev_e * c) + x.shape[3:])
+
+    def merge(x):  # [chunks, devices * c, ...] -> [E, ...]
+      x = x.reshape((n_chunks, n_dev_e, c) + x.shape[2:]).swapaxes(0, 1)
+      return x.reshape((n_models,) + x.shape[3:])
+
+    tree_map = jax.tree_util.tree_map
+    states, metrics = jax.lax.map(lambda a: k_updates(*a), (tree_map(split, state),
+                                                             tree_map(split, hp)))
+    metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [K, E]
+    return tree_map(merge, states), metrics
 
   ens_sh = sharding.ensemble_sharding(mesh)
   return jax.jit(run, in_shardings=(ens_sh, ens_sh),

@@ -16,6 +16,7 @@ from ihsweep.config import ConfigError, validate
     ("model.d_mlp", -1, ["model.d_mlp = -1", "0 = attention-only"]),
     ("ensemble.peak_lrs", (1e-3,), ["ensemble.peak_lrs = (0.001,)", "ensemble.size = 2"]),
     ("mesh.num_devices", 9, ["mesh.num_devices = 9", "[0, 4]"]),
+    ("ensemble.vmap_chunk", 3, ["ensemble.vmap_chunk = 3", "a divisor of the 1 models per device"]),
 ])
 def test_invalid_config_fails_before_compiling(tiny, tmp_path, monkeypatch, field, value, words):
   cfg = tiny()

@@ -17,13 +17,14 @@ def _setup(cfg, devices):
   return model, tcfg, source, mesh
 
 
-def _train_ensemble(cfg, devices, seeds, lrs):
+def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   model, tcfg, source, mesh = _setup(cfg, devices)
   state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray(seeds, jnp.int32))
   hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float32), data=source.data_params(len(seeds)))
   metrics = []
   for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
-    state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k)(state, hp)
+    state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
+                                            vmap_chunk)(state, hp)
     metrics.append(m["loss"])
   return state, np.concatenate(metrics)
 
@@ -82,6 +83,27 @@ def test_sharded_over_four_devices_equals_one_device(tiny, n_models):
   assert len(four_state.params["embed"]["embedding"].sharding.device_set) == 4
   np.testing.assert_allclose(one_loss, four_loss, rtol=1e-5)
   _assert_trees_close(one_state.params, four_state.params, rtol=1e-5)
+
+
+def test_vmap_chunks_do_not_change_results(tiny):
+  """E = 8 on 4 devices is 2 models per device: vmapped together (chunk 2) or one at a time."""
+  cfg = tiny(**{"ensemble.size": 8, "train.num_steps": 10})
+  seeds, lrs = list(range(8)), np.linspace(1e-3, 8e-3, 8)
+  whole, whole_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs, vmap_chunk=2)
+  chunked, chunked_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs, vmap_chunk=1)
+  assert chunked_loss.shape == (10, 8)
+  np.testing.assert_allclose(whole_loss, chunked_loss, rtol=1e-5)
+  _assert_trees_close(whole.params, chunked.params, rtol=1e-5)
+  assert len(chunked.params["embed"]["embedding"].sharding.device_set) == 4
+
+
+def test_auto_vmap_chunk():
+  ref = train.TrainConfig(batch_size=16, context_size=128)
+  assert train.auto_vmap_chunk(16, ref, 4096, backend="cpu") == 1   # 32 MiB of logits
+  tiny = train.TrainConfig(batch_size=8, context_size=64)
+  assert train.auto_vmap_chunk(16, tiny, 512, backend="cpu") == 2   # 1 MiB per model
+  assert train.auto_vmap_chunk(3, tiny, 512, backend="cpu") == 1
+  assert train.auto_vmap_chunk(16, ref, 4096, backend="gpu") == 16
 
 
 def test_loss_falls_on_a_learnable_source(tiny, tmp_path):
