@@ -5,7 +5,8 @@
 All modes do the same work: E models, ``--updates`` updates each per timed round, uniform random
 tokens sampled in-graph, the same ``train_step``:
   ensemble         ``make_ensemble_train_fn``: one program, vmap over E, lax.scan over K updates
-                   per call (K = ``--steps_per_call``).
+                   per call (K = ``--steps_per_call``), E sharded over the devices as
+                   ``ihsweep train`` does (on CPU: one XLA device per core).
   sequential       a Python loop over E separately jitted single-model steps (one update per
                    call), model after model — what one writes without ihsweep.
   sequential_scan  the same loop, but each single-model call also scans K updates (the
@@ -43,29 +44,33 @@ WORKLOADS = {
 }
 
 
-def matmul_peak_gflops(n: int = 2048, reps: int = 5) -> float:
-  """Best float32 GFLOP/s of an n×n @ n×n jitted matmul (2n³ FLOPs)."""
+def matmul_peak_gflops(sizes=(1024, 2048), reps: int = 10) -> float:
+  """Best float32 GFLOP/s of jitted n×n @ n×n matmuls (2n³ FLOPs), over sizes and repeats.
+
+  The best, not the mean: on a shared machine a disturbed repeat would lower the peak and so
+  inflate every MFU."""
   f = jax.jit(lambda a, b: a @ b)
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-  f(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(reps):
-    t = time.perf_counter()
+  best = 0.0
+  for n in sizes:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
     f(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best / 1e9
+    for _ in range(reps):
+      t = time.perf_counter()
+      f(a, b).block_until_ready()
+      best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+  return best
 
 
 def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int,
-           vmap_chunk: int = 0):
+           vmap_chunk: int = 0, devices=None):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
   tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
                            num_steps=total_steps, steps_per_call=steps_per_call, lr=1e-3)
   model = Transformer(mcfg)
   source = UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, jax.devices()[:1])
+  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
   step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call,
                                       vmap_chunk)
@@ -106,10 +111,11 @@ def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_ca
   seeds = jnp.arange(n_models, dtype=jnp.int32)
   k = 1 if mode == "sequential" else steps_per_call
   if mode == "ensemble":
+    # Placed as `ihsweep train` places it: over every device.
     mcfg, tcfg, init, step, hp = _build(workload, n_models, k, updates)
     programs = [(step, init(seeds), hp)]
-  else:
-    mcfg, tcfg, init, step, hp = _build(workload, 1, k, updates)
+  else:  # what one writes without ihsweep: one model at a time on one device
+    mcfg, tcfg, init, step, hp = _build(workload, 1, k, updates, devices=jax.devices()[:1])
     programs = [(step, init(seeds[i:i + 1]), hp) for i in range(n_models)]
   compile_s, times = _time_programs(programs, updates // k, rounds)
   tokens = n_models * updates * train.tokens_per_update(tcfg)
@@ -131,7 +137,10 @@ def main(argv=None) -> int:
   p.add_argument("--updates", type=int, default=10, help="timed updates per model per round")
   p.add_argument("--rounds", type=int, default=3,
                  help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median")
+  p.add_argument("--cpu_devices", type=int, default=None,
+                 help="XLA CPU devices (default: one per core, as `ihsweep` uses)")
   args = p.parse_args(argv)
+  sharding.use_one_cpu_device_per_core(args.cpu_devices)
   peak = matmul_peak_gflops()
   results = []
   for n in [int(x) for x in args.E.split(",")]:

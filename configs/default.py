@@ -20,7 +20,7 @@ def get_config(arg: str = ""):
       pos_encoding="learned", tie_embeddings=True, dtype="auto", param_dtype="float32"))
 
   c.train = ml_collections.ConfigDict(dict(
-      batch_size=16, context_size=128, num_steps=400, steps_per_call=50,
+      batch_size=16, context_size=128, num_steps=200, steps_per_call=50,
       lr=1e-3, schedule="cosine", warmup_frac=0.01, b1=0.9, b2=0.999, eps=1e-8,
       weight_decay=0.0, grad_clip=1.0))
 

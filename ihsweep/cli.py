@@ -58,6 +58,8 @@ def main(argv=None) -> int:
   if command not in COMMANDS:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
+  from ihsweep.sharding import use_one_cpu_device_per_core
+  use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   handler = {"train": _train}[command]

@@ -58,3 +58,21 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def per_step_sharding(mesh: Mesh) -> NamedSharding:
   """``[K, E, ...]`` per-step outputs of a scan: E over 'ensemble'."""
   return NamedSharding(mesh, P(None, "ensemble"))
+
+
+def use_one_cpu_device_per_core(n: int | None = None) -> int:
+  """Asks XLA for one CPU device per core (``--xla_force_host_platform_device_count``) unless
+  XLA_FLAGS already sets a count. Call before JAX initialises its backends (first
+  ``jax.devices()``); afterwards it changes nothing. Returns the count requested (0 if left).
+
+  Why: each CPU device runs its share of the ensemble as its own program, so two cores train
+  two models side by side instead of splitting every small op between them; on the 2-core
+  benchmark machine this raised E = 16 throughput by 12% (reference) and 40% (tiny workload).
+  """
+  import os
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" in flags:
+    return 0
+  n = n or len(os.sched_getaffinity(0))
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+  return n
