@@ -9,9 +9,10 @@ Flags are parsed by absl; ``--config`` is an ml_collections config file with ``g
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 COMMANDS = {
@@ -29,17 +30,45 @@ def _train(argv):
   del argv
   from ihsweep.config import ConfigError
   from ihsweep.runner import fit
-  if FLAGS.config is None or FLAGS.workdir is None:
-    raise app.UsageError("ihsweep train needs --config=FILE and --workdir=DIR")
+  if FLAGS.workdir is None:
+    return _fail("train needs --config=FILE and --workdir=DIR")
+  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+    return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
+  try:  # a config file that failed to load raises on first use
+    cfg = FLAGS.config
+    cfg is None or "model" in cfg
+  except CONFIG_LOAD_ERRORS as e:
+    return _config_load_failed(e)
+  if cfg is None:
+    return _fail("train needs --config=FILE and --workdir=DIR")
   try:
-    out = fit(FLAGS.config, FLAGS.workdir, progress=FLAGS.progress)
+    out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except ConfigError as e:
-    print(f"ihsweep: invalid config: {e}", file=sys.stderr)
-    return 2
+    return _fail(f"invalid config: {e}")
   losses = ", ".join(f"{x:.4f}" for x in out["losses"])
   print(f"done: final loss per model [{losses}]; {out['tokens_per_s']:,.0f} tokens/s; "
         f"run directory {FLAGS.workdir}")
   return 0
+
+
+CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError)
+
+
+def _config_load_failed(e: Exception) -> int:
+  """One line for a config file that is missing or raises, or an override of no field."""
+  def text(err):
+    return " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'").strip("'\"")
+
+  root = e
+  while root.__cause__ is not None or root.__context__ is not None:
+    root = root.__cause__ or root.__context__
+  msg = text(root) if root is e else f"{text(e)} ({type(root).__name__}: {text(root)})"
+  return _fail(f"cannot load the config: {msg}")
+
+
+def _fail(message: str) -> int:
+  print(f"ihsweep: {message}", file=sys.stderr)
+  return 2
 
 
 def _usage() -> str:
@@ -63,12 +92,14 @@ def main(argv=None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   handler = {"train": _train}[command]
-  try:
-    app.run(handler, argv=[f"{argv[0]} {command}"] + argv[2:])
-  except SystemExit as e:
-    return int(e.code or 0)
-  return 0
-
+  try:  # parse here, not in app.run, so that a bad config file or override is one line
+    rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
+  except flags.Error as e:  # ml_collections puts the config file's traceback in the message
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return _fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
+  except CONFIG_LOAD_ERRORS as e:
+    return _config_load_failed(e)
+  return int(handler(rest) or 0)
 
 if __name__ == "__main__":
   sys.exit(main())

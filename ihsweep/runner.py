@@ -43,7 +43,7 @@ def write_resolved_config(cfg, workdir: str) -> str:
 def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates.
 
-  Writes ``workdir/config.json`` and appends one row per host call to ``workdir/metrics.jsonl``
+  Writes ``workdir/config.json`` and one row per host call to ``workdir/metrics.jsonl``
   (``step``, ``tokens`` per model, per-model ``loss`` and ``grad_norm`` averaged over the call's
   updates). Returns ``{"state": final TrainState (leading axis E), "losses": [E] last-call
   losses, "tokens_per_s": aggregate throughput after the first (compiling) call}``.
@@ -73,7 +73,9 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   bar = tqdm(total=tcfg.num_steps, disable=not progress, unit="upd", dynamic_ncols=True)
   pending = []  # metrics of the call in flight: (updates done after it, metrics, K)
   first_drain_t, tokens_since_first, last_loss = None, 0, None
-  with open(metrics_path, "a") as mfile:
+  if os.path.exists(metrics_path):  # nothing to resume from without checkpoints
+    log.warning("replacing %s from an earlier run in this directory", metrics_path)
+  with open(metrics_path, "w") as mfile:
 
     def drain(step: int, metrics, k: int) -> None:
       nonlocal first_drain_t, tokens_since_first, last_loss

@@ -52,3 +52,24 @@ def test_usage_lists_commands():
   assert r.returncode == 0 and "train" in r.stdout
   r = _ihsweep("frobnicate")
   assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--config=configs/default.py", "--config.train.lrr=1"], ["lrr", 'Did you mean "lr"']),
+    (["--config=configs/nope.py"], ["No such file", "configs/nope.py"]),
+    (["--config=configs/default.py:nope"], ["unknown variant 'nope'"]),
+    (["--config=configs/default.py", "--config.train.batch_size=abc"], ["batch_size=abc"]),
+])
+def test_bad_config_files_and_fields_get_one_line(tmp_path, args, words):
+  r = _ihsweep("train", f"--workdir={tmp_path}/x", *args)
+  assert r.returncode == 2, r.stderr
+  assert "Traceback" not in r.stderr and r.stderr.startswith("ihsweep: ")
+  for w in words:
+    assert w in r.stderr
+  assert not (tmp_path / "x").exists()
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  (tmp_path / "f").write_text("")
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/f")
+  assert r.returncode == 2 and "is not a directory" in r.stderr
