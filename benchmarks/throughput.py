@@ -62,8 +62,7 @@ def matmul_peak_gflops(sizes=(1024, 2048), reps: int = 10) -> float:
   return best
 
 
-def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int,
-           vmap_chunk: int = 0, devices=None):
+def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, devices=None):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
   tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
@@ -72,30 +71,28 @@ def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int,
   source = UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
-  step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call,
-                                      vmap_chunk)
+  step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call)
   hp = train.HParams(peak_lr=jnp.full((n_models,), tcfg.lr), data=source.data_params(n_models))
   return mcfg, tcfg, init, step, hp
 
 
-def _time_programs(programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
-  """programs: list of (jitted step, state, hp) sharing one compiled executable.
+def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
+  """Runs one jitted ``step`` on each (state, hp) of ``programs`` (all of one shape).
 
-  Returns (compile_s, seconds of each timed round). A round makes ``n_calls`` calls of every
+  Returns (compile_s, seconds of each timed round). A round makes ``n_calls`` calls for every
   program, one program after another, after one untimed warm-up call each."""
-  step, state0, hp0 = programs[0]
   t0 = time.perf_counter()
-  compiled = step.lower(state0, hp0).compile()
+  compiled = step.lower(*programs[0]).compile()
   compile_s = time.perf_counter() - t0
   states = []
-  for _, state, hp in programs:
+  for state, hp in programs:
     state, metrics = compiled(state, hp)
     jax.block_until_ready(metrics)
     states.append(state)
   times = []
   for _ in range(rounds):
     t0 = time.perf_counter()
-    for i, (_, _, hp) in enumerate(programs):
+    for i, (_, hp) in enumerate(programs):
       for _ in range(n_calls):
         states[i], metrics = compiled(states[i], hp)
     jax.block_until_ready(states)
@@ -113,11 +110,11 @@ def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_ca
   if mode == "ensemble":
     # Placed as `ihsweep train` places it: over every device.
     mcfg, tcfg, init, step, hp = _build(workload, n_models, k, updates)
-    programs = [(step, init(seeds), hp)]
+    programs = [(init(seeds), hp)]
   else:  # what one writes without ihsweep: one model at a time on one device
     mcfg, tcfg, init, step, hp = _build(workload, 1, k, updates, devices=jax.devices()[:1])
-    programs = [(step, init(seeds[i:i + 1]), hp) for i in range(n_models)]
-  compile_s, times = _time_programs(programs, updates // k, rounds)
+    programs = [(init(seeds[i:i + 1]), hp) for i in range(n_models)]
+  compile_s, times = _time_programs(step, programs, updates // k, rounds)
   tokens = n_models * updates * train.tokens_per_update(tcfg)
   best, median = tokens / min(times), tokens / float(np.median(times))
   flops = best * flops_per_token(mcfg, tcfg.context_size)

@@ -30,17 +30,16 @@ def _train(argv):
   del argv
   from ihsweep.config import ConfigError
   from ihsweep.runner import fit
-  if FLAGS.workdir is None:
+  try:  # a config file that failed to load raises on first use, not on parsing
+    cfg = FLAGS.config
+    if cfg is not None:
+      cfg.keys()
+  except CONFIG_LOAD_ERRORS as e:
+    return _config_load_failed(e)
+  if cfg is None or FLAGS.workdir is None:
     return _fail("train needs --config=FILE and --workdir=DIR")
   if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
     return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
-  try:  # a config file that failed to load raises on first use
-    cfg = FLAGS.config
-    cfg is None or "model" in cfg
-  except CONFIG_LOAD_ERRORS as e:
-    return _config_load_failed(e)
-  if cfg is None:
-    return _fail("train needs --config=FILE and --workdir=DIR")
   try:
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except ConfigError as e:
