@@ -1,9 +1,13 @@
 """Throughput of the ensemble trainer: one vmapped program vs a loop of single-model programs.
 
   python benchmarks/throughput.py --json [--workload reference|tiny] [--E 16] [--E 1,4,16]
+      [--data uniform|natural] [--loader device|host]
 
-All modes do the same work: E models, ``--updates`` updates each per timed round, uniform random
-tokens sampled in-graph, the same ``train_step``:
+All modes do the same work: E models, ``--updates`` updates each per timed round, the same
+``train_step``, tokens from ``--data``: ``uniform`` random tokens generated in-graph (default),
+or ``natural`` windows of the python-docs corpus (byte-level BPE at the workload's vocabulary;
+``ihsweep corpus fetch python-docs`` first), gathered in-graph from the token array on device
+(``--loader device``) or by the host loader with prefetch (``--loader host``, ensemble mode).
   ensemble         ``make_ensemble_train_fn``: one program, vmap over E, lax.scan over K updates
                    per call (K = ``--steps_per_call``), E sharded over the devices as
                    ``ihsweep train`` does (on CPU: one XLA device per core).
@@ -32,8 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ihsweep import data as data_lib
 from ihsweep import sharding, train
 from ihsweep.data.builtin import UniformSource
+from ihsweep.runner import HostLoader
 from ihsweep.model import ModelConfig, Transformer, flops_per_token
 
 WORKLOADS = {
@@ -62,66 +68,100 @@ def matmul_peak_gflops(sizes=(1024, 2048), reps: int = 10) -> float:
   return best
 
 
-def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, devices=None):
+def _source(data: str, loader: str, mcfg: ModelConfig, tcfg: train.TrainConfig):
+  if data == "uniform":
+    return UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  data_cfg = data_lib.default_config()
+  data_cfg.update(source="natural", corpus="python-docs", loader=loader)
+  return data_lib.make_natural_source(data_cfg, mcfg.vocab_size, tcfg.batch_size,
+                                      tcfg.context_size)
+
+
+def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, data: str,
+           loader: str, devices=None):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
   tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
                            num_steps=total_steps, steps_per_call=steps_per_call, lr=1e-3)
   model = Transformer(mcfg)
-  source = UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  source = _source(data, loader, mcfg, tcfg)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
-  step = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, steps_per_call)
+  host_fed = not getattr(source, "on_device", True)
+  step = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample, mesh,
+                                      steps_per_call)
   hp = train.HParams(peak_lr=jnp.full((n_models,), tcfg.lr), data=source.data_params(n_models))
-  return mcfg, tcfg, init, step, hp
+
+  def feed(state, n_calls):
+    """Data for ``n_calls`` calls: the shared arrays, or a host loader's batches."""
+    if not host_fed:
+      arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
+      return lambda: arrays
+    loader = HostLoader(source, state, mesh)
+    loader.prefetch(0, [steps_per_call] * n_calls)
+    return loader.next
+
+  return mcfg, tcfg, init, step, hp, feed
 
 
 def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
-  """Runs one jitted ``step`` on each (state, hp) of ``programs`` (all of one shape).
+  """Runs one jitted ``step`` on each (state, hp, next_data) of ``programs`` (all of one shape).
 
   Returns (compile_s, seconds of each timed round). A round makes ``n_calls`` calls for every
   program, one program after another, after one untimed warm-up call each."""
+  state0, hp0, next0 = programs[0]
   t0 = time.perf_counter()
-  compiled = step.lower(*programs[0]).compile()
+  compiled = step.lower(state0, hp0, next0()).compile()
   compile_s = time.perf_counter() - t0
   states = []
-  for state, hp in programs:
-    state, metrics = compiled(state, hp)
+  for state, hp, next_data in programs:
+    state, metrics = compiled(state, hp, next_data())
     jax.block_until_ready(metrics)
     states.append(state)
   times = []
   for _ in range(rounds):
     t0 = time.perf_counter()
-    for i, (_, hp) in enumerate(programs):
+    for i, (_, hp, next_data) in enumerate(programs):
       for _ in range(n_calls):
-        states[i], metrics = compiled(states[i], hp)
+        states[i], metrics = compiled(states[i], hp, next_data())
     jax.block_until_ready(states)
     times.append(time.perf_counter() - t0)
   return compile_s, times
 
 
 def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_call: int,
-             rounds: int, peak_gflops: float) -> dict:
+             rounds: int, peak_gflops: float, data: str = "uniform",
+             loader: str = "device") -> dict:
   """``updates`` per model per round. ensemble: one program, ``steps_per_call`` updates per
   call. sequential: E single-model programs, one update per call (a plain per-step loop).
   sequential_scan: E single-model programs, ``steps_per_call`` updates per call."""
   seeds = jnp.arange(n_models, dtype=jnp.int32)
   k = 1 if mode == "sequential" else steps_per_call
+  n_calls = updates // k
+  calls_needed = 2 + n_calls * rounds  # compile + warm-up + timed
   if mode == "ensemble":
     # Placed as `ihsweep train` places it: over every device.
-    mcfg, tcfg, init, step, hp = _build(workload, n_models, k, updates)
-    programs = [(init(seeds), hp)]
+    mcfg, tcfg, init, step, hp, feed = _build(workload, n_models, k, updates, data, loader)
+    state = init(seeds)
+    programs = [(state, hp, feed(state, calls_needed))]
   else:  # what one writes without ihsweep: one model at a time on one device
-    mcfg, tcfg, init, step, hp = _build(workload, 1, k, updates, devices=jax.devices()[:1])
-    programs = [(init(seeds[i:i + 1]), hp) for i in range(n_models)]
-  compile_s, times = _time_programs(step, programs, updates // k, rounds)
+    if loader == "host":
+      raise SystemExit("--loader host is measured in ensemble mode only")
+    mcfg, tcfg, init, step, hp, feed = _build(workload, 1, k, updates, data, loader,
+                                              devices=jax.devices()[:1])
+    programs = []
+    for i in range(n_models):
+      state = init(seeds[i:i + 1])
+      programs.append((state, hp, feed(state, calls_needed)))
+  compile_s, times = _time_programs(step, programs, n_calls, rounds)
   tokens = n_models * updates * train.tokens_per_update(tcfg)
   best, median = tokens / min(times), tokens / float(np.median(times))
   flops = best * flops_per_token(mcfg, tcfg.context_size)
   return {"mode": mode, "E": n_models, "tokens_per_s": round(best, 1),
           "model_flops_per_s": round(flops, 1), "mfu": round(flops / (peak_gflops * 1e9), 4),
           "compile_s": round(compile_s, 2), "tokens_per_s_median": round(median, 1),
-          "steps_per_call": k, "updates_per_round": updates, "rounds": rounds}
+          "steps_per_call": k, "updates_per_round": updates, "rounds": rounds, "data": data,
+          "loader": loader if data == "natural" else "in-graph"}
 
 
 def main(argv=None) -> int:
@@ -134,6 +174,10 @@ def main(argv=None) -> int:
   p.add_argument("--updates", type=int, default=10, help="timed updates per model per round")
   p.add_argument("--rounds", type=int, default=3,
                  help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median")
+  p.add_argument("--data", choices=("uniform", "natural"), default="uniform",
+                 help="uniform random tokens, or python-docs windows (fetch the corpus first)")
+  p.add_argument("--loader", choices=("device", "host"), default="device",
+                 help="natural: token array on device (in-graph windows) or host loader")
   p.add_argument("--cpu_devices", type=int, default=None,
                  help="XLA CPU devices (default: one per core, as `ihsweep` uses)")
   args = p.parse_args(argv)
@@ -142,7 +186,8 @@ def main(argv=None) -> int:
   results = []
   for n in [int(x) for x in args.E.split(",")]:
     for mode in args.modes.split(","):
-      r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak)
+      r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak,
+                   args.data, args.loader)
       results.append(r)
       if not args.json:
         print(r, file=sys.stderr)

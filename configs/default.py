@@ -5,10 +5,14 @@ Run (CPU, about a minute):
 Override any field:
   ihsweep train --config=configs/default.py --workdir=runs/x --config.train.lr=1e-3 \
       --config.ensemble.size=8 --config.model.pos_encoding=rotary
-Variants via the argument string: ``configs/default.py:tiny`` (the benchmark's tiny workload).
+Variants via the argument string: ``configs/default.py:tiny`` (the benchmark's tiny workload),
+``configs/default.py:python_docs`` (natural text: the Python documentation, byte-level BPE 4096;
+run ``ihsweep corpus fetch python-docs`` once first).
 """
 
 import ml_collections
+
+from ihsweep import data
 
 
 def get_config(arg: str = ""):
@@ -27,13 +31,17 @@ def get_config(arg: str = ""):
   # vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU, cache-sized on CPU)
   c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), vmap_chunk=0))
 
-  c.data = ml_collections.ConfigDict(dict(source="markov_chain", n_successors=4, chain_seed=0))
+  c.data = data.default_config()  # every field documented in ihsweep.data.default_config
+  c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
 
   c.mesh = ml_collections.ConfigDict(dict(num_devices=0))  # 0 = every device
 
   if arg == "tiny":
     c.model.update(d_model=64, d_mlp=256, vocab_size=512, max_context=64)
     c.train.update(batch_size=8, context_size=64)
+  elif arg == "python_docs":
+    c.data.update(source="natural", corpus="python-docs")
   elif arg:
-    raise ValueError(f"configs/default.py: unknown variant {arg!r}; allowed: '' or 'tiny'")
+    raise ValueError(f"configs/default.py: unknown variant {arg!r}; allowed: '', 'tiny', "
+                     f"'python_docs'")
   return c

@@ -1,6 +1,8 @@
 """The ``ihsweep`` command.
 
   ihsweep train --config=configs/default.py --workdir=DIR [--config.train.lr=3e-4 ...]
+  ihsweep corpus fetch python-docs [--cache_dir=DIR]
+  ihsweep corpus prepare --config=FILE   (tokenize and cache the config's corpus; print counts)
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -8,6 +10,7 @@ Flags are parsed by absl; ``--config`` is an ml_collections config file with ``g
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,6 +20,7 @@ from ml_collections import config_flags
 
 COMMANDS = {
     "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
+    "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
 }
 
 FLAGS = flags.FLAGS
@@ -24,18 +28,29 @@ config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FIL
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
+flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
+                    "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
+
+
+def _load_config():
+  """``(cfg, None)``, or ``(None, exit code)`` after printing why the config did not load."""
+  try:  # a config file that failed to load raises on first use, not on parsing
+    cfg = FLAGS.config
+    if cfg is not None:
+      cfg.keys()
+    return cfg, None
+  except CONFIG_LOAD_ERRORS as e:
+    return None, _config_load_failed(e)
 
 
 def _train(argv):
   del argv
   from ihsweep.config import ConfigError
+  from ihsweep.data.natural import CorpusError
   from ihsweep.runner import fit
-  try:  # a config file that failed to load raises on first use, not on parsing
-    cfg = FLAGS.config
-    if cfg is not None:
-      cfg.keys()
-  except CONFIG_LOAD_ERRORS as e:
-    return _config_load_failed(e)
+  cfg, failed = _load_config()
+  if failed is not None:
+    return failed
   if cfg is None or FLAGS.workdir is None:
     return _fail("train needs --config=FILE and --workdir=DIR")
   if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
@@ -44,9 +59,47 @@ def _train(argv):
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
+  except CorpusError as e:
+    return _fail(f"data: {e}")
   losses = ", ".join(f"{x:.4f}" for x in out["losses"])
   print(f"done: final loss per model [{losses}]; {out['tokens_per_s']:,.0f} tokens/s; "
         f"run directory {FLAGS.workdir}")
+  return 0
+
+
+def _corpus(argv):
+  from ihsweep.data import natural
+  args = argv[1:]
+  try:
+    if args[:1] == ["fetch"] and len(args) == 2:
+      path = natural.fetch_corpus(args[1], FLAGS.cache_dir)
+      print(f"fetched {args[1]} into {path}; train on it with "
+            f"--config.data.source=natural --config.data.corpus={args[1]}")
+      return 0
+    if args == ["prepare"]:
+      return _corpus_prepare()
+  except natural.CorpusError as e:
+    return _fail(str(e))
+  return _fail("usage: ihsweep corpus fetch NAME [--cache_dir=DIR] | ihsweep corpus prepare "
+               f"--config=FILE (corpora: {', '.join(natural.CORPORA)})")
+
+
+def _corpus_prepare():
+  from ihsweep import config as config_lib
+  from ihsweep.data import natural
+  cfg, failed = _load_config()
+  if failed is not None:
+    return failed
+  if cfg is None:
+    return _fail("corpus prepare needs --config=FILE")
+  if cfg.data.source != "natural":
+    return _fail(f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural'")
+  try:
+    config_lib.validate(cfg)
+  except config_lib.ConfigError as e:
+    return _fail(f"invalid config: {e}")
+  corpus = natural.prepare_corpus(cfg.data, cfg.model.vocab_size)
+  print(json.dumps({"path": corpus.path, "cache_hit": corpus.cache_hit, **corpus.meta}, indent=2))
   return 0
 
 
@@ -90,7 +143,7 @@ def main(argv=None) -> int:
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
-  handler = {"train": _train}[command]
+  handler = {"train": _train, "corpus": _corpus}[command]
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message

@@ -7,6 +7,7 @@ override on the command line costs a second, not a compilation.
 from __future__ import annotations
 
 import math
+import os
 from numbers import Integral, Real
 
 import jax
@@ -62,9 +63,34 @@ def _choice(cfg, section: str, name: str, allowed) -> str:
   return value
 
 
+def _validate_natural(cfg, vocab: int) -> None:
+  """Cheap checks of a natural-text data section; the corpus itself is read (and its length
+  checked) when the source is built, still before compiling."""
+  from ihsweep.data import LOADERS, natural
+  _choice(cfg, "data", "loader", LOADERS)
+  _real(cfg, "data", "device_budget_mb", 0.0)
+  _real(cfg, "data", "val_fraction", 0.0, 1.0)
+  _int(cfg, "data", "split_seed", 0)
+  _int(cfg, "data", "max_documents", 0, hint=" (0 = all)")
+  for name in ("corpus", "files", "tfds_name", "tfds_split", "tfds_data_dir", "text_field",
+               "tokenizer", "cache_dir"):
+    if not isinstance(cfg.data[name], str):
+      raise ConfigError(f"data.{name}", cfg.data[name], "a string")
+  tokenizer = cfg.data.tokenizer
+  if tokenizer == "bpe":
+    if vocab < natural.BYTE_LEVEL_MIN_VOCAB:
+      raise ConfigError("model.vocab_size", vocab,
+                        f">= {natural.BYTE_LEVEL_MIN_VOCAB} for a byte-level BPE (256 bytes + "
+                        f"{natural.EOT})")
+  elif not os.path.isfile(os.path.expanduser(tokenizer)):
+    raise ConfigError("data.tokenizer", tokenizer, "'bpe' or the path of a tokenizer.json")
+  natural.document_source(cfg.data)  # one of corpus/files/tfds_name; files exist; TFDS known
+
+
 def validate(cfg) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
-  bad field. Does not touch devices beyond counting them."""
+  bad field (``natural.CorpusError`` for a natural-text corpus that cannot be found). Does not
+  touch devices beyond counting them."""
   for section in ("model", "train", "ensemble", "data", "mesh"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
@@ -120,6 +146,8 @@ def validate(cfg) -> None:
     _int(cfg, "data", "n_successors", 1, vocab,
          hint=f" (at most model.vocab_size = {vocab})")
     _int(cfg, "data", "chain_seed", 0)
+  if source == "natural":
+    _validate_natural(cfg, vocab)
 
   n_avail = len(jax.devices())
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,

@@ -58,6 +58,9 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   model = Transformer(mcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  host_fed = not getattr(source, "on_device", True)
+  if hasattr(source, "describe"):
+    log.info("data: %s", source.describe())
   hp = train.HParams(peak_lr=jnp.asarray(train.peak_lrs(cfg), jnp.float32),
                      data=source.data_params(n_models))
   hp = jax.device_put(hp, sharding.ensemble_sharding(mesh))
@@ -67,6 +70,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
 
   seeds = jnp.arange(n_models, dtype=jnp.int32) + cfg.seed
   state = train.make_init_fn(model, tcfg, mesh)(seeds)
+  loader = HostLoader(source, state, mesh) if host_fed else None
+  arrays = None if host_fed else jax.device_put(source.arrays(), sharding.replicated(mesh))
   programs: dict[int, Any] = {}
   tokens_per_call_step = n_models * train.tokens_per_update(tcfg)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -96,11 +101,15 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
                       tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
     done = 0
-    for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
+    schedule = train.calls(tcfg.num_steps, tcfg.steps_per_call)
+    if loader:
+      loader.prefetch(done, schedule)
+    for k in schedule:
       if k not in programs:
-        programs[k] = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
-                                                   cfg.ensemble.vmap_chunk)
-      state, metrics = programs[k](state, hp)  # dispatched; runs while we log the last call
+        programs[k] = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample,
+                                                   mesh, k, cfg.ensemble.vmap_chunk)
+      data = loader.next() if loader else arrays
+      state, metrics = programs[k](state, hp, data)  # dispatched; runs while we log the last call
       done += k
       if pending:
         drain(*pending.pop())
@@ -108,6 +117,51 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
     while pending:
       drain(*pending.pop())
   bar.close()
+  if loader:
+    loader.close()
   elapsed = time.perf_counter() - first_drain_t if first_drain_t else 0.0
   return {"state": state, "losses": last_loss,
           "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}
+
+
+class HostLoader:
+  """Feeds host-gathered batches ``[E, K, B, C + 1]`` for a source whose tokens stay in host
+  memory, one call ahead: while the devices train on call i, a worker thread gathers call
+  i + 1's windows from the memory-mapped corpus and copies them to the devices. The windows are
+  those the in-graph path would draw (same per-model keys and steps)."""
+
+  def __init__(self, source, state: train.TrainState, mesh):
+    import concurrent.futures
+    self._source = source
+    self._keys = np.asarray(jax.device_get(state.data_key))  # [E, 2], fixed for the run
+    self._sharding = sharding.host_batch_sharding(mesh)
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-loader")
+    self._queue: list = []
+    self._plan: list[tuple[int, int]] = []
+
+  def prefetch(self, first_step: int, schedule: list[int]) -> None:
+    """Plans the calls (their scan lengths, starting at update ``first_step``) and starts the
+    first gather."""
+    step = first_step
+    for k in schedule:
+      self._plan.append((step, k))
+      step += k
+    self._submit()
+
+  def _submit(self) -> None:
+    if self._plan:
+      first, k = self._plan.pop(0)
+      self._queue.append(self._pool.submit(self._load, first, k))
+
+  def _load(self, first_step: int, k: int):
+    batch = self._source.host_batches(self._keys, first_step, k)
+    return jax.device_put(batch, self._sharding)
+
+  def next(self):
+    """The next call's batches (on device), starting the gather of the one after."""
+    future = self._queue.pop(0)
+    self._submit()
+    return future.result()
+
+  def close(self) -> None:
+    self._pool.shutdown(wait=True, cancel_futures=True)

@@ -60,6 +60,16 @@ def per_step_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, "ensemble"))
 
 
+def host_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Host-fed batches ``[E, K, B, C + 1]``: E over 'ensemble', B over 'data'."""
+  return NamedSharding(mesh, P("ensemble", None, "data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A full copy on every device (shared read-only data such as a corpus's token array)."""
+  return NamedSharding(mesh, P())
+
+
 def use_one_cpu_device_per_core(n: int | None = None) -> int:
   """Asks XLA for one CPU device per core (``--xla_force_host_platform_device_count``) unless
   XLA_FLAGS already sets a count. Call before JAX initialises its backends (first

@@ -156,10 +156,12 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
   return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
-def sample_ensemble_batch(sample: Callable, state: TrainState, hp: HParams) -> jax.Array:
-  """Each model's batch for its current step, from its own key: int32 ``[E, B, C + 1]``."""
+def sample_ensemble_batch(sample: Callable, state: TrainState, hp: HParams, arrays: Any
+                          ) -> jax.Array:
+  """Each model's batch for its current step, from its own key: int32 ``[E, B, C + 1]``.
+  ``arrays`` (the source's shared device arrays, e.g. a token array) is not vmapped."""
   keys_Ex2 = jax.vmap(jax.random.fold_in)(state.data_key, state.step)
-  return jax.vmap(sample)(keys_Ex2, hp.data)
+  return jax.vmap(sample, in_axes=(0, 0, None))(keys_Ex2, hp.data, arrays)
 
 
 def make_init_fn(model: Transformer, tcfg: TrainConfig, mesh: Mesh) -> Callable:
@@ -183,13 +185,20 @@ def auto_vmap_chunk(local_models: int, tcfg: TrainConfig, vocab_size: int,
   return max(c for c in range(1, local_models + 1) if local_models % c == 0 and c <= fits)
 
 
-def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable,
+def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable | None,
                            mesh: Mesh, n_steps: int, vmap_chunk: int = 0) -> Callable:
-  """The compiled ensemble program: ``fn(state, hp) -> (state, metrics)``.
+  """The compiled ensemble program: ``fn(state, hp, data) -> (state, metrics)``.
 
   Runs ``n_steps`` updates of every model (``lax.scan``; no host sync inside). ``state`` is
   donated. ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``.
-  ``sample(key, data_params) -> [B, C + 1]`` is the data source, called in-graph.
+
+  Data, two ways:
+    * in-graph (``sample`` given): ``sample(key, data_params, arrays) -> [B, C + 1]`` is called
+      inside the step and ``data`` is the source's shared arrays (a pytree replicated on every
+      device, e.g. a corpus's tokens; ``{}`` for generated data);
+    * host-fed (``sample=None``): ``data`` is the batches themselves, integer
+      ``[E, n_steps, B, C + 1]`` (sharded over 'ensemble' and 'data'), for corpora too large
+      for device memory.
 
   ``vmap_chunk`` c (0 = ``auto_vmap_chunk``): each device vmaps ``train_step`` over c of its
   models at a time and loops (``lax.map``, inside the same program) over its E_local / c chunks,
@@ -199,16 +208,21 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
   step_one = functools.partial(train_step, model=model, tcfg=tcfg)
   batch_sh = sharding.batch_sharding(mesh)
   n_dev_e = mesh.shape["ensemble"]
+  host_fed = sample is None
 
-  def k_updates(state, hp):
-    def one_update(state, _):
-      tokens_ExBxCp1 = sample_ensemble_batch(sample, state, hp)
+  def k_updates(state, hp, data):
+    def one_update(state, batch_ExBxCp1):
+      if host_fed:
+        tokens_ExBxCp1 = batch_ExBxCp1.astype(jnp.int32)
+      else:
+        tokens_ExBxCp1 = sample_ensemble_batch(sample, state, hp, data)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
       return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
 
-    return jax.lax.scan(one_update, state, None, length=n_steps)
+    xs = jnp.swapaxes(data, 0, 1) if host_fed else None  # [K, E, B, C + 1]
+    return jax.lax.scan(one_update, state, xs, length=n_steps)
 
-  def run(state, hp):
+  def run(state, hp, data):
     n_models = hp.peak_lr.shape[0]
     local = n_models // n_dev_e
     c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size)
@@ -216,7 +230,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       raise ValueError(f"ensemble.vmap_chunk = {c} must divide the models per device ({local})")
     n_chunks = local // c
     if n_chunks == 1:
-      return k_updates(state, hp)
+      return k_updates(state, hp, data)
     # [E] = [devices, chunks, c] -> [chunks, devices * c]: the loop runs over chunks while
     # every chunk keeps one slice per device (its sharding over 'ensemble' is unchanged).
     def split(x):
@@ -228,13 +242,16 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       return x.reshape((n_models,) + x.shape[3:])
 
     tree_map = jax.tree_util.tree_map
-    states, metrics = jax.lax.map(lambda a: k_updates(*a), (tree_map(split, state),
-                                                             tree_map(split, hp)))
+    per_model = (tree_map(split, state), tree_map(split, hp),
+                 split(data) if host_fed else None)
+    states, metrics = jax.lax.map(
+        lambda a: k_updates(a[0], a[1], a[2] if host_fed else data), per_model)
     metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [K, E]
     return tree_map(merge, states), metrics
 
   ens_sh = sharding.ensemble_sharding(mesh)
-  return jax.jit(run, in_shardings=(ens_sh, ens_sh),
+  data_sh = sharding.host_batch_sharding(mesh) if host_fed else sharding.replicated(mesh)
+  return jax.jit(run, in_shardings=(ens_sh, ens_sh, data_sh),
                  out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
 
 

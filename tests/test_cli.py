@@ -73,3 +73,31 @@ def test_workdir_that_is_a_file(tmp_path):
   (tmp_path / "f").write_text("")
   r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/f")
   assert r.returncode == 2 and "is not a directory" in r.stderr
+
+
+def test_train_on_local_text_files_then_prepare_hits_the_cache(tmp_path):
+  from test_natural import write_corpus
+  files = write_corpus(str(tmp_path / "text"))
+  data = ["--config.data.source=natural", f"--config.data.files={files}",
+          f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.model.vocab_size=300"]
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
+               "--noprogress", *TINY, *data, "--config.train.num_steps=4",
+               "--config.train.steps_per_call=2")
+  assert r.returncode == 0, r.stderr
+  assert "on device, windows gathered in-graph" in r.stderr and "cache built" in r.stderr
+  rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert rows[-1]["step"] == 4
+  r = _ihsweep("corpus", "prepare", "--config=configs/default.py", *data)
+  assert r.returncode == 0, r.stderr
+  out = json.loads(r.stdout)
+  assert out["cache_hit"] is True and out["train_tokens"] > 1000
+
+
+def test_corpus_command_usage_and_bad_data(tmp_path):
+  r = _ihsweep("corpus", "frobnicate")
+  assert r.returncode == 2 and "ihsweep corpus fetch NAME" in r.stderr
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/x",
+               "--config.data.source=natural", f"--config.data.files={tmp_path}/none/*.txt",
+               "--config.model.vocab_size=300")
+  assert r.returncode == 2 and "matches no file" in r.stderr
+  assert len(r.stderr.strip().splitlines()) == 1

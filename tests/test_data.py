@@ -6,7 +6,7 @@ from ihsweep.data.builtin import MarkovChainSource, UniformSource, _chain_table
 
 def test_markov_chain_follows_its_table():
   src = MarkovChainSource(vocab_size=50, batch_size=6, context_size=40, n_successors=3, seed=1)
-  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(0), {}))
+  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(0), {}, src.arrays()))
   assert tokens.shape == (6, 41) and tokens.dtype == np.int32
   succ, probs = _chain_table(50, 3, 1)
   for row in tokens:
@@ -17,7 +17,7 @@ def test_markov_chain_follows_its_table():
 
 def test_markov_chain_transition_frequencies():
   src = MarkovChainSource(vocab_size=8, batch_size=256, context_size=64, n_successors=2, seed=0)
-  tokens = np.asarray(src.sample(jax.random.PRNGKey(1), {}))
+  tokens = np.asarray(src.sample(jax.random.PRNGKey(1), {}, src.arrays()))
   succ, probs = _chain_table(8, 2, 0)
   a, b = tokens[:, :-1].ravel(), tokens[:, 1:].ravel()
   checked = 0
@@ -33,7 +33,7 @@ def test_markov_chain_transition_frequencies():
 
 def test_uniform_source_and_keys():
   src = UniformSource(vocab_size=16, batch_size=4, context_size=8)
-  a = src.sample(jax.random.PRNGKey(0), {})
+  a = src.sample(jax.random.PRNGKey(0), {}, src.arrays())
   assert a.shape == (4, 9) and int(a.max()) < 16 and int(a.min()) >= 0
-  assert not np.array_equal(a, src.sample(jax.random.PRNGKey(1), {}))
+  assert not np.array_equal(a, src.sample(jax.random.PRNGKey(1), {}, src.arrays()))
   assert src.entropy_rate() == np.log(16)

@@ -24,7 +24,7 @@ def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   metrics = []
   for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
     state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
-                                            vmap_chunk)(state, hp)
+                                            vmap_chunk)(state, hp, source.arrays())
     metrics.append(m["loss"])
   return state, np.concatenate(metrics)
 
@@ -52,7 +52,7 @@ def test_vmapped_ensemble_equals_models_trained_alone(tiny):
     state = train.init_state(seed, model, tcfg)
     hp = train.HParams(peak_lr=jnp.float32(lr), data={})
     for t in range(tcfg.num_steps):
-      tokens = source.sample(jax.random.fold_in(state.data_key, t), {})
+      tokens = source.sample(jax.random.fold_in(state.data_key, t), {}, source.arrays())
       state, m = step(state, hp, tokens)
       np.testing.assert_allclose(m["loss"], ens_loss[t, i], rtol=1e-5)
     one = jax.tree_util.tree_map(lambda x: x[i], ens_state)

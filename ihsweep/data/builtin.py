@@ -24,9 +24,13 @@ class UniformSource:
     del n_models
     return {}
 
-  def sample(self, key: jax.Array, data_params: dict) -> jax.Array:
+  def arrays(self) -> dict:
+    """Shared device arrays (none)."""
+    return {}
+
+  def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
-    del data_params
+    del data_params, arrays
     return jax.random.randint(key, (self.batch_size, self.context_size + 1), 0, self.vocab_size,
                               dtype=jnp.int32)
 
@@ -58,13 +62,18 @@ class MarkovChainSource:
     del n_models
     return {}
 
-  def sample(self, key: jax.Array, data_params: dict) -> jax.Array:
+  def arrays(self) -> dict:
+    """The chain, passed to the step as arguments (not baked into the program as constants):
+    successor ids int32 ``[V, k]`` and the thresholds between successors float32 ``[V, k−1]``
+    (a uniform draw u picks successor #(u > threshold))."""
+    succ_VxK, probs_VxK = self._table()
+    return {"successors": succ_VxK,
+            "thresholds": np.cumsum(probs_VxK, axis=1)[:, :-1].astype(np.float32)}
+
+  def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
     del data_params
-    succ_VxK, probs_VxK = self._table()
-    succ_VxK = jnp.asarray(succ_VxK)
-    # Thresholds between successors; a uniform draw u picks successor #(u > threshold).
-    cum_VxKm1 = jnp.asarray(np.cumsum(probs_VxK, axis=1)[:, :-1], dtype=jnp.float32)
+    succ_VxK, cum_VxKm1 = jnp.asarray(arrays["successors"]), jnp.asarray(arrays["thresholds"])
     k_first, k_next = jax.random.split(key)
     first_B = jax.random.randint(k_first, (self.batch_size,), 0, self.vocab_size, jnp.int32)
     u_CxB = jax.random.uniform(k_next, (self.context_size, self.batch_size))

@@ -1,0 +1,283 @@
+"""Natural text: files and TFDS → BPE → cached token arrays → windows (ihsweep/data/natural.py)."""
+
+import collections
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+
+from ihsweep import config as config_lib, train
+from ihsweep.data import make_source, natural
+from ihsweep.runner import fit
+
+WORDS = ("the induction head copies a token after the previous occurrence of its prefix while "
+         "models learn bigram statistics first then attend back to match patterns in context "
+         "über naïve café — λ x: x² 日本語").split()
+
+
+def write_corpus(root, n_docs=40, words_per_doc=300, seed=0):
+  """Text files the test owns: sentences of random words, one file per document."""
+  rng = np.random.default_rng(seed)
+  os.makedirs(root, exist_ok=True)
+  for i in range(n_docs):
+    words = rng.choice(WORDS, size=words_per_doc)
+    text = f"Document {i}.\n" + " ".join(words) + "\n"
+    with open(os.path.join(root, f"doc{i:03d}.txt"), "w", encoding="utf-8") as f:
+      f.write(text)
+  return os.path.join(root, "*.txt")
+
+
+def natural_cfg(tiny, tmp_path, **overrides):
+  glob_ = write_corpus(str(tmp_path / "text"))
+  base = {"data.source": "natural", "data.files": glob_, "data.cache_dir": str(tmp_path / "cache"),
+          "data.val_fraction": 0.2, "model.vocab_size": 300}
+  base.update(overrides)
+  return tiny(**base)
+
+
+def test_bpe_round_trip_and_special_ids(tmp_path):
+  docs = ["Hello wörld, 日本語 and emoji 🙂\ttabs\n  indented",
+          "the quick brown fox " * 20, "ünïcödé " * 30, "x = [i**2 for i in range(10)]\n" * 5]
+  tok = natural.train_bpe(iter(docs * 3), 280)
+  assert tok.get_vocab_size() == 280
+  assert tok.token_to_id(natural.EOT) == 0
+  for text in docs + ["unseen text: Ωμέγα ✓ \x01 control"]:
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == text
+    assert max(ids) < 280 and 0 not in ids
+
+
+def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
+  cfg = natural_cfg(tiny, tmp_path)
+  first = natural.prepare_corpus(cfg.data, 300)
+  assert not first.cache_hit and first.train.dtype == np.uint16
+  # The arrays are exactly the split's documents, each followed by <|endoftext|>.
+  docs = [next(natural.read_documents(f)) for f in natural.list_files(cfg.data.files)]
+  split = list(natural.split_documents(docs, 0.2, 0))
+  for arr, want_val in ((first.train, False), (first.val, True)):
+    ids = np.asarray(arr)
+    pieces = np.split(ids, np.flatnonzero(ids == first.eot_id) + 1)[:-1]
+    want = [d for v, d in split if v == want_val]
+    assert len(want) > 0
+    assert [first.tokenizer.decode(p[:-1].tolist()) for p in pieces] == want
+  assert first.meta["train_documents"] + first.meta["val_documents"] == 40
+
+  def no_training(*a, **k):
+    raise AssertionError("the second run must load the cache, not tokenize again")
+
+  monkeypatch.setattr(natural, "train_bpe", no_training)
+  monkeypatch.setattr(natural, "_encode", no_training)
+  second = natural.prepare_corpus(cfg.data, 300)
+  assert second.cache_hit and second.path == first.path
+  np.testing.assert_array_equal(second.train, first.train)
+  # Changing the corpus invalidates the key.
+  with open(natural.list_files(cfg.data.files)[0], "a") as f:
+    f.write("one more line\n")
+  monkeypatch.undo()
+  third = natural.prepare_corpus(cfg.data, 300)
+  assert not third.cache_hit and third.path != first.path
+
+
+def test_windows_lie_inside_the_training_split(tiny, tmp_path):
+  cfg = natural_cfg(tiny, tmp_path, **{"train.context_size": 32, "train.batch_size": 64})
+  source = make_source(cfg.data, 300, 64, 32)
+  train_ids = np.asarray(source.corpus.train)
+  n = train_ids.size
+  sample = jax.jit(source.sample)
+  arrays = jax.device_put(source.arrays())
+  all_starts = []
+  for i in range(20):
+    key = jax.random.PRNGKey(i)
+    windows = np.asarray(sample(key, {}, arrays))
+    starts = np.asarray(natural.window_starts(key, n, 64, 32))
+    all_starts.append(starts)
+    assert windows.shape == (64, 33) and windows.dtype == np.int32
+    for w, s in zip(windows, starts):
+      np.testing.assert_array_equal(w, train_ids[s:s + 33])
+  starts = np.concatenate(all_starts)
+  assert starts.min() >= 0 and starts.max() <= n - 33
+  assert starts.max() > n - 33 - n // 10  # the whole range is reachable, not a prefix
+
+
+def test_host_loader_draws_the_windows_the_device_draws(tiny, tmp_path):
+  cfg = natural_cfg(tiny, tmp_path)
+  source = make_source(cfg.data, 300, 8, 32)
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in (3, 4)])  # E = 2
+  host = source.host_batches(keys, 5, 3)  # steps 5, 6, 7
+  assert host.shape == (2, 3, 8, 33)
+  arrays = source.arrays()
+  for e in range(2):
+    for k in range(3):
+      key = jax.random.fold_in(keys[e], 5 + k)
+      np.testing.assert_array_equal(host[e, k], np.asarray(source.sample(key, {}, arrays)))
+
+
+def test_host_fed_training_equals_in_graph_training(tiny, tmp_path):
+  """Same windows either way, so the same losses; over 4 devices with the data axis used."""
+  common = {"train.num_steps": 6, "train.steps_per_call": 3, "ensemble.size": 2}
+  out = {}
+  for loader in ("device", "host"):
+    cfg = natural_cfg(tiny, tmp_path, **common, **{"data.loader": loader})
+    out[loader] = fit(cfg, str(tmp_path / loader), progress=False)
+  np.testing.assert_allclose(out["host"]["losses"], out["device"]["losses"], rtol=1e-5)
+  rows = [json.loads(l) for l in open(tmp_path / "host" / "metrics.jsonl")]
+  assert [r["step"] for r in rows] == [3, 6]
+
+
+def test_auto_loader_respects_the_device_budget(tiny, tmp_path):
+  cfg = natural_cfg(tiny, tmp_path)
+  assert make_source(cfg.data, 300, 8, 32).on_device
+  cfg.data.device_budget_mb = 0.001  # ~1 KB: the corpus does not fit
+  src = make_source(cfg.data, 300, 8, 32)
+  assert not src.on_device and src.arrays() == {}
+  assert "host loader" in src.describe()
+
+
+def test_bigram_and_unigram_counts_equal_a_direct_count():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 20, size=5000).astype(np.uint16)
+  counts = natural.bigram_counts(tokens, 20, chunk=777)  # several chunks, boundaries included
+  direct = collections.Counter(zip(tokens[:-1].tolist(), tokens[1:].tolist()))
+  dense = counts.toarray()
+  assert dense.sum() == len(tokens) - 1
+  for (a, b), c in direct.items():
+    assert dense[a, b] == c
+  np.testing.assert_array_equal(natural.unigram_counts(tokens, 20),
+                                np.bincount(tokens, minlength=20))
+
+
+def test_file_formats(tmp_path):
+  (tmp_path / "a.html").write_text(
+      "<html><head><title>t</title><style>p{}</style></head><body><h1>Title</h1>"
+      "<p>Fish &amp; chips</p><script>var x=1;</script><p>end</p></body></html>")
+  assert natural.strip_html((tmp_path / "a.html").read_text()) == "Title\n\nFish & chips\n\nend"
+  assert list(natural.read_documents(str(tmp_path / "a.html"))) == [
+      "Title\n\nFish & chips\n\nend"]
+  (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n')
+  assert list(natural.read_documents(str(tmp_path / "b.jsonl"))) == ["one", "two"]
+  pd.DataFrame({"body": ["x y", "", "z"]}).to_parquet(tmp_path / "c.parquet")
+  assert list(natural.read_documents(str(tmp_path / "c.parquet"), "body")) == ["x y", "z"]
+  with pytest.raises(natural.CorpusError, match="text_field"):
+    list(natural.read_documents(str(tmp_path / "c.parquet"), "text"))
+  (tmp_path / "d.jsonl").write_text('{"text": "ok"}\nnot json\n')
+  with pytest.raises(natural.CorpusError, match=r"d.jsonl:2"):
+    list(natural.read_documents(str(tmp_path / "d.jsonl")))
+
+
+def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 260,
+                "data.cache_dir": str(tmp_path), "data.val_fraction": 0.1})
+  with tfds.testing.mock_data(num_examples=60, policy=tfds.testing.MockPolicy.USE_CODE):
+    config_lib.validate(cfg)
+    corpus = natural.prepare_corpus(cfg.data, 260)
+    records = natural._tfds_source(cfg.data)
+    texts = [records[i]["text"] for i in range(len(records))]
+  assert corpus.meta["kind"] == "tfds"
+  assert corpus.meta["train_documents"] + corpus.meta["val_documents"] == 60
+  ids = np.asarray(corpus.train)
+  first = corpus.tokenizer.decode(ids[:np.flatnonzero(ids == corpus.eot_id)[0]].tolist())
+  assert first in texts
+
+
+def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
+  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "no_such_corpus_xyz",
+                "model.vocab_size": 300})
+  with pytest.raises(natural.CorpusError, match="no such TFDS dataset"):
+    config_lib.validate(cfg)
+  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 300,
+                "data.tfds_data_dir": str(tmp_path)})
+  with pytest.raises(natural.CorpusError, match="not prepared"):
+    config_lib.validate(cfg)
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """Fails the test if anything reaches compilation."""
+  def boom(*a, **k):
+    raise AssertionError("compiled before rejecting bad input")
+  monkeypatch.setattr(train, "make_init_fn", boom)
+  monkeypatch.setattr(train, "make_ensemble_train_fn", boom)
+
+
+def _bad_inputs(tmp_path):
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "bin" / "x.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 10)
+  (tmp_path / "latin1").mkdir()
+  (tmp_path / "latin1" / "x.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+  (tmp_path / "short").mkdir()
+  (tmp_path / "short" / "x.txt").write_text("too short")
+  (tmp_path / "small").mkdir()
+  (tmp_path / "small" / "x.txt").write_text("abc abd abe " * 200)
+  return {
+      "empty glob": ({"data.files": str(tmp_path / "none" / "*.txt")}, "matches no file"),
+      "binary": ({"data.files": str(tmp_path / "bin" / "*")}, "binary file"),
+      "not utf-8": ({"data.files": str(tmp_path / "latin1" / "*")}, "not UTF-8"),
+      "short": ({"data.files": str(tmp_path / "short" / "*"), "model.vocab_size": 257},
+                "fewer than train.context_size"),
+      "vocab unreachable": ({"data.files": str(tmp_path / "small" / "*"),
+                             "model.vocab_size": 4096}, "only supports"),
+      "vocab below bytes": ({"data.files": str(tmp_path / "small" / "*"),
+                             "model.vocab_size": 64}, "model.vocab_size"),
+      "no document source": ({}, "exactly one of"),
+      "two document sources": ({"data.files": str(tmp_path / "small" / "*"),
+                                "data.corpus": "python-docs"}, "exactly one of"),
+      "corpus not fetched": ({"data.corpus": "python-docs"}, "ihsweep corpus fetch"),
+      "bad tokenizer path": ({"data.files": str(tmp_path / "small" / "*"),
+                              "data.tokenizer": str(tmp_path / "nope.json")}, "tokenizer.json"),
+      "bad loader": ({"data.files": str(tmp_path / "small" / "*"), "data.loader": "disk"},
+                     "data.loader"),
+  }
+
+
+@pytest.mark.parametrize("case", ["empty glob", "binary", "not utf-8", "short",
+                                  "vocab unreachable", "vocab below bytes", "no document source",
+                                  "two document sources", "corpus not fetched",
+                                  "bad tokenizer path", "bad loader"])
+def test_bad_inputs_fail_before_compiling(tiny, tmp_path, no_compile, case):
+  overrides, message = _bad_inputs(tmp_path)[case]
+  cfg = tiny(**{"data.source": "natural", "data.cache_dir": str(tmp_path / "cache"),
+                "model.vocab_size": 300, **overrides})
+  with pytest.raises((natural.CorpusError, config_lib.ConfigError), match=message):
+    fit(cfg, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_unreadable_file_is_named(tmp_path, monkeypatch):
+  path = tmp_path / "locked.txt"
+  path.write_text("secret")
+  real_open = open
+
+  def deny(p, *a, **k):  # tests run as root here, where chmod 000 does not stop a read
+    if str(p) == str(path):
+      raise PermissionError(13, "Permission denied", str(p))
+    return real_open(p, *a, **k)
+
+  monkeypatch.setattr("builtins.open", deny)
+  with pytest.raises(natural.CorpusError, match="cannot read .*locked.txt: Permission denied"):
+    list(natural.read_documents(str(path)))
+
+
+def test_loaded_tokenizer_json(tiny, tmp_path):
+  tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
+  tok.save(str(tmp_path / "tok.json"))
+  cfg = natural_cfg(tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"),
+                                       "model.vocab_size": 300})  # padded model vocabulary
+  corpus = natural.prepare_corpus(cfg.data, 300)
+  assert corpus.meta["tokenizer_vocab"] == 270 and int(np.max(corpus.train)) < 270
+  with pytest.raises(natural.CorpusError, match="smaller than the tokenizer"):
+    natural.load_tokenizer(str(tmp_path / "tok.json"), 260)
+
+
+def test_corpus_fetch_without_apt_points_elsewhere(monkeypatch):
+  monkeypatch.setattr(natural.shutil, "which", lambda name: None)
+  with pytest.raises(natural.CorpusError) as err:
+    natural.fetch_corpus("python-docs", "/nonexistent")
+  assert "apt-get" in str(err.value) and "--config.data.files" in str(err.value)
+  assert "tfds_name" in str(err.value)
+  with pytest.raises(natural.CorpusError, match="unknown corpus"):
+    natural.fetch_corpus("nonsense")
