@@ -92,6 +92,10 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
         f"the training split of {corpus.meta['name']!r} has {n} tokens, fewer than "
         f"train.context_size + 1 = {context_size + 1}: use more text or a smaller context",
         "train.context_size")
+  if n >= 2**31:
+    raise natural.CorpusError(
+        f"the training split has {n:,} tokens; window offsets are int32, so at most 2^31 - 1: "
+        f"set config.data.max_documents", "data.max_documents")
   fits = corpus.train.nbytes <= data_cfg.device_budget_mb * 2**20
   on_device = data_cfg.loader == "device" or (data_cfg.loader == "auto" and fits)
   return natural.NaturalTextSource(corpus, batch_size, context_size, on_device)
