@@ -62,8 +62,9 @@ def _train(argv):
   except CorpusError as e:
     return _fail(f"data: {e}")
   losses = ", ".join(f"{x:.4f}" for x in out["losses"])
-  print(f"done: final loss per model [{losses}]; {out['tokens_per_s']:,.0f} tokens/s; "
-        f"run directory {FLAGS.workdir}")
+  speed = out["tokens_per_s"]
+  speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
+  print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
   return 0
 
 
@@ -103,6 +104,29 @@ def _corpus_prepare():
   return 0
 
 
+COMMAND_HELP = {
+    "train": """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
+                     [--config.SECTION.FIELD=VALUE ...]
+
+  --config     an ml_collections config file with get_config(), e.g. configs/default.py;
+               FILE:VARIANT passes VARIANT (configs/default.py: tiny, python_docs, or both
+               comma-separated: configs/default.py:tiny,python_docs)
+  --workdir    run directory (created if missing): config.json, metrics.jsonl
+  --progress   progress bar (default on; --noprogress turns it off)
+  --config.SECTION.FIELD=VALUE overrides any field; the fields are listed in the README and in
+               configs/default.py and ihsweep/data/__init__.py (default_config).""",
+    "corpus": """usage: ihsweep corpus fetch NAME [--cache_dir=DIR]
+       ihsweep corpus prepare --config=FILE[:VARIANT] [--config.data.FIELD=VALUE ...]
+
+  fetch NAME   download an embedded corpus into the cache (NAME: python-docs, the Python
+               documentation from Debian's python3-doc; needs apt-get and dpkg, no root)
+  prepare      read, split, tokenize and cache the config's natural-text corpus (e.g. once
+               before a sweep) and print its counts as JSON
+  --cache_dir  fetch: the cache (default $IHSWEEP_CACHE or ~/.cache/ihsweep); training and
+               prepare read config.data.cache_dir""",
+}
+
+
 CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError)
 
 
@@ -139,6 +163,9 @@ def main(argv=None) -> int:
   if command not in COMMANDS:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
+  if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[2:]):
+    print(COMMAND_HELP[command])
+    return 0
   from ihsweep.sharding import use_one_cpu_device_per_core
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -148,6 +148,12 @@ def validate(cfg) -> None:
     _int(cfg, "data", "chain_seed", 0)
   if source == "natural":
     _validate_natural(cfg, vocab)
+  else:
+    for name in ("corpus", "files", "tfds_name"):
+      if cfg.data.get(name):
+        raise ConfigError(f"data.{name}", cfg.data[name],
+                          f"empty unless data.source = 'natural' (data.source is {source!r}; "
+                          f"add --config.data.source=natural to train on this text)")
 
   n_avail = len(jax.devices())
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,

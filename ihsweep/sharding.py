@@ -61,7 +61,8 @@ def per_step_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def host_batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Host-fed batches ``[E, K, B, C + 1]``: E over 'ensemble', B over 'data'."""
+  """A call's batches ``[E, K, B, C + 1]`` (generated or host-fed): E over 'ensemble', B over
+  'data'."""
   return NamedSharding(mesh, P("ensemble", None, "data"))
 
 

@@ -1,9 +1,10 @@
 """Training of one model, and of an ensemble as ``jax.vmap`` of the one-model step.
 
 ``train_step`` knows nothing about the ensemble. ``make_ensemble_train_fn`` builds the only
-ensemble-aware program: per step it samples each model's batch in-graph from its own key, vmaps
-``train_step`` over the leading axis E of (state, hyper-parameters, batch), and ``lax.scan``s K
-such steps per host call under ``jax.jit`` with the state donated and sharded over a mesh.
+ensemble-aware program: per host call it samples each model's batches for K updates in-graph
+from its own key (or takes host-fed batches), then ``lax.scan``s K steps that each vmap
+``train_step`` over the leading axis E of (state, hyper-parameters, batch), under ``jax.jit``
+with the state donated and sharded over a mesh.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def schedule_shape(tcfg: TrainConfig) -> optax.Schedule:
   (Vaswani et al. 2017, eq. 3: ``sqrt(warmup / step)`` after warmup)."""
   warmup = tcfg.warmup_steps
   if tcfg.schedule == "cosine":
+    if warmup == 0:  # optax logs a warning for a zero-length warmup
+      return optax.cosine_decay_schedule(1.0, max(tcfg.num_steps, 1), alpha=0.0)
     return optax.warmup_cosine_decay_schedule(
         0.0, 1.0, warmup_steps=warmup, decay_steps=max(tcfg.num_steps, warmup + 1), end_value=0.0)
   if tcfg.schedule == "constant":
@@ -156,12 +159,19 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
   return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
-def sample_ensemble_batch(sample: Callable, state: TrainState, hp: HParams, arrays: Any
-                          ) -> jax.Array:
-  """Each model's batch for its current step, from its own key: int32 ``[E, B, C + 1]``.
-  ``arrays`` (the source's shared device arrays, e.g. a token array) is not vmapped."""
-  keys_Ex2 = jax.vmap(jax.random.fold_in)(state.data_key, state.step)
-  return jax.vmap(sample, in_axes=(0, 0, None))(keys_Ex2, hp.data, arrays)
+def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, arrays: Any,
+                            n_steps: int) -> jax.Array:
+  """Each model's batches for its next ``n_steps`` updates, from its own key: int32
+  ``[E, n_steps, B, C + 1]``; update t of model e uses ``fold_in(data_key_e, t)``, so a resumed
+  run or a different ``steps_per_call`` draws the same batches. ``arrays`` (the source's
+  shared device arrays, e.g. a token array) is not vmapped."""
+  steps_K = jnp.arange(n_steps, dtype=jnp.int32)
+
+  def one_model(data_key, step, data_params):
+    keys_Kx2 = jax.vmap(lambda t: jax.random.fold_in(data_key, step + t))(steps_K)
+    return jax.vmap(sample, in_axes=(0, None, None))(keys_Kx2, data_params, arrays)
+
+  return jax.vmap(one_model)(state.data_key, state.step, hp.data)
 
 
 def make_init_fn(model: Transformer, tcfg: TrainConfig, mesh: Mesh) -> Callable:
@@ -207,20 +217,21 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
   """
   step_one = functools.partial(train_step, model=model, tcfg=tcfg)
   batch_sh = sharding.batch_sharding(mesh)
+  host_sh = sharding.host_batch_sharding(mesh)
   n_dev_e = mesh.shape["ensemble"]
   host_fed = sample is None
 
   def k_updates(state, hp, data):
     def one_update(state, batch_ExBxCp1):
-      if host_fed:
-        tokens_ExBxCp1 = batch_ExBxCp1.astype(jnp.int32)
-      else:
-        tokens_ExBxCp1 = sample_ensemble_batch(sample, state, hp, data)
+      tokens_ExBxCp1 = batch_ExBxCp1.astype(jnp.int32)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
       return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
 
-    xs = jnp.swapaxes(data, 0, 1) if host_fed else None  # [K, E, B, C + 1]
-    return jax.lax.scan(one_update, state, xs, length=n_steps)
+    # All K updates' batches at once: a sequential sampler (a Markov chain's scan over
+    # positions) then runs once per call over K·B sequences instead of K times over B.
+    batches = data if host_fed else sample_ensemble_batches(sample, state, hp, data, n_steps)
+    batches = jax.lax.with_sharding_constraint(batches, host_sh)
+    return jax.lax.scan(one_update, state, jnp.swapaxes(batches, 0, 1))  # over [K, E, ...]
 
   def run(state, hp, data):
     n_models = hp.peak_lr.shape[0]
@@ -250,7 +261,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
     return tree_map(merge, states), metrics
 
   ens_sh = sharding.ensemble_sharding(mesh)
-  data_sh = sharding.host_batch_sharding(mesh) if host_fed else sharding.replicated(mesh)
+  data_sh = host_sh if host_fed else sharding.replicated(mesh)
   return jax.jit(run, in_shardings=(ens_sh, ens_sh, data_sh),
                  out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
 

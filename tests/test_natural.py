@@ -281,3 +281,77 @@ def test_corpus_fetch_without_apt_points_elsewhere(monkeypatch):
   assert "tfds_name" in str(err.value)
   with pytest.raises(natural.CorpusError, match="unknown corpus"):
     natural.fetch_corpus("nonsense")
+
+
+def test_html5_without_head_end_tag_keeps_its_body():
+  assert natural.strip_html("<html><head><title>T</title><body><p>Hello</p>") == "Hello"
+
+
+def test_jsonl_line_separators_inside_strings_are_text(tmp_path):
+  path = tmp_path / "a.jsonl"
+  path.write_text(json.dumps({"text": "one\u2028two\x85three"}, ensure_ascii=False) + "\n",
+                  encoding="utf-8")
+  assert list(natural.read_documents(str(path))) == ["one\u2028two\x85three"]
+
+
+def test_parquet_nulls_dropped_and_non_text_refused(tmp_path):
+  pd.DataFrame({"text": ["a", None, "b"]}).to_parquet(tmp_path / "n.parquet")
+  assert list(natural.read_documents(str(tmp_path / "n.parquet"))) == ["a", "b"]
+  pd.DataFrame({"text": [1, 2]}).to_parquet(tmp_path / "i.parquet")
+  with pytest.raises(natural.CorpusError, match="int"):
+    list(natural.read_documents(str(tmp_path / "i.parquet")))
+  (tmp_path / "fake.parquet").write_text("not parquet")
+  with pytest.raises(natural.CorpusError, match="cannot read .* as parquet") as err:
+    list(natural.read_documents(str(tmp_path / "fake.parquet")))
+  assert "\n" not in str(err.value)
+
+
+def test_symlinks_and_overlapping_globs_read_each_file_once(tmp_path):
+  write_corpus(str(tmp_path / "t"), n_docs=3)
+  os.symlink(tmp_path / "t", tmp_path / "t" / "loop")
+  files = natural.list_files(f"{tmp_path}/t/**/*.txt,{tmp_path}/t/../t/doc000.txt")
+  assert len(files) == 3
+
+
+def test_tokenizer_ids_beyond_the_model_vocabulary_are_refused(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  tok = Tokenizer(models.WordLevel({natural.EOT: 0, "[UNK]": 1, "x": 5000}, unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(str(tmp_path / "sparse.json"))
+  with pytest.raises(natural.CorpusError, match="ids up to 5000"):
+    natural.load_tokenizer(str(tmp_path / "sparse.json"), 300)
+
+
+def test_unusable_cache_dir_and_damaged_cache(tiny, tmp_path, caplog):
+  (tmp_path / "afile").write_text("")
+  cfg = natural_cfg(tiny, tmp_path, **{"data.cache_dir": str(tmp_path / "afile")})
+  with pytest.raises(natural.CorpusError, match="data.cache_dir"):
+    natural.prepare_corpus(cfg.data, 300)
+  cfg = natural_cfg(tiny, tmp_path)
+  built = natural.prepare_corpus(cfg.data, 300)
+  with open(os.path.join(built.path, "train.npy"), "r+b") as f:
+    f.truncate(200)  # a disk filled up, or a hand edit
+  rebuilt = natural.prepare_corpus(cfg.data, 300)
+  assert not rebuilt.cache_hit and rebuilt.train.size == built.meta["train_tokens"]
+  assert "damaged" in caplog.text
+
+
+def test_leftovers_of_killed_builds_are_removed(tmp_path):
+  import socket
+  import subprocess
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  host = socket.gethostname()
+  stale = tmp_path / f".build-{host}-{dead.pid}-abc123"
+  live = tmp_path / f".build-{host}-{os.getpid()}-def456"
+  other_host = tmp_path / f".build-elsewhere-{dead.pid}-ghi789"
+  for d in (stale, live, other_host):
+    d.mkdir()
+  natural.remove_stale_temp_dirs(str(tmp_path))
+  assert not stale.exists() and live.exists() and other_host.exists()
+
+
+def test_corpus_fields_need_the_natural_source(tiny):
+  cfg = tiny(**{"data.files": "/tmp/*.txt"})  # source stays markov_chain
+  with pytest.raises(config_lib.ConfigError, match="data.source=natural"):
+    config_lib.validate(cfg)

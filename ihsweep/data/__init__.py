@@ -98,4 +98,9 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
         f"set config.data.max_documents", "data.max_documents")
   fits = corpus.train.nbytes <= data_cfg.device_budget_mb * 2**20
   on_device = data_cfg.loader == "device" or (data_cfg.loader == "auto" and fits)
-  return natural.NaturalTextSource(corpus, batch_size, context_size, on_device)
+  if data_cfg.loader != "auto":
+    placement = f"data.loader = {data_cfg.loader!r}"
+  else:
+    placement = (f"data.loader = 'auto': {'within' if fits else 'over'} data.device_budget_mb = "
+                 f"{data_cfg.device_budget_mb:g} MiB")
+  return natural.NaturalTextSource(corpus, batch_size, context_size, on_device, placement)

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any, Iterable, Iterator
 
@@ -83,7 +84,7 @@ def resolve_cache_dir(data_cfg) -> str:
 class _TextExtractor(html.parser.HTMLParser):
   """Visible text of an HTML page (script/style dropped, entities unescaped)."""
 
-  _SKIP = {"script", "style", "head", "noscript", "template"}
+  _SKIP = {"script", "style", "noscript", "template", "title"}
   _BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section",
             "article", "blockquote", "dt", "dd", "table", "ul", "ol"}
 
@@ -93,7 +94,9 @@ class _TextExtractor(html.parser.HTMLParser):
     self._skip_depth = 0
 
   def handle_starttag(self, tag, attrs):
-    if tag in self._SKIP:
+    if tag == "body":  # an unclosed <script>/<title> in the head must not hide the body
+      self._skip_depth = 0
+    elif tag in self._SKIP:
       self._skip_depth += 1
     elif tag in self._BLOCK:
       self.parts.append("\n")
@@ -128,16 +131,18 @@ def strip_html(markup: str) -> str:
 
 
 def list_files(patterns: str) -> list[str]:
-  """Sorted regular files matching a comma-separated list of globs (``**`` recurses).
+  """Regular files matching a comma-separated list of globs (``**`` recurses), each file once
+  (by real path: overlapping globs and symlinks do not duplicate documents), sorted.
 
   Raises:
     CorpusError: no file matches (field ``data.files``).
   """
-  files = set()
+  files = {}
   for pattern in (p.strip() for p in patterns.split(",")):
     if pattern:
-      files.update(f for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                   if os.path.isfile(f))
+      for f in glob.glob(os.path.expanduser(pattern), recursive=True):
+        if os.path.isfile(f):
+          files.setdefault(os.path.realpath(f), f)
   if not files:
     raise CorpusError(f"config.data.files = {patterns!r} matches no file", "data.files")
   return sorted(files)
@@ -149,6 +154,11 @@ def _read_text(path: str) -> str:
       raw = f.read()
   except OSError as e:
     raise CorpusError(f"cannot read {path}: {e.strerror or e}", "data.files") from None
+  if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with a byte-order mark
+    try:
+      return raw.decode("utf-16")
+    except UnicodeDecodeError:
+      pass
   if b"\x00" in raw[:65536]:
     raise CorpusError(f"{path} is a binary file (NUL bytes), not text; narrow config.data.files",
                       "data.files")
@@ -170,18 +180,26 @@ def read_documents(path: str, text_field: str = "text") -> Iterator[str]:
   lower = path.lower()
   if lower.endswith(".parquet"):
     import pandas as pd
+    import pyarrow.parquet as pq
     try:
-      frame = pd.read_parquet(path, columns=[text_field])
-    except (KeyError, ValueError) as e:
-      raise CorpusError(f"{path}: no column {text_field!r} (config.data.text_field): {e}",
-                        "data.text_field") from None
-    except OSError as e:
-      raise CorpusError(f"cannot read {path} as parquet: {e}", "data.files") from None
-    yield from (t for t in frame[text_field].astype(str) if t)
+      names = pq.read_schema(path).names
+    except Exception as e:  # pyarrow raises several types for files that are not parquet
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise CorpusError(f"cannot read {path} as parquet: {first}", "data.files") from None
+    if text_field not in names:
+      raise CorpusError(f"{path}: no column {text_field!r} (config.data.text_field); columns: "
+                        f"{', '.join(names[:10])}", "data.text_field")
+    values = pd.read_parquet(path, columns=[text_field])[text_field]
+    values = values[values.notna()]
+    bad = values[[not isinstance(v, str) for v in values]]
+    if len(bad):
+      raise CorpusError(f"{path}: column {text_field!r} holds {type(bad.iloc[0]).__name__} "
+                        f"values, not text", "data.text_field")
+    yield from (t for t in values if t)
     return
   text = _read_text(path)
   if lower.endswith(".jsonl"):
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines(): U+2028 is text
       if not line.strip():
         continue
       try:
@@ -217,7 +235,7 @@ def _tfds_source(data_cfg):
     return tfds.data_source(name, split=data_cfg.tfds_split, data_dir=data_dir,
                             download=bool(data_cfg.tfds_download))
   except Exception as e:  # TFDS raises several types; say which fix applies
-    if not builder.is_prepared():
+    if not builder.is_prepared() and not data_cfg.tfds_download:
       raise CorpusError(
           f"TFDS dataset {name!r} is not prepared under {builder.data_dir}: prepare it with "
           f"`tfds build {name} --file_format=array_record --data_dir=DIR` and set "
@@ -357,8 +375,12 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
       raise CorpusError(f"cannot fetch {name}: `{' '.join(cmd)}` failed: {' '.join(tail)}")
     return proc.stdout
 
-  os.makedirs(cache_dir, exist_ok=True)
-  with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache_dir) as tmp:
+  writable_dir(cache_dir, "data.cache_dir")
+  remove_stale_temp_dirs(cache_dir)
+  if os.path.isfile(os.path.join(dest, "SOURCE.json")):
+    log.info("%s is already in %s (delete that directory to fetch it again)", name, dest)
+    return dest
+  with tempfile.TemporaryDirectory(prefix=_temp_prefix("fetch"), dir=cache_dir) as tmp:
     # python3-doc is a metapackage; the text is in the versioned package it depends on.
     deps = run(["apt-cache", "depends", "python3-doc"], tmp)
     pkgs = [line.split(":", 1)[1].strip() for line in deps.splitlines()
@@ -435,6 +457,10 @@ def load_tokenizer(path: str, vocab_size: int):
   if tok.get_vocab_size() > vocab_size:
     raise CorpusError(f"config.model.vocab_size = {vocab_size} is smaller than the tokenizer's "
                       f"{tok.get_vocab_size()} types ({path})", "model.vocab_size")
+  top = max(tok.get_vocab(with_added_tokens=True).values())
+  if top >= vocab_size:
+    raise CorpusError(f"config.model.vocab_size = {vocab_size}: the tokenizer {path} uses ids up "
+                      f"to {top}; the model needs vocab_size > {top}", "model.vocab_size")
   return tok
 
 
@@ -474,8 +500,13 @@ def _encode(tok, docs: Iterable[str], eot_id: int, dtype) -> np.ndarray:
   chunks, batch = [], []
 
   def flush():
-    for enc in tok.encode_batch(batch, add_special_tokens=False):
-      chunks.append(np.asarray(enc.ids + [eot_id], dtype=dtype))
+    try:
+      encoded = tok.encode_batch(batch, add_special_tokens=False)
+    except Exception as e:  # tokenizers raises plain Exception (e.g. a WordLevel without [UNK])
+      raise CorpusError(f"config.data.tokenizer: the tokenizer cannot encode this corpus: {e}",
+                        "data.tokenizer") from None
+    for enc in encoded:
+      chunks.append(np.asarray(enc.ids + [eot_id], dtype=np.int64))
     batch.clear()
 
   for doc in docs:
@@ -484,7 +515,8 @@ def _encode(tok, docs: Iterable[str], eot_id: int, dtype) -> np.ndarray:
       flush()
   if batch:
     flush()
-  return np.concatenate(chunks) if chunks else np.zeros((0,), dtype)
+  ids = np.concatenate(chunks) if chunks else np.zeros((0,), np.int64)
+  return ids.astype(dtype)
 
 
 def token_dtype(vocab_size: int):
@@ -502,24 +534,73 @@ def prepare_corpus(data_cfg, vocab_size: int) -> TokenizedCorpus:
     CorpusError: any bad input (see ``document_source``, ``read_documents``, ``train_bpe``,
       ``load_tokenizer``); an empty training split.
   """
-  from tokenizers import Tokenizer
   doc_source = document_source(data_cfg)
-  cache_root = os.path.join(resolve_cache_dir(data_cfg), "tokens")
+  cache_root = writable_dir(os.path.join(resolve_cache_dir(data_cfg), "tokens"),
+                            "data.cache_dir")
+  remove_stale_temp_dirs(cache_root)
   key = _cache_key(doc_source, data_cfg, vocab_size)
-  path = os.path.join(cache_root, f"{doc_source.name}-{key}")
-  if not os.path.isfile(os.path.join(path, "meta.json")):
-    _build_cache(doc_source, data_cfg, vocab_size, path)
-    hit = False
-  else:
-    hit = True
+  path = os.path.join(cache_root, f"{doc_source.name[:64]}-{key}")
+  if os.path.isfile(os.path.join(path, "meta.json")):
+    try:
+      return _load_cache(path, vocab_size, hit=True)
+    except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
+      log.warning("cache %s is damaged (%s); rebuilding it", path, e)
+      shutil.rmtree(path, ignore_errors=True)
+  _build_cache(doc_source, data_cfg, vocab_size, path)
+  return _load_cache(path, vocab_size, hit=False)
+
+
+def _load_cache(path: str, vocab_size: int, hit: bool) -> TokenizedCorpus:
+  from tokenizers import Tokenizer
   with open(os.path.join(path, "meta.json")) as f:
     meta = json.load(f)
-  tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+  train = np.load(os.path.join(path, "train.npy"), mmap_mode="r")
+  if train.size != meta["train_tokens"]:
+    raise ValueError(f"train.npy has {train.size} tokens, meta.json says {meta['train_tokens']}")
   return TokenizedCorpus(
-      train=np.load(os.path.join(path, "train.npy"), mmap_mode="r"),
-      val=np.load(os.path.join(path, "val.npy"), mmap_mode="r"),
-      tokenizer=tok, eot_id=meta["eot_id"], vocab_size=vocab_size, path=path, cache_hit=hit,
-      meta=meta)
+      train=train, val=np.load(os.path.join(path, "val.npy"), mmap_mode="r"),
+      tokenizer=Tokenizer.from_file(os.path.join(path, "tokenizer.json")),
+      eot_id=meta["eot_id"], vocab_size=vocab_size, path=path, cache_hit=hit, meta=meta)
+
+
+def writable_dir(path: str, field: str) -> str:
+  """Creates ``path`` if needed and checks it is a writable directory.
+
+  Raises:
+    CorpusError: naming ``field`` (e.g. data.cache_dir) when it is not.
+  """
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+      pass
+  except OSError as e:
+    raise CorpusError(f"config.{field}: cannot use {path} as a cache directory "
+                      f"({e.strerror or e}); set config.{field} or $IHSWEEP_CACHE to a writable "
+                      f"directory", field) from None
+  return path
+
+
+def _temp_prefix(kind: str) -> str:
+  """Names temporary build directories after their host and process, so that a later run can
+  tell a dead builder's leftovers from a live concurrent build."""
+  return f".{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_stale_temp_dirs(root: str) -> None:
+  """Removes ``.build-*`` / ``.fetch-*`` directories left in ``root`` by killed processes of
+  this host."""
+  host = socket.gethostname()
+  for entry in glob.glob(os.path.join(root, ".build-*")) + glob.glob(os.path.join(root,
+                                                                                  ".fetch-*")):
+    parts = os.path.basename(entry).split("-")
+    if len(parts) < 4 or "-".join(parts[1:-2]) != host or not parts[-2].isdigit():
+      continue
+    try:
+      os.kill(int(parts[-2]), 0)
+    except ProcessLookupError:
+      shutil.rmtree(entry, ignore_errors=True)
+    except PermissionError:  # alive, another user's
+      pass
 
 
 def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: str) -> None:
@@ -546,7 +627,8 @@ def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: st
   train_ids = _encode(tok, part(False), eot_id, dtype)
   val_ids = _encode(tok, part(True), eot_id, dtype)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(path))
+  tmp = tempfile.mkdtemp(prefix=_temp_prefix("build"), dir=os.path.dirname(path))
+  os.chmod(tmp, 0o755)  # mkdtemp makes it private; a shared cache must stay readable
   try:
     tok.save(os.path.join(tmp, "tokenizer.json"))
     np.save(os.path.join(tmp, "train.npy"), train_ids)
@@ -622,6 +704,7 @@ class NaturalTextSource:
   batch_size: int
   context_size: int
   on_device: bool
+  placement: str = ""  # why on device or not, for the run log
 
   @property
   def vocab_size(self) -> int:
@@ -658,20 +741,20 @@ class NaturalTextSource:
 
   def describe(self) -> str:
     meta = self.corpus.meta
-    size_mb = self.corpus.train.nbytes / 2**20
+    size_mib = self.corpus.train.nbytes / 2**20
     where = ("on device, windows gathered in-graph" if self.on_device else
-             "in host memory (over data.device_budget_mb), windows gathered by a host loader "
-             "with prefetch")
+             "in host memory, windows gathered by a host loader with prefetch")
     return (f"natural text {meta['name']!r}: {meta['train_tokens']:,} train / "
             f"{meta['val_tokens']:,} val tokens ({meta['train_documents']} / "
-            f"{meta['val_documents']} documents, {size_mb:.1f} MB {meta['dtype']}), {where}; "
+            f"{meta['val_documents']} documents, {size_mib:.2f} MiB {meta['dtype']}), {where} "
+            f"({self.placement}); "
             f"cache {'hit' if self.corpus.cache_hit else 'built'}: {self.corpus.path}")
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _host_starts(data_keys_Ex2, first_step, n_steps, n_tokens, batch_size, context_size):
   """Window starts ``[E, K, B]`` for steps first_step … first_step + K − 1 of every model, from
-  ``fold_in(data_key, step)`` exactly as ``train.sample_ensemble_batch`` derives them."""
+  ``fold_in(data_key, step)`` exactly as ``train.sample_ensemble_batches`` derives them."""
   steps_K = first_step + jnp.arange(n_steps, dtype=jnp.int32)
 
   def one(key, step):

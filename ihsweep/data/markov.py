@@ -1,0 +1,389 @@
+"""Markov data with induction patterns injected at set rates, generated on device.
+
+``MarkovSource`` draws sequences from a transition matrix P (``[V, V]``, rows sum to 1) — the
+bigram statistics of a natural corpus (the study's semi-natural data, PAPER.md Experiment 2), an
+optimised synthetic matrix (``synthetic.py``, Experiment 3), an i.i.d. control, or a user's
+``.npy`` — with two per-model knobs, ``frequency`` and ``reliability``, so a grid over them is
+one vmapped ensemble.
+
+The procedure (ihsweep's own; the study's exact one is not published, PAPER.md). A sequence
+x_0 … x_C has L = C + 1 tokens (the trainer's inputs and targets); positions 1 ≤ i < H = ⌊L/2⌋
+are the first half, H ≤ i ≤ C the second. Every draw "from P[a] restricted to a set S" samples
+t ∈ S with probability P[a, t] / Σ_{s∈S} P[a, s] (uniform over S if that mass is 0).
+
+* x_0 ~ ``first`` (the corpus's unigram distribution, or P's stationary distribution).
+* First half, a = x_{i−1}: x_i from P[a] restricted to the tokens not in {x_0 … x_{i−2}}, and
+  at i = 1 also ≠ x_0. So in the first half no token recurs after a gap (an immediate repeat
+  "a a" can occur, after which a is excluded like any other earlier token).
+* Second half, a = x_{i−1}. S(a) = {x_{k} : k ≤ i − 1, x_{k−1} = a} \\ {a}, the tokens that
+  followed earlier occurrences of a. Two coins: copy ~ Bernoulli(reliability), recur ~
+  Bernoulli(frequency / (1 + reliability)).
+    - S(a) ≠ ∅ and copy: x_i from P[a] restricted to S(a)  — an induction step "A B … A → B";
+    - else if recur and R ≠ ∅, R = {x_0 … x_{i−1}} \\ ({a} ∪ S(a)): x_i from P[a] restricted
+      to R — an earlier token recurs, making a new "A";
+    - else: x_i from P[a] restricted to the tokens not yet in the sequence.
+  x_i ≠ a always holds in the second half.
+
+What the knobs mean on generated data (``measure``): over second-half positions whose previous
+token has S(a) ≠ ∅, P(x_i ∈ S(a)) = reliability exactly, since the recur and new branches
+exclude S(a). The share of second-half tokens that recur (appeared earlier) is, position by
+position, s_i·r + (1 − s_i·r)·q·ρ_i with s_i = [S(x_{i−1}) ≠ ∅], ρ_i = [R ≠ ∅], r the
+reliability and q = frequency / (1 + reliability): ``measure`` returns this ``implied_frequency``
+beside ``measured_frequency``. When s_i tracks whether x_{i−1} itself recurred and ρ_i = 1, the
+stationary share p solves p = p·r + (1 − p·r)·q, i.e. p = f / (1 − r² + r·f) with f the
+frequency: p = f at r = 0, and the division by 1 + r keeps p near f for mid-range r (p = f
+at f = 0.5, r = 0.5).
+
+Cost: one ``lax.scan`` over the L positions, vectorised over every sequence of the call
+(the trainer generates all K updates' batches at once); per position O(L) work per sequence
+plus, for the "new token" draw, a bisection over V on the precomputed row CDFs (O(L log V)),
+so nothing per position is O(V).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+KNOBS = ("frequency", "reliability")
+
+
+class MarkovError(ValueError):
+  """A transition matrix or knob that cannot be used; ``field`` names the config field."""
+
+  def __init__(self, message: str, field: str = ""):
+    self.field = field
+    super().__init__(message)
+
+
+def check_transition_matrix(p: np.ndarray, name: str = "transition matrix", atol: float = 1e-4
+                            ) -> np.ndarray:
+  """Returns ``p`` as float64 ``[V, V]`` after checking it is a square, finite, non-negative
+  matrix whose rows sum to 1 (within ``atol``); rows are renormalised exactly.
+
+  Raises:
+    MarkovError: wrong shape, NaN/inf, a negative entry or a row sum off by more than atol
+      (the message names the first bad row and its value).
+  """
+  p = np.asarray(p, np.float64)
+  if p.ndim != 2 or p.shape[0] != p.shape[1] or p.shape[0] < 2:
+    raise MarkovError(f"{name}: shape {p.shape}; a square [V, V] matrix with V >= 2 is needed")
+  if not np.all(np.isfinite(p)):
+    raise MarkovError(f"{name}: has NaN or infinite entries")
+  if (p < 0).any():
+    a, b = np.argwhere(p < 0)[0]
+    raise MarkovError(f"{name}: entry [{a}, {b}] = {p[a, b]:.3g} is negative; transition "
+                      f"probabilities must be >= 0")
+  sums = p.sum(axis=1)
+  bad = np.flatnonzero(np.abs(sums - 1) > atol)
+  if bad.size:
+    raise MarkovError(f"{name}: row {bad[0]} sums to {sums[bad[0]]:.6g} ({bad.size} rows off); "
+                      f"every row must sum to 1 (±{atol})")
+  return p / sums[:, None]
+
+
+def check_knob(name: str, value, field: str) -> float:
+  """A frequency or reliability value: a finite number in [0, 1]."""
+  ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+  if not ok or not math.isfinite(value) or not 0.0 <= value <= 1.0:
+    raise MarkovError(f"config.{field} = {value!r} is not allowed: {name} is a probability in "
+                      f"[0, 1]", field)
+  return float(value)
+
+
+def stationary_distribution(p: np.ndarray, iterations: int = 10000, tol: float = 1e-12
+                            ) -> np.ndarray:
+  """π with π P = π by power iteration from uniform (float64 ``[V]``); the Cesàro average of
+  the last two iterates is returned if the chain is periodic."""
+  pi = np.full(p.shape[0], 1.0 / p.shape[0])
+  for _ in range(iterations):
+    new = pi @ p
+    if np.abs(new - pi).sum() < tol:
+      return new
+    prev, pi = pi, new
+  return 0.5 * (pi + prev)
+
+
+def transition_arrays(p: np.ndarray, first: np.ndarray) -> dict:
+  """Device arrays for ``sample``: ``probs`` float32 ``[V, V]``, ``cdf`` float32 ``[V, V]``
+  (row cumulative sums, last column exactly 1), ``first_cdf`` float32 ``[V]``."""
+  cdf = np.cumsum(p, axis=1)
+  cdf /= cdf[:, -1:]
+  first_cdf = np.cumsum(first / first.sum())
+  first_cdf /= first_cdf[-1]
+  return {"probs": p.astype(np.float32), "cdf": cdf.astype(np.float32),
+          "first_cdf": first_cdf.astype(np.float32)}
+
+
+def _draw_positions(u, weights_L, cand_L):
+  """Index of a candidate position drawn ∝ weight (uniform over candidates if all weights are 0).
+  Returns (index int32, any candidate bool)."""
+  w = jnp.where(cand_L, weights_L, 0.0)
+  w = jnp.where(w.sum() > 0, w, cand_L.astype(w.dtype))
+  cum = jnp.cumsum(w)
+  idx = jnp.sum(cum <= u * cum[-1]).astype(jnp.int32)
+  last = jnp.max(jnp.where(cand_L, jnp.arange(w.shape[0], dtype=jnp.int32), 0))
+  return jnp.minimum(idx, last), cand_L.any()
+
+
+def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
+  """t ~ P[a] restricted to the tokens not in {tokens_L[j] : excluded_L[j]} (distinct tokens),
+  by bisection on F(t) = CDF[a, t] − Σ_j excluded_j · P[a, tok_j] · [tok_j ≤ t]: O(L log V).
+  Uniform over the allowed tokens if their mass is 0. Float rounding can land on an excluded
+  token (probability ~1e-7); such draws are redone with another uniform."""
+  w_L = jnp.where(excluded_L, probs_row[tokens_L], 0.0)
+  uniform = 1.0 - w_L.sum() <= 1e-6
+  # Uniform fallback: the same search on CDF_unif[t] = (t + 1) / V, weights 1 / V.
+  w_L = jnp.where(uniform, excluded_L / vocab, w_L)
+
+  def mass_through(t):
+    cdf_t = jnp.where(uniform, (t + 1) / vocab, cdf_row[t])
+    return cdf_t - jnp.sum(jnp.where(tokens_L <= t, w_L, 0.0))
+
+  allowed_mass = mass_through(vocab - 1)
+  steps = max(1, math.ceil(math.log2(vocab)) + 1)
+
+  def search(u):
+    target = u * allowed_mass
+
+    def bisect(_, lo_hi):
+      lo, hi = lo_hi  # the answer lies in [lo, hi]
+      mid = (lo + hi) // 2
+      go_left = mass_through(mid) > target
+      return jnp.where(go_left, lo, mid + 1), jnp.where(go_left, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, steps, bisect, (jnp.int32(0), jnp.int32(vocab - 1)))
+    return jnp.minimum(lo, vocab - 1)
+
+  def excluded(t):
+    return jnp.any(excluded_L & (tokens_L == t))
+
+  def redo(c):
+    n, _ = c
+    return n + 1, search(jnp.mod(u + 0.6180339887 * n, 1.0))
+
+  _, t = jax.lax.while_loop(lambda c: excluded(c[1]) & (c[0] < 16), redo, (1, search(u)))
+  return t
+
+
+def generate_sequence(key: jax.Array, frequency, reliability, arrays: dict, length: int
+                      ) -> jax.Array:
+  """One sequence of ``length`` = C + 1 int32 tokens by the procedure in the module docstring.
+
+  ``frequency``, ``reliability``: float32 scalars in [0, 1] (traced; per model).
+  ``arrays``: ``transition_arrays(...)``. Jit/vmap-safe.
+  """
+  probs, cdf, first_cdf = arrays["probs"], arrays["cdf"], arrays["first_cdf"]
+  vocab = probs.shape[0]
+  half = length // 2
+  q = frequency / (1.0 + reliability)
+  k0, k1 = jax.random.split(key)
+  x0 = jnp.minimum(jnp.searchsorted(first_cdf, jax.random.uniform(k0), side="right"),
+                   vocab - 1).astype(jnp.int32)
+  u_Lx5 = jax.random.uniform(k1, (length, 5))
+  pos_L = jnp.arange(length, dtype=jnp.int32)
+  x_L = jnp.zeros((length,), jnp.int32).at[0].set(x0)
+  first_L = jnp.zeros((length,), bool).at[0].set(True)  # x_j is the token's first occurrence
+  # stamp_V[t] = i·(L + 1) + (L − k) at step i for t ∈ S(a), k its first position in S(a)'s
+  # list: membership and de-duplication in O(L) without clearing a V-sized array per step.
+  stamp_V = jnp.zeros((vocab,), jnp.int32)
+  span = length + 1
+
+  def step(carry, i):
+    x_L, first_L, stamp_V = carry
+    u = u_Lx5[i]
+    a = x_L[i - 1]
+    cdf_row, probs_row = cdf[a], probs[a]
+    before = pos_L < i  # positions 0 … i−1 are filled
+    distinct = first_L & before
+    # S(a): positions k ≤ i − 1 that follow an occurrence of a and are not a themselves.
+    succ_L = before & (pos_L >= 1) & (jnp.roll(x_L, 1) == a) & (x_L != a)
+    code_L = i * span + (length - pos_L)
+    stamp_V = stamp_V.at[jnp.where(succ_L, x_L, vocab)].max(code_L, mode="drop")
+    stamp_at_L = stamp_V[x_L]
+    in_s_L = stamp_at_L // span == i
+    succ_unique_L = succ_L & (stamp_at_L == code_L)
+    weights_L = probs_row[x_L]
+    k_copy, has_s = _draw_positions(u[2], weights_L, succ_unique_L)
+    k_recur, has_r = _draw_positions(u[3], weights_L, distinct & (x_L != a) & ~in_s_L)
+    # First half: exclude tokens at positions ≤ i − 2 (and x_0 at i = 1); second: all seen.
+    excl_first = distinct & ((pos_L <= i - 2) | (pos_L == 0))
+    t_new = _draw_excluding(u[4], cdf_row, probs_row, x_L,
+                            jnp.where(i < half, excl_first, distinct), vocab)
+    copy = has_s & (u[0] < reliability)
+    recur = ~copy & has_r & (u[1] < q)
+    t_second = jnp.where(copy, x_L[k_copy], jnp.where(recur, x_L[k_recur], t_new))
+    t = jnp.where(i < half, t_new, t_second)
+    is_first = ~jnp.any(before & (x_L == t))
+    return (x_L.at[i].set(t), first_L.at[i].set(is_first), stamp_V), None
+
+  (x_L, _, _), _ = jax.lax.scan(step, (x_L, first_L, stamp_V),
+                                jnp.arange(1, length, dtype=jnp.int32))
+  return x_L
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MarkovSource:
+  """Sequences from a transition matrix with injected induction patterns (module docstring).
+
+  ``transitions``: float64 ``[V, V]`` rows summing to 1; ``first``: the first token's
+  distribution ``[V]``; ``frequencies`` / ``reliabilities``: one value per model (length E).
+  ``info``: how the matrix was made and its measured properties (for the run log).
+  """
+
+  transitions: np.ndarray
+  first: np.ndarray
+  batch_size: int
+  context_size: int
+  frequencies: tuple[float, ...]
+  reliabilities: tuple[float, ...]
+  info: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self.transitions.shape[0])
+
+  def data_params(self, n_models: int) -> dict:
+    """Per-model knobs, float32 ``[E]`` each."""
+    f, r = list(self.frequencies), list(self.reliabilities)
+    if len(f) == 1:
+      f = f * n_models
+    if len(r) == 1:
+      r = r * n_models
+    if len(f) != n_models or len(r) != n_models:
+      raise MarkovError(f"{len(f)} frequencies and {len(r)} reliabilities for {n_models} "
+                        f"models: give one value or one per model", "data.frequencies")
+    return {"frequency": jnp.asarray(f, jnp.float32), "reliability": jnp.asarray(r, jnp.float32)}
+
+  def arrays(self) -> dict:
+    return transition_arrays(self.transitions, self.first)
+
+  def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
+    """int32 tokens ``[B, C + 1]`` for one model with knobs ``data_params`` (scalars)."""
+    keys = jax.random.split(key, self.batch_size)
+    arrays = jax.tree_util.tree_map(jnp.asarray, arrays)
+    return jax.vmap(generate_sequence, in_axes=(0, None, None, None, None))(
+        keys, data_params["frequency"], data_params["reliability"], arrays,
+        self.context_size + 1)
+
+  def describe(self) -> str:
+    items = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in self.info.items())
+    return (f"markov V={self.vocab_size}, frequency {list(self.frequencies)}, reliability "
+            f"{list(self.reliabilities)}; {items}; generated in-graph")
+
+
+def measure(tokens: np.ndarray, frequency: float | None = None,
+            reliability: float | None = None) -> dict:
+  """Induction statistics of generated sequences ``[N, L]`` (numpy, any int dtype).
+
+  Over second-half positions H ≤ i < L (H = ⌊L/2⌋), with a = x_{i−1} and S(a) as in the module
+  docstring:
+    measured_frequency: share of x_i that appeared earlier in the sequence;
+    measured_reliability: share of x_i ∈ S(a) among positions with S(a) ≠ ∅;
+    first_half_gap_repeats: count of first-half x_i (1 ≤ i < H) equal to some x_j, j ≤ i − 2
+      (0 by construction);
+  and, if both knobs are given, implied_frequency: the mean over the same positions of
+  s_i·r + (1 − s_i·r)·q·ρ_i (module docstring), the expectation of measured_frequency.
+  """
+  tokens = np.asarray(tokens)
+  n, length = tokens.shape
+  half = length // 2
+  recurs = s_count = copied = implied = total = gap_repeats = 0
+  q = None if frequency is None else frequency / (1.0 + reliability)
+  for row in tokens.tolist():
+    for i in range(1, half):
+      gap_repeats += row[i] in row[:max(i - 1, 0)]
+    for i in range(half, length):
+      a, earlier = row[i - 1], row[:i]
+      succ = {row[k] for k in range(1, i) if row[k - 1] == a} - {a}
+      recur_set = set(earlier) - {a} - succ
+      total += 1
+      recurs += row[i] in earlier
+      if succ:
+        s_count += 1
+        copied += row[i] in succ
+      if q is not None:
+        s = 1.0 if succ else 0.0
+        implied += s * reliability + (1 - s * reliability) * q * (1.0 if recur_set else 0.0)
+  out = {"measured_frequency": recurs / total,
+         "measured_reliability": copied / s_count if s_count else float("nan"),
+         "positions": total, "positions_with_successors": s_count,
+         "first_half_gap_repeats": gap_repeats}
+  if q is not None:
+    out["implied_frequency"] = implied / total
+  return out
+
+
+def bigram_transitions(corpus, vocab_size: int, smoothing: float = 1e-6
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The study's semi-natural transitions (PAPER.md, released code: "bigram probabilities from
+  100M CC100 tokens restricted to a 10k vocabulary (+1e-6 smoothing)").
+
+  The ``vocab_size`` most frequent types of the tokenized corpus's training split
+  (``<|endoftext|>`` excluded) become ids 0 … V − 1 in order of frequency; P[a, b] = count(a b) /
+  count(a ·) over adjacent pairs of kept types, plus ``smoothing``, rows renormalised (a type
+  never followed by a kept type gets a uniform row). Returns (P float64 ``[V, V]``, the kept
+  types' unigram distribution ``[V]`` (first-token distribution), the kept types' tokenizer ids
+  int64 ``[V]``).
+
+  Raises:
+    MarkovError: the corpus has fewer than ``vocab_size`` types that occur.
+  """
+  from ihsweep.data import natural
+  tok_vocab = int(corpus.tokenizer.get_vocab_size())
+  unigram = natural.unigram_counts(corpus.train, max(tok_vocab, corpus.vocab_size))
+  unigram[corpus.eot_id] = 0
+  order = np.argsort(-unigram, kind="stable")
+  occurring = int((unigram > 0).sum())
+  if occurring < vocab_size:
+    raise MarkovError(f"config.model.vocab_size = {vocab_size}: the corpus has only "
+                      f"{occurring} token types that occur (tokenizer vocabulary {tok_vocab}); "
+                      f"use a smaller model.vocab_size or a larger data.tokenizer_vocab",
+                      "model.vocab_size")
+  kept = order[:vocab_size]
+  new_id = np.full(unigram.shape[0], -1, np.int64)
+  new_id[kept] = np.arange(vocab_size)
+  counts = natural.bigram_counts(corpus.train, unigram.shape[0]).tocoo()
+  a, b = new_id[counts.row], new_id[counts.col]
+  keep = (a >= 0) & (b >= 0)
+  dense = np.zeros((vocab_size, vocab_size), np.float64)
+  np.add.at(dense, (a[keep], b[keep]), counts.data[keep])
+  rows = dense.sum(axis=1, keepdims=True)
+  p = np.where(rows > 0, dense / np.maximum(rows, 1), 1.0 / vocab_size) + smoothing
+  p /= p.sum(axis=1, keepdims=True)
+  first = unigram[kept].astype(np.float64)
+  return p, first / first.sum(), kept.astype(np.int64)
+
+
+def mutual_information(p: np.ndarray, pi: np.ndarray | None = None) -> float:
+  """I(X_t; X_{t+1}) in nats for a stationary chain: H(π) − Σ_a π_a H(P[a]) (0 = i.i.d.)."""
+  pi = stationary_distribution(p) if pi is None else pi
+  return float(_entropy(pi) - entropy_rate(p, pi))
+
+
+def entropy_rate(p: np.ndarray, pi: np.ndarray | None = None) -> float:
+  """Σ_a π_a H(P[a]) in nats/token (Cover & Thomas, Thm 4.2.4)."""
+  pi = stationary_distribution(p) if pi is None else pi
+  with np.errstate(divide="ignore", invalid="ignore"):
+    row_h = -np.sum(np.where(p > 0, p * np.log(p), 0.0), axis=1)
+  return float(pi @ row_h)
+
+
+def _entropy(q: np.ndarray) -> float:
+  q = q[q > 0]
+  return float(-(q * np.log(q)).sum())
+
+
+def describe_matrix(p: np.ndarray) -> dict[str, Any]:
+  """Measured properties of a transition matrix: stationary entropy, entropy rate and mutual
+  information in nats."""
+  pi = stationary_distribution(p)
+  h_rate = entropy_rate(p, pi)
+  return {"marginal_entropy": _entropy(pi), "entropy_rate": h_rate,
+          "mutual_information": _entropy(pi) - h_rate}
