@@ -1,13 +1,15 @@
 """Throughput of the ensemble trainer: one vmapped program vs a loop of single-model programs.
 
   python benchmarks/throughput.py --json [--workload reference|tiny] [--E 16] [--E 1,4,16]
-      [--data uniform|natural] [--loader device|host]
+      [--data uniform|natural|markov] [--loader device|host]
 
 All modes do the same work: E models, ``--updates`` updates each per timed round, the same
 ``train_step``, tokens from ``--data``: ``uniform`` random tokens generated in-graph (default),
 or ``natural`` windows of the python-docs corpus (byte-level BPE at the workload's vocabulary;
 ``ihsweep corpus fetch python-docs`` first), gathered in-graph from the token array on device
-(``--loader device``) or by the host loader with prefetch (``--loader host``, ensemble mode).
+(``--loader device``) or by the host loader with prefetch (``--loader host``, ensemble mode), or
+``markov``: semi-natural Markov sequences (the python-docs bigram matrix at the workload's V,
+frequency 0.5, reliability 0.5) generated in-graph.
   ensemble         ``make_ensemble_train_fn``: one program, vmap over E, lax.scan over K updates
                    per call (K = ``--steps_per_call``), E sharded over the devices as
                    ``ihsweep train`` does (on CPU: one XLA device per core).
@@ -72,9 +74,8 @@ def _source(data: str, loader: str, mcfg: ModelConfig, tcfg: train.TrainConfig):
   if data == "uniform":
     return UniformSource(mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   data_cfg = data_lib.default_config()
-  data_cfg.update(source="natural", corpus="python-docs", loader=loader)
-  return data_lib.make_natural_source(data_cfg, mcfg.vocab_size, tcfg.batch_size,
-                                      tcfg.context_size)
+  data_cfg.update(source=data, corpus="python-docs", loader=loader)
+  return data_lib.make_source(data_cfg, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
 
 
 def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, data: str,
@@ -174,8 +175,9 @@ def main(argv=None) -> int:
   p.add_argument("--updates", type=int, default=10, help="timed updates per model per round")
   p.add_argument("--rounds", type=int, default=3,
                  help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median")
-  p.add_argument("--data", choices=("uniform", "natural"), default="uniform",
-                 help="uniform random tokens, or python-docs windows (fetch the corpus first)")
+  p.add_argument("--data", choices=("uniform", "natural", "markov"), default="uniform",
+                 help="uniform random tokens, python-docs windows, or Markov sequences from the "
+                      "python-docs bigrams (fetch the corpus first)")
   p.add_argument("--loader", choices=("device", "host"), default="device",
                  help="natural: token array on device (in-graph windows) or host loader")
   p.add_argument("--cpu_devices", type=int, default=None,

@@ -46,7 +46,7 @@ def _load_config():
 def _train(argv):
   del argv
   from ihsweep.config import ConfigError
-  from ihsweep.data.natural import CorpusError
+  from ihsweep.data.errors import DataError
   from ihsweep.runner import fit
   cfg, failed = _load_config()
   if failed is not None:
@@ -59,7 +59,7 @@ def _train(argv):
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
-  except CorpusError as e:
+  except DataError as e:
     return _fail(f"data: {e}")
   losses = ", ".join(f"{x:.4f}" for x in out["losses"])
   speed = out["tokens_per_s"]
@@ -70,6 +70,7 @@ def _train(argv):
 
 def _corpus(argv):
   from ihsweep.data import natural
+  from ihsweep.data.errors import DataError
   args = argv[1:]
   try:
     if args[:1] == ["fetch"] and len(args) == 2:
@@ -79,7 +80,7 @@ def _corpus(argv):
       return 0
     if args == ["prepare"]:
       return _corpus_prepare()
-  except natural.CorpusError as e:
+  except DataError as e:
     return _fail(str(e))
   return _fail("usage: ihsweep corpus fetch NAME [--cache_dir=DIR] | ihsweep corpus prepare "
                f"--config=FILE (corpora: {', '.join(natural.CORPORA)})")
@@ -93,13 +94,19 @@ def _corpus_prepare():
     return failed
   if cfg is None:
     return _fail("corpus prepare needs --config=FILE")
-  if cfg.data.source != "natural":
-    return _fail(f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural'")
+  from ihsweep.data import bigram_corpus_tokens
+  if cfg.data.source == "natural":
+    vocab = cfg.model.vocab_size
+  elif cfg.data.source == "markov" and cfg.data.transitions == "bigram":
+    vocab = bigram_corpus_tokens(cfg.data, cfg.model.vocab_size)
+  else:
+    return _fail(f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural' "
+                 f"or 'markov' with data.transitions = 'bigram'")
   try:
     config_lib.validate(cfg)
+    corpus = natural.prepare_corpus(cfg.data, vocab)
   except config_lib.ConfigError as e:
     return _fail(f"invalid config: {e}")
-  corpus = natural.prepare_corpus(cfg.data, cfg.model.vocab_size)
   print(json.dumps({"path": corpus.path, "cache_hit": corpus.cache_hit, **corpus.meta}, indent=2))
   return 0
 

@@ -87,10 +87,46 @@ def _validate_natural(cfg, vocab: int) -> None:
   natural.document_source(cfg.data)  # one of corpus/files/tfds_name; files exist; TFDS known
 
 
+def _validate_markov(cfg, vocab: int, n_models: int) -> None:
+  """The markov source's knobs and transitions (a user matrix and synthetic targets are checked
+  in full when the source is built, before compiling)."""
+  from ihsweep.data import TRANSITIONS
+  kind = _choice(cfg, "data", "transitions", TRANSITIONS)
+  for name, plural in (("frequency", "frequencies"), ("reliability", "reliabilities")):
+    _real(cfg, "data", name, 0.0, 1.0, hi_open=False)
+    values = cfg.data[plural]
+    if values and len(values) != n_models:
+      raise ConfigError(f"data.{plural}", values, f"empty (all models use data.{name}) or one "
+                        f"value per model (ensemble.size = {n_models})")
+    for i, v in enumerate(values):
+      _check_real(f"data.{plural}[{i}]", v, 0.0, 1.0, False, False)
+  _real(cfg, "data", "smoothing", 0.0)
+  _int(cfg, "data", "tokenizer_vocab", 0, hint=" (0 = 2 · model.vocab_size)")
+  if kind == "file" and not os.path.isfile(os.path.expanduser(cfg.data.matrix_file)):
+    raise ConfigError("data.matrix_file", cfg.data.matrix_file,
+                      "the path of a [V, V] .npy transition matrix (data.transitions = 'file')")
+  if kind in ("synthetic", "iid"):
+    from ihsweep.data import synthetic
+    syn = cfg.data.synthetic
+    if syn.marginal not in synthetic.MARGINALS:
+      raise ConfigError("data.synthetic.marginal", syn.marginal,
+                        f"one of {', '.join(map(repr, synthetic.MARGINALS))}")
+    if syn.categoriality not in synthetic.CATEGORIALITY:
+      raise ConfigError("data.synthetic.categoriality", syn.categoriality,
+                        f"one of {', '.join(map(repr, synthetic.CATEGORIALITY))}")
+    sub = {"data.synthetic": syn}
+    _int(sub, "data.synthetic", "iterations", 1)
+    _int(sub, "data.synthetic", "power_iterations", 1)
+    _int(sub, "data.synthetic", "n_groups", 1)
+    _real(sub, "data.synthetic", "lr", 0.0, lo_open=True)
+    if kind == "synthetic":  # unreachable targets (raises markov.MarkovError with both values)
+      synthetic.check_spec(synthetic.SyntheticSpec.from_config(syn, vocab))
+
+
 def validate(cfg) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
-  bad field (``natural.CorpusError`` for a natural-text corpus that cannot be found). Does not
-  touch devices beyond counting them."""
+  bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
+  Does not touch devices beyond counting them."""
   for section in ("model", "train", "ensemble", "data", "mesh"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
@@ -146,14 +182,19 @@ def validate(cfg) -> None:
     _int(cfg, "data", "n_successors", 1, vocab,
          hint=f" (at most model.vocab_size = {vocab})")
     _int(cfg, "data", "chain_seed", 0)
-  if source == "natural":
-    _validate_natural(cfg, vocab)
+  text = source == "natural" or (source == "markov" and cfg.data.transitions == "bigram")
+  if source == "markov":
+    _validate_markov(cfg, vocab, size)
+  if text:
+    from ihsweep.data import bigram_corpus_tokens
+    _validate_natural(cfg, vocab if source == "natural" else bigram_corpus_tokens(cfg.data, vocab))
   else:
     for name in ("corpus", "files", "tfds_name"):
       if cfg.data.get(name):
         raise ConfigError(f"data.{name}", cfg.data[name],
-                          f"empty unless data.source = 'natural' (data.source is {source!r}; "
-                          f"add --config.data.source=natural to train on this text)")
+                          f"empty unless data.source = 'natural' or 'markov' with "
+                          f"transitions 'bigram' (data.source is {source!r}; add "
+                          f"--config.data.source=natural to train on this text)")
 
   n_avail = len(jax.devices())
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,

@@ -19,8 +19,11 @@ def tiny_config(**overrides):
   c.train.update(batch_size=8, context_size=32, num_steps=20, steps_per_call=10, lr=3e-3)
   c.ensemble.size = 2
   for path, value in overrides.items():
-    section, name = path.split(".") if "." in path else (None, path)
-    (c[section] if section else c)[name] = value
+    *parents, name = path.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    node[name] = value
   return c
 
 

@@ -15,14 +15,18 @@ the host; the runner prefetches them to the devices.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
-from ihsweep.data import natural
+from ihsweep.data import markov, natural, synthetic
 from ihsweep.data.builtin import MarkovChainSource, UniformSource
 
-SOURCES = ("uniform", "markov_chain", "natural")
+SOURCES = ("uniform", "markov_chain", "natural", "markov")
+TRANSITIONS = ("bigram", "synthetic", "iid", "file")
 LOADERS = ("auto", "device", "host")
 
 
@@ -32,6 +36,12 @@ def default_config():
 
   source: 'uniform' | 'markov_chain' | 'natural'.
   markov_chain: n_successors (successors per token), chain_seed.
+  markov (semi-natural and synthetic Markov data with injected induction patterns, markov.py):
+    transitions 'bigram' (the natural-text corpus below, its V = model.vocab_size most frequent
+    types, add-``smoothing`` bigram rows; the BPE is trained to tokenizer_vocab types, 0 =
+    2 · model.vocab_size), 'synthetic' (optimised to the ``synthetic`` sub-section, synthetic.py),
+    'iid' (every row = the synthetic marginal) or 'file' (matrix_file, a [V, V] .npy);
+    frequency / reliability (knobs in [0, 1]) or per-model frequencies / reliabilities.
   natural — documents from exactly one of: corpus ('python-docs', see ``ihsweep corpus fetch``),
     files (comma-separated globs of .txt/.md/.rst/.html/.jsonl/.parquet), tfds_name (e.g.
     'c4/en', read with ``tfds.data_source`` from tfds_data_dir, split tfds_split; tfds_download
@@ -42,8 +52,15 @@ def default_config():
     device_budget_mb MiB per device, 'device', 'host').
   """
   import ml_collections
+
+  from ihsweep.data.synthetic import SyntheticSpec
+  synthetic = {f.name: f.default for f in dataclasses.fields(SyntheticSpec)
+               if f.name != "vocab_size"}
   return ml_collections.ConfigDict(dict(
       source="markov_chain", n_successors=4, chain_seed=0,
+      transitions="bigram", matrix_file="", frequency=0.5, reliability=0.5, frequencies=(),
+      reliabilities=(), smoothing=1e-6, tokenizer_vocab=0,
+      synthetic=ml_collections.ConfigDict(synthetic),
       corpus="", files="", tfds_name="", tfds_split="train", tfds_data_dir="",
       tfds_download=False, text_field="text", max_documents=0, tokenizer="bpe",
       val_fraction=0.01, split_seed=0, cache_dir="", loader="auto", device_budget_mb=1024.0))
@@ -66,6 +83,7 @@ def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -
 
   Raises:
     natural.CorpusError: a natural-text corpus that cannot be read, tokenized or sampled.
+    markov.MarkovError: a transition matrix that is not one, or synthetic targets not reached.
   """
   if data_cfg.source == "uniform":
     return UniformSource(vocab_size, batch_size, context_size)
@@ -74,6 +92,8 @@ def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -
                              n_successors=data_cfg.n_successors, seed=data_cfg.chain_seed)
   if data_cfg.source == "natural":
     return make_natural_source(data_cfg, vocab_size, batch_size, context_size)
+  if data_cfg.source == "markov":
+    return make_markov_source(data_cfg, vocab_size, batch_size, context_size)
   raise ValueError(f"config.data.source = {data_cfg.source!r}: allowed: {', '.join(SOURCES)}")
 
 
@@ -104,3 +124,72 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
     placement = (f"data.loader = 'auto': {'within' if fits else 'over'} data.device_budget_mb = "
                  f"{data_cfg.device_budget_mb:g} MiB")
   return natural.NaturalTextSource(corpus, batch_size, context_size, on_device, placement)
+
+
+def bigram_corpus_tokens(data_cfg, vocab_size: int) -> int:
+  """The BPE size used for a bigram Markov source's corpus: ``data.tokenizer_vocab``, or 2·V
+  when 0 (BPE's intermediate merges and unused bytes leave many types that never occur, so a
+  BPE of exactly V + 1 types has fewer than V occurring ones)."""
+  return data_cfg.tokenizer_vocab or 2 * vocab_size
+
+
+def markov_transitions(data_cfg, vocab_size: int):
+  """(P float64 ``[V, V]``, first-token distribution ``[V]``, info dict) for
+  ``data.transitions``.
+
+  Raises:
+    markov.MarkovError / natural.CorpusError: see ``make_markov_source``.
+  """
+  kind = data_cfg.transitions
+  if kind == "bigram":
+    field = "data.tokenizer_vocab" if data_cfg.tokenizer_vocab else "model.vocab_size (× 2)"
+    corpus = natural.prepare_corpus(data_cfg, bigram_corpus_tokens(data_cfg, vocab_size), field)
+    p, first, _ = markov.bigram_transitions(corpus, vocab_size, data_cfg.smoothing)
+    info = {"transitions": f"bigram of {corpus.meta['name']!r}",
+            "corpus_tokens": corpus.meta["train_tokens"]}
+  elif kind in ("synthetic", "iid"):
+    spec = synthetic.SyntheticSpec.from_config(data_cfg.synthetic, vocab_size)
+    if kind == "iid":
+      spec = dataclasses.replace(spec, entropy_rate_bits=0.0, categoriality="none")
+    p, report = synthetic.cached_matrix(spec, natural.resolve_cache_dir(data_cfg))
+    first = markov.stationary_distribution(p)
+    info = {"transitions": f"{kind} {spec.marginal}/{spec.categoriality}",
+            **{k: round(v, 4) for k, v in report["achieved"].items()}}
+  else:
+    path = os.path.expanduser(data_cfg.matrix_file)
+    try:
+      raw = np.load(path)
+    except (OSError, ValueError) as e:
+      raise markov.MarkovError(f"config.data.matrix_file = {data_cfg.matrix_file!r}: cannot load "
+                               f"a .npy array ({e})", "data.matrix_file") from None
+    p = markov.check_transition_matrix(raw, f"config.data.matrix_file {path}")
+    if p.shape[0] != vocab_size:
+      raise markov.MarkovError(f"config.data.matrix_file {path} is {p.shape[0]} × {p.shape[0]}; "
+                               f"model.vocab_size = {vocab_size} must match",
+                               "model.vocab_size")
+    first = markov.stationary_distribution(p)
+    info = {"transitions": f"file {path}"}
+  if kind != "synthetic":
+    info.update({k: round(v, 4) for k, v in markov.describe_matrix(p).items()})
+  return p, first, info
+
+
+def make_markov_source(data_cfg, vocab_size: int, batch_size: int, context_size: int):
+  """The ``markov`` source: transitions per ``data.transitions`` and per-model knobs.
+
+  Raises:
+    markov.MarkovError: a user matrix that is not a transition matrix (negative entries, rows
+      not summing to 1), synthetic targets that cannot be reached (achieved vs asked), knobs
+      outside [0, 1].
+    natural.CorpusError: the bigram corpus cannot be read or tokenized.
+  """
+  freqs = tuple(data_cfg.frequencies) or (data_cfg.frequency,)
+  rels = tuple(data_cfg.reliabilities) or (data_cfg.reliability,)
+  for name, plural, values in (("frequency", "frequencies", freqs),
+                               ("reliability", "reliabilities", rels)):
+    for i, v in enumerate(values):
+      field = f"data.{name}" if len(values) == 1 else f"data.{plural}[{i}]"
+      markov.check_knob(name, v, field)
+  p, first, info = markov_transitions(data_cfg, vocab_size)
+  return markov.MarkovSource(p, first, batch_size, context_size, tuple(map(float, freqs)),
+                             tuple(map(float, rels)), info)

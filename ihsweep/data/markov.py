@@ -50,15 +50,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ihsweep.data.errors import DataError
+
 KNOBS = ("frequency", "reliability")
 
 
-class MarkovError(ValueError):
-  """A transition matrix or knob that cannot be used; ``field`` names the config field."""
-
-  def __init__(self, message: str, field: str = ""):
-    self.field = field
-    super().__init__(message)
+class MarkovError(DataError):
+  """A transition matrix, knob or synthetic target that cannot be used."""
 
 
 def check_transition_matrix(p: np.ndarray, name: str = "transition matrix", atol: float = 1e-4

@@ -45,6 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse
 
+from ihsweep.data.errors import DataError
+
 log = logging.getLogger("ihsweep")
 
 EOT = "<|endoftext|>"
@@ -56,13 +58,8 @@ _ENCODE_CHUNK = 1024  # documents per encode_batch call
 _FORMAT_VERSION = 1  # bump when the cached arrays' meaning changes
 
 
-class CorpusError(ValueError):
-  """The corpus cannot be read, tokenized or sampled as configured. ``field`` names the config
-  field to change (or "" when the fix lies outside the config)."""
-
-  def __init__(self, message: str, field: str = ""):
-    self.field = field
-    super().__init__(message)
+class CorpusError(DataError):
+  """The corpus cannot be read, tokenized or sampled as configured."""
 
 
 def default_cache_dir() -> str:
@@ -412,7 +409,7 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
 # 2. Tokenizer
 
 
-def train_bpe(docs: Iterable[str], vocab_size: int):
+def train_bpe(docs: Iterable[str], vocab_size: int, field: str = "model.vocab_size"):
   """A byte-level BPE ``tokenizers.Tokenizer`` trained to ``vocab_size`` types (GPT-2's scheme:
   byte-to-unicode pre-tokenizer and decoder, no normaliser). id 0 is ``<|endoftext|>``, ids
   1–256 the bytes, the rest merges.
@@ -422,8 +419,8 @@ def train_bpe(docs: Iterable[str], vocab_size: int):
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   if vocab_size < BYTE_LEVEL_MIN_VOCAB:
-    raise CorpusError(f"config.model.vocab_size = {vocab_size}: a byte-level BPE needs at least "
-                      f"{BYTE_LEVEL_MIN_VOCAB} (256 bytes + {EOT})", "model.vocab_size")
+    raise CorpusError(f"config.{field} = {vocab_size}: a byte-level BPE needs at least "
+                      f"{BYTE_LEVEL_MIN_VOCAB} (256 bytes + {EOT})", field)
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
@@ -432,9 +429,9 @@ def train_bpe(docs: Iterable[str], vocab_size: int):
   tok.train_from_iterator(docs, trainer)
   if tok.get_vocab_size() < vocab_size:
     raise CorpusError(
-        f"config.model.vocab_size = {vocab_size}: this corpus only supports "
-        f"{tok.get_vocab_size()} BPE types (it runs out of pairs to merge); use a vocab_size "
-        f"<= {tok.get_vocab_size()} or a larger corpus", "model.vocab_size")
+        f"config.{field} = {vocab_size}: this corpus only supports "
+        f"{tok.get_vocab_size()} BPE types (it runs out of pairs to merge); use a value "
+        f"<= {tok.get_vocab_size()} or a larger corpus", field)
   return tok
 
 
@@ -523,7 +520,8 @@ def token_dtype(vocab_size: int):
   return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
-def prepare_corpus(data_cfg, vocab_size: int) -> TokenizedCorpus:
+def prepare_corpus(data_cfg, vocab_size: int, vocab_field: str = "model.vocab_size"
+                   ) -> TokenizedCorpus:
   """Reads, splits, tokenizes and caches the configured corpus (or loads it from the cache).
 
   Returns a ``TokenizedCorpus`` whose arrays are memory-mapped from
@@ -546,7 +544,7 @@ def prepare_corpus(data_cfg, vocab_size: int) -> TokenizedCorpus:
     except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
       log.warning("cache %s is damaged (%s); rebuilding it", path, e)
       shutil.rmtree(path, ignore_errors=True)
-  _build_cache(doc_source, data_cfg, vocab_size, path)
+  _build_cache(doc_source, data_cfg, vocab_size, path, vocab_field)
   return _load_cache(path, vocab_size, hit=False)
 
 
@@ -603,7 +601,8 @@ def remove_stale_temp_dirs(root: str) -> None:
       pass
 
 
-def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: str) -> None:
+def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: str,
+                 vocab_field: str) -> None:
   log.info("tokenizing %s (%s) into %s", doc_source.name, doc_source.kind, path)
   frac, seed = data_cfg.val_fraction, data_cfg.split_seed
 
@@ -619,7 +618,7 @@ def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: st
                       f"({n_docs['val']} validation, config.data.val_fraction = {frac})",
                       "data.val_fraction" if n_docs["val"] else "data.files")
   if data_cfg.tokenizer == "bpe":
-    tok = train_bpe(part(False), vocab_size)
+    tok = train_bpe(part(False), vocab_size, vocab_field)
   else:
     tok = load_tokenizer(data_cfg.tokenizer, vocab_size)
   eot_id = tok.token_to_id(EOT)

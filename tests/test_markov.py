@@ -1,0 +1,216 @@
+"""Markov data with injected induction patterns (markov.py) and synthetic matrices
+(synthetic.py)."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ihsweep import config as config_lib, train
+from ihsweep.data import make_source, markov, natural, synthetic
+from ihsweep.runner import fit
+
+
+def random_chain(vocab=200, concentration=0.1, seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.dirichlet(np.full(vocab, concentration), size=vocab)
+
+
+def source_for(p, batch=300, context=64, freqs=(0.5,), rels=(0.5,)):
+  return markov.MarkovSource(p, markov.stationary_distribution(p), batch, context, tuple(freqs),
+                             tuple(rels))
+
+
+GRID = [(f, r) for r in (0.2, 0.5, 0.9) for f in (0.2, 0.5, 0.8)]
+
+
+@pytest.fixture(scope="module")
+def grid_sequences():
+  """One vmapped call: 9 models (a 3 × 3 frequency × reliability grid), 300 sequences each."""
+  src = source_for(random_chain(), freqs=[f for f, _ in GRID], rels=[r for _, r in GRID])
+  params = src.data_params(len(GRID))
+  keys = jax.random.split(jax.random.PRNGKey(0), len(GRID))
+  arrays = jax.tree_util.tree_map(jnp.asarray, src.arrays())
+  out = jax.jit(jax.vmap(src.sample, in_axes=(0, 0, None)))(keys, params, arrays)
+  return src, params, keys, arrays, np.asarray(out)
+
+
+def test_knobs_match_the_documented_procedure(grid_sequences):
+  """reliability: P(x_i ∈ S(a) | S(a) ≠ ∅) = r exactly; frequency: the share of recurring
+  tokens equals its implied value Σ_i [s_i r + (1 − s_i r) q ρ_i] / n (module docstring)."""
+  *_, tokens = grid_sequences
+  assert tokens.shape == (9, 300, 65)
+  for (f, r), seqs in zip(GRID, tokens):
+    m = markov.measure(seqs, f, r)
+    assert m["first_half_gap_repeats"] == 0
+    assert abs(m["measured_reliability"] - r) < 0.03, (f, r, m)
+    assert abs(m["measured_frequency"] - m["implied_frequency"]) < 0.03, (f, r, m)
+  # The knobs move the statistics the right way.
+  freq = {fr: markov.measure(s)["measured_frequency"] for fr, s in zip(GRID, tokens)}
+  assert freq[(0.2, 0.5)] < freq[(0.5, 0.5)] < freq[(0.8, 0.5)]
+  assert abs(freq[(0.5, 0.5)] - 0.5) < 0.05  # p = f / (1 − r² + r f) = f at f = r = 0.5
+
+
+def test_second_half_never_repeats_the_previous_token(grid_sequences):
+  *_, tokens = grid_sequences
+  half = tokens.shape[-1] // 2
+  assert not np.any(tokens[..., half:] == tokens[..., half - 1:-1])
+
+
+def test_vmapped_generation_equals_one_model_at_a_time(grid_sequences):
+  src, params, keys, arrays, tokens = grid_sequences
+  for e in (0, 4, 8):
+    one = {k: v[e] for k, v in params.items()}
+    np.testing.assert_array_equal(np.asarray(src.sample(keys[e], one, arrays)), tokens[e])
+
+
+def test_draws_follow_the_bigram_rows():
+  """With both knobs 0 every token is drawn from P[a] restricted to unseen tokens: early in
+  the first half (few exclusions) successor frequencies match P."""
+  p = random_chain(vocab=20, concentration=0.5, seed=3)
+  src = source_for(p, batch=4000, context=4, freqs=(0.0,), rels=(0.0,))
+  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(1),
+                                          {"frequency": 0.0, "reliability": 0.0}, src.arrays()))
+  a, b = tokens[:, 0], tokens[:, 1]  # x_1 ~ P[x_0] without x_0
+  for tok in np.unique(a)[:5]:
+    nxt = b[a == tok]
+    want = p[tok].copy()
+    want[tok] = 0
+    want /= want.sum()
+    got = np.bincount(nxt, minlength=20) / len(nxt)
+    assert np.abs(got - want).max() < 4 * np.sqrt(0.25 / len(nxt)), tok
+
+
+def test_transition_matrix_checks():
+  with pytest.raises(markov.MarkovError, match=r"entry \[0, 1\] = -0.1 is negative"):
+    markov.check_transition_matrix(np.array([[1.1, -0.1], [0.5, 0.5]]))
+  with pytest.raises(markov.MarkovError, match="row 1 sums to 0.9"):
+    markov.check_transition_matrix(np.array([[0.5, 0.5], [0.5, 0.4]]))
+  with pytest.raises(markov.MarkovError, match="square"):
+    markov.check_transition_matrix(np.ones((2, 3)) / 3)
+
+
+def test_bigram_transitions_from_a_corpus(tmp_path):
+  text_dir = tmp_path / "t"
+  text_dir.mkdir()
+  rng = np.random.default_rng(0)
+  words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+  (text_dir / "a.txt").write_text(" ".join(rng.choice(words, 3000)))
+  data_cfg = _data_cfg(tmp_path, transitions="bigram", files=str(text_dir / "*.txt"))
+  corpus = natural.prepare_corpus(data_cfg, 270)
+  p, first, kept = markov.bigram_transitions(corpus, 5, smoothing=1e-6)
+  np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
+  ids = np.asarray(corpus.train)
+  counts = collections.Counter(ids.tolist())
+  assert [counts[k] for k in kept] == sorted((counts[k] for k in kept), reverse=True)
+  assert corpus.eot_id not in kept.tolist()
+  # Row of the most frequent type: direct count ratios (+ smoothing, renormalised).
+  a = kept[0]
+  follows = collections.Counter(b for x, b in zip(ids[:-1], ids[1:]) if x == a and b in kept)
+  total = sum(follows.values())
+  direct = np.array([follows[k] / total for k in kept]) + 1e-6
+  np.testing.assert_allclose(p[0], direct / direct.sum(), rtol=1e-9)
+  np.testing.assert_allclose(first.sum(), 1.0)
+
+
+def _data_cfg(tmp_path, **fields):
+  from ihsweep.data import default_config
+  cfg = default_config()
+  cfg.update(source="markov", cache_dir=str(tmp_path / "cache"), **fields)
+  return cfg
+
+
+@pytest.mark.parametrize("marginal", synthetic.MARGINALS)
+@pytest.mark.parametrize("categoriality", ["high", "low"])
+def test_synthetic_matrices_reach_their_targets(marginal, categoriality):
+  spec = synthetic.SyntheticSpec(vocab_size=500, marginal=marginal, categoriality=categoriality,
+                                 n_groups=10, entropy_rate_bits=5.0, iterations=1500)
+  p, report = synthetic.optimise_matrix(spec)  # raises if a target is missed
+  got = report["achieved"]
+  assert got["marginal_kl"] < 0.02
+  assert abs(got["entropy_rate_bits"] - 5.0) < 0.1
+  assert abs(got["within"] - spec.within_target) < 0.03 and abs(got["across"] - 0.1) < 0.03
+  np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-9)
+  # The measured mutual information agrees with H(π) − H_rate from the target marginal.
+  target = synthetic.target_marginal(marginal, 500)
+  h_marginal = -(target * np.log(target)).sum()
+  assert abs(got["mutual_information_nats"] - (h_marginal - 5.0 * np.log(2))) < 0.1
+
+
+def test_iid_control_has_no_mutual_information(tmp_path):
+  for marginal in synthetic.MARGINALS:
+    spec = synthetic.SyntheticSpec(vocab_size=500, marginal=marginal, categoriality="none",
+                                   entropy_rate_bits=0.0)
+    p, report = synthetic.optimise_matrix(spec)
+    assert report["achieved"]["mutual_information_nats"] < 1e-6
+    assert report["achieved"]["marginal_kl"] < 1e-9
+
+
+def test_unreachable_targets_are_refused_with_achieved_vs_asked():
+  spec = synthetic.SyntheticSpec(vocab_size=100, marginal="zipf", n_groups=10,
+                                 entropy_rate_bits=7.0)
+  with pytest.raises(markov.MarkovError,
+                     match=r"asked 7.0 bits.*at most H\(marginal\) = 5\.310 bits"):
+    synthetic.check_spec(spec)
+  spec = synthetic.SyntheticSpec(vocab_size=100, marginal="uniform", n_groups=10,
+                                 entropy_rate_bits=3.0, within_high=0.95, across=0.0,
+                                 iterations=100)
+  with pytest.raises(markov.MarkovError, match=r"did not reach its targets after 100 "
+                                               r"iterations: .*achieved \d\.\d+.*, asked "):
+    synthetic.optimise_matrix(spec)
+
+
+def test_synthetic_matrix_cache_round_trip(tmp_path):
+  spec = synthetic.SyntheticSpec(vocab_size=60, marginal="zipf", n_groups=6,
+                                 entropy_rate_bits=3.0, iterations=800)
+  p1, r1 = synthetic.cached_matrix(spec, str(tmp_path))
+  p2, r2 = synthetic.cached_matrix(spec, str(tmp_path))
+  assert r1["cache"] == "built" and r2["cache"] == "hit"
+  np.testing.assert_allclose(p2, p1, atol=1e-6)
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  def boom(*a, **k):
+    raise AssertionError("compiled before rejecting bad input")
+  monkeypatch.setattr(train, "make_init_fn", boom)
+  monkeypatch.setattr(train, "make_ensemble_train_fn", boom)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"data.frequency": 1.5}, "data.frequency"),
+    ({"data.reliabilities": (0.5, -0.1)}, r"data.reliabilities\[1\]"),
+    ({"data.frequencies": (0.1, 0.2, 0.3)}, "one value per model"),
+    ({"data.transitions": "file", "data.matrix_file": "/nonexistent.npy"}, "data.matrix_file"),
+    ({"data.transitions": "file", "data.matrix_file": "NEGATIVE"}, "is negative"),
+    ({"data.transitions": "file", "data.matrix_file": "ROWSUM"}, "sums to"),
+    ({"data.transitions": "synthetic", "data.synthetic.entropy_rate_bits": 9.0,
+      "data.synthetic.n_groups": 8}, "at most H"),
+    ({"data.transitions": "synthetic", "data.synthetic.marginal": "cauchy"}, "marginal"),
+])
+def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, overrides, message):
+  p = random_chain(vocab=64, seed=1)
+  bad = {"NEGATIVE": p.copy(), "ROWSUM": p * 0.9}
+  bad["NEGATIVE"][3, 4] = -0.01
+  for name, matrix in bad.items():
+    np.save(tmp_path / f"{name}.npy", matrix)
+  overrides = {k: str(tmp_path / f"{v}.npy") if v in bad else v for k, v in overrides.items()}
+  cfg = tiny(**{"data.source": "markov", "data.transitions": "iid",
+                "data.cache_dir": str(tmp_path / "cache"), **overrides})
+  with pytest.raises((config_lib.ConfigError, markov.MarkovError), match=message):
+    fit(cfg, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_training_on_a_user_matrix_with_per_model_knobs(tiny, tmp_path):
+  p = random_chain(vocab=64, concentration=0.05, seed=2)
+  np.save(tmp_path / "p.npy", p)
+  cfg = tiny(**{"data.source": "markov", "data.transitions": "file",
+                "data.matrix_file": str(tmp_path / "p.npy"), "data.frequencies": (0.2, 0.8),
+                "data.reliabilities": (1.0, 0.5), "train.num_steps": 40, "train.lr": 1e-2})
+  out = fit(cfg, str(tmp_path / "run"), progress=False)
+  assert np.all(out["losses"] < np.log(64) - 0.5)
+  src = make_source(cfg.data, 64, 8, 32)
+  assert src.describe().startswith("markov V=64, frequency [0.2, 0.8], reliability [1.0, 0.5]")
