@@ -102,7 +102,7 @@ def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, 
     loader.prefetch(0, [steps_per_call] * n_calls)
     return loader.next
 
-  return mcfg, tcfg, init, step, hp, feed
+  return mcfg, tcfg, init, step, hp, feed, source
 
 
 def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
@@ -130,26 +130,42 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
   return compile_s, times
 
 
+def _data_only_program(sample, steps_per_call: int):
+  """Only the in-graph data of an ensemble call (``train.sample_ensemble_batches``): its time
+  over the ensemble call's is the share of step time spent generating data."""
+  def generate(state, hp, arrays):
+    batches = train.sample_ensemble_batches(sample, state, hp, arrays, steps_per_call)
+    return state.replace(step=state.step + steps_per_call), {"checksum": batches.sum()}
+
+  return jax.jit(generate, donate_argnums=0)
+
+
 def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_call: int,
              rounds: int, peak_gflops: float, data: str = "uniform",
              loader: str = "device") -> dict:
   """``updates`` per model per round. ensemble: one program, ``steps_per_call`` updates per
   call. sequential: E single-model programs, one update per call (a plain per-step loop).
-  sequential_scan: E single-model programs, ``steps_per_call`` updates per call."""
+  sequential_scan: E single-model programs, ``steps_per_call`` updates per call. data_only: the
+  ensemble call's in-graph data generation alone (no model)."""
   seeds = jnp.arange(n_models, dtype=jnp.int32)
   k = 1 if mode == "sequential" else steps_per_call
   n_calls = updates // k
   calls_needed = 2 + n_calls * rounds  # compile + warm-up + timed
-  if mode == "ensemble":
+  if mode in ("ensemble", "data_only"):
     # Placed as `ihsweep train` places it: over every device.
-    mcfg, tcfg, init, step, hp, feed = _build(workload, n_models, k, updates, data, loader)
+    mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, k, updates, data,
+                                                      loader)
     state = init(seeds)
     programs = [(state, hp, feed(state, calls_needed))]
+    if mode == "data_only":
+      if not getattr(source, "on_device", True):
+        raise SystemExit("data_only measures in-graph data; not --loader host")
+      step = _data_only_program(source.sample, k)
   else:  # what one writes without ihsweep: one model at a time on one device
     if loader == "host":
       raise SystemExit("--loader host is measured in ensemble mode only")
-    mcfg, tcfg, init, step, hp, feed = _build(workload, 1, k, updates, data, loader,
-                                              devices=jax.devices()[:1])
+    mcfg, tcfg, init, step, hp, feed, _ = _build(workload, 1, k, updates, data, loader,
+                                                 devices=jax.devices()[:1])
     programs = []
     for i in range(n_models):
       state = init(seeds[i:i + 1])

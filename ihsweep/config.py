@@ -63,7 +63,7 @@ def _choice(cfg, section: str, name: str, allowed) -> str:
   return value
 
 
-def _validate_natural(cfg, vocab: int) -> None:
+def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   """Cheap checks of a natural-text data section; the corpus itself is read (and its length
   checked) when the source is built, still before compiling."""
   from ihsweep.data import LOADERS, natural
@@ -79,7 +79,7 @@ def _validate_natural(cfg, vocab: int) -> None:
   tokenizer = cfg.data.tokenizer
   if tokenizer == "bpe":
     if vocab < natural.BYTE_LEVEL_MIN_VOCAB:
-      raise ConfigError("model.vocab_size", vocab,
+      raise ConfigError(vocab_field, vocab,
                         f">= {natural.BYTE_LEVEL_MIN_VOCAB} for a byte-level BPE (256 bytes + "
                         f"{natural.EOT})")
   elif not os.path.isfile(os.path.expanduser(tokenizer)):
@@ -102,6 +102,12 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
       _check_real(f"data.{plural}[{i}]", v, 0.0, 1.0, False, False)
   _real(cfg, "data", "smoothing", 0.0)
   _int(cfg, "data", "tokenizer_vocab", 0, hint=" (0 = 2 · model.vocab_size)")
+  context = cfg.train.context_size
+  if vocab < context + 1:
+    raise ConfigError("model.vocab_size", vocab,
+                      f">= train.context_size + 1 = {context + 1} for data.source = 'markov': a "
+                      f"sequence must be able to hold C + 1 distinct tokens (first-half draws "
+                      f"exclude every earlier token)")
   if kind == "file" and not os.path.isfile(os.path.expanduser(cfg.data.matrix_file)):
     raise ConfigError("data.matrix_file", cfg.data.matrix_file,
                       "the path of a [V, V] .npy transition matrix (data.transitions = 'file')")
@@ -187,7 +193,12 @@ def validate(cfg) -> None:
     _validate_markov(cfg, vocab, size)
   if text:
     from ihsweep.data import bigram_corpus_tokens
-    _validate_natural(cfg, vocab if source == "natural" else bigram_corpus_tokens(cfg.data, vocab))
+    if source == "natural":
+      _validate_natural(cfg, vocab, "model.vocab_size")
+    else:
+      field = "data.tokenizer_vocab" + ("" if cfg.data.tokenizer_vocab else
+                                        " (0: 2 · model.vocab_size)")
+      _validate_natural(cfg, bigram_corpus_tokens(cfg.data, vocab), field)
   else:
     for name in ("corpus", "files", "tfds_name"):
       if cfg.data.get(name):

@@ -214,3 +214,43 @@ def test_training_on_a_user_matrix_with_per_model_knobs(tiny, tmp_path):
   assert np.all(out["losses"] < np.log(64) - 0.5)
   src = make_source(cfg.data, 64, 8, 32)
   assert src.describe().startswith("markov V=64, frequency [0.2, 0.8], reliability [1.0, 0.5]")
+
+
+def test_near_deterministic_rows_keep_the_exclusion_rules():
+  """Rows with almost all mass on one token leave the allowed mass below float32's resolution;
+  the draw must still never return an excluded token."""
+  vocab = 300
+  rng = np.random.default_rng(0)
+  p = np.full((vocab, vocab), 1.5e-6 / (vocab - 1))
+  p[np.arange(vocab), rng.integers(0, vocab, vocab)] = 0.0
+  p[np.arange(vocab), rng.integers(0, vocab, vocab)] += 1 - p.sum(axis=1)
+  src = source_for(markov.check_transition_matrix(p), batch=60, context=64)
+  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(0),
+                                          {"frequency": 0.5, "reliability": 0.5}, src.arrays()))
+  m = markov.measure(tokens, 0.5, 0.5)
+  assert m["first_half_gap_repeats"] == 0
+  assert abs(m["measured_frequency"] - m["implied_frequency"]) < 0.05
+
+
+def test_stationary_distribution_of_a_periodic_chain():
+  p = np.roll(np.eye(3), 1, axis=1)  # 0 → 1 → 2 → 0, period 3
+  np.testing.assert_allclose(markov.stationary_distribution(p), [1 / 3] * 3, atol=1e-9)
+
+
+def test_non_numeric_and_diverged_matrices_are_refused(tmp_path):
+  with pytest.raises(markov.MarkovError, match="real-valued"):
+    markov.check_transition_matrix(np.array([["a", "b"], ["c", "d"]]))
+  spec = synthetic.SyntheticSpec(vocab_size=60, n_groups=6, entropy_rate_bits=3.0,
+                                 weight_entropy=float("nan"))
+  with pytest.raises(markov.MarkovError, match="weight_entropy"):
+    synthetic.check_spec(spec)
+  spec = synthetic.SyntheticSpec(vocab_size=60, n_groups=6, entropy_rate_bits=3.0,
+                                 tol_similarity=float("nan"), iterations=2)
+  with pytest.raises(markov.MarkovError, match="tol_similarity"):
+    synthetic.optimise_matrix(spec)
+
+
+def test_vocabulary_must_hold_a_sequence_of_distinct_tokens(tiny):
+  cfg = tiny(**{"data.source": "markov", "data.transitions": "iid", "model.vocab_size": 16})
+  with pytest.raises(config_lib.ConfigError, match="train.context_size"):
+    config_lib.validate(cfg)

@@ -153,13 +153,15 @@ def markov_transitions(data_cfg, vocab_size: int):
       spec = dataclasses.replace(spec, entropy_rate_bits=0.0, categoriality="none")
     p, report = synthetic.cached_matrix(spec, natural.resolve_cache_dir(data_cfg))
     first = markov.stationary_distribution(p)
+    targets = {k: v for k, v in report["targets"].items() if v is not None}
     info = {"transitions": f"{kind} {spec.marginal}/{spec.categoriality}",
-            **{k: round(v, 4) for k, v in report["achieved"].items()}}
+            "matrix": report["cache"], "targets": targets,
+            "achieved": {k: round(v, 4) for k, v in report["achieved"].items()}}
   else:
     path = os.path.expanduser(data_cfg.matrix_file)
     try:
-      raw = np.load(path)
-    except (OSError, ValueError) as e:
+      raw = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
       raise markov.MarkovError(f"config.data.matrix_file = {data_cfg.matrix_file!r}: cannot load "
                                f"a .npy array ({e})", "data.matrix_file") from None
     p = markov.check_transition_matrix(raw, f"config.data.matrix_file {path}")
@@ -169,7 +171,7 @@ def markov_transitions(data_cfg, vocab_size: int):
                                "model.vocab_size")
     first = markov.stationary_distribution(p)
     info = {"transitions": f"file {path}"}
-  if kind != "synthetic":
+  if kind == "bigram" or kind == "file":
     info.update({k: round(v, 4) for k, v in markov.describe_matrix(p).items()})
   return p, first, info
 

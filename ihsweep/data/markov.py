@@ -59,7 +59,7 @@ class MarkovError(DataError):
   """A transition matrix, knob or synthetic target that cannot be used."""
 
 
-def check_transition_matrix(p: np.ndarray, name: str = "transition matrix", atol: float = 1e-4
+def check_transition_matrix(p, name: str = "transition matrix", atol: float = 1e-4
                             ) -> np.ndarray:
   """Returns ``p`` as float64 ``[V, V]`` after checking it is a square, finite, non-negative
   matrix whose rows sum to 1 (within ``atol``); rows are renormalised exactly.
@@ -68,6 +68,9 @@ def check_transition_matrix(p: np.ndarray, name: str = "transition matrix", atol
     MarkovError: wrong shape, NaN/inf, a negative entry or a row sum off by more than atol
       (the message names the first bad row and its value).
   """
+  if not isinstance(p, np.ndarray) or p.dtype.kind not in "biuf":
+    kind = type(p).__name__ if not isinstance(p, np.ndarray) else f"{p.dtype} array"
+    raise MarkovError(f"{name}: a {kind}; a real-valued [V, V] array is needed")
   p = np.asarray(p, np.float64)
   if p.ndim != 2 or p.shape[0] != p.shape[1] or p.shape[0] < 2:
     raise MarkovError(f"{name}: shape {p.shape}; a square [V, V] matrix with V >= 2 is needed")
@@ -96,15 +99,16 @@ def check_knob(name: str, value, field: str) -> float:
 
 def stationary_distribution(p: np.ndarray, iterations: int = 10000, tol: float = 1e-12
                             ) -> np.ndarray:
-  """π with π P = π by power iteration from uniform (float64 ``[V]``); the Cesàro average of
-  the last two iterates is returned if the chain is periodic."""
+  """π with π P = π (float64 ``[V]``), by power iteration from uniform on the lazy chain
+  (I + P) / 2, which has the same stationary distributions as P and is aperiodic, so periodic
+  chains converge too. For a reducible chain the result depends on the uniform start."""
   pi = np.full(p.shape[0], 1.0 / p.shape[0])
   for _ in range(iterations):
-    new = pi @ p
+    new = 0.5 * (pi + pi @ p)
     if np.abs(new - pi).sum() < tol:
-      return new
-    prev, pi = pi, new
-  return 0.5 * (pi + prev)
+      return new / new.sum()
+    pi = new
+  return pi / pi.sum()
 
 
 def transition_arrays(p: np.ndarray, first: np.ndarray) -> dict:
@@ -132,27 +136,28 @@ def _draw_positions(u, weights_L, cand_L):
 def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
   """t ~ P[a] restricted to the tokens not in {tokens_L[j] : excluded_L[j]} (distinct tokens),
   by bisection on F(t) = CDF[a, t] − Σ_j excluded_j · P[a, tok_j] · [tok_j ≤ t]: O(L log V).
-  Uniform over the allowed tokens if their mass is 0. Float rounding can land on an excluded
-  token (probability ~1e-7); such draws are redone with another uniform."""
-  w_L = jnp.where(excluded_L, probs_row[tokens_L], 0.0)
-  uniform = 1.0 - w_L.sum() <= 1e-6
-  # Uniform fallback: the same search on CDF_unif[t] = (t + 1) / V, weights 1 / V.
-  w_L = jnp.where(uniform, excluded_L / vocab, w_L)
+  Uniform over the allowed tokens if their mass is below 1e-4 (the procedure's weights are then
+  beyond float32's resolution). Float rounding can land on an excluded token (probability
+  ~1e-7); such draws are redone, finally with the uniform draw."""
+  w_prob_L = jnp.where(excluded_L, probs_row[tokens_L], 0.0)
+  # Below ~1e-4 of allowed mass, float32 CDF differences are too coarse to keep the excluded
+  # tokens out reliably: draw uniformly over the allowed tokens instead (CDF (t + 1) / V).
+  tiny_mass = 1.0 - w_prob_L.sum() <= 1e-4
 
-  def mass_through(t):
+  def mass_through(t, uniform):
+    w_L = jnp.where(uniform, excluded_L / vocab, w_prob_L)
     cdf_t = jnp.where(uniform, (t + 1) / vocab, cdf_row[t])
     return cdf_t - jnp.sum(jnp.where(tokens_L <= t, w_L, 0.0))
 
-  allowed_mass = mass_through(vocab - 1)
   steps = max(1, math.ceil(math.log2(vocab)) + 1)
 
-  def search(u):
-    target = u * allowed_mass
+  def search(u, uniform):
+    target = u * mass_through(vocab - 1, uniform)
 
     def bisect(_, lo_hi):
       lo, hi = lo_hi  # the answer lies in [lo, hi]
       mid = (lo + hi) // 2
-      go_left = mass_through(mid) > target
+      go_left = mass_through(mid, uniform) > target
       return jnp.where(go_left, lo, mid + 1), jnp.where(go_left, mid, hi)
 
     lo, _ = jax.lax.fori_loop(0, steps, bisect, (jnp.int32(0), jnp.int32(vocab - 1)))
@@ -161,11 +166,12 @@ def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
   def excluded(t):
     return jnp.any(excluded_L & (tokens_L == t))
 
-  def redo(c):
+  def redo(c):  # rare: another uniform; after 4 misses, the uniform draw (exact steps 1/V)
     n, _ = c
-    return n + 1, search(jnp.mod(u + 0.6180339887 * n, 1.0))
+    return n + 1, search(jnp.mod(u + 0.6180339887 * n, 1.0), tiny_mass | (n >= 4))
 
-  _, t = jax.lax.while_loop(lambda c: excluded(c[1]) & (c[0] < 16), redo, (1, search(u)))
+  _, t = jax.lax.while_loop(lambda c: excluded(c[1]) & (c[0] < 12), redo,
+                            (1, search(u, tiny_mass)))
   return t
 
 
@@ -270,8 +276,7 @@ class MarkovSource:
         self.context_size + 1)
 
   def describe(self) -> str:
-    items = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                      for k, v in self.info.items())
+    items = ", ".join(f"{k} {v}" for k, v in self.info.items())
     return (f"markov V={self.vocab_size}, frequency {list(self.frequencies)}, reliability "
             f"{list(self.reliabilities)}; {items}; generated in-graph")
 
@@ -379,9 +384,9 @@ def _entropy(q: np.ndarray) -> float:
 
 
 def describe_matrix(p: np.ndarray) -> dict[str, Any]:
-  """Measured properties of a transition matrix: stationary entropy, entropy rate and mutual
-  information in nats."""
+  """Measured properties of a transition matrix in nats: entropy of the stationary
+  distribution, entropy rate and mutual information I(X_t; X_{t+1})."""
   pi = stationary_distribution(p)
   h_rate = entropy_rate(p, pi)
-  return {"marginal_entropy": _entropy(pi), "entropy_rate": h_rate,
-          "mutual_information": _entropy(pi) - h_rate}
+  return {"marginal_entropy_nats": _entropy(pi), "entropy_rate_nats": h_rate,
+          "mutual_information_nats": _entropy(pi) - h_rate}

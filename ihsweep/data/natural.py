@@ -299,7 +299,7 @@ def document_source(data_cfg) -> DocumentSource:
   chosen = [f for f in ("corpus", "files", "tfds_name") if data_cfg[f]]
   if len(chosen) != 1:
     raise CorpusError(
-        f"config.data.source = 'natural' needs exactly one of data.corpus (one of "
+        f"config.data.source = {data_cfg.source!r} needs exactly one of data.corpus (one of "
         f"{', '.join(CORPORA)}), data.files (globs) or data.tfds_name; got "
         f"{chosen or 'none'}", "data.corpus")
   if data_cfg.corpus:

@@ -32,13 +32,15 @@ import json
 import logging
 import math
 import os
+import socket
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ihsweep.data.markov import MarkovError, describe_matrix, stationary_distribution
+from ihsweep.data.markov import (MarkovError, check_transition_matrix, describe_matrix,
+                                 stationary_distribution)
 
 log = logging.getLogger("ihsweep")
 
@@ -113,6 +115,12 @@ def check_spec(spec: SyntheticSpec) -> None:
       rate above the marginal's entropy (mutual information would be negative) or below 0;
       similarity targets outside [0, 1].
   """
+  for f in dataclasses.fields(spec):
+    value = getattr(spec, f.name)
+    if f.name.startswith(("weight_", "tol_")) or f.name == "lr":
+      if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise MarkovError(f"config.data.synthetic.{f.name} = {value!r} is not allowed: a finite "
+                          f"number >= 0", f"data.synthetic.{f.name}")
   if spec.categoriality not in CATEGORIALITY:
     raise MarkovError(f"config.data.synthetic.categoriality = {spec.categoriality!r} is not "
                       f"allowed: one of {', '.join(map(repr, CATEGORIALITY))}",
@@ -214,8 +222,8 @@ def measure_matrix(p: np.ndarray, spec: SyntheticSpec) -> dict:
   props = describe_matrix(p)
   out = {"marginal_kl": float(np.sum(target * (np.log(target) - np.log(np.maximum(pi_sorted,
                                                                                  1e-300))))),
-         "entropy_rate_bits": props["entropy_rate"] / math.log(2),
-         "mutual_information_nats": props["mutual_information"],
+         "entropy_rate_bits": props["entropy_rate_nats"] / math.log(2),
+         "mutual_information_nats": props["mutual_information_nats"],
          "row_max": float(p.max(axis=1).mean())}
   if spec.categoriality != "none" or spec.n_groups >= 2 and spec.vocab_size % spec.n_groups == 0:
     within, across = group_similarity(p, spec.n_groups)
@@ -225,17 +233,17 @@ def measure_matrix(p: np.ndarray, spec: SyntheticSpec) -> dict:
 
 def unmet_targets(achieved: dict, spec: SyntheticSpec) -> list[str]:
   """Targets missed by more than their tolerance, as 'name: achieved X, asked Y' strings."""
-  missed = []
-  if achieved["marginal_kl"] > spec.tol_marginal_kl:
+  missed = []  # comparisons written so that NaN counts as missed
+  if not achieved["marginal_kl"] <= spec.tol_marginal_kl:
     missed.append(f"marginal {spec.marginal}: KL {achieved['marginal_kl']:.4f} nats, asked "
                   f"<= {spec.tol_marginal_kl}")
-  if not spec.iid and abs(achieved["entropy_rate_bits"] - spec.entropy_rate_bits) > \
+  if not spec.iid and not abs(achieved["entropy_rate_bits"] - spec.entropy_rate_bits) <= \
       spec.tol_entropy_bits:
     missed.append(f"entropy rate: achieved {achieved['entropy_rate_bits']:.3f} bits, asked "
                   f"{spec.entropy_rate_bits} ± {spec.tol_entropy_bits}")
   if spec.within_target is not None:
     for name, want in (("within", spec.within_target), ("across", spec.across)):
-      if abs(achieved[name] - want) > spec.tol_similarity:
+      if not abs(achieved[name] - want) <= spec.tol_similarity:
         missed.append(f"{name}-group similarity: achieved {achieved[name]:.3f}, asked {want} ± "
                       f"{spec.tol_similarity}")
   return missed
@@ -269,6 +277,10 @@ def optimise_matrix(spec: SyntheticSpec) -> tuple[np.ndarray, dict]:
     target = jnp.asarray(target_marginal(spec.marginal, spec.vocab_size), jnp.float32)
     logits, losses = _optimise(logits, target, spec, spec.iterations)
     p = np.asarray(jax.nn.softmax(logits.astype(jnp.float32), axis=1), np.float64)
+    if not np.all(np.isfinite(p)):
+      raise MarkovError(f"the synthetic matrix optimisation diverged (NaN after "
+                        f"{spec.iterations} iterations at lr {spec.lr}); lower "
+                        f"data.synthetic.lr or the weights", "data.synthetic.lr")
     p /= p.sum(axis=1, keepdims=True)
     final_loss = float(losses[-1])
   achieved = measure_matrix(p, spec)
@@ -296,17 +308,21 @@ def cached_matrix(spec: SyntheticSpec, cache_dir: str) -> tuple[np.ndarray, dict
     try:
       with open(path + ".json") as f:
         report = json.load(f)
-      return np.load(path + ".npy").astype(np.float64), {**report, "cache": "hit"}
-    except (OSError, ValueError) as e:
-      log.warning("synthetic matrix cache %s is damaged (%s); optimising again", path, e)
-  log.info("optimising a synthetic %s/%s matrix, V=%d, %d iterations", spec.marginal,
-           spec.categoriality, spec.vocab_size, spec.iterations)
+      p = check_transition_matrix(np.load(path + ".npy"), f"cached matrix {path}.npy")
+      if p.shape[0] != spec.vocab_size or "achieved" not in report:
+        raise ValueError("shape or report does not match the spec")
+      return p, {**report, "cache": "hit"}
+    except (OSError, ValueError, EOFError) as e:  # MarkovError is a ValueError
+      log.warning("synthetic matrix cache %s is damaged (%s); building it again", path, e)
+  if not spec.iid:
+    log.info("optimising a synthetic %s/%s matrix, V=%d, %d iterations", spec.marginal,
+             spec.categoriality, spec.vocab_size, spec.iterations)
   p, report = optimise_matrix(spec)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp.npy"
-  np.save(tmp, p.astype(np.float32))
-  os.replace(tmp, path + ".npy")
-  with open(path + ".json.tmp", "w") as f:
+  tmp = f"{path}.{socket.gethostname()}-{os.getpid()}.tmp"  # one per writer: no rename race
+  np.save(tmp + ".npy", p.astype(np.float32))
+  os.replace(tmp + ".npy", path + ".npy")
+  with open(tmp + ".json", "w") as f:
     json.dump(report, f, indent=2)
-  os.replace(path + ".json.tmp", path + ".json")  # written last: marks the entry complete
+  os.replace(tmp + ".json", path + ".json")  # written last: marks the entry complete
   return p, {**report, "cache": "built"}
