@@ -221,19 +221,21 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
   n_dev_e = mesh.shape["ensemble"]
   host_fed = sample is None
 
-  def k_updates(state, hp, data):
+  def k_updates(state, hp, batches):
     def one_update(state, batch_ExBxCp1):
       tokens_ExBxCp1 = batch_ExBxCp1.astype(jnp.int32)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
       return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
 
-    # All K updates' batches at once: a sequential sampler (a Markov chain's scan over
-    # positions) then runs once per call over K·B sequences instead of K times over B.
-    batches = data if host_fed else sample_ensemble_batches(sample, state, hp, data, n_steps)
-    batches = jax.lax.with_sharding_constraint(batches, host_sh)
     return jax.lax.scan(one_update, state, jnp.swapaxes(batches, 0, 1))  # over [K, E, ...]
 
   def run(state, hp, data):
+    if not host_fed:
+      # Every local model's batches for all K updates at once, before the chunk loop: a
+      # sequential sampler (a Markov chain's scan over positions) then runs once per call over
+      # E_local·K·B sequences instead of once per update and chunk.
+      data = sample_ensemble_batches(sample, state, hp, data, n_steps)
+    batches = jax.lax.with_sharding_constraint(data, host_sh)  # [E, K, B, C + 1]
     n_models = hp.peak_lr.shape[0]
     local = n_models // n_dev_e
     c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size)
@@ -241,7 +243,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       raise ValueError(f"ensemble.vmap_chunk = {c} must divide the models per device ({local})")
     n_chunks = local // c
     if n_chunks == 1:
-      return k_updates(state, hp, data)
+      return k_updates(state, hp, batches)
     # [E] = [devices, chunks, c] -> [chunks, devices * c]: the loop runs over chunks while
     # every chunk keeps one slice per device (its sharding over 'ensemble' is unchanged).
     def split(x):
@@ -253,10 +255,8 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       return x.reshape((n_models,) + x.shape[3:])
 
     tree_map = jax.tree_util.tree_map
-    per_model = (tree_map(split, state), tree_map(split, hp),
-                 split(data) if host_fed else None)
-    states, metrics = jax.lax.map(
-        lambda a: k_updates(a[0], a[1], a[2] if host_fed else data), per_model)
+    per_model = tree_map(split, (state, hp, batches))
+    states, metrics = jax.lax.map(lambda a: k_updates(*a), per_model)
     metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [K, E]
     return tree_map(merge, states), metrics
 
