@@ -588,8 +588,8 @@ def remove_stale_temp_dirs(root: str) -> None:
   """Removes ``.build-*`` / ``.fetch-*`` directories left in ``root`` by killed processes of
   this host."""
   host = socket.gethostname()
-  for entry in glob.glob(os.path.join(root, ".build-*")) + glob.glob(os.path.join(root,
-                                                                                  ".fetch-*")):
+  for entry in glob.glob(os.path.join(root, ".build-*")) + glob.glob(
+      os.path.join(root, ".fetch-*")):
     parts = os.path.basename(entry).split("-")
     if len(parts) < 4 or "-".join(parts[1:-2]) != host or not parts[-2].isdigit():
       continue
