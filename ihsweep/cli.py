@@ -96,15 +96,15 @@ def _corpus_prepare():
     return _fail("corpus prepare needs --config=FILE")
   from ihsweep.data import bigram_corpus_tokens
   if cfg.data.source == "natural":
-    vocab = cfg.model.vocab_size
+    vocab, field = cfg.model.vocab_size, "model.vocab_size"
   elif cfg.data.source == "markov" and cfg.data.transitions == "bigram":
-    vocab = bigram_corpus_tokens(cfg.data, cfg.model.vocab_size)
+    vocab, field = bigram_corpus_tokens(cfg.data, cfg.model.vocab_size)
   else:
     return _fail(f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural' "
                  f"or 'markov' with data.transitions = 'bigram'")
   try:
     config_lib.validate(cfg)
-    corpus = natural.prepare_corpus(cfg.data, vocab)
+    corpus = natural.prepare_corpus(cfg.data, vocab, field)
   except config_lib.ConfigError as e:
     return _fail(f"invalid config: {e}")
   print(json.dumps({"path": corpus.path, "cache_hit": corpus.cache_hit, **corpus.meta}, indent=2))

@@ -196,9 +196,7 @@ def validate(cfg) -> None:
     if source == "natural":
       _validate_natural(cfg, vocab, "model.vocab_size")
     else:
-      field = "data.tokenizer_vocab" + ("" if cfg.data.tokenizer_vocab else
-                                        " (0: 2 · model.vocab_size)")
-      _validate_natural(cfg, bigram_corpus_tokens(cfg.data, vocab), field)
+      _validate_natural(cfg, *bigram_corpus_tokens(cfg.data, vocab))
   else:
     for name in ("corpus", "files", "tfds_name"):
       if cfg.data.get(name):

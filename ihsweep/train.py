@@ -20,6 +20,7 @@ import optax
 from jax.sharding import Mesh
 
 from ihsweep import sharding
+from ihsweep.data.keys import step_keys
 from ihsweep.model import ModelConfig, Transformer
 
 
@@ -163,12 +164,10 @@ def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, ar
                             n_steps: int) -> jax.Array:
   """Each model's batches for its next ``n_steps`` updates, from its own key: int32
   ``[E, n_steps, B, C + 1]``; update t of model e uses ``fold_in(data_key_e, t)``, so a resumed
-  run or a different ``steps_per_call`` draws the same batches. ``arrays`` (the source's
-  shared device arrays, e.g. a token array) is not vmapped."""
-  steps_K = jnp.arange(n_steps, dtype=jnp.int32)
-
+  run or a different ``steps_per_call`` draws the same batches (``data.keys.step_keys``).
+  ``arrays`` (the source's shared device arrays, e.g. a token array) is not vmapped."""
   def one_model(data_key, step, data_params):
-    keys_Kx2 = jax.vmap(lambda t: jax.random.fold_in(data_key, step + t))(steps_K)
+    keys_Kx2 = step_keys(data_key, step, n_steps)
     return jax.vmap(sample, in_axes=(0, None, None))(keys_Kx2, data_params, arrays)
 
   return jax.vmap(one_model)(state.data_key, state.step, hp.data)

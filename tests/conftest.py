@@ -30,3 +30,15 @@ def tiny_config(**overrides):
 @pytest.fixture
 def tiny():
   return tiny_config
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """Fails the test if anything reaches compilation (bad input must be refused before)."""
+  from ihsweep import train
+
+  def boom(*a, **k):
+    raise AssertionError("compiled before rejecting bad input")
+
+  monkeypatch.setattr(train, "make_init_fn", boom)
+  monkeypatch.setattr(train, "make_ensemble_train_fn", boom)

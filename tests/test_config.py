@@ -1,6 +1,6 @@
 import pytest
 
-from ihsweep import runner, train
+from ihsweep import runner
 from ihsweep.config import ConfigError, validate
 
 
@@ -18,17 +18,11 @@ from ihsweep.config import ConfigError, validate
     ("mesh.num_devices", 9, ["mesh.num_devices = 9", "[0, 4]"]),
     ("ensemble.vmap_chunk", 3, ["ensemble.vmap_chunk = 3", "a divisor of the 1 models per device"]),
 ])
-def test_invalid_config_fails_before_compiling(tiny, tmp_path, monkeypatch, field, value, words):
+def test_invalid_config_fails_before_compiling(tiny, tmp_path, no_compile, field, value, words):
   cfg = tiny()
   section, name = field.split(".")
   with cfg.unlocked():
     cfg[section][name] = value
-
-  def no_compile(*a, **k):
-    raise AssertionError("compiled before validating")
-
-  monkeypatch.setattr(train, "make_init_fn", no_compile)
-  monkeypatch.setattr(train, "make_ensemble_train_fn", no_compile)
   with pytest.raises(ConfigError) as err:
     runner.fit(cfg, str(tmp_path / "run"), progress=False)
   for w in words:

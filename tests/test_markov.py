@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import config as config_lib, train
+from ihsweep import config as config_lib
 from ihsweep.data import make_source, markov, natural, synthetic
 from ihsweep.runner import fit
 
@@ -169,14 +169,6 @@ def test_synthetic_matrix_cache_round_trip(tmp_path):
   p2, r2 = synthetic.cached_matrix(spec, str(tmp_path))
   assert r1["cache"] == "built" and r2["cache"] == "hit"
   np.testing.assert_allclose(p2, p1, atol=1e-6)
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-  def boom(*a, **k):
-    raise AssertionError("compiled before rejecting bad input")
-  monkeypatch.setattr(train, "make_init_fn", boom)
-  monkeypatch.setattr(train, "make_ensemble_train_fn", boom)
 
 
 @pytest.mark.parametrize("overrides,message", [

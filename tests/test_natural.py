@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ihsweep import config as config_lib, train
+from ihsweep import config as config_lib
 from ihsweep.data import make_source, natural
 from ihsweep.runner import fit
 
@@ -193,15 +193,6 @@ def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
                 "data.tfds_data_dir": str(tmp_path)})
   with pytest.raises(natural.CorpusError, match="not prepared"):
     config_lib.validate(cfg)
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-  """Fails the test if anything reaches compilation."""
-  def boom(*a, **k):
-    raise AssertionError("compiled before rejecting bad input")
-  monkeypatch.setattr(train, "make_init_fn", boom)
-  monkeypatch.setattr(train, "make_ensemble_train_fn", boom)
 
 
 def _bad_inputs(tmp_path):

@@ -126,11 +126,14 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
   return natural.NaturalTextSource(corpus, batch_size, context_size, on_device, placement)
 
 
-def bigram_corpus_tokens(data_cfg, vocab_size: int) -> int:
-  """The BPE size used for a bigram Markov source's corpus: ``data.tokenizer_vocab``, or 2·V
-  when 0 (BPE's intermediate merges and unused bytes leave many types that never occur, so a
-  BPE of exactly V + 1 types has fewer than V occurring ones)."""
-  return data_cfg.tokenizer_vocab or 2 * vocab_size
+def bigram_corpus_tokens(data_cfg, vocab_size: int) -> tuple[int, str]:
+  """The BPE size used for a bigram Markov source's corpus and the config field that sets it:
+  ``data.tokenizer_vocab``, or 2·V when 0 (BPE's intermediate merges and unused bytes leave
+  many types that never occur, so a BPE of exactly V + 1 types has fewer than V occurring
+  ones)."""
+  if data_cfg.tokenizer_vocab:
+    return data_cfg.tokenizer_vocab, "data.tokenizer_vocab"
+  return 2 * vocab_size, "data.tokenizer_vocab (0: 2 · model.vocab_size)"
 
 
 def markov_transitions(data_cfg, vocab_size: int):
@@ -142,8 +145,7 @@ def markov_transitions(data_cfg, vocab_size: int):
   """
   kind = data_cfg.transitions
   if kind == "bigram":
-    field = "data.tokenizer_vocab" if data_cfg.tokenizer_vocab else "model.vocab_size (× 2)"
-    corpus = natural.prepare_corpus(data_cfg, bigram_corpus_tokens(data_cfg, vocab_size), field)
+    corpus = natural.prepare_corpus(data_cfg, *bigram_corpus_tokens(data_cfg, vocab_size))
     p, first, _ = markov.bigram_transitions(corpus, vocab_size, data_cfg.smoothing)
     info = {"transitions": f"bigram of {corpus.meta['name']!r}",
             "corpus_tokens": corpus.meta["train_tokens"]}

@@ -46,6 +46,7 @@ import numpy as np
 import scipy.sparse
 
 from ihsweep.data.errors import DataError
+from ihsweep.data.keys import step_keys
 
 log = logging.getLogger("ihsweep")
 
@@ -752,11 +753,10 @@ class NaturalTextSource:
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _host_starts(data_keys_Ex2, first_step, n_steps, n_tokens, batch_size, context_size):
-  """Window starts ``[E, K, B]`` for steps first_step … first_step + K − 1 of every model, from
-  ``fold_in(data_key, step)`` exactly as ``train.sample_ensemble_batches`` derives them."""
-  steps_K = first_step + jnp.arange(n_steps, dtype=jnp.int32)
+  """Window starts ``[E, K, B]`` for updates first_step … first_step + K − 1 of every model,
+  from the keys ``keys.step_keys`` gives the in-graph path."""
+  def one_model(data_key):
+    return jax.vmap(lambda key: window_starts(key, n_tokens, batch_size, context_size))(
+        step_keys(data_key, first_step, n_steps))
 
-  def one(key, step):
-    return window_starts(jax.random.fold_in(key, step), n_tokens, batch_size, context_size)
-
-  return jax.vmap(lambda k: jax.vmap(lambda s: one(k, s))(steps_K))(data_keys_Ex2)
+  return jax.vmap(one_model)(data_keys_Ex2)
