@@ -112,7 +112,8 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
   program, one program after another, after one untimed warm-up call each."""
   state0, hp0, next0 = programs[0]
   t0 = time.perf_counter()
-  compiled = step.lower(state0, hp0, next0()).compile()
+  exe = step.lower(state0, hp0, next0()).compile()
+  compiled = lambda state, hp, data: exe(state, hp, data, step.n_steps)
   compile_s = time.perf_counter() - t0
   states = []
   for state, hp, next_data in programs:

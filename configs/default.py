@@ -13,7 +13,7 @@ model.vocab_size; run ``ihsweep corpus fetch python-docs`` once first), or both:
 
 import ml_collections
 
-from ihsweep import data
+from ihsweep import config, data
 
 
 def get_config(arg: str = ""):
@@ -36,6 +36,8 @@ def get_config(arg: str = ""):
   c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
 
   c.mesh = ml_collections.ConfigDict(dict(num_devices=0))  # 0 = every device
+  c.eval = config.default_eval()  # online metrics; fields in ihsweep.config.default_eval
+  c.checkpoint = config.default_checkpoint()  # fields in ihsweep.config.default_checkpoint
 
   for variant in filter(None, arg.split(",")):
     if variant == "tiny":

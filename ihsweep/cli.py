@@ -3,6 +3,7 @@
   ihsweep train --config=configs/default.py --workdir=DIR [--config.train.lr=3e-4 ...]
   ihsweep corpus fetch python-docs [--cache_dir=DIR]
   ihsweep corpus prepare --config=FILE   (tokenize and cache the config's corpus; print counts)
+  ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -21,6 +22,7 @@ from ml_collections import config_flags
 COMMANDS = {
     "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
     "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
+    "predict": "updates and tokens until induction heads form, by the emergence law",
 }
 
 FLAGS = flags.FLAGS
@@ -28,6 +30,11 @@ config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FIL
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
+flags.DEFINE_float("batch_size", None, "predict: batch size B (sequences per update)")
+flags.DEFINE_float("context_size", None, "predict: context size C (tokens per sequence)")
+flags.DEFINE_string("law", None, "predict: a law JSON (python -m analysis fit-law); default: the "
+                    "study's ln T = 13.26, alpha = 0.37, beta = 0.62")
+flags.DEFINE_bool("json", False, "predict: print one JSON object")
 flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
                     "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
 
@@ -61,10 +68,36 @@ def _train(argv):
     return _fail(f"invalid config: {e}")
   except DataError as e:
     return _fail(f"data: {e}")
+  if out["losses"] is None:
+    print(f"done: nothing left to train in {FLAGS.workdir} (resumed at its last update)")
+    return 0
   losses = ", ".join(f"{x:.4f}" for x in out["losses"])
   speed = out["tokens_per_s"]
   speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
   print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
+  return 0
+
+
+def _predict(argv):
+  from ihsweep.law import Law, LawError
+  if len(argv) > 1:
+    return _fail(f"predict takes flags only, got {' '.join(argv[1:])!r}")
+  if FLAGS.batch_size is None or FLAGS.context_size is None:
+    return _fail("predict needs --batch_size=B and --context_size=C")
+  try:
+    law = Law.from_json(FLAGS.law) if FLAGS.law else Law()
+    b, c = (int(x) if float(x).is_integer() else x for x in (FLAGS.batch_size, FLAGS.context_size))
+    updates, tokens = law.updates(b, c), law.tokens(b, c)
+  except LawError as e:
+    return _fail(str(e))
+  if FLAGS.json:
+    print(json.dumps({"batch_size": b, "context_size": c, "updates": updates, "tokens": tokens,
+                      "law": law.to_dict()}))
+    return 0
+  print(f"B = {b:g}, C = {c:g}: induction heads predicted after {updates:,.0f} updates "
+        f"= {tokens / 1e6:,.1f}M tokens")
+  print(f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
+        f"(T = {law.T:,.0f}); {law.source}")
   return 0
 
 
@@ -131,6 +164,12 @@ COMMAND_HELP = {
                before a sweep) and print its counts as JSON
   --cache_dir  fetch: the cache (default $IHSWEEP_CACHE or ~/.cache/ihsweep); training and
                prepare read config.data.cache_dir""",
+    "predict": """usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
+
+  Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form.
+  --law        a law JSON with log_T (or T), alpha, beta, e.g. from python -m analysis fit-law;
+               default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62
+  --json       one JSON object: batch_size, context_size, updates, tokens, law""",
 }
 
 
@@ -177,7 +216,7 @@ def main(argv=None) -> int:
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
-  handler = {"train": _train, "corpus": _corpus}[command]
+  handler = {"train": _train, "corpus": _corpus, "predict": _predict}[command]
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message

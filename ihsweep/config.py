@@ -19,6 +19,40 @@ from ihsweep.sharding import MeshError, mesh_shape
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 
 
+def default_eval():
+  """The ``eval`` section (online evaluation, ``ihsweep.metrics`` / ``ihsweep.data.probes``).
+
+  every_steps: updates between evaluations (0 = none); every_tokens: the same in tokens per
+    model (overrides every_steps when > 0). The end of training is always evaluated.
+  n_probes: repeated-token probes (the study: 100); probe_len: block length L (0 = min(50, C/2));
+    probe_top_k: draw probe ids from the K most frequent training tokens (0 = whole vocabulary,
+    as in the study); probe_seed: the probes' seed (shared by all models and runs).
+  n_sequences: held-out sequences per model (validation loss, ICL score, data-drawn
+    associative recall).
+  icl_early / icl_late: positions of the ICL score (0 = C/10 and C − 1).
+  """
+  import ml_collections
+  return ml_collections.ConfigDict(dict(
+      every_steps=100, every_tokens=0, n_probes=100, probe_len=0, probe_top_k=0, probe_seed=0,
+      n_sequences=32, icl_early=0, icl_late=0))
+
+
+def default_checkpoint():
+  """The ``checkpoint`` section (``ihsweep.checkpoint``).
+
+  params_schedule: 'log' (log-spaced, points_per_octave, plus law_points_per_octave points per
+    octave within a factor law_window of the law's predicted transition), 'study' (the study's
+    token schedule) or 'none' (start and end only); law_file: a fitted law JSON ('' = the
+    study's law).
+  state_every_steps: updates between full-state checkpoints for resume (0 = end only);
+    keep_state: how many to keep; async_save: write in the background.
+  """
+  import ml_collections
+  return ml_collections.ConfigDict(dict(
+      params_schedule="log", points_per_octave=2, law_window=4.0, law_points_per_octave=8,
+      law_file="", state_every_steps=500, keep_state=2, async_save=True))
+
+
 class ConfigError(ValueError):
   """A config field has a value that is not allowed."""
 
@@ -129,11 +163,62 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
       synthetic.check_spec(synthetic.SyntheticSpec.from_config(syn, vocab))
 
 
+def _validate_eval(cfg, vocab: int, source: str) -> None:
+  every = _int(cfg, "eval", "every_steps", 0, hint=" (0 = no online evaluation)")
+  every = _int(cfg, "eval", "every_tokens", 0, hint=" (0 = use eval.every_steps)") or every
+  _int(cfg, "eval", "n_probes", 1)
+  _int(cfg, "eval", "n_sequences", 1)
+  _int(cfg, "eval", "probe_seed", 0)
+  context = cfg.train.context_size
+  probe_len = _int(cfg, "eval", "probe_len", 0, context // 2,
+                   hint=f" (0 = min(50, C/2); two copies must fit in C = {context})")
+  top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
+  early = _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)") or context // 10
+  late = _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)") or context - 1
+  if not every:
+    return
+  from ihsweep.data.probes import block_length
+  block = block_length(context, probe_len)
+  if block < 1:
+    raise ConfigError("train.context_size", context,
+                      ">= 2 when evaluating (repeated-token probes hold a block twice); or set "
+                      "eval.every_steps = 0")
+  usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
+  if top_k and not block <= top_k <= usable:
+    raise ConfigError("eval.probe_top_k", top_k,
+                      f"0 or in [{block}, {usable}]: a probe block holds L = {block} distinct "
+                      f"ids drawn from the K most frequent")
+  if not top_k and usable < block:
+    raise ConfigError("eval.probe_len", probe_len,
+                      f"a block of at most {usable} distinct ids (model.vocab_size = {vocab})")
+  if early >= late:
+    raise ConfigError("eval.icl_early", cfg.eval.icl_early,
+                      f"a position before eval.icl_late (resolved: early {early} >= late {late})")
+
+
+def _validate_checkpoint(cfg) -> None:
+  from ihsweep.checkpoint import PARAMS_SCHEDULES
+  from ihsweep.law import Law, LawError
+  _choice(cfg, "checkpoint", "params_schedule", PARAMS_SCHEDULES)
+  _int(cfg, "checkpoint", "points_per_octave", 1)
+  _int(cfg, "checkpoint", "law_points_per_octave", 0, hint=" (0 = no extra density)")
+  _real(cfg, "checkpoint", "law_window", 1.0)
+  _int(cfg, "checkpoint", "state_every_steps", 0, hint=" (0 = only at the end)")
+  _int(cfg, "checkpoint", "keep_state", 1)
+  if not isinstance(cfg.checkpoint.async_save, bool):
+    raise ConfigError("checkpoint.async_save", cfg.checkpoint.async_save, "True or False")
+  if cfg.checkpoint.law_file:
+    try:
+      Law.from_json(os.path.expanduser(cfg.checkpoint.law_file))
+    except LawError as e:
+      raise ConfigError("checkpoint.law_file", cfg.checkpoint.law_file, str(e)) from None
+
+
 def validate(cfg) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
   Does not touch devices beyond counting them."""
-  for section in ("model", "train", "ensemble", "data", "mesh"):
+  for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
 
@@ -188,6 +273,14 @@ def validate(cfg) -> None:
     _int(cfg, "data", "n_successors", 1, vocab,
          hint=f" (at most model.vocab_size = {vocab})")
     _int(cfg, "data", "chain_seed", 0)
+  if source == "repeated_blocks":
+    longest = (cfg.train.context_size + 1) // 2
+    block_min = _int(cfg, "data", "block_min", 1, longest,
+                     hint=f" (a block must fit twice in C + 1 = {cfg.train.context_size + 1})")
+    _int(cfg, "data", "block_max", 0, longest, hint=" (0 = (C + 1) // 2)")
+    if cfg.data.block_max and cfg.data.block_max < block_min:
+      raise ConfigError("data.block_max", cfg.data.block_max,
+                        f"0 or >= data.block_min = {block_min}")
   text = source == "natural" or (source == "markov" and cfg.data.transitions == "bigram")
   if source == "markov":
     _validate_markov(cfg, vocab, size)
@@ -204,6 +297,9 @@ def validate(cfg) -> None:
                           f"empty unless data.source = 'natural' or 'markov' with "
                           f"transitions 'bigram' (data.source is {source!r}; add "
                           f"--config.data.source=natural to train on this text)")
+
+  _validate_eval(cfg, vocab, source)
+  _validate_checkpoint(cfg)
 
   n_avail = len(jax.devices())
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,

@@ -6,9 +6,12 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
+import signal
 import time
 from typing import Any
 
@@ -17,9 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from ihsweep import checkpoint, sharding, train
 from ihsweep import config as config_lib
-from ihsweep import sharding, train
+from ihsweep import metrics as metrics_lib
 from ihsweep.data import make_source
+from ihsweep.data import probes as probes_lib
+from ihsweep.law import Law
 from ihsweep.model import Transformer
 
 log = logging.getLogger("ihsweep")
@@ -40,22 +46,130 @@ def write_resolved_config(cfg, workdir: str) -> str:
   return path
 
 
-def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
-  """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates.
+RESUME_FREE_FIELDS = ("mesh.num_devices", "ensemble.vmap_chunk", "train.steps_per_call",
+                      "data.loader", "data.device_budget_mb", "data.cache_dir")
+"""Fields a resumed run may change: they move work between devices and calls, not numbers."""
 
-  Writes ``workdir/config.json`` and one row per host call to ``workdir/metrics.jsonl``
-  (``step``, ``tokens`` per model, per-model ``loss`` and ``grad_norm`` averaged over the call's
-  updates). Returns ``{"state": final TrainState (leading axis E), "losses": [E] last-call
-  losses, "tokens_per_s": aggregate throughput after the first (compiling) call}``.
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resumable(cfg, workdir: str) -> None:
+  """Refuses to resume a run directory under a config that changes its numbers.
 
   Raises:
-    ConfigError: before anything is compiled, if a field is invalid.
+    ConfigError: naming the first field whose value differs from the stored ``config.json``
+      (fields in ``RESUME_FREE_FIELDS`` may differ).
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    old = _flatten(json.load(f))
+  new = _flatten(_jsonable(cfg))
+  for field in sorted(set(old) | set(new)):
+    if field in RESUME_FREE_FIELDS or old.get(field) == new.get(field):
+      continue
+    raise config_lib.ConfigError(
+        field, new.get(field, "(missing)"),
+        f"{old.get(field, '(missing)')!r}, as in the run being resumed in {workdir} (it has "
+        f"checkpoints); use a new --workdir to train with a different value")
+
+
+def eval_interval(cfg) -> int:
+  """Updates between evaluations: ``eval.every_tokens`` converted (rounded up) if set, else
+  ``eval.every_steps``; 0 = no online evaluation."""
+  tokens = cfg.eval.every_tokens
+  if tokens:
+    return max(1, math.ceil(tokens / (cfg.train.batch_size * cfg.train.context_size)))
+  return cfg.eval.every_steps
+
+
+def _read_jsonl(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except ValueError:  # a line cut by a kill
+        break
+  return rows
+
+
+def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  os.replace(tmp, path)
+
+
+def _plain(x):
+  """numpy values to JSON values (NaN -> null)."""
+  x = np.asarray(x)
+  if x.ndim:
+    return [_plain(v) for v in x]
+  v = x.item()
+  return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
+  """What every checkpoint of this run records about its models (``custom_metadata``)."""
+  lrs = train.peak_lrs(cfg)
+  knobs = {k: np.asarray(v) for k, v in source.data_params(cfg.ensemble.size).items()}
+  cells = []
+  for i in range(cfg.ensemble.size):
+    cell = {"cell": i, "seed": cfg.seed + i, "peak_lr": float(lrs[i])}
+    cell.update({k: float(v[i]) for k, v in knobs.items()})
+    cells.append(cell)
+  return {"cells": cells, "model": dataclasses.asdict(mcfg), "n_params": n_params,
+          "batch_size": tcfg.batch_size, "context_size": tcfg.context_size,
+          "tokens_per_update": train.tokens_per_update(tcfg), "num_steps": tcfg.num_steps,
+          "data_source": cfg.data.source}
+
+
+def _fault_injection(step: int) -> None:
+  """Test hook: ``IHSWEEP_FAULT_KILL_AT_STEP=s`` SIGKILLs this process right after the full
+  state save at update s has started (its asynchronous write possibly unfinished)."""
+  at = os.environ.get("IHSWEEP_FAULT_KILL_AT_STEP")
+  if at and int(at) == step:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
+  """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
+  evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
+
+  Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
+  ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
+  averaged over them); ``metrics.jsonl`` (every ``eval_interval`` updates and at the end, one row
+  per model: see ``eval_rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
+  Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
+  (None if nothing was left to train), "tokens_per_s": aggregate throughput after the first
+  (compiling) call, "resumed_from": update count restored or None}``.
+
+  Raises:
+    ConfigError: before anything is compiled, if a field is invalid or the directory holds a
+      run with a different config.
   """
   config_lib.validate(cfg)
   mcfg, tcfg = train.model_and_train_config(cfg)
   n_models = cfg.ensemble.size
   devices = jax.devices()[:cfg.mesh.num_devices or None]
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  has_state = os.path.isdir(os.path.join(ckpt_dir, "state")) and any(
+      name.isdigit() for name in os.listdir(os.path.join(ckpt_dir, "state")))
+  if has_state:
+    check_resumable(cfg, workdir)
   model = Transformer(mcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   host_fed = not getattr(source, "on_device", True)
@@ -63,65 +177,186 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
     log.info("data: %s", source.describe())
   hp = train.HParams(peak_lr=jnp.asarray(train.peak_lrs(cfg), jnp.float32),
                      data=source.data_params(n_models))
-  hp = jax.device_put(hp, sharding.ensemble_sharding(mesh))
+  ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
+  hp = jax.device_put(hp, ens_sh)
   write_resolved_config(cfg, workdir)
   log.info("mesh %s over %d %s device(s); E=%d B=%d C=%d", dict(mesh.shape), len(devices),
            jax.default_backend(), n_models, tcfg.batch_size, tcfg.context_size)
 
   seeds = jnp.arange(n_models, dtype=jnp.int32) + cfg.seed
   state = train.make_init_fn(model, tcfg, mesh)(seeds)
-  loader = HostLoader(source, state, mesh) if host_fed else None
-  arrays = None if host_fed else jax.device_put(source.arrays(), sharding.replicated(mesh))
-  programs: dict[int, Any] = {}
-  tokens_per_call_step = n_models * train.tokens_per_update(tcfg)
+  n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
+  ckpts = checkpoint.RunCheckpoints(ckpt_dir, cell_metadata(cfg, mcfg, tcfg, source, n_params),
+                                    keep_state=cfg.checkpoint.keep_state,
+                                    async_save=cfg.checkpoint.async_save)
+  start = ckpts.latest_state_step()
+  if start is not None:
+    state = ckpts.restore_state(start, state)
+    log.info("resuming from the full-state checkpoint at update %d", start)
+  done = start or 0
+  arrays = None if host_fed else jax.device_put(source.arrays(), repl)
+
+  # Evaluation and checkpoint schedules; every one of their steps ends a host call.
+  every = eval_interval(cfg)
+  eval_steps = set(range(0, tcfg.num_steps + 1, every)) | {tcfg.num_steps} if every else set()
+  law = Law.from_json(cfg.checkpoint.law_file) if cfg.checkpoint.law_file else Law()
+  param_steps = set(checkpoint.params_steps(
+      tcfg.num_steps, train.tokens_per_update(tcfg), schedule=cfg.checkpoint.params_schedule,
+      points_per_octave=cfg.checkpoint.points_per_octave,
+      law_updates=law.updates(tcfg.batch_size, tcfg.context_size),
+      law_window=cfg.checkpoint.law_window,
+      law_points_per_octave=cfg.checkpoint.law_points_per_octave))
+  state_steps = set(checkpoint.state_steps(tcfg.num_steps, cfg.checkpoint.state_every_steps))
+  schedule = train.calls(tcfg.num_steps, tcfg.steps_per_call, done,
+                         stops=eval_steps | param_steps | state_steps)
+
+  probes_path = os.path.join(workdir, "probes.npz")
+  evaluator = None
+  if eval_steps:
+    if start is not None and os.path.exists(probes_path):
+      probes = probes_lib.Probes.load(probes_path)
+    else:
+      probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models,
+                                      tcfg.context_size)
+      probes.save(probes_path)
+    log.info("eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
+             "sequences per model (%d associative-recall prompts in model 0's)",
+             every, len(probes.repeated), probes.block_len, probes.candidates,
+             probes.sequences.shape[1], int(probes.recall[0].sum()))
+    evaluator = Evaluator(cfg, mcfg, probes, mesh)
+
+  tokens_per_step = train.tokens_per_update(tcfg)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
-  bar = tqdm(total=tcfg.num_steps, disable=not progress, unit="upd", dynamic_ncols=True)
-  pending = []  # metrics of the call in flight: (updates done after it, metrics, K)
+  log_path = os.path.join(workdir, "train_log.jsonl")
+  if start is None:
+    for path in (metrics_path, log_path):
+      if os.path.exists(path):
+        log.warning("replacing %s: no checkpoint to resume from in %s", path, workdir)
+        os.remove(path)
+    train_rows = []
+  else:  # drop what was logged after the checkpoint; it will be recomputed identically
+    train_rows = [r for r in _read_jsonl(log_path) if r["step"] <= done]
+    _rewrite_jsonl(log_path, train_rows)
+    _rewrite_jsonl(metrics_path, [r for r in _read_jsonl(metrics_path) if r["step"] < done])
+  last_eval = max((s for s in eval_steps if s < done), default=0)
+  loss_sum, loss_updates = np.zeros(n_models), 0  # training loss since the last evaluation
+  for r in train_rows:
+    if r["step"] > last_eval:
+      loss_sum += np.asarray(r["loss"]) * r["updates"]
+      loss_updates += r["updates"]
+
+  loader = HostLoader(source, state, mesh, tcfg.steps_per_call) if host_fed else None
+  tokens_per_call_step = n_models * tokens_per_step
+  bar = tqdm(total=tcfg.num_steps, initial=done, disable=not progress, unit="upd",
+             dynamic_ncols=True)
   first_drain_t, tokens_since_first, last_loss = None, 0, None
-  if os.path.exists(metrics_path):  # nothing to resume from without checkpoints
-    log.warning("replacing %s from an earlier run in this directory", metrics_path)
-  with open(metrics_path, "w") as mfile:
+  try:
+    with open(metrics_path, "a") as mfile, open(log_path, "a") as lfile:
 
-    def drain(step: int, metrics, k: int) -> None:
-      nonlocal first_drain_t, tokens_since_first, last_loss
-      host = jax.tree_util.tree_map(np.asarray, metrics)  # the only host sync
-      now = time.perf_counter()
-      if first_drain_t is None:  # the first call includes compilation: not timed
-        first_drain_t = now
-      else:
-        tokens_since_first += k * tokens_per_call_step
-      last_loss = host["loss"].mean(axis=0)
-      row = {"step": step, "tokens": step * train.tokens_per_update(tcfg),
-             "loss": last_loss.tolist(), "grad_norm": host["grad_norm"].mean(axis=0).tolist()}
-      mfile.write(json.dumps(row) + "\n")
-      mfile.flush()
-      bar.update(k)
-      elapsed = now - first_drain_t
-      bar.set_postfix(loss=f"{last_loss.mean():.4f}",
-                      tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
+      def drain(item) -> None:
+        nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates
+        kind, step, values, k = item
+        host = jax.tree_util.tree_map(np.asarray, values)  # the only host syncs
+        if kind == "eval":
+          train_loss = loss_sum / loss_updates if loss_updates else None
+          rows = evaluator.rows(host, step, tokens_per_step, cfg.seed, train_loss)
+          mfile.writelines(json.dumps(r) + "\n" for r in rows)
+          mfile.flush()
+          loss_sum, loss_updates = np.zeros(n_models), 0
+          return
+        now = time.perf_counter()
+        if first_drain_t is None:  # the first call includes compilation: not timed
+          first_drain_t = now
+        else:
+          tokens_since_first += k * tokens_per_call_step
+        last_loss = host["loss"][:k].mean(axis=0)
+        row = {"step": step, "tokens": step * tokens_per_step, "updates": k,
+               "loss": last_loss.tolist(), "grad_norm": host["grad_norm"][:k].mean(axis=0).tolist()}
+        lfile.write(json.dumps(row) + "\n")
+        lfile.flush()
+        loss_sum += np.asarray(row["loss"]) * k
+        loss_updates += k
+        bar.update(k)
+        elapsed = now - first_drain_t
+        bar.set_postfix(loss=f"{last_loss.mean():.4f}",
+                        tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
-    done = 0
-    schedule = train.calls(tcfg.num_steps, tcfg.steps_per_call)
+      def after_step(step: int, pending: list) -> None:
+        """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``)."""
+        if step in eval_steps:
+          pending.append(("eval", step, evaluator(state.params), 0))
+        extra = {"tokens": step * tokens_per_step}
+        if step in param_steps:
+          ckpts.save_params(step, state.params, extra)
+        if step in state_steps:
+          ckpts.save_state(step, state, extra)
+          _fault_injection(step)
+
+      pending: list = []
+      if start is None:
+        after_step(0, pending)
+      elif done in eval_steps:  # the evaluation at the resumed step may not have been logged
+        pending.append(("eval", done, evaluator(state.params), 0))
+      if loader:
+        loader.prefetch(done, schedule)
+      program = train.make_ensemble_train_fn(
+          model, tcfg, None if host_fed else source.sample, mesh,
+          min(tcfg.steps_per_call, tcfg.num_steps), cfg.ensemble.vmap_chunk)
+      for k in schedule:
+        data = loader.next() if loader else arrays
+        state, metrics = program(state, hp, data, k)  # runs while we log the last call
+        done += k
+        new = [("train", done, metrics, k)]
+        after_step(done, new)
+        for item in pending:
+          drain(item)
+        pending = new
+      for item in pending:
+        drain(item)
+  finally:
+    bar.close()
     if loader:
-      loader.prefetch(done, schedule)
-    for k in schedule:
-      if k not in programs:
-        programs[k] = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample,
-                                                   mesh, k, cfg.ensemble.vmap_chunk)
-      data = loader.next() if loader else arrays
-      state, metrics = programs[k](state, hp, data)  # dispatched; runs while we log the last call
-      done += k
-      if pending:
-        drain(*pending.pop())
-      pending.append((done, metrics, k))
-    while pending:
-      drain(*pending.pop())
-  bar.close()
-  if loader:
-    loader.close()
+      loader.close()
+    ckpts.close()  # waits for asynchronous writes
   elapsed = time.perf_counter() - first_drain_t if first_drain_t else 0.0
-  return {"state": state, "losses": last_loss,
+  return {"state": state, "losses": last_loss, "resumed_from": start,
           "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}
+
+
+class Evaluator:
+  """The compiled ensemble evaluation (``metrics.make_eval_fn``) with the run's probes on the
+  mesh; ``rows`` turns one result into ``metrics.jsonl`` rows."""
+
+  def __init__(self, cfg, mcfg, probes: probes_lib.Probes, mesh):
+    ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
+    n, t = probes.repeated.shape
+    s, cp1 = probes.sequences.shape[1:]
+    context = cp1 - 1
+    self.fn = metrics_lib.make_eval_fn(
+        mcfg, block_len=probes.block_len, icl_early=cfg.eval.icl_early or context // 10,
+        icl_late=cfg.eval.icl_late or context - 1,
+        probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
+        sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size), out_sharding=ens_sh)
+    self.inputs = probes_lib.as_device_arrays(probes, ens_sh, repl)
+
+  def __call__(self, params) -> dict:
+    return self.fn(params, *self.inputs)
+
+  @staticmethod
+  def rows(host: dict, step: int, tokens_per_step: int, seed: int, train_loss) -> list[dict]:
+    """One ``metrics.jsonl`` row per model: ``cell`` (index in the ensemble), ``seed``,
+    ``step``, ``tokens``, ``train_loss`` (mean over the updates since the previous evaluation;
+    null at step 0), ``val_loss``, ``ps``/``la``/``dla`` ``[n_layers][n_heads]``, their
+    ``*_max`` and ``*_argmax`` ([layer, head]), ``ar_acc``, ``ar_rank``, ``ar_data_acc``,
+    ``ar_data_rank``, ``ar_data_n``, ``icl_score``. NaN is written as null."""
+    n_models = len(host["ps_max"])
+    out = []
+    for i in range(n_models):
+      row = {"cell": i, "seed": seed + i, "step": step, "tokens": step * tokens_per_step,
+             "train_loss": None if train_loss is None else _plain(train_loss[i])}
+      row.update({k: _plain(v[i]) for k, v in sorted(host.items())})
+      out.append(row)
+    return out
 
 
 class HostLoader:
@@ -130,9 +365,10 @@ class HostLoader:
   i + 1's windows from the memory-mapped corpus and copies them to the devices. The windows are
   those the in-graph path would draw (same per-model keys and steps)."""
 
-  def __init__(self, source, state: train.TrainState, mesh):
+  def __init__(self, source, state: train.TrainState, mesh, steps_per_call: int):
     import concurrent.futures
     self._source = source
+    self._k = steps_per_call
     self._keys = np.asarray(jax.device_get(state.data_key))  # [E, 2], fixed for the run
     self._sharding = sharding.host_batch_sharding(mesh)
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-loader")
@@ -155,6 +391,8 @@ class HostLoader:
 
   def _load(self, first_step: int, k: int):
     batch = self._source.host_batches(self._keys, first_step, k)
+    if k < self._k:  # a short call: the program's K-row shape, rows past k unused
+      batch = np.pad(batch, ((0, 0), (0, self._k - k), (0, 0), (0, 0)))
     return jax.device_put(batch, self._sharding)
 
   def next(self):

@@ -2,7 +2,7 @@
 
 ``train_step`` knows nothing about the ensemble. ``make_ensemble_train_fn`` builds the only
 ensemble-aware program: per host call it samples each model's batches for K updates in-graph
-from its own key (or takes host-fed batches), then ``lax.scan``s K steps that each vmap
+from its own key (or takes host-fed batches), then loops over K steps that each vmap
 ``train_step`` over the leading axis E of (state, hyper-parameters, batch), under ``jax.jit``
 with the state donated and sharded over a mesh.
 """
@@ -36,7 +36,7 @@ class TrainConfig:
   batch_size: int = 16          # B, sequences per update
   context_size: int = 128       # C, tokens per sequence
   num_steps: int = 1000         # updates; the schedule's horizon
-  steps_per_call: int = 50      # K, updates per host call (lax.scan length)
+  steps_per_call: int = 50      # K, most updates per host call (one device loop)
   lr: float = 2.5e-4            # peak learning rate (per model: HParams.peak_lr)
   schedule: str = "cosine"      # cosine | constant | inverse_sqrt
   warmup_frac: float = 0.01     # linear warmup over this fraction of num_steps
@@ -121,8 +121,8 @@ def make_optimizer(tcfg: TrainConfig, peak_lr) -> optax.GradientTransformation:
 def init_state(seed, model: Transformer, tcfg: TrainConfig) -> TrainState:
   """One model's initial state from an int seed (traceable, so ``vmap`` over seeds gives E).
 
-  The seed's key is split with ``fold_in``: 0 → parameter init, 1 → data stream (2 is reserved
-  for probes)."""
+  The seed's key is split with ``fold_in``: 0 → parameter init, 1 → data stream. (Probes come
+  from ``eval.probe_seed``, shared by every model: ``ihsweep.data.probes``.)"""
   root = jax.random.PRNGKey(seed)
   dummy_1xC = jnp.zeros((1, tcfg.context_size), jnp.int32)
   params = model.init(jax.random.fold_in(root, 0), dummy_1xC)["params"]
@@ -196,17 +196,19 @@ def auto_vmap_chunk(local_models: int, tcfg: TrainConfig, vocab_size: int,
 
 def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable | None,
                            mesh: Mesh, n_steps: int, vmap_chunk: int = 0) -> Callable:
-  """The compiled ensemble program: ``fn(state, hp, data) -> (state, metrics)``.
+  """The compiled ensemble program: ``fn(state, hp, data, n_active=None) -> (state, metrics)``.
 
-  Runs ``n_steps`` updates of every model (``lax.scan``; no host sync inside). ``state`` is
-  donated. ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``.
+  Runs ``n_active`` (default and at most ``n_steps``) updates of every model in one device loop
+  (no host sync inside); one compilation serves every ``n_active``. ``state`` is donated.
+  ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``, zero after the
+  first ``n_active`` rows.
 
   Data, two ways:
     * in-graph (``sample`` given): ``sample(key, data_params, arrays) -> [B, C + 1]`` is called
       inside the step and ``data`` is the source's shared arrays (a pytree replicated on every
       device, e.g. a corpus's tokens; ``{}`` for generated data);
     * host-fed (``sample=None``): ``data`` is the batches themselves, integer
-      ``[E, n_steps, B, C + 1]`` (sharded over 'ensemble' and 'data'), for corpora too large
+      ``[E, n_steps, B, C + 1]`` (rows past ``n_active`` unused) (sharded over 'ensemble' and 'data'), for corpora too large
       for device memory.
 
   ``vmap_chunk`` c (0 = ``auto_vmap_chunk``): each device vmaps ``train_step`` over c of its
@@ -220,15 +222,23 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
   n_dev_e = mesh.shape["ensemble"]
   host_fed = sample is None
 
-  def k_updates(state, hp, batches):
-    def one_update(state, batch_ExBxCp1):
-      tokens_ExBxCp1 = batch_ExBxCp1.astype(jnp.int32)
-      tokens_ExBxCp1 = jax.lax.with_sharding_constraint(tokens_ExBxCp1, batch_sh)
-      return jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
+  def k_updates(state, hp, batches, n_active):
+    # A loop with a traced trip count: one program serves every call length up to n_steps
+    # (calls end early at evaluation and checkpoint steps), unused batches are skipped.
+    n_models = batches.shape[0]
 
-    return jax.lax.scan(one_update, state, jnp.swapaxes(batches, 0, 1))  # over [K, E, ...]
+    def one_update(t, carry):
+      state, loss_KxE, gnorm_KxE = carry
+      batch_ExBxCp1 = jax.lax.dynamic_index_in_dim(batches, t, axis=1, keepdims=False)
+      tokens_ExBxCp1 = jax.lax.with_sharding_constraint(batch_ExBxCp1.astype(jnp.int32), batch_sh)
+      state, m = jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
+      return state, loss_KxE.at[t].set(m["loss"]), gnorm_KxE.at[t].set(m["grad_norm"])
 
-  def run(state, hp, data):
+    zeros = jnp.zeros((n_steps, n_models), jnp.float32)
+    state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
+    return state, {"loss": loss, "grad_norm": gnorm}
+
+  def run(state, hp, data, n_active):
     if not host_fed:
       # Every local model's batches for all K updates at once, before the chunk loop: a
       # sequential sampler (a Markov chain's scan over positions) then runs once per call over
@@ -242,7 +252,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       raise ValueError(f"ensemble.vmap_chunk = {c} must divide the models per device ({local})")
     n_chunks = local // c
     if n_chunks == 1:
-      return k_updates(state, hp, batches)
+      return k_updates(state, hp, batches, n_active)
     # [E] = [devices, chunks, c] -> [chunks, devices * c]: the loop runs over chunks while
     # every chunk keeps one slice per device (its sharding over 'ensemble' is unchanged).
     def split(x):
@@ -255,14 +265,23 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
 
     tree_map = jax.tree_util.tree_map
     per_model = tree_map(split, (state, hp, batches))
-    states, metrics = jax.lax.map(lambda a: k_updates(*a), per_model)
+    states, metrics = jax.lax.map(lambda a: k_updates(*a, n_active), per_model)
     metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [K, E]
     return tree_map(merge, states), metrics
 
   ens_sh = sharding.ensemble_sharding(mesh)
   data_sh = host_sh if host_fed else sharding.replicated(mesh)
-  return jax.jit(run, in_shardings=(ens_sh, ens_sh, data_sh),
-                 out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
+  compiled = jax.jit(run, in_shardings=(ens_sh, ens_sh, data_sh, sharding.replicated(mesh)),
+                     out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
+
+  def fn(state, hp, data, n_active: int | None = None):
+    return compiled(state, hp, data, jnp.int32(n_steps if n_active is None else n_active))
+
+  # Ahead-of-time lowering for benchmarks: ``fn.lower(state, hp, data).compile()`` gives an
+  # executable called as ``exe(state, hp, data, jnp.int32(n_active))``.
+  fn.lower = lambda state, hp, data: compiled.lower(state, hp, data, jnp.int32(n_steps))
+  fn.n_steps = jnp.int32(n_steps)
+  return fn
 
 
 def model_and_train_config(cfg) -> tuple[ModelConfig, TrainConfig]:
@@ -275,11 +294,18 @@ def peak_lrs(cfg) -> list[float]:
   return list(cfg.ensemble.peak_lrs) or [cfg.train.lr] * cfg.ensemble.size
 
 
-def calls(num_steps: int, steps_per_call: int, done: int = 0) -> list[int]:
-  """Scan lengths of the host calls that take a run from ``done`` to ``num_steps`` updates."""
-  left = num_steps - done
-  full, rest = divmod(left, steps_per_call)
-  return [steps_per_call] * full + ([rest] if rest else [])
+def calls(num_steps: int, steps_per_call: int, done: int = 0, stops=()) -> list[int]:
+  """Lengths of the host calls that take a run from ``done`` to ``num_steps`` updates: at most
+  ``steps_per_call`` each, ending exactly at every step in ``stops`` (evaluations,
+  checkpoints)."""
+  ends = sorted({s for s in stops if done < s < num_steps} | {num_steps})
+  out, at = [], done
+  for end in ends:
+    while at < end:
+      k = min(steps_per_call, end - at)
+      out.append(k)
+      at += k
+  return out
 
 
 def tokens_per_update(tcfg: TrainConfig) -> int:

@@ -23,9 +23,9 @@ import jax
 import numpy as np
 
 from ihsweep.data import markov, natural, synthetic
-from ihsweep.data.builtin import MarkovChainSource, UniformSource
+from ihsweep.data.builtin import MarkovChainSource, RepeatedBlocksSource, UniformSource
 
-SOURCES = ("uniform", "markov_chain", "natural", "markov")
+SOURCES = ("uniform", "markov_chain", "repeated_blocks", "natural", "markov")
 TRANSITIONS = ("bigram", "synthetic", "iid", "file")
 LOADERS = ("auto", "device", "host")
 
@@ -34,8 +34,10 @@ def default_config():
   """The ``data`` config section with every field at its default (``configs/*.py`` start from
   this; unknown fields cannot be added from the command line, so all live here).
 
-  source: 'uniform' | 'markov_chain' | 'natural'.
+  source: 'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'.
   markov_chain: n_successors (successors per token), chain_seed.
+  repeated_blocks (the classic induction task, builtin.RepeatedBlocksSource): block_min,
+    block_max (block length range; 0 = (C + 1) // 2).
   markov (semi-natural and synthetic Markov data with injected induction patterns, markov.py):
     transitions 'bigram' (the natural-text corpus below, its V = model.vocab_size most frequent
     types, add-``smoothing`` bigram rows; the BPE is trained to tokenizer_vocab types, 0 =
@@ -57,7 +59,7 @@ def default_config():
   synthetic = {f.name: f.default for f in dataclasses.fields(SyntheticSpec)
                if f.name != "vocab_size"}
   return ml_collections.ConfigDict(dict(
-      source="markov_chain", n_successors=4, chain_seed=0,
+      source="markov_chain", n_successors=4, chain_seed=0, block_min=4, block_max=0,
       transitions="bigram", matrix_file="", frequency=0.5, reliability=0.5, frequencies=(),
       reliabilities=(), smoothing=1e-6, tokenizer_vocab=0,
       synthetic=ml_collections.ConfigDict(synthetic),
@@ -90,6 +92,9 @@ def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -
   if data_cfg.source == "markov_chain":
     return MarkovChainSource(vocab_size, batch_size, context_size,
                              n_successors=data_cfg.n_successors, seed=data_cfg.chain_seed)
+  if data_cfg.source == "repeated_blocks":
+    return RepeatedBlocksSource(vocab_size, batch_size, context_size,
+                                block_min=data_cfg.block_min, block_max=data_cfg.block_max)
   if data_cfg.source == "natural":
     return make_natural_source(data_cfg, vocab_size, batch_size, context_size)
   if data_cfg.source == "markov":

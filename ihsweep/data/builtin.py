@@ -1,5 +1,6 @@
-"""Built-in synthetic sources that need no files: uniform random tokens and a fixed sparse
-Markov chain. Both are generated inside the jitted step from per-model PRNG keys."""
+"""Built-in synthetic sources that need no files: uniform random tokens, a fixed sparse Markov
+chain, and repeated random blocks (the classic induction task). All are generated inside the
+jitted step from per-model PRNG keys."""
 
 from __future__ import annotations
 
@@ -37,6 +38,52 @@ class UniformSource:
   def entropy_rate(self) -> float:
     """Best achievable next-token loss in nats/token."""
     return float(np.log(self.vocab_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatedBlocksSource:
+  """The classic induction task: uniform random tokens in which one random block recurs.
+
+  Per sequence of C + 1 tokens: a block length ℓ uniform in [block_min, block_max], a first
+  copy at s1 uniform in [0, C + 1 − 2ℓ], and a second copy at s2 uniform in [s1 + ℓ, C + 1 − ℓ]
+  (so the copies never overlap). Both the block length and the gap s2 − s1 vary, so position
+  alone cannot predict the copy: the next-token loss inside the second copy falls to 0 only
+  through in-context copying (a fixed offset lets a positional head solve it instead).
+  """
+
+  vocab_size: int
+  batch_size: int
+  context_size: int
+  block_min: int = 4
+  block_max: int = 0  # 0: (C + 1) // 2, the longest that fits twice
+
+  @property
+  def longest_block(self) -> int:
+    return self.block_max or (self.context_size + 1) // 2
+
+  def data_params(self, n_models: int) -> dict:
+    del n_models
+    return {}
+
+  def arrays(self) -> dict:
+    return {}
+
+  def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
+    """Returns int32 tokens ``[B, C + 1]`` for one model."""
+    del data_params, arrays
+    n = self.context_size + 1
+    lo, hi = self.block_min, self.longest_block
+
+    def one(key):
+      k_tok, k_len, k_s1, k_s2 = jax.random.split(key, 4)
+      tokens = jax.random.randint(k_tok, (n,), 0, self.vocab_size, jnp.int32)
+      length = jax.random.randint(k_len, (), lo, hi + 1)
+      s1 = jax.random.randint(k_s1, (), 0, n - 2 * length + 1)
+      s2 = jax.random.randint(k_s2, (), s1 + length, n - length + 1)
+      p = jnp.arange(n)
+      return tokens[jnp.where((p >= s2) & (p < s2 + length), p - (s2 - s1), p)]
+
+    return jax.vmap(one)(jax.random.split(key, self.batch_size))
 
 
 @dataclasses.dataclass(frozen=True)

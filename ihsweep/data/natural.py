@@ -739,6 +739,24 @@ class NaturalTextSource:
     offsets = np.arange(self.context_size + 1, dtype=np.int64)
     return self.corpus.train[starts_ExKxB[..., None].astype(np.int64) + offsets]
 
+  @property
+  def special_ids(self) -> tuple[int, ...]:
+    """Ids that are not text (the end-of-text separator); probes never use them."""
+    return (self.corpus.eot_id,)
+
+  def token_counts(self) -> np.ndarray:
+    """Occurrences of each id in the training split, int64 ``[V]``."""
+    return unigram_counts(self.corpus.train, self.vocab_size)
+
+  def validation_windows(self, key: jax.Array, n: int) -> np.ndarray:
+    """``n`` windows of C + 1 tokens ``[n, C + 1]`` from the validation split (the training
+    split if the validation split is shorter than C + 1 tokens, e.g. ``data.val_fraction``
+    = 0)."""
+    tokens = self.corpus.val if self.corpus.val.size > self.context_size else self.corpus.train
+    key = jax.device_put(key, jax.devices("cpu")[0])
+    starts = np.asarray(window_starts(key, int(tokens.size), n, self.context_size), np.int64)
+    return np.asarray(tokens[starts[:, None] + np.arange(self.context_size + 1)])
+
   def describe(self) -> str:
     meta = self.corpus.meta
     size_mib = self.corpus.train.nbytes / 2**20

@@ -1,0 +1,160 @@
+"""Checkpoints, the run's permanent record and the way a preempted run continues (orbax).
+
+A run directory holds two orbax ``CheckpointManager`` trees:
+
+* ``checkpoints/params/<step>`` — every model's params (leading axis E) on a token-based
+  schedule (``params_steps``): log-spaced from step 0 plus extra density around the
+  transition the emergence law predicts for this (B, C), or the study's own token schedule.
+  Never pruned: they are what the analysis reads.
+* ``checkpoints/state/<step>`` — the full ``TrainState`` (params, optimizer state, step, data
+  keys; the step is the data position, since update t draws its batch from ``fold_in(data_key,
+  t)``) every ``checkpoint.state_every_steps`` updates and at the end; the newest
+  ``checkpoint.keep_state`` are kept. A restarted run resumes from the latest one.
+
+Every checkpoint carries the group's metadata (orbax ``custom_metadata``): one entry per model
+(cell id, seed, peak lr, data knobs), the model config, n_params, B, C and tokens per update, so
+a checkpoint directory is readable without the paths or the config file.
+
+Writes are asynchronous (orbax copies device arrays to host before ``save`` returns, so the
+trainer may donate them right after) and atomic: orbax writes into a temporary directory and
+renames it when complete, so a step killed half-way is never listed and never restored
+(temporary leftovers are removed when the manager opens).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PARAMS_SCHEDULES = ("log", "study", "none")
+
+# The study's checkpoints (PAPER.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
+# 200M–1B every 100M tokens.
+STUDY_TOKENS = ([250_000, 500_000] + [m * 1_000_000 for m in range(1, 11)]
+                + [m * 10_000_000 for m in range(2, 11)]
+                + [m * 100_000_000 for m in range(2, 11)])
+
+
+def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log",
+                 points_per_octave: int = 2, law_updates: float | None = None,
+                 law_window: float = 4.0, law_points_per_octave: int = 8) -> list[int]:
+  """Updates after which params are saved, sorted, always including 0 and ``num_steps``.
+
+  ``log``: tokens log-spaced from one update's ``B · C`` tokens on — update counts
+  ``round(2^(k / points_per_octave))`` — plus, if ``law_updates`` is given,
+  ``law_points_per_octave`` points per octave over ``[law_updates / law_window, law_updates ·
+  law_window]``. ``study``: the study's token counts (``STUDY_TOKENS``) converted to updates
+  (``round(tokens / tokens_per_update)``, at least 1). ``none``: only 0 and the end.
+  """
+  steps = {0, num_steps}
+
+  def log_points(lo: float, hi: float, per_octave: int) -> set[int]:
+    if per_octave <= 0 or hi < lo:
+      return set()
+    k0 = math.floor(math.log2(max(lo, 1.0)) * per_octave)
+    k1 = math.ceil(math.log2(max(hi, 1.0)) * per_octave)
+    return {int(round(2 ** (k / per_octave))) for k in range(k0, k1 + 1)}
+
+  if schedule == "log":
+    steps |= log_points(1.0, num_steps, points_per_octave)
+    if law_updates is not None:
+      steps |= log_points(law_updates / law_window, law_updates * law_window,
+                          law_points_per_octave)
+  elif schedule == "study":
+    steps |= {max(1, int(round(t / tokens_per_update))) for t in STUDY_TOKENS}
+  elif schedule != "none":
+    raise ValueError(f"checkpoint.params_schedule = {schedule!r}: allowed "
+                     f"{', '.join(PARAMS_SCHEDULES)}")
+  return sorted(s for s in steps if 0 <= s <= num_steps)
+
+
+def state_steps(num_steps: int, every: int) -> list[int]:
+  """Updates after which the full state is saved: multiples of ``every`` (0: none) and the
+  end."""
+  steps = set(range(every, num_steps, every)) if every else set()
+  return sorted(steps | {num_steps})
+
+
+def _jsonable(x):
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.generic,)):
+    return x.item()
+  return x
+
+
+class RunCheckpoints:
+  """The two managers of one run (or one sweep group) under ``directory``.
+
+  Args:
+    directory: e.g. ``WORKDIR/checkpoints`` (created).
+    metadata: JSON-able dict stored with every checkpoint (``custom_metadata``).
+    keep_state: how many full-state checkpoints to keep (newest first).
+    async_save: write in a background thread (``wait`` before reading or exiting).
+  """
+
+  def __init__(self, directory: str, metadata: dict, *, keep_state: int = 2,
+               async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    self.metadata = _jsonable(metadata)
+
+    def manager(name, keep):
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+          enable_async_checkpointing=async_save)
+      return ocp.CheckpointManager(os.path.join(self.directory, name), options=options,
+                                   item_names=(name,))
+
+    self._params = manager("params", None)
+    self._state = manager("state", keep_state)
+
+  def params_steps_saved(self) -> list[int]:
+    return list(self._params.all_steps())
+
+  def latest_state_step(self) -> int | None:
+    """The newest complete full-state checkpoint, or None."""
+    return self._state.latest_step()
+
+  def save_params(self, step: int, params: Any, extra: dict | None = None) -> bool:
+    """Saves the ensemble's params at ``step`` unless that step is already on disk (a resumed
+    run reaching it again computes the same values). Returns whether it saved."""
+    if step in self._params.all_steps():
+      return False
+    return self._params.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
+                             custom_metadata={**self.metadata, "step": step, **(extra or {})})
+
+  def save_state(self, step: int, state: Any, extra: dict | None = None) -> bool:
+    if step in self._state.all_steps():
+      return False
+    return self._state.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+                            custom_metadata={**self.metadata, "step": step, **(extra or {})})
+
+  def restore_state(self, step: int, like: Any) -> Any:
+    """The full state at ``step``, with the structure, dtypes and shardings of ``like`` (e.g.
+    a freshly initialised state on the current mesh)."""
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
+    out = self._state.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract)))
+    return out["state"]
+
+  def step_metadata(self, step: int, kind: str = "params") -> dict:
+    """The ``custom_metadata`` stored with a checkpoint."""
+    manager = self._params if kind == "params" else self._state
+    return dict(manager.metadata(step).custom_metadata or {})
+
+  def wait(self) -> None:
+    """Blocks until every asynchronous write has been committed."""
+    self._params.wait_until_finished()
+    self._state.wait_until_finished()
+
+  def close(self) -> None:
+    self.wait()
+    self._params.close()
+    self._state.close()

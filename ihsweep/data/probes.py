@@ -1,0 +1,166 @@
+"""Inputs of the induction-head metrics, deterministic from ``eval.probe_seed``.
+
+* Repeated-token probes (the study's, PAPER.md): N sequences, each a block of L = min(50, C/2)
+  distinct random token ids (no special tokens) followed by the same block again, no BOS. The
+  ids come from the whole vocabulary, as in the study, or (``eval.probe_top_k`` = K) from the K
+  most frequent tokens of the training data: on a small corpus many ids are rare or never
+  trained, and a probe made of them measures nothing.
+* Held-out sequences of the run's own data source (same vocabulary and statistics as training):
+  the validation split of a corpus, or fresh draws of a generated source with a key no update
+  uses; one set per model, since models may differ in their data knobs. They give the validation
+  loss, the ICL score, and the data-drawn associative-recall prompts ``… A B … A``
+  (``recall_positions``).
+
+Every model of a run (and every run with the same seed, C and vocabulary) is measured on the same
+repeated-token probes. The runner saves the probes as ``probes.npz`` in the run directory and
+reuses that file on resume, so a run is always measured on the sequences it started with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ihsweep.data.keys import step_keys
+
+MAX_BLOCK = 50  # the study's L = min(50, C/2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probes:
+  """repeated: int32 ``[N, 2L]``; sequences: int32 ``[E, S, C + 1]``; recall: bool
+  ``[E, S, C]`` (``recall_positions`` of each model's sequences); block_len: L;
+  candidates: how the probe ids were chosen (for the log and the record)."""
+
+  repeated: np.ndarray
+  sequences: np.ndarray
+  recall: np.ndarray
+  block_len: int
+  candidates: str
+
+  def save(self, path: str) -> None:
+    """Writes ``path`` (an ``.npz``) atomically."""
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, repeated=self.repeated, sequences=self.sequences, recall=self.recall,
+             block_len=self.block_len, candidates=self.candidates)
+    os.replace(tmp, path)
+
+  @classmethod
+  def load(cls, path: str) -> "Probes":
+    with np.load(path, allow_pickle=False) as z:
+      return cls(repeated=z["repeated"], sequences=z["sequences"], recall=z["recall"],
+                 block_len=int(z["block_len"]), candidates=str(z["candidates"]))
+
+
+def block_length(context_size: int, probe_len: int = 0) -> int:
+  """L: ``probe_len`` if set, else min(50, C // 2) (the study's)."""
+  return probe_len or min(MAX_BLOCK, context_size // 2)
+
+
+def probe_candidates(vocab_size: int, special_ids=(), top_k: int = 0,
+                     counts: np.ndarray | None = None) -> np.ndarray:
+  """Token ids probes may use, int64 ascending: every id but ``special_ids``, or the ``top_k``
+  most frequent by ``counts`` ``[V]`` (ties broken by the smaller id)."""
+  ids = np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids, np.int64))
+  if not top_k:
+    return ids
+  order = np.lexsort((ids, -np.asarray(counts)[ids]))
+  return np.sort(ids[order[:top_k]])
+
+
+def repeated_token_probes(seed: int, n_probes: int, block_len: int,
+                          candidates: np.ndarray) -> np.ndarray:
+  """int32 ``[n_probes, 2L]``: per probe, L distinct ids drawn uniformly from ``candidates``,
+  then the same L ids again.
+
+  Raises:
+    ValueError: fewer than L candidates.
+  """
+  if len(candidates) < block_len:
+    raise ValueError(f"{len(candidates)} candidate ids cannot fill a block of {block_len} "
+                     f"distinct tokens")
+  rng = np.random.default_rng([seed, 0])
+  blocks = np.stack([rng.choice(candidates, block_len, replace=False) for _ in range(n_probes)])
+  return np.concatenate([blocks, blocks], axis=1).astype(np.int32)
+
+
+def recall_positions(sequences_SxCp1: np.ndarray) -> np.ndarray:
+  """bool ``[S, C]``: True at input position i when token A = x[i] occurred before, its most
+  recent earlier occurrence j satisfies j + 1 < i (so ``A B … A``), and the true next token
+  x[i + 1] is that occurrence's successor B = x[j + 1] — the associative-recall prompts of the
+  data, whose correct answer is the induction answer."""
+  seqs = np.asarray(sequences_SxCp1)
+  s, cp1 = seqs.shape
+  out = np.zeros((s, cp1 - 1), bool)
+  for r in range(s):
+    row = seqs[r].tolist()
+    last: dict[int, int] = {}
+    for i in range(cp1 - 1):
+      j = last.get(row[i])
+      if j is not None and j + 1 < i and row[i + 1] == row[j + 1]:
+        out[r, i] = True
+      last[row[i]] = i
+  return out
+
+
+def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models: int
+                       ) -> np.ndarray:
+  """int32 ``[E, n, C + 1]``: the source's validation windows (``validation_windows``) for
+  every model, or fresh draws per model from the key ``fold_in(PRNGKey(seed), 1)`` (no update
+  of any model uses it: training keys derive from each model's own seed)."""
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+  if hasattr(source, "validation_windows"):
+    windows = source.validation_windows(key, n)
+    return np.broadcast_to(windows, (n_models,) + windows.shape).astype(np.int32)
+  calls = math.ceil(n / source.batch_size)
+  keys = step_keys(key, 0, calls)
+
+  def one_model(dp):
+    return jax.vmap(source.sample, in_axes=(0, None, None))(keys, dp, arrays)
+
+  seqs = np.asarray(jax.jit(jax.vmap(one_model, axis_size=n_models))(data_params))
+  # [E, calls, B, C + 1]
+  return seqs.reshape(n_models, -1, seqs.shape[-1])[:, :n].astype(np.int32)
+
+
+def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int
+                ) -> Probes:
+  """All probes of a run from ``eval_cfg`` (``probe_seed``, ``n_probes``, ``probe_len``,
+  ``probe_top_k``, ``n_sequences``). Special tokens (a corpus's end-of-text id) never appear in
+  repeated-token probes; top-K frequencies come from ``source.token_counts()`` when the source
+  has it (a corpus's training split), else from the held-out sequences.
+
+  Raises:
+    ValueError: fewer usable ids than L or than ``probe_top_k``.
+  """
+  block = block_length(context_size, eval_cfg.probe_len)
+  seqs = held_out_sequences(source, data_params, arrays, eval_cfg.probe_seed,
+                            eval_cfg.n_sequences, n_models)
+  special = tuple(getattr(source, "special_ids", ()))
+  counts, how = None, "all ids"
+  if eval_cfg.probe_top_k:
+    if hasattr(source, "token_counts"):
+      counts, where = source.token_counts(), "training split"
+    else:
+      counts, where = np.bincount(seqs.reshape(-1), minlength=source.vocab_size), \
+          "held-out sequences"
+    how = f"the {eval_cfg.probe_top_k} most frequent ids ({where})"
+  ids = probe_candidates(source.vocab_size, special, eval_cfg.probe_top_k, counts)
+  if special:
+    how += f", special ids {list(special)} excluded"
+  repeated = repeated_token_probes(eval_cfg.probe_seed, eval_cfg.n_probes, block, ids)
+  recall = np.stack([recall_positions(s) for s in seqs])
+  return Probes(repeated=repeated, sequences=np.ascontiguousarray(seqs), recall=recall,
+                block_len=block, candidates=how)
+
+
+def as_device_arrays(probes: Probes, ensemble_sharding, replicated):
+  """(repeated, sequences, recall) on the mesh: probes replicated, per-model arrays sharded."""
+  return (jax.device_put(jnp.asarray(probes.repeated), replicated),
+          jax.device_put(jnp.asarray(probes.sequences), ensemble_sharding),
+          jax.device_put(jnp.asarray(probes.recall), ensemble_sharding))

@@ -1,0 +1,204 @@
+"""Induction-head metrics: prefix-matching score, logit attribution, associative recall, ICL score.
+
+Every function is written for ONE model (no ensemble axis) and is pure; ``make_eval_fn`` vmaps
+``evaluate`` over the ensemble. Conventions follow the study's released code (PAPER.md, "What
+the study's released code does") unless a docstring says otherwise.
+
+Repeated-token probes (``ihsweep.data.probes``): ``N`` sequences of ``T = 2L`` tokens, a block of
+``L`` distinct ids followed by the same block. In the second block, position ``i`` (``L ≤ i <
+2L``) holds the token of position ``i − L``; an induction head at ``i`` attends to ``i − L + 1``
+(the token after the earlier copy) and raises the logit of that token, which is also the true
+next token ``tokens[i + 1]`` for ``i ≤ 2L − 2``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ihsweep.model import ModelConfig, Transformer, unembedding_matrix
+
+SUMMARY_KEYS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc",
+                "ar_data_rank", "val_loss", "icl_score")
+
+
+def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
+  """Prefix-matching score per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
+
+  ``PS = mean over probes n and second-block positions i ∈ [L, 2L) of attn[n, i, i − L + 1]``
+  (Olsson et al. 2022, "In-context learning and induction heads", §"Prefix matching"; the
+  study's code). ``attn``: attention probabilities ``[n_layers, N, n_heads, 2L, 2L]``. Uniform
+  causal attention scores the mean of 1/(i + 1) over those positions.
+  """
+  i = jnp.arange(block_len, 2 * block_len)
+  return attn_LxNxHxTxT[..., i, i - block_len + 1].mean(axis=(1, 3))
+
+
+def _second_block(block_len: int) -> jax.Array:
+  """Positions i ∈ [L, 2L − 2] whose next token (i + 1) lies in the probe."""
+  return jnp.arange(block_len, 2 * block_len - 1)
+
+
+def logit_attribution(head_out_LxNxTxHxD: jax.Array, unembed_DxV: jax.Array,
+                      tokens_NxT: jax.Array, block_len: int) -> jax.Array:
+  """The study's logit attribution per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
+
+  At second-block position i (``L ≤ i ≤ 2L − 2``), the head's output ``z_h W_O^h`` (no bias, no
+  final LayerNorm) is dotted with the unembedding vectors of the L block tokens, giving
+  ``proj_j``; with ``m = mean_j proj_j``,
+  ``LA = ReLU(proj_target − m) / Σ_j ReLU(proj_j − m)`` (0 when the denominator is 0), averaged
+  over positions and probes (the study's released code, PAPER.md).
+
+  Args:
+    head_out_LxNxTxHxD: per-head writes into the residual stream ``[n_layers, N, 2L, H, D]``.
+    unembed_DxV: unembedding ``[d_model, vocab]``.
+    tokens_NxT: int32 probes ``[N, 2L]``.
+  """
+  pos = _second_block(block_len)
+  h_LxNxPxHxD = head_out_LxNxTxHxD[:, :, pos]
+  w_NxDxL = jnp.swapaxes(unembed_DxV[:, tokens_NxT[:, :block_len]], 0, 1)  # block's vectors
+  proj_LxNxPxHxL = jnp.einsum("lnphd,ndj->lnphj", h_LxNxPxHxD, w_NxDxL)
+  above = jax.nn.relu(proj_LxNxPxHxL - proj_LxNxPxHxL.mean(axis=-1, keepdims=True))
+  # the target tokens[i + 1] is block entry i + 1 − L
+  target_PxL = jax.nn.one_hot(pos - block_len + 1, block_len, dtype=above.dtype)
+  target = jnp.einsum("lnphj,pj->lnph", above, target_PxL)
+  total = above.sum(axis=-1)
+  la = jnp.where(total > 0, target / jnp.where(total > 0, total, 1.0), 0.0)
+  return la.mean(axis=(1, 2))
+
+
+def direct_logit_attribution(head_out_LxNxTxHxD: jax.Array, resid_final_NxTxD: jax.Array,
+                             ln_scale_D: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array,
+                             block_len: int, ln_eps: float) -> jax.Array:
+  """Standard direct logit attribution per (layer, head), float32 ``[n_layers, n_heads]``
+  (nats of logit).
+
+  The head's output is passed through the final LayerNorm with its scale frozen at the full
+  residual's value — ``(h − mean(h)) / σ(resid) · γ``, the LayerNorm bias not attributed — and
+  read out as the target token's logit minus the mean logit over the vocabulary, averaged over
+  second-block positions ``L ≤ i ≤ 2L − 2`` and probes (Elhage et al. 2021, "A Mathematical
+  Framework for Transformer Circuits"; TransformerLens ``cache.stack_head_results(
+  apply_ln=True)`` with ``logit_diff`` against the mean logit). Positive = the head raises the
+  correct next token.
+  """
+  pos = _second_block(block_len)
+  h = head_out_LxNxTxHxD[:, :, pos]  # [L, N, P, H, D]
+  resid_NxPxD = resid_final_NxTxD[:, pos]
+  sigma_NxP = jnp.sqrt(resid_NxPxD.var(axis=-1) + ln_eps)
+  h = (h - h.mean(axis=-1, keepdims=True)) * (ln_scale_D / sigma_NxP[None, :, :, None, None])
+  targets_NxP = tokens_NxT[:, pos + 1]
+  direction_DxNxP = unembed_DxV[:, targets_NxP] - unembed_DxV.mean(axis=1)[:, None, None]
+  return jnp.einsum("lnphd,dnp->lh", h, direction_DxNxP) / (h.shape[1] * h.shape[2])
+
+
+def recall_ranks(logits_NxPxV: jax.Array, targets_NxP: jax.Array) -> jax.Array:
+  """Rank of each target among all vocabulary items, int32 ``[N, P]``: the number of items with
+  a strictly larger logit (0 = the model's top prediction; the study's convention)."""
+  target_NxP = jnp.take_along_axis(logits_NxPxV, targets_NxP[..., None], axis=-1)
+  return jnp.sum(logits_NxPxV > target_NxP, axis=-1, dtype=jnp.int32)
+
+
+def icl_score(loss_per_position_C: jax.Array, early: int, late: int) -> jax.Array:
+  """In-context-learning score ``loss[late] − loss[early]`` in nats (negative = later tokens are
+  predicted better; Olsson et al. 2022, §"In-context learning", who use positions 500 and 50)."""
+  return loss_per_position_C[late] - loss_per_position_C[early]
+
+
+def _argmax_2d(x_LxH: jax.Array) -> jax.Array:
+  flat = jnp.argmax(x_LxH)
+  return jnp.stack([flat // x_LxH.shape[1], flat % x_LxH.shape[1]]).astype(jnp.int32)
+
+
+def _microbatches(x: jax.Array, size: int) -> jax.Array:
+  return x.reshape((x.shape[0] // size, size) + x.shape[1:])
+
+
+def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_SxC: jax.Array, *,
+             cfg: ModelConfig, block_len: int, icl_early: int, icl_late: int,
+             probe_batch: int, sequence_batch: int) -> dict:
+  """All metrics of ONE model (vmap it for an ensemble).
+
+  Args:
+    params: the model's Flax params.
+    probes_NxT: int32 repeated-token probes ``[N, 2L]`` (shared by every model).
+    sequences_SxCp1: int32 held-out sequences of the model's own data ``[S, C + 1]`` (validation
+      loss, ICL score, data-drawn associative recall).
+    recall_SxC: bool ``[S, C]``, True at positions i where ``sequences[i]`` (A) occurred earlier at
+      j < i − 1 and ``sequences[i + 1]`` equals ``sequences[j + 1]`` (B): the prompts ``… A B …
+      A`` whose correct next token is B (``probes.recall_positions``).
+    probe_batch / sequence_batch: micro-batch sizes (must divide N and S) bounding the memory of
+      the ``[batch, T, V]`` logits.
+
+  Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
+  ``ar_rank`` (repeated-token probes, positions L … 2L − 2); ``ar_data_acc``, ``ar_data_rank``
+  (data prompts; NaN if none) and ``ar_data_n`` (how many); ``val_loss`` (nats/token);
+  ``icl_score``; summaries ``ps_max``, ``la_max``, ``dla_max`` and int32 ``[2]`` (layer, head)
+  ``ps_argmax``, ``la_argmax``, ``dla_argmax``.
+  """
+  model = Transformer(cfg)
+  unembed_DxV = unembedding_matrix(params, cfg).astype(jnp.float32)
+  ln_scale_D = params["ln_f"]["scale"].astype(jnp.float32)
+  pos = _second_block(block_len)
+
+  def probe_sums(tokens_NxT):
+    logits, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
+    ranks = recall_ranks(logits[:, pos], tokens_NxT[:, pos + 1])
+    return {
+        "ps": prefix_matching_score(internals["attn"], block_len),
+        "la": logit_attribution(internals["head_out"], unembed_DxV, tokens_NxT, block_len),
+        "dla": direct_logit_attribution(internals["head_out"], internals["resid_final"],
+                                        ln_scale_D, unembed_DxV, tokens_NxT, block_len,
+                                        cfg.ln_eps),
+        "ar_acc": jnp.mean(ranks == 0, dtype=jnp.float32),
+        "ar_rank": jnp.mean(ranks, dtype=jnp.float32)}
+
+  def sequence_sums(args):
+    seq_SxCp1, recall_SxC = args
+    inputs, targets = seq_SxCp1[:, :-1], seq_SxCp1[:, 1:]
+    logits = model.apply({"params": params}, inputs)
+    nll_SxC = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(
+        logits, targets[..., None], axis=-1)[..., 0]
+    ranks = recall_ranks(logits, targets)
+    return {"loss_C": nll_SxC.sum(axis=0),
+            "ar_hits": jnp.sum((ranks == 0) & recall_SxC, dtype=jnp.float32),
+            "ar_rank": jnp.sum(jnp.where(recall_SxC, ranks, 0), dtype=jnp.float32),
+            "ar_n": jnp.sum(recall_SxC, dtype=jnp.float32)}
+
+  # Equal micro-batches: the mean of per-batch means is the overall mean.
+  p = jax.tree_util.tree_map(lambda x: x.mean(axis=0),
+                             jax.lax.map(probe_sums, _microbatches(probes_NxT, probe_batch)))
+  s = jax.tree_util.tree_map(lambda x: x.sum(axis=0), jax.lax.map(
+      sequence_sums, (_microbatches(sequences_SxCp1, sequence_batch),
+                      _microbatches(recall_SxC, sequence_batch))))
+  loss_C = s["loss_C"] / sequences_SxCp1.shape[0]
+  n = s["ar_n"]
+  out = dict(p)
+  out.update(
+      ar_data_acc=jnp.where(n > 0, s["ar_hits"] / jnp.maximum(n, 1), jnp.nan),
+      ar_data_rank=jnp.where(n > 0, s["ar_rank"] / jnp.maximum(n, 1), jnp.nan),
+      ar_data_n=n, val_loss=loss_C.mean(), icl_score=icl_score(loss_C, icl_early, icl_late))
+  for name in ("ps", "la", "dla"):
+    out[f"{name}_max"] = out[name].max()
+    out[f"{name}_argmax"] = _argmax_2d(out[name])
+  return out
+
+
+def make_eval_fn(cfg: ModelConfig, *, block_len: int, icl_early: int, icl_late: int,
+                 probe_batch: int, sequence_batch: int, out_sharding=None) -> Callable:
+  """``fn(params_E, probes, sequences_E, recall_E) -> dict`` of ``[E, ...]`` arrays: ``evaluate``
+  vmapped over the ensemble's leading axis (probes shared), jitted once."""
+  one = functools.partial(evaluate, cfg=cfg, block_len=block_len, icl_early=icl_early,
+                          icl_late=icl_late, probe_batch=probe_batch,
+                          sequence_batch=sequence_batch)
+  return jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0)), out_shardings=out_sharding)
+
+
+def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int = 16 << 20
+               ) -> int:
+  """The largest divisor of ``n`` whose float32 logits ``[m, T, V]`` fit ``budget_bytes``
+  (at least 1)."""
+  fits = max(1, budget_bytes // (tokens_per_item * vocab_size * 4))
+  return max(m for m in range(1, n + 1) if n % m == 0 and m <= fits)
