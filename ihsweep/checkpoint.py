@@ -47,24 +47,19 @@ def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log
 
   ``log``: tokens log-spaced from one update's ``B · C`` tokens on — update counts
   ``round(2^(k / points_per_octave))`` — plus, if ``law_updates`` is given,
-  ``law_points_per_octave`` points per octave over ``[law_updates / law_window, law_updates ·
-  law_window]``. ``study``: the study's token counts (``STUDY_TOKENS``) converted to updates
+  ``law_points_per_octave`` points per octave centred on it, ``round(law_updates · 2^(k /
+  law_points_per_octave))`` within a factor ``law_window`` either side. ``study``: the study's token counts (``STUDY_TOKENS``) converted to updates
   (``round(tokens / tokens_per_update)``, at least 1). ``none``: only 0 and the end.
   """
   steps = {0, num_steps}
 
-  def log_points(lo: float, hi: float, per_octave: int) -> set[int]:
-    if per_octave <= 0 or hi < lo:
-      return set()
-    k0 = math.floor(math.log2(max(lo, 1.0)) * per_octave)
-    k1 = math.ceil(math.log2(max(hi, 1.0)) * per_octave)
-    return {int(round(2 ** (k / per_octave))) for k in range(k0, k1 + 1)}
-
   if schedule == "log":
-    steps |= log_points(1.0, num_steps, points_per_octave)
-    if law_updates is not None:
-      steps |= log_points(law_updates / law_window, law_updates * law_window,
-                          law_points_per_octave)
+    top = math.ceil(math.log2(max(num_steps, 1)) * points_per_octave)
+    steps |= {int(round(2 ** (k / points_per_octave))) for k in range(top + 1)}
+    if law_updates is not None and law_points_per_octave > 0:
+      half = math.floor(math.log2(law_window) * law_points_per_octave)
+      steps |= {int(round(law_updates * 2 ** (k / law_points_per_octave)))
+                for k in range(-half, half + 1)}
   elif schedule == "study":
     steps |= {max(1, int(round(t / tokens_per_update))) for t in STUDY_TOKENS}
   elif schedule != "none":
@@ -143,6 +138,20 @@ class RunCheckpoints:
     out = self._state.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract)))
     return out["state"]
+
+  def restore_params(self, step: int, like: Any = None) -> Any:
+    """The ensemble's params at ``step``: shaped and sharded like ``like`` if given, else as
+    arrays on this process's first device (a laptop can read a pod's checkpoints)."""
+    if like is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      meta = self._params.item_metadata(step)["params"]
+      abstract = jax.tree_util.tree_map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+    else:
+      abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
+    out = self._params.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract)))
+    return out["params"]
 
   def step_metadata(self, step: int, kind: str = "params") -> dict:
     """The ``custom_metadata`` stored with a checkpoint."""

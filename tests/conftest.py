@@ -18,6 +18,8 @@ def tiny_config(**overrides):
                  dtype="float32")
   c.train.update(batch_size=8, context_size=32, num_steps=20, steps_per_call=10, lr=3e-3)
   c.ensemble.size = 2
+  c.eval.every_steps = 0  # tests of evaluation and checkpoints turn these back on
+  c.checkpoint.params_schedule = "none"
   for path, value in overrides.items():
     *parents, name = path.split(".")
     node = c

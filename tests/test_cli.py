@@ -13,7 +13,8 @@ TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model
         "--config.model.vocab_size=64", "--config.model.max_context=32",
         "--config.train.batch_size=8", "--config.train.context_size=32",
         "--config.train.num_steps=30", "--config.train.steps_per_call=10",
-        "--config.train.lr=3e-3", "--config.ensemble.size=2"]
+        "--config.train.lr=3e-3", "--config.ensemble.size=2", "--config.eval.every_steps=0",
+        "--config.checkpoint.params_schedule=none"]
 
 
 def _ihsweep(*args):
@@ -27,16 +28,22 @@ def _ihsweep(*args):
 def test_train_command_writes_config_and_metrics(tmp_path):
   work = tmp_path / "run"
   r = _ihsweep("train", "--config=configs/default.py", f"--workdir={work}", "--noprogress",
-               *TINY, "--config.ensemble.peak_lrs=(1e-3, 3e-3)")
+               *TINY, "--config.ensemble.peak_lrs=(1e-3, 3e-3)", "--config.eval.every_steps=15",
+               "--config.eval.n_probes=10", "--config.eval.n_sequences=8")
   assert r.returncode == 0, r.stderr
   assert "final loss per model" in r.stdout
   resolved = json.loads((work / "config.json").read_text())
   assert resolved["train"]["num_steps"] == 30
   assert resolved["ensemble"]["peak_lrs"] == [1e-3, 3e-3]
-  rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(x) for x in (work / "train_log.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [10, 20, 30]
   assert rows[-1]["tokens"] == 30 * 8 * 32
   assert all(len(r["loss"]) == 2 for r in rows)
+  evals = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["cell"]) for r in evals] == [(s, c) for s in (0, 15, 30) for c in (0, 1)]
+  assert evals[0]["train_loss"] is None and evals[-1]["train_loss"] > 0
+  assert all(0 <= r["ps_max"] <= 1 and len(r["ps"]) == 2 and len(r["ps"][0]) == 2 for r in evals)
+  assert sorted(os.listdir(work / "checkpoints" / "state")) == ["30"]
 
 
 def test_bad_override_is_reported(tmp_path):
@@ -85,7 +92,7 @@ def test_train_on_local_text_files_then_prepare_hits_the_cache(tmp_path):
                "--config.train.steps_per_call=2")
   assert r.returncode == 0, r.stderr
   assert "on device, windows gathered in-graph" in r.stderr and "cache built" in r.stderr
-  rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
   assert rows[-1]["step"] == 4
   r = _ihsweep("corpus", "prepare", "--config=configs/default.py", *data)
   assert r.returncode == 0, r.stderr

@@ -110,7 +110,7 @@ def test_loss_falls_on_a_learnable_source(tiny, tmp_path):
   cfg = tiny(**{"train.num_steps": 200, "train.steps_per_call": 50, "train.lr": 1e-2,
                 "data.source": "markov_chain", "ensemble.size": 2})
   out = fit(cfg, str(tmp_path), progress=False)
-  rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rows = [line for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
   assert len(rows) == 4
   source = make_source(cfg.data, 64, 8, 32)
   floor = source.entropy_rate()  # ≤ ln 4 ≈ 1.39 nats; ln 64 ≈ 4.16 at the start

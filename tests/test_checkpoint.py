@@ -1,0 +1,85 @@
+"""Checkpoints: schedules, resume after SIGKILL equals an uninterrupted run, config guard."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from ihsweep import checkpoint, config as config_lib
+from ihsweep.runner import fit, write_resolved_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = {"train.num_steps": 60, "train.steps_per_call": 10, "train.lr": 1e-2,
+       "eval.every_steps": 10, "eval.n_probes": 10, "eval.n_sequences": 8,
+       "checkpoint.state_every_steps": 20, "checkpoint.params_schedule": "log"}
+
+
+def test_params_schedules():
+  steps = checkpoint.params_steps(1000, 512, points_per_octave=1)
+  assert steps == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
+  dense = checkpoint.params_steps(1000, 512, points_per_octave=1, law_updates=100.0,
+                                  law_window=2.0, law_points_per_octave=4)
+  assert {50, 59, 71, 84, 100, 119, 141, 168, 200} <= set(dense)
+  study = checkpoint.params_steps(10**6, 1000, schedule="study")
+  assert study[:5] == [0, 250, 500, 1000, 2000] and study[-2:] == [900_000, 10**6]
+  assert checkpoint.state_steps(100, 30) == [30, 60, 90, 100]
+  assert checkpoint.params_steps(50, 8, schedule="none") == [0, 50]
+
+
+def _overrides(d):
+  return [f"--config.{k}={v}" for k, v in d.items()]
+
+
+def _values(rows):
+  return [{k: v for k, v in r.items()} for r in rows]
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
+  cfg = tiny(**RUN)
+  fit(cfg, str(tmp_path / "ref"), progress=False)
+
+  tiny_flags = {"model.n_layers": 2, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64,
+                "model.vocab_size": 64, "model.max_context": 32, "model.dtype": "float32",
+                "train.batch_size": 8, "train.context_size": 32, "ensemble.size": 2, **RUN}
+  cmd = [sys.executable, "-m", "ihsweep.cli", "train", "--config=configs/default.py",
+         f"--workdir={tmp_path / 'run'}", "--noprogress", *_overrides(tiny_flags)]
+  env = dict(os.environ)  # the same 4 fake CPU devices as this process
+  killed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**env, "IHSWEEP_FAULT_KILL_AT_STEP": "40"})
+  assert killed.returncode == -9, killed.stderr
+  resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming from the full-state checkpoint at update" in resumed.stderr
+
+  rows = {}
+  for name in ("ref", "run"):
+    rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["cell"]) for r in rows["run"]] == [(r["step"], r["cell"]) for r in rows["ref"]]
+  for a, b in zip(rows["ref"], rows["run"]):
+    assert a.keys() == b.keys()
+    for k in a:
+      if a[k] is None:
+        assert b[k] is None, k
+      else:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=f"{k} at {a['step']}")
+  params = [checkpoint.RunCheckpoints(str(tmp_path / n / "checkpoints"), {}).restore_params(60)
+            for n in ("ref", "run")]
+  for x, y in zip(jax.tree_util.tree_leaves(params[0]), jax.tree_util.tree_leaves(params[1])):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-7)
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path / "run" / "checkpoints"), {})
+  meta = ckpts.step_metadata(60)
+  assert [c["seed"] for c in meta["cells"]] == [0, 1] and meta["tokens_per_update"] == 8 * 32
+  assert meta["n_params"] > 0 and meta["step"] == 60 and meta["tokens"] == 60 * 256
+  assert not any("tmp" in name for name in os.listdir(tmp_path / "run" / "checkpoints" / "state"))
+
+
+def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
+  cfg = tiny(**RUN)
+  write_resolved_config(cfg, str(tmp_path))
+  os.makedirs(tmp_path / "checkpoints" / "state" / "20")
+  with pytest.raises(config_lib.ConfigError, match="train.lr.*as in the run being resumed"):
+    fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
