@@ -17,6 +17,11 @@ frequency 0.5, reliability 0.5) generated in-graph.
                    call), model after model — what one writes without ihsweep.
   sequential_scan  the same loop, but each single-model call also scans K updates (the
                    strongest loop we know; isolates what vmap itself buys).
+  data_only        the ensemble call's in-graph data generation alone.
+  eval             online evaluation at the default ``eval`` settings (100 repeated-token
+                   probes, 32 held-out sequences per model): seconds per evaluation of all E
+                   models, and ``overhead`` = that ÷ the time of ``--eval_every`` updates
+                   (``eval_s``, ``train_s``; the share of training time evaluation adds).
 tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the best round is the
 least disturbed); the median is reported beside it.
 
@@ -98,7 +103,7 @@ def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, 
     if not host_fed:
       arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
       return lambda: arrays
-    loader = HostLoader(source, state, mesh)
+    loader = HostLoader(source, state, mesh, steps_per_call)
     loader.prefetch(0, [steps_per_call] * n_calls)
     return loader.next
 
@@ -113,7 +118,10 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
   state0, hp0, next0 = programs[0]
   t0 = time.perf_counter()
   exe = step.lower(state0, hp0, next0()).compile()
-  compiled = lambda state, hp, data: exe(state, hp, data, step.n_steps)
+  n_active = getattr(step, "n_steps", None)  # the trainer's program also takes its call length
+
+  def compiled(state, hp, data):
+    return exe(state, hp, data) if n_active is None else exe(state, hp, data, n_active)
   compile_s = time.perf_counter() - t0
   states = []
   for state, hp, next_data in programs:
@@ -139,6 +147,40 @@ def _data_only_program(sample, steps_per_call: int):
     return state.replace(step=state.step + steps_per_call), {"checksum": batches.sum()}
 
   return jax.jit(generate, donate_argnums=0)
+
+
+def eval_overhead(workload: str, n_models: int, steps_per_call: int, rounds: int,
+                  every: int) -> dict:
+  """Seconds per online evaluation of the ensemble (``runner.Evaluator`` at the default
+  ``eval`` config) against the seconds of ``every`` updates."""
+  import ml_collections
+
+  from ihsweep import config as config_lib
+  from ihsweep.data import probes as probes_lib
+  from ihsweep.runner import Evaluator
+  mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, steps_per_call, every,
+                                                    "uniform", "device")
+  state = init(jnp.arange(n_models, dtype=jnp.int32))
+  compile_s, times = _time_programs(step, [(state, hp, feed(state, 0))],
+                                    every // steps_per_call, rounds)
+  cfg = ml_collections.ConfigDict({"eval": config_lib.default_eval()})
+  mesh = sharding.make_mesh(n_models, tcfg.batch_size)
+  arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
+  probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models,
+                                  tcfg.context_size)
+  evaluator = Evaluator(cfg, mcfg, probes, mesh)
+  params = init(jnp.arange(n_models, dtype=jnp.int32)).params
+  jax.block_until_ready(evaluator(params))  # compile
+  eval_times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    jax.block_until_ready(evaluator(params))
+    eval_times.append(time.perf_counter() - t0)
+  eval_s, train_s = min(eval_times), min(times)
+  return {"mode": "eval", "E": n_models, "eval_s": round(eval_s, 3),
+          "train_s": round(train_s, 3), "every_steps": every,
+          "overhead": round(eval_s / train_s, 4), "n_probes": cfg.eval.n_probes,
+          "n_sequences": cfg.eval.n_sequences}
 
 
 def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_call: int,
@@ -197,6 +239,8 @@ def main(argv=None) -> int:
                       "python-docs bigrams (fetch the corpus first)")
   p.add_argument("--loader", choices=("device", "host"), default="device",
                  help="natural: token array on device (in-graph windows) or host loader")
+  p.add_argument("--eval_every", type=int, default=100,
+                 help="eval mode: updates between evaluations (ihsweep's default 100)")
   p.add_argument("--cpu_devices", type=int, default=None,
                  help="XLA CPU devices (default: one per core, as `ihsweep` uses)")
   args = p.parse_args(argv)
@@ -205,6 +249,10 @@ def main(argv=None) -> int:
   results = []
   for n in [int(x) for x in args.E.split(",")]:
     for mode in args.modes.split(","):
+      if mode == "eval":
+        results.append(eval_overhead(args.workload, n, args.steps_per_call, args.rounds,
+                                     args.eval_every))
+        continue
       r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak,
                    args.data, args.loader)
       results.append(r)

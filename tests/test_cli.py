@@ -36,7 +36,7 @@ def test_train_command_writes_config_and_metrics(tmp_path):
   assert resolved["train"]["num_steps"] == 30
   assert resolved["ensemble"]["peak_lrs"] == [1e-3, 3e-3]
   rows = [json.loads(x) for x in (work / "train_log.jsonl").read_text().splitlines()]
-  assert [r["step"] for r in rows] == [10, 20, 30]
+  assert [r["step"] for r in rows] == [10, 15, 25, 30]  # calls end at evaluations
   assert rows[-1]["tokens"] == 30 * 8 * 32
   assert all(len(r["loss"]) == 2 for r in rows)
   evals = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
