@@ -173,7 +173,19 @@ COMMAND_HELP = {
 }
 
 
-CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError)
+CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError, ImportError)
+
+
+def _config_imports_siblings(argv) -> None:
+  """Lets a config file import its siblings as a package (``from configs import default``):
+  appends the directory above the config file's directory to ``sys.path`` (appended, so it
+  never shadows an installed module)."""
+  for arg in argv:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":", 1)[0]
+      root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+      if root not in sys.path:
+        sys.path.append(root)
 
 
 def _config_load_failed(e: Exception) -> int:
@@ -216,7 +228,9 @@ def main(argv=None) -> int:
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
+  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
   handler = {"train": _train, "corpus": _corpus, "predict": _predict}[command]
+  _config_imports_siblings(argv[2:])
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message

@@ -134,7 +134,7 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
 
   Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
   ``ar_rank`` (repeated-token probes, positions L … 2L − 2); ``ar_data_acc``, ``ar_data_rank``
-  (data prompts; NaN if none) and ``ar_data_n`` (how many); ``val_loss`` (nats/token);
+  (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss`` (nats/token);
   ``icl_score``; summaries ``ps_max``, ``la_max``, ``dla_max`` and int32 ``[2]`` (layer, head)
   ``ps_argmax``, ``la_argmax``, ``dla_argmax``.
   """
@@ -165,7 +165,7 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
     return {"loss_C": nll_SxC.sum(axis=0),
             "ar_hits": jnp.sum((ranks == 0) & recall_SxC, dtype=jnp.float32),
             "ar_rank": jnp.sum(jnp.where(recall_SxC, ranks, 0), dtype=jnp.float32),
-            "ar_n": jnp.sum(recall_SxC, dtype=jnp.float32)}
+            "ar_n": jnp.sum(recall_SxC, dtype=jnp.int32)}
 
   # Equal micro-batches: the mean of per-batch means is the overall mean.
   p = jax.tree_util.tree_map(lambda x: x.mean(axis=0),
@@ -175,10 +175,11 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
                       _microbatches(recall_SxC, sequence_batch))))
   loss_C = s["loss_C"] / sequences_SxCp1.shape[0]
   n = s["ar_n"]
+  n_f = jnp.maximum(n, 1).astype(jnp.float32)
   out = dict(p)
   out.update(
-      ar_data_acc=jnp.where(n > 0, s["ar_hits"] / jnp.maximum(n, 1), jnp.nan),
-      ar_data_rank=jnp.where(n > 0, s["ar_rank"] / jnp.maximum(n, 1), jnp.nan),
+      ar_data_acc=jnp.where(n > 0, s["ar_hits"] / n_f, jnp.nan),
+      ar_data_rank=jnp.where(n > 0, s["ar_rank"] / n_f, jnp.nan),
       ar_data_n=n, val_loss=loss_C.mean(), icl_score=icl_score(loss_C, icl_early, icl_late))
   for name in ("ps", "la", "dla"):
     out[f"{name}_max"] = out[name].max()

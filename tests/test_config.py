@@ -31,6 +31,33 @@ def test_invalid_config_fails_before_compiling(tiny, tmp_path, no_compile, field
   assert not (tmp_path / "run").exists()  # nothing written either
 
 
+@pytest.mark.parametrize("overrides,field,words", [
+    ({"eval.probe_len": 17}, "eval.probe_len", ["eval.probe_len = 17", "[0, 16]"]),
+    ({"eval.probe_top_k": 8}, "eval.probe_top_k", ["0 or in [16, 64]", "L = 16"]),
+    ({"eval.icl_early": 20, "eval.icl_late": 10}, "eval.icl_early", ["early 20 >= late 10"]),
+    ({"eval.n_probes": 0}, "eval.n_probes", ["eval.n_probes = 0", ">= 1"]),
+    ({"eval.every_tokens": -5}, "eval.every_tokens", ["eval.every_tokens = -5"]),
+    ({"checkpoint.params_schedule": "daily"}, "checkpoint.params_schedule", ["'log', 'study'"]),
+    ({"checkpoint.law_window": 0.5}, "checkpoint.law_window", ["[1.0, inf)"]),
+    ({"checkpoint.keep_state": 0}, "checkpoint.keep_state", [">= 1"]),
+    ({"checkpoint.law_file": "/nonexistent/law.json"}, "checkpoint.law_file",
+     ["cannot read a JSON law"]),
+    ({"data.source": "repeated_blocks", "data.block_min": 17}, "data.block_min",
+     ["[1, 16]", "fit twice"]),
+    ({"data.source": "repeated_blocks", "data.block_min": 8, "data.block_max": 5},
+     "data.block_max", [">= data.block_min = 8"]),
+])
+def test_invalid_eval_checkpoint_and_source_fields(tiny, tmp_path, no_compile, overrides, field,
+                                                   words):
+  cfg = tiny(**{"eval.every_steps": 10, **overrides})
+  with pytest.raises(ConfigError) as err:
+    runner.fit(cfg, str(tmp_path / "run"), progress=False)
+  assert err.value.field == field
+  for w in words:
+    assert w in str(err.value), str(err.value)
+  assert not (tmp_path / "run").exists()
+
+
 def test_rotary_needs_even_head_size(tiny):
   cfg = tiny(**{"model.pos_encoding": "rotary", "model.n_heads": 32})
   with pytest.raises(ConfigError, match="even head size"):
@@ -49,5 +76,7 @@ def test_default_configs_are_valid():
   import configs.default
   validate(configs.default.get_config())
   validate(configs.default.get_config("tiny"))
+  import configs.induction
+  validate(configs.induction.get_config())
   with pytest.raises(ValueError, match="unknown variant"):
     configs.default.get_config("huge")

@@ -42,13 +42,14 @@ class UniformSource:
 
 @dataclasses.dataclass(frozen=True)
 class RepeatedBlocksSource:
-  """The classic induction task: uniform random tokens in which one random block recurs.
+  """The classic induction task: a random block repeated, at a random offset.
 
-  Per sequence of C + 1 tokens: a block length ℓ uniform in [block_min, block_max], a first
-  copy at s1 uniform in [0, C + 1 − 2ℓ], and a second copy at s2 uniform in [s1 + ℓ, C + 1 − ℓ]
-  (so the copies never overlap). Both the block length and the gap s2 − s1 vary, so position
-  alone cannot predict the copy: the next-token loss inside the second copy falls to 0 only
-  through in-context copying (a fixed offset lets a positional head solve it instead).
+  Per sequence of C + 1 tokens: a block length ℓ uniform in [block_min, block_max] and an offset
+  s uniform in [0, C + 1 − 2ℓ]; positions before s are uniform random tokens, and from s on the
+  sequence repeats one uniform random block of ℓ tokens until its end (at least two copies).
+  Both ℓ and s vary, so position alone cannot predict the copy: the next-token loss falls below
+  ln V only through in-context copying, i.e. induction (with a fixed offset a positional head
+  can solve it instead and the prefix-matching score stays low).
   """
 
   vocab_size: int
@@ -75,13 +76,13 @@ class RepeatedBlocksSource:
     lo, hi = self.block_min, self.longest_block
 
     def one(key):
-      k_tok, k_len, k_s1, k_s2 = jax.random.split(key, 4)
+      k_tok, k_len, k_start = jax.random.split(key, 3)
       tokens = jax.random.randint(k_tok, (n,), 0, self.vocab_size, jnp.int32)
       length = jax.random.randint(k_len, (), lo, hi + 1)
-      s1 = jax.random.randint(k_s1, (), 0, n - 2 * length + 1)
-      s2 = jax.random.randint(k_s2, (), s1 + length, n - length + 1)
+      start = jax.random.randint(k_start, (), 0, n - 2 * length + 1)
       p = jnp.arange(n)
-      return tokens[jnp.where((p >= s2) & (p < s2 + length), p - (s2 - s1), p)]
+      # From `start` on, position p copies the block's first copy at start + (p − start) mod ℓ.
+      return tokens[jnp.where(p >= start, start + (p - start) % length, p)]
 
     return jax.vmap(one)(jax.random.split(key, self.batch_size))
 
