@@ -346,3 +346,19 @@ def test_corpus_fields_need_the_natural_source(tiny):
   cfg = tiny(**{"data.files": "/tmp/*.txt"})  # source stays markov_chain
   with pytest.raises(config_lib.ConfigError, match="data.source=natural"):
     config_lib.validate(cfg)
+
+
+def test_probes_of_a_corpus_use_its_validation_split_and_frequent_tokens(tiny, tmp_path):
+  from ihsweep.data import probes
+  cfg = natural_cfg(tiny, tmp_path, **{"eval.probe_top_k": 40, "eval.n_sequences": 6})
+  src = make_source(cfg.data, 300, 8, 32)
+  p = probes.make_probes(src, {}, None, cfg.eval, 2, 32)
+  val = np.asarray(src.corpus.val)
+  assert p.sequences.shape == (2, 6, 33)
+  np.testing.assert_array_equal(p.sequences[0], p.sequences[1])  # no per-model data knobs
+  for seq in p.sequences[0]:  # every window is a slice of the validation split
+    starts = np.flatnonzero(val[:len(val) - 32] == seq[0])
+    assert any((val[s:s + 33] == seq).all() for s in starts)
+  top = set(np.argsort(-src.token_counts(), kind="stable")[:41].tolist()) - {src.corpus.eot_id}
+  assert set(np.unique(p.repeated)) <= top and src.corpus.eot_id not in p.repeated
+  assert "40 most frequent ids (training split)" in p.candidates
