@@ -21,7 +21,8 @@ frequency 0.5, reliability 0.5) generated in-graph.
   eval             online evaluation at the default ``eval`` settings (100 repeated-token
                    probes, 32 held-out sequences per model): seconds per evaluation of all E
                    models, and ``overhead`` = that ÷ the time of ``--eval_every`` updates
-                   (``eval_s``, ``train_s``; the share of training time evaluation adds).
+                   (``eval_s``, ``train_s`` scaled from ``--updates`` timed updates; the share
+                   of training time evaluation adds).
 tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the best round is the
 least disturbed); the median is reported beside it.
 
@@ -149,20 +150,20 @@ def _data_only_program(sample, steps_per_call: int):
   return jax.jit(generate, donate_argnums=0)
 
 
-def eval_overhead(workload: str, n_models: int, steps_per_call: int, rounds: int,
+def eval_overhead(workload: str, n_models: int, updates: int, steps_per_call: int, rounds: int,
                   every: int) -> dict:
   """Seconds per online evaluation of the ensemble (``runner.Evaluator`` at the default
-  ``eval`` config) against the seconds of ``every`` updates."""
+  ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
   import ml_collections
 
   from ihsweep import config as config_lib
   from ihsweep.data import probes as probes_lib
   from ihsweep.runner import Evaluator
-  mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, steps_per_call, every,
+  mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, steps_per_call, updates,
                                                     "uniform", "device")
   state = init(jnp.arange(n_models, dtype=jnp.int32))
-  compile_s, times = _time_programs(step, [(state, hp, feed(state, 0))],
-                                    every // steps_per_call, rounds)
+  _, times = _time_programs(step, [(state, hp, feed(state, 0))], updates // steps_per_call,
+                            rounds)
   cfg = ml_collections.ConfigDict({"eval": config_lib.default_eval()})
   mesh = sharding.make_mesh(n_models, tcfg.batch_size)
   arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
@@ -176,7 +177,7 @@ def eval_overhead(workload: str, n_models: int, steps_per_call: int, rounds: int
     t0 = time.perf_counter()
     jax.block_until_ready(evaluator(params))
     eval_times.append(time.perf_counter() - t0)
-  eval_s, train_s = min(eval_times), min(times)
+  eval_s, train_s = min(eval_times), min(times) * every / updates
   return {"mode": "eval", "E": n_models, "eval_s": round(eval_s, 3),
           "train_s": round(train_s, 3), "every_steps": every,
           "overhead": round(eval_s / train_s, 4), "n_probes": cfg.eval.n_probes,
@@ -250,8 +251,8 @@ def main(argv=None) -> int:
   for n in [int(x) for x in args.E.split(",")]:
     for mode in args.modes.split(","):
       if mode == "eval":
-        results.append(eval_overhead(args.workload, n, args.steps_per_call, args.rounds,
-                                     args.eval_every))
+        results.append(eval_overhead(args.workload, n, args.updates, args.steps_per_call,
+                                     args.rounds, args.eval_every))
         continue
       r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak,
                    args.data, args.loader)

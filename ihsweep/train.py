@@ -226,10 +226,11 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
     # A loop with a traced trip count: one program serves every call length up to n_steps
     # (calls end early at evaluation and checkpoint steps), unused batches are skipped.
     n_models = batches.shape[0]
+    batches_KxE = jnp.swapaxes(batches, 0, 1)  # each update reads one contiguous [E, B, C + 1]
 
     def one_update(t, carry):
       state, loss_KxE, gnorm_KxE = carry
-      batch_ExBxCp1 = jax.lax.dynamic_index_in_dim(batches, t, axis=1, keepdims=False)
+      batch_ExBxCp1 = jax.lax.dynamic_index_in_dim(batches_KxE, t, axis=0, keepdims=False)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(batch_ExBxCp1.astype(jnp.int32), batch_sh)
       state, m = jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
       return state, loss_KxE.at[t].set(m["loss"]), gnorm_KxE.at[t].set(m["grad_norm"])
