@@ -30,10 +30,10 @@ config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FIL
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
-flags.DEFINE_float("batch_size", None, "predict: batch size B (sequences per update)")
-flags.DEFINE_float("context_size", None, "predict: context size C (tokens per sequence)")
-flags.DEFINE_string("law", None, "predict: a law JSON (python -m analysis fit-law); default: the "
-                    "study's ln T = 13.26, alpha = 0.37, beta = 0.62")
+flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per update)")
+flags.DEFINE_integer("context_size", None, "predict: context size C (tokens per sequence)")
+flags.DEFINE_string("law", None, "predict: a law JSON with log_T (or T), alpha, beta; default: "
+                    "the study's ln T = 13.26, alpha = 0.37, beta = 0.62")
 flags.DEFINE_bool("json", False, "predict: print one JSON object")
 flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
                     "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
@@ -86,7 +86,7 @@ def _predict(argv):
     return _fail("predict needs --batch_size=B and --context_size=C")
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else Law()
-    b, c = (int(x) if float(x).is_integer() else x for x in (FLAGS.batch_size, FLAGS.context_size))
+    b, c = FLAGS.batch_size, FLAGS.context_size
     updates, tokens = law.updates(b, c), law.tokens(b, c)
   except LawError as e:
     return _fail(str(e))
@@ -167,8 +167,8 @@ COMMAND_HELP = {
     "predict": """usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
 
   Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form.
-  --law        a law JSON with log_T (or T), alpha, beta, e.g. from python -m analysis fit-law;
-               default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62
+  --law        a law JSON {"log_T": ..., "alpha": ..., "beta": ...} (or "T" for log_T; other
+               keys ignored); default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62
   --json       one JSON object: batch_size, context_size, updates, tokens, law""",
 }
 

@@ -58,11 +58,13 @@ class Law:
 
   @classmethod
   def from_json(cls, path: str) -> "Law":
-    """Reads a law JSON (``python -m analysis fit-law`` output: ``log_T`` or ``T``, ``alpha``,
-    ``beta``; other keys ignored).
+    """Reads a law JSON: ``{"log_T": …, "alpha": …, "beta": …}`` (or ``T`` instead of ``log_T``;
+    other keys, e.g. a fit's ``r`` and ``ci``, ignored) — the format of the analysis package's
+    fitted law.
 
     Raises:
-      LawError: unreadable file, not a JSON object, or missing/non-numeric/non-finite fields.
+      LawError: unreadable file, not a JSON object, missing/non-numeric/non-finite fields, or
+        ``T`` and ``log_T`` that disagree.
     """
     try:
       with open(path) as f:
@@ -71,16 +73,24 @@ class Law:
       raise LawError(f"--law={path}: cannot read a JSON law ({e})") from None
     if not isinstance(obj, dict):
       raise LawError(f"--law={path}: expected a JSON object with log_T, alpha, beta")
-    if "log_T" not in obj and "T" in obj:
+    if "T" in obj:
       t = obj["T"]
-      if not isinstance(t, Real) or not t > 0:
-        raise LawError(f"--law={path}: T = {t!r} must be a positive number")
-      obj = {**obj, "log_T": math.log(t)}
+      if isinstance(t, bool) or not isinstance(t, Real) or not 0 < t < math.inf:
+        raise LawError(f"--law={path}: T = {t!r} must be a positive finite number")
+      if "log_T" not in obj:
+        obj = {**obj, "log_T": math.log(t)}
+      elif isinstance(obj["log_T"], Real) and not math.isclose(math.log(t), obj["log_T"],
+                                                               rel_tol=1e-6, abs_tol=1e-9):
+        raise LawError(f"--law={path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
+                       f"(ln T = {math.log(t):.6g}); give one of them")
     values = {}
     for key in ("log_T", "alpha", "beta"):
-      v = obj.get(key)
+      if key not in obj:
+        raise LawError(f"--law={path}: missing field {key!r}"
+                       + (" (or 'T')" if key == "log_T" else "")
+                       + "; a law JSON needs log_T (or T), alpha and beta")
+      v = obj[key]
       if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
-        raise LawError(f"--law={path}: field {key!r} = {v!r}; need a finite number "
-                       f"(keys: log_T or T, alpha, beta)")
+        raise LawError(f"--law={path}: field {key!r} = {v!r}; need a finite number")
       values[key] = float(v)
     return cls(**values, source=path)

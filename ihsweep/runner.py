@@ -47,8 +47,10 @@ def write_resolved_config(cfg, workdir: str) -> str:
 
 
 RESUME_FREE_FIELDS = ("mesh.num_devices", "ensemble.vmap_chunk", "train.steps_per_call",
-                      "data.loader", "data.device_budget_mb", "data.cache_dir")
-"""Fields a resumed run may change: they move work between devices and calls, not numbers."""
+                      "data.loader", "data.device_budget_mb", "data.cache_dir", "checkpoint.")
+"""Fields a resumed run may change (a trailing dot: a whole section): they move work between
+devices and calls, or choose what is saved, not the numbers. Everything else — including
+``train.num_steps``, which sets the learning-rate schedule — must match."""
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -75,7 +77,9 @@ def check_resumable(cfg, workdir: str) -> None:
     old = _flatten(json.load(f))
   new = _flatten(_jsonable(cfg))
   for field in sorted(set(old) | set(new)):
-    if field in RESUME_FREE_FIELDS or old.get(field) == new.get(field):
+    free = any(field == f or (f.endswith(".") and field.startswith(f))
+               for f in RESUME_FREE_FIELDS)
+    if free or old.get(field) == new.get(field):
       continue
     raise config_lib.ConfigError(
         field, new.get(field, "(missing)"),
@@ -119,6 +123,12 @@ def _plain(x):
     return [_plain(v) for v in x]
   v = x.item()
   return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _short(values, limit: int = 8) -> str:
+  """Per-model values for a log line: up to ``limit`` of them, 2 decimals."""
+  v = [f"{x:.2f}" for x in np.asarray(values)[:limit]]
+  return "[" + " ".join(v) + (" …]" if len(values) > limit else "]")
 
 
 def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
@@ -211,7 +221,7 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
                          stops=eval_steps | param_steps | state_steps)
 
   probes_path = os.path.join(workdir, "probes.npz")
-  evaluator = None
+  evaluator, evaluated = None, False
   if eval_steps:
     if start is not None and os.path.exists(probes_path):
       probes = probes_lib.Probes.load(probes_path)
@@ -237,8 +247,10 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   else:  # drop what was logged after the checkpoint; it will be recomputed identically
     train_rows = [r for r in _read_jsonl(log_path) if r["step"] <= done]
     _rewrite_jsonl(log_path, train_rows)
-    _rewrite_jsonl(metrics_path, [r for r in _read_jsonl(metrics_path) if r["step"] < done])
-  last_eval = max((s for s in eval_steps if s < done), default=0)
+    rows = [r for r in _read_jsonl(metrics_path) if r["step"] <= done]
+    evaluated = sum(r["step"] == done for r in rows) == n_models  # the resumed step's rows
+    _rewrite_jsonl(metrics_path, rows if evaluated else [r for r in rows if r["step"] < done])
+  last_eval = max((s for s in eval_steps if s < done or (s == done and evaluated)), default=0)
   loss_sum, loss_updates = np.zeros(n_models), 0  # training loss since the last evaluation
   for r in train_rows:
     if r["step"] > last_eval:
@@ -262,6 +274,9 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
           rows = evaluator.rows(host, step, tokens_per_step, cfg.seed, train_loss)
           mfile.writelines(json.dumps(r) + "\n" for r in rows)
           mfile.flush()
+          log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s",
+                   step, f"{step * tokens_per_step:,}", _short(host["ps_max"]),
+                   _short(host["ar_acc"]), _short(host["val_loss"]))
           loss_sum, loss_updates = np.zeros(n_models), 0
           return
         now = time.perf_counter()
@@ -295,7 +310,7 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
       pending: list = []
       if start is None:
         after_step(0, pending)
-      elif done in eval_steps:  # the evaluation at the resumed step may not have been logged
+      elif done in eval_steps and not evaluated:  # killed before its rows were written
         pending.append(("eval", done, evaluator(state.params), 0))
       if loader:
         loader.prefetch(done, schedule)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, config as config_lib
+from ihsweep import checkpoint, config as config_lib, runner
 from ihsweep.runner import fit, write_resolved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +75,10 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   assert [c["seed"] for c in meta["cells"]] == [0, 1] and meta["tokens_per_update"] == 8 * 32
   assert meta["n_params"] > 0 and meta["step"] == 60 and meta["tokens"] == 60 * 256
   assert not any("tmp" in name for name in os.listdir(tmp_path / "run" / "checkpoints" / "state"))
+  before = (tmp_path / "run" / "metrics.jsonl").read_text()
+  again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert again.returncode == 0 and "nothing left to train" in again.stdout, again.stderr
+  assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # finished rows kept
 
 
 def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
@@ -83,3 +87,8 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   os.makedirs(tmp_path / "checkpoints" / "state" / "20")
   with pytest.raises(config_lib.ConfigError, match="train.lr.*as in the run being resumed"):
     fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
+  with pytest.raises(config_lib.ConfigError, match="train.num_steps"):
+    fit(tiny(**{**RUN, "train.num_steps": 80}), str(tmp_path), progress=False)
+  # Fields that only choose what is saved or how work is split may change.
+  runner.check_resumable(tiny(**{**RUN, "checkpoint.state_every_steps": 5,
+                                 "train.steps_per_call": 7}), str(tmp_path))

@@ -20,7 +20,8 @@ TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model
 def _ihsweep(*args):
   exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
   cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  # XLA_FLAGS without a device count, so that the CLI picks one device per core itself.
+  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
   return subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300)
 

@@ -142,7 +142,10 @@ def test_law_predicts_the_study_numbers(tmp_path):
   f.write_text(json.dumps({"T": 1000.0, "alpha": 0.0, "beta": 0.0}))
   assert Law.from_json(str(f)).updates(3, 3) == pytest.approx(1000.0)
   f.write_text(json.dumps({"alpha": 0.3}))
-  with pytest.raises(LawError, match="log_T"):
+  with pytest.raises(LawError, match="missing field 'log_T' \\(or 'T'\\)"):
+    Law.from_json(str(f))
+  f.write_text(json.dumps({"T": 1000.0, "log_T": 13.26, "alpha": 0.3, "beta": 0.6}))
+  with pytest.raises(LawError, match="disagree"):
     Law.from_json(str(f))
   with pytest.raises(LawError, match="context_size"):
     law.updates(8, -1)
