@@ -23,6 +23,7 @@ renames it when complete, so a step killed half-way is never listed and never re
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
@@ -31,7 +32,15 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ihsweep.data.errors import DataError
+
 PARAMS_SCHEDULES = ("log", "study", "none")
+
+log = logging.getLogger("ihsweep")
+
+
+class CheckpointError(DataError):
+  """A run directory whose checkpoints cannot be restored."""
 
 # The study's checkpoints (PAPER.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
 # 200M–1B every 100M tokens.
@@ -109,6 +118,28 @@ class RunCheckpoints:
 
     self._params = manager("params", None)
     self._state = manager("state", keep_state)
+
+  def restore_latest_state(self, like: Any) -> tuple[int | None, Any]:
+    """``(step, state)`` from the newest full-state checkpoint that restores, trying older ones
+    if a newer one is damaged (e.g. files deleted by hand); ``(None, like)`` if there is none.
+
+    Raises:
+      CheckpointError: checkpoints exist but none can be restored.
+    """
+    steps = sorted(self._state.all_steps(), reverse=True)
+    errors = []
+    for step in steps:
+      try:
+        return step, self.restore_state(step, like)
+      except Exception as e:  # orbax raises many kinds (NOT_FOUND, KeyError, ValueError…)
+        errors.append(f"{step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        log.warning("full-state checkpoint %d cannot be restored (%s); trying an older one",
+                    step, errors[-1])
+    if steps:
+      raise CheckpointError(f"no full-state checkpoint in {self.directory}/state can be "
+                            f"restored ({'; '.join(errors)}); move the directory away to start "
+                            f"again")
+    return None, like
 
   def params_steps_saved(self) -> list[int]:
     return list(self._params.all_steps())

@@ -52,6 +52,7 @@ def _load_config():
 
 def _train(argv):
   del argv
+  from ihsweep.checkpoint import CheckpointError
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.runner import fit
@@ -66,6 +67,8 @@ def _train(argv):
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
+  except CheckpointError as e:
+    return _fail(f"checkpoint: {e}")
   except DataError as e:
     return _fail(f"data: {e}")
   if out["losses"] is None:
@@ -84,6 +87,8 @@ def _predict(argv):
     return _fail(f"predict takes flags only, got {' '.join(argv[1:])!r}")
   if FLAGS.batch_size is None or FLAGS.context_size is None:
     return _fail("predict needs --batch_size=B and --context_size=C")
+  if FLAGS.law == "":
+    return _fail("--law= is empty: give a law JSON file, or leave --law out for the study's law")
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else Law()
     b, c = FLAGS.batch_size, FLAGS.context_size

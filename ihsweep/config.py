@@ -166,8 +166,8 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
 def _validate_eval(cfg, vocab: int, source: str) -> None:
   every = _int(cfg, "eval", "every_steps", 0, hint=" (0 = no online evaluation)")
   every = _int(cfg, "eval", "every_tokens", 0, hint=" (0 = use eval.every_steps)") or every
-  _int(cfg, "eval", "n_probes", 1)
-  _int(cfg, "eval", "n_sequences", 1)
+  _int(cfg, "eval", "n_probes", 1, 100_000)
+  _int(cfg, "eval", "n_sequences", 1, 100_000)
   _int(cfg, "eval", "probe_seed", 0)
   context = cfg.train.context_size
   probe_len = _int(cfg, "eval", "probe_len", 0, context // 2,
@@ -179,10 +179,13 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
     return
   from ihsweep.data.probes import block_length
   block = block_length(context, probe_len)
-  if block < 1:
+  if block < 2:
+    if cfg.eval.probe_len:
+      raise ConfigError("eval.probe_len", probe_len, "0 or >= 2 (a block of one token has no "
+                        "next token to attribute or recall)")
     raise ConfigError("train.context_size", context,
-                      ">= 2 when evaluating (repeated-token probes hold a block twice); or set "
-                      "eval.every_steps = 0")
+                      ">= 4 when evaluating (repeated-token probes hold a block of >= 2 tokens "
+                      "twice); or set eval.every_steps = 0")
   usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
   if top_k and not block <= top_k <= usable:
     raise ConfigError("eval.probe_top_k", top_k,
@@ -200,8 +203,8 @@ def _validate_checkpoint(cfg) -> None:
   from ihsweep.checkpoint import PARAMS_SCHEDULES
   from ihsweep.law import Law, LawError
   _choice(cfg, "checkpoint", "params_schedule", PARAMS_SCHEDULES)
-  _int(cfg, "checkpoint", "points_per_octave", 1)
-  _int(cfg, "checkpoint", "law_points_per_octave", 0, hint=" (0 = no extra density)")
+  _int(cfg, "checkpoint", "points_per_octave", 1, 64)
+  _int(cfg, "checkpoint", "law_points_per_octave", 0, 64, hint=" (0 = no extra density)")
   _real(cfg, "checkpoint", "law_window", 1.0)
   _int(cfg, "checkpoint", "state_every_steps", 0, hint=" (0 = only at the end)")
   _int(cfg, "checkpoint", "keep_state", 1)
@@ -209,7 +212,8 @@ def _validate_checkpoint(cfg) -> None:
     raise ConfigError("checkpoint.async_save", cfg.checkpoint.async_save, "True or False")
   if cfg.checkpoint.law_file:
     try:
-      Law.from_json(os.path.expanduser(cfg.checkpoint.law_file))
+      Law.from_json(os.path.expanduser(cfg.checkpoint.law_file)).updates(
+          cfg.train.batch_size, cfg.train.context_size)
     except LawError as e:
       raise ConfigError("checkpoint.law_file", cfg.checkpoint.law_file, str(e)) from None
 

@@ -19,6 +19,9 @@ import math
 from numbers import Real
 
 
+MAX_LOG_UPDATES = 100  # e^100 updates: a prediction past this is a broken law, not a plan
+
+
 class LawError(ValueError):
   """A law file that cannot be read, or a (B, C) outside the law's domain."""
 
@@ -45,8 +48,12 @@ class Law:
     for name, v in (("batch_size", batch_size), ("context_size", context_size)):
       if isinstance(v, bool) or not isinstance(v, Real) or not v > 0 or not math.isfinite(v):
         raise LawError(f"{name} = {v!r}: the law needs a positive number")
-    return math.exp(self.log_T - self.alpha * math.log(batch_size)
-                    - self.beta * math.log(context_size))
+    log_upt = self.log_T - self.alpha * math.log(batch_size) - self.beta * math.log(context_size)
+    if log_upt > MAX_LOG_UPDATES:
+      raise LawError(f"the law (log_T = {self.log_T:g}, alpha = {self.alpha:g}, beta = "
+                     f"{self.beta:g}) predicts e^{log_upt:.0f} updates for B = {batch_size}, "
+                     f"C = {context_size}: beyond any run (more than e^{MAX_LOG_UPDATES})")
+    return math.exp(log_upt)
 
   def tokens(self, batch_size: float, context_size: float) -> float:
     """Predicted tokens per model at the transition: UPT · B · C."""
@@ -70,27 +77,27 @@ class Law:
       with open(path) as f:
         obj = json.load(f)
     except (OSError, ValueError) as e:
-      raise LawError(f"--law={path}: cannot read a JSON law ({e})") from None
+      raise LawError(f"law file {path}: cannot read a JSON law ({e})") from None
     if not isinstance(obj, dict):
-      raise LawError(f"--law={path}: expected a JSON object with log_T, alpha, beta")
+      raise LawError(f"law file {path}: expected a JSON object with log_T, alpha, beta")
     if "T" in obj:
       t = obj["T"]
       if isinstance(t, bool) or not isinstance(t, Real) or not 0 < t < math.inf:
-        raise LawError(f"--law={path}: T = {t!r} must be a positive finite number")
+        raise LawError(f"law file {path}: T = {t!r} must be a positive finite number")
       if "log_T" not in obj:
         obj = {**obj, "log_T": math.log(t)}
       elif isinstance(obj["log_T"], Real) and not math.isclose(math.log(t), obj["log_T"],
                                                                rel_tol=1e-6, abs_tol=1e-9):
-        raise LawError(f"--law={path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
+        raise LawError(f"law file {path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
                        f"(ln T = {math.log(t):.6g}); give one of them")
     values = {}
     for key in ("log_T", "alpha", "beta"):
       if key not in obj:
-        raise LawError(f"--law={path}: missing field {key!r}"
+        raise LawError(f"law file {path}: missing field {key!r}"
                        + (" (or 'T')" if key == "log_T" else "")
                        + "; a law JSON needs log_T (or T), alpha and beta")
       v = obj[key]
       if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
-        raise LawError(f"--law={path}: field {key!r} = {v!r}; need a finite number")
+        raise LawError(f"law file {path}: field {key!r} = {v!r}; need a finite number")
       values[key] = float(v)
     return cls(**values, source=path)

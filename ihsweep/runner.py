@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import time
+import zipfile
 from typing import Any
 
 import jax
@@ -68,13 +69,17 @@ def check_resumable(cfg, workdir: str) -> None:
 
   Raises:
     ConfigError: naming the first field whose value differs from the stored ``config.json``
-      (fields in ``RESUME_FREE_FIELDS`` may differ).
+      (fields in ``RESUME_FREE_FIELDS`` may differ), or ``workdir`` if that file is missing or
+      unreadable.
   """
   path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    old = _flatten(json.load(f))
+  try:
+    with open(path) as f:
+      old = _flatten(json.load(f))
+  except (OSError, ValueError) as e:
+    raise config_lib.ConfigError(
+        "workdir", workdir, f"a run directory whose config.json can be read to check the resumed "
+        f"config ({e}); its checkpoints cannot be verified: use a new --workdir") from None
   new = _flatten(_jsonable(cfg))
   for field in sorted(set(old) | set(new)):
     free = any(field == f or (f.endswith(".") and field.startswith(f))
@@ -104,8 +109,8 @@ def _read_jsonl(path: str) -> list[dict]:
     for line in f:
       try:
         rows.append(json.loads(line))
-      except ValueError:  # a line cut by a kill
-        break
+      except ValueError:  # a line cut by a kill (or damaged): skipped, the rest kept
+        log.warning("skipping an unreadable line in %s", path)
   return rows
 
 
@@ -176,10 +181,9 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   devices = jax.devices()[:cfg.mesh.num_devices or None]
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  has_state = os.path.isdir(os.path.join(ckpt_dir, "state")) and any(
-      name.isdigit() for name in os.listdir(os.path.join(ckpt_dir, "state")))
-  if has_state:
-    check_resumable(cfg, workdir)
+  if any(os.path.isdir(os.path.join(ckpt_dir, kind)) and os.listdir(os.path.join(ckpt_dir, kind))
+         for kind in ("params", "state")):
+    check_resumable(cfg, workdir)  # also params-only: saved steps are never overwritten
   model = Transformer(mcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   host_fed = not getattr(source, "on_device", True)
@@ -199,9 +203,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   ckpts = checkpoint.RunCheckpoints(ckpt_dir, cell_metadata(cfg, mcfg, tcfg, source, n_params),
                                     keep_state=cfg.checkpoint.keep_state,
                                     async_save=cfg.checkpoint.async_save)
-  start = ckpts.latest_state_step()
+  start, state = ckpts.restore_latest_state(state)
   if start is not None:
-    state = ckpts.restore_state(start, state)
     log.info("resuming from the full-state checkpoint at update %d", start)
   done = start or 0
   arrays = None if host_fed else jax.device_put(source.arrays(), repl)
@@ -223,9 +226,14 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   probes_path = os.path.join(workdir, "probes.npz")
   evaluator, evaluated = None, False
   if eval_steps:
+    probes = None
     if start is not None and os.path.exists(probes_path):
-      probes = probes_lib.Probes.load(probes_path)
-    else:
+      try:
+        probes = probes_lib.Probes.load(probes_path)
+      except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        log.warning("%s is unreadable (%s): making the probes again from eval.probe_seed",
+                    probes_path, e)
+    if probes is None:
       probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models,
                                       tcfg.context_size)
       probes.save(probes_path)
@@ -296,20 +304,26 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
         bar.set_postfix(loss=f"{last_loss.mean():.4f}",
                         tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
-      def after_step(step: int, pending: list) -> None:
-        """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``)."""
+      def after_step(step: int, pending: list, earlier: list) -> None:
+        """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
+        Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
+        ``pending``) is written, so a resume from it never lacks rows."""
         if step in eval_steps:
           pending.append(("eval", step, evaluator(state.params), 0))
         extra = {"tokens": step * tokens_per_step}
         if step in param_steps:
           ckpts.save_params(step, state.params, extra)
         if step in state_steps:
+          for item in earlier + pending:
+            drain(item)
+          earlier.clear()
+          pending.clear()
           ckpts.save_state(step, state, extra)
           _fault_injection(step)
 
       pending: list = []
       if start is None:
-        after_step(0, pending)
+        after_step(0, pending, [])
       elif done in eval_steps and not evaluated:  # killed before its rows were written
         pending.append(("eval", done, evaluator(state.params), 0))
       if loader:
@@ -322,7 +336,7 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
         state, metrics = program(state, hp, data, k)  # runs while we log the last call
         done += k
         new = [("train", done, metrics, k)]
-        after_step(done, new)
+        after_step(done, new, pending)
         for item in pending:
           drain(item)
         pending = new

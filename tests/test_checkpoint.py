@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -48,12 +49,15 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   cmd = [sys.executable, "-m", "ihsweep.cli", "train", "--config=configs/default.py",
          f"--workdir={tmp_path / 'run'}", "--noprogress", *_overrides(tiny_flags)]
   env = dict(os.environ)  # the same 4 fake CPU devices as this process
-  killed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+  # Synchronous saves: the kill lands right after state/40 is complete, so the resume starts
+  # there and every row up to 40 must already be on disk (checkpoint.* may change on resume).
+  killed = subprocess.run(cmd + ["--config.checkpoint.async_save=False"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
                           env={**env, "IHSWEEP_FAULT_KILL_AT_STEP": "40"})
   assert killed.returncode == -9, killed.stderr
   resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert resumed.returncode == 0, resumed.stderr
-  assert "resuming from the full-state checkpoint at update" in resumed.stderr
+  assert "resuming from the full-state checkpoint at update 40" in resumed.stderr
 
   rows = {}
   for name in ("ref", "run"):
@@ -84,6 +88,9 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
 def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   cfg = tiny(**RUN)
   write_resolved_config(cfg, str(tmp_path))
+  os.makedirs(tmp_path / "checkpoints" / "params" / "8")  # params only: still checked
+  with pytest.raises(config_lib.ConfigError, match="train.lr"):
+    fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
   os.makedirs(tmp_path / "checkpoints" / "state" / "20")
   with pytest.raises(config_lib.ConfigError, match="train.lr.*as in the run being resumed"):
     fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
@@ -92,3 +99,20 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   # Fields that only choose what is saved or how work is split may change.
   runner.check_resumable(tiny(**{**RUN, "checkpoint.state_every_steps": 5,
                                  "train.steps_per_call": 7}), str(tmp_path))
+  os.remove(tmp_path / "config.json")
+  with pytest.raises(config_lib.ConfigError, match="config.json can be read"):
+    fit(cfg, str(tmp_path), progress=False)
+
+
+def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path):
+  state = {"w": jnp.arange(6.0), "step": jnp.zeros((), jnp.int32)}
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False)
+  ckpts.save_state(10, state)
+  ckpts.save_state(20, {"w": state["w"] + 1, "step": state["step"] + 20})
+  ckpts.close()
+  for root, _, files in os.walk(tmp_path / "state" / "20" / "state"):
+    for f in files:
+      os.remove(os.path.join(root, f))  # a step directory emptied by hand
+  step, restored = checkpoint.RunCheckpoints(str(tmp_path), {}).restore_latest_state(state)
+  assert step == 10
+  np.testing.assert_array_equal(restored["w"], state["w"])

@@ -753,6 +753,11 @@ class NaturalTextSource:
     split if the validation split is shorter than C + 1 tokens, e.g. ``data.val_fraction``
     = 0)."""
     tokens = self.corpus.val if self.corpus.val.size > self.context_size else self.corpus.train
+    if tokens is self.corpus.train:
+      logging.getLogger("ihsweep").warning(
+          "the validation split has %d tokens (< C + 1 = %d): held-out sequences, val_loss and "
+          "the ICL score use training windows; raise data.val_fraction for a real validation "
+          "split", self.corpus.val.size, self.context_size + 1)
     key = jax.device_put(key, jax.devices("cpu")[0])
     starts = np.asarray(window_starts(key, int(tokens.size), n, self.context_size), np.int64)
     return np.asarray(tokens[starts[:, None] + np.arange(self.context_size + 1)])
