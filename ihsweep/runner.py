@@ -166,7 +166,7 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
   ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
   averaged over them); ``metrics.jsonl`` (every ``eval_interval`` updates and at the end, one row
-  per model: see ``eval_rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
+  per model: see ``Evaluator.rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
   Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
   (None if nothing was left to train), "tokens_per_s": aggregate throughput after the first
   (compiling) call, "resumed_from": update count restored or None}``.
@@ -174,6 +174,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a
       run with a different config.
+    DataError: data that cannot be read or built (``CheckpointError``: checkpoints present but
+      none restorable).
   """
   config_lib.validate(cfg)
   mcfg, tcfg = train.model_and_train_config(cfg)
@@ -212,7 +214,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   # Evaluation and checkpoint schedules; every one of their steps ends a host call.
   every = eval_interval(cfg)
   eval_steps = set(range(0, tcfg.num_steps + 1, every)) | {tcfg.num_steps} if every else set()
-  law = Law.from_json(cfg.checkpoint.law_file) if cfg.checkpoint.law_file else Law()
+  law_file = os.path.expanduser(cfg.checkpoint.law_file)
+  law = Law.from_json(law_file) if law_file else Law()
   param_steps = set(checkpoint.params_steps(
       tcfg.num_steps, train.tokens_per_update(tcfg), schedule=cfg.checkpoint.params_schedule,
       points_per_octave=cfg.checkpoint.points_per_octave,
