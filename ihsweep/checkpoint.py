@@ -148,27 +148,32 @@ class RunCheckpoints:
     """The newest complete full-state checkpoint, or None."""
     return self._state.latest_step()
 
-  def save_params(self, step: int, params: Any, extra: dict | None = None) -> bool:
-    """Saves the ensemble's params at ``step`` unless that step is already on disk (a resumed
-    run reaching it again computes the same values). Returns whether it saved."""
-    if step in self._params.all_steps():
+  def _save(self, manager, name: str, step: int, tree: Any, extra: dict | None) -> bool:
+    # A step already on disk is kept: a resumed run reaching it again computes the same values.
+    if step in manager.all_steps():
       return False
-    return self._params.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
-                             custom_metadata={**self.metadata, "step": step, **(extra or {})})
+    return manager.save(step, args=ocp.args.Composite(**{name: ocp.args.StandardSave(tree)}),
+                        custom_metadata={**self.metadata, "step": step, **(extra or {})})
+
+  @staticmethod
+  def _restore(manager, name: str, step: int, abstract: Any) -> Any:
+    args = ocp.args.Composite(**{name: ocp.args.StandardRestore(abstract)})
+    return manager.restore(step, args=args)[name]
+
+  def save_params(self, step: int, params: Any, extra: dict | None = None) -> bool:
+    """Saves the ensemble's params at ``step`` unless that step is already on disk. Returns
+    whether it saved."""
+    return self._save(self._params, "params", step, params, extra)
 
   def save_state(self, step: int, state: Any, extra: dict | None = None) -> bool:
-    if step in self._state.all_steps():
-      return False
-    return self._state.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
-                            custom_metadata={**self.metadata, "step": step, **(extra or {})})
+    """Saves the full train state at ``step`` unless that step is already on disk."""
+    return self._save(self._state, "state", step, state, extra)
 
   def restore_state(self, step: int, like: Any) -> Any:
     """The full state at ``step``, with the structure, dtypes and shardings of ``like`` (e.g.
     a freshly initialised state on the current mesh)."""
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
-    out = self._state.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract)))
-    return out["state"]
+    return self._restore(self._state, "state", step, abstract)
 
   def restore_params(self, step: int, like: Any = None) -> Any:
     """The ensemble's params at ``step``: shaped and sharded like ``like`` if given, else as
@@ -180,9 +185,7 @@ class RunCheckpoints:
           lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
     else:
       abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
-    out = self._params.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract)))
-    return out["params"]
+    return self._restore(self._params, "params", step, abstract)
 
   def step_metadata(self, step: int, kind: str = "params") -> dict:
     """The ``custom_metadata`` stored with a checkpoint."""

@@ -173,8 +173,10 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
   probe_len = _int(cfg, "eval", "probe_len", 0, context // 2,
                    hint=f" (0 = min(50, C/2); two copies must fit in C = {context})")
   top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
-  early = _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)") or context // 10
-  late = _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)") or context - 1
+  from ihsweep.metrics import icl_positions
+  early, late = icl_positions(
+      context, _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)"),
+      _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)"))
   if not every:
     return
   from ihsweep.data.probes import block_length

@@ -107,6 +107,11 @@ def icl_score(loss_per_position_C: jax.Array, early: int, late: int) -> jax.Arra
   return loss_per_position_C[late] - loss_per_position_C[early]
 
 
+def icl_positions(context_size: int, early: int = 0, late: int = 0) -> tuple[int, int]:
+  """The ICL score's (early, late) positions: the given ones, or C/10 and C − 1 when 0."""
+  return early or context_size // 10, late or context_size - 1
+
+
 def _argmax_2d(x_LxH: jax.Array) -> jax.Array:
   flat = jnp.argmax(x_LxH)
   return jnp.stack([flat // x_LxH.shape[1], flat % x_LxH.shape[1]]).astype(jnp.int32)

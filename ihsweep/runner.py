@@ -216,8 +216,9 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   eval_steps = set(range(0, tcfg.num_steps + 1, every)) | {tcfg.num_steps} if every else set()
   law_file = os.path.expanduser(cfg.checkpoint.law_file)
   law = Law.from_json(law_file) if law_file else Law()
+  tokens_per_step = train.tokens_per_update(tcfg)
   param_steps = set(checkpoint.params_steps(
-      tcfg.num_steps, train.tokens_per_update(tcfg), schedule=cfg.checkpoint.params_schedule,
+      tcfg.num_steps, tokens_per_step, schedule=cfg.checkpoint.params_schedule,
       points_per_octave=cfg.checkpoint.points_per_octave,
       law_updates=law.updates(tcfg.batch_size, tcfg.context_size),
       law_window=cfg.checkpoint.law_window,
@@ -246,7 +247,6 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
              probes.sequences.shape[1], int(probes.recall[0].sum()))
     evaluator = Evaluator(cfg, mcfg, probes, mesh)
 
-  tokens_per_step = train.tokens_per_update(tcfg)
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   log_path = os.path.join(workdir, "train_log.jsonl")
   if start is None:
@@ -364,9 +364,9 @@ class Evaluator:
     n, t = probes.repeated.shape
     s, cp1 = probes.sequences.shape[1:]
     context = cp1 - 1
+    early, late = metrics_lib.icl_positions(context, cfg.eval.icl_early, cfg.eval.icl_late)
     self.fn = metrics_lib.make_eval_fn(
-        mcfg, block_len=probes.block_len, icl_early=cfg.eval.icl_early or context // 10,
-        icl_late=cfg.eval.icl_late or context - 1,
+        mcfg, block_len=probes.block_len, icl_early=early, icl_late=late,
         probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
         sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size), out_sharding=ens_sh)
     self.inputs = probes_lib.as_device_arrays(probes, ens_sh, repl)

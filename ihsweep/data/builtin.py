@@ -12,22 +12,26 @@ import jax.numpy as jnp
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
-class UniformSource:
-  """I.i.d. uniform tokens: nothing to learn beyond the unigram (loss floor ln V nats)."""
-
-  vocab_size: int
-  batch_size: int
-  context_size: int
+class _Generated:
+  """A source drawn from its key alone: no per-model values and no shared device arrays."""
 
   def data_params(self, n_models: int) -> dict:
-    """Per-model data values, leading axis E (none for this source)."""
+    """Per-model data values, leading axis E (none)."""
     del n_models
     return {}
 
   def arrays(self) -> dict:
     """Shared device arrays (none)."""
     return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformSource(_Generated):
+  """I.i.d. uniform tokens: nothing to learn beyond the unigram (loss floor ln V nats)."""
+
+  vocab_size: int
+  batch_size: int
+  context_size: int
 
   def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
@@ -41,7 +45,7 @@ class UniformSource:
 
 
 @dataclasses.dataclass(frozen=True)
-class RepeatedBlocksSource:
+class RepeatedBlocksSource(_Generated):
   """The classic induction task: a random block repeated, at a random offset.
 
   Per sequence of C + 1 tokens: a block length ℓ uniform in [block_min, block_max] and an offset
@@ -62,13 +66,6 @@ class RepeatedBlocksSource:
   def longest_block(self) -> int:
     return self.block_max or (self.context_size + 1) // 2
 
-  def data_params(self, n_models: int) -> dict:
-    del n_models
-    return {}
-
-  def arrays(self) -> dict:
-    return {}
-
   def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
     del data_params, arrays
@@ -88,7 +85,7 @@ class RepeatedBlocksSource:
 
 
 @dataclasses.dataclass(frozen=True)
-class MarkovChainSource:
+class MarkovChainSource(_Generated):
   """A fixed first-order Markov chain in which every token has ``n_successors`` successors.
 
   The chain is built on the host from ``seed``: token a's successors are ``n_successors`` distinct
@@ -105,10 +102,6 @@ class MarkovChainSource:
 
   def _table(self):
     return _chain_table(self.vocab_size, self.n_successors, self.seed)
-
-  def data_params(self, n_models: int) -> dict:
-    del n_models
-    return {}
 
   def arrays(self) -> dict:
     """The chain, passed to the step as arguments (not baked into the program as constants):
