@@ -29,8 +29,11 @@ def get_config(arg: str = ""):
       lr=1e-3, schedule="cosine", warmup_frac=0.01, b1=0.9, b2=0.999, eps=1e-8,
       weight_decay=0.0, grad_clip=1.0))
 
-  # vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU, cache-sized on CPU)
-  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), vmap_chunk=0))
+  # seeds: per-model seeds (empty = seed + i); cell_ids: ids in logs (empty = 0…E-1; a sweep
+  # sets both); vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU,
+  # cache-sized on CPU)
+  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), seeds=(), cell_ids=(),
+                                              vmap_chunk=0))
 
   c.data = data.default_config()  # every field documented in ihsweep.data.default_config
   c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
@@ -38,6 +41,7 @@ def get_config(arg: str = ""):
   c.mesh = ml_collections.ConfigDict(dict(num_devices=0))  # 0 = every device
   c.eval = config.default_eval()  # online metrics; fields in ihsweep.config.default_eval
   c.checkpoint = config.default_checkpoint()  # fields in ihsweep.config.default_checkpoint
+  c.sweep = config.default_sweep()  # `ihsweep run`'s grid and budget: ihsweep.config.default_sweep
 
   for variant in filter(None, arg.split(",")):
     if variant == "tiny":

@@ -1,5 +1,7 @@
 """The ``ihsweep`` command.
 
+  ihsweep run --config=FILE --workdir=DIR [--grid=train.batch_size=8,16 ...]
+  ihsweep status --workdir=DIR
   ihsweep train --config=configs/default.py --workdir=DIR [--config.train.lr=3e-4 ...]
   ihsweep corpus fetch python-docs [--cache_dir=DIR]
   ihsweep corpus prepare --config=FILE   (tokenize and cache the config's corpus; print counts)
@@ -20,6 +22,8 @@ from absl import flags
 from ml_collections import config_flags
 
 COMMANDS = {
+    "run": "run a sweep: the config's sweep.grid × seeds, one ensemble per group of equal shapes",
+    "status": "per-group state of a sweep's run directory (done, running, pending, failed)",
     "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
     "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
     "predict": "updates and tokens until induction heads form, by the emergence law",
@@ -34,6 +38,10 @@ flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per u
 flags.DEFINE_integer("context_size", None, "predict: context size C (tokens per sequence)")
 flags.DEFINE_string("law", None, "predict: a law JSON with log_T (or T), alpha, beta; default: "
                     "the study's ln T = 13.26, alpha = 0.37, beta = 0.62")
+flags.DEFINE_multi_string("grid", [], "run: a sweep axis FIELD=V1,V2,... (repeatable; adds to "
+                          "or replaces the config's sweep.grid), e.g. --grid=train.batch_size=8,16")
+flags.DEFINE_multi_string("zip", [], "run: a zipped sweep axis FIELD=V1,V2,... (zip axes vary "
+                          "together)")
 flags.DEFINE_bool("json", False, "predict: print one JSON object")
 flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
                     "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
@@ -55,7 +63,7 @@ def _train(argv):
   from ihsweep.checkpoint import CheckpointError
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.runner import fit
+  from ihsweep.runner import Interrupted, fit
   cfg, failed = _load_config()
   if failed is not None:
     return failed
@@ -65,6 +73,9 @@ def _train(argv):
     return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
   try:
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
+  except Interrupted as e:
+    print(f"interrupted: {e}", file=sys.stderr)
+    return 143
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
   except CheckpointError as e:
@@ -78,6 +89,56 @@ def _train(argv):
   speed = out["tokens_per_s"]
   speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
   print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
+  return 0
+
+
+def _run(argv):
+  del argv
+  import jax
+  from ihsweep import sweep
+  from ihsweep.checkpoint import CheckpointError
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  cfg, failed = _load_config()
+  if failed is not None:
+    return failed
+  if cfg is None or FLAGS.workdir is None:
+    return _fail("run needs --config=FILE and --workdir=DIR")
+  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+    return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
+  try:
+    sweep.add_axes(cfg, FLAGS.grid, "grid")
+    sweep.add_axes(cfg, FLAGS.zip, "zip")
+    result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
+  except ConfigError as e:
+    return _fail(f"invalid config: {e}")
+  except CheckpointError as e:
+    return _fail(f"checkpoint: {e}")
+  except DataError as e:
+    return _fail(f"data: {e}")
+  failed_groups = [g for g, s in result.groups.items() if s["state"] == "failed"]
+  if jax.process_index() == 0:
+    print(sweep.format_summary(result.summary))
+  if result.interrupted:
+    print(f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",
+          file=sys.stderr)
+    return 143
+  if failed_groups:
+    print(f"ihsweep: groups {', '.join(failed_groups)} failed (errors in their status.json; "
+          f"`ihsweep status --workdir={FLAGS.workdir}`); rerun to retry them", file=sys.stderr)
+    return 1
+  return 0
+
+
+def _status(argv):
+  del argv
+  from ihsweep import sweep
+  if FLAGS.workdir is None:
+    return _fail("status needs --workdir=DIR")
+  try:
+    print(sweep.format_status(FLAGS.workdir))
+  except sweep.NotASweep as e:
+    return _fail(str(e))
   return 0
 
 
@@ -150,6 +211,24 @@ def _corpus_prepare():
 
 
 COMMAND_HELP = {
+    "run": """usage: ihsweep run --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
+                   [--config.SECTION.FIELD=VALUE ...]
+
+  Trains every cell of the config's sweep section (grid × zip × seeds; no section: one grid
+  point with ensemble.size seeds), one compiled ensemble per group of cells with equal shapes,
+  and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.json.
+  Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
+  running group's state and exits with status 143. Several processes (launch/*.sh) train each
+  group together on one global mesh.
+  --grid=FIELD=V1,V2,...   a grid axis (repeatable), e.g. --grid=train.batch_size=8,16
+  --zip=FIELD=V1,V2,...    an axis of values varied together with the other --zip axes
+  --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
+  --config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/config.py default_sweep)""",
+    "status": """usage: ihsweep status --workdir=DIR
+
+  Reads a sweep's run directory (cells.csv, groups/*/status.json, train logs) and prints each
+  group's state — done, running, pending, failed, interrupted — with its progress and diverged
+  cells. Touches nothing.""",
     "train": """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
                      [--config.SECTION.FIELD=VALUE ...]
 
@@ -229,12 +308,13 @@ def main(argv=None) -> int:
   if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[2:]):
     print(COMMAND_HELP[command])
     return 0
-  from ihsweep.sharding import use_one_cpu_device_per_core
+  from ihsweep.sharding import initialize_distributed, use_one_cpu_device_per_core
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
-  handler = {"train": _train, "corpus": _corpus, "predict": _predict}[command]
+  handler = {"run": _run, "status": _status, "train": _train, "corpus": _corpus,
+             "predict": _predict}[command]
   _config_imports_siblings(argv[2:])
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
@@ -243,6 +323,10 @@ def main(argv=None) -> int:
     return _fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
   except CONFIG_LOAD_ERRORS as e:
     return _config_load_failed(e)
+  if command in ("run", "train"):
+    from ihsweep.runner import install_stop_handlers
+    initialize_distributed()
+    install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit
   return int(handler(rest) or 0)
 
 if __name__ == "__main__":

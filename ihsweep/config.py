@@ -53,6 +53,28 @@ def default_checkpoint():
       law_file="", state_every_steps=500, keep_state=2, async_save=True))
 
 
+def default_sweep():
+  """The ``sweep`` section: what ``ihsweep run`` trains (``ihsweep.sweep``).
+
+  grid: config fields as nested sections whose leaves are tuples of values; the grid points
+    are their product, e.g. ``grid.train.batch_size = (8, 16)`` and ``grid.train.context_size
+    = (32, 64)`` give 4 points. zip: the same layout, tuples of one common length that vary
+    together (one axis of the product). seeds: models per grid point, with seeds ``seed, seed
+    + 1, …`` (0 = ensemble.size). A cell is one model: a grid point and a seed.
+  budget (updates per cell): 'updates' = train.num_steps; 'tokens' = ``tokens`` per model,
+    rounded up to whole updates; 'law' = ``law_multiple`` × the emergence law's predicted
+    updates for the cell's B and C (``law_file``, '' = the study's law); 'emergence' = at most
+    law_multiple × the prediction, stopping a group early once every model's online
+    ``stop_metric`` has reached ``stop_threshold`` and training has gone on to ``stop_margin``
+    × the update at which it did (diverged models count as done).
+  """
+  import ml_collections
+  return ml_collections.ConfigDict(dict(
+      grid=ml_collections.ConfigDict(), zip=ml_collections.ConfigDict(), seeds=0,
+      budget="updates", tokens=0, law_multiple=3.0, law_file="", stop_metric="ps_max",
+      stop_threshold=0.4, stop_margin=2.0))
+
+
 class ConfigError(ValueError):
   """A config field has a value that is not allowed."""
 
@@ -271,6 +293,16 @@ def validate(cfg) -> None:
                         f"(ensemble.size = {size})")
     for i, lr in enumerate(peak_lrs):
       _check_real(f"ensemble.peak_lrs[{i}]", lr, 0.0, math.inf, True, True)
+  for name in ("seeds", "cell_ids"):
+    values = cfg.ensemble.get(name, ())
+    if values and len(values) != size:
+      raise ConfigError(f"ensemble.{name}", values, f"empty or one value per model "
+                        f"(ensemble.size = {size})")
+    for i, v in enumerate(values):
+      if isinstance(v, bool) or not isinstance(v, Integral) or v < 0:
+        raise ConfigError(f"ensemble.{name}[{i}]", v, "an integer >= 0")
+    if name == "cell_ids" and len(set(values)) != len(values):
+      raise ConfigError("ensemble.cell_ids", values, "distinct ids")
   if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, Integral) or cfg.seed < 0:
     raise ConfigError("seed", cfg.seed, "an integer >= 0")
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import threading
 import time
 import zipfile
 from typing import Any
@@ -138,11 +139,11 @@ def _short(values, limit: int = 8) -> str:
 
 def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
   """What every checkpoint of this run records about its models (``custom_metadata``)."""
-  lrs = train.peak_lrs(cfg)
+  lrs, seeds, ids = train.peak_lrs(cfg), train.model_seeds(cfg), train.cell_ids(cfg)
   knobs = {k: np.asarray(v) for k, v in source.data_params(cfg.ensemble.size).items()}
   cells = []
   for i in range(cfg.ensemble.size):
-    cell = {"cell": i, "seed": cfg.seed + i, "peak_lr": float(lrs[i])}
+    cell = {"cell": ids[i], "seed": seeds[i], "peak_lr": float(lrs[i])}
     cell.update({k: float(v[i]) for k, v in knobs.items()})
     cells.append(cell)
   return {"cells": cells, "model": dataclasses.asdict(mcfg), "n_params": n_params,
@@ -153,33 +154,103 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
 
 def _fault_injection(step: int) -> None:
   """Test hook: ``IHSWEEP_FAULT_KILL_AT_STEP=s`` SIGKILLs this process right after the full
-  state save at update s has started (its asynchronous write possibly unfinished)."""
+  state save at update s has started (its asynchronous write possibly unfinished);
+  ``IHSWEEP_FAULT_PROCESS=p`` limits it to process p of a multi-process run."""
   at = os.environ.get("IHSWEEP_FAULT_KILL_AT_STEP")
-  if at and int(at) == step:
+  only = os.environ.get("IHSWEEP_FAULT_PROCESS")
+  if at and int(at) == step and (not only or int(only) == jax.process_index()):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
+_STOP_REQUESTED = threading.Event()
+
+
+def request_stop(signum=None, frame=None) -> None:
+  """Asks a running ``fit`` to checkpoint and stop after its current host call (the SIGTERM
+  handler the CLI installs: preemption). A second SIGINT interrupts at once."""
+  del frame
+  if signum == signal.SIGINT and _STOP_REQUESTED.is_set():
+    raise KeyboardInterrupt
+  if not _STOP_REQUESTED.is_set():
+    log.warning("stop requested (%s): checkpointing after the current call",
+                signal.Signals(signum).name if signum else "request_stop")
+  _STOP_REQUESTED.set()
+
+
+def install_stop_handlers() -> None:
+  """SIGTERM and SIGINT → ``request_stop`` (main thread only)."""
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, request_stop)
+
+
+class Interrupted(Exception):
+  """Training stopped on request (SIGTERM) after writing a full-state checkpoint."""
+
+  def __init__(self, workdir: str, step: int):
+    self.workdir, self.step = workdir, step
+    super().__init__(f"stopped at update {step} on request; state saved in {workdir}; rerun "
+                     f"the same command to resume")
+
+
+class EmergenceStop:
+  """The 'until emergence + margin' budget: a model is done once its online ``metric`` has
+  reached ``threshold`` at some evaluation step s and training has reached ``margin · s``
+  updates; a diverged model is done. ``done(step)`` is true when every model is.
+
+  Args:
+    metric: a per-model ``metrics.jsonl`` field (e.g. ``ps_max``); threshold: its emergence
+      level; margin: factor (>= 1) on the first step at which it was reached; n_models: E.
+  """
+
+  def __init__(self, metric: str, threshold: float, margin: float, n_models: int):
+    self.metric, self.threshold, self.margin = metric, threshold, margin
+    self.crossed: list[int | None] = [None] * n_models
+    self.diverged = np.zeros(n_models, bool)
+
+  def observe(self, step: int, values, diverged) -> None:
+    """One evaluation: ``values`` [E] of the metric (NaN/None ignored), ``diverged`` [E] bool."""
+    self.diverged |= np.asarray(diverged, bool)
+    for i, v in enumerate(values):
+      if self.crossed[i] is None and v is not None and v >= self.threshold:
+        self.crossed[i] = step
+
+  def done(self, step: int) -> bool:
+    return all(d or (c is not None and step >= self.margin * c)
+               for c, d in zip(self.crossed, self.diverged))
+
+
+def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
+        stop_rule: EmergenceStop | None = None) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
 
   Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
   ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
-  averaged over them); ``metrics.jsonl`` (every ``eval_interval`` updates and at the end, one row
-  per model: see ``Evaluator.rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
+  averaged over them, null for a diverged model); ``metrics.jsonl`` (every ``eval_interval``
+  updates and at the end, one row per model: see ``Evaluator.rows``); ``probes.npz``;
+  ``checkpoints/`` (``ihsweep.checkpoint``). Under several processes (one global mesh) every
+  process runs this together and process 0 writes the files.
+
+  A model whose loss turns NaN/inf is frozen (``train.train_step``) and the others go on.
+  ``stop_rule`` (``EmergenceStop``) ends training early at an evaluation step. After
+  ``request_stop`` (SIGTERM) the state is checkpointed and ``Interrupted`` is raised.
+
   Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
   (None if nothing was left to train), "tokens_per_s": aggregate throughput after the first
-  (compiling) call, "resumed_from": update count restored or None}``.
+  (compiling) call, "resumed_from": update count restored or None, "step": updates done,
+  "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none)}``.
 
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a
       run with a different config.
     DataError: data that cannot be read or built (``CheckpointError``: checkpoints present but
       none restorable).
+    Interrupted: stopped on request, after the checkpoint.
   """
   config_lib.validate(cfg)
   mcfg, tcfg = train.model_and_train_config(cfg)
   n_models = cfg.ensemble.size
+  lead = jax.process_index() == 0  # writes the logs; every process computes
   devices = jax.devices()[:cfg.mesh.num_devices or None]
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   ckpt_dir = os.path.join(workdir, "checkpoints")
@@ -191,15 +262,18 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   host_fed = not getattr(source, "on_device", True)
   if hasattr(source, "describe"):
     log.info("data: %s", source.describe())
-  hp = train.HParams(peak_lr=jnp.asarray(train.peak_lrs(cfg), jnp.float32),
-                     data=source.data_params(n_models))
+  data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
+  hp = train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=data_params)
   ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
   hp = jax.device_put(hp, ens_sh)
-  write_resolved_config(cfg, workdir)
-  log.info("mesh %s over %d %s device(s); E=%d B=%d C=%d", dict(mesh.shape), len(devices),
-           jax.default_backend(), n_models, tcfg.batch_size, tcfg.context_size)
+  if lead:
+    write_resolved_config(cfg, workdir)
+  log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(mesh.shape), len(devices),
+           jax.default_backend(),
+           f" in {jax.process_count()} processes" if jax.process_count() > 1 else "",
+           n_models, tcfg.batch_size, tcfg.context_size)
 
-  seeds = jnp.arange(n_models, dtype=jnp.int32) + cfg.seed
+  seeds = np.asarray(train.model_seeds(cfg), np.int32)
   state = train.make_init_fn(model, tcfg, mesh)(seeds)
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
   ckpts = checkpoint.RunCheckpoints(ckpt_dir, cell_metadata(cfg, mcfg, tcfg, source, n_params),
@@ -209,7 +283,8 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   if start is not None:
     log.info("resuming from the full-state checkpoint at update %d", start)
   done = start or 0
-  arrays = None if host_fed else jax.device_put(source.arrays(), repl)
+  host_arrays = None if host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
+  arrays = None if host_fed else jax.device_put(host_arrays, repl)
 
   # Evaluation and checkpoint schedules; every one of their steps ends a host call.
   every = eval_interval(cfg)
@@ -237,10 +312,11 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
       except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         log.warning("%s is unreadable (%s): making the probes again from eval.probe_seed",
                     probes_path, e)
-    if probes is None:
-      probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models,
-                                      tcfg.context_size)
-      probes.save(probes_path)
+    if probes is None:  # from host values, so that every process computes the same probes
+      probes = probes_lib.make_probes(source, data_params, host_arrays,
+                                      cfg.eval, n_models, tcfg.context_size)
+      if lead:
+        probes.save(probes_path)
     log.info("eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
              "sequences per model (%d associative-recall prompts in model 0's)",
              every, len(probes.repeated), probes.block_len, probes.candidates,
@@ -250,109 +326,165 @@ def fit(cfg, workdir: str, *, progress: bool = True) -> dict[str, Any]:
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   log_path = os.path.join(workdir, "train_log.jsonl")
   if start is None:
-    for path in (metrics_path, log_path):
-      if os.path.exists(path):
-        log.warning("replacing %s: no checkpoint to resume from in %s", path, workdir)
-        os.remove(path)
     train_rows = []
+    sharding.barrier("ihsweep-fit-fresh")  # nobody still reads the files being replaced
+    if lead:
+      for path in (metrics_path, log_path):
+        if os.path.exists(path):
+          log.warning("replacing %s: no checkpoint to resume from in %s", path, workdir)
+          os.remove(path)
   else:  # drop what was logged after the checkpoint; it will be recomputed identically
     train_rows = [r for r in _read_jsonl(log_path) if r["step"] <= done]
-    _rewrite_jsonl(log_path, train_rows)
     rows = [r for r in _read_jsonl(metrics_path) if r["step"] <= done]
     evaluated = sum(r["step"] == done for r in rows) == n_models  # the resumed step's rows
-    _rewrite_jsonl(metrics_path, rows if evaluated else [r for r in rows if r["step"] < done])
+    if not evaluated:
+      rows = [r for r in rows if r["step"] < done]
+    if stop_rule is not None:
+      _replay(stop_rule, rows, stop_rule.metric)
+    sharding.barrier("ihsweep-fit-read")  # every process has read before process 0 rewrites
+    if lead:
+      _rewrite_jsonl(log_path, train_rows)
+      _rewrite_jsonl(metrics_path, rows)
   last_eval = max((s for s in eval_steps if s < done or (s == done and evaluated)), default=0)
   loss_sum, loss_updates = np.zeros(n_models), 0  # training loss since the last evaluation
   for r in train_rows:
     if r["step"] > last_eval:
-      loss_sum += np.asarray(r["loss"]) * r["updates"]
+      loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
       loss_updates += r["updates"]
+  if stop_rule is not None and stop_rule.done(done):
+    schedule = []  # stopped here before (emergence budget)
 
   loader = HostLoader(source, state, mesh, tcfg.steps_per_call) if host_fed else None
   tokens_per_call_step = n_models * tokens_per_step
   bar = tqdm(total=tcfg.num_steps, initial=done, disable=not progress, unit="upd",
-             dynamic_ncols=True)
+             dynamic_ncols=True, desc=desc)
   first_drain_t, tokens_since_first, last_loss = None, 0, None
+  diverged_at = sharding.to_host(state.diverged_at)
+  stopped_early = False
+  mfile = open(metrics_path, "a") if lead else None
+  lfile = open(log_path, "a") if lead else None
   try:
-    with open(metrics_path, "a") as mfile, open(log_path, "a") as lfile:
 
-      def drain(item) -> None:
-        nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates
-        kind, step, values, k = item
-        host = jax.tree_util.tree_map(np.asarray, values)  # the only host syncs
-        if kind == "eval":
-          train_loss = loss_sum / loss_updates if loss_updates else None
-          rows = evaluator.rows(host, step, tokens_per_step, cfg.seed, train_loss)
+    def drain(item) -> None:
+      nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates, diverged_at
+      kind, step, values, k = item
+      host = sharding.to_host(values)  # the only host syncs
+      if kind == "eval":
+        host, diverged_at = host
+        train_loss = loss_sum / loss_updates if loss_updates else None
+        rows = evaluator.rows(host, step, tokens_per_step, cfg, train_loss, diverged_at)
+        if stop_rule is not None:
+          stop_rule.observe(step, [r[stop_rule.metric] for r in rows], diverged_at >= 0)
+        if lead:
           mfile.writelines(json.dumps(r) + "\n" for r in rows)
           mfile.flush()
-          log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s",
-                   step, f"{step * tokens_per_step:,}", _short(host["ps_max"]),
-                   _short(host["ar_acc"]), _short(host["val_loss"]))
-          loss_sum, loss_updates = np.zeros(n_models), 0
-          return
-        now = time.perf_counter()
-        if first_drain_t is None:  # the first call includes compilation: not timed
-          first_drain_t = now
-        else:
-          tokens_since_first += k * tokens_per_call_step
-        last_loss = host["loss"][:k].mean(axis=0)
-        row = {"step": step, "tokens": step * tokens_per_step, "updates": k,
-               "loss": last_loss.tolist(), "grad_norm": host["grad_norm"][:k].mean(axis=0).tolist()}
+        log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+                 step, f"{step * tokens_per_step:,}", _short(host["ps_max"]),
+                 _short(host["ar_acc"]), _short(host["val_loss"]),
+                 f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "")
+        loss_sum, loss_updates = np.zeros(n_models), 0
+        return
+      now = time.perf_counter()
+      if first_drain_t is None:  # the first call includes compilation: not timed
+        first_drain_t = now
+      else:
+        tokens_since_first += k * tokens_per_call_step
+      last_loss = host["loss"][:k].mean(axis=0)
+      row = {"step": step, "tokens": step * tokens_per_step, "updates": k,
+             "loss": _plain(last_loss), "grad_norm": _plain(host["grad_norm"][:k].mean(axis=0))}
+      if lead:
         lfile.write(json.dumps(row) + "\n")
         lfile.flush()
-        loss_sum += np.asarray(row["loss"]) * k
-        loss_updates += k
-        bar.update(k)
-        elapsed = now - first_drain_t
-        bar.set_postfix(loss=f"{last_loss.mean():.4f}",
-                        tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
+      loss_sum += last_loss * k
+      loss_updates += k
+      bar.update(k)
+      elapsed = now - first_drain_t
+      finite = last_loss[np.isfinite(last_loss)]
+      bar.set_postfix(loss=f"{finite.mean():.4f}" if finite.size else "nan",
+                      tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
-      def after_step(step: int, pending: list, earlier: list) -> None:
-        """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
-        Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
-        ``pending``) is written, so a resume from it never lacks rows."""
-        if step in eval_steps:
-          pending.append(("eval", step, evaluator(state.params), 0))
-        extra = {"tokens": step * tokens_per_step}
-        if step in param_steps:
-          ckpts.save_params(step, state.params, extra)
-        if step in state_steps:
-          for item in earlier + pending:
-            drain(item)
-          earlier.clear()
-          pending.clear()
-          ckpts.save_state(step, state, extra)
-          _fault_injection(step)
+    def after_step(step: int, pending: list, earlier: list, final: bool = False) -> None:
+      """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
+      Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
+      ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
+      (an early stop or a requested one): params and state are saved whatever the schedule."""
+      if step in eval_steps and not final:
+        pending.append(("eval", step, (evaluator(state.params), jnp.copy(state.diverged_at)), 0))
+      extra = {"tokens": step * tokens_per_step}
+      if (step in param_steps or (final and stopped_early)) and step not in saved["params"]:
+        ckpts.save_params(step, state.params, extra)
+        saved["params"].add(step)
+      if (step in state_steps or final) and step not in saved["state"]:
+        for item in earlier + pending:
+          drain(item)
+        earlier.clear()
+        pending.clear()
+        ckpts.save_state(step, state, extra)
+        saved["state"].add(step)
+        _fault_injection(step)
 
-      pending: list = []
-      if start is None:
-        after_step(0, pending, [])
-      elif done in eval_steps and not evaluated:  # killed before its rows were written
-        pending.append(("eval", done, evaluator(state.params), 0))
-      if loader:
-        loader.prefetch(done, schedule)
-      program = train.make_ensemble_train_fn(
-          model, tcfg, None if host_fed else source.sample, mesh,
-          min(tcfg.steps_per_call, tcfg.num_steps), cfg.ensemble.vmap_chunk)
-      for k in schedule:
-        data = loader.next() if loader else arrays
-        state, metrics = program(state, hp, data, k)  # runs while we log the last call
-        done += k
-        new = [("train", done, metrics, k)]
-        after_step(done, new, pending)
+    pending: list = []
+    saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
+    if start is None:
+      after_step(0, pending, [])
+    elif done in eval_steps and not evaluated:  # killed before its rows were written
+      pending.append(("eval", done, (evaluator(state.params), jnp.copy(state.diverged_at)), 0))
+    if loader:
+      loader.prefetch(done, schedule)
+    program = train.make_ensemble_train_fn(
+        model, tcfg, None if host_fed else source.sample, mesh,
+        min(tcfg.steps_per_call, tcfg.num_steps), cfg.ensemble.vmap_chunk)
+    for k in schedule:
+      data = loader.next() if loader else arrays
+      state, metrics = program(state, hp, data, k)  # runs while we log the last call
+      done += k
+      new = [("train", done, metrics, k)]
+      after_step(done, new, pending)
+      if stop_rule is not None and done in eval_steps:  # decide now, before the next call
+        for item in pending + new:
+          drain(item)
+        new = []
+        stopped_early = done < tcfg.num_steps and stop_rule.done(done)
+      else:
         for item in pending:
           drain(item)
-        pending = new
-      for item in pending:
-        drain(item)
+      pending = new
+      interrupted = sharding.any_process(_STOP_REQUESTED.is_set())
+      if stopped_early or interrupted:
+        after_step(done, pending, [], final=True)
+        pending = []
+        if interrupted and done < tcfg.num_steps:
+          raise Interrupted(workdir, done)  # after the checkpoint (closed in finally)
+        break
+    for item in pending:
+      drain(item)
   finally:
     bar.close()
+    for f in (mfile, lfile):
+      if f:
+        f.close()
     if loader:
       loader.close()
     ckpts.close()  # waits for asynchronous writes
+  if stopped_early:
+    log.info("every model past its transition by the margin: stopped at update %d of %d",
+             done, tcfg.num_steps)
   elapsed = time.perf_counter() - first_drain_t if first_drain_t else 0.0
-  return {"state": state, "losses": last_loss, "resumed_from": start,
+  return {"state": state, "losses": last_loss, "resumed_from": start, "step": done,
+          "stopped_early": stopped_early or (stop_rule is not None and done < tcfg.num_steps),
+          "diverged_at": np.asarray(sharding.to_host(state.diverged_at)),
           "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}
+
+
+def _replay(stop_rule: EmergenceStop, rows: list[dict], metric: str) -> None:
+  """Feeds a resumed run's logged evaluations to its stop rule, in step order."""
+  by_step: dict[int, list[dict]] = {}
+  for r in rows:
+    by_step.setdefault(r["step"], []).append(r)
+  for step in sorted(by_step):
+    group = by_step[step]
+    stop_rule.observe(step, [r.get(metric) for r in group],
+                      [bool(r.get("diverged")) for r in group])
 
 
 class Evaluator:
@@ -375,18 +507,27 @@ class Evaluator:
     return self.fn(params, *self.inputs)
 
   @staticmethod
-  def rows(host: dict, step: int, tokens_per_step: int, seed: int, train_loss) -> list[dict]:
-    """One ``metrics.jsonl`` row per model: ``cell`` (index in the ensemble), ``seed``,
-    ``step``, ``tokens``, ``train_loss`` (mean over the updates since the previous evaluation;
-    null at step 0), ``val_loss``, ``ps``/``la``/``dla`` ``[n_layers][n_heads]``, their
-    ``*_max`` and ``*_argmax`` ([layer, head]), ``ar_acc``, ``ar_rank``, ``ar_data_acc``,
-    ``ar_data_rank``, ``ar_data_n``, ``icl_score``. NaN is written as null."""
+  def rows(host: dict, step: int, tokens_per_step: int, cfg, train_loss,
+           diverged_at=None) -> list[dict]:
+    """One ``metrics.jsonl`` row per model: ``cell`` (its id: ``ensemble.cell_ids``, default
+    the index in the ensemble), ``seed``, ``step``, ``tokens``, ``train_loss`` (mean over the
+    updates since the previous evaluation; null at step 0), ``val_loss``, ``ps``/``la``/``dla``
+    ``[n_layers][n_heads]``, their ``*_max`` and ``*_argmax`` ([layer, head]), ``ar_acc``,
+    ``ar_rank``, ``ar_data_acc``, ``ar_data_rank``, ``ar_data_n``, ``icl_score``, ``diverged``
+    (bool). A diverged model's row has ``diverged_step`` (updates done when its loss first
+    turned NaN/inf) and null metrics. NaN is written as null."""
     n_models = len(host["ps_max"])
+    ids, seeds = train.cell_ids(cfg), train.model_seeds(cfg)
+    diverged_at = np.full(n_models, -1) if diverged_at is None else np.asarray(diverged_at)
     out = []
     for i in range(n_models):
-      row = {"cell": i, "seed": seed + i, "step": step, "tokens": step * tokens_per_step,
+      row = {"cell": ids[i], "seed": seeds[i], "step": step, "tokens": step * tokens_per_step,
              "train_loss": None if train_loss is None else _plain(train_loss[i])}
-      row.update({k: _plain(v[i]) for k, v in sorted(host.items())})
+      bad = diverged_at[i] >= 0
+      row.update({k: None if bad else _plain(v[i]) for k, v in sorted(host.items())})
+      row["diverged"] = bool(bad)
+      if bad:
+        row["diverged_step"] = int(diverged_at[i])
       out.append(row)
     return out
 
@@ -401,7 +542,7 @@ class HostLoader:
     import concurrent.futures
     self._source = source
     self._k = steps_per_call
-    self._keys = np.asarray(jax.device_get(state.data_key))  # [E, 2], fixed for the run
+    self._keys = sharding.to_host(state.data_key)  # [E, 2], fixed for the run
     self._sharding = sharding.host_batch_sharding(mesh)
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-loader")
     self._queue: list = []

@@ -87,3 +87,52 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   n = n or len(os.sched_getaffinity(0))
   os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
   return n
+
+
+def to_host(tree):
+  """numpy copies of a pytree of arrays. Arrays spread over several processes (a global mesh)
+  are gathered from all of them (``multihost_utils.process_allgather``, a collective: every
+  process must call it in the same order); single-process arrays are just copied."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    return jax.tree_util.tree_map(np.asarray, tree)
+  from jax.experimental import multihost_utils
+  return jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def any_process(flag: bool) -> bool:
+  """True if ``flag`` is true in any process (a collective when there are several; every
+  process must call it at the same point)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+  return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches this point (nothing to do in one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+def initialize_distributed() -> int:
+  """Joins a multi-process run through ``jax.distributed.initialize`` when launched as one:
+  ``IHSWEEP_COORDINATOR`` (host:port), ``IHSWEEP_NUM_PROCESSES`` and ``IHSWEEP_PROCESS_ID``
+  (set by ``launch/local_multiprocess.sh``), or ``IHSWEEP_DISTRIBUTED=1`` for JAX's own cluster
+  detection (SLURM, Cloud TPU pods, Open MPI: ``launch/slurm.sbatch``, ``launch/tpu_pod.sh``).
+  ``IHSWEEP_HEARTBEAT_S`` (default 100) is how long the others wait for a silent process.
+  Call before anything else touches JAX's devices. Returns the process count (1 when not
+  launched as several)."""
+  import os
+  env = os.environ
+  heartbeat = int(env.get("IHSWEEP_HEARTBEAT_S", "100"))
+  if env.get("IHSWEEP_COORDINATOR"):
+    jax.distributed.initialize(env["IHSWEEP_COORDINATOR"], int(env["IHSWEEP_NUM_PROCESSES"]),
+                               int(env["IHSWEEP_PROCESS_ID"]),
+                               heartbeat_timeout_seconds=heartbeat)
+  elif env.get("IHSWEEP_DISTRIBUTED", "") not in ("", "0"):
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+  else:
+    return 1
+  return jax.process_count()

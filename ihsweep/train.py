@@ -63,12 +63,15 @@ class TrainState:
   step: int32 ``[]`` updates done. params / opt_state: Flax params and optax state.
   data_key: uint32 ``[2]`` root key of this model's data stream; step t uses
   ``fold_in(data_key, t)``, so a resumed run draws the same batches.
+  diverged_at: int32 ``[]``, -1 while the model is healthy, else the update count at which its
+  loss or gradient was first NaN/inf; from then on its params and optimizer state are frozen.
   """
 
   step: jax.Array
   params: Any
   opt_state: Any
   data_key: jax.Array
+  diverged_at: jax.Array
 
 
 @flax.struct.dataclass
@@ -128,7 +131,8 @@ def init_state(seed, model: Transformer, tcfg: TrainConfig) -> TrainState:
   params = model.init(jax.random.fold_in(root, 0), dummy_1xC)["params"]
   opt_state = make_optimizer(tcfg, 1.0).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
-                    data_key=jax.random.fold_in(root, 1))
+                    data_key=jax.random.fold_in(root, 1),
+                    diverged_at=jnp.full((), -1, jnp.int32))
 
 
 def next_token_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
@@ -145,7 +149,10 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
   """One AdamW update of ONE model on int32 tokens ``[B, C + 1]``.
 
   Returns the new state and float32 scalars ``loss`` (nats/token, before the update) and
-  ``grad_norm`` (global L2 norm before clipping).
+  ``grad_norm`` (global L2 norm before clipping). A model whose loss or gradient norm is NaN/inf
+  is frozen (``TrainState.diverged_at``): its params and optimizer state stay as they were
+  before that update, and its ``loss``/``grad_norm`` are reported as NaN from then on. Freezing
+  is per model, so the other models of an ensemble train exactly as they would without it.
   """
   inputs_BxC, targets_BxC = tokens_BxCp1[:, :-1], tokens_BxCp1[:, 1:]
 
@@ -156,8 +163,16 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
   tx = make_optimizer(tcfg, hp.peak_lr)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+  grad_norm = optax.tree.norm(grads)
+  healthy = state.diverged_at < 0
+  ok = healthy & jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+  new_state = state.replace(
+      step=state.step + 1, params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      diverged_at=jnp.where(healthy & ~ok, state.step, state.diverged_at))
+  nan = jnp.float32(jnp.nan)
+  return new_state, {"loss": jnp.where(ok, loss, nan), "grad_norm": jnp.where(ok, grad_norm, nan)}
 
 
 def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, arrays: Any,
@@ -293,6 +308,17 @@ def model_and_train_config(cfg) -> tuple[ModelConfig, TrainConfig]:
 def peak_lrs(cfg) -> list[float]:
   """Per-model peak learning rates: ``ensemble.peak_lrs`` if given, else ``train.lr`` for all."""
   return list(cfg.ensemble.peak_lrs) or [cfg.train.lr] * cfg.ensemble.size
+
+
+def model_seeds(cfg) -> list[int]:
+  """Per-model init/data seeds: ``ensemble.seeds`` if given, else ``seed + i``."""
+  return list(cfg.ensemble.get("seeds", ())) or [cfg.seed + i for i in range(cfg.ensemble.size)]
+
+
+def cell_ids(cfg) -> list[int]:
+  """Per-model cell ids written to logs and checkpoints: ``ensemble.cell_ids`` if given (a
+  sweep's global ids), else ``0 … E − 1``."""
+  return list(cfg.ensemble.get("cell_ids", ())) or list(range(cfg.ensemble.size))
 
 
 def calls(num_steps: int, steps_per_call: int, done: int = 0, stops=()) -> list[int]:

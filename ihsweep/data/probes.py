@@ -23,7 +23,6 @@ import math
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ihsweep.data.keys import step_keys
@@ -161,6 +160,6 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
 
 def as_device_arrays(probes: Probes, ensemble_sharding, replicated):
   """(repeated, sequences, recall) on the mesh: probes replicated, per-model arrays sharded."""
-  return (jax.device_put(jnp.asarray(probes.repeated), replicated),
-          jax.device_put(jnp.asarray(probes.sequences), ensemble_sharding),
-          jax.device_put(jnp.asarray(probes.recall), ensemble_sharding))
+  return (jax.device_put(np.asarray(probes.repeated), replicated),
+          jax.device_put(np.asarray(probes.sequences), ensemble_sharding),
+          jax.device_put(np.asarray(probes.recall), ensemble_sharding))
