@@ -110,9 +110,13 @@ class RunCheckpoints:
     self.metadata = _jsonable(metadata)
 
     def manager(name, keep):
+      # Own barrier names per manager: under several processes the two managers' background
+      # commits would otherwise meet at the same coordination barrier and fail.
       options = ocp.CheckpointManagerOptions(
           max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-          enable_async_checkpointing=async_save)
+          enable_async_checkpointing=async_save,
+          multiprocessing_options=ocp.options.MultiprocessingOptions(
+              barrier_sync_key_prefix=f"ihsweep-{name}"))
       return ocp.CheckpointManager(os.path.join(self.directory, name), options=options,
                                    item_names=(name,))
 

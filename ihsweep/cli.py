@@ -110,6 +110,9 @@ def _run(argv):
     sweep.add_axes(cfg, FLAGS.grid, "grid")
     sweep.add_axes(cfg, FLAGS.zip, "zip")
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
+  except sweep.GroupFailed as e:
+    return _fail(f"{e} (process {jax.process_index()}); details in its status.json; rerun the "
+                 f"command to retry it")
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
   except CheckpointError as e:
@@ -310,7 +313,8 @@ def main(argv=None) -> int:
     return 0
   from ihsweep.sharding import initialize_distributed, use_one_cpu_device_per_core
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
-  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      datefmt="%H:%M:%S")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
   handler = {"run": _run, "status": _status, "train": _train, "corpus": _corpus,

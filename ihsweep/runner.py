@@ -152,13 +152,15 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
           "data_source": cfg.data.source}
 
 
-def _fault_injection(step: int) -> None:
+def _fault_injection(step: int, workdir: str) -> None:
   """Test hook: ``IHSWEEP_FAULT_KILL_AT_STEP=s`` SIGKILLs this process right after the full
   state save at update s has started (its asynchronous write possibly unfinished);
-  ``IHSWEEP_FAULT_PROCESS=p`` limits it to process p of a multi-process run."""
-  at = os.environ.get("IHSWEEP_FAULT_KILL_AT_STEP")
-  only = os.environ.get("IHSWEEP_FAULT_PROCESS")
-  if at and int(at) == step and (not only or int(only) == jax.process_index()):
+  ``IHSWEEP_FAULT_PROCESS=p`` limits it to process p of a multi-process run,
+  ``IHSWEEP_FAULT_GROUP=g`` to the run directory named g (a sweep's group)."""
+  env = os.environ
+  at, only, group = (env.get(f"IHSWEEP_FAULT_{k}") for k in ("KILL_AT_STEP", "PROCESS", "GROUP"))
+  if (at and int(at) == step and (not only or int(only) == jax.process_index())
+      and (not group or os.path.basename(os.path.normpath(workdir)) == group)):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -421,7 +423,7 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
         pending.clear()
         ckpts.save_state(step, state, extra)
         saved["state"].add(step)
-        _fault_injection(step)
+        _fault_injection(step, workdir)
 
     pending: list = []
     saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit

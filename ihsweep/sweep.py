@@ -457,6 +457,14 @@ def check_workdir(workdir: str) -> None:
                       ) from None
 
 
+class GroupFailed(RuntimeError):
+  """A group raised under several processes (recorded in its status.json); the sweep ends."""
+
+  def __init__(self, group_id: str, error: Exception):
+    self.group_id = group_id
+    super().__init__(f"group {group_id} failed: {type(error).__name__}: {error}")
+
+
 @dataclasses.dataclass
 class SweepResult:
   groups: dict  # group id → status dict
@@ -501,9 +509,10 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     if states[group.id]["state"] == "done":
       log.info("group %s (%d/%d) done before: skipped", group.id, i + 1, n)
       continue
+    attempts = int(states[group.id].get("attempts", 0)) + 1
+    common["attempts"] = attempts  # how many times a process started (or resumed) this group
     if lead:
-      write_status(workdir, group.id, state="running", **common,
-                   processes=jax.process_count(), started=states[group.id].get("started"))
+      write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
     stop_rule = None
     if cfg.sweep.budget == "emergence":
       stop_rule = runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,
@@ -519,20 +528,19 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
       break
     except Exception as e:  # noqa: BLE001 — recorded, and the sweep goes on
       log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
-      states[group.id] = {"state": "failed"}
-      if lead:
-        states[group.id] = write_status(
-            workdir, group.id, state="failed", **common,
-            error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+      states[group.id] = write_status(
+          workdir, group.id, state="failed", **common, error=f"{type(e).__name__}: {e}",
+          traceback=traceback.format_exc(), process=jax.process_index())
+      if jax.process_count() > 1:
+        # The other processes may wait for this one inside the group's collectives, so they
+        # cannot agree to skip it: end the sweep (the launcher stops the rest; a rerun retries).
+        raise GroupFailed(group.id, e) from e
     else:
       ids = [c.id for c in group.cells]
       diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
-      states[group.id] = {"state": "done", "step": out["step"], "diverged": diverged,
-                          "stopped_early": out["stopped_early"]}
-      if lead:
-        states[group.id] = write_status(workdir, group.id, state="done", **common,
-                                        step=out["step"], stopped_early=out["stopped_early"],
-                                        diverged=diverged)
+      done = dict(state="done", **common, step=out["step"], stopped_early=out["stopped_early"],
+                  diverged=diverged, resumed_from=out["resumed_from"])
+      states[group.id] = write_status(workdir, group.id, **done) if lead else done
       if diverged:
         log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id,
                     ", ".join(diverged))

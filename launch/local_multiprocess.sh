@@ -11,7 +11,8 @@
 # IHSWEEP_CPU_DEVICES.
 # Output: process 0 on this terminal and in DIR/logs/process_0.log, process k in
 # DIR/logs/process_k.log. SIGTERM/SIGINT are passed to every process (each checkpoints and
-# exits); the exit status is the first non-zero one.
+# exits); the exit status is the first non-zero one, and when a process fails the others are
+# stopped (SIGTERM, then SIGKILL after IHSWEEP_GRACE_S seconds).
 set -euo pipefail
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
   echo "usage: $0 N [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]" >&2
@@ -64,17 +65,26 @@ done
 forward() { kill -"$1" "${pids[@]}" 2>/dev/null || true; }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
+# Every process takes part in each group's collectives, so when one exits with an error the
+# others cannot go on: they get SIGTERM, then SIGKILL after IHSWEEP_GRACE_S (default 30) s.
 status=0
-for pid in "${pids[@]}"; do
-  while true; do
-    set +e
-    wait "$pid"
-    rc=$?
-    set -e
-    # wait returns > 128 when a trapped signal interrupts it: wait again for the real status.
-    if (( rc > 128 )) && kill -0 "$pid" 2>/dev/null; then continue; fi
-    break
+deadline=""
+remaining=("${pids[@]}")
+while (( ${#remaining[@]} )); do
+  next=()
+  for pid in "${remaining[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then next+=("$pid"); continue; fi
+    set +e; wait "$pid"; rc=$?; set -e
+    if (( rc != 0 && status == 0 )); then
+      status=$rc
+      forward TERM
+      deadline=$(( SECONDS + ${IHSWEEP_GRACE_S:-30} ))
+    fi
   done
-  if (( rc != 0 && status == 0 )); then status=$rc; fi
+  remaining=("${next[@]}")
+  if [[ -n "$deadline" ]] && (( SECONDS >= deadline && ${#remaining[@]} )); then
+    kill -KILL "${remaining[@]}" 2>/dev/null || true
+  fi
+  if (( ${#remaining[@]} )); then sleep 1; fi
 done
 exit $status

@@ -1,0 +1,334 @@
+"""Sweeps: planning, one process vs two, kill and rerun, divergence, early stop, SIGTERM,
+launchers, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import tiny_config
+
+from ihsweep import runner, sweep
+from ihsweep.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "launch")
+
+# The acceptance grid: B ∈ {4, 8} × C ∈ {16, 32} × 2 seeds = 8 cells in 4 groups of E = 2.
+GRID = {"train.batch_size": (4, 8), "train.context_size": (16, 32)}
+SWEEP_FLAGS = ["--grid=train.batch_size=4,8", "--grid=train.context_size=16,32"]
+# Run settings shared by the in-process and CLI runs (the CLI gets them as --config.X=V). One
+# attention-only layer: compiling the evaluation dominates these runs, and it scales with depth.
+RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.steps_per_call": 10, "checkpoint.state_every_steps": 10,
+       "eval.every_steps": 10, "eval.n_probes": 8, "eval.n_sequences": 4, "sweep.seeds": 2}
+
+
+def _config(tiny, grid=GRID, **overrides):
+  cfg = tiny(**{**RUN, **overrides})
+  sweep.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
+  for path in (k for k, v in grid.items() if not v):  # an empty axis, as a config file may have
+    sweep.add_axes(cfg, [f"{path}=0"])
+    section, name = path.split(".")
+    cfg.sweep.grid[section][name] = ()
+  return cfg
+
+
+def _cli_flags(**overrides):
+  tiny_flags = ["--config.train.batch_size=8", "--config.train.context_size=32",
+                "--config.model.d_model=32", "--config.model.n_heads=2",
+                "--config.model.vocab_size=64", "--config.model.max_context=32",
+                "--config.model.dtype=float32", "--config.checkpoint.params_schedule=none",
+                "--config.train.lr=0.003", "--config.ensemble.size=2"]
+  return tiny_flags + [f"--config.{k}={v}" for k, v in {**RUN, **overrides}.items()]
+
+
+def _env(devices_per_process: int, **extra):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process} "
+                      "--xla_backend_optimization_level=0", "IHSWEEP_HEARTBEAT_S": "5",
+         "IHSWEEP_GRACE_S": "5"}
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def _launch_two(workdir, **env):
+  cmd = ["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
+         "--config=configs/default.py", f"--workdir={workdir}", "--noprogress", *SWEEP_FLAGS,
+         *_cli_flags()]
+  return subprocess.run(cmd, cwd=ROOT, env=_env(2, **env), capture_output=True, text=True,
+                        timeout=600)
+
+
+def _final_metrics(workdir) -> dict:
+  """cell id -> its metrics.jsonl row at the last step (the run's final evaluation)."""
+  out = {}
+  for g in sorted(os.listdir(os.path.join(workdir, "groups"))):
+    rows = [json.loads(l) for l in open(os.path.join(workdir, "groups", g, "metrics.jsonl"))]
+    last = max(r["step"] for r in rows)
+    out.update({r["cell"]: r for r in rows if r["step"] == last})
+  return out
+
+
+def _plan_columns(workdir):
+  cells = pd.read_csv(os.path.join(workdir, "cells.csv"))
+  return cells.drop(columns=["status", "steps_done"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The acceptance sweep in one process on 4 fake CPU devices."""
+  work = str(tmp_path_factory.mktemp("sweep") / "one")
+  result = sweep.run(_config(tiny_config), work, progress=False)
+  return work, result
+
+
+# ---------------------------------------------------------------------------- planning (no JAX)
+
+def test_plan_cells_groups_and_cost_order(tiny):
+  cfg = _config(tiny, grid={**GRID, "train.lr": (1e-3, 3e-3)})
+  plan = sweep.make_plan(cfg)
+  assert len(plan.cells) == 2 * 2 * 2 * 2  # B × C × lr × seeds
+  assert len(plan.groups) == 4  # lr and seed are vmapped: one group per (B, C)
+  assert plan.axes == ["train.batch_size", "train.context_size", "train.lr"]
+  # Grid order, seed innermost; each group holds every lr and seed of its (B, C).
+  assert [c.seed for c in plan.cells[:4]] == [0, 1, 0, 1]
+  assert [c.coords["train.lr"] for c in plan.cells[:4]] == [1e-3, 1e-3, 3e-3, 3e-3]
+  for g in plan.groups:
+    assert len(g.cells) == 4
+    assert g.cfg.ensemble.peak_lrs == (1e-3, 1e-3, 3e-3, 3e-3)
+    assert g.cfg.ensemble.seeds == (0, 1, 0, 1)
+    assert g.cfg.ensemble.cell_ids == tuple(c.id for c in g.cells)
+  costs = [g.cost_flops for g in plan.groups]
+  assert costs == sorted(costs, reverse=True)
+  first = plan.groups[0].cfg.train
+  assert (first.batch_size, first.context_size) == (8, 32)  # most tokens per update first
+  table = sweep.cells_table(plan)
+  assert list(table["cell"]) == list(range(16))
+  for col in ("group", "seed", "train.batch_size", "train.context_size", "train.lr", "n_params",
+              "law_updates", "law_tokens", "budget_updates", "diverged"):
+    assert col in table.columns
+  row = table.iloc[0]
+  law = np.exp(13.26) / (row["batch_size"] ** 0.37 * row["context_size"] ** 0.62)
+  assert row["law_updates"] == pytest.approx(law, abs=0.1)
+
+
+def test_plan_zip_budgets_and_single_cell(tiny):
+  cfg = _config(tiny, grid={})
+  sweep.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
+  plan = sweep.make_plan(cfg)
+  assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
+  assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
+      (4, 16), (8, 32)}
+  cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
+  steps = {(g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
+           for g in sweep.make_plan(cfg).groups}
+  assert steps[(4, 16)] == 157 and steps[(8, 32)] == 40  # ceil(10,000 / (B · C))
+  cfg = _config(tiny, **{"sweep.budget": "law", "sweep.law_multiple": 0.001})
+  g = sweep.make_plan(cfg).groups[0]
+  assert g.num_steps == int(np.ceil(0.001 * g.law_updates))
+  plain = tiny()  # no axes: one grid point with ensemble.size seeds, = `ihsweep train`
+  plan = sweep.make_plan(plain)
+  assert len(plan.groups) == 1 and plan.groups[0].cfg.ensemble.seeds == (0, 1)
+
+
+@pytest.mark.parametrize("grid, extra, field, words", [
+    ({"train.batch_size": ()}, {}, "sweep.grid.train.batch_size", "non-empty"),
+    ({"train.context_size": (16, 64)}, {}, "sweep.grid.train.context_size", "max_context"),
+    ({"train.batchsize": (4,)}, {}, "sweep.grid.train.batchsize", "existing config field"),
+    ({"ensemble.size": (2, 4)}, {}, "sweep.grid.ensemble.size", "sweep.seeds"),
+    ({"train.batch_size": (1,)}, {"sweep.seeds": 1}, "mesh.num_devices", "E · B devices"),
+    ({}, {"sweep.budget": "emergence", "eval.every_steps": 0}, "eval.every_steps", "emergence"),
+    ({}, {"sweep.budget": "forever"}, "sweep.budget", "'updates'"),
+])
+def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extra, field, words):
+  cfg = _config(tiny, grid=grid, **extra)
+  with pytest.raises(ConfigError) as e:
+    sweep.run(cfg, str(tmp_path / "run"), progress=False)
+  assert e.value.field == field, e.value
+  assert words in str(e.value)
+  assert not os.path.exists(tmp_path / "run" / "cells.csv")
+
+
+def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ConfigError, match="workdir"):
+    sweep.run(_config(tiny), str(blocker / "run"), progress=False)
+
+
+def test_cli_reports_bad_axis_in_one_line(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
+                      f"--workdir={tmp_path}", "--grid=train.context_size=256"],
+                     cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=120)
+  assert r.returncode == 2
+  assert "sweep.grid.train.context_size = 256" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_emergence_stop_rule():
+  rule = runner.EmergenceStop("ps_max", 0.5, 2.0, 3)
+  rule.observe(100, [0.1, 0.6, None], [False, False, False])
+  assert rule.crossed == [None, 100, None] and not rule.done(200)
+  rule.observe(200, [0.7, 0.9, float("nan")], [False, False, True])  # model 2 diverged
+  assert not rule.done(300)  # model 0 crossed at 200: done at 400
+  assert rule.done(400)
+
+
+# ------------------------------------------------------------------------- launchers (no JAX)
+
+@pytest.mark.parametrize("script", ["local.sh", "local_multiprocess.sh", "slurm.sbatch",
+                                    "tpu_pod.sh"])
+def test_launchers_parse(script):
+  subprocess.run(["bash", "-n", os.path.join(LAUNCH, script)], check=True)
+
+
+def test_launcher_dry_runs():
+  env = {**os.environ, "IHSWEEP": "ihsweep", "IHSWEEP_PORT": "12345", "XLA_FLAGS": ""}
+  args = ["--dry-run", "--config=configs/exp.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
+
+  def dry(*cmd):
+    r = subprocess.run(["bash", *cmd], env=env, capture_output=True, text=True, check=True)
+    return [line.strip() for line in r.stdout.strip().splitlines()]
+
+  assert dry(f"{LAUNCH}/local.sh", *args) == [
+      "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
+  lines = dry(f"{LAUNCH}/local_multiprocess.sh", "3", *args)
+  assert len(lines) == 3
+  for k, line in enumerate(lines):
+    assert line.startswith(f"IHSWEEP_COORDINATOR=localhost:12345 IHSWEEP_NUM_PROCESSES=3 "
+                           f"IHSWEEP_PROCESS_ID={k} XLA_FLAGS=--xla_force_host_platform_device_"
+                           f"count=")
+    assert line.endswith("ihsweep run --config=configs/exp.py --workdir=/shared/runs/x "
+                         "--grid=seed=0\\,1")
+  assert dry(f"{LAUNCH}/slurm.sbatch", *args) == [
+      "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 ihsweep run --noprogress "
+      "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
+  assert dry(f"{LAUNCH}/tpu_pod.sh", "my-tpu", "us-central2-b", *args) == [
+      'gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all '
+      '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
+      '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "']
+
+
+# ------------------------------------------------------------------------------- training runs
+
+def test_one_process_sweep_trains_every_cell(reference):
+  work, result = reference
+  cells = pd.read_csv(os.path.join(work, "cells.csv"))
+  assert len(cells) == 8 and set(cells["status"]) == {"done"}
+  assert sorted(cells.groupby("group").size()) == [2, 2, 2, 2]
+  final = _final_metrics(work)
+  assert sorted(final) == list(range(8))
+  assert all(r["step"] == 20 and np.isfinite(r["val_loss"]) and not r["diverged"]
+             for r in final.values())
+  # Metrics rows carry the sweep's cell ids and seeds.
+  for _, cell in cells.iterrows():
+    assert final[cell["cell"]]["seed"] == cell["seed"]
+  assert result.summary["cells_by_state"]["done"] == 8
+  # A rerun skips every finished group: nothing is compiled or rewritten.
+  before = {g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl"))
+            for g in os.listdir(os.path.join(work, "groups"))}
+  again = sweep.run(_config(tiny_config), work, progress=False)
+  assert all(s["state"] == "done" for s in again.groups.values())
+  assert before == {g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl"))
+                    for g in before}
+  text = sweep.format_status(work)
+  assert "g003" in text and "cells: 8 done" in text
+
+
+def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
+  work, _ = reference
+  two = tmp_path / "two"
+  r = _launch_two(two)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  pd.testing.assert_frame_equal(_plan_columns(work), _plan_columns(two))
+  ref = _final_metrics(work)
+  assert _final_metrics(two) == ref
+
+  # Process 1 is SIGKILLed right after the state save at update 10 of the second group; the
+  # coordinator then ends process 0 too. The same command then finishes the sweep.
+  killed = tmp_path / "killed"
+  r = _launch_two(killed, IHSWEEP_FAULT_KILL_AT_STEP=10, IHSWEEP_FAULT_PROCESS=1,
+                  IHSWEEP_FAULT_GROUP="g001")
+  assert r.returncode != 0
+  status = {s["group"]: s for s in sweep.status_rows(str(killed))}
+  assert status["g000"]["state"] == "done"
+  assert status["g001"]["state"] in ("running", "stopped")
+  assert status["g002"]["state"] == "pending"
+  r = _launch_two(killed)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert _final_metrics(killed) == ref
+  for g in ("g000", "g001", "g002", "g003"):
+    st = sweep.read_status(str(killed), g)
+    assert st["state"] == "done"
+    # g000 finished before the kill and was not touched again; g001 was started twice.
+    assert st["attempts"] == (2 if g == "g001" else 1)
+    steps = [json.loads(l)["step"] for l in open(killed / "groups" / g / "train_log.jsonl")]
+    assert steps == [10, 20]  # each update logged once: trained exactly once
+
+
+def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
+  grid = {"train.lr": (3e-3, 1e30)}
+  extra = {"sweep.seeds": 1, "mesh.num_devices": 1}
+  result = sweep.run(_config(tiny, grid=grid, **extra), str(tmp_path / "both"), progress=False)
+  assert result.groups["g000"]["diverged"].keys() == {"1"}
+  cells = pd.read_csv(tmp_path / "both" / "cells.csv")
+  assert list(cells["diverged"]) == [False, True]
+  step = cells["diverged_step"][1]
+  assert 0 <= step < 20
+  final = _final_metrics(tmp_path / "both")
+  assert final[1]["diverged"] and final[1]["diverged_step"] == step
+  assert final[1]["ps_max"] is None and final[1]["val_loss"] is None
+  log = [json.loads(l) for l in open(tmp_path / "both" / "groups" / "g000" / "train_log.jsonl")]
+  assert log[-1]["loss"][1] is None and np.isfinite(log[-1]["loss"][0])
+
+  alone = sweep.run(_config(tiny, grid={"train.lr": (3e-3,)}, **extra), str(tmp_path / "alone"),
+                    progress=False)
+  assert not alone.groups["g000"]["diverged"]
+  healthy, control = final[0], _final_metrics(tmp_path / "alone")[0]
+  for key in ("val_loss", "train_loss", "ps_max", "ar_acc", "icl_score"):
+    assert healthy[key] == pytest.approx(control[key], rel=1e-5, abs=1e-6), key
+
+
+def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path):
+  # A threshold every model meets at update 0: each is done at margin × 0, so the group stops
+  # at its first evaluation after the start (update 10 of a 40-update cap).
+  cfg = _config(tiny, grid={}, **{"sweep.budget": "emergence", "sweep.law_multiple": 1e-3,
+                                  "sweep.stop_threshold": -1.0, "sweep.seeds": 2})
+  plan = sweep.make_plan(cfg)
+  cap = plan.groups[0].num_steps
+  assert cap > 10
+  result = sweep.run(cfg, str(tmp_path), progress=False)
+  status = result.groups["g000"]
+  assert status["state"] == "done" and status["stopped_early"] and status["step"] == 10
+  assert result.summary["saved_fraction"] == pytest.approx(1 - 10 / cap)
+  steps = [r["step"] for r in map(json.loads, open(tmp_path / "groups/g000/metrics.jsonl"))]
+  assert max(steps) == 10
+  assert "stopped early" in sweep.format_status(str(tmp_path))
+
+
+def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
+  work = tmp_path / "run"
+  cmd = [sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
+         f"--workdir={work}", "--noprogress",
+         *_cli_flags(**{"train.num_steps": 400, "train.steps_per_call": 5,
+                        "eval.every_steps": 0, "checkpoint.state_every_steps": 1000})]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(4), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  log = work / "groups" / "g000" / "train_log.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err[-2000:]
+  status = sweep.read_status(str(work), "g000")
+  assert status["state"] == "interrupted" and 0 < status["step"] < 400
+  ckpts = os.listdir(work / "groups" / "g000" / "checkpoints" / "state")
+  assert str(status["step"]) in ckpts  # the final checkpoint at the stop, not a scheduled one
+  r = subprocess.run(cmd, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert sweep.read_status(str(work), "g000")["resumed_from"] == status["step"]
