@@ -117,8 +117,10 @@ class RunCheckpoints:
           enable_async_checkpointing=async_save,
           multiprocessing_options=ocp.options.MultiprocessingOptions(
               barrier_sync_key_prefix=f"ihsweep-{name}"))
+      # The handler named up front, so that a manager opened only to read (analysis) knows
+      # the item's metadata (shapes, dtypes) before any save or restore.
       return ocp.CheckpointManager(os.path.join(self.directory, name), options=options,
-                                   item_names=(name,))
+                                   item_handlers={name: ocp.StandardCheckpointHandler()})
 
     self._params = manager("params", None)
     self._state = manager("state", keep_state)

@@ -179,6 +179,11 @@ def request_stop(signum=None, frame=None) -> None:
   _STOP_REQUESTED.set()
 
 
+def stop_requested() -> bool:
+  """Whether ``request_stop`` was called in this process (it stays set)."""
+  return _STOP_REQUESTED.is_set()
+
+
 def install_stop_handlers() -> None:
   """SIGTERM and SIGINT → ``request_stop`` (main thread only)."""
   for sig in (signal.SIGTERM, signal.SIGINT):
@@ -451,7 +456,7 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
         for item in pending:
           drain(item)
       pending = new
-      interrupted = sharding.any_process(_STOP_REQUESTED.is_set())
+      interrupted = sharding.any_process(stop_requested())
       if stopped_early or interrupted:
         after_step(done, pending, [], final=True)
         pending = []

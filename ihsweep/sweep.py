@@ -509,10 +509,14 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     if states[group.id]["state"] == "done":
       log.info("group %s (%d/%d) done before: skipped", group.id, i + 1, n)
       continue
+    if sharding.any_process(runner.stop_requested()):  # a signal between groups
+      interrupted = True
+      break
     attempts = int(states[group.id].get("attempts", 0)) + 1
     common["attempts"] = attempts  # how many times a process started (or resumed) this group
     if lead:
       write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
+      write_cells(plan, workdir)
     stop_rule = None
     if cfg.sweep.budget == "emergence":
       stop_rule = runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,

@@ -14,7 +14,8 @@ from ihsweep import checkpoint, config as config_lib, runner
 from ihsweep.runner import fit, write_resolved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = {"train.num_steps": 60, "train.steps_per_call": 10, "train.lr": 1e-2,
+# One attention-only layer: compiling the evaluation dominates this file's runs.
+RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 60, "train.steps_per_call": 10, "train.lr": 1e-2,
        "eval.every_steps": 10, "eval.n_probes": 10, "eval.n_sequences": 8,
        "checkpoint.state_every_steps": 20, "checkpoint.params_schedule": "none"}
 
