@@ -245,7 +245,9 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
   (None if nothing was left to train), "tokens_per_s": aggregate throughput after the first
   (compiling) call, "resumed_from": update count restored or None, "step": updates done,
-  "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none)}``.
+  "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none),
+  "crossed": the stop rule's first evaluation step at or above its threshold per model (None
+  without a stop rule)}``.
 
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a
@@ -480,6 +482,7 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   return {"state": state, "losses": last_loss, "resumed_from": start, "step": done,
           "stopped_early": stopped_early or (stop_rule is not None and done < tcfg.num_steps),
           "diverged_at": np.asarray(sharding.to_host(state.diverged_at)),
+          "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
           "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}
 
 

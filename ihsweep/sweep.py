@@ -83,7 +83,7 @@ class Group:
   cells: list
   cfg: Any
   num_steps: int
-  cap_reason: str
+  cap_reason: str  # where num_steps comes from (the budget)
   cost_flops: float
   law_updates: float
   n_params: int
@@ -407,7 +407,9 @@ def cells_table(plan: Plan, workdir: str | None = None):
   (its field path), ``batch_size``, ``context_size``, ``peak_lr``, ``n_params``, the law's
   predicted emergence ``law_updates``/``law_tokens``, ``budget_updates``/``budget_tokens``,
   and (from the groups' status files when ``workdir`` is given) ``status``, ``steps_done``,
-  ``diverged``, ``diverged_step``."""
+  ``diverged``, ``diverged_step`` and, under the 'emergence' budget, ``online_crossing_step``
+  (the first online evaluation at which ``sweep.stop_metric`` reached ``sweep.stop_threshold``:
+  a coarse marker; the analysis package fits emergence points from the checkpoints)."""
   import pandas as pd
   rows = []
   for group in plan.groups:
@@ -423,7 +425,8 @@ def cells_table(plan: Plan, workdir: str | None = None):
                   "budget_updates": group.num_steps, "budget_tokens": group.num_steps * b * c,
                   "status": status["state"], "steps_done": status.get("step", 0),
                   "diverged": str(cell.id) in diverged,
-                  "diverged_step": diverged.get(str(cell.id))})
+                  "diverged_step": diverged.get(str(cell.id)),
+                  "online_crossing_step": status.get("crossed", {}).get(str(cell.id))})
       rows.append(row)
   return pd.DataFrame(rows).sort_values("cell").reset_index(drop=True)
 
@@ -517,6 +520,10 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     if lead:
       write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
       write_cells(plan, workdir)
+    log.info("group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
+             "transition near update %s", group.id, i + 1, n, _ranges(common["cells"]),
+             len(group.cells), common["batch_size"], common["context_size"],
+             f"{group.num_steps:,}", group.cap_reason, f"{group.law_updates:,.0f}")
     stop_rule = None
     if cfg.sweep.budget == "emergence":
       stop_rule = runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,
@@ -529,6 +536,8 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
       states[group.id] = write_status(workdir, group.id, state="interrupted", step=e.step,
                                       **common) if lead else {"state": "interrupted"}
       interrupted = True
+      if lead:
+        write_cells(plan, workdir)
       break
     except Exception as e:  # noqa: BLE001 — recorded, and the sweep goes on
       log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
@@ -542,8 +551,9 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     else:
       ids = [c.id for c in group.cells]
       diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
+      crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
       done = dict(state="done", **common, step=out["step"], stopped_early=out["stopped_early"],
-                  diverged=diverged, resumed_from=out["resumed_from"])
+                  diverged=diverged, resumed_from=out["resumed_from"], crossed=crossed)
       states[group.id] = write_status(workdir, group.id, **done) if lead else done
       if diverged:
         log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id,
@@ -572,9 +582,9 @@ def summarize(plan: Plan, workdir: str) -> dict:
     status = read_status(workdir, group.id)
     b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
     e = len(group.cells)
-    step = status.get("step", 0) if status["state"] == "done" else None
+    step = status.get("step")
     budget_tokens += e * group.num_steps * b * c
-    if step is not None:
+    if status["state"] == "done":
       used_tokens += e * step * b * c
     totals[status["state"]] += e
     groups.append({"group": group.id, "state": status["state"], "cells": e, "batch_size": b,

@@ -10,7 +10,7 @@
 # Environment it reads: IHSWEEP (command, default ihsweep), IHSWEEP_PORT (default: a free port),
 # IHSWEEP_CPU_DEVICES.
 # Output: process 0 on this terminal and in DIR/logs/process_0.log, process k in
-# DIR/logs/process_k.log. SIGTERM/SIGINT are passed to every process (each checkpoints and
+# DIR/logs/process_k.log (appended, one header line per launch). SIGTERM/SIGINT are passed to every process (each checkpoints and
 # exits); the exit status is the first non-zero one, and when a process fails the others are
 # stopped (SIGTERM, then SIGKILL after IHSWEEP_GRACE_S seconds).
 set -euo pipefail
@@ -54,10 +54,12 @@ for ((k = 0; k < n; k++)); do
   (
     export IHSWEEP_COORDINATOR="localhost:$port" IHSWEEP_NUM_PROCESSES="$n" IHSWEEP_PROCESS_ID="$k"
     export XLA_FLAGS="$xla"
+    echo "=== $(date '+%F %T') process $k of $n: ${ihsweep[*]} run ${args[*]}" >> "$logdir/process_$k.log"
     if (( k == 0 )); then
-      exec "${ihsweep[@]}" run "${args[@]}" > >(tee "$logdir/process_0.log") 2>&1
+      # tee ignores SIGTERM/SIGINT so that it keeps copying while process 0 checkpoints.
+      exec "${ihsweep[@]}" run "${args[@]}" > >(trap '' TERM INT; exec tee -a "$logdir/process_0.log") 2>&1
     else
-      exec "${ihsweep[@]}" run "${args[@]}" > "$logdir/process_$k.log" 2>&1
+      exec "${ihsweep[@]}" run "${args[@]}" >> "$logdir/process_$k.log" 2>&1
     fi
   ) &
   pids+=($!)
@@ -85,6 +87,6 @@ while (( ${#remaining[@]} )); do
   if [[ -n "$deadline" ]] && (( SECONDS >= deadline && ${#remaining[@]} )); then
     kill -KILL "${remaining[@]}" 2>/dev/null || true
   fi
-  if (( ${#remaining[@]} )); then sleep 1; fi
+  if (( ${#remaining[@]} )); then sleep 1 || true; fi  # a signal to the group also hits sleep
 done
 exit $status

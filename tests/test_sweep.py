@@ -319,6 +319,8 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path):
   steps = [r["step"] for r in map(json.loads, open(tmp_path / "groups/g000/metrics.jsonl"))]
   assert max(steps) == 10
   assert "stopped early" in sweep.format_status(str(tmp_path))
+  cells = pd.read_csv(tmp_path / "cells.csv")
+  assert list(cells["online_crossing_step"]) == [0, 0]
 
 
 def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
@@ -338,6 +340,8 @@ def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
   assert proc.returncode == 143, err[-2000:]
   status = sweep.read_status(str(work), "g000")
   assert status["state"] == "interrupted" and 0 < status["step"] < 400
+  cells = pd.read_csv(work / "cells.csv")
+  assert set(cells["status"]) == {"interrupted"} and set(cells["steps_done"]) == {status["step"]}
   ckpts = os.listdir(work / "groups" / "g000" / "checkpoints" / "state")
   assert str(status["step"]) in ckpts  # the final checkpoint at the stop, not a scheduled one
   r = subprocess.run(cmd, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)
