@@ -111,8 +111,11 @@ def _run(argv):
     sweep.add_axes(cfg, FLAGS.zip, "zip")
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except sweep.GroupFailed as e:
-    return _fail(f"{e} (process {jax.process_index()}); details in its status.json; rerun the "
-                 f"command to retry it")
+    _fail(f"{e} (process {jax.process_index()}); details in its status.json; rerun the command "
+          f"to retry it")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # not jax.distributed's shutdown barrier: a peer may be gone
   except ConfigError as e:
     return _fail(f"invalid config: {e}")
   except CheckpointError as e:
@@ -277,6 +280,9 @@ def _config_imports_siblings(argv) -> None:
 
 def _config_load_failed(e: Exception) -> int:
   """One line for a config file that is missing or raises, or an override of no field."""
+  if any(a.startswith(("--config.sweep.grid.", "--config.sweep.zip.")) for a in sys.argv):
+    _fail("(an override --config.sweep.grid.X only changes an axis the config file defines; "
+          "add an axis with --grid=FIELD=V1,V2,...)")
   def text(err):
     return " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'").strip("'\"")
 

@@ -6,12 +6,15 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import math
 import os
 import signal
+import socket
 import threading
 import time
 import zipfile
@@ -199,6 +202,39 @@ class Interrupted(Exception):
                      f"the same command to resume")
 
 
+@contextlib.contextmanager
+def workdir_lock(workdir: str):
+  """Holds an exclusive lock on ``workdir/.ihsweep.lock`` so that two runs never write one
+  directory (``fcntl.flock``: released when the process ends, even by SIGKILL). In a
+  multi-process run process 0 takes it for all.
+
+  Raises:
+    ConfigError: (field ``workdir``) another live process holds it.
+  """
+  if jax.process_index() != 0:
+    yield
+    return
+  os.makedirs(workdir, exist_ok=True)
+  f = open(os.path.join(workdir, ".ihsweep.lock"), "a+")
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    f.seek(0)
+    holder = f.read().strip() or "another process"
+    f.close()
+    raise config_lib.ConfigError(
+        "workdir", workdir, f"a directory no other run is using (in use by {holder}); wait for "
+        f"that run or stop it (its progress: ihsweep status)") from None
+  try:
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    yield
+  finally:
+    f.close()
+
+
 class EmergenceStop:
   """The 'until emergence + margin' budget: a model is done once its online ``metric`` has
   reached ``threshold`` at some evaluation step s and training has reached ``margin · s``
@@ -257,6 +293,16 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
     Interrupted: stopped on request, after the checkpoint.
   """
   config_lib.validate(cfg)
+  if os.path.exists(os.path.join(workdir, "cells.csv")):
+    raise config_lib.ConfigError(
+        "workdir", workdir, "a directory that holds no sweep (it has cells.csv): use `ihsweep "
+        "run` with it, or a new --workdir")
+  with workdir_lock(workdir):
+    return _fit(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule)
+
+
+def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
+         stop_rule: EmergenceStop | None) -> dict[str, Any]:
   mcfg, tcfg = train.model_and_train_config(cfg)
   n_models = cfg.ensemble.size
   lead = jax.process_index() == 0  # writes the logs; every process computes

@@ -57,7 +57,7 @@ STOP_METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_data_acc")
 VALUE_FIELDS = {"seed": "ensemble.seeds", "train.lr": "ensemble.peak_lrs",
                 "data.frequency": "data.frequencies", "data.reliability": "data.reliabilities"}
 # Fields a sweep sets itself (not grid axes).
-PLANNER_FIELDS = ("ensemble.size", "ensemble.seeds", "ensemble.cell_ids", "ensemble.peak_lrs",
+PLANNER_FIELDS = ("seed", "ensemble.size", "ensemble.seeds", "ensemble.cell_ids", "ensemble.peak_lrs",
                   "data.frequencies", "data.reliabilities", "train.num_steps")
 STATES = ("pending", "running", "done", "failed", "interrupted")
 
@@ -134,6 +134,9 @@ def _axis_values(section: str, path: str, values) -> list:
     raise ConfigError(field, values, "a tuple of values, e.g. (8, 16)")
   if len(values) == 0:
     raise ConfigError(field, values, "a non-empty tuple of values (an empty axis has no cells)")
+  if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
+    raise ConfigError(field, values, "distinct values (a repeated value trains the same cells "
+                      "twice; use sweep.seeds for replicates)")
   return list(values)
 
 
@@ -150,6 +153,9 @@ def _check_axis_field(cfg, section: str, path: str) -> None:
                       f"configs/default.py)") from None
   if hasattr(value, "keys"):
     raise ConfigError(field, "(axis)", f"a field, not the section {path}")
+  if path in ("data.frequency", "data.reliability") and cfg.data.source != "markov":
+    raise ConfigError(field, "(axis)", f"an axis only with data.source = 'markov' (it is "
+                      f"{cfg.data.source!r}, which ignores {path}: the cells would be copies)")
 
 
 def grid_points(cfg) -> tuple[list[str], list[dict]]:
@@ -295,8 +301,6 @@ def make_plan(cfg) -> Plan:
   groups = []
   for members in by_key.values():
     g = copy.deepcopy(members[0].cfg)
-    b, c_size = int(g.train.batch_size), int(g.train.context_size)
-    steps, why = budget_updates(cfg, b, c_size, law)
     with g.unlocked():
       g.ensemble.size = len(members)
       g.ensemble.seeds = tuple(m.seed for m in members)
@@ -306,12 +310,17 @@ def make_plan(cfg) -> Plan:
         g.data.frequencies = tuple(float(m.cfg.data.frequency) for m in members)
         g.data.reliabilities = tuple(float(m.cfg.data.reliability) for m in members)
       g.seed = members[0].seed
-      g.train.num_steps = steps
-    group = Group(id="", cells=members, cfg=g, num_steps=steps, cap_reason=why, cost_flops=0.0,
-                  law_updates=law.updates(b, c_size), n_params=0)
-    _validate_group(group, axes, cfg)
+    group = Group(id="", cells=members, cfg=g, num_steps=0, cap_reason="", cost_flops=0.0,
+                  law_updates=0.0, n_params=0)
+    _validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
+    b, c_size = int(g.train.batch_size), int(g.train.context_size)
+    group.num_steps, group.cap_reason = budget_updates(cfg, b, c_size, law)
+    group.law_updates = law.updates(b, c_size)
+    with g.unlocked():
+      g.train.num_steps = group.num_steps
     mcfg = model_lib.ModelConfig.from_config(g.model)
-    group.cost_flops = len(members) * steps * b * c_size * model_lib.flops_per_token(mcfg, c_size)
+    group.cost_flops = (len(members) * group.num_steps * b * c_size
+                        * model_lib.flops_per_token(mcfg, c_size))
     group.n_params = _n_params(mcfg, c_size)
     groups.append(group)
   groups.sort(key=lambda g: (-g.cost_flops, g.cells[0].id))
@@ -380,12 +389,18 @@ def read_status(workdir: str, group_id: str) -> dict:
   """A group's ``status.json`` (``{"state": "pending"}`` when there is none or it is
   unreadable)."""
   path = os.path.join(group_dir(workdir, group_id), "status.json")
+  if not os.path.exists(path):
+    return {"state": "pending"}
   try:
     with open(path) as f:
       status = json.load(f)
-    return status if status.get("state") in STATES else {"state": "pending"}
+    if isinstance(status, dict) and status.get("state") in STATES:
+      return status
   except (OSError, ValueError):
-    return {"state": "pending"}
+    pass
+  # Damaged (e.g. cut by a full disk): the group is treated as not done, so a rerun resumes it
+  # from its checkpoints.
+  return {"state": "pending", "unreadable": True}
 
 
 def write_status(workdir: str, group_id: str, **fields) -> dict:
@@ -428,7 +443,10 @@ def cells_table(plan: Plan, workdir: str | None = None):
                   "diverged_step": diverged.get(str(cell.id)),
                   "online_crossing_step": status.get("crossed", {}).get(str(cell.id))})
       rows.append(row)
-  return pd.DataFrame(rows).sort_values("cell").reset_index(drop=True)
+  table = pd.DataFrame(rows).sort_values("cell").reset_index(drop=True)
+  for col in ("diverged_step", "online_crossing_step"):  # integers with gaps, not floats
+    table[col] = table[col].astype("Int64")
+  return table
 
 
 def write_cells(plan: Plan, workdir: str) -> str:
@@ -491,6 +509,16 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   from ihsweep import runner, sharding
   plan = make_plan(cfg)
   check_workdir(workdir)
+  if any(os.path.exists(os.path.join(workdir, f)) for f in ("checkpoints", "train_log.jsonl")):
+    raise ConfigError("workdir", workdir, "a sweep directory; this one holds an `ihsweep train` "
+                      "run (checkpoints/, train_log.jsonl): use a new --workdir")
+  with runner.workdir_lock(workdir):
+    return _run(cfg, plan, workdir, progress)
+
+
+def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
+  import jax
+  from ihsweep import runner, sharding
   lead = jax.process_index() == 0
   if os.path.exists(os.path.join(workdir, "cells.csv")):
     runner.check_resumable(cfg, workdir)
@@ -663,6 +691,9 @@ def status_rows(workdir: str) -> list[dict]:
   path = os.path.join(workdir, "cells.csv")
   try:
     cells = pd.read_csv(path)
+    missing = {"cell", "group", "batch_size", "context_size", "budget_updates"} - set(cells)
+    if missing or cells.empty:
+      raise ValueError(f"no rows or no columns {sorted(missing)}: damaged")
     grouped = cells.groupby("group", sort=True)
   except (OSError, ValueError, KeyError) as e:
     raise NotASweep(f"{workdir} is not a sweep run directory (no readable cells.csv: {e}); "
@@ -681,7 +712,7 @@ def status_rows(workdir: str) -> list[dict]:
                  "budget": int(first["budget_updates"]),
                  "stopped_early": bool(status.get("stopped_early", False)),
                  "diverged": sorted(int(c) for c in status.get("diverged", {})),
-                 "error": status.get("error")})
+                 "error": status.get("error"), "unreadable": status.get("unreadable", False)})
   return rows
 
 
@@ -700,6 +731,8 @@ def format_status(workdir: str) -> str:
       notes.append(f"diverged cells {','.join(map(str, r['diverged']))}")
     if r["state"] == "stopped":
       notes.append("its process is gone: rerun the command to resume")
+    if r["unreadable"]:
+      notes.append("status.json unreadable: a rerun resumes it from its checkpoints")
     if r["error"]:
       notes.append(r["error"].splitlines()[0][:120])
     lines.append(f"{r['group']:6s} {r['state']:11s} {r['cells']:5d} {r['B']:5d} {r['C']:6d} "
@@ -720,12 +753,17 @@ def add_axes(cfg, specs, section: str = "grid"):
   import ml_collections
   if not specs:
     return cfg
+  seen = set()
   with cfg.unlocked():
     if "sweep" not in cfg:
       cfg.sweep = config_lib.default_sweep()
     for spec in specs:
       path, sep, text = spec.partition("=")
       path = path.strip()
+      if path in seen:
+        raise ConfigError(f"sweep.{section}.{path}", spec, "one --grid/--zip flag per field "
+                          "(give all its values in one: FIELD=V1,V2,...)")
+      seen.add(path)
       if not sep or not path or not text.strip():
         raise ConfigError(f"sweep.{section}", spec, "FIELD=V1,V2,... (e.g. "
                           "--grid=train.batch_size=8,16)")

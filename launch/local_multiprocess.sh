@@ -22,12 +22,14 @@ n=$1; shift
 dry=0
 args=()
 workdir=""
+prev=""
 for a in "$@"; do
   case "$a" in
     --dry-run) dry=1 ;;
     --workdir=*) workdir=${a#--workdir=}; args+=("$a") ;;
-    *) args+=("$a") ;;
+    *) args+=("$a"); if [[ "$prev" == --workdir ]]; then workdir=$a; fi ;;
   esac
+  prev=$a
 done
 read -ra ihsweep <<< "${IHSWEEP:-ihsweep}"
 port=${IHSWEEP_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')}

@@ -145,6 +145,10 @@ def test_plan_zip_budgets_and_single_cell(tiny):
     ({"train.batch_size": (1,)}, {"sweep.seeds": 1}, "mesh.num_devices", "E · B devices"),
     ({}, {"sweep.budget": "emergence", "eval.every_steps": 0}, "eval.every_steps", "emergence"),
     ({}, {"sweep.budget": "forever"}, "sweep.budget", "'updates'"),
+    ({"seed": (1, 2)}, {}, "sweep.grid.seed", "sweep.seeds"),
+    ({"train.batch_size": (4, 4)}, {}, "sweep.grid.train.batch_size", "distinct"),
+    ({"train.batch_size": (0, 8)}, {}, "sweep.grid.train.batch_size", ">= 1"),
+    ({"data.frequency": (0.2, 0.5)}, {}, "sweep.grid.data.frequency", "markov"),
 ])
 def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extra, field, words):
   cfg = _config(tiny, grid=grid, **extra)
@@ -160,6 +164,23 @@ def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
   blocker.write_text("not a directory")
   with pytest.raises(ConfigError, match="workdir"):
     sweep.run(_config(tiny), str(blocker / "run"), progress=False)
+
+
+def test_one_run_per_directory(tiny, tmp_path, no_compile):
+  work = str(tmp_path / "run")
+  with runner.workdir_lock(work):  # another run holds it
+    with pytest.raises(ConfigError, match=r"in use by pid \d+"):
+      sweep.run(_config(tiny), work, progress=False)
+  (tmp_path / "train_run").mkdir()
+  (tmp_path / "train_run" / "train_log.jsonl").write_text("")
+  with pytest.raises(ConfigError, match="holds an `ihsweep train` run"):
+    sweep.run(_config(tiny), str(tmp_path / "train_run"), progress=False)
+  (tmp_path / "sweep_run").mkdir()
+  (tmp_path / "sweep_run" / "cells.csv").write_text("cell\n")
+  with pytest.raises(ConfigError, match="holds no sweep"):
+    runner.fit(tiny(), str(tmp_path / "sweep_run"), progress=False)
+  with pytest.raises(ConfigError, match="one --grid/--zip flag per field"):
+    sweep.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
 
 
 def test_cli_reports_bad_axis_in_one_line(tmp_path):
@@ -238,6 +259,13 @@ def test_one_process_sweep_trains_every_cell(reference):
                     for g in before}
   text = sweep.format_status(work)
   assert "g003" in text and "cells: 8 done" in text
+  status_file = os.path.join(work, "groups", "g003", "status.json")
+  saved = open(status_file).read()
+  with open(status_file, "w") as f:
+    f.write(saved[:10])  # cut short
+  assert "status.json unreadable" in sweep.format_status(work)
+  with open(status_file, "w") as f:
+    f.write(saved)
 
 
 def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
