@@ -58,30 +58,44 @@ def _load_config():
     return None, _config_load_failed(e)
 
 
+def _config_and_workdir(command: str):
+  """``(cfg, None)`` for a training command, or ``(None, exit code)`` after printing why the
+  config or ``--workdir`` cannot be used."""
+  cfg, failed = _load_config()
+  if failed is not None:
+    return None, failed
+  if cfg is None or FLAGS.workdir is None:
+    return None, _fail(f"{command} needs --config=FILE and --workdir=DIR")
+  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+    return None, _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
+  return cfg, None
+
+
+def _bad_input(e: Exception) -> int:
+  """One line for a ConfigError or DataError (CheckpointError included) raised before or while
+  training; exit code 2."""
+  from ihsweep.checkpoint import CheckpointError
+  from ihsweep.config import ConfigError
+  kind = ("invalid config" if isinstance(e, ConfigError)
+          else "checkpoint" if isinstance(e, CheckpointError) else "data")
+  return _fail(f"{kind}: {e}")
+
+
 def _train(argv):
   del argv
-  from ihsweep.checkpoint import CheckpointError
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.runner import Interrupted, fit
-  cfg, failed = _load_config()
+  cfg, failed = _config_and_workdir("train")
   if failed is not None:
     return failed
-  if cfg is None or FLAGS.workdir is None:
-    return _fail("train needs --config=FILE and --workdir=DIR")
-  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
-    return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
   try:
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
     return 143
-  except ConfigError as e:
-    return _fail(f"invalid config: {e}")
-  except CheckpointError as e:
-    return _fail(f"checkpoint: {e}")
-  except DataError as e:
-    return _fail(f"data: {e}")
+  except (ConfigError, DataError) as e:
+    return _bad_input(e)
   if out["losses"] is None:
     print(f"done: nothing left to train in {FLAGS.workdir} (resumed at its last update)")
     return 0
@@ -96,16 +110,11 @@ def _run(argv):
   del argv
   import jax
   from ihsweep import sweep
-  from ihsweep.checkpoint import CheckpointError
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
-  cfg, failed = _load_config()
+  cfg, failed = _config_and_workdir("run")
   if failed is not None:
     return failed
-  if cfg is None or FLAGS.workdir is None:
-    return _fail("run needs --config=FILE and --workdir=DIR")
-  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
-    return _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
   try:
     sweep.add_axes(cfg, FLAGS.grid, "grid")
     sweep.add_axes(cfg, FLAGS.zip, "zip")
@@ -116,12 +125,8 @@ def _run(argv):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # not jax.distributed's shutdown barrier: a peer may be gone
-  except ConfigError as e:
-    return _fail(f"invalid config: {e}")
-  except CheckpointError as e:
-    return _fail(f"checkpoint: {e}")
-  except DataError as e:
-    return _fail(f"data: {e}")
+  except (ConfigError, DataError) as e:
+    return _bad_input(e)
   failed_groups = [g for g, s in result.groups.items() if s["state"] == "failed"]
   if jax.process_index() == 0:
     print(sweep.format_summary(result.summary))

@@ -414,14 +414,13 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
   bar = tqdm(total=tcfg.num_steps, initial=done, disable=not progress, unit="upd",
              dynamic_ncols=True, desc=desc)
   first_drain_t, tokens_since_first, last_loss = None, 0, None
-  diverged_at = sharding.to_host(state.diverged_at)
   stopped_early = False
   mfile = open(metrics_path, "a") if lead else None
   lfile = open(log_path, "a") if lead else None
   try:
 
     def drain(item) -> None:
-      nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates, diverged_at
+      nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates
       kind, step, values, k = item
       host = sharding.to_host(values)  # the only host syncs
       if kind == "eval":
@@ -458,13 +457,17 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
       bar.set_postfix(loss=f"{finite.mean():.4f}" if finite.size else "nan",
                       tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
+    def evaluation(step: int) -> tuple:
+      # diverged_at copied: the state is donated to the next call before this is drained.
+      return ("eval", step, (evaluator(state.params), jnp.copy(state.diverged_at)), 0)
+
     def after_step(step: int, pending: list, earlier: list, final: bool = False) -> None:
       """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
       Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
       ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
       (an early stop or a requested one): params and state are saved whatever the schedule."""
       if step in eval_steps and not final:
-        pending.append(("eval", step, (evaluator(state.params), jnp.copy(state.diverged_at)), 0))
+        pending.append(evaluation(step))
       extra = {"tokens": step * tokens_per_step}
       if (step in param_steps or (final and stopped_early)) and step not in saved["params"]:
         ckpts.save_params(step, state.params, extra)
@@ -483,7 +486,7 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
     if start is None:
       after_step(0, pending, [])
     elif done in eval_steps and not evaluated:  # killed before its rows were written
-      pending.append(("eval", done, (evaluator(state.params), jnp.copy(state.diverged_at)), 0))
+      pending.append(evaluation(done))
     if loader:
       loader.prefetch(done, schedule)
     program = train.make_ensemble_train_fn(

@@ -215,7 +215,8 @@ def _validate_sweep(cfg, n_devices: int) -> None:
                         "metrics)")
   for field in ("ensemble.peak_lrs", "ensemble.seeds", "ensemble.cell_ids", "data.frequencies",
                 "data.reliabilities"):
-    value = _get(cfg, field) if field.split(".")[1] in cfg[field.split(".")[0]] else ()
+    section, name = field.split(".")
+    value = cfg[section].get(name, ())
     if value:
       raise ConfigError(field, value, "empty in a sweep: the planner fills it per group (vary "
                         "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)")
@@ -410,10 +411,7 @@ def write_status(workdir: str, group_id: str, **fields) -> dict:
   status = {"group": group_id, **fields,
             "host": socket.gethostname(), "pid": os.getpid(),
             "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(status, f, indent=2)
-  os.replace(tmp, path)
+  _write_json(path, status)
   return status
 
 
