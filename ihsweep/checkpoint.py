@@ -102,19 +102,21 @@ class RunCheckpoints:
     metadata: JSON-able dict stored with every checkpoint (``custom_metadata``).
     keep_state: how many full-state checkpoints to keep (newest first).
     async_save: write in a background thread (``wait`` before reading or exiting).
+    read_only: open existing checkpoints for reading only (analysis): nothing is created,
+      and the temporary directories of a run still writing are left alone.
   """
 
-  def __init__(self, directory: str, metadata: dict, *, keep_state: int = 2,
-               async_save: bool = True):
+  def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
+               async_save: bool = True, read_only: bool = False):
     self.directory = os.path.abspath(directory)
-    self.metadata = _jsonable(metadata)
+    self.metadata = _jsonable(metadata or {})
 
     def manager(name, keep):
       # Own barrier names per manager: under several processes the two managers' background
       # commits would otherwise meet at the same coordination barrier and fail.
       options = ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-          enable_async_checkpointing=async_save,
+          max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only,
+          read_only=read_only, enable_async_checkpointing=async_save and not read_only,
           multiprocessing_options=ocp.options.MultiprocessingOptions(
               barrier_sync_key_prefix=f"ihsweep-{name}"))
       # The handler named up front, so that a manager opened only to read (analysis) knows
@@ -181,14 +183,16 @@ class RunCheckpoints:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
     return self._restore(self._state, "state", step, abstract)
 
-  def restore_params(self, step: int, like: Any = None) -> Any:
-    """The ensemble's params at ``step``: shaped and sharded like ``like`` if given, else as
-    arrays on this process's first device (a laptop can read a pod's checkpoints)."""
+  def restore_params(self, step: int, like: Any = None, sharding: Any = None) -> Any:
+    """The ensemble's params at ``step``: shaped and sharded like ``like`` if given, else with
+    the stored shapes placed by ``sharding`` (one ``jax.sharding.Sharding`` for every array,
+    e.g. the ensemble axis split over the devices present), else on this process's first
+    device — a laptop can read a pod's checkpoints."""
     if like is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      where = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
       meta = self._params.item_metadata(step)["params"]
       abstract = jax.tree_util.tree_map(
-          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=where), meta)
     else:
       abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
     return self._restore(self._params, "params", step, abstract)

@@ -1,0 +1,140 @@
+"""``python -m analysis``: reports from run directories, and the law fitted to a CSV.
+
+  python -m analysis report DIR [DIR ...] [--out OUT] [--metric ps_max] [--method threshold]
+  python -m analysis fit-law --csv FILE [--with-params] [--n-boot 2000] [--fix alpha=0.37]
+
+Exit status: 0 done, 2 bad input (a directory that is not a run, a CSV that cannot be fitted),
+with one line on stderr saying what and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+  from analysis import curves, emergence
+  p = argparse.ArgumentParser(prog="python -m analysis",
+                              description="Analyse ihsweep run directories.")
+  sub = p.add_subparsers(dest="command", required=True)
+  r = sub.add_parser("report", help="curves, emergence points, law, figures and report.md/.html",
+                     description="Recompute metrics from every checkpoint (cached), find "
+                     "emergence points, fit the law, draw figures, write report.md/.html, "
+                     "emergence.csv and law.json into OUT (default: the first DIR/analysis).")
+  r.add_argument("dirs", nargs="+", metavar="DIR", help="run directories (ihsweep run/train)")
+  r.add_argument("--out", help="output directory (default: DIR/analysis of the first DIR)")
+  r.add_argument("--metric", default="ps_max", choices=emergence.DEFAULT_METRICS,
+                 help="metric whose emergence points feed the law (default ps_max)")
+  r.add_argument("--method", default="threshold", choices=emergence.METHODS,
+                 help="emergence estimator for the law (default threshold)")
+  r.add_argument("--fraction", type=float, default=0.5,
+                 help="threshold level between the early and late plateau (default 0.5)")
+  r.add_argument("--source", default="auto", choices=curves.SOURCES,
+                 help="curves from checkpoints, online metrics.jsonl, or auto (default)")
+  r.add_argument("--no-cache", action="store_true", help="recompute every checkpoint")
+  r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
+  r.add_argument("--with-params", action="store_true",
+                 help="also fit + gamma ln n_params (model-size dependence)")
+  r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  f = sub.add_parser("fit-law", help="fit the emergence law to a CSV of emergence points",
+                     description="CSV columns batch_size, context_size, emergence_step (updates; "
+                     "empty = censored, skipped) and optionally n_params. Prints one JSON object: "
+                     "log_T, T, alpha, beta, r, n, ci (95%% bootstrap intervals).")
+  f.add_argument("--csv", required=True, help="emergence points (e.g. DIR/analysis/"
+                                              "emergence.csv filtered to one metric and method)")
+  f.add_argument("--with-params", action="store_true", help="also fit + gamma ln n_params")
+  f.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
+  f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+  f.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                 help="hold a coefficient fixed, e.g. alpha=0.37 when B was not varied")
+  f.add_argument("--metric", help="with an emergence.csv: keep rows of this metric")
+  f.add_argument("--method", help="with an emergence.csv: keep rows of this method")
+  return p
+
+
+def _fail(message: str) -> int:
+  print(f"python -m analysis: {message}", file=sys.stderr)
+  return 2
+
+
+def _fit_law(args) -> int:
+  import pandas as pd
+  from analysis import scaling
+  fixed = {}
+  for spec in args.fix:
+    name, _, value = spec.partition("=")
+    try:
+      fixed[name.strip()] = float(value)
+    except ValueError:
+      return _fail(f"--fix {spec!r}: expected NAME=NUMBER, e.g. alpha=0.37")
+  try:
+    points = pd.read_csv(args.csv)
+  except (OSError, ValueError) as e:
+    return _fail(f"--csv {args.csv}: cannot read a CSV ({e})")
+  for column, value in (("metric", args.metric), ("method", args.method)):
+    if value is not None:
+      if column not in points:
+        return _fail(f"--{column} {value}: {args.csv} has no {column!r} column")
+      points = points[points[column] == value]
+  if {"metric", "method"} <= set(points) and points.groupby(["metric", "method"]).ngroups > 1:
+    return _fail(f"{args.csv} mixes several metrics/methods; choose with --metric and --method")
+  if args.n_boot < 0:
+    return _fail(f"--n-boot {args.n_boot}: must be >= 0")
+  try:
+    fit = scaling.fit_law(points, with_params=args.with_params, n_boot=args.n_boot,
+                          seed=args.seed, fixed=fixed)
+  except scaling.FitError as e:
+    return _fail(f"{args.csv}: {e}")
+  print(json.dumps(fit.to_dict(), indent=2))
+  return 0
+
+
+def _report(args) -> int:
+  from analysis import report
+  from analysis.load import NotARun
+  if args.n_boot < 0:
+    return _fail(f"--n-boot {args.n_boot}: must be >= 0")
+  if not 0 < args.fraction < 1:
+    return _fail(f"--fraction {args.fraction}: must be in (0, 1)")
+  opts = report.Options(metric=args.metric, method=args.method, fraction=args.fraction,
+                        source=args.source, cache=not args.no_cache, n_boot=args.n_boot,
+                        with_params=args.with_params, progress=not args.no_progress)
+  try:
+    written = report.report(args.dirs, args.out, opts)
+  except NotARun as e:
+    return _fail(str(e))
+  law = written.get("law")
+  print(f"report: {written['report_md']} (and report.html)")
+  if "n_cells" in written:
+    print(f"emergence: {written['n_emerged']} of {written['n_cells']} cells emerged "
+          f"({args.metric}, {args.method}); table {written['emergence_csv']}")
+  if law:
+    print(f"law: ln T = {law['log_T']:.2f}, alpha = {law['alpha']:.3f}, beta = "
+          f"{law['beta']:.3f}, r = {law['r']:.3f} over {law['n']} cells -> "
+          f"{written['out_dir']}/law.json")
+  elif written.get("law_error"):
+    print(f"law: not fitted ({written['law_error']})")
+  if written.get("warnings"):
+    print(f"{len(written['warnings'])} warning(s); see the report")
+  return 0
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      datefmt="%H:%M:%S")
+  logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing
+  # orbax's per-restore lines and its notes that a read-only manager will not save
+  logging.getLogger("absl").setLevel(logging.ERROR)
+  if args.command == "fit-law":
+    return _fit_law(args)
+  from ihsweep.sharding import use_one_cpu_device_per_core
+  use_one_cpu_device_per_core()  # CPU: the ensemble split over cores, as in training
+  return _report(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,268 @@
+"""Metric curves: every checkpoint of every model re-evaluated with ihsweep's own metrics.
+
+For each group the ensemble evaluation (``ihsweep.metrics.make_eval_fn``, vmapped over the
+group's models and compiled once per group) runs on the group's saved probes at every params
+checkpoint, restored lazily one step at a time onto the devices present. The result is one tidy
+DataFrame, one row per (cell, step):
+
+  run, group, cell, seed, <grid axes>, batch_size, context_size, n_params, step, tokens,
+  ps_max, la_max (the study's logit attribution), dla_max (direct logit attribution),
+  ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from the run's
+  data), icl_score, val_loss, {ps,la,dla}_layer / _head (the best head), diverged, source
+
+``source`` is 'checkpoint' (recomputed) or 'online' (the run's ``metrics.jsonl``, used for a group
+without params checkpoints, or for every group with ``source='online'``). A model's rows after it
+diverged (cells.csv ``diverged_step``) have NaN metrics, as online.
+
+Recomputed rows are cached in ``DIR/analysis/curves.parquet`` (written after each group, so an
+interrupted analysis keeps what it finished); a rerun only evaluates checkpoints not in the cache,
+e.g. those a still-running sweep has written since.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import Group, Run
+
+log = logging.getLogger("analysis")
+
+METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "ar_data_rank",
+           "icl_score", "val_loss")
+HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
+SOURCES = ("auto", "checkpoints", "online")
+CACHE_NAME = "curves.parquet"
+
+
+def _cache_path(run: Run, out_dir: str | None = None) -> str:
+  return os.path.join(out_dir or os.path.join(run.dir, "analysis"), CACHE_NAME)
+
+
+def read_cache(path: str) -> pd.DataFrame:
+  """Cached recomputed rows (empty if none or unreadable; an unreadable cache is recomputed)."""
+  if not os.path.exists(path):
+    return pd.DataFrame()
+  try:
+    return pd.read_parquet(path)
+  except Exception as e:  # pyarrow raises several kinds for a damaged file
+    log.warning("the cache %s cannot be read (%s); recomputing", path, e)
+    return pd.DataFrame()
+
+
+def _write_cache(path: str, table: pd.DataFrame) -> bool:
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    table.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return True
+  except OSError as e:
+    log.warning("cannot write the cache %s (%s); results are kept in memory only", path, e)
+    return False
+
+
+def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
+  tokens_per_update = group.batch_size * group.context_size
+  rows = []
+  for i, cell in enumerate(group.cells["cell"]):
+    row = {"group": group.id, "cell": int(cell), "step": int(step),
+           "tokens": int(step) * tokens_per_update}
+    row.update({m: float(host[m][i]) for m in METRICS})
+    for name in ("ps", "la", "dla"):
+      layer, head = (int(v) for v in host[f"{name}_argmax"][i])
+      row[f"{name}_layer"], row[f"{name}_head"] = layer, head
+    rows.append(row)
+  return rows
+
+
+def _group_probes(group: Group):
+  """The group's saved probes, or the same probes made again from its config (evaluation was
+  off while training)."""
+  probes = group.probes()
+  if probes is not None:
+    return probes
+  import jax
+  from ihsweep import train
+  from ihsweep.data import make_source
+  from ihsweep.data import probes as probes_lib
+  cfg = group.config
+  mcfg, tcfg = train.model_and_train_config(cfg)
+  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  n = group.n_models
+  data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n))
+  arrays = None if not getattr(source, "on_device", True) else \
+      jax.tree_util.tree_map(np.asarray, source.arrays())
+  return probes_lib.make_probes(source, data_params, arrays, cfg.eval, n, tcfg.context_size)
+
+
+def evaluate_group(group: Group, steps: list[int], *, bar=None,
+                   warnings: list[str] | None = None) -> pd.DataFrame:
+  """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
+
+  One evaluation program is compiled for the group (``ihsweep.runner.Evaluator``: the metric
+  functions vmapped over the ensemble, split over the local devices); while step k is evaluated
+  on the devices, step k + 1's params are read from disk. A checkpoint that cannot be restored
+  (damaged by hand, deleted while reading) is skipped with a warning.
+
+  Returns:
+    DataFrame with columns ``group, cell, step, tokens``, ``METRICS`` and ``HEAD_COLUMNS``.
+  """
+  from ihsweep import sharding as sharding_lib
+  from ihsweep import train
+  from ihsweep.runner import Evaluator
+  from analysis.load import device_sharding
+
+  if not steps:
+    return pd.DataFrame()
+  warnings = [] if warnings is None else warnings
+  mesh, ens = device_sharding(group.n_models)
+  mcfg, _ = train.model_and_train_config(group.config)
+  evaluator = Evaluator(group.config, mcfg, _group_probes(group), mesh)
+  rows: list[dict] = []
+  pending = None
+
+  def collect(item):
+    step, out = item
+    rows.extend(_rows_from_host(sharding_lib.to_host(out), group, step))
+    if bar is not None:
+      bar.update(1)
+
+  for step in steps:
+    try:
+      params = group.params(step, sharding=ens)
+    except Exception as e:  # orbax raises many kinds for a damaged step
+      msg = (f"group {group.id}: the checkpoint at update {step} cannot be restored "
+             f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); skipped")
+      log.warning("%s", msg)
+      warnings.append(msg)
+      if bar is not None:
+        bar.update(1)
+      continue
+    out = evaluator(params)  # dispatched asynchronously: the next restore overlaps it
+    if pending is not None:
+      collect(pending)
+    pending = (step, out)
+  if pending is not None:
+    collect(pending)
+  return pd.DataFrame(rows)
+
+
+def _online_rows(group: Group) -> pd.DataFrame:
+  online = group.online_metrics()
+  if online.empty:
+    return online
+  online = online.copy()
+  online["group"] = group.id
+  for name in ("ps", "la", "dla"):
+    col = f"{name}_argmax"
+    if col in online:
+      pairs = online[col].apply(lambda v: v if isinstance(v, list) and len(v) == 2 else
+                                [None, None])
+      online[f"{name}_layer"] = pairs.str[0]
+      online[f"{name}_head"] = pairs.str[1]
+  keep = ["group", "cell", "step", "tokens", *METRICS, *HEAD_COLUMNS]
+  online = online[[c for c in keep if c in online]]
+  return online
+
+
+def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
+                   out_dir: str | None = None, progress: bool = True) -> pd.DataFrame:
+  """The run's metric curves (module docstring), recomputing only checkpoints not yet cached.
+
+  Args:
+    run: from ``analysis.load.load_run``.
+    source: 'auto' (checkpoints where a group has them, its metrics.jsonl otherwise),
+      'checkpoints' (groups without checkpoints are skipped with a warning) or 'online'.
+    cache: read and update ``<out_dir or DIR/analysis>/curves.parquet``.
+    progress: a tqdm bar over the checkpoints to evaluate.
+
+  Raises:
+    ValueError: unknown ``source``.
+  """
+  from tqdm.auto import tqdm
+  if source not in SOURCES:
+    raise ValueError(f"source = {source!r}: allowed {', '.join(SOURCES)}")
+  path = _cache_path(run, out_dir)
+  cached = read_cache(path) if cache and source != "online" else pd.DataFrame()
+  todo: dict[str, list[int]] = {}
+  online_groups = []
+  for group in run.groups:
+    steps = [] if source == "online" else group.steps()
+    if not steps:
+      if source == "checkpoints":
+        msg = f"group {group.id} has no params checkpoints yet; skipped"
+        log.warning("%s", msg)
+        run.warnings.append(msg)
+      else:
+        online_groups.append(group)
+      continue
+    done = set()
+    if not cached.empty:
+      mine = cached[cached["group"] == group.id]
+      done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
+    todo[group.id] = [s for s in steps if s not in done]
+  keep_groups = set(todo)
+  parts = [cached[cached["group"].isin(keep_groups)]] if not cached.empty else []
+  total = sum(len(v) for v in todo.values())
+  if total:
+    log.info("recomputing metrics at %d checkpoint(s) of %d group(s) in %s", total,
+             sum(1 for v in todo.values() if v), run.dir)
+  t0 = time.perf_counter()
+  with tqdm(total=total, disable=not progress or not total, unit="ckpt",
+            desc=f"metrics {run.name}", dynamic_ncols=True) as bar:
+    for group in run.groups:
+      steps = todo.get(group.id)
+      if not steps:
+        continue
+      fresh = evaluate_group(group, steps, bar=bar, warnings=run.warnings)
+      if fresh.empty:
+        continue
+      parts = [p[~((p["group"] == group.id) & p["step"].isin(fresh["step"]))] for p in parts]
+      parts.append(fresh)
+      if cache:
+        _write_cache(path, pd.concat(parts, ignore_index=True).sort_values(
+            ["group", "cell", "step"]))
+  if total:
+    log.info("metrics recomputed in %.1f s", time.perf_counter() - t0)
+  recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+  if not recomputed.empty:
+    recomputed["source"] = "checkpoint"
+  online = [_online_rows(g) for g in online_groups]
+  online = [o.assign(source="online") for o in online if not o.empty]
+  for g in online_groups:
+    if g.online_metrics().empty:
+      msg = f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; skipped"
+      log.warning("%s", msg)
+      run.warnings.append(msg)
+  table = pd.concat([recomputed, *online], ignore_index=True) if (
+      not recomputed.empty or online) else pd.DataFrame(columns=["group", "cell", "step"])
+  return _with_cells(table, run)
+
+
+def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
+  """Joins the cells' coordinates and blanks metrics after a model diverged."""
+  cell_cols = ["cell", "seed", *run.axes, "batch_size", "context_size", "n_params",
+               "diverged", "diverged_step"]
+  cells = run.cells[[c for c in cell_cols if c in run.cells]]
+  out = table.drop(columns=[c for c in cells.columns if c != "cell" and c in table])
+  out = out.merge(cells, on="cell", how="left")
+  out.insert(0, "run", run.name)
+  if "diverged_step" in out:
+    after = out["diverged_step"].notna() & (out["step"] > out["diverged_step"].fillna(0))
+    metric_cols = [m for m in METRICS if m in out]
+    out.loc[after.to_numpy(dtype=bool), metric_cols] = np.nan
+  for m in METRICS:
+    if m in out:
+      out[m] = pd.to_numeric(out[m], errors="coerce").astype(float)
+  return out.sort_values(["run", "cell", "step"]).reset_index(drop=True)
+
+
+def load_curves(runs: list[Run], **kwargs) -> pd.DataFrame:
+  """``compute_curves`` for several runs, concatenated (the ``run`` column tells them apart)."""
+  tables = [compute_curves(r, **kwargs) for r in runs]
+  return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

@@ -1,0 +1,291 @@
+"""Emergence points: the step at which a metric curve jumps from its early to its late plateau.
+
+The study defines no threshold (PAPER.md, "What the study's released code does"); ihsweep reports
+three estimators, all in log-steps (checkpoints are log-spaced and the transition is abrupt on a
+log axis), and how well they agree:
+
+* ``threshold`` (default): the first crossing of the level ``early + fraction · (late − early)``
+  (``fraction`` = 0.5: the midpoint between the plateaus), linearly interpolated in log-step
+  between the two checkpoints that bracket it;
+* ``max_slope``: the geometric midpoint of the pair of consecutive checkpoints with the largest
+  rise per unit log-step;
+* ``breakpoint``: a continuous flat–ramp–flat piecewise-linear fit in log-step (breakpoint
+  regression, as the study's dependencies suggest), reported as the centre of the ramp in
+  log-step; the ramp's start ``onset_step`` is given too. Breakpoints are found by exhaustive
+  search over a grid, then refined with ``scipy.optimize.least_squares``.
+
+The plateaus are the medians of the first and last ``plateau_points`` checkpoints. A curve whose
+jump ``direction · (late − early)`` is smaller than the metric's ``min_jump`` (or that never
+crosses the level) has **not emerged**: it is right-censored at its last checkpoint
+(``censored = True``, ``emergence_step`` NaN, ``censor_step`` = last step), never dropped.
+Curves that fall (validation loss, ICL score, mean rank) are handled by ``direction = −1``;
+``ar_rank`` is analysed as log10(1 + rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+
+METHODS = ("threshold", "max_slope", "breakpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+  """How a metric's curve is read: ``direction`` +1 (rises at emergence) or −1 (falls),
+  ``min_jump`` (in the metric's units after ``transform``) for a curve to count as emerged."""
+  direction: int
+  min_jump: float
+  transform: str = "none"  # 'log1p10': log10(1 + value)
+
+  def apply(self, values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values, float)
+    return np.log10(1 + values) if self.transform == "log1p10" else values
+
+
+# Defaults chosen from the untrained baselines and the transitions measured in this project:
+# ps_max ~0.02-0.1 before, 0.6-0.9 after; ar_acc ~1/V before; DLA 0 → several nats.
+SPECS = {
+    "ps_max": MetricSpec(+1, 0.2),
+    "la_max": MetricSpec(+1, 0.1),
+    "dla_max": MetricSpec(+1, 1.0),
+    "ar_acc": MetricSpec(+1, 0.2),
+    "ar_data_acc": MetricSpec(+1, 0.2),
+    "ar_rank": MetricSpec(-1, 0.5, "log1p10"),
+    "ar_data_rank": MetricSpec(-1, 0.5, "log1p10"),
+    "icl_score": MetricSpec(-1, 0.3),
+    "val_loss": MetricSpec(-1, 0.2),
+}
+DEFAULT_METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")
+
+
+@dataclasses.dataclass
+class Emergence:
+  """One curve's emergence point. Steps are in updates; ``emergence_step`` is NaN when the curve
+  has not emerged (``censored``), and then ``censor_step`` is its last checkpoint.
+  ``step_before``/``step_after``: the checkpoints that bracket the estimate. ``early``/``late``:
+  the plateaus, ``jump`` = direction · (late − early) (after the metric's transform)."""
+  emergence_step: float
+  censored: bool
+  censor_step: float
+  step_before: float
+  step_after: float
+  early: float
+  late: float
+  jump: float
+  onset_step: float = math.nan
+
+
+def _plateaus(v: np.ndarray, points: int) -> tuple[float, float]:
+  k = max(1, min(points, len(v) // 3 or 1))
+  return float(np.median(v[:k])), float(np.median(v[-k:]))
+
+
+def _censored(steps, early, late, jump) -> Emergence:
+  return Emergence(math.nan, True, float(steps[-1]), math.nan, math.nan, early, late, jump)
+
+
+def _log(steps: np.ndarray) -> np.ndarray:
+  # Step 0 sits half a step before step 1 on the log axis (log 0 is undefined).
+  return np.log(np.maximum(steps, 0.5))
+
+
+def threshold_crossing(steps: np.ndarray, v: np.ndarray, level: float) -> tuple[float, int] | None:
+  """First crossing of ``level`` by an increasing-direction curve ``v`` at ``steps`` (sorted):
+  ``(step, i)`` with the step interpolated linearly in log-step between checkpoints ``i − 1`` and
+  ``i``; ``(steps[0], 0)`` if the first point is already at the level; None if never reached."""
+  above = np.nonzero(v >= level)[0]
+  if not len(above):
+    return None
+  i = int(above[0])
+  if i == 0:
+    return float(steps[0]), 0
+  x = _log(steps)
+  t = (level - v[i - 1]) / (v[i] - v[i - 1])
+  return float(np.exp(x[i - 1] + t * (x[i] - x[i - 1]))), i
+
+
+def max_slope(steps: np.ndarray, v: np.ndarray) -> tuple[float, int]:
+  """``(step, i)``: the geometric midpoint of the checkpoints ``i − 1, i`` with the largest rise
+  of an increasing-direction curve per unit log-step."""
+  x = _log(steps)
+  slopes = np.diff(v) / np.diff(x)
+  i = int(np.argmax(slopes)) + 1
+  return float(np.exp((x[i - 1] + x[i]) / 2)), i
+
+
+def _ramp(x: np.ndarray, b1: float, b2: float) -> np.ndarray:
+  return np.clip((x - b1) / max(b2 - b1, 1e-9), 0.0, 1.0)
+
+
+def breakpoint_fit(steps: np.ndarray, v: np.ndarray, grid: int = 96
+                   ) -> tuple[float, float, float, float]:
+  """Least-squares fit of ``v ≈ a + h · clip((log s − b1) / (b2 − b1), 0, 1)`` (flat, ramp, flat;
+  continuous): exhaustive search of (b1, b2) over ``grid`` points spanning the log-steps (a and h
+  in closed form for each pair), then ``scipy.optimize.least_squares`` on all four parameters.
+
+  Returns:
+    ``(centre_step, onset_step, end_step, h)``: exp of (b1 + b2)/2, b1, b2, and the fitted rise.
+  """
+  from scipy.optimize import least_squares
+  x = _log(steps)
+  cand = np.linspace(x[0], x[-1], grid)
+  b1, b2 = np.meshgrid(cand, cand, indexing="ij")
+  ok = b2 > b1
+  b1, b2 = b1[ok], b2[ok]
+  r = np.clip((x[None, :] - b1[:, None]) / (b2 - b1)[:, None], 0.0, 1.0)  # [P, n]
+  rm, vm = r.mean(axis=1), v.mean()
+  var_r = ((r - rm[:, None]) ** 2).sum(axis=1)
+  h = np.where(var_r > 0, ((r - rm[:, None]) * (v - vm)[None]).sum(axis=1) /
+               np.maximum(var_r, 1e-30), 0.0)
+  a = vm - h * rm
+  sse = ((a[:, None] + h[:, None] * r - v[None]) ** 2).sum(axis=1)
+  best = int(np.argmin(sse))
+  p0 = np.array([a[best], h[best], b1[best], b2[best]])
+
+  def resid(p):
+    return p[0] + p[1] * _ramp(x, p[2], p[3]) - v
+
+  fit = least_squares(resid, p0, bounds=([-np.inf, -np.inf, x[0], x[0]],
+                                         [np.inf, np.inf, x[-1], x[-1]]))
+  p = fit.x if fit.success and fit.cost <= 0.5 * sse[best] + 1e-12 else p0
+  lo, hi = sorted((p[2], p[3]))
+  return float(np.exp((lo + hi) / 2)), float(np.exp(lo)), float(np.exp(hi)), float(p[1])
+
+
+def emergence_point(steps, values, *, method: str = "threshold", metric: str = "ps_max",
+                    fraction: float = 0.5, level: float | None = None,
+                    min_jump: float | None = None, plateau_points: int = 3) -> Emergence:
+  """The emergence point of one curve (module docstring).
+
+  Args:
+    steps: updates of the checkpoints ``[n]`` (any order; NaN values are dropped).
+    values: the metric at those steps ``[n]``.
+    method: 'threshold', 'max_slope' or 'breakpoint'.
+    metric: a key of ``SPECS`` (direction, default ``min_jump``, transform).
+    fraction: threshold level between the plateaus (0.5 = midpoint).
+    level: an absolute threshold (in the metric's units) instead of ``fraction``.
+    min_jump: overrides the metric's minimal jump.
+
+  Raises:
+    ValueError: unknown method or metric.
+  """
+  if method not in METHODS:
+    raise ValueError(f"method = {method!r}: allowed {', '.join(METHODS)}")
+  if metric not in SPECS:
+    raise ValueError(f"metric = {metric!r}: allowed {', '.join(SPECS)}")
+  spec = SPECS[metric]
+  steps, values = np.asarray(steps, float), np.asarray(values, float)
+  order = np.argsort(steps, kind="stable")
+  steps, values = steps[order], spec.apply(values[order])
+  keep = np.isfinite(values)
+  steps, values = steps[keep], values[keep]
+  if len(steps) < 3:
+    last = float(steps[-1]) if len(steps) else math.nan
+    return Emergence(math.nan, True, last, math.nan, math.nan, math.nan, math.nan, math.nan)
+  v = spec.direction * values  # rises at emergence
+  early, late = _plateaus(v, plateau_points)
+  jump = late - early
+  threshold = early + fraction * jump if level is None else spec.direction * \
+      float(spec.apply(np.asarray([level]))[0])
+  signed = (spec.direction * early, spec.direction * late)
+  need = spec.min_jump if min_jump is None else min_jump
+  crossing = threshold_crossing(steps, v, threshold)
+  if jump < need or crossing is None:
+    return _censored(steps, *signed, jump)
+  if method == "threshold":
+    step, i = crossing
+  elif method == "max_slope":
+    step, i = max_slope(steps, v)
+  else:
+    step, onset, _, _ = breakpoint_fit(steps, v)
+    i = int(np.searchsorted(steps, step))
+    before = steps[i - 1] if i > 0 else steps[0]
+    after = steps[min(i, len(steps) - 1)]
+    return Emergence(step, False, math.nan, float(before), float(after), *signed, jump, onset)
+  return Emergence(step, False, math.nan, float(steps[max(i - 1, 0)]), float(steps[i]),
+                   *signed, jump)
+
+
+def emergence_table(curves: pd.DataFrame, *, metrics=DEFAULT_METRICS, methods=METHODS,
+                    fraction: float = 0.5, levels: dict | None = None,
+                    min_jumps: dict | None = None) -> pd.DataFrame:
+  """Emergence points of every cell, metric and method (a long table).
+
+  Args:
+    curves: ``analysis.curves`` rows (``run``, ``cell``, ``step``, metric columns, cell
+      coordinates).
+    levels / min_jumps: per-metric absolute thresholds / minimal jumps overriding the defaults.
+
+  Returns:
+    One row per (run, cell, metric, method): the cell's coordinates (every curves column that is
+    constant per cell), ``metric``, ``method``, ``emergence_step``, ``emergence_tokens``
+    (``emergence_step · B · C``), ``censored``, ``censor_step``, ``step_before``,
+    ``step_after``, ``onset_step`` (breakpoint only), ``early``, ``late``, ``jump``,
+    ``n_points``.
+  """
+  levels, min_jumps = levels or {}, min_jumps or {}
+  metrics = [m for m in metrics if m in curves]
+  if curves.empty or not metrics:
+    return pd.DataFrame()
+  per_cell = [c for c in curves.columns if c not in ("step", "tokens", "source") and
+              c not in SPECS and not c.endswith(("_layer", "_head"))]
+  rows = []
+  for key, cell in curves.groupby(["run", "cell"], sort=True):
+    coords = cell.iloc[0][per_cell].to_dict()
+    for metric in metrics:
+      for method in methods:
+        e = emergence_point(cell["step"].to_numpy(), cell[metric].to_numpy(), method=method,
+                            metric=metric, fraction=fraction, level=levels.get(metric),
+                            min_jump=min_jumps.get(metric))
+        row = dict(coords, metric=metric, method=method, **dataclasses.asdict(e),
+                   n_points=int(cell[metric].notna().sum()))
+        row["emergence_tokens"] = e.emergence_step * coords.get("batch_size", math.nan) * \
+            coords.get("context_size", math.nan)
+        rows.append(row)
+  return pd.DataFrame(rows)
+
+
+def primary(table: pd.DataFrame, metric: str = "ps_max", method: str = "threshold"
+            ) -> pd.DataFrame:
+  """One row per cell: the emergence point by one metric and method (the law's input)."""
+  sel = table[(table["metric"] == metric) & (table["method"] == method)]
+  if sel.empty:
+    raise ValueError(f"no emergence points for metric {metric!r} and method {method!r}; "
+                     f"available: {sorted(set(zip(table['metric'], table['method'])))}")
+  return sel.reset_index(drop=True)
+
+
+def agreement(table: pd.DataFrame, reference: tuple[str, str] = ("ps_max", "threshold")
+              ) -> pd.DataFrame:
+  """How every (metric, method) agrees with a reference (metric, method) over the same cells.
+
+  Returns one row per (metric, method): ``n`` cells, ``emerged`` (how many emerged),
+  ``same_status`` (share of cells where both emerged or both are censored), ``both`` (cells where
+  both emerged), ``median_log10_ratio`` (median of log10(step / reference step) over those: 0 =
+  same step, 0.3 = twice as late) and ``pearson_r`` of their log-steps (NaN for < 3 cells)."""
+  if table.empty:
+    return pd.DataFrame()
+  key = ["run", "cell"]
+  ref = primary(table, *reference).set_index(key)
+  rows = []
+  for (metric, method), sel in table.groupby(["metric", "method"], sort=False):
+    sel = sel.set_index(key)
+    common = sel.index.intersection(ref.index)
+    a, b = sel.loc[common], ref.loc[common]
+    both = (~a["censored"]) & (~b["censored"])
+    la = np.log10(a.loc[both, "emergence_step"].astype(float).clip(lower=0.5))
+    lb = np.log10(b.loc[both, "emergence_step"].astype(float).clip(lower=0.5))
+    r = float(np.corrcoef(la, lb)[0, 1]) if both.sum() >= 3 and la.std() > 0 and lb.std() > 0 \
+        else math.nan
+    rows.append({"metric": metric, "method": method, "n": len(common),
+                 "emerged": int((~a["censored"]).sum()),
+                 "same_status": float((a["censored"] == b["censored"]).mean()) if len(common)
+                 else math.nan,
+                 "both": int(both.sum()),
+                 "median_log10_ratio": float(np.median(la - lb)) if both.any() else math.nan,
+                 "pearson_r": r})
+  return pd.DataFrame(rows)

@@ -1,0 +1,298 @@
+"""``python -m analysis report DIR [DIR …]``: run directories → curves, emergence points, the law,
+frontier and factorial tables, figures, and a report.
+
+Writes into ``OUT`` (default ``DIR/analysis/`` of the first DIR):
+
+  report.md      tables and figure links (Markdown)
+  report.html    the same, self-contained: figures embedded as base64 PNG, opens offline
+  emergence.csv  one row per (run, cell, metric, method): ``analysis.emergence.emergence_table``
+  law.json       the fitted law (``analysis.scaling.LawFit.to_dict``; ``ihsweep predict --law``)
+                 when the cells identify it; the report says why not otherwise
+  agreement.csv, residuals.csv, frontier.csv / emergence_map.csv, factorial.csv (when present)
+  figures/       curves_<metric>, law, emergence_map, factorial (.png and .pdf)
+
+The recomputed curves are cached per run in ``DIR/analysis/curves.parquet`` (``analysis.curves``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime
+import html
+import json
+import logging
+import math
+import os
+
+import numpy as np
+import pandas as pd
+
+from analysis import curves as curves_lib
+from analysis import emergence as emergence_lib
+from analysis import frontier as frontier_lib
+from analysis import plots
+from analysis import scaling
+from analysis.load import load_runs
+
+log = logging.getLogger("analysis")
+
+CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
+
+
+@dataclasses.dataclass
+class Options:
+  """Report settings (``python -m analysis report --help``)."""
+  metric: str = "ps_max"
+  method: str = "threshold"
+  fraction: float = 0.5
+  source: str = "auto"
+  cache: bool = True
+  n_boot: int = 2000
+  seed: int = 0
+  with_params: bool = False
+  progress: bool = True
+
+
+def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+  """Floats to ``digits`` significant digits for display (integers kept)."""
+  out = df.copy()
+  for c in out.columns:
+    if pd.api.types.is_float_dtype(out[c]):
+      out[c] = out[c].map(lambda v: "" if pd.isna(v) else
+                          (f"{v:.0f}" if abs(v) >= 10 ** digits else f"{v:.{digits}g}"))
+  return out
+
+
+class _Doc:
+  """A report built once and rendered twice (Markdown, self-contained HTML)."""
+
+  def __init__(self, out_dir: str):
+    self.out_dir, self.blocks = out_dir, []
+
+  def h(self, level: int, text: str):
+    self.blocks.append(("h", level, text))
+
+  def p(self, text: str):
+    self.blocks.append(("p", text))
+
+  def table(self, df: pd.DataFrame, max_rows: int = 60):
+    note = ""
+    if len(df) > max_rows:
+      note = f"(first {max_rows} of {len(df)} rows; all in the CSV files)"
+      df = df.head(max_rows)
+    self.blocks.append(("table", _fmt(df), note))
+
+  def figure(self, png: str, caption: str):
+    self.blocks.append(("figure", png, caption))
+
+  def markdown(self) -> str:
+    out = []
+    for b in self.blocks:
+      if b[0] == "h":
+        out.append("#" * b[1] + " " + b[2])
+      elif b[0] == "p":
+        out.append(b[1])
+      elif b[0] == "table":
+        out.append(b[1].to_markdown(index=False) + (f"\n\n{b[2]}" if b[2] else ""))
+      else:
+        out.append(f"![{b[2]}]({os.path.relpath(b[1], self.out_dir)})\n\n*{b[2]}*")
+    return "\n\n".join(out) + "\n"
+
+  def html(self, title: str) -> str:
+    body = []
+    for b in self.blocks:
+      if b[0] == "h":
+        body.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
+      elif b[0] == "p":
+        body.append(f"<p>{html.escape(b[1])}</p>")
+      elif b[0] == "table":
+        body.append(b[1].to_html(index=False, border=0, classes="t") +
+                    (f"<p class='note'>{html.escape(b[2])}</p>" if b[2] else ""))
+      else:
+        with open(b[1], "rb") as f:
+          data = base64.b64encode(f.read()).decode()
+        body.append(f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(b[2])}'>"
+                    f"<figcaption>{html.escape(b[2])}</figcaption></figure>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+             "table.t{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+             "table.t td,table.t th{border-bottom:1px solid #ddd;padding:2px 8px;"
+             "text-align:right}img{max-width:100%}figcaption,.note{color:#555;font-size:13px}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title><style>{style}</style></head><body>\n" + "\n".join(body) +
+            "\n</body></html>\n")
+
+
+def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
+  """Emergence per grid point over seeds: n, emerged, median step and tokens."""
+  keys = [k for k in ["run", *axes, "batch_size", "context_size"] if k in points]
+  keys = list(dict.fromkeys(keys))
+  g = points.assign(emerged=~points["censored"].astype(bool)).groupby(keys, sort=True)
+  out = g.agg(n=("cell", "size"), emerged=("emerged", "sum"),
+              median_step=("emergence_step", "median"),
+              median_tokens=("emergence_tokens", "median"),
+              last_step=("censor_step", "max")).reset_index()
+  if "law_updates" in points:
+    out = out.merge(points.groupby(keys)["law_updates"].first().reset_index(), on=keys)
+  return out
+
+
+def report(dirs: list[str], out_dir: str | None = None, options: Options | None = None) -> dict:
+  """Analyses the run directories and writes the report files (module docstring).
+
+  Returns a dict of what was written (paths) and computed (``law``: the fit dict or None,
+  ``law_error``, counts).
+
+  Raises:
+    analysis.load.NotARun: a directory that is not a run.
+  """
+  opts = options or Options()
+  runs = load_runs(dirs)
+  out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
+  fig_dir = os.path.join(out_dir, "figures")
+  os.makedirs(fig_dir, exist_ok=True)
+  axes = list(dict.fromkeys(a for r in runs for a in r.axes))
+  try:
+    curves = curves_lib.load_curves(runs, source=opts.source, cache=opts.cache,
+                                    progress=opts.progress)
+  finally:
+    for r in runs:
+      r.close()
+  warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
+  written: dict = {"out_dir": out_dir, "figures": []}
+  doc = _Doc(out_dir)
+  names = ", ".join(r.dir for r in runs)
+  doc.h(1, "Induction-head emergence report")
+  doc.p(f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
+        f"`python -m analysis report`.")
+  n_cells = sum(len(r.cells) for r in runs)
+  states = pd.Series([g.state for r in runs for g in r.groups]).value_counts().to_dict()
+  doc.p(f"{n_cells} cells (models) in {sum(len(r.groups) for r in runs)} readable group(s) "
+        f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
+        f"{', '.join(axes) or 'none'}; curves from "
+        f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
+        f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps).")
+  if warnings:
+    doc.h(2, "Warnings")
+    doc.p(" • ".join(warnings))
+  if curves.empty or "ps_max" not in curves:
+    doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
+    return _finish(doc, out_dir, written, runs)
+
+  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
+  table.to_csv(os.path.join(out_dir, "emergence.csv"), index=False)
+  written["emergence_csv"] = os.path.join(out_dir, "emergence.csv")
+  points = emergence_lib.primary(table, opts.metric, opts.method)
+  n_emerged = int((~points["censored"]).sum())
+  written.update(n_cells=len(points), n_emerged=n_emerged)
+
+  doc.h(2, "Emergence points")
+  doc.p(f"Metric {opts.metric}, method {opts.method} (level {opts.fraction:g} of the way from the "
+        f"early to the late plateau, interpolated in log-updates; see analysis/emergence.py). "
+        f"{n_emerged} of {len(points)} cells emerged; the others are right-censored at their "
+        f"last checkpoint. `emergence.csv` has every metric and method.")
+  doc.table(_per_point(points, axes))
+  for metric in CURVE_FIGURES:
+    if metric in curves and curves[metric].notna().any():
+      base = os.path.join(fig_dir, f"curves_{metric}")
+      paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method,
+                                axes=axes)
+      written["figures"] += paths
+      doc.figure(paths[0], f"{plots.LABELS.get(metric, metric)} against updates; seeds as lines, "
+                           f"emergence points ({opts.method}) marked o, censored x.")
+
+  doc.h(2, "Agreement across metrics and methods")
+  agree = emergence_lib.agreement(table, (opts.metric, opts.method))
+  agree.to_csv(os.path.join(out_dir, "agreement.csv"), index=False)
+  doc.p(f"Against {opts.metric}/{opts.method}: share of cells with the same status (emerged or "
+        f"censored), and over cells where both emerged the median log10 ratio of the steps "
+        f"(0.30 = twice as late) and the correlation of log-steps.")
+  doc.table(agree)
+
+  _law_section(doc, points, opts, out_dir, fig_dir, written)
+  _frontier_section(doc, points, out_dir, fig_dir, written)
+  return _finish(doc, out_dir, written, runs)
+
+
+def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
+  doc.h(2, "Emergence law")
+  written["law"], written["law_error"] = None, None
+  try:
+    fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
+  except scaling.FitError as e:
+    written["law_error"] = str(e)
+    doc.p(f"Not fitted: {e}")
+    return
+  law = fit.to_dict()
+  with open(os.path.join(out_dir, "law.json"), "w") as f:
+    json.dump(law, f, indent=2)
+  written["law"] = law
+  ci = fit.ci
+  doc.p(f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
+        f"({fit.n_censored} censored, excluded); 95% intervals from {fit.n_boot} bootstrap "
+        f"resamples of cells. `law.json` is accepted by `ihsweep predict --law=FILE`.")
+  rows = [{"coefficient": k, "estimate": law[k], "ci_low": ci.get(k, [math.nan] * 2)[0],
+           "ci_high": ci.get(k, [math.nan] * 2)[1],
+           "study": scaling.STUDY.get(k, math.exp(scaling.STUDY["log_T"]) if k == "T"
+                                      else math.nan)}
+          for k in ("log_T", "T", "alpha", "beta")]
+  rows.append({"coefficient": "r", "estimate": fit.r, "ci_low": math.nan, "ci_high": math.nan,
+               "study": scaling.STUDY["r"]})
+  doc.table(pd.DataFrame(rows))
+  doc.p("Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
+        "than the law predicts):")
+  doc.table(scaling.compare(fit))
+  sizes = points["n_params"].nunique() if "n_params" in points else 0
+  if opts.with_params or sizes > 1:
+    try:
+      gfit = scaling.fit_law(points, with_params=True, n_boot=opts.n_boot, seed=opts.seed)
+      lo, hi = gfit.ci.get("gamma", [math.nan, math.nan])
+      doc.p(f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
+            f"{hi:.3f}); the study finds UPT independent of model size (γ = 0).")
+    except scaling.FitError as e:
+      doc.p(f"Model-size term not fitted: {e}")
+  fit.residuals.to_csv(os.path.join(out_dir, "residuals.csv"), index=False)
+  doc.p("Residuals per cell (`residuals.csv`):")
+  doc.table(fit.residuals)
+  paths = plots.plot_law(fit, os.path.join(fig_dir, "law"))
+  written["figures"] += paths
+  doc.figure(paths[0], "Observed vs predicted updates to the transition (fitted and study laws), "
+                       "and updates vs batch size per context size.")
+
+
+def _frontier_section(doc, points, out_dir, fig_dir, written) -> None:
+  fr, rel = frontier_lib.FREQUENCY, frontier_lib.RELIABILITY
+  if fr in points and rel in points and points[fr].nunique() > 1 and points[rel].nunique() > 1:
+    doc.h(2, "Frequency × reliability")
+    emap = frontier_lib.emergence_map(points)
+    front = frontier_lib.pareto_frontier(emap)
+    emap.to_csv(os.path.join(out_dir, "emergence_map.csv"), index=False)
+    front.to_csv(os.path.join(out_dir, "frontier.csv"), index=False)
+    doc.table(emap)
+    doc.p("Frontier: the least reliability (along='y') or frequency (along='x') at which half "
+          "the seeds emerge, interpolated between grid values:")
+    doc.table(front)
+    paths = plots.plot_emergence_map(emap, front, os.path.join(fig_dir, "emergence_map"))
+    written["figures"] += paths
+    doc.figure(paths[0], "Emergence rate over frequency × reliability with the frontier.")
+  if frontier_lib.factors_present(points):
+    doc.h(2, "Data properties (factorial)")
+    fact = frontier_lib.factorial_table(points)
+    fact.to_csv(os.path.join(out_dir, "factorial.csv"), index=False)
+    doc.table(fact)
+    paths = plots.plot_factorial(fact, os.path.join(fig_dir, "factorial"))
+    written["figures"] += paths
+    doc.figure(paths[0], "Emergence rate per condition; median emergence step above the bars.")
+
+
+def _finish(doc: _Doc, out_dir: str, written: dict, runs) -> dict:
+  md = os.path.join(out_dir, "report.md")
+  page = os.path.join(out_dir, "report.html")
+  for path, text in ((md, doc.markdown()), (page, doc.html("ihsweep report"))):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  written.update(report_md=md, report_html=page,
+                 warnings=[w for r in runs for w in r.warnings])
+  return written
