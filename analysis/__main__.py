@@ -15,6 +15,18 @@ import logging
 import sys
 
 
+def _count(text: str) -> int | None:
+  if text == "all":
+    return None
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: a positive integer or 'all'")
+  return value
+
+
 def _parser() -> argparse.ArgumentParser:
   from analysis import curves, emergence
   p = argparse.ArgumentParser(prog="python -m analysis",
@@ -35,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
   r.add_argument("--source", default="auto", choices=curves.SOURCES,
                  help="curves from checkpoints, online metrics.jsonl, or auto (default)")
   r.add_argument("--no-cache", action="store_true", help="recompute every checkpoint")
+  r.add_argument("--probes", default=str(curves.DEFAULT_PROBES), type=_count,
+                 help=f"repeated-token probes per checkpoint: the first N of the run's, or "
+                 f"'all' (= the online evaluation; default {curves.DEFAULT_PROBES})")
+  r.add_argument("--sequences", default=str(curves.DEFAULT_SEQUENCES), type=_count,
+                 help=f"held-out sequences per model and checkpoint, or 'all' (default "
+                 f"{curves.DEFAULT_SEQUENCES})")
   r.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
   r.add_argument("--with-params", action="store_true",
                  help="also fit + gamma ln n_params (model-size dependence)")
@@ -101,6 +119,7 @@ def _report(args) -> int:
     return _fail(f"--fraction {args.fraction}: must be in (0, 1)")
   opts = report.Options(metric=args.metric, method=args.method, fraction=args.fraction,
                         source=args.source, cache=not args.no_cache, n_boot=args.n_boot,
+                        n_probes=args.probes, n_sequences=args.sequences,
                         with_params=args.with_params, progress=not args.no_progress)
   try:
     written = report.report(args.dirs, args.out, opts)

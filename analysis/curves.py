@@ -21,6 +21,8 @@ e.g. those a still-running sweep has written since.
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
 import os
 import time
@@ -36,6 +38,12 @@ METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "a
            "icl_score", "val_loss")
 HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
 SOURCES = ("auto", "checkpoints", "online")
+# The analysis's evaluation budget per model and checkpoint: the first 16 of the run's 100
+# repeated-token probes (16 × 49 scored positions for each head's PS and LA; the study uses 100)
+# and 8 of its 32 held-out sequences. A quarter of the online evaluation's work: 16
+# reference-size models × 30 checkpoints in under a minute on 2 CPU cores
+# (benchmarks/analysis.py). None = all, exactly the online evaluation.
+DEFAULT_PROBES, DEFAULT_SEQUENCES = 16, 8
 CACHE_NAME = "curves.parquet"
 
 
@@ -66,6 +74,15 @@ def _write_cache(path: str, table: pd.DataFrame) -> bool:
     return False
 
 
+def _same_sizes(cached: pd.DataFrame, group: Group, n_probes, n_sequences) -> pd.Series:
+  """Cached rows of ``group`` computed with the probe/sequence counts asked for now."""
+  probes = group.probes()
+  have_p = len(probes.repeated) if probes is not None else int(group.config.eval.n_probes)
+  have_s = probes.sequences.shape[1] if probes is not None else int(group.config.eval.n_sequences)
+  want_p, want_s = min(n_probes or have_p, have_p), min(n_sequences or have_s, have_s)
+  return (cached["n_probes"] == want_p) & (cached["n_sequences"] == want_s)
+
+
 def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
   tokens_per_update = group.batch_size * group.context_size
   rows = []
@@ -80,12 +97,20 @@ def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
   return rows
 
 
-def _group_probes(group: Group):
+def _group_probes(group: Group, n_probes: int | None = None, n_sequences: int | None = None):
   """The group's saved probes, or the same probes made again from its config (evaluation was
-  off while training)."""
+  off while training); with ``n_probes`` / ``n_sequences``, the first that many repeated-token
+  probes / held-out sequences per model."""
   probes = group.probes()
-  if probes is not None:
-    return probes
+  if probes is None:
+    probes = _make_probes(group)
+  return dataclasses.replace(
+      probes, repeated=probes.repeated[:n_probes or None],
+      sequences=probes.sequences[:, :n_sequences or None],
+      recall=probes.recall[:, :n_sequences or None])
+
+
+def _make_probes(group: Group):
   import jax
   from ihsweep import train
   from ihsweep.data import make_source
@@ -100,14 +125,17 @@ def _group_probes(group: Group):
   return probes_lib.make_probes(source, data_params, arrays, cfg.eval, n, tcfg.context_size)
 
 
-def evaluate_group(group: Group, steps: list[int], *, bar=None,
+def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = None,
+                   n_sequences: int | None = None, bar=None,
                    warnings: list[str] | None = None) -> pd.DataFrame:
   """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
 
   One evaluation program is compiled for the group (``ihsweep.runner.Evaluator``: the metric
   functions vmapped over the ensemble, split over the local devices); while step k is evaluated
   on the devices, step k + 1's params are read from disk. A checkpoint that cannot be restored
-  (damaged by hand, deleted while reading) is skipped with a warning.
+  (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
+  ``n_sequences``: evaluate on the first that many of the run's probes / held-out sequences
+  (None: all, exactly as online).
 
   Returns:
     DataFrame with columns ``group, cell, step, tokens``, ``METRICS`` and ``HEAD_COLUMNS``.
@@ -122,33 +150,45 @@ def evaluate_group(group: Group, steps: list[int], *, bar=None,
   warnings = [] if warnings is None else warnings
   mesh, ens = device_sharding(group.n_models)
   mcfg, _ = train.model_and_train_config(group.config)
-  evaluator = Evaluator(group.config, mcfg, _group_probes(group), mesh)
+  probes = _group_probes(group, n_probes, n_sequences)
+  evaluator = Evaluator(group.config, mcfg, probes, mesh)
+  sizes = {"n_probes": len(probes.repeated), "n_sequences": probes.sequences.shape[1]}
   rows: list[dict] = []
   pending = None
 
   def collect(item):
     step, out = item
-    rows.extend(_rows_from_host(sharding_lib.to_host(out), group, step))
+    rows.extend(dict(r, **sizes) for r in _rows_from_host(sharding_lib.to_host(out), group, step))
     if bar is not None:
       bar.update(1)
 
-  for step in steps:
+  def restore(step):
     try:
-      params = group.params(step, sharding=ens)
+      return group.params(step, sharding=ens), None
     except Exception as e:  # orbax raises many kinds for a damaged step
-      msg = (f"group {group.id}: the checkpoint at update {step} cannot be restored "
-             f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); skipped")
-      log.warning("%s", msg)
-      warnings.append(msg)
-      if bar is not None:
-        bar.update(1)
-      continue
-    out = evaluator(params)  # dispatched asynchronously: the next restore overlaps it
+      return None, e
+
+  # One reader thread: step k + 1 is restored from disk while step k is evaluated.
+  with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="restore") as reader:
+    future = reader.submit(restore, steps[0])
+    for k, step in enumerate(steps):
+      params, error = future.result()
+      if k + 1 < len(steps):
+        future = reader.submit(restore, steps[k + 1])
+      if error is not None:
+        msg = (f"group {group.id}: the checkpoint at update {step} cannot be restored "
+               f"({type(error).__name__}: {str(error).splitlines()[0][:160]}); skipped")
+        log.warning("%s", msg)
+        warnings.append(msg)
+        if bar is not None:
+          bar.update(1)
+        continue
+      out = evaluator(params)  # dispatched asynchronously
+      if pending is not None:
+        collect(pending)
+      pending = (step, out)
     if pending is not None:
       collect(pending)
-    pending = (step, out)
-  if pending is not None:
-    collect(pending)
   return pd.DataFrame(rows)
 
 
@@ -171,6 +211,8 @@ def _online_rows(group: Group) -> pd.DataFrame:
 
 
 def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
+                   n_probes: int | None = DEFAULT_PROBES,
+                   n_sequences: int | None = DEFAULT_SEQUENCES,
                    out_dir: str | None = None, progress: bool = True) -> pd.DataFrame:
   """The run's metric curves (module docstring), recomputing only checkpoints not yet cached.
 
@@ -179,6 +221,10 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
     source: 'auto' (checkpoints where a group has them, its metrics.jsonl otherwise),
       'checkpoints' (groups without checkpoints are skipped with a warning) or 'online'.
     cache: read and update ``<out_dir or DIR/analysis>/curves.parquet``.
+    n_probes / n_sequences: how many of the run's repeated-token probes / held-out sequences per
+      model to evaluate (the first ones; None = all, exactly the online evaluation). The
+      defaults trade the study's 100 probes for speed (see ``DEFAULT_PROBES``); cached rows
+      computed with other counts are recomputed.
     progress: a tqdm bar over the checkpoints to evaluate.
 
   Raises:
@@ -202,12 +248,20 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
         online_groups.append(group)
       continue
     done = set()
-    if not cached.empty:
-      mine = cached[cached["group"] == group.id]
+    if not cached.empty and {"n_probes", "n_sequences"} <= set(cached):
+      mine = cached[(cached["group"] == group.id) & _same_sizes(cached, group, n_probes,
+                                                                 n_sequences)]
       done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
     todo[group.id] = [s for s in steps if s not in done]
   keep_groups = set(todo)
-  parts = [cached[cached["group"].isin(keep_groups)]] if not cached.empty else []
+  parts = []
+  if not cached.empty and {"n_probes", "n_sequences"} <= set(cached):
+    keep = cached["group"].isin(keep_groups)
+    for group in run.groups:
+      if group.id in keep_groups:
+        mine = cached["group"] == group.id
+        keep &= ~mine | _same_sizes(cached, group, n_probes, n_sequences)
+    parts = [cached[keep]]
   total = sum(len(v) for v in todo.values())
   if total:
     log.info("recomputing metrics at %d checkpoint(s) of %d group(s) in %s", total,
@@ -219,7 +273,8 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
       steps = todo.get(group.id)
       if not steps:
         continue
-      fresh = evaluate_group(group, steps, bar=bar, warnings=run.warnings)
+      fresh = evaluate_group(group, steps, n_probes=n_probes, n_sequences=n_sequences, bar=bar,
+                             warnings=run.warnings)
       if fresh.empty:
         continue
       parts = [p[~((p["group"] == group.id) & p["step"].isin(fresh["step"]))] for p in parts]

@@ -48,6 +48,8 @@ class Options:
   fraction: float = 0.5
   source: str = "auto"
   cache: bool = True
+  n_probes: int | None = curves_lib.DEFAULT_PROBES
+  n_sequences: int | None = curves_lib.DEFAULT_SEQUENCES
   n_boot: int = 2000
   seed: int = 0
   with_params: bool = False
@@ -123,6 +125,15 @@ class _Doc:
             "\n</body></html>\n")
 
 
+def _sizes(curves: pd.DataFrame) -> str:
+  if "n_probes" not in curves or curves["n_probes"].isna().all():
+    return ""
+  p = sorted(curves["n_probes"].dropna().astype(int).unique())
+  q = sorted(curves["n_sequences"].dropna().astype(int).unique())
+  return (f"; recomputed on {'/'.join(map(str, p))} repeated-token probes and "
+          f"{'/'.join(map(str, q))} held-out sequences per model")
+
+
 def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
   """Emergence per grid point over seeds: n, emerged, median step and tokens."""
   keys = [k for k in ["run", *axes, "batch_size", "context_size"] if k in points]
@@ -154,6 +165,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   axes = list(dict.fromkeys(a for r in runs for a in r.axes))
   try:
     curves = curves_lib.load_curves(runs, source=opts.source, cache=opts.cache,
+                                    n_probes=opts.n_probes, n_sequences=opts.n_sequences,
                                     progress=opts.progress)
   finally:
     for r in runs:
@@ -171,7 +183,8 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
         f"{', '.join(axes) or 'none'}; curves from "
         f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
-        f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps).")
+        f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps"
+        f"{_sizes(curves)}).")
   if warnings:
     doc.h(2, "Warnings")
     doc.p(" • ".join(warnings))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -42,7 +43,7 @@ def _second_block(block_len: int) -> jax.Array:
   return jnp.arange(block_len, 2 * block_len - 1)
 
 
-def logit_attribution(head_out_LxNxTxHxD: jax.Array, unembed_DxV: jax.Array,
+def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
                       tokens_NxT: jax.Array, block_len: int) -> jax.Array:
   """The study's logit attribution per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
@@ -53,24 +54,26 @@ def logit_attribution(head_out_LxNxTxHxD: jax.Array, unembed_DxV: jax.Array,
   over positions and probes (the study's released code, PAPER.md).
 
   Args:
-    head_out_LxNxTxHxD: per-head writes into the residual stream ``[n_layers, N, 2L, H, D]``.
+    head_out_NxPxLxHxD: per-head writes into the residual stream at the second-block positions
+      ``L … 2L − 2`` (``head_outputs``), ``[N, L − 1, n_layers, H, D]``.
     unembed_DxV: unembedding ``[d_model, vocab]``.
     tokens_NxT: int32 probes ``[N, 2L]``.
   """
-  pos = _second_block(block_len)
-  h_LxNxPxHxD = head_out_LxNxTxHxD[:, :, pos]
-  w_NxDxL = jnp.swapaxes(unembed_DxV[:, tokens_NxT[:, :block_len]], 0, 1)  # block's vectors
-  proj_LxNxPxHxL = jnp.einsum("lnphd,ndj->lnphj", h_LxNxPxHxD, w_NxDxL)
-  above = jax.nn.relu(proj_LxNxPxHxL - proj_LxNxPxHxL.mean(axis=-1, keepdims=True))
-  # the target tokens[i + 1] is block entry i + 1 − L
-  target_PxL = jax.nn.one_hot(pos - block_len + 1, block_len, dtype=above.dtype)
-  target = jnp.einsum("lnphj,pj->lnph", above, target_PxL)
-  total = above.sum(axis=-1)
+  n, p, layers, heads, d = head_out_NxPxLxHxD.shape
+  w_NxDxJ = jnp.swapaxes(unembed_DxV[:, tokens_NxT[:, :block_len]], 0, 1)  # block's vectors
+  # (position, layer, head) flattened: one matrix product per probe.
+  proj = jnp.einsum("nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d),
+                    w_NxDxJ).reshape(n, p, layers * heads, block_len)
+  above_NxPxMxJ = jax.nn.relu(proj - proj.mean(axis=-1, keepdims=True))
+  # the target tokens[i + 1] is block entry i + 1 − L = p + 1 for the p-th scored position
+  target_PxJ = jax.nn.one_hot(jnp.arange(1, p + 1), block_len, dtype=above_NxPxMxJ.dtype)
+  target = jnp.einsum("npmj,pj->npm", above_NxPxMxJ, target_PxJ)
+  total = above_NxPxMxJ.sum(axis=-1)
   la = jnp.where(total > 0, target / jnp.where(total > 0, total, 1.0), 0.0)
-  return la.mean(axis=(1, 2))
+  return la.mean(axis=(0, 1)).reshape(layers, heads)
 
 
-def direct_logit_attribution(head_out_LxNxTxHxD: jax.Array, resid_final_NxTxD: jax.Array,
+def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: jax.Array,
                              ln_scale_D: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array,
                              block_len: int, ln_eps: float) -> jax.Array:
   """Standard direct logit attribution per (layer, head), float32 ``[n_layers, n_heads]``
@@ -82,16 +85,20 @@ def direct_logit_attribution(head_out_LxNxTxHxD: jax.Array, resid_final_NxTxD: j
   second-block positions ``L ≤ i ≤ 2L − 2`` and probes (Elhage et al. 2021, "A Mathematical
   Framework for Transformer Circuits"; TransformerLens ``cache.stack_head_results(
   apply_ln=True)`` with ``logit_diff`` against the mean logit). Positive = the head raises the
-  correct next token.
+  correct next token. ``head_out`` and ``resid_final`` are taken at those positions only
+  (``[N, L − 1, n_layers, H, D]`` and ``[N, L − 1, D]``).
   """
+  n, p, layers, heads, d = head_out_NxPxLxHxD.shape
   pos = _second_block(block_len)
-  h = head_out_LxNxTxHxD[:, :, pos]  # [L, N, P, H, D]
-  resid_NxPxD = resid_final_NxTxD[:, pos]
-  sigma_NxP = jnp.sqrt(resid_NxPxD.var(axis=-1) + ln_eps)
-  h = (h - h.mean(axis=-1, keepdims=True)) * (ln_scale_D / sigma_NxP[None, :, :, None, None])
+  sigma_NxP = jnp.sqrt(resid_final_NxPxD.var(axis=-1) + ln_eps)
   targets_NxP = tokens_NxT[:, pos + 1]
-  direction_DxNxP = unembed_DxV[:, targets_NxP] - unembed_DxV.mean(axis=1)[:, None, None]
-  return jnp.einsum("lnphd,dnp->lh", h, direction_DxNxP) / (h.shape[1] * h.shape[2])
+  direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)) * \
+      (ln_scale_D / sigma_NxP[..., None])
+  # (h − mean(h)) · w = h · (w − mean(w)): centre the read-out direction instead of each head.
+  direction_NxPxD = direction_NxPxD - direction_NxPxD.mean(axis=-1, keepdims=True)
+  h_NxPxMxD = head_out_NxPxLxHxD.reshape(n, p, layers * heads, d)
+  dla = jnp.einsum("npmd,npd->npm", h_NxPxMxD, direction_NxPxD).mean(axis=(0, 1))
+  return dla.reshape(layers, heads)
 
 
 def recall_ranks(logits_NxPxV: jax.Array, targets_NxP: jax.Array) -> jax.Array:
@@ -119,6 +126,30 @@ def _argmax_2d(x_LxH: jax.Array) -> jax.Array:
 
 def _microbatches(x: jax.Array, size: int) -> jax.Array:
   return x.reshape((x.shape[0] // size, size) + x.shape[1:])
+
+
+def head_outputs(params, cfg: ModelConfig, z_LxNxTxHxK: jax.Array, pos: jax.Array
+                 ) -> jax.Array:
+  """Each head's write into the residual stream, ``z_h W_O^h`` (no bias), at positions ``pos``:
+  float32 ``[N, P, n_layers, H, d_model]`` from the mixed values ``z`` (``Transformer``
+  internals). Computed per head as plain matrix products (fast under the ensemble vmap on CPU),
+  only where the metrics read it."""
+  z = z_LxNxTxHxK[:, :, pos].astype(jnp.float32)
+  layers = []
+  for layer in range(cfg.n_layers):
+    w_HxKxD = params[f"block_{layer}"]["attn"]["w_o"].astype(jnp.float32)
+    layers.append(jnp.stack([z[layer, :, :, h] @ w_HxKxD[h] for h in range(cfg.n_heads)],
+                            axis=2))
+  return jnp.stack(layers, axis=2)
+
+
+def _final_logits(params, cfg: ModelConfig, resid_NxPxD: jax.Array) -> jax.Array:
+  """float32 logits ``[N, P, V]`` from residual-stream vectors, exactly as ``Transformer`` maps
+  its last residual (final LayerNorm, then the unembedding in the compute dtype)."""
+  x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=jnp.float32).apply(
+      {"params": params["ln_f"]}, resid_NxPxD)
+  w_DxV = unembedding_matrix(params, cfg).astype(cfg.compute_dtype)
+  return jnp.einsum("npd,dv->npv", x.astype(cfg.compute_dtype), w_DxV).astype(jnp.float32)
 
 
 def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_SxC: jax.Array, *,
@@ -149,12 +180,16 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
   pos = _second_block(block_len)
 
   def probe_sums(tokens_NxT):
-    logits, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
-    ranks = recall_ranks(logits[:, pos], tokens_NxT[:, pos + 1])
+    _, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
+    # Logits only where recall is scored (the model's own final LayerNorm and unembedding; XLA
+    # drops the unused full [N, 2L, V] logits): half the probes' unembedding work.
+    resid_NxPxD = internals["resid_final"][:, pos]
+    ranks = recall_ranks(_final_logits(params, cfg, resid_NxPxD), tokens_NxT[:, pos + 1])
+    head_out = head_outputs(params, cfg, internals["z"], pos)
     return {
         "ps": prefix_matching_score(internals["attn"], block_len),
-        "la": logit_attribution(internals["head_out"], unembed_DxV, tokens_NxT, block_len),
-        "dla": direct_logit_attribution(internals["head_out"], internals["resid_final"],
+        "la": logit_attribution(head_out, unembed_DxV, tokens_NxT, block_len),
+        "dla": direct_logit_attribution(head_out, resid_NxPxD,
                                         ln_scale_D, unembed_DxV, tokens_NxT, block_len,
                                         cfg.ln_eps),
         "ar_acc": jnp.mean(ranks == 0, dtype=jnp.float32),

@@ -159,7 +159,8 @@ class Attention(nn.Module):
     if not return_internals:
       return out_BxTxD, None
     head_out_BxTxHxD = jnp.einsum("bthk,hkd->bthd", z_BxTxHxK, w_o_HxKxD)
-    return out_BxTxD, {"attn": probs_BxHxTxT, "head_out": head_out_BxTxHxD.astype(jnp.float32)}
+    return out_BxTxD, {"attn": probs_BxHxTxT, "head_out": head_out_BxTxHxD.astype(jnp.float32),
+                       "z": z_BxTxHxK.astype(jnp.float32)}
 
 
 class Block(nn.Module):
@@ -201,6 +202,8 @@ class Transformer(nn.Module):
                     zero above the diagonal),
       ``head_out``  ``[n_layers, B, T, n_heads, d_model]`` each head's output z_h W_O^h written
                     into the residual stream (without the shared output bias b_O),
+      ``z``         ``[n_layers, B, T, n_heads, d_head]`` each head's attention-weighted values
+                    (``head_out`` = z_h W_O^h; metrics compute it only where they need it),
       ``resid_final`` ``[B, T, d_model]`` residual stream before the final LayerNorm (for direct
                     logit attribution with the LayerNorm scale frozen).
   """
@@ -243,6 +246,7 @@ class Transformer(nn.Module):
     return logits_BxTxV, {
         "attn": jnp.stack([p["attn"] for p in per_layer]),
         "head_out": jnp.stack([p["head_out"] for p in per_layer]),
+        "z": jnp.stack([p["z"] for p in per_layer]),
         "resid_final": resid_BxTxD,
     }
 
