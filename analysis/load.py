@@ -237,19 +237,17 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       cells[col] = cells[col].astype("Int64")
   if "diverged" not in cells:
     cells["diverged"] = False
-  states = {}
-  try:
-    states = {r["group"]: r["state"] for r in sweep.status_rows(path)}
-  except Exception as e:  # status is informative only
-    _warn(warnings, f"cannot read the groups' status ({e})")
   groups = []
   for gid, members in cells.groupby("group", sort=True):
     gdir = sweep.group_dir(path, gid)
-    state = states.get(gid, "unknown")
+    status = sweep.read_status(path, gid)
+    state = status["state"]
+    if state == "running" and sweep._alive(status) is False:
+      state = "stopped"
     if not os.path.isdir(gdir):
-      if state not in ("pending", "unknown"):
-        _warn(warnings, f"group {gid} ({len(members)} cells) is skipped: its directory {gdir} "
-                        f"is missing")
+      why = (f"it has not started (no directory {gdir})" if state == "pending" else
+             f"it is {state} but its directory {gdir} is missing")
+      _warn(warnings, f"group {gid} ({len(members)} cells) is skipped: {why}")
       continue
     gconfig_path = os.path.join(gdir, "config.json")
     try:

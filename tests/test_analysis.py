@@ -1,0 +1,336 @@
+"""Analysis: known-answer emergence points and law fits, frontier and factorial tables, curves
+recomputed from checkpoints (== the online metrics), cache, report, partial and bad input."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import curves as curves_lib
+from analysis import emergence, frontier, scaling
+from analysis import __main__ as cli
+from analysis.load import NotARun, load_run
+from ihsweep import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = np.asarray(checkpoint.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
+
+
+# ---------------------------------------------------------------- emergence points (known answers)
+
+@pytest.mark.parametrize("method", emergence.METHODS)
+def test_a_step_curve_yields_its_step(method):
+  k = int(np.searchsorted(STEPS, 300))
+  step = STEPS[k]  # 304: the first checkpoint at the late plateau
+  values = np.where(STEPS >= step, 0.8, 0.03)
+  e = emergence.emergence_point(STEPS, values, method=method, metric="ps_max")
+  assert not e.censored
+  assert e.step_after == step and e.step_before == STEPS[k - 1]
+  assert STEPS[k - 1] < e.emergence_step <= step  # the step lies in this interval, no finer
+  assert e.early == pytest.approx(0.03) and e.late == pytest.approx(0.8)
+  assert e.jump == pytest.approx(0.77)
+
+
+@pytest.mark.parametrize("method", emergence.METHODS)
+def test_a_flat_curve_is_censored_at_its_last_step(method):
+  rng = np.random.default_rng(0)
+  values = 0.03 + 0.01 * rng.standard_normal(len(STEPS))
+  e = emergence.emergence_point(STEPS, values, method=method, metric="ps_max")
+  assert e.censored and math.isnan(e.emergence_step)
+  assert e.censor_step == 4096 and abs(e.jump) < 0.05
+
+
+@pytest.mark.parametrize("method", emergence.METHODS)
+@pytest.mark.parametrize("midpoint", [77.0, 300.0, 1234.0])
+def test_a_sigmoid_in_log_steps_yields_its_midpoint_within_one_checkpoint(method, midpoint):
+  x = np.log(np.maximum(STEPS, 0.5))
+  values = 0.05 + 0.75 / (1 + np.exp(-(x - np.log(midpoint)) / 0.15))
+  e = emergence.emergence_point(STEPS, values, method=method, metric="ps_max")
+  i = int(np.searchsorted(STEPS, midpoint))  # STEPS[i - 1] < midpoint <= STEPS[i]
+  assert STEPS[i - 1] <= e.emergence_step <= STEPS[min(i + 1, len(STEPS) - 1)]
+  assert abs(np.log(e.emergence_step) - np.log(midpoint)) <= np.log(STEPS[i] / STEPS[i - 1])
+
+
+def test_falling_metrics_and_thresholds():
+  x = np.log(np.maximum(STEPS, 0.5))
+  icl = -3.0 / (1 + np.exp(-(x - np.log(500.0)) / 0.1))  # 0 → −3 nats
+  e = emergence.emergence_point(STEPS, icl, metric="icl_score")
+  assert not e.censored and abs(np.log(e.emergence_step / 500.0)) < 0.1
+  assert e.early == pytest.approx(0.0, abs=1e-6) and e.late == pytest.approx(-3.0, abs=1e-3)
+  # An absolute level instead of the midpoint: ps_max = 0.2 is crossed before the midpoint.
+  ps = 0.05 + 0.75 / (1 + np.exp(-(x - np.log(500.0)) / 0.3))
+  low = emergence.emergence_point(STEPS, ps, metric="ps_max", level=0.2)
+  mid = emergence.emergence_point(STEPS, ps, metric="ps_max")
+  assert low.emergence_step < mid.emergence_step
+  # Too small a jump is censored; a lower min_jump accepts it.
+  small = 0.05 + 0.1 * (STEPS >= 300)
+  assert emergence.emergence_point(STEPS, small, metric="ps_max").censored
+  assert not emergence.emergence_point(STEPS, small, metric="ps_max", min_jump=0.05).censored
+  with pytest.raises(ValueError, match="method = 'x'"):
+    emergence.emergence_point(STEPS, ps, method="x")
+
+
+def _synthetic_curves(steps_by_cell: dict, extra=None) -> pd.DataFrame:
+  rows = []
+  for cell, step in steps_by_cell.items():
+    for s in STEPS:
+      jumped = step is not None and s >= step
+      rows.append({"run": "r", "cell": cell, "seed": cell % 2, "batch_size": 8,
+                   "context_size": 32, "step": int(s), "ps_max": 0.8 if jumped else 0.02,
+                   "ar_acc": 0.9 if jumped else 0.01, **(extra or {}).get(cell, {})})
+  return pd.DataFrame(rows)
+
+
+def test_emergence_table_and_agreement():
+  curves = _synthetic_curves({0: 128, 1: 512, 2: 2048, 3: None})
+  table = emergence.emergence_table(curves, metrics=("ps_max", "ar_acc"))
+  assert len(table) == 4 * 2 * 3
+  ps = emergence.primary(table)
+  assert list(ps["censored"]) == [False, False, False, True]
+  assert list(ps["step_after"][:3]) == [128, 512, 2048]
+  assert ps["emergence_tokens"][0] == pytest.approx(ps["emergence_step"][0] * 8 * 32)
+  agree = emergence.agreement(table).set_index(["metric", "method"])
+  same = agree.loc[("ar_acc", "threshold")]  # same jumps → same steps
+  assert same["same_status"] == 1.0 and same["both"] == 3
+  assert same["median_log10_ratio"] == pytest.approx(0.0, abs=1e-9)
+  assert same["pearson_r"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- the law (known answers)
+
+def _law_points(sigma=0.1, seed=0, log_t=13.26, alpha=0.37, beta=0.62, gamma=0.0,
+                n_params=None):
+  rng = np.random.default_rng(seed)
+  rows = []
+  for b in (4, 8, 16, 32, 64):
+    for c in (64, 128, 256, 512, 1024):
+      n = 1e6 if n_params is None else float(rng.choice(n_params))
+      upt = math.exp(log_t + gamma * math.log(n) + sigma * rng.standard_normal()) / (
+          b ** alpha * c ** beta)
+      rows.append({"batch_size": b, "context_size": c, "emergence_step": upt, "n_params": n})
+  return pd.DataFrame(rows)
+
+
+def test_law_fit_recovers_the_exponents_with_covering_intervals():
+  fit = scaling.fit_law(_law_points(), n_boot=1000)
+  assert abs(fit.alpha - 0.37) <= 0.05 and abs(fit.beta - 0.62) <= 0.05
+  assert abs(fit.log_T - 13.26) <= 0.3
+  for name, truth in (("alpha", 0.37), ("beta", 0.62), ("log_T", 13.26)):
+    lo, hi = fit.ci[name]
+    assert lo <= truth <= hi, (name, lo, hi)
+    assert hi - lo < {"log_T": 1.0}.get(name, 0.2)  # informative, not vacuous
+  assert fit.ci["T"][0] <= math.exp(13.26) <= fit.ci["T"][1]
+  assert fit.r > 0.95 and fit.n == 25 and fit.n_boot == 1000
+  assert fit.residuals["residual_ln"].std() == pytest.approx(0.1, abs=0.05)
+  law = fit.to_dict()
+  assert set(law) >= {"log_T", "T", "alpha", "beta", "r", "n", "ci"}
+  table = scaling.compare(fit).set_index("law")
+  assert table.loc["study v2 (published)", "rmse_ln"] < 0.2  # the points follow the study's law
+  assert table.loc["v1 form sqrt(BC), T fitted", "rmse_ln"] > 0.2  # α = β = 0.5 does not
+
+
+def test_law_fit_model_size_fixed_coefficients_and_errors():
+  sized = scaling.fit_law(_law_points(gamma=0.2, n_params=[1e5, 1e6, 1e7]), with_params=True,
+                          n_boot=300)
+  assert abs(sized.gamma - 0.2) < 0.05 and sized.ci["gamma"][0] <= 0.2 <= sized.ci["gamma"][1]
+  flat = scaling.fit_law(_law_points(n_params=[1e5, 1e6, 1e7]), with_params=True, n_boot=300)
+  assert flat.ci["gamma"][0] <= 0.0 <= flat.ci["gamma"][1]  # no dependence on model size
+  one_b = _law_points()
+  one_b = one_b[one_b["batch_size"] == 8]
+  with pytest.raises(scaling.FitError, match="cannot identify log_T, alpha, beta"):
+    scaling.fit_law(one_b)
+  fixed = scaling.fit_law(one_b, fixed={"alpha": 0.37}, n_boot=200)
+  assert abs(fixed.beta - 0.62) < 0.1 and fixed.alpha == 0.37 and "alpha" not in fixed.ci
+  censored = _law_points()
+  censored.loc[:4, "emergence_step"] = np.nan
+  assert scaling.fit_law(censored, n_boot=0).n_censored == 5
+  with pytest.raises(scaling.FitError, match="column batch_size must be positive"):
+    scaling.fit_law(_law_points().assign(batch_size=0), n_boot=0)
+  with pytest.raises(scaling.FitError, match="missing context_size"):
+    scaling.fit_law(_law_points().drop(columns="context_size"))
+
+
+def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
+  csv = tmp_path / "points.csv"
+  _law_points().to_csv(csv, index=False)
+  assert cli.main(["fit-law", "--csv", str(csv), "--n-boot", "200"]) == 0
+  law = json.loads(capsys.readouterr().out)
+  assert abs(law["alpha"] - 0.37) <= 0.05 and law["n"] == 25 and len(law["ci"]["beta"]) == 2
+  path = tmp_path / "law.json"
+  path.write_text(json.dumps(law))
+  out = subprocess.run([sys.executable, "-m", "ihsweep.cli", "predict", "--batch_size=8",
+                        "--context_size=1024", f"--law={path}", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  predicted = json.loads(out.stdout)["updates"]
+  assert predicted == pytest.approx(law["T"] / (8 ** law["alpha"] * 1024 ** law["beta"]))
+  bad = tmp_path / "bad.csv"
+  bad.write_text("batch_size,context_size\n8,32\n")
+  assert cli.main(["fit-law", "--csv", str(bad)]) == 2
+  assert "missing emergence_step" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- frontier and factorial
+
+def test_pareto_frontier_and_factorial():
+  rows = []
+  for f in (0.1, 0.3, 0.5, 0.7):
+    for r in (0.2, 0.4, 0.6, 0.8):
+      for seed in range(4):
+        emerged = f + 2 * r + 0.1 * seed >= 1.25  # more sensitive to reliability
+        rows.append({"data.frequency": f, "data.reliability": r, "censored": not emerged,
+                     "emergence_step": 100.0 / (f * r) if emerged else np.nan})
+  points = pd.DataFrame(rows)
+  emap = frontier.emergence_map(points)
+  assert len(emap) == 16
+  at = emap.set_index(["data.frequency", "data.reliability"])
+  assert at.loc[(0.3, 0.4), "rate"] == 0.5 and at.loc[(0.1, 0.4), "rate"] == 0.0
+  assert at.loc[(0.7, 0.8), "median_step"] == pytest.approx(100 / 0.56)
+  front = frontier.pareto_frontier(emap)
+  along_y = front[front["along"] == "y"].set_index("data.frequency")
+  # f = 0.1: rate 0 at r = 0.4, 1 at r = 0.6 → 0.5; f = 0.7: already 0.5 at the grid's 0.2.
+  assert along_y["data.reliability"].tolist() == pytest.approx([0.5, 0.4, 0.3, 0.2])
+  assert along_y["bound"].tolist() == ["interpolated"] * 3 + ["at or below the grid"]
+  with pytest.raises(ValueError, match="did not vary"):
+    frontier.emergence_map(points.drop(columns="data.reliability"))
+
+  conds = []
+  for ld in ("iid", "synthetic"):
+    for cat in ("high", "low"):
+      for marg in ("zipf", "uniform"):
+        for seed in range(2):
+          emerged = ld == "synthetic" and (marg == "zipf" or seed == 0)
+          conds.append({"data.transitions": ld, "data.synthetic.categoriality": cat,
+                        "data.synthetic.marginal": marg, "censored": not emerged,
+                        "emergence_step": 1000.0 if emerged else np.nan})
+  fact = frontier.factorial_table(pd.DataFrame(conds))
+  assert len(fact) == 8 and set(fact.columns) >= {"local_dependency", "categoriality",
+                                                   "marginal", "rate", "median_step"}
+  assert (fact[fact["local_dependency"] == "none"]["rate"] == 0).all()
+  zipf = fact[(fact["local_dependency"] == "yes") & (fact["marginal"] == "zipf")]
+  assert (zipf["rate"] == 1).all() and (zipf["median_step"] == 1000).all()
+
+
+# ---------------------------------------------------------------- real checkpoints
+
+ONE_LAYER = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 40,
+             "train.steps_per_call": 10, "train.lr": 1e-2, "eval.every_steps": 20,
+             "eval.n_probes": 10, "eval.n_sequences": 8, "checkpoint.params_schedule": "log",
+             "checkpoint.law_points_per_octave": 0, "checkpoint.state_every_steps": 0}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """One small `ihsweep train` run: 2 models, params checkpoints at 0, 1, 2, 3, 4, 6, … 40."""
+  from conftest import tiny_config
+  from ihsweep.runner import fit
+  workdir = str(tmp_path_factory.mktemp("analysis") / "run")
+  fit(tiny_config(**ONE_LAYER), workdir, progress=False)
+  return workdir
+
+
+def test_curves_from_checkpoints_equal_the_online_metrics_and_are_cached(trained, tmp_path,
+                                                                         monkeypatch):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trained, workdir)
+  run = load_run(workdir)
+  assert run.kind == "train" and [g.id for g in run.groups] == ["run"]
+  assert run.groups[0].steps() == [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 40]
+  table = curves_lib.compute_curves(run, n_probes=None, n_sequences=None, progress=False)
+  assert len(table) == 2 * 12 and (table["source"] == "checkpoint").all()
+  assert set(table.columns) >= {"run", "cell", "seed", "batch_size", "context_size", "step",
+                                "tokens", *curves_lib.METRICS, "ps_layer", "ps_head"}
+  online = run.groups[0].online_metrics().set_index(["cell", "step"])
+  both = table.set_index(["cell", "step"]).loc[online.index.intersection(
+      table.set_index(["cell", "step"]).index)]
+  assert sorted({s for _, s in both.index}) == [0, 40]  # evaluated online and checkpointed
+  for metric in ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "val_loss", "icl_score"):
+    np.testing.assert_allclose(both[metric], online.loc[both.index, metric], rtol=2e-5,
+                               atol=1e-6, err_msg=metric)
+  assert os.path.exists(os.path.join(workdir, "analysis", "curves.parquet"))
+
+  def boom(*a, **k):
+    raise AssertionError("the cache should have made this unnecessary")
+
+  monkeypatch.setattr(curves_lib, "evaluate_group", boom)
+  again = curves_lib.compute_curves(load_run(workdir), n_probes=None, n_sequences=None,
+                                    progress=False)
+  pd.testing.assert_frame_equal(again, table)
+  monkeypatch.undo()
+  # Other probe counts are recomputed (and differ a little); online-only reading needs no
+  # checkpoints.
+  subset = curves_lib.compute_curves(load_run(workdir), n_probes=4, n_sequences=2,
+                                     progress=False)
+  assert (subset["n_probes"] == 4).all() and len(subset) == len(table)
+  online_only = curves_lib.compute_curves(load_run(workdir), source="online", progress=False)
+  assert (online_only["source"] == "online").all() and sorted(online_only["step"].unique()) == \
+      [0, 20, 40]
+
+
+def _fake_sweep(trained: str, root) -> str:
+  """A sweep directory made of copies of the trained run: g000 done, g001 missing, g002 running
+  with a half-written and a damaged checkpoint."""
+  sweep = root / "sweep"
+  groups = sweep / "groups"
+  groups.mkdir(parents=True)
+  shutil.copy(os.path.join(trained, "config.json"), sweep / "config.json")
+  rows = []
+  for g, (b, c) in enumerate([(8, 32), (8, 16), (4, 32)]):
+    for i in range(2):
+      rows.append({"cell": 2 * g + i, "group": f"g00{g}", "seed": i, "batch_size": b,
+                   "context_size": c, "peak_lr": 1e-2, "n_params": 1000, "status": "done",
+                   "diverged": False, "diverged_step": None})
+  pd.DataFrame(rows).to_csv(sweep / "cells.csv", index=False)
+  for g, state in (("g000", "done"), ("g002", "running")):
+    shutil.copytree(trained, groups / g, ignore=shutil.ignore_patterns("analysis"))
+    cfg = json.loads((groups / g / "config.json").read_text())
+    cfg["ensemble"]["cell_ids"] = [0, 1] if g == "g000" else [4, 5]
+    (groups / g / "config.json").write_text(json.dumps(cfg))
+    (groups / g / "status.json").write_text(json.dumps({"state": state}))
+  params = groups / "g002" / "checkpoints" / "params"
+  (params / "64.orbax-checkpoint-tmp-1234").mkdir()  # a save cut short: never listed
+  shutil.rmtree(params / "16" / "params")  # damaged by hand: restoring it fails
+  return str(sweep)
+
+
+def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
+  from analysis import report
+  sweep = _fake_sweep(trained, tmp_path)
+  out = report.report([sweep], None, report.Options(progress=False, n_boot=50))
+  warnings = " ".join(out["warnings"])
+  assert "group g001 (2 cells) is skipped: it has not started (no directory" in warnings
+  assert "group g002 is running" in warnings
+  assert "g002: the checkpoint at update 16 cannot be restored" in warnings
+  table = pd.read_csv(out["emergence_csv"])
+  assert sorted(table["cell"].unique()) == [0, 1, 4, 5]
+  assert set(table["method"]) == set(emergence.METHODS)
+  curves = pd.read_parquet(os.path.join(sweep, "analysis", "curves.parquet"))
+  assert 16 not in set(curves[curves["group"] == "g002"]["step"])
+  assert 16 in set(curves[curves["group"] == "g000"]["step"])
+  md = open(out["report_md"]).read()
+  assert "## Emergence points" in md and "## Warnings" in md and "figures/curves_ps_max.png" in md
+  page = open(out["report_html"]).read()
+  assert page.count("data:image/png;base64,") >= 2 and "<table" in page
+  for name in ("curves_ps_max", "curves_ar_acc"):
+    for ext in ("png", "pdf"):
+      assert os.path.getsize(os.path.join(sweep, "analysis", "figures", f"{name}.{ext}")) > 1000
+  # 40 updates of a 1-layer model do not form induction heads: the law cannot be fitted, and the
+  # report says why instead of failing.
+  assert out["law"] is None and "cannot identify" in out["law_error"]
+
+
+def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
+  (tmp_path / "notes.txt").write_text("hello")
+  with pytest.raises(NotARun, match="is not a run directory: it has no cells.csv"):
+    load_run(str(tmp_path))
+  assert cli.main(["report", str(tmp_path / "missing"), "--no-progress"]) == 2
+  assert "is not a directory" in capsys.readouterr().err
+  (tmp_path / "cells.csv").write_text("garbage\n")
+  assert cli.main(["report", str(tmp_path), "--no-progress"]) == 2
+  assert "cannot be read as a sweep's cells table" in capsys.readouterr().err
