@@ -123,7 +123,7 @@ def _report(args) -> int:
                         with_params=args.with_params, progress=not args.no_progress)
   try:
     written = report.report(args.dirs, args.out, opts)
-  except NotARun as e:
+  except (NotARun, report.OutputError) as e:
     return _fail(str(e))
   law = written.get("law")
   print(f"report: {written['report_md']} (and report.html)")

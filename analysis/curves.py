@@ -302,7 +302,7 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
 def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
   """Joins the cells' coordinates and blanks metrics after a model diverged."""
   cell_cols = ["cell", "seed", *run.axes, "batch_size", "context_size", "n_params",
-               "diverged", "diverged_step"]
+               "law_updates", "diverged", "diverged_step"]
   cells = run.cells[[c for c in cell_cols if c in run.cells]]
   out = table.drop(columns=[c for c in cells.columns if c != "cell" and c in table])
   out = out.merge(cells, on="cell", how="left")

@@ -137,9 +137,10 @@ class Run:
   groups: list[Group]
   warnings: list[str]
 
-  @property
-  def name(self) -> str:
-    return os.path.basename(os.path.normpath(self.dir))
+  name: str = ""
+
+  def __post_init__(self):
+    self.name = self.name or os.path.basename(os.path.normpath(self.dir))
 
   def close(self) -> None:
     for g in self.groups:
@@ -269,9 +270,25 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
 
 
 def load_runs(paths: list[str]) -> list[Run]:
-  """``load_run`` for each path (several run directories analysed together; cell ids are
-  distinguished by the run's name)."""
-  return [load_run(p) for p in paths]
+  """``load_run`` for each path (several run directories analysed together). A directory given
+  twice is read once; runs are told apart by ``Run.name``, the directory's name, or as many
+  trailing path components as make the names unique.
+
+  Raises:
+    NotARun: as ``load_run``.
+  """
+  unique = list(dict.fromkeys(os.path.realpath(p) for p in paths))
+  if len(unique) < len(paths):
+    log.warning("a run directory was given more than once; it is read once")
+  runs = [load_run(p) for p in unique]
+  parts = [r.dir.strip(os.sep).split(os.sep) for r in runs]
+  depth = 1
+  while depth < max(len(p) for p in parts) and len({"/".join(p[-depth:]) for p in parts}) < \
+      len(parts):
+    depth += 1
+  for r, p in zip(runs, parts):
+    r.name = "/".join(p[-depth:])
+  return runs
 
 
 def device_sharding(n_models: int):

@@ -40,6 +40,10 @@ log = logging.getLogger("analysis")
 CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
 
 
+class OutputError(ValueError):
+  """The report's output directory cannot be written."""
+
+
 @dataclasses.dataclass
 class Options:
   """Report settings (``python -m analysis report --help``)."""
@@ -61,7 +65,7 @@ def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
   out = df.copy()
   for c in out.columns:
     if pd.api.types.is_float_dtype(out[c]):
-      out[c] = out[c].map(lambda v: "" if pd.isna(v) else
+      out[c] = out[c].map(lambda v: "" if pd.isna(v) else "0" if abs(v) < 1e-9 else
                           (f"{v:.0f}" if abs(v) >= 10 ** digits else f"{v:.{digits}g}"))
   return out
 
@@ -142,7 +146,7 @@ def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
   out = g.agg(n=("cell", "size"), emerged=("emerged", "sum"),
               median_step=("emergence_step", "median"),
               median_tokens=("emergence_tokens", "median"),
-              last_step=("censor_step", "max")).reset_index()
+              censored_at=("censor_step", "max")).reset_index()
   if "law_updates" in points:
     out = out.merge(points.groupby(keys)["law_updates"].first().reset_index(), on=keys)
   return out
@@ -156,13 +160,24 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
 
   Raises:
     analysis.load.NotARun: a directory that is not a run.
+    OutputError: the output directory cannot be written (e.g. a read-only run directory
+      without ``out_dir``).
   """
   opts = options or Options()
   runs = load_runs(dirs)
   out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
   fig_dir = os.path.join(out_dir, "figures")
-  os.makedirs(fig_dir, exist_ok=True)
-  axes = list(dict.fromkeys(a for r in runs for a in r.axes))
+  try:
+    os.makedirs(fig_dir, exist_ok=True)
+    probe = os.path.join(out_dir, f".write-test.{os.getpid()}")
+    open(probe, "w").close()
+    os.remove(probe)
+  except OSError as e:
+    raise OutputError(f"cannot write the report into {out_dir} ({e.strerror or e}); give a "
+                      f"writable directory with --out") from None
+  all_axes = list(dict.fromkeys(a for r in runs for a in r.axes))
+  # B and C have their own columns; their axis columns would repeat them.
+  axes = [a for a in all_axes if a not in ("train.batch_size", "train.context_size")]
   try:
     curves = curves_lib.load_curves(runs, source=opts.source, cache=opts.cache,
                                     n_probes=opts.n_probes, n_sequences=opts.n_sequences,
@@ -181,7 +196,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   states = pd.Series([g.state for r in runs for g in r.groups]).value_counts().to_dict()
   doc.p(f"{n_cells} cells (models) in {sum(len(r.groups) for r in runs)} readable group(s) "
         f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
-        f"{', '.join(axes) or 'none'}; curves from "
+        f"{', '.join(all_axes) or 'none'}; curves from "
         f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
         f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps"
         f"{_sizes(curves)}).")
@@ -243,7 +258,10 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
   ci = fit.ci
   doc.p(f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
         f"({fit.n_censored} censored, excluded); 95% intervals from {fit.n_boot} bootstrap "
-        f"resamples of cells. `law.json` is accepted by `ihsweep predict --law=FILE`.")
+        f"resamples of cells. `law.json` is accepted by `ihsweep predict --law=FILE`." +
+        (f" Caution: the {fit.n_censored} censored cells had not emerged by their last "
+         f"checkpoint; leaving them out biases the law towards early emergence where they "
+         f"cluster — train them longer to include them." if fit.n_censored else ""))
   rows = [{"coefficient": k, "estimate": law[k], "ci_low": ci.get(k, [math.nan] * 2)[0],
            "ci_high": ci.get(k, [math.nan] * 2)[1],
            "study": scaling.STUDY.get(k, math.exp(scaling.STUDY["log_T"]) if k == "T"
