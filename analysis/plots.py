@@ -79,7 +79,7 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
     keys_shown = keys
   shown = panels[:max_panels]
   n = len(shown)
-  cols = min(n, 5) or 1
+  cols = min(5, math.ceil(math.sqrt(n))) or 1
   rows = math.ceil(n / cols) or 1
   fig, axs = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False,
                           sharey=True)
