@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
   f = sub.add_parser("fit-law", help="fit the emergence law to a CSV of emergence points",
                      description="CSV columns batch_size, context_size, emergence_step (updates; "
                      "empty = censored, skipped) and optionally n_params. Prints one JSON object: "
-                     "log_T, T, alpha, beta, r, n, ci (95%% bootstrap intervals).")
+                     "log_T, T, alpha, beta, r, n, ci (95 percent bootstrap intervals). An analysis "
+                     "emergence.csv is read at --metric/--method (default ps_max/threshold).")
   f.add_argument("--csv", required=True, help="emergence points (e.g. DIR/analysis/"
                                               "emergence.csv filtered to one metric and method)")
   f.add_argument("--with-params", action="store_true", help="also fit + gamma ln n_params")
@@ -68,8 +69,9 @@ def _parser() -> argparse.ArgumentParser:
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   f.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
                  help="hold a coefficient fixed, e.g. alpha=0.37 when B was not varied")
-  f.add_argument("--metric", help="with an emergence.csv: keep rows of this metric")
-  f.add_argument("--method", help="with an emergence.csv: keep rows of this method")
+  f.add_argument("--metric", help="with an emergence.csv: rows of this metric (default ps_max)")
+  f.add_argument("--method", help="with an emergence.csv: rows of this method (default "
+                                  "threshold)")
   return p
 
 
@@ -92,13 +94,14 @@ def _fit_law(args) -> int:
     points = pd.read_csv(args.csv)
   except (OSError, ValueError) as e:
     return _fail(f"--csv {args.csv}: cannot read a CSV ({e})")
+  if {"metric", "method"} <= set(points):  # an analysis emergence.csv: one metric and method
+    args.metric = args.metric or "ps_max"
+    args.method = args.method or "threshold"
   for column, value in (("metric", args.metric), ("method", args.method)):
     if value is not None:
       if column not in points:
         return _fail(f"--{column} {value}: {args.csv} has no {column!r} column")
       points = points[points[column] == value]
-  if {"metric", "method"} <= set(points) and points.groupby(["metric", "method"]).ngroups > 1:
-    return _fail(f"{args.csv} mixes several metrics/methods; choose with --metric and --method")
   if args.n_boot < 0:
     return _fail(f"--n-boot {args.n_boot}: must be >= 0")
   try:

@@ -234,9 +234,21 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
   if source not in SOURCES:
     raise ValueError(f"source = {source!r}: allowed {', '.join(SOURCES)}")
   path = _cache_path(run, out_dir)
-  cached = read_cache(path) if cache and source != "online" else pd.DataFrame()
+  store = read_cache(path) if cache and source != "online" else pd.DataFrame()
+  if not store.empty and not {"group", "cell", "step", "n_probes", "n_sequences"} <= set(store):
+    store = pd.DataFrame()  # written by another version: recomputed
   todo: dict[str, list[int]] = {}
   online_groups = []
+
+  def current(table: pd.DataFrame) -> pd.Series:
+    """Rows of the groups analysed now, at the probe/sequence counts asked for now (the cache
+    keeps every count it has seen)."""
+    keep = pd.Series(False, index=table.index)
+    for group in run.groups:
+      if group.id in todo:
+        keep |= (table["group"] == group.id) & _same_sizes(table, group, n_probes, n_sequences)
+    return keep
+
   for group in run.groups:
     steps = [] if source == "online" else group.steps()
     if not steps:
@@ -248,20 +260,11 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
         online_groups.append(group)
       continue
     done = set()
-    if not cached.empty and {"n_probes", "n_sequences"} <= set(cached):
-      mine = cached[(cached["group"] == group.id) & _same_sizes(cached, group, n_probes,
-                                                                 n_sequences)]
+    if not store.empty:
+      mine = store[(store["group"] == group.id) & _same_sizes(store, group, n_probes,
+                                                               n_sequences)]
       done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
     todo[group.id] = [s for s in steps if s not in done]
-  keep_groups = set(todo)
-  parts = []
-  if not cached.empty and {"n_probes", "n_sequences"} <= set(cached):
-    keep = cached["group"].isin(keep_groups)
-    for group in run.groups:
-      if group.id in keep_groups:
-        mine = cached["group"] == group.id
-        keep &= ~mine | _same_sizes(cached, group, n_probes, n_sequences)
-    parts = [cached[keep]]
   total = sum(len(v) for v in todo.values())
   if total:
     log.info("recomputing metrics at %d checkpoint(s) of %d group(s) in %s", total,
@@ -277,13 +280,17 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
                              warnings=run.warnings)
       if fresh.empty:
         continue
-      parts = [p[~((p["group"] == group.id) & p["step"].isin(fresh["step"]))] for p in parts]
-      parts.append(fresh)
+      if not store.empty:
+        stale = ((store["group"] == group.id) & store["step"].isin(fresh["step"]) &
+                 _same_sizes(store, group, n_probes, n_sequences))
+        store = store[~stale]
+      store = pd.concat([store, fresh], ignore_index=True) if not store.empty else fresh
       if cache:
-        _write_cache(path, pd.concat(parts, ignore_index=True).sort_values(
-            ["group", "cell", "step"]))
+        _write_cache(path, store.sort_values(["group", "cell", "step", "n_probes",
+                                              "n_sequences"]))
   if total:
     log.info("metrics recomputed in %.1f s", time.perf_counter() - t0)
+  parts = [store[current(store)]] if not store.empty else []
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
   if not recomputed.empty:
     recomputed["source"] = "checkpoint"

@@ -72,7 +72,7 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
   """
   plt = _plt()
   keys = panel_keys(curves, list(axes))
-  panels = list(curves.groupby(keys, sort=True))
+  panels = list(curves.groupby(keys, sort=True, dropna=False))
   if len(curves["run"].unique()) == 1:
     keys_shown = [k for k in keys if k != "run"]
   else:

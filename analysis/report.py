@@ -38,6 +38,14 @@ from analysis.load import load_runs
 log = logging.getLogger("analysis")
 
 CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
+METHOD_TEXT = {
+    "threshold": "the first crossing of the level {fraction:g} of the way from the early to the "
+                 "late plateau, interpolated in log-updates",
+    "max_slope": "the midpoint, in log-updates, of the checkpoint interval with the steepest rise "
+                 "between the plateaus",
+    "breakpoint": "the centre of the ramp of a flat-ramp-flat piecewise-linear fit in "
+                  "log-updates",
+}
 
 
 class OutputError(ValueError):
@@ -138,15 +146,31 @@ def _sizes(curves: pd.DataFrame) -> str:
           f"{'/'.join(map(str, q))} held-out sequences per model")
 
 
+def _median_all(cells: pd.DataFrame) -> str:
+  """Median emergence step over all seeds, a censored seed counting as later than its last
+  checkpoint: a number, or '> s' when the median falls on a censored seed."""
+  censored = cells["censored"].astype(bool).to_numpy()
+  steps = np.where(censored, np.inf, cells["emergence_step"].to_numpy(float))
+  order = np.argsort(steps, kind="stable")
+  n = len(steps)
+  mid = order[(n - 1) // 2: n // 2 + 1]  # one (odd n) or two (even n) middle cells
+  if censored[mid].any():
+    return f"> {cells['censor_step'].to_numpy(float)[mid][censored[mid]].min():,.0f}"
+  return f"{np.median(steps[mid]):,.0f}"
+
+
 def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
   """Emergence per grid point over seeds: n, emerged, median step and tokens."""
   keys = [k for k in ["run", *axes, "batch_size", "context_size"] if k in points]
   keys = list(dict.fromkeys(keys))
-  g = points.assign(emerged=~points["censored"].astype(bool)).groupby(keys, sort=True)
+  g = points.assign(emerged=~points["censored"].astype(bool)).groupby(keys, sort=True,
+                                                                      dropna=False)
   out = g.agg(n=("cell", "size"), emerged=("emerged", "sum"),
               median_step=("emergence_step", "median"),
               median_tokens=("emergence_tokens", "median"),
               censored_at=("censor_step", "max")).reset_index()
+  all_medians = g.apply(_median_all, include_groups=False).reset_index(drop=True)
+  out.insert(out.columns.get_loc("median_step") + 1, "median_all", all_medians)
   if "law_updates" in points:
     out = out.merge(points.groupby(keys)["law_updates"].first().reset_index(), on=keys)
   return out
@@ -193,8 +217,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   doc.p(f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
         f"`python -m analysis report`.")
   n_cells = sum(len(r.cells) for r in runs)
+  n_groups = sum(r.cells["group"].nunique() for r in runs)
+  n_read = sum(g.n_models for r in runs for g in r.groups)
   states = pd.Series([g.state for r in runs for g in r.groups]).value_counts().to_dict()
-  doc.p(f"{n_cells} cells (models) in {sum(len(r.groups) for r in runs)} readable group(s) "
+  doc.p(f"{n_cells} cells (models) in {n_groups} group(s); {n_read} cells read from "
+        f"{sum(len(r.groups) for r in runs)} group(s) "
         f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
         f"{', '.join(all_axes) or 'none'}; curves from "
         f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
@@ -207,6 +234,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
     return _finish(doc, out_dir, written, runs)
 
+  curves.to_csv(os.path.join(out_dir, "curves.csv"), index=False)
   table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
   table.to_csv(os.path.join(out_dir, "emergence.csv"), index=False)
   written["emergence_csv"] = os.path.join(out_dir, "emergence.csv")
@@ -215,10 +243,15 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   written.update(n_cells=len(points), n_emerged=n_emerged)
 
   doc.h(2, "Emergence points")
-  doc.p(f"Metric {opts.metric}, method {opts.method} (level {opts.fraction:g} of the way from the "
-        f"early to the late plateau, interpolated in log-updates; see analysis/emergence.py). "
-        f"{n_emerged} of {len(points)} cells emerged; the others are right-censored at their "
-        f"last checkpoint. `emergence.csv` has every metric and method.")
+  n_cens = len(points) - n_emerged
+  how = METHOD_TEXT[opts.method].format(fraction=opts.fraction)
+  doc.p(f"Metric {opts.metric}, method {opts.method} ({how}; see analysis/emergence.py). "
+        f"{n_emerged} of {len(points)} cells emerged" + (f"; the other {n_cens} are right-censored at their last checkpoint" if n_cens
+                      else "") +
+        ". Per grid point: `median_step` over the seeds that emerged, `median_all` over all "
+        "seeds with censored ones counted as later than their last checkpoint ('>' = most did "
+        "not emerge). `emergence.csv` has every cell, metric and method; `curves.csv` every "
+        "curve.")
   doc.table(_per_point(points, axes))
   for metric in CURVE_FIGURES:
     if metric in curves and curves[metric].notna().any():
@@ -249,7 +282,10 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
     fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
   except scaling.FitError as e:
     written["law_error"] = str(e)
-    doc.p(f"Not fitted: {e}")
+    for stale in ("law.json", "residuals.csv", "censored_check.csv"):  # from an earlier report
+      if os.path.exists(os.path.join(out_dir, stale)):
+        os.remove(os.path.join(out_dir, stale))
+    doc.p(f"Not fitted, so no law.json is written: {e}")
     return
   law = fit.to_dict()
   with open(os.path.join(out_dir, "law.json"), "w") as f:
@@ -270,6 +306,19 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
   rows.append({"coefficient": "r", "estimate": fit.r, "ci_low": math.nan, "ci_high": math.nan,
                "study": scaling.STUDY["r"]})
   doc.table(pd.DataFrame(rows))
+  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
+    doc.p(f"Warning: {fit.n} cells for {fit.n - fit.dof} coefficients leave {fit.dof} degree(s) "
+          f"of freedom: the fit passes (nearly) through the points, r says nothing, and no "
+          f"intervals are given. Treat this law as a description of these cells only.")
+  check = scaling.censored_check(fit, points)
+  if len(check):
+    check.to_csv(os.path.join(out_dir, "censored_check.csv"), index=False)
+    bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
+    doc.p(f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
+          f"the law predicts emergence before their last checkpoint, yet they had not emerged"
+          + (" — evidence that the law, fitted without them, predicts too early there."
+             if bad else "."))
+    doc.table(check)
   doc.p("Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
         "than the law predicts):")
   doc.table(scaling.compare(fit))

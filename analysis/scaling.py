@@ -27,6 +27,10 @@ STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
 V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
 
 
+# Fewer residual degrees of freedom than this: the fit is reported without intervals.
+MIN_DOF_FOR_INTERVALS = 3
+
+
 class FitError(ValueError):
   """Emergence points from which the law cannot be fitted (too few, not identifiable, bad
   values)."""
@@ -48,6 +52,7 @@ class LawFit:
   n_censored: int = 0
   n_boot: int = 0
   fixed: dict = dataclasses.field(default_factory=dict)
+  dof: int = 0
 
   @property
   def T(self) -> float:
@@ -68,7 +73,7 @@ class LawFit:
            "r": self.r, "n": self.n, "ci": self.ci}
     if self.gamma is not None:
       out["gamma"] = self.gamma
-    out.update(n_censored=self.n_censored, n_boot=self.n_boot, units="updates",
+    out.update(n_censored=self.n_censored, n_boot=self.n_boot, dof=self.dof, units="updates",
                form="ln UPT = ln T - alpha ln B - beta ln C" +
                (" + gamma ln n_params" if self.gamma is not None else ""))
     if self.fixed:
@@ -115,7 +120,8 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       (updates; NaN = censored, excluded) and, with ``with_params``, ``n_params``; an optional
       boolean ``censored`` column also excludes rows.
     with_params: also fit γ for + γ log n_params.
-    n_boot: bootstrap resamples for the 95% intervals (0: no intervals).
+    n_boot: bootstrap resamples for the 95% intervals (0: no intervals; none either when fewer
+      than ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom remain).
     fixed: coefficients held at given values instead of fitted, e.g. ``{"alpha": 0.37}`` when
       only C was varied.
 
@@ -137,11 +143,12 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   x = full[:, [all_names.index(n) for n in names]]
   if len(pts) < len(names) + 1 or np.linalg.matrix_rank(x) < len(names):
     varied = {c: int(pts[c].nunique()) for c in ("batch_size", "context_size") if c in pts}
+    hint = "" if fixed else (" (or hold a coefficient fixed: fit-law --fix alpha=0.37 when "
+                             "only C varies)")
     raise FitError(
         f"{len(pts)} emerged cell(s) ({n_censored} censored) with distinct values "
         f"{varied} cannot identify {', '.join(names)}: need more emerged cells than coefficients "
-        f"and at least two values of each of B and C (or hold a coefficient fixed, e.g. "
-        f"--fix alpha=0.37)")
+        f"and at least two values of each varied quantity{hint}")
   coef = np.linalg.lstsq(x, y - offset, rcond=None)[0]
   values = dict(fixed)
   values.update(zip(names, coef))
@@ -149,17 +156,21 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   r = float(np.corrcoef(pred, y)[0, 1]) if np.std(pred) > 0 and np.std(y) > 0 else math.nan
 
   ci = {}
+  dof = len(pts) - len(names)
+  if dof < MIN_DOF_FOR_INTERVALS:
+    n_boot = 0  # a bootstrap of so few cells mostly redraws the same design: no honest interval
+  draws = []
   if n_boot:
     rng = np.random.default_rng(seed)
-    draws, tries = [], 0
+    tries = 0
     while len(draws) < n_boot and tries < 20 * n_boot:
       tries += 1
       idx = rng.integers(0, len(pts), len(pts))
       xb = x[idx]
       if np.linalg.matrix_rank(xb) < len(names):
         continue
-      yb = (y - offset)[idx] if fixed else y[idx]
-      draws.append(np.linalg.lstsq(xb, yb, rcond=None)[0])
+      draws.append(np.linalg.lstsq(xb, (y - offset)[idx], rcond=None)[0])
+  if len(draws):
     draws = np.asarray(draws)
     for j, n in enumerate(names):
       lo, hi = np.percentile(draws[:, j], [2.5, 97.5])
@@ -174,7 +185,7 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   return LawFit(log_T=float(values["log_T"]), alpha=float(values["alpha"]),
                 beta=float(values["beta"]), r=r, n=len(pts), ci=ci, residuals=residuals,
                 gamma=float(values["gamma"]) if with_params else None, n_censored=n_censored,
-                n_boot=len(draws) if n_boot else 0, fixed=fixed)
+                n_boot=len(draws), fixed=fixed, dof=dof)
 
 
 def _score(name, log_T, alpha, beta, b, c, y, free: int) -> dict:
@@ -213,3 +224,21 @@ def compare(fit: LawFit) -> pd.DataFrame:
   rows.append(_score("v1 as published (T = 10^5.7 tokens)", V1_LOG10_T_TOKENS * math.log(10),
                      0.5, 0.5, b, c, y, 0))
   return pd.DataFrame(rows)
+
+
+def censored_check(fit: LawFit, points: pd.DataFrame) -> pd.DataFrame:
+  """The censored cells against the fitted law: each one's last checkpoint (``censor_step``)
+  and the law's predicted UPT; ``contradicts`` = the law predicts emergence before the cell's
+  last checkpoint, yet it had not emerged (evidence against the law, or a cell that never
+  emerges)."""
+  cens = points[points["censored"].astype(bool)] if "censored" in points else points.iloc[:0]
+  cols = [c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step")
+          if c in cens]
+  out = cens[cols].copy()
+  if out.empty or (fit.gamma is not None and "n_params" not in out):
+    return out.assign(predicted_updates=[], contradicts=[]) if out.empty else out
+  out["predicted_updates"] = fit.predict_updates(
+      out["batch_size"].to_numpy(float), out["context_size"].to_numpy(float),
+      out["n_params"].to_numpy(float) if fit.gamma is not None else None)
+  out["contradicts"] = out["predicted_updates"] < out["censor_step"]
+  return out.reset_index(drop=True)

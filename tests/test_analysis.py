@@ -145,11 +145,20 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   one_b = one_b[one_b["batch_size"] == 8]
   with pytest.raises(scaling.FitError, match="cannot identify log_T, alpha, beta"):
     scaling.fit_law(one_b)
+  few = scaling.fit_law(_law_points().iloc[[0, 7, 11, 18, 24]], n_boot=200)  # 2 dof
+  assert few.dof == 2 and few.ci == {} and few.n_boot == 0
   fixed = scaling.fit_law(one_b, fixed={"alpha": 0.37}, n_boot=200)
   assert abs(fixed.beta - 0.62) < 0.1 and fixed.alpha == 0.37 and "alpha" not in fixed.ci
-  censored = _law_points()
-  censored.loc[:4, "emergence_step"] = np.nan
-  assert scaling.fit_law(censored, n_boot=0).n_censored == 5
+  censored = _law_points().assign(censored=False, censor_step=np.nan)
+  censored.loc[:4, "emergence_step"] = np.nan  # B = 4: the law predicts 3,600-10,000 updates
+  censored.loc[:4, "censored"] = True
+  censored.loc[:4, "censor_step"] = [1e5, 1e5, 1e3, 1e3, 1e3]
+  cfit = scaling.fit_law(censored, n_boot=0)
+  assert cfit.n_censored == 5
+  check = scaling.censored_check(cfit, censored)
+  # stopped at 100,000 updates, long after the predicted 3,600-10,000: contradicts the law;
+  # stopped at 1,000, before it: no evidence either way.
+  assert check["contradicts"].tolist() == [True, True, False, False, False]
   with pytest.raises(scaling.FitError, match="column batch_size must be positive"):
     scaling.fit_law(_law_points().assign(batch_size=0), n_boot=0)
   with pytest.raises(scaling.FitError, match="missing context_size"):
@@ -268,6 +277,11 @@ def test_curves_from_checkpoints_equal_the_online_metrics_and_are_cached(trained
   subset = curves_lib.compute_curves(load_run(workdir), n_probes=4, n_sequences=2,
                                      progress=False)
   assert (subset["n_probes"] == 4).all() and len(subset) == len(table)
+  assert not np.allclose(subset["ps_max"], table["ps_max"])
+  monkeypatch.setattr(curves_lib, "evaluate_group", boom)  # both settings are cached now
+  pd.testing.assert_frame_equal(curves_lib.compute_curves(
+      load_run(workdir), n_probes=None, n_sequences=None, progress=False), table)
+  monkeypatch.undo()
   online_only = curves_lib.compute_curves(load_run(workdir), source="online", progress=False)
   assert (online_only["source"] == "online").all() and sorted(online_only["step"].unique()) == \
       [0, 20, 40]
@@ -302,19 +316,25 @@ def _fake_sweep(trained: str, root) -> str:
 def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   from analysis import report
   sweep = _fake_sweep(trained, tmp_path)
-  out = report.report([sweep], None, report.Options(progress=False, n_boot=50))
+  single = str(tmp_path / "single")  # a plain `ihsweep train` run beside the sweep
+  shutil.copytree(trained, single)
+  out = report.report([sweep, single, sweep], None, report.Options(progress=False, n_boot=50))
   warnings = " ".join(out["warnings"])
   assert "group g001 (2 cells) is skipped: it has not started (no directory" in warnings
   assert "group g002 is running" in warnings
   assert "g002: the checkpoint at update 16 cannot be restored" in warnings
   table = pd.read_csv(out["emergence_csv"])
-  assert sorted(table["cell"].unique()) == [0, 1, 4, 5]
+  assert sorted(table[table["run"] == "sweep"]["cell"].unique()) == [0, 1, 4, 5]
+  assert sorted(table[table["run"] == "single"]["cell"].unique()) == [0, 1]  # read once
   assert set(table["method"]) == set(emergence.METHODS)
   curves = pd.read_parquet(os.path.join(sweep, "analysis", "curves.parquet"))
   assert 16 not in set(curves[curves["group"] == "g002"]["step"])
   assert 16 in set(curves[curves["group"] == "g000"]["step"])
   md = open(out["report_md"]).read()
   assert "## Emergence points" in md and "## Warnings" in md and "figures/curves_ps_max.png" in md
+  assert "| single " in md and "| sweep " in md  # both runs in the per-grid-point table
+  assert "no law.json is written" in md
+  assert not os.path.exists(os.path.join(sweep, "analysis", "law.json"))
   page = open(out["report_html"]).read()
   assert page.count("data:image/png;base64,") >= 2 and "<table" in page
   for name in ("curves_ps_max", "curves_ar_acc"):
