@@ -101,6 +101,9 @@ def _fit_law(args) -> int:
     if value is not None:
       if column not in points:
         return _fail(f"--{column} {value}: {args.csv} has no {column!r} column")
+      if not (points[column] == value).any():
+        return _fail(f"--{column} {value}: no rows of {args.csv} have it (it has "
+                     f"{sorted(points[column].dropna().astype(str).unique())})")
       points = points[points[column] == value]
   if args.n_boot < 0:
     return _fail(f"--n-boot {args.n_boot}: must be >= 0")
@@ -155,7 +158,12 @@ def main(argv=None) -> int:
     return _fit_law(args)
   from ihsweep.sharding import use_one_cpu_device_per_core
   use_one_cpu_device_per_core()  # CPU: the ensemble split over cores, as in training
-  return _report(args)
+  try:
+    return _report(args)
+  except KeyboardInterrupt:
+    print("python -m analysis: interrupted; the cache keeps every group finished so far",
+          file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

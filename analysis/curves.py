@@ -30,7 +30,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from analysis.load import Group, Run
+from analysis.load import Group, GroupError, Run
 
 log = logging.getLogger("analysis")
 
@@ -51,36 +51,77 @@ def _cache_path(run: Run, out_dir: str | None = None) -> str:
   return os.path.join(out_dir or os.path.join(run.dir, "analysis"), CACHE_NAME)
 
 
-def read_cache(path: str) -> pd.DataFrame:
-  """Cached recomputed rows (empty if none or unreadable; an unreadable cache is recomputed)."""
+def cache_dir(run: Run, fallback: str) -> str:
+  """Where a run's cache lives: ``DIR/analysis`` if it can be written there, else
+  ``fallback/cache/<run name>`` (a read-only run directory analysed with ``--out``)."""
+  own = os.path.join(run.dir, "analysis")
+  try:
+    os.makedirs(own, exist_ok=True)
+    probe = os.path.join(own, f".write-test.{os.getpid()}")
+    open(probe, "w").close()
+    os.remove(probe)
+    return own
+  except OSError:
+    return os.path.join(fallback, "cache", run.name.replace(os.sep, "_"))
+
+
+CACHE_KEYS = ("group", "cell", "step", "n_probes", "n_sequences")
+
+
+def read_cache(path: str, warnings: list[str] | None = None) -> pd.DataFrame:
+  """Cached recomputed rows. Empty if there is none; a cache that cannot be read, or whose
+  columns are not this version's, is recomputed (with a warning)."""
   if not os.path.exists(path):
     return pd.DataFrame()
   try:
-    return pd.read_parquet(path)
-  except Exception as e:  # pyarrow raises several kinds for a damaged file
-    log.warning("the cache %s cannot be read (%s); recomputing", path, e)
+    table = pd.read_parquet(path)
+    missing = [c for c in (*CACHE_KEYS, *METRICS) if c not in table]
+    if missing:
+      raise ValueError(f"no columns {missing}")
+    for col in CACHE_KEYS[1:]:
+      table[col] = pd.to_numeric(table[col], errors="raise").astype(int)
+    table["group"] = table["group"].astype(str)
+    for col in METRICS:
+      table[col] = pd.to_numeric(table[col], errors="raise").astype(float)
+    return table
+  except Exception as e:  # pyarrow and pandas raise several kinds for a damaged file
+    _note(warnings, f"the cache {path} cannot be used ({type(e).__name__}: {str(e)[:120]}); "
+                    f"recomputing")
     return pd.DataFrame()
 
 
-def _write_cache(path: str, table: pd.DataFrame) -> bool:
+def _note(warnings: list[str] | None, message: str) -> None:
+  log.warning("%s", message)
+  if warnings is not None:
+    warnings.append(message)
+
+
+def _write_cache(path: str, table: pd.DataFrame, warnings: list[str] | None = None) -> bool:
+  tmp = f"{path}.{os.getpid()}.tmp"
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
     table.to_parquet(tmp, index=False)
     os.replace(tmp, path)
     return True
-  except OSError as e:
-    log.warning("cannot write the cache %s (%s); results are kept in memory only", path, e)
+  except Exception as e:  # OSError, or pyarrow refusing a column
+    _note(warnings, f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
+                    f"results are kept in memory only")
+    if os.path.exists(tmp):
+      os.remove(tmp)
     return False
 
 
-def _same_sizes(cached: pd.DataFrame, group: Group, n_probes, n_sequences) -> pd.Series:
-  """Cached rows of ``group`` computed with the probe/sequence counts asked for now."""
+def _want_sizes(group: Group, n_probes, n_sequences) -> tuple[int, int]:
+  """The (probes, sequences per model) a group is evaluated on: the counts asked for, at most
+  what the run has.
+
+  Raises:
+    GroupError: the group's probes.npz cannot be read.
+  """
   probes = group.probes()
   have_p = len(probes.repeated) if probes is not None else int(group.config.eval.n_probes)
   have_s = probes.sequences.shape[1] if probes is not None else int(group.config.eval.n_sequences)
-  want_p, want_s = min(n_probes or have_p, have_p), min(n_sequences or have_s, have_s)
-  return (cached["n_probes"] == want_p) & (cached["n_sequences"] == want_s)
+  return min(n_probes or have_p, have_p), min(n_sequences or have_s, have_s)
 
 
 def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
@@ -103,7 +144,13 @@ def _group_probes(group: Group, n_probes: int | None = None, n_sequences: int | 
   probes / held-out sequences per model."""
   probes = group.probes()
   if probes is None:
-    probes = _make_probes(group)
+    log.warning("group %s has no probes.npz (evaluation was off): making the probes from its "
+                "config's eval section", group.id)
+    try:
+      probes = _make_probes(group)
+    except Exception as e:  # e.g. a corpus that is not on this machine
+      raise GroupError(f"group {group.id}: no probes.npz, and they cannot be made again from "
+                       f"its config ({type(e).__name__}: {str(e)[:160]})") from None
   return dataclasses.replace(
       probes, repeated=probes.repeated[:n_probes or None],
       sequences=probes.sequences[:, :n_sequences or None],
@@ -140,6 +187,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   Returns:
     DataFrame with columns ``group, cell, step, tokens``, ``METRICS`` and ``HEAD_COLUMNS``.
   """
+  import jax
   from ihsweep import sharding as sharding_lib
   from ihsweep import train
   from ihsweep.runner import Evaluator
@@ -183,6 +231,10 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
         if bar is not None:
           bar.update(1)
         continue
+      lead = {x.shape[0] for x in jax.tree_util.tree_leaves(params)}
+      if lead != {group.n_models}:
+        raise GroupError(f"group {group.id}: its checkpoints hold {sorted(lead)} models but its "
+                         f"config and cells list {group.n_models}; skipped")
       out = evaluator(params)  # dispatched asynchronously
       if pending is not None:
         collect(pending)
@@ -234,35 +286,38 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
   if source not in SOURCES:
     raise ValueError(f"source = {source!r}: allowed {', '.join(SOURCES)}")
   path = _cache_path(run, out_dir)
-  store = read_cache(path) if cache and source != "online" else pd.DataFrame()
-  if not store.empty and not {"group", "cell", "step", "n_probes", "n_sequences"} <= set(store):
-    store = pd.DataFrame()  # written by another version: recomputed
+  store = read_cache(path, run.warnings) if cache and source != "online" else pd.DataFrame()
   todo: dict[str, list[int]] = {}
+  sizes: dict[str, tuple[int, int]] = {}
+  on_disk: dict[str, set] = {}
   online_groups = []
 
-  def current(table: pd.DataFrame) -> pd.Series:
-    """Rows of the groups analysed now, at the probe/sequence counts asked for now (the cache
-    keeps every count it has seen)."""
-    keep = pd.Series(False, index=table.index)
-    for group in run.groups:
-      if group.id in todo:
-        keep |= (table["group"] == group.id) & _same_sizes(table, group, n_probes, n_sequences)
-    return keep
+  def matching(table: pd.DataFrame, gid: str) -> pd.Series:
+    want_p, want_s = sizes[gid]
+    return ((table["group"] == gid) & (table["n_probes"] == want_p) &
+            (table["n_sequences"] == want_s))
+
+  def skip(group: Group, error: Exception) -> None:
+    _note(run.warnings, f"{error}; the group is skipped")
+    todo.pop(group.id, None)
 
   for group in run.groups:
     steps = [] if source == "online" else group.steps()
     if not steps:
       if source == "checkpoints":
-        msg = f"group {group.id} has no params checkpoints yet; skipped"
-        log.warning("%s", msg)
-        run.warnings.append(msg)
+        _note(run.warnings, f"group {group.id} has no params checkpoints yet; skipped")
       else:
         online_groups.append(group)
       continue
+    try:
+      sizes[group.id] = _want_sizes(group, n_probes, n_sequences)
+    except GroupError as e:
+      skip(group, e)
+      continue
+    on_disk[group.id] = set(steps)
     done = set()
     if not store.empty:
-      mine = store[(store["group"] == group.id) & _same_sizes(store, group, n_probes,
-                                                               n_sequences)]
+      mine = store[matching(store, group.id)]
       done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
     todo[group.id] = [s for s in steps if s not in done]
   total = sum(len(v) for v in todo.values())
@@ -276,21 +331,25 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
       steps = todo.get(group.id)
       if not steps:
         continue
-      fresh = evaluate_group(group, steps, n_probes=n_probes, n_sequences=n_sequences, bar=bar,
-                             warnings=run.warnings)
+      try:
+        fresh = evaluate_group(group, steps, n_probes=n_probes, n_sequences=n_sequences,
+                               bar=bar, warnings=run.warnings)
+      except GroupError as e:
+        skip(group, e)
+        continue
       if fresh.empty:
         continue
       if not store.empty:
-        stale = ((store["group"] == group.id) & store["step"].isin(fresh["step"]) &
-                 _same_sizes(store, group, n_probes, n_sequences))
-        store = store[~stale]
+        store = store[~(matching(store, group.id) & store["step"].isin(fresh["step"]))]
       store = pd.concat([store, fresh], ignore_index=True) if not store.empty else fresh
       if cache:
-        _write_cache(path, store.sort_values(["group", "cell", "step", "n_probes",
-                                              "n_sequences"]))
+        _write_cache(path, store.sort_values(list(CACHE_KEYS)), run.warnings)
   if total:
     log.info("metrics recomputed in %.1f s", time.perf_counter() - t0)
-  parts = [store[current(store)]] if not store.empty else []
+  parts = []
+  for gid in todo:  # the cache may also hold steps whose checkpoints are gone: not shown
+    if not store.empty:
+      parts.append(store[matching(store, gid) & store["step"].isin(on_disk[gid])])
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
   if not recomputed.empty:
     recomputed["source"] = "checkpoint"
@@ -315,7 +374,8 @@ def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
   out = out.merge(cells, on="cell", how="left")
   out.insert(0, "run", run.name)
   if "diverged_step" in out:
-    after = out["diverged_step"].notna() & (out["step"] > out["diverged_step"].fillna(0))
+    # From the update at which its loss turned NaN/inf on, a model's params are not a model's.
+    after = out["diverged_step"].notna() & (out["step"] >= out["diverged_step"].fillna(0))
     metric_cols = [m for m in METRICS if m in out]
     out.loc[after.to_numpy(dtype=bool), metric_cols] = np.nan
   for m in METRICS:
@@ -324,7 +384,9 @@ def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
   return out.sort_values(["run", "cell", "step"]).reset_index(drop=True)
 
 
-def load_curves(runs: list[Run], **kwargs) -> pd.DataFrame:
-  """``compute_curves`` for several runs, concatenated (the ``run`` column tells them apart)."""
-  tables = [compute_curves(r, **kwargs) for r in runs]
+def load_curves(runs: list[Run], out_dir: str | None = None, **kwargs) -> pd.DataFrame:
+  """``compute_curves`` for several runs, concatenated (the ``run`` column tells them apart);
+  each run's cache in ``cache_dir(run, out_dir)`` when ``out_dir`` is given."""
+  tables = [compute_curves(r, out_dir=cache_dir(r, out_dir) if out_dir else None, **kwargs)
+            for r in runs]
   return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

@@ -38,6 +38,11 @@ CELL_COLUMNS = ("cell", "group", "seed", "batch_size", "context_size", "peak_lr"
 SINGLE_RUN_GROUP = "run"
 
 
+class GroupError(ValueError):
+  """A group whose files cannot be used (damaged probes, a config that does not match its
+  checkpoints); the analysis skips it with a warning."""
+
+
 class NotARun(ValueError):
   """A directory that holds neither a sweep (cells.csv) nor a single run (config.json with
   checkpoints or metrics.jsonl)."""
@@ -104,18 +109,30 @@ class Group:
       with open(path) as f:
         for line in f:
           try:
-            rows.append(json.loads(line))
-          except ValueError:
+            row = json.loads(line)
+            if isinstance(row, dict) and int(row["step"]) >= 0 and int(row["cell"]) >= 0:
+              rows.append(row)
+          except (ValueError, KeyError, TypeError):
             continue
     return pd.DataFrame(rows)
 
   def probes(self):
-    """The run's saved probes (``probes.npz``), or None if it has none (evaluation was off)."""
+    """The run's saved probes (``probes.npz``), or None if it has none (evaluation was off).
+
+    Raises:
+      GroupError: the file exists but cannot be read.
+    """
+    import zipfile
     from ihsweep.data import probes as probes_lib
     path = os.path.join(self.dir, "probes.npz")
     if not os.path.exists(path):
       return None
-    return probes_lib.Probes.load(path)
+    try:
+      return probes_lib.Probes.load(path)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+      raise GroupError(f"group {self.id}: {path} cannot be read ({type(e).__name__}: "
+                       f"{str(e)[:160]}); move it away to have the probes made again from the "
+                       f"config") from None
 
   def close(self) -> None:
     if self._ckpts is not None:
@@ -210,9 +227,14 @@ def load_run(path: str) -> Run:
   try:
     cfg = _read_config(config_path)
     cells = _single_run_cells(cfg, path)
-  except (OSError, ValueError, KeyError, AttributeError) as e:
-    raise NotARun(f"{config_path} cannot be read as an ihsweep config: {e}") from None
+  except Exception as e:  # any damage: missing sections, wrong types, unknown fields
+    raise NotARun(f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: "
+                  f"{str(e)[:160]})") from None
   group = Group(SINGLE_RUN_GROUP, path, cfg, cells, _single_run_state(path, cfg))
+  if group.state == "running":
+    _warn(warnings, "the run has not reached train.num_steps (still training, or stopped): its "
+                    "curves end at its last complete checkpoint, so its cells may be censored "
+                    "early")
   axes = [c for c in ("data.frequency", "data.reliability") if c in cells]
   return Run(path, "train", cfg, cells, axes, [group], warnings)
 
@@ -232,6 +254,18 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
   except (OSError, ValueError) as e:
     cfg = None
     _warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
+  required = ["cell", "batch_size", "context_size", "seed"]
+  numeric = cells[required].apply(pd.to_numeric, errors="coerce")
+  bad = numeric.isna().any(axis=1) | cells["group"].isna()
+  if bad.any():
+    _warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
+                    f"lines) have missing or non-numeric {', '.join(required)} or group; "
+                    f"skipped")
+    cells = cells[~bad].copy()
+    if cells.empty:
+      raise NotARun(f"{cells_path}: no usable rows")
+  for col in required:
+    cells[col] = pd.to_numeric(cells[col]).astype(int)
   axes = [c for c in cells.columns if c not in CELL_COLUMNS]
   for col in ("diverged_step",):
     if col in cells:
@@ -246,17 +280,20 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     if state == "running" and sweep._alive(status) is False:
       state = "stopped"
     if not os.path.isdir(gdir):
-      why = (f"it has not started (no directory {gdir})" if state == "pending" else
-             f"it is {state} but its directory {gdir} is missing")
+      listed = str(members["status"].iloc[0]) if "status" in members else "pending"
+      why = (f"it has not started (no directory {gdir})" if listed == "pending" else
+             f"cells.csv lists it as {listed}, but its directory {gdir} is missing")
       _warn(warnings, f"group {gid} ({len(members)} cells) is skipped: {why}")
       continue
     gconfig_path = os.path.join(gdir, "config.json")
     try:
       gcfg = _read_config(gconfig_path)
-    except (OSError, ValueError) as e:
-      _warn(warnings, f"group {gid} is skipped: {gconfig_path} cannot be read ({e})")
+      order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
+      int(gcfg.train.batch_size), int(gcfg.train.context_size), gcfg.model, gcfg.eval
+    except Exception as e:  # unreadable, or readable but not an ihsweep config
+      _warn(warnings, f"group {gid} is skipped: {gconfig_path} cannot be read as an ihsweep "
+                      f"config ({type(e).__name__}: {str(e)[:120]})")
       continue
-    order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
     if sorted(order) != sorted(int(c) for c in members["cell"]):
       _warn(warnings, f"group {gid} is skipped: its config's cells {order} do not match "
                       f"cells.csv's {sorted(members['cell'])}")

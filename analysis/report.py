@@ -199,11 +199,12 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   except OSError as e:
     raise OutputError(f"cannot write the report into {out_dir} ({e.strerror or e}); give a "
                       f"writable directory with --out") from None
+  _remove_previous(out_dir)
   all_axes = list(dict.fromkeys(a for r in runs for a in r.axes))
   # B and C have their own columns; their axis columns would repeat them.
   axes = [a for a in all_axes if a not in ("train.batch_size", "train.context_size")]
   try:
-    curves = curves_lib.load_curves(runs, source=opts.source, cache=opts.cache,
+    curves = curves_lib.load_curves(runs, out_dir, source=opts.source, cache=opts.cache,
                                     n_probes=opts.n_probes, n_sequences=opts.n_sequences,
                                     progress=opts.progress)
   finally:
@@ -227,6 +228,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
         f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps"
         f"{_sizes(curves)}).")
+  diverged = [f"{r.name}:{int(c)}" for r in runs if "diverged" in r.cells
+              for c in r.cells.loc[r.cells["diverged"].astype(str) == "True", "cell"]]
+  if diverged:
+    warnings.append(f"{len(diverged)} cell(s) diverged (loss NaN/inf); their curves end where "
+                    f"they diverged: {', '.join(diverged[:20])}")
   if warnings:
     doc.h(2, "Warnings")
     doc.p(" • ".join(warnings))
@@ -282,9 +288,6 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
     fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
   except scaling.FitError as e:
     written["law_error"] = str(e)
-    for stale in ("law.json", "residuals.csv", "censored_check.csv"):  # from an earlier report
-      if os.path.exists(os.path.join(out_dir, stale)):
-        os.remove(os.path.join(out_dir, stale))
     doc.p(f"Not fitted, so no law.json is written: {e}")
     return
   law = fit.to_dict()
@@ -363,6 +366,24 @@ def _frontier_section(doc, points, out_dir, fig_dir, written) -> None:
     paths = plots.plot_factorial(fact, os.path.join(fig_dir, "factorial"))
     written["figures"] += paths
     doc.figure(paths[0], "Emergence rate per condition; median emergence step above the bars.")
+
+
+OUTPUTS = ("report.md", "report.html", "emergence.csv", "curves.csv", "law.json",
+           "agreement.csv", "residuals.csv", "censored_check.csv", "emergence_map.csv",
+           "frontier.csv", "factorial.csv")
+
+
+def _remove_previous(out_dir: str) -> None:
+  """Removes an earlier report's outputs, so that nothing stale (a law.json from other settings)
+  survives beside the new one. The curves cache is kept."""
+  for name in OUTPUTS:
+    path = os.path.join(out_dir, name)
+    if os.path.exists(path):
+      os.remove(path)
+  fig_dir = os.path.join(out_dir, "figures")
+  for name in os.listdir(fig_dir):
+    if name.endswith((".png", ".pdf")):
+      os.remove(os.path.join(fig_dir, name))
 
 
 def _finish(doc: _Doc, out_dir: str, written: dict, runs) -> dict:

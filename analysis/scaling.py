@@ -87,20 +87,46 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, int]:
   if missing:
     raise FitError(f"emergence points need columns {', '.join(need)}; missing "
                    f"{', '.join(missing)}")
+  if points.empty:
+    raise FitError("no emergence points (the table has no rows)")
   pts = points.copy()
   for c in need:
-    pts[c] = pd.to_numeric(pts[c], errors="coerce")
+    values = pd.to_numeric(pts[c], errors="coerce")
+    text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
+    if text.any():
+      row = int(np.flatnonzero(text)[0])
+      raise FitError(f"column {c}: row {row} has {str(pts[c].iloc[row])!r}, not a number "
+                     f"(leave emergence_step empty for a censored cell)")
+    pts[c] = values
   censored = pts["emergence_step"].isna()
   if "censored" in pts:
-    censored |= pts["censored"].astype(bool)
+    censored |= _as_bool(pts["censored"])
   n_censored = int(censored.sum())
   pts = pts[~censored]
   for c in need:
     bad = pts[~(pts[c] > 0) | ~np.isfinite(pts[c])]
     if len(bad):
-      raise FitError(f"column {c} must be positive and finite; row {bad.index[0]} has "
-                     f"{bad[c].iloc[0]!r}")
+      raise FitError(f"column {c} must be positive and finite; row {int(bad.index[0])} has "
+                     f"{float(bad[c].iloc[0])!r}")
   return pts.reset_index(drop=True), n_censored
+
+
+def _as_bool(column: pd.Series) -> pd.Series:
+  """A ``censored`` column as booleans: true/false, 1/0, yes/no (any case); empty = False.
+
+  Raises:
+    FitError: any other value.
+  """
+  if column.dtype == bool:
+    return column
+  text = column.astype(str).str.strip().str.lower()
+  mapping = {"true": True, "1": True, "1.0": True, "yes": True, "false": False, "0": False,
+             "0.0": False, "no": False, "": False, "nan": False, "none": False}
+  unknown = ~text.isin(list(mapping))
+  if unknown.any():
+    raise FitError(f"column censored: {column.iloc[int(np.flatnonzero(unknown)[0])]!r} is not "
+                   f"true/false")
+  return text.map(mapping).astype(bool)
 
 
 def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
@@ -130,9 +156,16 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       points to identify the free coefficients (e.g. one batch size: fix alpha).
   """
   fixed = dict(fixed or {})
-  unknown = set(fixed) - {"alpha", "beta", "gamma", "log_T"}
+  allowed = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
+  unknown = set(fixed) - set(allowed)
   if unknown:
-    raise FitError(f"fixed coefficients {sorted(unknown)}: allowed alpha, beta, gamma, log_T")
+    raise FitError(f"fixed coefficients {sorted(unknown)}: allowed {', '.join(allowed)}"
+                   + ("" if with_params else " (gamma only with the n_params term)"))
+  for name, value in fixed.items():
+    if not math.isfinite(value):
+      raise FitError(f"fixed {name} = {value}: must be a finite number")
+  if set(fixed) == set(allowed):
+    raise FitError("every coefficient is fixed: nothing to fit")
   pts, n_censored = _clean(points, with_params)
   names = [n for n in ("log_T", "alpha", "beta") + (("gamma",) if with_params else ())
            if n not in fixed]

@@ -183,6 +183,15 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   bad.write_text("batch_size,context_size\n8,32\n")
   assert cli.main(["fit-law", "--csv", str(bad)]) == 2
   assert "missing emergence_step" in capsys.readouterr().err
+  for fix, message in (("gamma=0.1", "gamma only with the n_params term"),
+                       ("alpha=nan", "must be a finite number")):
+    assert cli.main(["fit-law", "--csv", str(csv), "--fix", fix]) == 2
+    assert message in capsys.readouterr().err
+  text = _law_points().astype({"emergence_step": object})
+  text.loc[3, "emergence_step"] = "abc"
+  text.to_csv(bad, index=False)
+  assert cli.main(["fit-law", "--csv", str(bad)]) == 2
+  assert "row 3 has 'abc', not a number" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- frontier and factorial
@@ -295,21 +304,25 @@ def _fake_sweep(trained: str, root) -> str:
   groups.mkdir(parents=True)
   shutil.copy(os.path.join(trained, "config.json"), sweep / "config.json")
   rows = []
-  for g, (b, c) in enumerate([(8, 32), (8, 16), (4, 32)]):
+  for g, (b, c) in enumerate([(8, 32), (8, 16), (4, 32), (4, 16)]):
     for i in range(2):
+      diverged = g == 0 and i == 1  # marked as diverged at update 8: no metrics from 8 on
       rows.append({"cell": 2 * g + i, "group": f"g00{g}", "seed": i, "batch_size": b,
                    "context_size": c, "peak_lr": 1e-2, "n_params": 1000, "status": "done",
-                   "diverged": False, "diverged_step": None})
+                   "diverged": diverged, "diverged_step": 8 if diverged else None})
   pd.DataFrame(rows).to_csv(sweep / "cells.csv", index=False)
-  for g, state in (("g000", "done"), ("g002", "running")):
+  for g, state in (("g000", "done"), ("g002", "running"), ("g003", "done")):
     shutil.copytree(trained, groups / g, ignore=shutil.ignore_patterns("analysis"))
     cfg = json.loads((groups / g / "config.json").read_text())
-    cfg["ensemble"]["cell_ids"] = [0, 1] if g == "g000" else [4, 5]
+    cfg["ensemble"]["cell_ids"] = {"g000": [0, 1], "g002": [4, 5], "g003": [6, 7]}[g]
     (groups / g / "config.json").write_text(json.dumps(cfg))
     (groups / g / "status.json").write_text(json.dumps({"state": state}))
   params = groups / "g002" / "checkpoints" / "params"
   (params / "64.orbax-checkpoint-tmp-1234").mkdir()  # a save cut short: never listed
   shutil.rmtree(params / "16" / "params")  # damaged by hand: restoring it fails
+  (groups / "g003" / "probes.npz").write_bytes(b"PK\x03\x04 not a zip")
+  (sweep / "analysis").mkdir()
+  (sweep / "analysis" / "law.json").write_text("{}")  # stale, from an earlier report
   return str(sweep)
 
 
@@ -320,16 +333,22 @@ def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   shutil.copytree(trained, single)
   out = report.report([sweep, single, sweep], None, report.Options(progress=False, n_boot=50))
   warnings = " ".join(out["warnings"])
-  assert "group g001 (2 cells) is skipped: it has not started (no directory" in warnings
+  assert "group g001 (2 cells) is skipped: cells.csv lists it as done, but its directory" in \
+      warnings
+  assert "group g003: " in warnings and "probes.npz cannot be read" in warnings
+  assert "1 cell(s) diverged" in " ".join(open(out["report_md"]).read().split())
   assert "group g002 is running" in warnings
   assert "g002: the checkpoint at update 16 cannot be restored" in warnings
   table = pd.read_csv(out["emergence_csv"])
   assert sorted(table[table["run"] == "sweep"]["cell"].unique()) == [0, 1, 4, 5]
   assert sorted(table[table["run"] == "single"]["cell"].unique()) == [0, 1]  # read once
   assert set(table["method"]) == set(emergence.METHODS)
-  curves = pd.read_parquet(os.path.join(sweep, "analysis", "curves.parquet"))
+  curves = pd.read_csv(os.path.join(sweep, "analysis", "curves.csv"))
   assert 16 not in set(curves[curves["group"] == "g002"]["step"])
   assert 16 in set(curves[curves["group"] == "g000"]["step"])
+  cell1 = curves[(curves["run"] == "sweep") & (curves["cell"] == 1)]
+  assert cell1[cell1["step"] >= 8]["ps_max"].isna().all()
+  assert cell1[cell1["step"] < 8]["ps_max"].notna().all()
   md = open(out["report_md"]).read()
   assert "## Emergence points" in md and "## Warnings" in md and "figures/curves_ps_max.png" in md
   assert "| single " in md and "| sweep " in md  # both runs in the per-grid-point table
