@@ -38,12 +38,12 @@ METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "a
            "icl_score", "val_loss")
 HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
 SOURCES = ("auto", "checkpoints", "online")
-# The analysis's evaluation budget per model and checkpoint: the first 16 of the run's 100
-# repeated-token probes (16 × 49 scored positions for each head's PS and LA; the study uses 100)
-# and 8 of its 32 held-out sequences. A quarter of the online evaluation's work: 16
+# The analysis's evaluation budget per model and checkpoint: the first 12 of the run's 100
+# repeated-token probes (12 × 49 scored positions for each head's PS and LA; the study uses 100)
+# and 8 of its 32 held-out sequences, about a fifth of the online evaluation's work: 16
 # reference-size models × 30 checkpoints in under a minute on 2 CPU cores
 # (benchmarks/analysis.py). None = all, exactly the online evaluation.
-DEFAULT_PROBES, DEFAULT_SEQUENCES = 16, 8
+DEFAULT_PROBES, DEFAULT_SEQUENCES = 12, 8
 CACHE_NAME = "curves.parquet"
 
 
