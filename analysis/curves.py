@@ -5,14 +5,17 @@ group's models and compiled once per group) runs on the group's saved probes at 
 checkpoint, restored lazily one step at a time onto the devices present. The result is one tidy
 DataFrame, one row per (cell, step):
 
-  run, group, cell, seed, <grid axes>, batch_size, context_size, n_params, step, tokens,
-  ps_max, la_max (the study's logit attribution), dla_max (direct logit attribution),
+  run, group, cell, seed, <grid axes>, batch_size, context_size, n_params, law_updates, step,
+  tokens, ps_max, la_max (the study's logit attribution), dla_max (direct logit attribution),
   ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from the run's
-  data), icl_score, val_loss, {ps,la,dla}_layer / _head (the best head), diverged, source
+  data), icl_score, val_loss, {ps,la,dla}_layer / _head (the best head), diverged,
+  diverged_step, source, n_probes, n_sequences
 
 ``source`` is 'checkpoint' (recomputed) or 'online' (the run's ``metrics.jsonl``, used for a group
-without params checkpoints, or for every group with ``source='online'``). A model's rows after it
-diverged (cells.csv ``diverged_step``) have NaN metrics, as online.
+without params checkpoints, or for every group with ``source='online'``). Recomputed rows use the
+first ``n_probes`` repeated-token probes and ``n_sequences`` held-out sequences of the run
+(``DEFAULT_PROBES``/``DEFAULT_SEQUENCES``; None = all, as online). A model's rows from the update
+at which it diverged (cells.csv ``diverged_step``) on have NaN metrics.
 
 Recomputed rows are cached in ``DIR/analysis/curves.parquet`` (written after each group, so an
 interrupted analysis keeps what it finished); a rerun only evaluates checkpoints not in the cache,
