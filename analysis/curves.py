@@ -33,7 +33,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from analysis.load import Group, GroupError, Run
+from analysis.load import Group, GroupError, Run, unwritable, warn
 
 log = logging.getLogger("analysis")
 
@@ -58,14 +58,9 @@ def cache_dir(run: Run, fallback: str) -> str:
   """Where a run's cache lives: ``DIR/analysis`` if it can be written there, else
   ``fallback/cache/<run name>`` (a read-only run directory analysed with ``--out``)."""
   own = os.path.join(run.dir, "analysis")
-  try:
-    os.makedirs(own, exist_ok=True)
-    probe = os.path.join(own, f".write-test.{os.getpid()}")
-    open(probe, "w").close()
-    os.remove(probe)
+  if unwritable(own) is None:
     return own
-  except OSError:
-    return os.path.join(fallback, "cache", run.name.replace(os.sep, "_"))
+  return os.path.join(fallback, "cache", run.name.replace(os.sep, "_"))
 
 
 CACHE_KEYS = ("group", "cell", "step", "n_probes", "n_sequences")
@@ -88,15 +83,9 @@ def read_cache(path: str, warnings: list[str] | None = None) -> pd.DataFrame:
       table[col] = pd.to_numeric(table[col], errors="raise").astype(float)
     return table
   except Exception as e:  # pyarrow and pandas raise several kinds for a damaged file
-    _note(warnings, f"the cache {path} cannot be used ({type(e).__name__}: {str(e)[:120]}); "
+    warn(warnings, f"the cache {path} cannot be used ({type(e).__name__}: {str(e)[:120]}); "
                     f"recomputing")
     return pd.DataFrame()
-
-
-def _note(warnings: list[str] | None, message: str) -> None:
-  log.warning("%s", message)
-  if warnings is not None:
-    warnings.append(message)
 
 
 def _write_cache(path: str, table: pd.DataFrame, warnings: list[str] | None = None) -> bool:
@@ -107,7 +96,7 @@ def _write_cache(path: str, table: pd.DataFrame, warnings: list[str] | None = No
     os.replace(tmp, path)
     return True
   except Exception as e:  # OSError, or pyarrow refusing a column
-    _note(warnings, f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
+    warn(warnings, f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
                     f"results are kept in memory only")
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -301,14 +290,14 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
             (table["n_sequences"] == want_s))
 
   def skip(group: Group, error: Exception) -> None:
-    _note(run.warnings, f"{error}; the group is skipped")
+    warn(run.warnings, f"{error}; the group is skipped")
     todo.pop(group.id, None)
 
   for group in run.groups:
     steps = [] if source == "online" else group.steps()
     if not steps:
       if source == "checkpoints":
-        _note(run.warnings, f"group {group.id} has no params checkpoints yet; skipped")
+        warn(run.warnings, f"group {group.id} has no params checkpoints yet; skipped")
       else:
         online_groups.append(group)
       continue
@@ -356,13 +345,14 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
   if not recomputed.empty:
     recomputed["source"] = "checkpoint"
-  online = [_online_rows(g) for g in online_groups]
-  online = [o.assign(source="online") for o in online if not o.empty]
+  online = []
   for g in online_groups:
-    if g.online_metrics().empty:
-      msg = f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; skipped"
-      log.warning("%s", msg)
-      run.warnings.append(msg)
+    rows = _online_rows(g)
+    if rows.empty:
+      warn(run.warnings, f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; "
+                          f"skipped")
+    else:
+      online.append(rows.assign(source="online"))
   table = pd.concat([recomputed, *online], ignore_index=True) if (
       not recomputed.empty or online) else pd.DataFrame(columns=["group", "cell", "step"])
   return _with_cells(table, run)

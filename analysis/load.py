@@ -65,6 +65,7 @@ class Group:
   cells: pd.DataFrame
   state: str
   _ckpts: Any = dataclasses.field(default=None, repr=False)
+  _probes: Any = dataclasses.field(default=None, repr=False)
 
   @property
   def n_models(self) -> int:
@@ -127,8 +128,11 @@ class Group:
     path = os.path.join(self.dir, "probes.npz")
     if not os.path.exists(path):
       return None
+    if self._probes is not None:  # read once per analysis
+      return self._probes
     try:
-      return probes_lib.Probes.load(path)
+      self._probes = probes_lib.Probes.load(path)
+      return self._probes
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
       raise GroupError(f"group {self.id}: {path} cannot be read ({type(e).__name__}: "
                        f"{str(e)[:160]}); move it away to have the probes made again from the "
@@ -164,9 +168,24 @@ class Run:
       g.close()
 
 
-def _warn(warnings: list[str], message: str) -> None:
+def warn(warnings: list[str] | None, message: str) -> None:
+  """Logs ``message`` and records it for the report (when a list is given)."""
   log.warning("%s", message)
-  warnings.append(message)
+  if warnings is not None:
+    warnings.append(message)
+
+
+def unwritable(directory: str) -> OSError | None:
+  """Creates ``directory`` and writes a probe file into it: None if that works, else the
+  error (a read-only mount, a path under a file, no permission)."""
+  try:
+    os.makedirs(directory, exist_ok=True)
+    probe = os.path.join(directory, f".write-test.{os.getpid()}")
+    open(probe, "w").close()
+    os.remove(probe)
+    return None
+  except OSError as e:
+    return e
 
 
 def _single_run_cells(cfg, group_dir: str) -> pd.DataFrame:
@@ -232,7 +251,7 @@ def load_run(path: str) -> Run:
                   f"{str(e)[:160]})") from None
   group = Group(SINGLE_RUN_GROUP, path, cfg, cells, _single_run_state(path, cfg))
   if group.state == "running":
-    _warn(warnings, "the run has not reached train.num_steps (still training, or stopped): its "
+    warn(warnings, "the run has not reached train.num_steps (still training, or stopped): its "
                     "curves end at its last complete checkpoint, so its cells may be censored "
                     "early")
   axes = [c for c in ("data.frequency", "data.reliability") if c in cells]
@@ -253,12 +272,12 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     cfg = _read_config(config_path)
   except (OSError, ValueError) as e:
     cfg = None
-    _warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
+    warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
   required = ["cell", "batch_size", "context_size", "seed"]
   numeric = cells[required].apply(pd.to_numeric, errors="coerce")
   bad = numeric.isna().any(axis=1) | cells["group"].isna()
   if bad.any():
-    _warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
+    warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
                     f"lines) have missing or non-numeric {', '.join(required)} or group; "
                     f"skipped")
     cells = cells[~bad].copy()
@@ -283,7 +302,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       listed = str(members["status"].iloc[0]) if "status" in members else "pending"
       why = (f"it has not started (no directory {gdir})" if listed == "pending" else
              f"cells.csv lists it as {listed}, but its directory {gdir} is missing")
-      _warn(warnings, f"group {gid} ({len(members)} cells) is skipped: {why}")
+      warn(warnings, f"group {gid} ({len(members)} cells) is skipped: {why}")
       continue
     gconfig_path = os.path.join(gdir, "config.json")
     try:
@@ -291,16 +310,16 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
       int(gcfg.train.batch_size), int(gcfg.train.context_size), gcfg.model, gcfg.eval
     except Exception as e:  # unreadable, or readable but not an ihsweep config
-      _warn(warnings, f"group {gid} is skipped: {gconfig_path} cannot be read as an ihsweep "
+      warn(warnings, f"group {gid} is skipped: {gconfig_path} cannot be read as an ihsweep "
                       f"config ({type(e).__name__}: {str(e)[:120]})")
       continue
     if sorted(order) != sorted(int(c) for c in members["cell"]):
-      _warn(warnings, f"group {gid} is skipped: its config's cells {order} do not match "
+      warn(warnings, f"group {gid} is skipped: its config's cells {order} do not match "
                       f"cells.csv's {sorted(members['cell'])}")
       continue
     ordered = members.set_index("cell").loc[order].reset_index()
     if state in ("running", "stopped", "interrupted", "failed"):
-      _warn(warnings, f"group {gid} is {state}: its curves end at its last complete "
+      warn(warnings, f"group {gid} is {state}: its curves end at its last complete "
                       f"checkpoint, so its cells may be censored early")
     groups.append(Group(gid, gdir, gcfg, ordered, state))
   return Run(path, "sweep", cfg, cells, axes, groups, warnings)

@@ -33,7 +33,7 @@ from analysis import emergence as emergence_lib
 from analysis import frontier as frontier_lib
 from analysis import plots
 from analysis import scaling
-from analysis.load import load_runs
+from analysis.load import load_runs, unwritable
 
 log = logging.getLogger("analysis")
 
@@ -191,14 +191,10 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   runs = load_runs(dirs)
   out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
   fig_dir = os.path.join(out_dir, "figures")
-  try:
-    os.makedirs(fig_dir, exist_ok=True)
-    probe = os.path.join(out_dir, f".write-test.{os.getpid()}")
-    open(probe, "w").close()
-    os.remove(probe)
-  except OSError as e:
-    raise OutputError(f"cannot write the report into {out_dir} ({e.strerror or e}); give a "
-                      f"writable directory with --out") from None
+  error = unwritable(fig_dir)
+  if error is not None:
+    raise OutputError(f"cannot write the report into {out_dir} ({error.strerror or error}); "
+                      f"give a writable directory with --out")
   _remove_previous(out_dir)
   all_axes = list(dict.fromkeys(a for r in runs for a in r.axes))
   # B and C have their own columns; their axis columns would repeat them.
