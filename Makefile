@@ -17,8 +17,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# The demo sweep (configs/demo.py) into $(DEMO_DIR), then its analysis. Rerunning resumes an
+# interrupted sweep; DEMO_FLAGS passes run flags, e.g. DEMO_FLAGS='--grid=train.batch_size=8,16'
+# (with a new DEMO_DIR: a run directory belongs to its grid).
+DEMO_DIR   ?= runs/demo
+DEMO_FLAGS ?=
+
 demo: $(STAMP)
-	$(BIN)/ihsweep train --config=configs/default.py --workdir=runs/demo
+	$(BIN)/ihsweep corpus fetch python-docs
+	$(BIN)/ihsweep run --config=configs/demo.py --workdir=$(DEMO_DIR) $(DEMO_FLAGS)
+	$(BIN)/python -m analysis report $(DEMO_DIR) --out $(DEMO_DIR)/analysis
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -137,14 +137,32 @@ def _report(args) -> int:
     print(f"emergence: {written['n_emerged']} of {written['n_cells']} cells emerged "
           f"({args.metric}, {args.method}); table {written['emergence_csv']}")
   if law:
-    print(f"law: ln T = {law['log_T']:.2f}, alpha = {law['alpha']:.3f}, beta = "
-          f"{law['beta']:.3f}, r = {law['r']:.3f} over {law['n']} cells -> "
-          f"{written['out_dir']}/law.json")
+    print(_law_lines(law, written["out_dir"]))
   elif written.get("law_error"):
     print(f"law: not fitted ({written['law_error']})")
   if written.get("warnings"):
     print(f"{len(written['warnings'])} warning(s); see the report")
   return 0
+
+
+def _law_lines(law: dict, out_dir: str) -> str:
+  """The fitted law (with 95% intervals where there are any) beside the study's."""
+  from analysis.scaling import STUDY
+  ci = law.get("ci") or {}
+
+  def value(name):
+    text = f"{law[name]:.2f}"
+    return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
+
+  rows = [("", "ln T", "alpha (B)", "beta (C)", "r", "cells"),
+          ("fitted", value("log_T"), value("alpha"), value("beta"), f"{law['r']:.2f}",
+           f"{law['n']}" + (f" (+{law['n_censored']} censored)" if law.get("n_censored") else "")),
+          ("study", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}",
+           f"{STUDY['r']:.2f}", "")]
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+  return "\n".join([f"law: UPT = T / (B^alpha C^beta), updates; 95% bootstrap intervals -> "
+                     f"{out_dir}/law.json", *table])
 
 
 def main(argv=None) -> int:

@@ -128,13 +128,17 @@ def _leaves(node, prefix: str = "") -> list[tuple[str, Any]]:
   return out
 
 
-def _axis_values(section: str, path: str, values) -> list:
+def _key(value) -> str:
+  return json.dumps(value, sort_keys=True, default=str)
+
+
+def _axis_values(section: str, path: str, values, distinct: bool = True) -> list:
   field = f"sweep.{section}.{path}"
   if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
     raise ConfigError(field, values, "a tuple of values, e.g. (8, 16)")
   if len(values) == 0:
     raise ConfigError(field, values, "a non-empty tuple of values (an empty axis has no cells)")
-  if len({json.dumps(v, sort_keys=True, default=str) for v in values}) != len(values):
+  if distinct and len({_key(v) for v in values}) != len(values):
     raise ConfigError(field, values, "distinct values (a repeated value trains the same cells "
                       "twice; use sweep.seeds for replicates)")
   return list(values)
@@ -168,7 +172,9 @@ def grid_points(cfg) -> tuple[list[str], list[dict]]:
   """
   sweep = cfg.sweep
   grid = [(p, _axis_values("grid", p, v)) for p, v in _leaves(sweep.grid)]
-  zipped = [(p, _axis_values("zip", p, v)) for p, v in _leaves(sweep.zip)]
+  # A zip axis may repeat a value (transitions = ('synthetic', 'synthetic', 'iid')); its
+  # points, the tuples across all zip axes, must be distinct (checked below).
+  zipped = [(p, _axis_values("zip", p, v, distinct=False)) for p, v in _leaves(sweep.zip)]
   for section, axes in (("grid", grid), ("zip", zipped)):
     for path, _ in axes:
       _check_axis_field(cfg, section, path)
@@ -185,7 +191,12 @@ def grid_points(cfg) -> tuple[list[str], list[dict]]:
         raise ConfigError(f"sweep.zip.{path}", tuple(values),
                           f"{n} values, as many as sweep.zip.{zipped[0][0]} (zipped axes vary "
                           f"together)")
-    factors.append([{p: values[i] for p, values in zipped} for i in range(n)])
+    points = [{p: values[i] for p, values in zipped} for i in range(n)]
+    if len({_key(p) for p in points}) != n:
+      raise ConfigError("sweep.zip", {p: tuple(v) for p, v in zipped},
+                        "distinct points (zipped axes whose tuples repeat a combination train "
+                        "the same cells twice; use sweep.seeds for replicates)")
+    factors.append(points)
   points = [{k: v for part in combo for k, v in part.items()}
             for combo in itertools.product(*factors)]
   return [p for p, _ in grid] + [p for p, _ in zipped], points

@@ -125,6 +125,14 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
   assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
       (4, 16), (8, 32)}
+  # A zip axis may repeat a value as long as the zipped points differ …
+  cfg = _config(tiny, grid={})
+  sweep.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
+  assert len(sweep.make_plan(cfg).groups) == 3
+  cfg = _config(tiny, grid={})  # … but not a whole point
+  sweep.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
+  with pytest.raises(ConfigError, match="distinct points"):
+    sweep.make_plan(cfg)
   cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
   steps = {(g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
            for g in sweep.make_plan(cfg).groups}

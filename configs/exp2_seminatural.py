@@ -1,0 +1,73 @@
+"""Experiment 2 of the study: semi-natural data, repetition frequency × reliability.
+
+Sequences come from a Markov chain whose transitions are the bigram statistics of a real
+corpus, with induction patterns ``A B … A → B`` injected at two per-model rates
+(``ihsweep/data/markov.py``): ``data.frequency`` (how often an earlier token recurs) and
+``data.reliability`` (P(B | A B … A)). Both are vmapped knobs, so the whole frequency ×
+reliability grid × seeds is one group: one compiled ensemble. The study finds a Pareto
+frontier below which induction heads do not form, more sensitive to reliability than to
+frequency (PAPER.md, Experiment 2); ``python -m analysis report`` draws the map and frontier.
+
+Study scale (default; for accelerators): the study's recipe as far as it is published —
+bigrams of 100M tokens of Common Crawl text (here C4 via TFDS, ``max_documents`` 250,000 ≈
+100M tokens) restricted to the V = 10,000 most frequent BPE types, +1e-6 smoothing; sequences
+of C = 64; a GPT-2-style 2-layer, 8-head, d_model 768 model with MLPs; AdamW, peak lr 2.5e-4,
+cosine, 1% warmup; 100M training tokens per model (B = 32 is our choice; the study's batch
+size for this experiment is not known to us). Grid: frequency × reliability ∈ {0.05, 0.1, 0.2,
+0.3, 0.5, 0.7, 0.9}² × 2 seeds = 98 models in one group, sharded over the ensemble axis of
+every device (~22M parameters each; ~35 GB of params + Adam state in all):
+
+  tfds build c4/en --file_format=array_record --data_dir=$TFDS   # once
+  sbatch launch/slurm.sbatch --config=configs/exp2_seminatural.py --workdir=/shared/exp2 \
+      --config.data.tfds_data_dir=$TFDS
+  python -m analysis report /shared/exp2
+
+CPU scale (``configs/exp2_seminatural.py:scale=cpu``, ~15 min on 2 cores): the demo's data and
+model (``configs/demo.py``: python-docs bigrams over V = 256 types mixed half-and-half with the
+uniform distribution, 2-layer attention-only d_model 64) at B = 16, C = 64, frequency ×
+reliability ∈ {0.25, 0.5, 0.75, 1.0}², one seed, 3,000 updates. Results: docs/results.md.
+
+  ihsweep run --config=configs/exp2_seminatural.py:scale=cpu --workdir=runs/exp2_cpu
+"""
+
+import ml_collections
+
+from configs import default, demo
+
+STUDY_LEVELS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+CPU_LEVELS = (0.25, 0.5, 0.75, 1.0)
+
+
+def _parse(arg: str) -> str:
+  opts = dict(kv.split("=", 1) for kv in filter(None, arg.split(",")) if "=" in kv)
+  scale = opts.get("scale", "study")
+  if scale not in ("study", "cpu") or set(opts) - {"scale"}:
+    raise ValueError(f"{__name__}: argument {arg!r}; allowed: 'scale=study' (default) or "
+                     f"'scale=cpu'")
+  return scale
+
+
+def get_config(arg: str = ""):
+  scale = _parse(arg)
+  if scale == "cpu":
+    c = demo.get_config()
+    c.train.update(batch_size=16, context_size=64, num_steps=3000)
+    c.model.update(max_context=64)
+    levels, seeds = CPU_LEVELS, 1
+    c.sweep.update(budget="updates")
+  else:
+    c = default.get_config()
+    c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=10_000,
+                   max_context=64, tie_embeddings=True)
+    c.train.update(batch_size=32, context_size=64, lr=2.5e-4, schedule="cosine",
+                   warmup_frac=0.01, steps_per_call=100)
+    c.data.update(source="markov", transitions="bigram", tfds_name="c4/en",
+                  max_documents=250_000, smoothing=1e-6)
+    c.eval.update(every_steps=0, every_tokens=1_000_000)
+    c.checkpoint.update(params_schedule="study")
+    levels, seeds = STUDY_LEVELS, 2
+    c.sweep.update(budget="tokens", tokens=100_000_000)
+  c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
+      frequency=levels, reliability=levels))))
+  c.sweep.seeds = seeds
+  return c
