@@ -1,0 +1,62 @@
+"""The shipped configs (demo and the study's three experiments) plan the grids their docstrings
+describe. Planning validates every group's run config but compiles and trains nothing; the
+corpus is replaced by a small text file made here (no download)."""
+
+import importlib
+
+import pytest
+
+from ihsweep import sweep
+
+# (config, argument) → (cells, groups, models per group)
+EXPECTED = {
+    ("demo", ""): (18, 9, 2),
+    ("exp1_natural", ""): (50, 25, 2),
+    ("exp1_natural", "scale=cpu"): (18, 9, 2),
+    ("exp2_seminatural", ""): (98, 1, 98),
+    ("exp2_seminatural", "scale=cpu"): (16, 1, 16),
+    ("exp3_synthetic", ""): (72, 9, 8),
+    ("exp3_synthetic", "scale=cpu"): (36, 9, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("corpus") / "text.txt"
+  path.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+  return str(path)
+
+
+@pytest.mark.parametrize("name, arg", sorted(EXPECTED))
+def test_config_plans_its_grid(name, arg, text_file):
+  cfg = importlib.import_module(f"configs.{name}").get_config(arg)
+  if cfg.data.source in ("natural", "markov") and cfg.data.transitions != "synthetic":
+    cfg.data.update(corpus="", tfds_name="", files=text_file)
+  cfg.mesh.num_devices = 2  # the test session has 4 fake devices; every grid fits on 2
+  plan = sweep.make_plan(cfg)
+  n_cells, n_groups, per_group = EXPECTED[(name, arg)]
+  assert (len(plan.cells), len(plan.groups)) == (n_cells, n_groups)
+  assert {g.cfg.ensemble.size for g in plan.groups} == {per_group}
+
+
+def test_exp1_model_size_axis():
+  cfg = importlib.import_module("configs.exp1_natural").get_config("scale=study,models=3")
+  axes, points = sweep.grid_points(cfg)  # the grid only: validating 75 groups takes ~12 s
+  assert len(points) == 75 and "model.d_model" in axes
+  assert sorted({p["model.d_model"] for p in points}) == [256, 512, 768]
+
+
+def test_demo_grid_and_budget():
+  cfg = importlib.import_module("configs.demo").get_config()
+  assert cfg.sweep.grid.train.batch_size == (8, 16, 32)
+  assert cfg.sweep.grid.train.context_size == (16, 32, 64)
+  assert cfg.sweep.budget == "emergence" and cfg.sweep.seeds == 2
+
+
+@pytest.mark.parametrize("name, arg", [("exp1_natural", "scale=gpu"), ("exp1_natural", "x=1"),
+                                       ("exp1_natural", "scale=cpu,models=3"),
+                                       ("exp2_seminatural", "scale=tpu"),
+                                       ("exp3_synthetic", "models=3"), ("demo", "cpu")])
+def test_bad_config_arguments_are_refused(name, arg):
+  with pytest.raises(ValueError, match="allowed|no argument|study-scale"):
+    importlib.import_module(f"configs.{name}").get_config(arg)
