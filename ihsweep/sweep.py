@@ -191,12 +191,12 @@ def grid_points(cfg) -> tuple[list[str], list[dict]]:
         raise ConfigError(f"sweep.zip.{path}", tuple(values),
                           f"{n} values, as many as sweep.zip.{zipped[0][0]} (zipped axes vary "
                           f"together)")
-    points = [{p: values[i] for p, values in zipped} for i in range(n)]
-    if len({_key(p) for p in points}) != n:
+    zip_points = [{p: values[i] for p, values in zipped} for i in range(n)]
+    if len({_key(p) for p in zip_points}) != n:
       raise ConfigError("sweep.zip", {p: tuple(v) for p, v in zipped},
                         "distinct points (zipped axes whose tuples repeat a combination train "
                         "the same cells twice; use sweep.seeds for replicates)")
-    factors.append(points)
+    factors.append(zip_points)
   points = [{k: v for part in combo for k, v in part.items()}
             for combo in itertools.product(*factors)]
   return [p for p, _ in grid] + [p for p, _ in zipped], points
