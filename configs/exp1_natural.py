@@ -27,7 +27,8 @@ CPU scale (``configs/exp1_natural.py:scale=cpu``): the natural-text grid the 2-c
 development machine can run — the embedded python-docs corpus, BPE 2,048, 2 layers, 4 heads,
 d_model 128 with MLPs (d_mlp 512), untied unembedding, constant lr 1e-3, probes from the 512
 most frequent tokens, B ∈ {8, 16, 32} × C ∈ {32, 64, 128} × 2 seeds, 1M tokens per model
-(~25 min). On this machine it does NOT reach the transition: the study's law puts these cells
+(~25 min, estimated from the calibration run's 15,000 tokens/s). On this machine it does not
+reach the transition: the study's law puts these cells
 at 10,000–30,000 updates (5–50M tokens), and the calibration runs (docs/results.md) saw no
 induction head on this text within 20,000–60,000 updates of smaller models. It is here to
 measure the pre-transition curves and to show the censored-cell analysis; the demo
