@@ -22,7 +22,7 @@ every device (~22M parameters each; ~35 GB of params + Adam state in all):
       --config.data.tfds_data_dir=$TFDS
   python -m analysis report /shared/exp2
 
-CPU scale (``configs/exp2_seminatural.py:scale=cpu``, ~15 min on 2 cores): the demo's data and
+CPU scale (``configs/exp2_seminatural.py:scale=cpu``, 22 min on 2 shared cores): the demo's data and
 model (``configs/demo.py``: python-docs bigrams over V = 256 types mixed half-and-half with the
 uniform distribution, 2-layer attention-only d_model 64) at B = 16, C = 64, frequency ×
 reliability ∈ {0.25, 0.5, 0.75, 1.0}², one seed, 3,000 updates. Results: docs/results.md.
