@@ -113,6 +113,10 @@ def _fit_law(args) -> int:
   except scaling.FitError as e:
     return _fail(f"{args.csv}: {e}")
   print(json.dumps(fit.to_dict(), indent=2))
+  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
+    print(f"python -m analysis: warning: {fit.dof} residual degree(s) of freedom (fewer than "
+          f"{scaling.MIN_DOF_FOR_INTERVALS}): no confidence intervals ('ci' is empty)",
+          file=sys.stderr)
   return 0
 
 

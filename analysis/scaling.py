@@ -176,8 +176,13 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   x = full[:, [all_names.index(n) for n in names]]
   if len(pts) < len(names) + 1 or np.linalg.matrix_rank(x) < len(names):
     varied = {c: int(pts[c].nunique()) for c in ("batch_size", "context_size") if c in pts}
-    hint = "" if fixed else (" (or hold a coefficient fixed: fit-law --fix alpha=0.37 when "
-                             "only C varies)")
+    hint = ""
+    if not fixed and varied.get("batch_size", 0) > 1 and varied.get("context_size", 0) <= 1:
+      hint = (" (only B varies: hold beta fixed, e.g. `python -m analysis fit-law --csv "
+              "DIR/analysis/emergence.csv --fix beta=0.62`)")
+    elif not fixed and varied.get("context_size", 0) > 1 and varied.get("batch_size", 0) <= 1:
+      hint = (" (only C varies: hold alpha fixed, e.g. `python -m analysis fit-law --csv "
+              "DIR/analysis/emergence.csv --fix alpha=0.37`)")
     raise FitError(
         f"{len(pts)} emerged cell(s) ({n_censored} censored) with distinct values "
         f"{varied} cannot identify {', '.join(names)}: need more emerged cells than coefficients "

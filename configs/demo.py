@@ -12,7 +12,7 @@ V = 256 most frequent BPE types, each row mixed half-and-half with the uniform d
 (``data.smoothing`` 0.004 = 1.02 / V), with induction patterns at frequency 1 and reliability 1
 (in the second half of each sequence an earlier token recurs and is followed by its earlier
 successor whenever possible). Model: 2 layers, one attention head per layer, d_model 64,
-attention-only, untied unembedding (75k parameters); constant lr 1e-3 after 1% warmup.
+attention-only, untied unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup.
 Budget: ``emergence`` — each group stops once both models' prefix-matching score has passed
 0.3 and training has gone on to twice that update, capped at a quarter of the study's
 predicted updates for the cell (1,900–12,000 updates); eval every 100 updates; params

@@ -640,8 +640,8 @@ def summarize(plan: Plan, workdir: str) -> dict:
 def format_summary(summary: dict) -> str:
   """The lines ``ihsweep run`` prints at the end."""
   by = summary["cells_by_state"]
-  lines = [f"sweep: {summary['cells']} cells in {len(summary['groups'])} groups — "
-           + ", ".join(f"{n} {s}" for s, n in by.items() if n)]
+  lines = [f"sweep: {summary['cells']} cells in {len(summary['groups'])} groups; cells "
+           + ", ".join(f"{s}: {n}" for s, n in by.items() if n)]
   if summary["diverged_cells"]:
     lines.append(f"diverged cells (loss NaN/inf, frozen): {summary['diverged_cells']}")
   if summary["budget"] == "emergence" and summary["done_budget_tokens"]:

@@ -143,8 +143,12 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   assert flat.ci["gamma"][0] <= 0.0 <= flat.ci["gamma"][1]  # no dependence on model size
   one_b = _law_points()
   one_b = one_b[one_b["batch_size"] == 8]
-  with pytest.raises(scaling.FitError, match="cannot identify log_T, alpha, beta"):
+  with pytest.raises(scaling.FitError, match="cannot identify log_T, alpha, beta.*only C "
+                     "varies: hold alpha fixed"):
     scaling.fit_law(one_b)
+  one_c = _law_points()
+  with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed"):
+    scaling.fit_law(one_c[one_c["context_size"] == 64])
   few = scaling.fit_law(_law_points().iloc[[0, 7, 11, 18, 24]], n_boot=200)  # 2 dof
   assert few.dof == 2 and few.ci == {} and few.n_boot == 0
   fixed = scaling.fit_law(one_b, fixed={"alpha": 0.37}, n_boot=200)
