@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -57,7 +58,8 @@ def _panel_title(key, names) -> str:
   parts = [f"{short.get(n, n.split('.')[-1])}={v:g}" if isinstance(v, (int, float, np.number))
            else f"{short.get(n, n.split('.')[-1])}={v}" for n, v in zip(names, key)
            if n != "run"]
-  return ", ".join(parts)
+  # Wrapped: with many grid axes (Experiment 3 has five) one line overflows into the next panel.
+  return textwrap.fill(", ".join(parts), width=48)
 
 
 def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: str, *,
