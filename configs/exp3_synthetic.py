@@ -22,7 +22,7 @@ B = 32 (our choice), GPT-2-style 2 layers, 8 heads, d_model 768 with MLPs, AdamW
   launch/local_multiprocess.sh 8 --config=configs/exp3_synthetic.py --workdir=runs/exp3  # or SLURM / TPU
   python -m analysis report runs/exp3
 
-CPU scale (``configs/exp3_synthetic.py:scale=cpu``, ~25 min on 2 cores): V = 256, entropy rate
+CPU scale (``configs/exp3_synthetic.py:scale=cpu``, ~35 min on 2 cores; 6 of its 9 groups took 24): V = 256, entropy rate
 5 bits (a Zipf marginal over 256 ids has only 6.2 bits of entropy, so the study's 6.2 would
 leave it no local dependency; at 6 bits the optimisation misses its target for Zipf), 8 groups
 of 32 ids, the demo's model (2-layer attention-only, d_model 64) at B = 16,
