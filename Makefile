@@ -25,8 +25,8 @@ DEMO_FLAGS ?=
 
 demo: $(STAMP)
 	$(BIN)/ihsweep corpus fetch python-docs
-	$(BIN)/ihsweep run --config=configs/demo.py --workdir=$(DEMO_DIR) $(DEMO_FLAGS)
-	$(BIN)/python -m analysis report $(DEMO_DIR) --out $(DEMO_DIR)/analysis
+	$(BIN)/ihsweep run --config=configs/demo.py --workdir="$(DEMO_DIR)" $(DEMO_FLAGS)
+	$(BIN)/python -m analysis report "$(DEMO_DIR)" --out "$(DEMO_DIR)/analysis"
 	@echo "open $(DEMO_DIR)/analysis/report.html; how the demo was calibrated and what it shows against the study: docs/results.md"
 
 test: $(STAMP)

@@ -46,9 +46,10 @@ MODEL_SIZES = ((4, 256, 1024), (8, 512, 2048), (12, 768, 3072))  # (heads, d_mod
 
 
 def _options(arg: str) -> dict:
-  opts = dict(kv.split("=", 1) for kv in filter(None, arg.split(",")))
+  items = [kv.split("=", 1) for kv in filter(None, arg.split(","))]
+  opts = dict(kv for kv in items if len(kv) == 2)
   allowed = {"scale": ("study", "cpu"), "models": ("1", "3")}
-  for key, value in opts.items():
+  for key, value in opts.items() if len(opts) == len(items) else [("", "")]:
     if key not in allowed or value not in allowed[key]:
       raise ValueError(f"{__name__}: argument {arg!r}; allowed: scale=study|cpu, models=1|3 "
                        f"(models=3 only at scale=study)")

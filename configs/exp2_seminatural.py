@@ -39,9 +39,10 @@ CPU_LEVELS = (0.25, 0.5, 0.75, 1.0)
 
 
 def _parse(arg: str) -> str:
-  opts = dict(kv.split("=", 1) for kv in filter(None, arg.split(",")) if "=" in kv)
+  items = [kv.split("=", 1) for kv in filter(None, arg.split(","))]
+  opts = dict(kv for kv in items if len(kv) == 2)
   scale = opts.get("scale", "study")
-  if scale not in ("study", "cpu") or set(opts) - {"scale"}:
+  if scale not in ("study", "cpu") or set(opts) - {"scale"} or len(opts) < len(items):
     raise ValueError(f"{__name__}: argument {arg!r}; allowed: 'scale=study' (default) or "
                      f"'scale=cpu'")
   return scale

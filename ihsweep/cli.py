@@ -338,6 +338,10 @@ def main(argv=None) -> int:
     return _fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
   except CONFIG_LOAD_ERRORS as e:
     return _config_load_failed(e)
+  if command in ("run", "train", "status") and len(rest) > 1:
+    # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
+    return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "
+                 f"contain spaces)")
   if command in ("run", "train"):
     from ihsweep.runner import install_stop_handlers
     initialize_distributed()

@@ -67,6 +67,7 @@ def test_usage_lists_commands():
     (["--config=configs/nope.py"], ["No such file", "configs/nope.py"]),
     (["--config=configs/default.py:nope"], ["unknown variant 'nope'"]),
     (["--config=configs/default.py", "--config.train.batch_size=abc"], ["batch_size=abc"]),
+    (["--config=configs/default.py", "stray", "words"], ["takes flags only", "'stray words'"]),
 ])
 def test_bad_config_files_and_fields_get_one_line(tmp_path, args, words):
   r = _ihsweep("train", f"--workdir={tmp_path}/x", *args)

@@ -56,6 +56,7 @@ def test_demo_grid_and_budget():
 @pytest.mark.parametrize("name, arg", [("exp1_natural", "scale=gpu"), ("exp1_natural", "x=1"),
                                        ("exp1_natural", "scale=cpu,models=3"),
                                        ("exp2_seminatural", "scale=tpu"),
+                                       ("exp2_seminatural", "bogus"), ("exp1_natural", "cpu"),
                                        ("exp3_synthetic", "models=3"), ("demo", "cpu")])
 def test_bad_config_arguments_are_refused(name, arg):
   with pytest.raises(ValueError, match="allowed|no argument|study-scale"):

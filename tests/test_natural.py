@@ -187,7 +187,7 @@ def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
 def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
   cfg = tiny(**{"data.source": "natural", "data.tfds_name": "no_such_corpus_xyz",
                 "model.vocab_size": 300})
-  with pytest.raises(natural.CorpusError, match="no such TFDS dataset"):
+  with pytest.raises(natural.CorpusError, match="TFDS cannot load this dataset"):
     config_lib.validate(cfg)
   cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 300,
                 "data.tfds_data_dir": str(tmp_path)})

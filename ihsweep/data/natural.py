@@ -224,9 +224,14 @@ def _tfds_source(data_cfg):
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise CorpusError(f"config.data.tfds_name = {name!r}: no such TFDS dataset (see "
-                      f"https://www.tensorflow.org/datasets/catalog, e.g. 'c4/en', 'lm1b', "
-                      f"'wiki40b/en')", "data.tfds_name") from None
+    where = (f"nor prepared under config.data.tfds_data_dir = {data_dir!r}" if data_dir else
+             "and config.data.tfds_data_dir is not set")
+    raise CorpusError(f"config.data.tfds_name = {name!r}: TFDS cannot load this dataset: its "
+                      f"builder is not available in this install ({where}). Check the name in "
+                      f"https://www.tensorflow.org/datasets/catalog; some builders (e.g. c4, "
+                      f"wiki40b) need TensorFlow to load their code, but a dataset prepared once "
+                      f"with `tfds build NAME --file_format=array_record --data_dir=DIR` is read "
+                      f"from --config.data.tfds_data_dir=DIR without it", "data.tfds_name") from None
   except Exception as e:  # config names and versions are parsed by the builder
     raise CorpusError(f"config.data.tfds_name = {name!r}: {e}", "data.tfds_name") from None
   try:
