@@ -48,26 +48,36 @@ def _parse(arg: str) -> str:
   return scale
 
 
-def get_config(arg: str = ""):
-  scale = _parse(arg)
+def markov_base(scale: str, cpu_updates: int):
+  """Model, optimiser, evaluation, checkpoints and budget shared by Experiments 2 and 3 (their
+  data sections and grids are their own). ``scale``: 'study' or 'cpu' (the demo's model at
+  B = 16, C = 64 for ``cpu_updates`` updates)."""
   if scale == "cpu":
     c = demo.get_config()
-    c.train.update(batch_size=16, context_size=64, num_steps=3000)
     c.model.update(max_context=64)
-    levels, seeds = CPU_LEVELS, 1
+    c.train.update(batch_size=16, context_size=64, num_steps=cpu_updates)
     c.sweep.update(budget="updates")
+    return c
+  c = default.get_config()
+  c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=10_000,
+                 max_context=64, tie_embeddings=True)
+  c.train.update(batch_size=32, context_size=64, lr=2.5e-4, schedule="cosine",
+                 warmup_frac=0.01, steps_per_call=100)
+  c.eval.update(every_steps=0, every_tokens=1_000_000)
+  c.checkpoint.update(params_schedule="study")
+  c.sweep.update(budget="tokens", tokens=100_000_000)
+  return c
+
+
+def get_config(arg: str = ""):
+  scale = _parse(arg)
+  c = markov_base(scale, cpu_updates=3000)
+  if scale == "cpu":
+    levels, seeds = CPU_LEVELS, 1
   else:
-    c = default.get_config()
-    c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=10_000,
-                   max_context=64, tie_embeddings=True)
-    c.train.update(batch_size=32, context_size=64, lr=2.5e-4, schedule="cosine",
-                   warmup_frac=0.01, steps_per_call=100)
     c.data.update(source="markov", transitions="bigram", tfds_name="c4/en",
                   max_documents=250_000, smoothing=1e-6)
-    c.eval.update(every_steps=0, every_tokens=1_000_000)
-    c.checkpoint.update(params_schedule="study")
     levels, seeds = STUDY_LEVELS, 2
-    c.sweep.update(budget="tokens", tokens=100_000_000)
   c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
       frequency=levels, reliability=levels))))
   c.sweep.seeds = seeds

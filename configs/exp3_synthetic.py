@@ -34,29 +34,17 @@ Results: docs/results.md.
 
 import ml_collections
 
-from configs import default, demo
-from configs.exp2_seminatural import _parse
+from configs.exp2_seminatural import _parse, markov_base
 
 
 def get_config(arg: str = ""):
   scale = _parse(arg)
+  c = markov_base(scale, cpu_updates=2000)
   if scale == "cpu":
-    c = demo.get_config()
-    c.model.update(max_context=64)
-    c.train.update(batch_size=16, context_size=64, num_steps=2000)
     c.data.synthetic.update(entropy_rate_bits=5.0, n_groups=8, iterations=1500)
     frequencies, reliabilities, seeds = (0.5, 1.0), (0.5, 1.0), 1
-    c.sweep.update(budget="updates")
   else:
-    c = default.get_config()
-    c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=10_000,
-                   max_context=64, tie_embeddings=True)
-    c.train.update(batch_size=32, context_size=64, lr=2.5e-4, schedule="cosine",
-                   warmup_frac=0.01, steps_per_call=100)
-    c.eval.update(every_steps=0, every_tokens=1_000_000)
-    c.checkpoint.update(params_schedule="study")
     frequencies, reliabilities, seeds = (0.3, 0.9), (0.5, 0.9), 2
-    c.sweep.update(budget="tokens", tokens=100_000_000)
   c.data.update(source="markov", transitions="synthetic", corpus="", smoothing=0.0)
   c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
       frequency=frequencies, reliability=reliabilities,
