@@ -158,15 +158,15 @@ def _law_lines(law: dict, out_dir: str) -> str:
     text = f"{law[name]:.2f}"
     return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
 
-  rows = [("", "ln T", "alpha (B)", "beta (C)", "r", "cells"),
-          ("fitted", value("log_T"), value("alpha"), value("beta"), f"{law['r']:.2f}",
+  from tabulate import tabulate
+  rows = [("fitted", value("log_T"), value("alpha"), value("beta"), f"{law['r']:.2f}",
            f"{law['n']}" + (f" (+{law['n_censored']} censored)" if law.get("n_censored") else "")),
           ("study", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}",
            f"{STUDY['r']:.2f}", "")]
-  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-  table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-  return "\n".join([f"law: UPT = T / (B^alpha C^beta), updates; 95% bootstrap intervals -> "
-                     f"{out_dir}/law.json", *table])
+  table = tabulate(rows, headers=("", "ln T", "alpha (B)", "beta (C)", "r", "cells"),
+                   tablefmt="plain", disable_numparse=True)
+  return (f"law: UPT = T / (B^alpha C^beta), updates; 95% bootstrap intervals -> "
+          f"{out_dir}/law.json\n" + "\n".join("  " + line for line in table.splitlines()))
 
 
 def main(argv=None) -> int:

@@ -377,3 +377,17 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
   (tmp_path / "cells.csv").write_text("garbage\n")
   assert cli.main(["report", str(tmp_path), "--no-progress"]) == 2
   assert "cannot be read as a sweep's cells table" in capsys.readouterr().err
+
+
+def test_cli_prints_the_fitted_law_beside_the_study():
+  from analysis.__main__ import _law_lines
+  law = {"log_T": 9.674, "alpha": 0.842, "beta": -0.074, "r": 0.943, "n": 18, "n_censored": 2,
+         "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.215, 0.086]}}
+  header, columns, fitted, study = _law_lines(law, "runs/demo/analysis").splitlines()
+  assert header.endswith("-> runs/demo/analysis/law.json")
+  assert columns.split() == ["ln", "T", "alpha", "(B)", "beta", "(C)", "r", "cells"]
+  assert fitted.split() == ["fitted", "9.67", "[8.95,", "10.31]", "0.84", "[0.68,", "0.98]",
+                            "-0.07", "[-0.22,", "0.09]", "0.94", "18", "(+2", "censored)"]
+  assert study.split() == ["study", "13.26", "0.37", "0.62", "0.98"]
+  no_ci = _law_lines({**law, "ci": {}, "n_censored": 0}, "out").splitlines()[2]
+  assert "[" not in no_ci and no_ci.split()[-1] == "18"
