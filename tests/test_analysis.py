@@ -382,7 +382,7 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
 def test_cli_prints_the_fitted_law_beside_the_study():
   from analysis.__main__ import _law_lines
   law = {"log_T": 9.674, "alpha": 0.842, "beta": -0.074, "r": 0.943, "n": 18, "n_censored": 2,
-         "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.215, 0.086]}}
+         "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.218, 0.086]}}
   header, columns, fitted, study = _law_lines(law, "runs/demo/analysis").splitlines()
   assert header.endswith("-> runs/demo/analysis/law.json")
   assert columns.split() == ["ln", "T", "alpha", "(B)", "beta", "(C)", "r", "cells"]
