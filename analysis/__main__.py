@@ -81,7 +81,6 @@ def _fail(message: str) -> int:
 
 
 def _fit_law(args) -> int:
-  import pandas as pd
   from analysis import scaling
   fixed = {}
   for spec in args.fix:
@@ -91,7 +90,7 @@ def _fit_law(args) -> int:
     except ValueError:
       return _fail(f"--fix {spec!r}: expected NAME=NUMBER, e.g. alpha=0.37")
   try:
-    points = pd.read_csv(args.csv)
+    points = scaling.read_points(args.csv)
   except (OSError, ValueError) as e:
     return _fail(f"--csv {args.csv}: cannot read a CSV ({e})")
   if {"metric", "method"} <= set(points):  # an analysis emergence.csv: one metric and method

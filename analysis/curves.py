@@ -48,6 +48,10 @@ SOURCES = ("auto", "checkpoints", "online")
 # (benchmarks/analysis.py). None = all, exactly the online evaluation.
 DEFAULT_PROBES, DEFAULT_SEQUENCES = 12, 8
 CACHE_NAME = "curves.parquet"
+# The shortest repeated-token probe block the probe metrics mean anything on: at L = 2 a
+# previous-token head already scores PS = 1.0 (an untrained model 0.29), and below 2 there is no
+# next token to score at all (C < 4).
+MIN_BLOCK = 3
 
 
 def _cache_path(run: Run, out_dir: str | None = None) -> str:
@@ -111,9 +115,29 @@ def _want_sizes(group: Group, n_probes, n_sequences) -> tuple[int, int]:
     GroupError: the group's probes.npz cannot be read.
   """
   probes = group.probes()
+  _check_block(group, probes)
   have_p = len(probes.repeated) if probes is not None else int(group.config.eval.n_probes)
   have_s = probes.sequences.shape[1] if probes is not None else int(group.config.eval.n_sequences)
   return min(n_probes or have_p, have_p), min(n_sequences or have_s, have_s)
+
+
+def _check_block(group: Group, probes) -> None:
+  """Refuses a group whose repeated-token probes are too short to score (``MIN_BLOCK``).
+
+  Raises:
+    GroupError: naming the block length L and the context size C that gives it.
+  """
+  from ihsweep.data.probes import MAX_BLOCK, block_length
+  probe_len = int(group.config.eval.get("probe_len", 0))
+  block = probes.block_len if probes is not None else block_length(group.context_size, probe_len)
+  if block < MIN_BLOCK:
+    how = (f"eval.probe_len = {probe_len}" if probe_len else
+           f"L = min({MAX_BLOCK}, C // 2) with C = {group.context_size}")
+    raise GroupError(
+        f"group {group.id}: its repeated-token probes would hold blocks of L = {block} tokens "
+        f"({how}); the probe metrics (prefix-matching score, logit attribution, associative "
+        f"recall) need L >= {MIN_BLOCK}, i.e. C >= {2 * MIN_BLOCK} (at L = 2 a previous-token "
+        f"head scores PS = 1.0), so they cannot be computed for it")
 
 
 def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
@@ -188,6 +212,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   if not steps:
     return pd.DataFrame()
   warnings = [] if warnings is None else warnings
+  _check_block(group, group.probes())
   mesh, ens = device_sharding(group.n_models)
   mcfg, _ = train.model_and_train_config(group.config)
   probes = _group_probes(group, n_probes, n_sequences)

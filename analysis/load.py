@@ -188,23 +188,91 @@ def unwritable(directory: str) -> OSError | None:
     return e
 
 
-def _single_run_cells(cfg, group_dir: str) -> pd.DataFrame:
-  """The cells table of an ``ihsweep train`` directory, from its config (and per-model data knobs
-  from its first checkpoint's metadata when there is one)."""
-  from ihsweep import train
+def _config_cells(cfg, group_id: str, axes: list[str] = ()) -> pd.DataFrame:
+  """The cells (rows in ensemble order) of one group, from its resolved config: ids, seeds, peak
+  learning rates, B, C, n_params and the value of each grid axis in ``axes`` (a per-model value
+  where the config holds one: ``ihsweep.sweep.VALUE_FIELDS``). Also the cells table of an
+  ``ihsweep train`` directory (``group_id`` 'run'), and the rows a truncated cells.csv lost.
+
+  Raises:
+    Exception: a config that is not an ihsweep config (missing sections, wrong types).
+  """
+  from ihsweep import sweep, train
   ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
-  rows = [{"cell": int(ids[i]), "group": SINGLE_RUN_GROUP, "seed": int(seeds[i]),
+  n = int(cfg.ensemble.size)
+  rows = [{"cell": int(ids[i]), "group": group_id, "seed": int(seeds[i]),
            "batch_size": int(cfg.train.batch_size), "context_size": int(cfg.train.context_size),
-           "peak_lr": float(lrs[i])} for i in range(cfg.ensemble.size)]
+           "peak_lr": float(lrs[i])} for i in range(n)]
   cells = pd.DataFrame(rows)
-  freqs, rels = tuple(cfg.data.get("frequencies", ())), tuple(cfg.data.get("reliabilities", ()))
-  if cfg.data.source == "markov":
-    cells["data.frequency"] = list(freqs) if freqs else cfg.data.frequency
-    cells["data.reliability"] = list(rels) if rels else cfg.data.reliability
+  for axis in axes:
+    try:
+      values = tuple(sweep._get(cfg, sweep.VALUE_FIELDS[axis]) or ())
+    except KeyError:  # not a per-model field, or a config without it
+      values = ()
+    cells[axis] = list(values) if len(values) == n else sweep._get(cfg, axis)
   cells["n_params"] = _n_params(cfg)
   cells["diverged"] = False
   cells["diverged_step"] = pd.array([None] * len(cells), dtype="Int64")
   return cells
+
+
+def _read_jsonl(path: str) -> list[dict]:
+  """The JSON objects of a JSONL log; unreadable lines (a write cut short) are skipped."""
+  rows = []
+  try:
+    with open(path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:
+          continue
+        if isinstance(row, dict):
+          rows.append(row)
+  except OSError:
+    pass
+  return rows
+
+
+def logged_divergence(group_dir: str, cell_ids: list[int]) -> dict[int, int]:
+  """The models of a group directory whose loss turned NaN/inf, from the trainer's own logs:
+  cell id -> update count at divergence (``TrainState.diverged_at``).
+
+  ``metrics.jsonl`` rows marked ``diverged`` carry the exact count (``diverged_step``). Without
+  an evaluation since, ``train_log.jsonl`` tells: a model's ``loss`` is null (NaN) from the host
+  call in which it diverged on, so a row of ``updates`` k ending at ``step`` S places the
+  divergence in [S - k, S); S - k, the earliest, is taken. ``cell_ids``: the group's cells in
+  ensemble order (the order of ``train_log.jsonl``'s per-model lists).
+  """
+  found: dict[int, int] = {}
+  for row in _read_jsonl(os.path.join(group_dir, "metrics.jsonl")):
+    try:
+      if row.get("diverged") is True:
+        cell, step = int(row["cell"]), int(row["diverged_step"])
+        found[cell] = min(step, found.get(cell, step))
+    except (KeyError, TypeError, ValueError):
+      continue
+  for row in _read_jsonl(os.path.join(group_dir, "train_log.jsonl")):
+    try:
+      losses = row["loss"] if isinstance(row["loss"], list) else [row["loss"]]
+      start = int(row["step"]) - int(row["updates"])
+    except (KeyError, TypeError, ValueError):
+      continue
+    if len(losses) != len(cell_ids):
+      continue
+    for cell, loss in zip(cell_ids, losses):
+      if loss is None or not np.isfinite(float(loss)):
+        found[int(cell)] = min(start, found.get(int(cell), start))
+  return found
+
+
+def _mark_divergence(cells: pd.DataFrame, group_dir: str, members: list[int]) -> None:
+  """Marks (in place) the rows of ``cells`` of the group's ``members`` (ensemble order) that its
+  logs show diverged (``logged_divergence``); the earlier step wins where a row has one."""
+  for cell, step in logged_divergence(group_dir, members).items():
+    at = cells["cell"] == cell
+    known = cells.loc[at, "diverged_step"].dropna()
+    cells.loc[at, "diverged"] = True
+    cells.loc[at, "diverged_step"] = min([step, *(int(k) for k in known)])
 
 
 def _n_params(cfg) -> int:
@@ -245,54 +313,122 @@ def load_run(path: str) -> Run:
                   f"`ihsweep train`)")
   try:
     cfg = _read_config(config_path)
-    cells = _single_run_cells(cfg, path)
+    axes = ["data.frequency", "data.reliability"] if cfg.data.source == "markov" else []
+    cells = _config_cells(cfg, SINGLE_RUN_GROUP, axes)
   except Exception as e:  # any damage: missing sections, wrong types, unknown fields
     raise NotARun(f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: "
                   f"{str(e)[:160]})") from None
+  _mark_divergence(cells, path, list(cells["cell"]))
   group = Group(SINGLE_RUN_GROUP, path, cfg, cells, _single_run_state(path, cfg))
   if group.state == "running":
     warn(warnings, "the run has not reached train.num_steps (still training, or stopped): its "
                     "curves end at its last complete checkpoint, so its cells may be censored "
                     "early")
-  axes = [c for c in ("data.frequency", "data.reliability") if c in cells]
   return Run(path, "train", cfg, cells, axes, [group], warnings)
+
+
+REQUIRED = ["cell", "batch_size", "context_size", "seed"]
+
+
+def _read_cells(cells_path: str, warnings: list[str]) -> tuple[pd.DataFrame | None, str]:
+  """cells.csv's usable rows (None if the file cannot be read as a cells table, with why).
+  Rows with a missing or non-numeric id, B, C, seed or group are dropped with a warning, and so
+  is a last line without its newline (a write cut short: its last value may be cut too)."""
+  try:
+    with open(cells_path, "rb") as f:
+      size = f.seek(0, os.SEEK_END)
+      f.seek(max(0, size - 1))
+      cut = size > 0 and f.read(1) != b"\n"
+    cells = pd.read_csv(cells_path)
+  except (OSError, ValueError) as e:
+    return None, str(e)
+  missing = {*REQUIRED, "group"} - set(cells)
+  if missing:
+    return None, f"missing columns {sorted(missing)}"
+  numeric = cells[REQUIRED].apply(pd.to_numeric, errors="coerce")
+  bad = numeric.isna().any(axis=1) | cells["group"].isna()
+  if cut and len(cells):
+    bad.iloc[-1] = True
+  if bad.any():
+    warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
+                    f"lines) are cut short or have missing or non-numeric "
+                    f"{', '.join(REQUIRED)} or group; skipped")
+    cells = cells[~bad].copy()
+  for col in REQUIRED:
+    cells[col] = pd.to_numeric(cells[col]).astype(int)
+  return cells, ""
+
+
+def _recover_cells(path: str, cells: pd.DataFrame, axes: list[str],
+                   warnings: list[str]) -> pd.DataFrame:
+  """Rows for the cells of groups whose directories exist (``groups/*/config.json``) but which
+  cells.csv lacks (a truncated or damaged cells.csv), rebuilt from each group's config.json
+  (ids, seeds, B, C, learning rates, grid axes) and status.json (state, steps, divergence)."""
+  from ihsweep import sweep
+  root = os.path.join(path, "groups")
+  names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+  listed = set(int(c) for c in cells["cell"])
+  found = []
+  for gid in names:
+    gdir = sweep.group_dir(path, gid)
+    if not os.path.isdir(gdir):
+      continue
+    try:
+      rows = _config_cells(_read_config(os.path.join(gdir, "config.json")), gid, axes)
+    except Exception as e:  # no config, or not an ihsweep one
+      if gid not in set(cells["group"]):
+        warn(warnings, f"group {gid} is skipped: cells.csv has no rows for it, and its "
+                        f"config.json cannot be read to rebuild them ({type(e).__name__}: "
+                        f"{str(e)[:100]})")
+      continue
+    rows = rows[~rows["cell"].isin(listed)].copy()
+    if rows.empty:
+      continue
+    status = sweep.read_status(path, gid)
+    diverged = status.get("diverged", {}) if isinstance(status.get("diverged"), dict) else {}
+    rows["status"], rows["steps_done"] = status["state"], status.get("step", 0)
+    rows["diverged"] = [str(c) in diverged for c in rows["cell"]]
+    rows["diverged_step"] = pd.array([diverged.get(str(c)) for c in rows["cell"]], dtype="Int64")
+    found.append(rows)
+  if found:
+    new = pd.concat(found, ignore_index=True)
+    warn(warnings, f"cells.csv lacks {len(new)} cell(s) of group(s) "
+                    f"{', '.join(new['group'].unique())} whose directories exist (cut short?); "
+                    f"their rows are rebuilt from each group's config.json and status.json")
+    cells = pd.concat([cells, new], ignore_index=True).sort_values("cell", kind="stable")
+  return cells.reset_index(drop=True)
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
   from ihsweep import sweep
   try:
-    cells = pd.read_csv(cells_path)
-    missing = {"cell", "group", "seed", "batch_size", "context_size"} - set(cells)
-    if missing or cells.empty:
-      raise ValueError(f"no rows or missing columns {sorted(missing)}")
-  except (OSError, ValueError) as e:
-    raise NotARun(f"{cells_path} cannot be read as a sweep's cells table ({e}); it is written "
-                  f"by `ihsweep run`") from None
-  try:
     cfg = _read_config(config_path)
   except (OSError, ValueError) as e:
     cfg = None
     warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
-  required = ["cell", "batch_size", "context_size", "seed"]
-  numeric = cells[required].apply(pd.to_numeric, errors="coerce")
-  bad = numeric.isna().any(axis=1) | cells["group"].isna()
-  if bad.any():
-    warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
-                    f"lines) have missing or non-numeric {', '.join(required)} or group; "
-                    f"skipped")
-    cells = cells[~bad].copy()
-    if cells.empty:
-      raise NotARun(f"{cells_path}: no usable rows")
-  for col in required:
-    cells[col] = pd.to_numeric(cells[col]).astype(int)
-  axes = [c for c in cells.columns if c not in CELL_COLUMNS]
-  for col in ("diverged_step",):
-    if col in cells:
-      cells[col] = cells[col].astype("Int64")
-  if "diverged" not in cells:
-    cells["diverged"] = False
+  cells, why = _read_cells(cells_path, warnings)
+  if cells is None:
+    if not os.path.isdir(os.path.join(path, "groups")):
+      raise NotARun(f"{cells_path} cannot be read as a sweep's cells table ({why}); it is "
+                    f"written by `ihsweep run`")
+    warn(warnings, f"{cells_path} cannot be read as a sweep's cells table ({why})")
+    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in REQUIRED}).assign(group="")
+    try:
+      axes = sweep.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
+    except Exception:  # a damaged sweep section: the cells get no axis columns
+      axes = []
+  else:
+    axes = [c for c in cells.columns if c not in CELL_COLUMNS]
+  cells = _recover_cells(path, cells, axes, warnings)
+  if cells.empty:
+    raise NotARun(f"{cells_path}: no usable rows, and no group directory to rebuild them from")
+  cells["diverged"] = cells.get("diverged", pd.Series(False, index=cells.index)).map(
+      lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
+  cells["diverged_step"] = cells.get("diverged_step", pd.Series(
+      None, index=cells.index, dtype=object)).astype("Int64")
   groups = []
-  for gid, members in cells.groupby("group", sort=True):
+  for gid in sorted(cells["group"].unique()):
+    members = cells[cells["group"] == gid]
     gdir = sweep.group_dir(path, gid)
     status = sweep.read_status(path, gid)
     state = status["state"]
@@ -317,7 +453,8 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       warn(warnings, f"group {gid} is skipped: its config's cells {order} do not match "
                       f"cells.csv's {sorted(members['cell'])}")
       continue
-    ordered = members.set_index("cell").loc[order].reset_index()
+    _mark_divergence(cells, gdir, order)  # e.g. a group still running: not in its status yet
+    ordered = cells[cells["group"] == gid].set_index("cell").loc[order].reset_index()
     if state in ("running", "stopped", "interrupted", "failed"):
       warn(warnings, f"group {gid} is {state}: its curves end at its last complete "
                       f"checkpoint, so its cells may be censored early")
@@ -325,18 +462,53 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
   return Run(path, "sweep", cfg, cells, axes, groups, warnings)
 
 
+def dir_identity(path: str) -> tuple[int, int] | None:
+  """A directory's identity (device, inode): the same for every path that reaches it (symbolic
+  links, bind mounts, ``..``). None if it does not exist."""
+  try:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+  except OSError:
+    return None
+
+
 def load_runs(paths: list[str]) -> list[Run]:
   """``load_run`` for each path (several run directories analysed together). A directory given
-  twice is read once; runs are told apart by ``Run.name``, the directory's name, or as many
-  trailing path components as make the names unique.
+  twice is read once, and so is a sweep's group directory given beside its sweep (its cells are
+  the sweep's; a warning says so). Runs are told apart by ``Run.name``, the directory's name, or
+  as many trailing path components as make the names unique.
 
   Raises:
     NotARun: as ``load_run``.
   """
-  unique = list(dict.fromkeys(os.path.realpath(p) for p in paths))
+  from ihsweep import sweep
+  seen, unique = set(), []
+  for p in paths:
+    key = dir_identity(p) or os.path.realpath(p)
+    if key not in seen:
+      seen.add(key)
+      unique.append(os.path.realpath(p))
   if len(unique) < len(paths):
     log.warning("a run directory was given more than once; it is read once")
   runs = [load_run(p) for p in unique]
+  group_dirs = {}  # a sweep's group directories -> (sweep, group id)
+  for r in runs:
+    if r.kind == "sweep":
+      for gid in r.cells["group"].unique():
+        key = dir_identity(sweep.group_dir(r.dir, gid))
+        if key is not None:
+          group_dirs[key] = (r, gid)
+  kept = []
+  for r in runs:
+    owner = group_dirs.get(dir_identity(r.dir)) if r.kind == "train" else None
+    if owner is None:
+      kept.append(r)
+      continue
+    sweep_run, gid = owner
+    warn(sweep_run.warnings, f"{r.dir} was given as well, but it is this sweep's group {gid}: "
+                              f"its {len(r.cells)} cells are counted once, as the sweep's")
+    r.close()
+  runs = kept
   parts = [r.dir.strip(os.sep).split(os.sep) for r in runs]
   depth = 1
   while depth < max(len(p) for p in parts) and len({"/".join(p[-depth:]) for p in parts}) < \

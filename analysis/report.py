@@ -10,6 +10,9 @@ Writes into ``OUT`` (default ``DIR/analysis/`` of the first DIR):
                  when the cells identify it; the report says why not otherwise
   agreement.csv, residuals.csv, frontier.csv / emergence_map.csv, factorial.csv (when present)
   figures/       curves_<metric>, law, emergence_map, factorial (.png and .pdf)
+  report_manifest.json  the files above that this report wrote, with checksums: a rerun into
+                 OUT replaces only those, and refuses to overwrite any other file with their
+                 names (``analysis.outputs``)
 
 The recomputed curves are cached per run in ``DIR/analysis/curves.parquet`` (``analysis.curves``).
 """
@@ -33,7 +36,8 @@ from analysis import emergence as emergence_lib
 from analysis import frontier as frontier_lib
 from analysis import plots
 from analysis import scaling
-from analysis.load import load_runs, unwritable
+from analysis.load import dir_identity, load_runs, unwritable
+from analysis.outputs import OutputError, Outputs
 
 log = logging.getLogger("analysis")
 
@@ -46,10 +50,6 @@ METHOD_TEXT = {
     "breakpoint": "the centre of the ramp of a flat-ramp-flat piecewise-linear fit in "
                   "log-updates",
 }
-
-
-class OutputError(ValueError):
-  """The report's output directory cannot be written."""
 
 
 @dataclasses.dataclass
@@ -185,17 +185,19 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   Raises:
     analysis.load.NotARun: a directory that is not a run.
     OutputError: the output directory cannot be written (e.g. a read-only run directory
-      without ``out_dir``).
+      without ``out_dir``), or holds a file the report did not write under a name it writes
+      (raised before anything is computed).
   """
   opts = options or Options()
   runs = load_runs(dirs)
   out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
-  fig_dir = os.path.join(out_dir, "figures")
-  error = unwritable(fig_dir)
+  error = unwritable(os.path.join(out_dir, "figures"))
   if error is not None:
     raise OutputError(f"cannot write the report into {out_dir} ({error.strerror or error}); "
                       f"give a writable directory with --out")
-  _remove_previous(out_dir)
+  default = {dir_identity(os.path.join(r.dir, "analysis")) for r in runs}
+  outs = Outputs(out_dir, legacy=dir_identity(out_dir) in default)
+  outs.check_and_clear()
   all_axes = list(dict.fromkeys(a for r in runs for a in r.axes))
   # B and C have their own columns; their axis columns would repeat them.
   axes = [a for a in all_axes if a not in ("train.batch_size", "train.context_size")]
@@ -234,12 +236,12 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     doc.p(" • ".join(warnings))
   if curves.empty or "ps_max" not in curves:
     doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
-    return _finish(doc, out_dir, written, runs)
+    return _finish(doc, outs, written, runs)
 
-  curves.to_csv(os.path.join(out_dir, "curves.csv"), index=False)
+  curves.to_csv(outs.claim("curves.csv"), index=False)
   table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
-  table.to_csv(os.path.join(out_dir, "emergence.csv"), index=False)
-  written["emergence_csv"] = os.path.join(out_dir, "emergence.csv")
+  written["emergence_csv"] = outs.claim("emergence.csv")
+  table.to_csv(written["emergence_csv"], index=False)
   points = emergence_lib.primary(table, opts.metric, opts.method)
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
@@ -257,7 +259,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   doc.table(_per_point(points, axes))
   for metric in CURVE_FIGURES:
     if metric in curves and curves[metric].notna().any():
-      base = os.path.join(fig_dir, f"curves_{metric}")
+      base = outs.figure(f"curves_{metric}")
       paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method,
                                 axes=axes)
       written["figures"] += paths
@@ -266,18 +268,18 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
 
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
-  agree.to_csv(os.path.join(out_dir, "agreement.csv"), index=False)
+  agree.to_csv(outs.claim("agreement.csv"), index=False)
   doc.p(f"Against {opts.metric}/{opts.method}: share of cells with the same status (emerged or "
         f"censored), and over cells where both emerged the median log10 ratio of the steps "
         f"(0.30 = twice as late) and the correlation of log-steps.")
   doc.table(agree)
 
-  _law_section(doc, points, opts, out_dir, fig_dir, written)
-  _frontier_section(doc, points, out_dir, fig_dir, written)
-  return _finish(doc, out_dir, written, runs)
+  _law_section(doc, points, opts, outs, written)
+  _frontier_section(doc, points, outs, written)
+  return _finish(doc, outs, written, runs)
 
 
-def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
+def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   doc.h(2, "Emergence law")
   written["law"], written["law_error"] = None, None
   try:
@@ -287,7 +289,7 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
     doc.p(f"Not fitted, so no law.json is written: {e}")
     return
   law = fit.to_dict()
-  with open(os.path.join(out_dir, "law.json"), "w") as f:
+  with open(outs.claim("law.json"), "w") as f:
     json.dump(law, f, indent=2)
   written["law"] = law
   ci = fit.ci
@@ -311,7 +313,7 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
           f"intervals are given. Treat this law as a description of these cells only.")
   check = scaling.censored_check(fit, points)
   if len(check):
-    check.to_csv(os.path.join(out_dir, "censored_check.csv"), index=False)
+    check.to_csv(outs.claim("censored_check.csv"), index=False)
     bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
     doc.p(f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
           f"the law predicts emergence before their last checkpoint, yet they had not emerged"
@@ -330,66 +332,48 @@ def _law_section(doc, points, opts, out_dir, fig_dir, written) -> None:
             f"{hi:.3f}); the study finds UPT independent of model size (γ = 0).")
     except scaling.FitError as e:
       doc.p(f"Model-size term not fitted: {e}")
-  fit.residuals.to_csv(os.path.join(out_dir, "residuals.csv"), index=False)
+  fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
   doc.p("Residuals per cell (`residuals.csv`):")
   doc.table(fit.residuals)
-  paths = plots.plot_law(fit, os.path.join(fig_dir, "law"))
+  paths = plots.plot_law(fit, outs.figure("law"))
   written["figures"] += paths
   doc.figure(paths[0], "Observed vs predicted updates to the transition (fitted and study laws), "
                        "and updates vs batch size per context size.")
 
 
-def _frontier_section(doc, points, out_dir, fig_dir, written) -> None:
+def _frontier_section(doc, points, outs: Outputs, written) -> None:
   fr, rel = frontier_lib.FREQUENCY, frontier_lib.RELIABILITY
   if fr in points and rel in points and points[fr].nunique() > 1 and points[rel].nunique() > 1:
     doc.h(2, "Frequency × reliability")
     emap = frontier_lib.emergence_map(points)
     front = frontier_lib.pareto_frontier(emap)
-    emap.to_csv(os.path.join(out_dir, "emergence_map.csv"), index=False)
-    front.to_csv(os.path.join(out_dir, "frontier.csv"), index=False)
+    emap.to_csv(outs.claim("emergence_map.csv"), index=False)
+    front.to_csv(outs.claim("frontier.csv"), index=False)
     doc.table(emap)
     doc.p("Frontier: the least reliability (along='y') or frequency (along='x') at which half "
           "the seeds emerge, interpolated between grid values:")
     doc.table(front)
-    paths = plots.plot_emergence_map(emap, front, os.path.join(fig_dir, "emergence_map"))
+    paths = plots.plot_emergence_map(emap, front, outs.figure("emergence_map"))
     written["figures"] += paths
     doc.figure(paths[0], "Emergence rate over frequency × reliability with the frontier.")
   if frontier_lib.factors_present(points):
     doc.h(2, "Data properties (factorial)")
     fact = frontier_lib.factorial_table(points)
-    fact.to_csv(os.path.join(out_dir, "factorial.csv"), index=False)
+    fact.to_csv(outs.claim("factorial.csv"), index=False)
     doc.table(fact)
-    paths = plots.plot_factorial(fact, os.path.join(fig_dir, "factorial"))
+    paths = plots.plot_factorial(fact, outs.figure("factorial"))
     written["figures"] += paths
     doc.figure(paths[0], "Emergence rate per condition; median emergence step above the bars.")
 
 
-OUTPUTS = ("report.md", "report.html", "emergence.csv", "curves.csv", "law.json",
-           "agreement.csv", "residuals.csv", "censored_check.csv", "emergence_map.csv",
-           "frontier.csv", "factorial.csv")
-
-
-def _remove_previous(out_dir: str) -> None:
-  """Removes an earlier report's outputs, so that nothing stale (a law.json from other settings)
-  survives beside the new one. The curves cache is kept."""
-  for name in OUTPUTS:
-    path = os.path.join(out_dir, name)
-    if os.path.exists(path):
-      os.remove(path)
-  fig_dir = os.path.join(out_dir, "figures")
-  for name in os.listdir(fig_dir):
-    if name.endswith((".png", ".pdf")):
-      os.remove(os.path.join(fig_dir, name))
-
-
-def _finish(doc: _Doc, out_dir: str, written: dict, runs) -> dict:
-  md = os.path.join(out_dir, "report.md")
-  page = os.path.join(out_dir, "report.html")
+def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:
+  md, page = outs.claim("report.md"), outs.claim("report.html")
   for path, text in ((md, doc.markdown()), (page, doc.html("ihsweep report"))):
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
       f.write(text)
     os.replace(tmp, path)
+  outs.finish()
   written.update(report_md=md, report_html=page,
                  warnings=[w for r in runs for w in r.warnings])
   return written

@@ -95,27 +95,55 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, int]:
     text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
     if text.any():
       row = int(np.flatnonzero(text)[0])
-      raise FitError(f"column {c}: row {row} has {str(pts[c].iloc[row])!r}, not a number "
-                     f"(leave emergence_step empty for a censored cell)")
+      raise FitError(f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
+                     f"number (leave emergence_step empty for a censored cell)")
     pts[c] = values
   censored = pts["emergence_step"].isna()
   if "censored" in pts:
-    censored |= _as_bool(pts["censored"])
+    censored |= _as_bool(pts["censored"], pts)
   n_censored = int(censored.sum())
   pts = pts[~censored]
   for c in need:
-    bad = pts[~(pts[c] > 0) | ~np.isfinite(pts[c])]
+    bad = np.flatnonzero(~(pts[c] > 0) | ~np.isfinite(pts[c]))
     if len(bad):
-      raise FitError(f"column {c} must be positive and finite; row {int(bad.index[0])} has "
-                     f"{float(bad[c].iloc[0])!r}")
+      raise FitError(f"column {c} must be positive and finite; {_where(pts, int(bad[0]))} has "
+                     f"{float(pts[c].iloc[bad[0]])!r}")
   return pts.reset_index(drop=True), n_censored
 
 
-def _as_bool(column: pd.Series) -> pd.Series:
+def _where(points: pd.DataFrame, position: int) -> str:
+  """Names the row at ``position``: 'line N' (of the CSV file, the header being line 1) when the
+  index holds file line numbers (index name 'line', as ``read_points`` makes it), else the row's
+  index label."""
+  label = points.index[position]
+  return f"line {label}" if points.index.name == "line" else f"the row with index {label!r}"
+
+
+def read_points(path: str) -> pd.DataFrame:
+  """A CSV of emergence points, indexed by each row's line number in the file (the header is
+  line 1; blank lines are skipped but counted), so that errors name the line a user sees.
+
+  Raises:
+    OSError, ValueError: the file cannot be read as a CSV.
+  """
+  import csv
+  points = pd.read_csv(path)
+  with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    reader, lines, start = csv.reader(f), [], 1
+    for row in reader:
+      if any(field.strip() for field in row) or len(row) > 1:  # pandas skips empty lines only
+        lines.append(start)
+      start = reader.line_num + 1
+  if len(lines) - 1 == len(points):  # else an unusual layout: rows are named by number
+    points.index = pd.Index(lines[1:], name="line")
+  return points
+
+
+def _as_bool(column: pd.Series, points: pd.DataFrame | None = None) -> pd.Series:
   """A ``censored`` column as booleans: true/false, 1/0, yes/no (any case); empty = False.
 
   Raises:
-    FitError: any other value.
+    FitError: any other value (naming its row, ``_where``).
   """
   if column.dtype == bool:
     return column
@@ -124,8 +152,9 @@ def _as_bool(column: pd.Series) -> pd.Series:
              "0.0": False, "no": False, "": False, "nan": False, "none": False}
   unknown = ~text.isin(list(mapping))
   if unknown.any():
-    raise FitError(f"column censored: {column.iloc[int(np.flatnonzero(unknown)[0])]!r} is not "
-                   f"true/false")
+    row = int(np.flatnonzero(unknown)[0])
+    where = f"{_where(points, row)} has " if points is not None else ""
+    raise FitError(f"column censored: {where}{column.iloc[row]!r}, not true/false")
   return text.map(mapping).astype(bool)
 
 

@@ -195,7 +195,8 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   text.loc[3, "emergence_step"] = "abc"
   text.to_csv(bad, index=False)
   assert cli.main(["fit-law", "--csv", str(bad)]) == 2
-  assert "row 3 has 'abc', not a number" in capsys.readouterr().err
+  # the fourth data row: line 5 of the file, counting the header as line 1
+  assert "column emergence_step: line 5 has 'abc', not a number" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- frontier and factorial
