@@ -35,6 +35,7 @@ Results: docs/results.md.
 import ml_collections
 
 from configs.exp2_seminatural import _parse, markov_base
+from ihsweep import data
 
 
 def get_config(arg: str = ""):
@@ -45,7 +46,9 @@ def get_config(arg: str = ""):
     frequencies, reliabilities, seeds = (0.5, 1.0), (0.5, 1.0), 1
   else:
     frequencies, reliabilities, seeds = (0.3, 0.9), (0.5, 0.9), 2
-  c.data.update(source="markov", transitions="synthetic", corpus="", smoothing=0.0)
+  # corpus and smoothing back to their defaults: only bigram transitions read them
+  c.data.update(source="markov", transitions="synthetic", corpus="",
+                smoothing=data.default_config().smoothing)
   c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
       frequency=frequencies, reliability=reliabilities,
       synthetic=ml_collections.ConfigDict(dict(marginal=("uniform", "gaussian", "zipf")))))))

@@ -17,6 +17,12 @@ from ihsweep.model import DTYPES, POS_ENCODINGS
 from ihsweep.sharding import MeshError, mesh_shape
 
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+# Fields that change how a run executes but not the models it trains (the same batches and
+# updates; results equal up to float rounding): a sweep axis over one would train copies.
+EXECUTION_FIELDS = ("train.steps_per_call", "ensemble.vmap_chunk", "mesh.num_devices",
+                    "checkpoint.async_save", "checkpoint.state_every_steps",
+                    "checkpoint.keep_state", "data.cache_dir", "data.loader",
+                    "data.device_budget_mb")
 
 
 def default_eval():
@@ -66,7 +72,10 @@ def default_sweep():
     updates for the cell's B and C (``law_file``, '' = the study's law); 'emergence' = at most
     law_multiple × the prediction, stopping a group early once every model's online
     ``stop_metric`` has reached ``stop_threshold`` and training has gone on to ``stop_margin``
-    × the update at which it did (diverged models count as done).
+    × the update at which it did (diverged models count as done). The threshold must lie above
+    the untrained level: for ps_max, above the score of uniform attention on the probes
+    (refused before compiling); a model already past it at update 0 is warned about and counts
+    only once it has been seen below it (``runner.EmergenceStop``).
   """
   import ml_collections
   return ml_collections.ConfigDict(dict(
@@ -140,6 +149,8 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
                         f"{natural.EOT})")
   elif not os.path.isfile(os.path.expanduser(tokenizer)):
     raise ConfigError("data.tokenizer", tokenizer, "'bpe' or the path of a tokenizer.json")
+  else:  # its vocabulary must fit the model's (checked before the probes' block length)
+    natural.load_tokenizer(tokenizer, vocab, vocab_field)
   natural.document_source(cfg.data)  # one of corpus/files/tfds_name; files exist; TFDS known
 
 
@@ -242,6 +253,64 @@ def _validate_checkpoint(cfg) -> None:
       raise ConfigError("checkpoint.law_file", cfg.checkpoint.law_file, str(e)) from None
 
 
+def _kinds(kinds) -> str:
+  """``data.READS`` keys in words: "'natural' or 'markov' (transitions 'bigram')"."""
+  from ihsweep.data import TRANSITIONS
+  markov = [k.split("/")[1] for k in kinds if k.startswith("markov/")]
+  words = [repr(k) for k in kinds if not k.startswith("markov/")]
+  if markov:
+    words.append("'markov'" + ("" if len(markov) == len(TRANSITIONS) else
+                               f" (transitions {' or '.join(map(repr, markov))})"))
+  return " or ".join(words)
+
+
+def _check_unread_data(data_cfg) -> None:
+  """A data field the chosen source does not read must keep its default: any other value would
+  change nothing (``data.READS``)."""
+  from ihsweep import data
+  defaults = data.default_config()
+  kind = data.source_kind(data_cfg)
+  for name in data.unread_fields(data_cfg):
+    field, value, default = f"data.{name}", data_cfg.get(name), defaults[name]
+    if hasattr(default, "keys"):  # a section (data.synthetic): its first changed field
+      changed = [k for k in default.keys() if value.get(k) != default[k]]
+      if not changed:
+        continue
+      field, value, default = f"{field}.{changed[0]}", value[changed[0]], default[changed[0]]
+    elif value == default:
+      continue
+    source, *transitions = data.readers(name)[0].split("/")
+    hint = (f"--config.data.transitions={transitions[0]}" if source == data_cfg.source else
+            f"--config.data.source={source}")
+    raise ConfigError(field, value,
+                      f"its default {default!r} with data.source = {_kinds([kind])}, which does "
+                      f"not read it (only data.source = {_kinds(data.readers(name))} does: "
+                      f"e.g. {hint})")
+
+
+def _check_distinct_models(cfg, size: int, source: str) -> None:
+  """Models of one ensemble sharing a seed must differ in another per-model value; else two
+  would train the same model."""
+  seeds = tuple(cfg.ensemble.get("seeds", ()))
+  if len(set(seeds)) == len(seeds):  # (empty: seeds seed + i)
+    return
+  per_model = {"ensemble.peak_lrs": tuple(cfg.ensemble.peak_lrs) or (cfg.train.lr,) * size}
+  if source == "markov":
+    per_model["data.frequencies"] = tuple(cfg.data.frequencies) or (cfg.data.frequency,) * size
+    per_model["data.reliabilities"] = (tuple(cfg.data.reliabilities)
+                                       or (cfg.data.reliability,) * size)
+  models = list(zip(seeds, *per_model.values()))
+  for i, model in enumerate(models):
+    j = models.index(model)
+    if j < i:
+      same = [f for f, v in per_model.items() if len(set(v)) > 1]
+      raise ConfigError("ensemble.seeds", seeds,
+                        f"distinct seeds, or models sharing a seed that differ in a per-model "
+                        f"value: models {j} and {i} both have seed {seeds[i]}"
+                        + (f" and the same {' and '.join(same)}" if same else "")
+                        + ", so they would train the same model twice")
+
+
 def validate(cfg) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
@@ -328,13 +397,8 @@ def validate(cfg) -> None:
       _validate_natural(cfg, vocab, "model.vocab_size")
     else:
       _validate_natural(cfg, *bigram_corpus_tokens(cfg.data, vocab))
-  else:
-    for name in ("corpus", "files", "tfds_name"):
-      if cfg.data.get(name):
-        raise ConfigError(f"data.{name}", cfg.data[name],
-                          f"empty unless data.source = 'natural' or 'markov' with "
-                          f"transitions 'bigram' (data.source is {source!r}; add "
-                          f"--config.data.source=natural to train on this text)")
+  _check_unread_data(cfg.data)
+  _check_distinct_models(cfg, size, source)
 
   _validate_eval(cfg, vocab, source)
   _validate_checkpoint(cfg)

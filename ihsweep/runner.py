@@ -240,6 +240,11 @@ class EmergenceStop:
   reached ``threshold`` at some evaluation step s and training has reached ``margin · s``
   updates; a diverged model is done. ``done(step)`` is true when every model is.
 
+  A model counts as reaching the threshold only after an evaluation has seen it below: one
+  already at or above it at its first evaluation (update 0, untrained) says nothing about
+  emergence, and a warning names ``sweep.stop_threshold`` and the measured baseline (that
+  model then trains to its cap unless it drops below and rises again).
+
   Args:
     metric: a per-model ``metrics.jsonl`` field (e.g. ``ps_max``); threshold: its emergence
       level; margin: factor (>= 1) on the first step at which it was reached; n_models: E.
@@ -248,13 +253,29 @@ class EmergenceStop:
   def __init__(self, metric: str, threshold: float, margin: float, n_models: int):
     self.metric, self.threshold, self.margin = metric, threshold, margin
     self.crossed: list[int | None] = [None] * n_models
+    self.below = np.zeros(n_models, bool)  # seen below the threshold at some evaluation
+    self.first = True
     self.diverged = np.zeros(n_models, bool)
 
   def observe(self, step: int, values, diverged) -> None:
     """One evaluation: ``values`` [E] of the metric (NaN/None ignored), ``diverged`` [E] bool."""
     self.diverged |= np.asarray(diverged, bool)
+    finite = [v is not None and math.isfinite(v) for v in values]
+    above = [i for i, v in enumerate(values) if finite[i] and v >= self.threshold]
+    if self.first and above:
+      log.warning(
+          "sweep.stop_threshold = %g is already reached before emergence: %s at update %d is "
+          "%s for model(s) %s; those crossings are not counted (a model must first be seen "
+          "below the threshold); raise sweep.stop_threshold above this baseline", self.threshold,
+          self.metric, step, ", ".join(f"{values[i]:.4f}" for i in above),
+          ", ".join(map(str, above)))
+    self.first = False
     for i, v in enumerate(values):
-      if self.crossed[i] is None and v is not None and v >= self.threshold:
+      if not finite[i]:
+        continue
+      if v < self.threshold:
+        self.below[i] = True
+      elif self.crossed[i] is None and self.below[i]:
         self.crossed[i] = step
 
   def done(self, step: int) -> bool:

@@ -157,9 +157,10 @@ def _check_axis_field(cfg, section: str, path: str) -> None:
                       f"configs/default.py)") from None
   if hasattr(value, "keys"):
     raise ConfigError(field, "(axis)", f"a field, not the section {path}")
-  if path in ("data.frequency", "data.reliability") and cfg.data.source != "markov":
-    raise ConfigError(field, "(axis)", f"an axis only with data.source = 'markov' (it is "
-                      f"{cfg.data.source!r}, which ignores {path}: the cells would be copies)")
+  if path in config_lib.EXECUTION_FIELDS:
+    raise ConfigError(field, "(axis)", f"an axis over a field that changes the trained models; "
+                      f"{path} only changes how a run executes (so do "
+                      f"{', '.join(config_lib.EXECUTION_FIELDS)}): its cells would be copies")
 
 
 def grid_points(cfg) -> tuple[list[str], list[dict]]:
@@ -217,8 +218,11 @@ def _validate_sweep(cfg, n_devices: int) -> None:
       except LawError as e:
         raise ConfigError("sweep.law_file", cfg.sweep.law_file, str(e)) from None
   if budget == "emergence":
-    config_lib._choice(sub, "sweep", "stop_metric", STOP_METRICS)
-    config_lib._real(sub, "sweep", "stop_threshold", -math.inf)
+    metric = config_lib._choice(sub, "sweep", "stop_metric", STOP_METRICS)
+    if metric == "dla_max":  # nats of logit
+      config_lib._real(sub, "sweep", "stop_threshold", -math.inf)
+    else:  # scores and accuracies in [0, 1]; every model has reached 0 at update 0
+      config_lib._real(sub, "sweep", "stop_threshold", 0.0, 1.0, lo_open=True, hi_open=False)
     config_lib._real(sub, "sweep", "stop_margin", 1.0)
     if not cfg.eval.every_steps and not cfg.eval.every_tokens:
       raise ConfigError("eval.every_steps", cfg.eval.every_steps,
@@ -249,6 +253,64 @@ def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, s
   n = max(1, math.ceil(sweep.law_multiple * law.updates(batch_size, context_size)))
   what = "cap: " if sweep.budget == "emergence" else ""
   return n, f"{what}{sweep.law_multiple:g} × law"
+
+
+def _model_key(cell_cfg) -> str:
+  """What decides the model a cell trains: its config without execution-only fields and the
+  data fields its source does not read."""
+  from ihsweep.data import unread_fields
+  d = json.loads(cell_cfg.to_json_best_effort())
+  for path in config_lib.EXECUTION_FIELDS:
+    section, name = path.split(".")
+    d.get(section, {}).pop(name, None)
+  for name in unread_fields(cell_cfg.data) if "data" in d else ():
+    d["data"].pop(name, None)
+  return json.dumps(d, sort_keys=True)
+
+
+def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
+  """Two cells that would train the same model (values equal once cast to the field's type, or
+  an axis over a field the cell's data source does not read) are refused, naming the axis."""
+  from ihsweep.data import readers, source_kind, unread_fields
+  first: dict[str, Cell] = {}
+  for cell in cells:
+    other = first.setdefault(_model_key(cell.cfg), cell)
+    if other is cell:
+      continue
+    path = next(p for p in axes if _key(other.coords[p]) != _key(cell.coords[p]))
+    a, b = other.coords[path], cell.coords[path]
+    name = path.split(".")[1] if path.startswith("data.") else ""
+    if name in unread_fields(cell.cfg.data):
+      why = (f"data.source {source_kind(cell.cfg.data)!r} does not read {path} (only "
+             f"{', '.join(readers(name))} do)")
+    else:
+      why = f"{a!r} and {b!r} are the same value {_get(cell.cfg, path)!r} once {path} holds it"
+    section = _section(cfg, path)
+    raise ConfigError(f"sweep.{section}.{path}", tuple(_get(cfg.sweep[section], path)),
+                      f"values that train different models: cells {other.id} and {cell.id} "
+                      f"would be the same model ({why})")
+
+
+def uniform_ps(block_len: int) -> float:
+  """The prefix-matching score of uniform causal attention on probes of block length L: the
+  mean of 1/(i + 1) over second-block positions i ∈ [L, 2L) (an untrained model's level)."""
+  return float(np.mean(1.0 / (np.arange(block_len, 2 * block_len) + 1.0)))
+
+
+def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
+  """Under the 'emergence' budget with ps_max, a threshold an untrained model already reaches
+  would stop the group at update 0."""
+  from ihsweep.data.probes import block_length
+  if cfg.sweep.budget != "emergence" or cfg.sweep.stop_metric != "ps_max":
+    return
+  context = int(group.cfg.train.context_size)
+  block = block_length(context, int(group.cfg.eval.probe_len))
+  base = uniform_ps(block)
+  if cfg.sweep.stop_threshold <= base:
+    raise ConfigError("sweep.stop_threshold", cfg.sweep.stop_threshold,
+                      f"above {base:.4f}, the ps_max of uniform attention on probe blocks of "
+                      f"L = {block} (C = {context}): an untrained model reaches it, so the "
+                      f"group would stop at update 0 [{where}]")
 
 
 def _group_key(cell_cfg) -> str:
@@ -306,6 +368,7 @@ def make_plan(cfg) -> Plan:
         c.seed = int(c.seed) + k
       cells.append(Cell(id=len(cells), coords=dict(point), seed=int(c.seed), cfg=c))
 
+  _refuse_copies(cfg, cells, axes)
   by_key: dict[str, list[Cell]] = {}
   for cell in cells:
     by_key.setdefault(_group_key(cell.cfg), []).append(cell)
@@ -325,6 +388,7 @@ def make_plan(cfg) -> Plan:
     group = Group(id="", cells=members, cfg=g, num_steps=0, cap_reason="", cost_flops=0.0,
                   law_updates=0.0, n_params=0)
     _validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
+    _check_stop_threshold(cfg, group, _where(group))
     b, c_size = int(g.train.batch_size), int(g.train.context_size)
     group.num_steps, group.cap_reason = budget_updates(cfg, b, c_size, law)
     group.law_updates = law.updates(b, c_size)
@@ -361,9 +425,7 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
     field = e.field.split("[")[0]
     reverse = {v: k for k, v in VALUE_FIELDS.items()}
     field = reverse.get(field, field)
-    where = (f"the group of cells {_ranges([c.id for c in group.cells])}: B = "
-             f"{group.cfg.train.batch_size}, C = {group.cfg.train.context_size}, E = "
-             f"{group.cfg.ensemble.size} models")
+    where = _where(group)
     if field in axes:
       raise ConfigError(f"sweep.{_section(sweep_cfg, field)}.{field}", e.value,
                         f"{e.allowed} [{where}]") from None
@@ -375,6 +437,12 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
           f"{jax.process_count()} process(es), so it must be able to use them all: a group uses "
           f"at most E · B devices; use fewer processes or devices, or more seeds]") from None
     raise ConfigError(e.field, e.value, f"{e.allowed} [{where}]") from None
+
+
+def _where(group: Group) -> str:
+  return (f"the group of cells {_ranges([c.id for c in group.cells])}: B = "
+          f"{group.cfg.train.batch_size}, C = {group.cfg.train.context_size}, E = "
+          f"{group.cfg.ensemble.size} models")
 
 
 def _ranges(ids: list[int]) -> str:
@@ -756,7 +824,8 @@ def add_axes(cfg, specs, section: str = "grid"):
   string. Returns ``cfg`` (changed in place).
 
   Raises:
-    ConfigError: a spec without ``=`` or without values.
+    ConfigError: a spec without ``=``, without values, with an empty value, or with NaN or
+      infinity (no config field allows them).
   """
   import ast
   import ml_collections
@@ -773,16 +842,27 @@ def add_axes(cfg, specs, section: str = "grid"):
         raise ConfigError(f"sweep.{section}.{path}", spec, "one --grid/--zip flag per field "
                           "(give all its values in one: FIELD=V1,V2,...)")
       seen.add(path)
-      if not sep or not path or not text.strip():
+      if not sep or not path:
         raise ConfigError(f"sweep.{section}", spec, "FIELD=V1,V2,... (e.g. "
                           "--grid=train.batch_size=8,16)")
+      items = [item.strip() for item in text.split(",")]
+      if not any(items):
+        raise ConfigError(f"sweep.{section}.{path}", spec, f"at least one value: the axis has "
+                          f"none (FIELD=V1,V2,..., e.g. --grid={path}=V1,V2)")
+      if not all(items):
+        raise ConfigError(f"sweep.{section}.{path}", spec, "a value between every two commas "
+                          f"(value {items.index('') + 1} of {len(items)} is empty)")
       values = []
-      for item in text.split(","):
-        item = item.strip()
+      for item in items:
         try:
-          values.append(ast.literal_eval(item))
+          value = ast.literal_eval(item)
         except (ValueError, SyntaxError):
-          values.append(item)
+          value = item
+        if item.lower().lstrip("+-") in ("nan", "inf", "infinity") or (
+            isinstance(value, float) and not math.isfinite(value)):
+          raise ConfigError(f"sweep.{section}.{path}", item, f"a finite number (or another value "
+                            f"{path} can hold): NaN and infinity are not allowed for any field")
+        values.append(value)
       node = cfg.sweep[section]
       *parents, name = path.split(".")
       for part in parents:

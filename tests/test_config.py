@@ -82,3 +82,45 @@ def test_default_configs_are_valid():
   validate(configs.induction.get_config())
   with pytest.raises(ValueError, match="unknown variant"):
     configs.default.get_config("huge")
+
+
+@pytest.mark.parametrize("overrides,field,words", [
+    ({"data.frequency": 1.5}, "data.frequency",
+     ["data.frequency = 1.5", "its default 0.5", "'markov_chain', which does not read it",
+      "only data.source = 'markov'"]),
+    ({"data.smoothing": 0.1}, "data.smoothing", ["'markov' (transitions 'bigram')"]),
+    ({"data.source": "markov", "data.transitions": "iid", "data.smoothing": 0.1},
+     "data.smoothing", ["'markov' (transitions 'iid')", "--config.data.transitions=bigram"]),
+    ({"data.source": "uniform", "data.n_successors": 8}, "data.n_successors",
+     ["'uniform'", "only data.source = 'markov_chain'"]),
+    ({"data.synthetic.n_groups": 8}, "data.synthetic.n_groups", ["its default 50"]),
+    ({"data.files": "/tmp/*.txt"}, "data.files", ["--config.data.source=natural"]),
+])
+def test_fields_the_source_does_not_read_keep_their_defaults(tiny, tmp_path, no_compile,
+                                                             overrides, field, words):
+  cfg = tiny(**overrides)
+  with pytest.raises(ConfigError) as err:
+    runner.fit(cfg, str(tmp_path / "run"), progress=False)
+  assert err.value.field == field
+  for w in words:
+    assert w in str(err.value), str(err.value)
+  validate(tiny(**{"data.source": "uniform", "data.frequency": 0.5}))  # the default: accepted
+
+
+def test_models_that_would_be_identical_are_refused(tiny, tmp_path, no_compile):
+  cfg = tiny(**{"ensemble.size": 3, "ensemble.seeds": (5, 5, 6), "mesh.num_devices": 1})
+  with pytest.raises(ConfigError) as err:
+    runner.fit(cfg, str(tmp_path / "run"), progress=False)
+  assert err.value.field == "ensemble.seeds"
+  assert "models 0 and 1 both have seed 5" in str(err.value)
+  cfg.ensemble.peak_lrs = (1e-3, 1e-3, 2e-3)  # same seed and the same lr: still copies
+  with pytest.raises(ConfigError, match="and the same ensemble.peak_lrs, so they would train"):
+    validate(cfg)
+  cfg.ensemble.peak_lrs = (1e-3, 2e-3, 1e-3)  # same seed, different lrs: different models
+  validate(cfg)
+  cfg = tiny(**{"data.source": "markov", "data.transitions": "iid", "ensemble.seeds": (5, 5),
+                "data.frequencies": (0.5, 0.5), "data.reliabilities": (0.2, 0.2)})
+  with pytest.raises(ConfigError, match="models 0 and 1 both have seed 5"):
+    validate(cfg)
+  cfg.data.reliabilities = (0.2, 0.9)
+  validate(cfg)

@@ -182,6 +182,9 @@ def test_synthetic_matrix_cache_round_trip(tmp_path):
     ({"data.transitions": "synthetic", "data.synthetic.entropy_rate_bits": 9.0,
       "data.synthetic.n_groups": 8}, "at most H"),
     ({"data.transitions": "synthetic", "data.synthetic.marginal": "cauchy"}, "marginal"),
+    ({"data.transitions": "synthetic", "data.synthetic.n_groups": 64,
+      "data.synthetic.entropy_rate_bits": 3.0},
+     r"n_groups = 64: groups of one id .* at most model.vocab_size / 2 = 32"),
 ])
 def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, overrides, message):
   p = random_chain(vocab=64, seed=1)

@@ -195,6 +195,33 @@ def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
     config_lib.validate(cfg)
 
 
+def test_offline_tfds_download_says_so_and_names_the_prepared_copy(tiny, tmp_path, monkeypatch):
+  tfds = pytest.importorskip("tensorflow_datasets")
+
+  def offline(*args, **kwargs):  # what a download without network ends in (TFDS varies)
+    raise ConnectionError("[Errno -3] Temporary failure in name resolution")
+
+  monkeypatch.setattr(tfds, "data_source", offline)
+  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 300,
+                "data.tfds_data_dir": str(tmp_path), "data.tfds_download": True})
+  with pytest.raises(natural.CorpusError) as err:
+    config_lib.validate(cfg)
+  assert "'lm1b' could not be downloaded and prepared" in str(err.value)
+  assert "no network" in str(err.value) and "config.data.tfds_data_dir=DIR" in str(err.value)
+  assert err.value.field == "data.tfds_download"
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_named(tiny, tmp_path, no_compile):
+  tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
+  tok.save(str(tmp_path / "tok.json"))
+  cfg = natural_cfg(tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"),
+                                       "model.vocab_size": 16, "eval.every_steps": 10})
+  with pytest.raises(natural.CorpusError) as err:
+    fit(cfg, str(tmp_path / "run"), progress=False)
+  assert err.value.field == "model.vocab_size"
+  assert "model.vocab_size = 16 is smaller than the tokenizer's 270 types" in str(err.value)
+
+
 def _bad_inputs(tmp_path):
   (tmp_path / "bin").mkdir()
   (tmp_path / "bin" / "x.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" * 10)

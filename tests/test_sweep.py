@@ -157,6 +157,25 @@ def test_plan_zip_budgets_and_single_cell(tiny):
     ({"train.batch_size": (4, 4)}, {}, "sweep.grid.train.batch_size", "distinct"),
     ({"train.batch_size": (0, 8)}, {}, "sweep.grid.train.batch_size", ">= 1"),
     ({"data.frequency": (0.2, 0.5)}, {}, "sweep.grid.data.frequency", "markov"),
+    # Copies: values equal once cast, execution-only fields, fields the source does not read.
+    ({"train.lr": (1, 1.0)}, {}, "sweep.grid.train.lr",
+     "cells 0 and 2 would be the same model (1 and 1.0 are the same value 1.0"),
+    ({"train.steps_per_call": (5, 10)}, {}, "sweep.grid.train.steps_per_call",
+     "only changes how a run executes"),
+    ({"checkpoint.async_save": (True, False)}, {}, "sweep.grid.checkpoint.async_save",
+     "its cells would be copies"),
+    ({"ensemble.vmap_chunk": (1, 2)}, {}, "sweep.grid.ensemble.vmap_chunk", "copies"),
+    ({"data.cache_dir": ("/tmp/a", "/tmp/b")}, {}, "sweep.grid.data.cache_dir", "copies"),
+    ({"data.smoothing": (0.1, 0.2)}, {}, "sweep.grid.data.smoothing",
+     "'markov_chain' does not read data.smoothing (only markov/bigram do)"),
+    ({"data.source": ("markov", "markov_chain"), "data.frequency": (0.5, 1.0)},
+     {"data.transitions": "iid"}, "sweep.grid.data.frequency",
+     "'markov_chain' does not read data.frequency"),
+    # An emergence threshold an untrained model reaches (C = 32: L = 16, uniform PS 0.0424).
+    ({}, {"sweep.budget": "emergence", "sweep.stop_threshold": 0.04}, "sweep.stop_threshold",
+     "above 0.0424, the ps_max of uniform attention on probe blocks of L = 16"),
+    ({}, {"sweep.budget": "emergence", "sweep.stop_metric": "ar_acc",
+          "sweep.stop_threshold": 0.0}, "sweep.stop_threshold", "(0.0, 1.0]"),
 ])
 def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extra, field, words):
   cfg = _config(tiny, grid=grid, **extra)
@@ -199,13 +218,42 @@ def test_cli_reports_bad_axis_in_one_line(tmp_path):
   assert "sweep.grid.train.context_size = 256" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_emergence_stop_rule():
+def test_emergence_stop_rule(caplog):
   rule = runner.EmergenceStop("ps_max", 0.5, 2.0, 3)
+  rule.observe(0, [0.1, 0.1, 0.1], [False, False, False])
+  assert "stop_threshold" not in caplog.text
   rule.observe(100, [0.1, 0.6, None], [False, False, False])
   assert rule.crossed == [None, 100, None] and not rule.done(200)
   rule.observe(200, [0.7, 0.9, float("nan")], [False, False, True])  # model 2 diverged
   assert not rule.done(300)  # model 0 crossed at 200: done at 400
   assert rule.done(400)
+
+
+def test_emergence_stop_ignores_a_threshold_reached_before_training(caplog):
+  rule = runner.EmergenceStop("ps_max", 0.05, 2.0, 2)
+  rule.observe(0, [0.06, 0.03], [False, False])  # model 0's untrained baseline is past it
+  assert ("sweep.stop_threshold = 0.05 is already reached before emergence: ps_max at update 0 "
+          "is 0.0600 for model(s) 0") in caplog.text
+  rule.observe(100, [0.07, 0.5], [False, False])
+  assert rule.crossed == [None, 100] and not rule.done(10_000)  # model 0 never counted
+  rule.observe(200, [0.04, 0.5], [False, False])  # below it now: the next crossing counts
+  rule.observe(300, [0.8, 0.5], [False, False])
+  assert rule.crossed == [300, 100] and rule.done(600)
+
+
+def test_axis_flags_without_values_or_with_nan(tiny):
+  for spec, words in [("train.lr=,", "sweep.grid.train.lr = 'train.lr=,' is not allowed: at "
+                                     "least one value: the axis has none"),
+                      ("train.lr= , ", "the axis has none"),
+                      ("train.lr=1e-3,,2e-3", "value 2 of 3 is empty"),
+                      ("train.lr=1e-3,nan", "sweep.grid.train.lr = 'nan' is not allowed: a "
+                                            "finite number"),
+                      ("train.lr=-inf", "NaN and infinity are not allowed"),
+                      ("train.lr=1e999", "NaN and infinity are not allowed")]:
+    with pytest.raises(ConfigError) as e:
+      sweep.add_axes(tiny(), [spec])
+    assert words in str(e.value), str(e.value)
+    assert "string" not in str(e.value) and "distinct" not in str(e.value)
 
 
 # ------------------------------------------------------------------------- launchers (no JAX)
@@ -340,11 +388,15 @@ def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
     assert healthy[key] == pytest.approx(control[key], rel=1e-5, abs=1e-6), key
 
 
-def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path):
-  # A threshold every model meets at update 0: each is done at margin × 0, so the group stops
-  # at its first evaluation after the start (update 10 of a 40-update cap).
+def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkeypatch):
+  # The stop rule sees a scripted metric: untrained models below the threshold at update 0,
+  # past it from update 10 on; with margin 1 the group stops there (of a 40-update cap).
+  observe = runner.EmergenceStop.observe
+  monkeypatch.setattr(runner.EmergenceStop, "observe", lambda self, step, values, diverged:
+                      observe(self, step, [0.0 if step == 0 else 1.0] * len(values), diverged))
   cfg = _config(tiny, grid={}, **{"sweep.budget": "emergence", "sweep.law_multiple": 1e-3,
-                                  "sweep.stop_threshold": -1.0, "sweep.seeds": 2})
+                                  "sweep.stop_threshold": 0.5, "sweep.stop_margin": 1.0,
+                                  "sweep.seeds": 2})
   plan = sweep.make_plan(cfg)
   cap = plan.groups[0].num_steps
   assert cap > 10
@@ -356,7 +408,7 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path):
   assert max(steps) == 10
   assert "stopped early" in sweep.format_status(str(tmp_path))
   cells = pd.read_csv(tmp_path / "cells.csv")
-  assert list(cells["online_crossing_step"]) == [0, 0]
+  assert list(cells["online_crossing_step"]) == [10, 10]
 
 
 def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):

@@ -52,6 +52,7 @@ def default_config():
     tokenizer.json); val_fraction and split_seed (validation documents); cache_dir ('' =
     $IHSWEEP_CACHE or ~/.cache/ihsweep); loader ('auto' = on device if the training tokens fit
     device_budget_mb MiB per device, 'device', 'host').
+  A field the chosen source does not read (``READS``) must keep its default value here.
   """
   import ml_collections
 
@@ -66,6 +67,44 @@ def default_config():
       corpus="", files="", tfds_name="", tfds_split="train", tfds_data_dir="",
       tfds_download=False, text_field="text", max_documents=0, tokenizer="bpe",
       val_fraction=0.01, split_seed=0, cache_dir="", loader="auto", device_budget_mb=1024.0))
+
+
+# The data fields each source reads ('markov/T': the markov source with data.transitions T;
+# data.source itself is read by all). A field the chosen source does not read changes nothing in
+# its models: ``config.validate`` refuses it at any value but its default, and a sweep axis over
+# it would train copies (``sweep.make_plan`` refuses it).
+_CORPUS = ("corpus", "files", "tfds_name", "tfds_split", "tfds_data_dir", "tfds_download",
+           "text_field", "max_documents", "tokenizer", "val_fraction", "split_seed", "cache_dir")
+_MARKOV = ("transitions", "frequency", "reliability", "frequencies", "reliabilities", "cache_dir")
+READS = {
+    "uniform": (),
+    "markov_chain": ("n_successors", "chain_seed"),
+    "repeated_blocks": ("block_min", "block_max"),
+    "natural": _CORPUS + ("loader", "device_budget_mb"),
+    "markov/bigram": _MARKOV + _CORPUS + ("smoothing", "tokenizer_vocab"),
+    "markov/synthetic": _MARKOV + ("synthetic",),
+    "markov/iid": _MARKOV + ("synthetic",),  # of that section, only the marginal matters
+    "markov/file": _MARKOV + ("matrix_file",),
+}
+
+
+def source_kind(data_cfg) -> str:
+  """The ``READS`` key of a data section: 'markov/<transitions>' or ``data.source``."""
+  if data_cfg.source == "markov":
+    return f"markov/{data_cfg.transitions}"
+  return data_cfg.source
+
+
+def unread_fields(data_cfg) -> list[str]:
+  """Names of the ``data`` fields (of ``default_config``) that the configured source does not
+  read, in field order."""
+  reads = READS.get(source_kind(data_cfg), ())
+  return [name for name in default_config().keys() if name != "source" and name not in reads]
+
+
+def readers(name: str) -> list[str]:
+  """The ``READS`` keys of the sources that read the ``data`` field ``name``."""
+  return [kind for kind, fields in READS.items() if name in fields]
 
 
 class Source(Protocol):

@@ -238,7 +238,14 @@ def _tfds_source(data_cfg):
     return tfds.data_source(name, split=data_cfg.tfds_split, data_dir=data_dir,
                             download=bool(data_cfg.tfds_download))
   except Exception as e:  # TFDS raises several types; say which fix applies
-    if not builder.is_prepared() and not data_cfg.tfds_download:
+    if not builder.is_prepared() and data_cfg.tfds_download:
+      raise CorpusError(
+          f"TFDS dataset {name!r} could not be downloaded and prepared under "
+          f"{builder.data_dir} (is there no network here?): prepare it where there is, with "
+          f"`tfds build {name} --file_format=array_record --data_dir=DIR`, copy DIR here and "
+          f"set config.data.tfds_data_dir=DIR and config.data.tfds_download=False [TFDS: "
+          f"{type(e).__name__}: {e}]", "data.tfds_download") from None
+    if not builder.is_prepared():
       raise CorpusError(
           f"TFDS dataset {name!r} is not prepared under {builder.data_dir}: prepare it with "
           f"`tfds build {name} --file_format=array_record --data_dir=DIR` and set "
@@ -441,12 +448,14 @@ def train_bpe(docs: Iterable[str], vocab_size: int, field: str = "model.vocab_si
   return tok
 
 
-def load_tokenizer(path: str, vocab_size: int):
+def load_tokenizer(path: str, vocab_size: int, vocab_field: str = "model.vocab_size"):
   """A ``tokenizer.json`` (HF ``tokenizers``) with an ``<|endoftext|>`` token and at most
-  ``vocab_size`` types (a model may pad its vocabulary).
+  ``vocab_size`` types (a model may pad its vocabulary); ``vocab_field`` is the config field
+  that sets ``vocab_size``.
 
   Raises:
-    CorpusError: unreadable file, no end-of-text token, more types than the model has.
+    CorpusError: unreadable file, no end-of-text token, more types (or a higher id) than the
+      model has (naming ``vocab_field`` and the tokenizer's size).
   """
   from tokenizers import Tokenizer
   try:
@@ -458,12 +467,14 @@ def load_tokenizer(path: str, vocab_size: int):
     raise CorpusError(f"config.data.tokenizer = {path!r} has no {EOT} token to separate "
                       f"documents", "data.tokenizer")
   if tok.get_vocab_size() > vocab_size:
-    raise CorpusError(f"config.model.vocab_size = {vocab_size} is smaller than the tokenizer's "
-                      f"{tok.get_vocab_size()} types ({path})", "model.vocab_size")
+    raise CorpusError(f"config.{vocab_field} = {vocab_size} is smaller than the tokenizer's "
+                      f"{tok.get_vocab_size()} types ({path}): use {vocab_field} >= "
+                      f"{tok.get_vocab_size()} or a tokenizer of at most {vocab_size} types",
+                      vocab_field.split(" ")[0])
   top = max(tok.get_vocab(with_added_tokens=True).values())
   if top >= vocab_size:
-    raise CorpusError(f"config.model.vocab_size = {vocab_size}: the tokenizer {path} uses ids up "
-                      f"to {top}; the model needs vocab_size > {top}", "model.vocab_size")
+    raise CorpusError(f"config.{vocab_field} = {vocab_size}: the tokenizer {path} uses ids up "
+                      f"to {top}; the model needs vocab_size > {top}", vocab_field.split(" ")[0])
   return tok
 
 
@@ -626,7 +637,7 @@ def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: st
   if data_cfg.tokenizer == "bpe":
     tok = train_bpe(part(False), vocab_size, vocab_field)
   else:
-    tok = load_tokenizer(data_cfg.tokenizer, vocab_size)
+    tok = load_tokenizer(data_cfg.tokenizer, vocab_size, vocab_field)
   eot_id = tok.token_to_id(EOT)
   dtype = token_dtype(vocab_size)
   train_ids = _encode(tok, part(False), eot_id, dtype)

@@ -111,7 +111,7 @@ def check_spec(spec: SyntheticSpec) -> None:
   """Refuses targets that no matrix can reach, before optimising.
 
   Raises:
-    MarkovError: unknown marginal/categoriality; V not divisible into the groups; an entropy
+    MarkovError: unknown marginal/categoriality; V not divisible into groups of >= 2 ids; an entropy
       rate above the marginal's entropy (mutual information would be negative) or below 0;
       similarity targets outside [0, 1].
   """
@@ -137,6 +137,12 @@ def check_spec(spec: SyntheticSpec) -> None:
     if spec.n_groups < 2 or spec.vocab_size % spec.n_groups:
       raise MarkovError(f"config.data.synthetic.n_groups = {spec.n_groups}: needs >= 2 groups "
                         f"of equal size dividing model.vocab_size = {spec.vocab_size}",
+                        "data.synthetic.n_groups")
+    if spec.vocab_size // spec.n_groups < 2:
+      raise MarkovError(f"config.data.synthetic.n_groups = {spec.n_groups}: groups of one id "
+                        f"have no pair of rows, so within-group similarity (categoriality) is "
+                        f"undefined; use at most model.vocab_size / 2 = {spec.vocab_size // 2} "
+                        f"groups (a divisor of {spec.vocab_size}), or categoriality 'none'",
                         "data.synthetic.n_groups")
     for name, value in (("within", spec.within_target), ("across", spec.across)):
       if not 0.0 <= value <= 1.0:
@@ -225,7 +231,8 @@ def measure_matrix(p: np.ndarray, spec: SyntheticSpec) -> dict:
          "entropy_rate_bits": props["entropy_rate_nats"] / math.log(2),
          "mutual_information_nats": props["mutual_information_nats"],
          "row_max": float(p.max(axis=1).mean())}
-  if spec.categoriality != "none" or spec.n_groups >= 2 and spec.vocab_size % spec.n_groups == 0:
+  if spec.categoriality != "none" or (2 <= spec.n_groups <= spec.vocab_size // 2
+                                      and spec.vocab_size % spec.n_groups == 0):
     within, across = group_similarity(p, spec.n_groups)
     out["within"], out["across"] = float(within), float(across)
   return out
