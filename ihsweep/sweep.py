@@ -281,8 +281,8 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
     a, b = other.coords[path], cell.coords[path]
     name = path.split(".")[1] if path.startswith("data.") else ""
     if name in unread_fields(cell.cfg.data):
-      why = (f"data.source {source_kind(cell.cfg.data)!r} does not read {path} (only "
-             f"{', '.join(readers(name))} do)")
+      why = (f"data.source = {config_lib._kinds([source_kind(cell.cfg.data)])} does not read "
+             f"{path}; only data.source = {config_lib._kinds(readers(name))} does")
     else:
       why = f"{a!r} and {b!r} are the same value {_get(cell.cfg, path)!r} once {path} holds it"
     section = _section(cfg, path)

@@ -167,7 +167,8 @@ def test_plan_zip_budgets_and_single_cell(tiny):
     ({"ensemble.vmap_chunk": (1, 2)}, {}, "sweep.grid.ensemble.vmap_chunk", "copies"),
     ({"data.cache_dir": ("/tmp/a", "/tmp/b")}, {}, "sweep.grid.data.cache_dir", "copies"),
     ({"data.smoothing": (0.1, 0.2)}, {}, "sweep.grid.data.smoothing",
-     "'markov_chain' does not read data.smoothing (only markov/bigram do)"),
+     "data.source = 'markov_chain' does not read data.smoothing; only data.source = 'markov' "
+     "(transitions 'bigram') does"),
     ({"data.source": ("markov", "markov_chain"), "data.frequency": (0.5, 1.0)},
      {"data.transitions": "iid"}, "sweep.grid.data.frequency",
      "'markov_chain' does not read data.frequency"),
