@@ -6,6 +6,7 @@ override on the command line costs a second, not a compilation.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from numbers import Integral, Real
@@ -128,6 +129,14 @@ def _choice(cfg, section: str, name: str, allowed) -> str:
   return value
 
 
+@functools.lru_cache(maxsize=8)
+def _check_tokenizer(path: str, mtime: float, vocab: int, vocab_field: str) -> None:
+  """``natural.load_tokenizer``'s checks, once per file version (a sweep validates each group)."""
+  from ihsweep.data import natural
+  del mtime  # part of the cache key only
+  natural.load_tokenizer(path, vocab, vocab_field)
+
+
 def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   """Cheap checks of a natural-text data section; the corpus itself is read (and its length
   checked) when the source is built, still before compiling."""
@@ -150,7 +159,8 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   elif not os.path.isfile(os.path.expanduser(tokenizer)):
     raise ConfigError("data.tokenizer", tokenizer, "'bpe' or the path of a tokenizer.json")
   else:  # its vocabulary must fit the model's (checked before the probes' block length)
-    natural.load_tokenizer(tokenizer, vocab, vocab_field)
+    path = os.path.expanduser(tokenizer)
+    _check_tokenizer(path, os.path.getmtime(path), vocab, vocab_field)
   natural.document_source(cfg.data)  # one of corpus/files/tfds_name; files exist; TFDS known
 
 
