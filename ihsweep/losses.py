@@ -21,8 +21,13 @@ def unembed_cross_entropy(x_NxD: jax.Array, w_VxD: jax.Array, targets_N: jax.Arr
   return loss
 
 
+def _accum(x: jax.Array) -> jnp.dtype:
+  """float32 accumulation (float64 for a float64 model, see ``ModelConfig.dtype``)."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _xent_fwd(x_NxD, w_VxD, targets_N):
-  logits_VxN = jnp.dot(w_VxD, x_NxD.T, preferred_element_type=jnp.float32)
+  logits_VxN = jnp.dot(w_VxD, x_NxD.T, preferred_element_type=_accum(x_NxD))
   lse_N = jax.nn.logsumexp(logits_VxN, axis=0)
   target_logit_N = logits_VxN[targets_N, jnp.arange(targets_N.shape[0])]
   loss = jnp.mean(lse_N - target_logit_N)
@@ -35,8 +40,8 @@ def _xent_bwd(res, g):
   onehot_VxN = targets_N[None, :] == jnp.arange(w_VxD.shape[0], dtype=targets_N.dtype)[:, None]
   dlogits_VxN = (jnp.exp(logits_VxN - lse_N[None, :]) - onehot_VxN) * (g / n)
   dlogits_VxN = dlogits_VxN.astype(x_NxD.dtype)
-  dw_VxD = jnp.dot(dlogits_VxN, x_NxD, preferred_element_type=jnp.float32).astype(w_VxD.dtype)
-  dx_DxN = jnp.dot(w_VxD.T, dlogits_VxN, preferred_element_type=jnp.float32)
+  dw_VxD = jnp.dot(dlogits_VxN, x_NxD, preferred_element_type=_accum(x_NxD)).astype(w_VxD.dtype)
+  dx_DxN = jnp.dot(w_VxD.T, dlogits_VxN, preferred_element_type=_accum(x_NxD))
   return dx_DxN.T.astype(x_NxD.dtype), dw_VxD, None
 
 

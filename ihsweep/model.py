@@ -42,7 +42,10 @@ class ModelConfig:
       Su et al. 2021, applied to the full head dimension).
     tie_embeddings: unembedding = token embedding transposed (GPT-2) or a separate matrix.
     dtype: compute dtype of matmuls (``float32``, ``bfloat16``, or ``auto`` = bfloat16 on
-      GPU/TPU and float32 on CPU). LayerNorm statistics, softmax and logits stay float32.
+      GPU/TPU and float32 on CPU). LayerNorm statistics, softmax and logits stay float32
+      (``accum_dtype``). ``float64`` (with ``param_dtype`` ``float64``) computes everything in
+      double precision: only with ``jax_enable_x64``, for equivalence tests whose float32 rounding
+      differs between CPUs; not a config choice.
     param_dtype: storage dtype of parameters.
     rotary_base: RoPE frequency base.
     ln_eps: LayerNorm epsilon (GPT-2: 1e-5).
@@ -79,11 +82,18 @@ class ModelConfig:
   def storage_dtype(self) -> jnp.dtype:
     return resolve_dtype(self.param_dtype)
 
+  @property
+  def accum_dtype(self) -> jnp.dtype:
+    """LayerNorm, softmax, logits and the residual stream: float32, or float64 in a float64 model."""
+    return jnp.promote_types(self.compute_dtype, jnp.float32)
+
 
 def resolve_dtype(name: str) -> jnp.dtype:
   """Maps ``float32`` | ``bfloat16`` | ``auto`` (bf16 on accelerators, f32 on CPU) to a dtype."""
   if name == "auto":
     return jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
+  if name == "float64" and not jax.config.jax_enable_x64:
+    raise ValueError("dtype float64 needs jax_enable_x64 (otherwise JAX computes in float32)")
   return jnp.dtype(name)
 
 
@@ -108,11 +118,12 @@ def rotary(x_BxTxHxK: jax.Array, positions_T: jax.Array, base: float) -> jax.Arr
   """Rotary position embedding (Su et al. 2021, eq. 34), half-split layout as in GPT-NeoX."""
   k = x_BxTxHxK.shape[-1]
   half = k // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles_TxHalf = positions_T[:, None].astype(jnp.float32) * inv_freq[None, :]
+  accum = jnp.promote_types(x_BxTxHxK.dtype, jnp.float32)
+  inv_freq = base ** (-jnp.arange(half, dtype=accum) / half)
+  angles_TxHalf = positions_T[:, None].astype(accum) * inv_freq[None, :]
   cos = jnp.cos(angles_TxHalf)[None, :, None, :]
   sin = jnp.sin(angles_TxHalf)[None, :, None, :]
-  x = x_BxTxHxK.astype(jnp.float32)
+  x = x_BxTxHxK.astype(accum)
   x1, x2 = x[..., :half], x[..., half:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x_BxTxHxK.dtype)
@@ -145,9 +156,9 @@ class Attention(nn.Module):
     q_GxTxK, k_GxTxK, v_GxTxK = jnp.transpose(qkv_BxTx3xHxK, (2, 0, 3, 1, 4)).reshape(
         3, b * h, t, k)
     scores_GxTxT = jnp.einsum("gqk,gsk->gqs", q_GxTxK, k_GxTxK,
-                              preferred_element_type=jnp.float32) * (1.0 / math.sqrt(k))
+                              preferred_element_type=cfg.accum_dtype) * (1.0 / math.sqrt(k))
     causal_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores_GxTxT = jnp.where(causal_TxT, scores_GxTxT, jnp.finfo(jnp.float32).min)
+    scores_GxTxT = jnp.where(causal_TxT, scores_GxTxT, jnp.finfo(cfg.accum_dtype).min)
     probs_GxTxT = jax.nn.softmax(scores_GxTxT, axis=-1)
     z_GxTxK = jnp.einsum("gqs,gsk->gqk", probs_GxTxT.astype(dtype), v_GxTxK)
     z_BxTxHxK = jnp.transpose(z_GxTxK.reshape(b, h, t, k), (0, 2, 1, 3))
@@ -159,8 +170,8 @@ class Attention(nn.Module):
     if not return_internals:
       return out_BxTxD, None
     head_out_BxTxHxD = jnp.einsum("bthk,hkd->bthd", z_BxTxHxK, w_o_HxKxD)
-    return out_BxTxD, {"attn": probs_BxHxTxT, "head_out": head_out_BxTxHxD.astype(jnp.float32),
-                       "z": z_BxTxHxK.astype(jnp.float32)}
+    return out_BxTxD, {"attn": probs_BxHxTxT, "head_out": head_out_BxTxHxD.astype(cfg.accum_dtype),
+                       "z": z_BxTxHxK.astype(cfg.accum_dtype)}
 
 
 class Block(nn.Module):
@@ -172,7 +183,7 @@ class Block(nn.Module):
   def __call__(self, x_BxTxD, return_internals: bool):
     cfg = self.cfg
     dtype, pdtype = cfg.compute_dtype, cfg.storage_dtype
-    ln = lambda name: nn.LayerNorm(epsilon=cfg.ln_eps, dtype=jnp.float32, param_dtype=pdtype,
+    ln = lambda name: nn.LayerNorm(epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype,
                                    name=name)
     attn_out, internals = Attention(cfg, name="attn")(
         ln("ln_1")(x_BxTxD).astype(dtype), return_internals)
@@ -217,17 +228,17 @@ class Transformer(nn.Module):
     t = tokens_BxT.shape[1]
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(INIT_STD),
                      dtype=dtype, param_dtype=pdtype, name="embed")
-    x_BxTxD = embed(tokens_BxT).astype(jnp.float32)
+    x_BxTxD = embed(tokens_BxT).astype(cfg.accum_dtype)
     if cfg.pos_encoding == "learned":
       pos_CxD = self.param("pos_embed", nn.initializers.normal(INIT_STD),
                            (cfg.max_context, cfg.d_model), pdtype)
-      x_BxTxD = x_BxTxD + pos_CxD[None, :t].astype(jnp.float32)
+      x_BxTxD = x_BxTxD + pos_CxD[None, :t].astype(cfg.accum_dtype)
     per_layer = []
     for i in range(cfg.n_layers):
       x_BxTxD, internals = Block(cfg, name=f"block_{i}")(x_BxTxD, return_internals)
       per_layer.append(internals)
     resid_BxTxD = x_BxTxD
-    x_BxTxD = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=jnp.float32, param_dtype=pdtype,
+    x_BxTxD = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype,
                            name="ln_f")(x_BxTxD)
     if cfg.tie_embeddings:
       w_VxD = embed.embedding
@@ -240,7 +251,7 @@ class Transformer(nn.Module):
       return unembed_cross_entropy(x_BxTxD.astype(dtype).reshape(b * t, d), w_VxD,
                                    targets_BxT.reshape(b * t))
     logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD.astype(dtype), w_VxD)
-    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
+    logits_BxTxV = logits_BxTxV.astype(cfg.accum_dtype)
     if not return_internals:
       return logits_BxTxV
     return logits_BxTxV, {

@@ -171,8 +171,8 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
       step=state.step + 1, params=keep(params, state.params),
       opt_state=keep(opt_state, state.opt_state),
       diverged_at=jnp.where(healthy & ~ok, state.step, state.diverged_at))
-  nan = jnp.float32(jnp.nan)
-  return new_state, {"loss": jnp.where(ok, loss, nan), "grad_norm": jnp.where(ok, grad_norm, nan)}
+  return new_state, {"loss": jnp.where(ok, loss, jnp.nan),
+                     "grad_norm": jnp.where(ok, grad_norm, jnp.nan)}
 
 
 def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, arrays: Any,
@@ -215,7 +215,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
 
   Runs ``n_active`` (default and at most ``n_steps``) updates of every model in one device loop
   (no host sync inside); one compilation serves every ``n_active``. ``state`` is donated.
-  ``metrics`` holds float32 ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``, zero after the
+  ``metrics`` holds float32 (``ModelConfig.accum_dtype``) ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``, zero after the
   first ``n_active`` rows.
 
   Data, two ways:
@@ -250,7 +250,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
       state, m = jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
       return state, loss_KxE.at[t].set(m["loss"]), gnorm_KxE.at[t].set(m["grad_norm"])
 
-    zeros = jnp.zeros((n_steps, n_models), jnp.float32)
+    zeros = jnp.zeros((n_steps, n_models), model.cfg.accum_dtype)
     state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
     return state, {"loss": loss, "grad_norm": gnorm}
 

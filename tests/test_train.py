@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +11,23 @@ from ihsweep.model import ModelConfig, Transformer
 from ihsweep.runner import fit
 
 
+# Equivalence tests run in float64 (jax_enable_x64, ModelConfig dtype float64). The claims —
+# vmapped == one model at a time, sharded == one device, chunked == whole — are about program
+# structure: each pair computes the same sums in a different order or blocking, so the results
+# differ only by rounding. In float32 that rounding (~6e-8 per operation) differs between CPUs
+# (AVX-512 or not changes XLA's reduction blocking) and Adam amplifies it over 20 updates to
+# 1e-5..1e-4 relative, which made a float32 tolerance pass on one machine and fail on another.
+# In float64 the same amplification leaves ~1e-14 (measured on the params: ≤ 1e-14 relative for
+# all three equivalences, AMD EPYC), so RTOL = 1e-9 has five decades of margin above rounding on
+# any CPU, while a real difference — another seed, or one model's learning rate changed by one
+# part in 10^6 — moves the params by ~1e-6 and ~1 relative (checked in
+# test_equivalence_tolerance_catches_real_differences).
+RTOL = 1e-9
+
+
 def _setup(cfg, devices):
   mcfg, tcfg = train.model_and_train_config(cfg)
-  model = Transformer(mcfg)
+  model = Transformer(dataclasses.replace(mcfg, dtype="float64", param_dtype="float64"))
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   mesh = sharding.make_mesh(cfg.ensemble.size, tcfg.batch_size, devices)
   return model, tcfg, source, mesh
@@ -20,7 +36,8 @@ def _setup(cfg, devices):
 def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   model, tcfg, source, mesh = _setup(cfg, devices)
   state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray(seeds, jnp.int32))
-  hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float32), data=source.data_params(len(seeds)))
+  hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float64),
+                     data=source.data_params(len(seeds)))
   metrics = []
   for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
     state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
@@ -29,20 +46,32 @@ def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   return state, np.concatenate(metrics)
 
 
-def _assert_trees_close(a, b, rtol):
-  """Each leaf agrees to ``rtol`` relative to its norm (elementwise relative error is
+def _tree_errors(a, b) -> dict:
+  """Per leaf, ``‖a − b‖ / ‖b‖`` (relative to the leaf's norm: elementwise relative error is
   meaningless for entries near zero, which Adam moves by ~lr regardless of their size)."""
+  errors = {}
   for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if "qkv']['bias" in jax.tree_util.keystr(path):
       # The key bias shifts every score of a row equally, so softmax cancels it: its true
       # gradient is 0 and Adam turns the rounding noise there into lr-sized random steps.
       x, y = np.delete(x, 1, axis=-3), np.delete(y, 1, axis=-3)  # [..., 3, H, K]
-    err = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-12)
-    assert err <= rtol, (jax.tree_util.keystr(path), err)
+    errors[jax.tree_util.keystr(path)] = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-300)
+  return errors
 
 
-def test_vmapped_ensemble_equals_models_trained_alone(tiny):
+def _assert_trees_close(a, b, rtol=RTOL):
+  worst = max(_tree_errors(a, b).items(), key=lambda kv: kv[1])
+  assert worst[1] <= rtol, worst
+
+
+@pytest.fixture
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def test_vmapped_ensemble_equals_models_trained_alone(tiny, x64):
   cfg = tiny(**{"ensemble.size": 3})
   seeds, lrs = [5, 6, 7], [1e-3, 3e-3, 1e-2]
   ens_state, ens_loss = _train_ensemble(cfg, jax.devices()[:1], seeds, lrs)
@@ -50,16 +79,32 @@ def test_vmapped_ensemble_equals_models_trained_alone(tiny):
   step = jax.jit(lambda s, hp, tok: train.train_step(s, hp, tok, model=model, tcfg=tcfg))
   for i, (seed, lr) in enumerate(zip(seeds, lrs)):
     state = train.init_state(seed, model, tcfg)
-    hp = train.HParams(peak_lr=jnp.float32(lr), data={})
+    hp = train.HParams(peak_lr=jnp.float64(lr), data={})
     for t in range(tcfg.num_steps):
       tokens = source.sample(jax.random.fold_in(state.data_key, t), {}, source.arrays())
       state, m = step(state, hp, tokens)
-      np.testing.assert_allclose(m["loss"], ens_loss[t, i], rtol=1e-5)
+      np.testing.assert_allclose(m["loss"], ens_loss[t, i], rtol=RTOL)
     one = jax.tree_util.tree_map(lambda x: x[i], ens_state)
-    _assert_trees_close(one.params, state.params, rtol=1e-5)
+    assert one.params["embed"]["embedding"].dtype == np.float64
+    _assert_trees_close(one.params, state.params)
     assert int(one.step) == tcfg.num_steps == 20
   # Different learning rates really gave different models.
   assert not np.allclose(ens_loss[-1, 0], ens_loss[-1, 2])
+
+
+def test_equivalence_tolerance_catches_real_differences(tiny, x64):
+  """The tolerance of the equivalence tests fails for a real difference: another seed, or one
+  model's peak learning rate off by one part in a million."""
+  cfg = tiny(**{"ensemble.size": 2})
+  base, _ = _train_ensemble(cfg, jax.devices()[:1], [0, 1], [2e-3, 2e-3])
+  same, _ = _train_ensemble(cfg, jax.devices()[:1], [0, 1], [2e-3, 2e-3])
+  _assert_trees_close(same.params, base.params, rtol=0.0)  # deterministic on one device
+  for seeds, lrs in (([0, 2], [2e-3, 2e-3]), ([0, 1], [2e-3, 2e-3 * (1 + 1e-6)])):
+    other, _ = _train_ensemble(cfg, jax.devices()[:1], seeds, lrs)
+    errors = _tree_errors(other.params, base.params)
+    assert max(errors.values()) > 100 * RTOL, (seeds, lrs, max(errors.values()))
+    with pytest.raises(AssertionError):
+      _assert_trees_close(other.params, base.params)
 
 
 @pytest.mark.parametrize("n_models,batch,expect", [(4, 8, (4, 1)), (2, 8, (2, 2)),
@@ -74,26 +119,26 @@ def test_mesh_refuses_to_idle_devices():
 
 
 @pytest.mark.parametrize("n_models", [4, 3])  # (ensemble 4, data 1) and (ensemble 1, data 4)
-def test_sharded_over_four_devices_equals_one_device(tiny, n_models):
+def test_sharded_over_four_devices_equals_one_device(tiny, x64, n_models):
   assert len(jax.devices()) == 4
   cfg = tiny(**{"ensemble.size": n_models})
   seeds, lrs = list(range(n_models)), [2e-3] * n_models
   one_state, one_loss = _train_ensemble(cfg, jax.devices()[:1], seeds, lrs)
   four_state, four_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs)
   assert len(four_state.params["embed"]["embedding"].sharding.device_set) == 4
-  np.testing.assert_allclose(one_loss, four_loss, rtol=1e-5)
-  _assert_trees_close(one_state.params, four_state.params, rtol=1e-5)
+  np.testing.assert_allclose(one_loss, four_loss, rtol=RTOL)
+  _assert_trees_close(one_state.params, four_state.params)
 
 
-def test_vmap_chunks_do_not_change_results(tiny):
+def test_vmap_chunks_do_not_change_results(tiny, x64):
   """E = 8 on 4 devices is 2 models per device: vmapped together (chunk 2) or one at a time."""
   cfg = tiny(**{"ensemble.size": 8, "train.num_steps": 10})
   seeds, lrs = list(range(8)), np.linspace(1e-3, 8e-3, 8)
   whole, whole_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs, vmap_chunk=2)
   chunked, chunked_loss = _train_ensemble(cfg, jax.devices(), seeds, lrs, vmap_chunk=1)
   assert chunked_loss.shape == (10, 8)
-  np.testing.assert_allclose(whole_loss, chunked_loss, rtol=1e-5)
-  _assert_trees_close(whole.params, chunked.params, rtol=1e-5)
+  np.testing.assert_allclose(whole_loss, chunked_loss, rtol=RTOL)
+  _assert_trees_close(whole.params, chunked.params)
   assert len(chunked.params["embed"]["embedding"].sharding.device_set) == 4
 
 
