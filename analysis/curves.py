@@ -125,19 +125,25 @@ def _check_block(group: Group, probes) -> None:
   """Refuses a group whose repeated-token probes are too short to score (``MIN_BLOCK``).
 
   Raises:
-    GroupError: naming the block length L and the context size C that gives it.
+    GroupError: naming the block length L and the context size C (or eval.probe_len) that
+      gives it.
   """
   from ihsweep.data.probes import MAX_BLOCK, block_length
   probe_len = int(group.config.eval.get("probe_len", 0))
-  block = probes.block_len if probes is not None else block_length(group.context_size, probe_len)
+  cannot = (f"so the probe metrics (prefix-matching score, logit attribution, associative "
+            f"recall) cannot be computed for group {group.id}")
+  try:
+    block = probes.block_len if probes is not None else block_length(group.context_size,
+                                                                     probe_len)
+  except ValueError as e:  # ihsweep refuses L < 3 itself
+    raise GroupError(f"{e}; {cannot}") from None
   if block < MIN_BLOCK:
     how = (f"eval.probe_len = {probe_len}" if probe_len else
-           f"L = min({MAX_BLOCK}, C // 2) with C = {group.context_size}")
-    raise GroupError(
-        f"group {group.id}: its repeated-token probes would hold blocks of L = {block} tokens "
-        f"({how}); the probe metrics (prefix-matching score, logit attribution, associative "
-        f"recall) need L >= {MIN_BLOCK}, i.e. C >= {2 * MIN_BLOCK} (at L = 2 a previous-token "
-        f"head scores PS = 1.0), so they cannot be computed for it")
+           f"train.context_size = {group.context_size}: L = min({MAX_BLOCK}, C // 2); C >= "
+           f"{2 * MIN_BLOCK} needed")
+    raise GroupError(f"repeated-token probes with a block of L = {block} ({how}): the metrics "
+                     f"need L >= {MIN_BLOCK} (at L = 2 a previous-token head scores PS = 1); "
+                     f"{cannot}")
 
 
 def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:

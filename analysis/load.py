@@ -13,9 +13,14 @@ checkpoints are listed (orbax renames a step's directory when it is fully writte
 temporary directories are left alone. Params are loaded lazily, one step at a time, onto the
 devices present (``Group.params``): a CPU laptop reads a pod's checkpoints.
 
+A model diverged (loss NaN/inf, frozen by the trainer) when cells.csv says so or its group's logs
+do (``logged_divergence``: a single run's, or a group still running); ``diverged_step`` is the
+update from which its metrics are masked.
+
 Partial input is skipped with a warning (``Run.warnings``), never a crash: a group directory that
-is missing or whose config is unreadable, a group that has not started. A directory that is not a
-run raises ``NotARun``.
+is missing or whose config is unreadable, a group that has not started. Cells that a damaged or
+truncated cells.csv lacks are rebuilt from their group's config.json and status.json. A
+directory that is not a run raises ``NotARun``.
 """
 
 from __future__ import annotations
@@ -134,9 +139,9 @@ class Group:
       self._probes = probes_lib.Probes.load(path)
       return self._probes
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-      raise GroupError(f"group {self.id}: {path} cannot be read ({type(e).__name__}: "
-                       f"{str(e)[:160]}); move it away to have the probes made again from the "
-                       f"config") from None
+      raise GroupError(f"group {self.id}: {path} cannot be used ({type(e).__name__}: "
+                       f"{str(e)[:240]}); if it is damaged, move it away to have the probes "
+                       f"made again from the config") from None
 
   def close(self) -> None:
     if self._ckpts is not None:
@@ -240,10 +245,11 @@ def logged_divergence(group_dir: str, cell_ids: list[int]) -> dict[int, int]:
   ``metrics.jsonl`` rows marked ``diverged`` carry the exact count (``diverged_step``). Without
   an evaluation since, ``train_log.jsonl`` tells: a model's ``loss`` is null (NaN) from the host
   call in which it diverged on, so a row of ``updates`` k ending at ``step`` S places the
-  divergence in [S - k, S); S - k, the earliest, is taken. ``cell_ids``: the group's cells in
-  ensemble order (the order of ``train_log.jsonl``'s per-model lists).
+  divergence in [S - k, S); S - k, the earliest, is taken for a model no evaluation marked.
+  ``cell_ids``: the group's cells in ensemble order (that of ``train_log.jsonl``'s lists).
   """
-  found: dict[int, int] = {}
+  found: dict[int, int] = {}  # exact, from evaluations
+  bounds: dict[int, int] = {}  # from the training log
   for row in _read_jsonl(os.path.join(group_dir, "metrics.jsonl")):
     try:
       if row.get("diverged") is True:
@@ -261,18 +267,18 @@ def logged_divergence(group_dir: str, cell_ids: list[int]) -> dict[int, int]:
       continue
     for cell, loss in zip(cell_ids, losses):
       if loss is None or not np.isfinite(float(loss)):
-        found[int(cell)] = min(start, found.get(int(cell), start))
-  return found
+        bounds[int(cell)] = min(start, bounds.get(int(cell), start))
+  return {**bounds, **found}
 
 
 def _mark_divergence(cells: pd.DataFrame, group_dir: str, members: list[int]) -> None:
   """Marks (in place) the rows of ``cells`` of the group's ``members`` (ensemble order) that its
-  logs show diverged (``logged_divergence``); the earlier step wins where a row has one."""
+  logs show diverged (``logged_divergence``); a step the row has already (a sweep's status,
+  exact) is kept."""
   for cell, step in logged_divergence(group_dir, members).items():
-    at = cells["cell"] == cell
-    known = cells.loc[at, "diverged_step"].dropna()
+    at = (cells["cell"] == cell).to_numpy()
     cells.loc[at, "diverged"] = True
-    cells.loc[at, "diverged_step"] = min([step, *(int(k) for k in known)])
+    cells.loc[at & cells["diverged_step"].isna().to_numpy(), "diverged_step"] = step
 
 
 def _n_params(cfg) -> int:

@@ -340,7 +340,7 @@ def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   warnings = " ".join(out["warnings"])
   assert "group g001 (2 cells) is skipped: cells.csv lists it as done, but its directory" in \
       warnings
-  assert "group g003: " in warnings and "probes.npz cannot be read" in warnings
+  assert "group g003: " in warnings and "probes.npz cannot be used" in warnings
   assert "1 cell(s) diverged" in " ".join(open(out["report_md"]).read().split())
   assert "group g002 is running" in warnings
   assert "g002: the checkpoint at update 16 cannot be restored" in warnings
@@ -392,3 +392,99 @@ def test_cli_prints_the_fitted_law_beside_the_study():
   assert study.split() == ["study", "13.26", "0.37", "0.62", "0.98"]
   no_ci = _law_lines({**law, "ci": {}, "n_censored": 0}, "out").splitlines()[2]
   assert "[" not in no_ci and no_ci.split()[-1] == "18"
+
+
+def _sums(root) -> dict:
+  """SHA-256 of every file under ``root``, by path relative to it."""
+  import hashlib
+  return {os.path.relpath(os.path.join(d, f), root):
+          hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+          for d, _, files in os.walk(root) for f in files}
+
+
+def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
+  from analysis import report
+  opts = report.Options(progress=False, n_boot=0, source="online")
+  run = str(tmp_path / "run")
+  shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
+  # A user's directory with files under names the report writes: refused, nothing touched.
+  docs = tmp_path / "docs"
+  (docs / "figures").mkdir(parents=True)
+  (docs / "figures" / "curves_ps_max.png").write_bytes(b"\x89PNG the user's figure")
+  (docs / "report.md").write_text("# my notes\n")
+  before = _sums(docs)
+  assert cli.main(["report", run, "--out", str(docs), "--source", "online", "--no-progress"]) == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1
+  assert f"{docs}/report.md exists and was not written by this report" in err
+  assert _sums(docs) == before
+  from analysis import outputs
+  # Other files of the user's survive a report and its rerun; the rerun replaces the report's
+  # own outputs and removes those it no longer writes.
+  (docs / "report.md").unlink()
+  (docs / "figures" / "curves_ps_max.png").rename(docs / "figures" / "mine.png")
+  (docs / "notes.md").write_text("keep me\n")
+  mine = _sums(docs)
+  out = report.report([run], str(docs), opts)
+  manifest = json.loads((docs / outputs.MANIFEST).read_text())
+  assert {"report.md", "report.html", "curves.csv", "figures/curves_ps_max.png"} <= \
+      set(manifest["files"])
+  assert "notes.md" not in manifest["files"] and "figures/mine.png" not in manifest["files"]
+  stale = docs / "law.json"  # as if an earlier report had fitted a law
+  stale.write_text("{}")
+  manifest["files"]["law.json"] = outputs._sha256(str(stale))
+  (docs / outputs.MANIFEST).write_text(json.dumps(manifest))
+  (docs / "curves.csv").write_text("old")  # the report's own file, yet changed by hand: refused
+  with pytest.raises(outputs.OutputError, match="curves.csv was changed since the report"):
+    report.report([run], str(docs), opts)
+  (docs / "curves.csv").unlink()
+  out = report.report([run], str(docs), opts)
+  assert not stale.exists() and os.path.getsize(out["report_md"]) > 100
+  assert {k: _sums(docs)[k] for k in mine} == mine
+  # A manifest that lists files outside the report's names removes nothing of them.
+  manifest = json.loads((docs / outputs.MANIFEST).read_text())
+  manifest["files"]["notes.md"] = None
+  (docs / outputs.MANIFEST).write_text(json.dumps(manifest))
+  report.report([run], str(docs), opts)
+  assert (docs / "notes.md").read_text() == "keep me\n"
+
+
+def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
+  from analysis.load import load_runs
+  sweep = _fake_sweep(trained, tmp_path)
+  os.symlink(os.path.join(sweep, "groups", "g000"), tmp_path / "link")
+  runs = load_runs([sweep, os.path.join(sweep, "groups", "g000"), str(tmp_path / "link")])
+  assert [r.kind for r in runs] == ["sweep"]
+  assert any("it is this sweep's group g000" in w for w in runs[0].warnings)
+  alone = load_runs([os.path.join(sweep, "groups", "g000")])  # on its own it is read as a run
+  assert alone[0].kind == "train" and list(alone[0].cells["cell"]) == [0, 1]
+
+
+def test_a_truncated_cells_table_is_rebuilt_from_the_groups(trained, tmp_path):
+  sweep = _fake_sweep(trained, tmp_path)
+  full = pd.read_csv(os.path.join(sweep, "cells.csv"))
+  text = open(os.path.join(sweep, "cells.csv")).read()
+  lines = text.splitlines(keepends=True)
+  # Cut short in the middle of cell 4's row (group g002): cells 4-7 are gone.
+  cut = "".join(lines[:5]) + lines[5][:9]
+  open(os.path.join(sweep, "cells.csv"), "w").write(cut)
+  broken = os.path.join(sweep, "groups", "g004")
+  os.makedirs(broken)
+  open(os.path.join(broken, "config.json"), "w").write("{not json")
+  run = load_run(sweep)
+  warnings = " ".join(run.warnings)
+  assert "cells.csv rows [6] (file lines) are cut short" in warnings
+  assert "cells.csv lacks 4 cell(s) of group(s) g002, g003" in warnings
+  assert "group g004 is skipped: cells.csv has no rows for it, and its config.json cannot be " \
+      "read" in warnings
+  assert sorted(run.cells["cell"]) == [0, 1, 2, 3, 4, 5, 6, 7]
+  assert [g.id for g in run.groups] == ["g000", "g002", "g003"]
+  rebuilt = run.cells.set_index("cell").loc[[4, 5, 6, 7]]
+  assert list(rebuilt["group"]) == list(full.set_index("cell").loc[[4, 5, 6, 7], "group"])
+  assert list(rebuilt["seed"]) == [0, 1, 0, 1]
+  assert list(rebuilt["status"]) == ["running", "running", "done", "done"]
+  # An empty cells.csv (cut at 0 bytes): every group's cells rebuilt.
+  open(os.path.join(sweep, "cells.csv"), "w").close()
+  run = load_run(sweep)
+  assert sorted(run.cells["cell"]) == [0, 1, 4, 5, 6, 7]
+  assert [g.id for g in run.groups] == ["g000", "g002", "g003"]
