@@ -18,14 +18,19 @@ a checkpoint directory is readable without the paths or the config file.
 Writes are asynchronous (orbax copies device arrays to host before ``save`` returns, so the
 trainer may donate them right after) and atomic: orbax writes into a temporary directory and
 renames it when complete, so a step killed half-way is never listed and never restored
-(temporary leftovers are removed when the manager opens).
+(the trainer's manager removes temporary leftovers when it opens; nothing else writes: a
+``RunCheckpoints`` is read-only unless opened with ``read_only=False``, so reading a live run is
+safe). A full disk raises ``DiskFull``; the run resumes from its last complete checkpoint once
+space is freed.
 """
 
 from __future__ import annotations
 
 import logging
+import errno
 import math
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -41,6 +46,40 @@ log = logging.getLogger("ihsweep")
 
 class CheckpointError(DataError):
   """A run directory whose checkpoints cannot be restored."""
+
+
+class DiskFull(Exception):
+  """No space left on the device holding ``directory``; the message is one line for the user.
+  The ``ihsweep`` command prints it and exits with status ``EXIT_CODE`` (75, sysexits'
+  EX_TEMPFAIL: rerun the same command once space is freed; it resumes from the last complete
+  full-state checkpoint)."""
+
+  EXIT_CODE = 75
+
+  def __init__(self, directory: str, detail: str = ""):
+    self.directory = directory
+    super().__init__(f"no space left on device writing {directory}{f' ({detail})' if detail else ''}"
+                     f"; free space and rerun the same command to resume")
+
+
+_NO_SPACE = ("No space left on device", "Disk quota exceeded", "os_error_code='28'",
+             "os_error_code='122'")
+
+
+def disk_full_cause(error: BaseException) -> BaseException | None:
+  """The exception in ``error``'s chain (itself, its cause or context) that reports a full disk
+  or quota: an ``OSError`` with ``ENOSPC``/``EDQUOT``, or the ``ValueError('RESOURCE_EXHAUSTED:
+  … No space left on device [os_error_code='28']')`` orbax's tensorstore writes raise; None if
+  there is none."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, DiskFull) or (
+        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(error, ValueError) and any(m in str(error) for m in _NO_SPACE)):
+      return error
+    error = error.__cause__ or error.__context__
+  return None
 
 # The study's checkpoints (PAPER.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
 # 200M–1B every 100M tokens.
@@ -102,12 +141,15 @@ class RunCheckpoints:
     metadata: JSON-able dict stored with every checkpoint (``custom_metadata``).
     keep_state: how many full-state checkpoints to keep (newest first).
     async_save: write in a background thread (``wait`` before reading or exiting).
-    read_only: open existing checkpoints for reading only (analysis): nothing is created,
-      and the temporary directories of a run still writing are left alone.
+    read_only: True (the default): open existing checkpoints for reading only — nothing is
+      created or deleted, so a live run's in-progress saves (orbax temporary directories) are
+      left alone, and saving raises ``ValueError``. The trainer passes False: it creates the
+      directories and removes leftovers of an earlier, killed writer (it holds the run's lock).
   """
 
   def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
-               async_save: bool = True, read_only: bool = False):
+               async_save: bool = True, read_only: bool = True):
+    self.read_only = read_only
     self.directory = os.path.abspath(directory)
     self.metadata = _jsonable(metadata or {})
 
@@ -157,9 +199,20 @@ class RunCheckpoints:
     return self._state.latest_step()
 
   def _save(self, manager, name: str, step: int, tree: Any, extra: dict | None) -> bool:
+    if self.read_only:
+      raise ValueError(f"{self.directory} was opened read-only (RunCheckpoints' default, so "
+                       f"that reading never disturbs a live run): open it with "
+                       f"read_only=False to save")
     # A step already on disk is kept: a resumed run reaching it again computes the same values.
     if step in manager.all_steps():
       return False
+    # Refused before orbax starts writing, while the last complete checkpoint is intact (a
+    # write that fails half-way floods stderr from orbax's threads).
+    need = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
+    free = shutil.disk_usage(self.directory).free
+    if free < need:
+      raise DiskFull(self.directory, f"{need / 2**20:,.1f} MiB to write, {free / 2**20:,.1f} "
+                     f"MiB free")
     return manager.save(step, args=ocp.args.Composite(**{name: ocp.args.StandardSave(tree)}),
                         custom_metadata={**self.metadata, "step": step, **(extra or {})})
 

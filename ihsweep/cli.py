@@ -346,7 +346,14 @@ def main(argv=None) -> int:
     from ihsweep.runner import install_stop_handlers
     initialize_distributed()
     install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit
-  return int(handler(rest) or 0)
+  try:
+    return int(handler(rest) or 0)
+  except Exception as e:  # a full disk anywhere (checkpoints, logs, a sweep's tables): one line
+    from ihsweep.checkpoint import DiskFull, disk_full_cause
+    if disk_full_cause(e) is None:
+      raise
+    print(f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}", file=sys.stderr)
+    return DiskFull.EXIT_CODE
 
 if __name__ == "__main__":
   sys.exit(main())

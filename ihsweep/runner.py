@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import zipfile
@@ -155,30 +156,50 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
           "data_source": cfg.data.source}
 
 
-def _fault_injection(step: int, workdir: str) -> None:
-  """Test hook: ``IHSWEEP_FAULT_KILL_AT_STEP=s`` SIGKILLs this process right after the full
-  state save at update s has started (its asynchronous write possibly unfinished);
-  ``IHSWEEP_FAULT_PROCESS=p`` limits it to process p of a multi-process run,
+def _fault_injection(step: int, workdir: str, fault: str) -> None:
+  """Test hook around the full-state save at update s: ``IHSWEEP_FAULT_DISK_FULL_AT_STEP=s``
+  (``fault`` "DISK_FULL", before the save) fails it as orbax does on a full disk (the
+  ``ValueError`` its tensorstore writes raise); ``IHSWEEP_FAULT_KILL_AT_STEP=s`` ("KILL", after)
+  SIGKILLs this process right after it has started (its asynchronous write possibly
+  unfinished). ``IHSWEEP_FAULT_PROCESS=p`` limits either to process p of a multi-process run,
   ``IHSWEEP_FAULT_GROUP=g`` to the run directory named g (a sweep's group)."""
   env = os.environ
-  at, only, group = (env.get(f"IHSWEEP_FAULT_{k}") for k in ("KILL_AT_STEP", "PROCESS", "GROUP"))
-  if (at and int(at) == step and (not only or int(only) == jax.process_index())
-      and (not group or os.path.basename(os.path.normpath(workdir)) == group)):
+  at = env.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
+  only, group = env.get("IHSWEEP_FAULT_PROCESS"), env.get("IHSWEEP_FAULT_GROUP")
+  if not (at and int(at) == step and (not only or int(only) == jax.process_index())
+          and (not group or os.path.basename(os.path.normpath(workdir)) == group)):
+    return
+  if fault == "KILL":
     os.kill(os.getpid(), signal.SIGKILL)
+  tmp = os.path.join(workdir, "checkpoints", "state", f"{step}.orbax-checkpoint-tmp")
+  raise ValueError(f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
+                   f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
+                   f"No space left on device [os_error_code='28'] (IHSWEEP_FAULT_DISK_FULL)")
 
 
 _STOP_REQUESTED = threading.Event()
+_STOP_SIGNALS = [0]  # stop requests so far (signals and calls)
 
 
 def request_stop(signum=None, frame=None) -> None:
-  """Asks a running ``fit`` to checkpoint and stop after its current host call (the SIGTERM
-  handler the CLI installs: preemption). A second SIGINT interrupts at once."""
+  """Asks a running ``fit`` to checkpoint and stop after its current host call (the SIGTERM and
+  SIGINT handler the CLI installs: preemption, Ctrl-C). A second request only says that the
+  checkpoint is being saved (it never interrupts a save); a third exits at once with status
+  128 + the signal's number (130 for SIGINT), losing the updates since the last complete
+  full-state checkpoint (a rerun resumes from it)."""
   del frame
-  if signum == signal.SIGINT and _STOP_REQUESTED.is_set():
-    raise KeyboardInterrupt
-  if not _STOP_REQUESTED.is_set():
-    log.warning("stop requested (%s): checkpointing after the current call",
-                signal.Signals(signum).name if signum else "request_stop")
+  name = signal.Signals(signum).name if signum else "request_stop"
+  _STOP_SIGNALS[0] += 1
+  if _STOP_SIGNALS[0] == 1:
+    log.warning("stop requested (%s): checkpointing after the current call", name)
+  elif _STOP_SIGNALS[0] == 2:
+    log.warning("already stopping: saving a checkpoint (%s once more exits at once, losing the "
+                "updates since the last complete checkpoint)", name)
+  elif signum:
+    print(f"ihsweep: forced exit on a third stop request ({name}): the updates since the last "
+          f"complete full-state checkpoint are lost; rerun the same command to resume from it",
+          file=sys.stderr, flush=True)
+    os._exit(128 + signum)
   _STOP_REQUESTED.set()
 
 
@@ -200,6 +221,98 @@ class Interrupted(Exception):
     self.workdir, self.step = workdir, step
     super().__init__(f"stopped at update {step} on request; state saved in {workdir}; rerun "
                      f"the same command to resume")
+
+
+RUN_MARKER = ".ihsweep-run"
+"""The file ``claim_workdir`` writes into a run directory it creates or adopts: JSON ``kind``
+(``train`` or ``sweep``), ``created``. Only directories that hold it — or the layout an earlier
+ihsweep left (``run_kind``), or nothing at all — are ever written to."""
+# Our own files (lock, marker, write probes): a directory holding only these is empty.
+_OURS = (".ihsweep.lock", RUN_MARKER, ".write-test.")
+
+
+def _ihsweep_config(workdir: str) -> bool:
+  """Whether ``workdir/config.json`` is a config ihsweep resolved (its model/train/data
+  sections)."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      cfg = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(cfg, dict) and {"model", "train", "data"} <= set(cfg)
+
+
+def run_kind(workdir: str) -> str | None:
+  """What ``workdir`` holds: ``"empty"`` (missing, or nothing but ihsweep's lock), ``"train"``
+  (an ``ihsweep train`` run, or a group of a sweep), ``"sweep"`` (an ``ihsweep run`` sweep), or
+  None (other files: not an ihsweep run). A run is recognised by ``RUN_MARKER``; one made
+  before the marker existed by its ihsweep-resolved ``config.json`` beside ``cells.csv``
+  (sweep) or ``checkpoints/`` (train); a sweep's not-yet-trained group directory
+  (``SWEEP/groups/gNNN``) by its place.
+
+  Raises:
+    OSError: ``workdir`` is a file or cannot be listed.
+  """
+  try:
+    names = [n for n in os.listdir(workdir) if not n.startswith(_OURS)]
+  except FileNotFoundError:
+    return "empty"
+  try:
+    with open(os.path.join(workdir, RUN_MARKER)) as f:
+      kind = json.load(f).get("kind")
+    if kind in ("train", "sweep"):
+      return kind
+  except (OSError, ValueError, AttributeError):
+    pass
+  parent = os.path.dirname(os.path.abspath(workdir))
+  if os.path.basename(parent) == "groups" and run_kind(os.path.dirname(parent)) == "sweep":
+    return "train"
+  if not names:
+    return "empty"
+  if _ihsweep_config(workdir):
+    if os.path.exists(os.path.join(workdir, "cells.csv")):
+      return "sweep"
+    if os.path.isdir(os.path.join(workdir, "checkpoints")):
+      return "train"
+  return None
+
+
+def claim_workdir(workdir: str, kind: str | None = None) -> None:
+  """Checks that ``workdir`` may hold a run of ``kind`` (``train``, ``sweep``; None: either)
+  and, given a kind, on process 0 creates it and writes ``RUN_MARKER``. Refuses, touching
+  nothing, a directory holding anything else: nothing of the user's is overwritten or deleted.
+
+  Raises:
+    ConfigError: (field ``workdir``) a non-empty directory that is no ihsweep run, a run of
+      the other kind, or a directory that cannot be created or written.
+  """
+  try:
+    found = run_kind(workdir)
+  except OSError as e:  # a file, a path through a file, an unreadable directory
+    raise config_lib.ConfigError("workdir", workdir, f"a directory this process can read and "
+                                 f"write ({e.strerror or e})") from None
+  if found is None or (kind and found not in ("empty", kind)):
+    names = sorted(n for n in os.listdir(workdir) if not n.startswith(_OURS))
+    what = {"train": "an `ihsweep train` run (use `ihsweep train` with it)",
+            "sweep": "a sweep of `ihsweep run` (use `ihsweep run` with it)"}.get(found) or (
+        f"files of its own ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and no "
+        f"ihsweep run")
+    runs = {"train": "an earlier train run", "sweep": "an earlier sweep"}.get(kind, "a run")
+    raise config_lib.ConfigError(
+        "workdir", workdir, f"a new or empty directory, or one that holds {runs} to resume; it "
+        f"holds {what}; nothing was changed: use a new --workdir")
+  if kind is None or jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, RUN_MARKER)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    if not os.path.exists(path):
+      with open(path + ".tmp", "w") as f:
+        json.dump({"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+      os.replace(path + ".tmp", path)
+  except OSError as e:
+    raise config_lib.ConfigError("workdir", workdir, f"a directory this process can write "
+                                 f"({e.strerror or e})") from None
 
 
 @contextlib.contextmanager
@@ -314,12 +427,39 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
     Interrupted: stopped on request, after the checkpoint.
   """
   config_lib.validate(cfg)
-  if os.path.exists(os.path.join(workdir, "cells.csv")):
-    raise config_lib.ConfigError(
-        "workdir", workdir, "a directory that holds no sweep (it has cells.csv): use `ihsweep "
-        "run` with it, or a new --workdir")
-  with workdir_lock(workdir):
-    return _fit(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule)
+  claim_workdir(workdir, "train")
+  _quiet_failed_writes()
+  try:
+    with workdir_lock(workdir):
+      return _fit(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule)
+  except Exception as e:
+    if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
+      raise
+    raise checkpoint.DiskFull(workdir) from e
+
+
+def _quiet_failed_writes() -> None:
+  """Silences the echoes of a write that failed for want of space, which ``DiskFull`` reports
+  in one line: orbax's error logs (with tracebacks) from its writer threads, and the
+  "Event loop is closed" errors its abandoned tensorstore writes raise afterwards."""
+  if getattr(sys.unraisablehook, "ihsweep", False):
+    return
+  default = sys.unraisablehook
+
+  def hook(unraisable):
+    text = str(unraisable.exc_value)
+    if not ("Event loop is closed" in text or "Python is likely shutting down" in text):
+      default(unraisable)
+
+  hook.ihsweep = True
+  sys.unraisablehook = hook
+
+  def keep(record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (checkpoint.disk_full_cause(error) or
+                any(m in record.getMessage() for m in checkpoint._NO_SPACE))
+
+  logging.getLogger("absl").addFilter(keep)
 
 
 def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
@@ -354,7 +494,7 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
   ckpts = checkpoint.RunCheckpoints(ckpt_dir, cell_metadata(cfg, mcfg, tcfg, source, n_params),
                                     keep_state=cfg.checkpoint.keep_state,
-                                    async_save=cfg.checkpoint.async_save)
+                                    async_save=cfg.checkpoint.async_save, read_only=False)
   start, state = ckpts.restore_latest_state(state)
   if start is not None:
     log.info("resuming from the full-state checkpoint at update %d", start)
@@ -498,9 +638,10 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
           drain(item)
         earlier.clear()
         pending.clear()
+        _fault_injection(step, workdir, "DISK_FULL")
         ckpts.save_state(step, state, extra)
         saved["state"].add(step)
-        _fault_injection(step, workdir)
+        _fault_injection(step, workdir, "KILL")
 
     pending: list = []
     saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit

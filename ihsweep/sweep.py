@@ -538,12 +538,17 @@ def write_cells(plan: Plan, workdir: str) -> str:
   return path
 
 
-def check_workdir(workdir: str) -> None:
-  """Creates ``workdir`` and checks that files can be written in it.
+def check_workdir(workdir: str, kind: str | None = None) -> None:
+  """Checks that ``workdir`` is new, empty or an ihsweep run to resume — of ``kind`` (``sweep``,
+  ``train``) if given, which then marks it as one (``runner.claim_workdir``); anything else is
+  refused untouched — then creates it and checks that files can be written in it.
 
   Raises:
-    ConfigError: (field ``workdir``) when it is not a writable directory.
+    ConfigError: (field ``workdir``) when it holds files that are no ihsweep run (of ``kind``)
+      or is not a writable directory.
   """
+  from ihsweep import runner
+  runner.claim_workdir(workdir, kind)
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write-test.{os.getpid()}")
@@ -585,10 +590,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   import jax
   from ihsweep import runner, sharding
   plan = make_plan(cfg)
-  check_workdir(workdir)
-  if any(os.path.exists(os.path.join(workdir, f)) for f in ("checkpoints", "train_log.jsonl")):
-    raise ConfigError("workdir", workdir, "a sweep directory; this one holds an `ihsweep train` "
-                      "run (checkpoints/, train_log.jsonl): use a new --workdir")
+  check_workdir(workdir, "sweep")
   with runner.workdir_lock(workdir):
     return _run(cfg, plan, workdir, progress)
 
@@ -644,6 +646,8 @@ def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
       if lead:
         write_cells(plan, workdir)
       break
+    except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
+      raise
     except Exception as e:  # noqa: BLE001 — recorded, and the sweep goes on
       log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
       states[group.id] = write_status(

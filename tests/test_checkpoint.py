@@ -1,9 +1,13 @@
-"""Checkpoints: schedules, resume after SIGKILL equals an uninterrupted run, config guard."""
+"""Checkpoints: schedules, resume after SIGKILL or a full disk equals an uninterrupted run, config
+guard, readers that never disturb a live run."""
 
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -40,15 +44,34 @@ def _values(rows):
   return [{k: v for k, v in r.items()} for r in rows]
 
 
-def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
-  cfg = tiny(**RUN)
-  fit(cfg, str(tmp_path / "ref"), progress=False)
+TINY_FLAGS = {"model.n_layers": 2, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64,
+              "model.vocab_size": 64, "model.max_context": 32, "model.dtype": "float32",
+              "train.batch_size": 8, "train.context_size": 32, "ensemble.size": 2, **RUN}
+CMD = [sys.executable, "-m", "ihsweep.cli", "train", "--config=configs/default.py",
+       "--noprogress", *_overrides(TINY_FLAGS)]  # the tiny(**RUN) run as a command
 
-  tiny_flags = {"model.n_layers": 2, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64,
-                "model.vocab_size": 64, "model.max_context": 32, "model.dtype": "float32",
-                "train.batch_size": 8, "train.context_size": 32, "ensemble.size": 2, **RUN}
-  cmd = [sys.executable, "-m", "ihsweep.cli", "train", "--config=configs/default.py",
-         f"--workdir={tmp_path / 'run'}", "--noprogress", *_overrides(tiny_flags)]
+
+def _assert_same_run(ref, run):
+  """Two run directories of the same config hold the same metrics rows and final params."""
+  rows = {}
+  for name, d in (("ref", ref), ("run", run)):
+    rows[name] = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["cell"]) for r in rows["run"]] == [(r["step"], r["cell"]) for r in rows["ref"]]
+  for a, b in zip(rows["ref"], rows["run"]):
+    assert a.keys() == b.keys()
+    for k in a:
+      if a[k] is None:
+        assert b[k] is None, k
+      else:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=f"{k} at {a['step']}")
+  params = [checkpoint.RunCheckpoints(str(d / "checkpoints")).restore_params(60) for d in (ref, run)]
+  for x, y in zip(jax.tree_util.tree_leaves(params[0]), jax.tree_util.tree_leaves(params[1])):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-7)
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
+  fit(tiny(**RUN), str(tmp_path / "ref"), progress=False)
+  cmd = CMD + [f"--workdir={tmp_path / 'run'}"]
   env = dict(os.environ)  # the same 4 fake CPU devices as this process
   # Synchronous saves: the kill lands right after state/40 is complete, so the resume starts
   # there and every row up to 40 must already be on disk (checkpoint.* may change on resume).
@@ -60,22 +83,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming from the full-state checkpoint at update 40" in resumed.stderr
 
-  rows = {}
-  for name in ("ref", "run"):
-    rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-  assert [(r["step"], r["cell"]) for r in rows["run"]] == [(r["step"], r["cell"]) for r in rows["ref"]]
-  for a, b in zip(rows["ref"], rows["run"]):
-    assert a.keys() == b.keys()
-    for k in a:
-      if a[k] is None:
-        assert b[k] is None, k
-      else:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=f"{k} at {a['step']}")
-  params = [checkpoint.RunCheckpoints(str(tmp_path / n / "checkpoints"), {}).restore_params(60)
-            for n in ("ref", "run")]
-  for x, y in zip(jax.tree_util.tree_leaves(params[0]), jax.tree_util.tree_leaves(params[1])):
-    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-7)
-  ckpts = checkpoint.RunCheckpoints(str(tmp_path / "run" / "checkpoints"), {})
+  _assert_same_run(tmp_path / "ref", tmp_path / "run")
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path / "run" / "checkpoints"))
   meta = ckpts.step_metadata(60)
   assert [c["seed"] for c in meta["cells"]] == [0, 1] and meta["tokens_per_update"] == 8 * 32
   assert meta["n_params"] > 0 and meta["step"] == 60 and meta["tokens"] == 60 * 256
@@ -84,6 +93,73 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert again.returncode == 0 and "nothing left to train" in again.stdout, again.stderr
   assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # finished rows kept
+
+
+def test_full_disk_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp_path):
+  # The injected failure is the error orbax raises on a full disk (tried on a 2 MB tmpfs): a
+  # ValueError from tensorstore, RESOURCE_EXHAUSTED ... [os_error_code='28'].
+  cmd = CMD + [f"--workdir={tmp_path / 'run'}"]
+  full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "IHSWEEP_FAULT_DISK_FULL_AT_STEP": "40"})
+  assert full.returncode == checkpoint.DiskFull.EXIT_CODE == 75, full.stderr
+  assert "Traceback" not in full.stderr and "Event loop" not in full.stderr, full.stderr
+  assert full.stderr.strip().splitlines()[-1] == (
+      f"ihsweep: no space left on device writing {tmp_path / 'run'}; free space and rerun the "
+      f"same command to resume")
+  resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming from the full-state checkpoint at update 20" in resumed.stderr
+  fit(tiny(**RUN), str(tmp_path / "ref"), progress=False)
+  _assert_same_run(tmp_path / "ref", tmp_path / "run")
+
+
+def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch):
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {}, async_save=False, read_only=False)
+  state = {"w": jnp.ones((1000,), jnp.float32)}  # 4,000 bytes
+  monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(
+      10**9, 10**9 - 3999, 3999))
+  with pytest.raises(checkpoint.DiskFull, match=r"no space left on device writing .*free space "
+                     r"and rerun the same command to resume"):
+    ckpts.save_state(10, state)
+  assert os.listdir(tmp_path / "state") == []  # orbax never started: no temporary directory
+  monkeypatch.undo()
+  assert ckpts.save_state(10, state)
+  for error in (OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "quota"),
+                ValueError("RESOURCE_EXHAUSTED: Error writing local file ... No space left on "
+                           "device [os_error_code='28']")):
+    try:
+      raise RuntimeError("wrapped") from error
+    except RuntimeError as e:
+      assert checkpoint.disk_full_cause(e) is error
+  assert checkpoint.disk_full_cause(OSError(errno.EACCES, "denied")) is None
+  assert checkpoint.disk_full_cause(ValueError("RESOURCE_EXHAUSTED: out of memory")) is None
+
+
+def test_a_reader_never_disturbs_a_live_run(tmp_path):
+  state = {"w": jnp.arange(6.0)}
+  writer = checkpoint.RunCheckpoints(str(tmp_path), {}, async_save=False, read_only=False)
+  writer.save_state(10, state)
+  writer.close()
+  # The trainer's save of update 20 in progress: orbax writes it under a temporary name.
+  in_progress = tmp_path / "state" / "20.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp"
+  os.makedirs(in_progress)
+  (in_progress / "_sharding").write_text("{}")
+  reader = checkpoint.RunCheckpoints(str(tmp_path))  # as analysis and the README open them
+  step, restored = reader.restore_latest_state(state)
+  assert step == 10 and reader.params_steps_saved() == []
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  reader.close()
+  time.sleep(1)  # orbax removes leftovers in the background
+  assert (in_progress / "_sharding").exists()
+  assert sorted(os.listdir(tmp_path / "state")) == ["10", "20.orbax-checkpoint-tmp"]
+  with pytest.raises(ValueError, match="opened read-only .* read_only=False to save"):
+    reader.save_state(30, state)
+  # The trainer itself (read_only=False, holding the run's lock) clears a dead writer's
+  # leftovers before its first save: what a reader opened writable used to do to a live run.
+  writer = checkpoint.RunCheckpoints(str(tmp_path), {}, async_save=False, read_only=False)
+  writer.save_state(30, state)
+  writer.close()
+  assert sorted(os.listdir(tmp_path / "state")) == ["10", "30"]
 
 
 def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
@@ -107,7 +183,8 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
 
 def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path):
   state = {"w": jnp.arange(6.0), "step": jnp.zeros((), jnp.int32)}
-  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False)
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False,
+                                    read_only=False)
   ckpts.save_state(10, state)
   ckpts.save_state(20, {"w": state["w"] + 1, "step": state["step"] + 20})
   ckpts.close()

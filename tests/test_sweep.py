@@ -201,11 +201,11 @@ def test_one_run_per_directory(tiny, tmp_path, no_compile):
       sweep.run(_config(tiny), work, progress=False)
   (tmp_path / "train_run").mkdir()
   (tmp_path / "train_run" / "train_log.jsonl").write_text("")
-  with pytest.raises(ConfigError, match="holds an `ihsweep train` run"):
+  with pytest.raises(ConfigError, match="no ihsweep run"):  # a log alone is no run
     sweep.run(_config(tiny), str(tmp_path / "train_run"), progress=False)
   (tmp_path / "sweep_run").mkdir()
   (tmp_path / "sweep_run" / "cells.csv").write_text("cell\n")
-  with pytest.raises(ConfigError, match="holds no sweep"):
+  with pytest.raises(ConfigError, match="no ihsweep run"):
     runner.fit(tiny(), str(tmp_path / "sweep_run"), progress=False)
   with pytest.raises(ConfigError, match="one --grid/--zip flag per field"):
     sweep.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
