@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -231,6 +232,18 @@ ihsweep left (``run_kind``), or nothing at all — are ever written to."""
 _OURS = (".ihsweep.lock", RUN_MARKER, ".write-test.")
 
 
+def _theirs(workdir: str) -> list[str]:
+  """The entries of ``workdir`` ihsweep did not write before claiming it: all but ``_OURS`` and
+  a ``logs/`` of launcher logs only (``launch/local_multiprocess.sh`` appends
+  ``logs/process_<k>.log`` before the processes start)."""
+  names = [n for n in os.listdir(workdir) if not n.startswith(_OURS)]
+  logs = os.path.join(workdir, "logs")
+  if "logs" in names and os.path.isdir(logs) and all(
+      re.fullmatch(r"process_\d+\.log", n) for n in os.listdir(logs)):
+    names.remove("logs")
+  return sorted(names)
+
+
 def _ihsweep_config(workdir: str) -> bool:
   """Whether ``workdir/config.json`` is a config ihsweep resolved (its model/train/data
   sections)."""
@@ -254,7 +267,7 @@ def run_kind(workdir: str) -> str | None:
     OSError: ``workdir`` is a file or cannot be listed.
   """
   try:
-    names = [n for n in os.listdir(workdir) if not n.startswith(_OURS)]
+    names = _theirs(workdir)
   except FileNotFoundError:
     return "empty"
   try:
@@ -292,7 +305,7 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
     raise config_lib.ConfigError("workdir", workdir, f"a directory this process can read and "
                                  f"write ({e.strerror or e})") from None
   if found is None or (kind and found not in ("empty", kind)):
-    names = sorted(n for n in os.listdir(workdir) if not n.startswith(_OURS))
+    names = _theirs(workdir)
     what = {"train": "an `ihsweep train` run (use `ihsweep train` with it)",
             "sweep": "a sweep of `ihsweep run` (use `ihsweep run` with it)"}.get(found) or (
         f"files of its own ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and no "

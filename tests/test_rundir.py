@@ -103,6 +103,11 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
   (tmp_path / "locked").mkdir()
   (tmp_path / "locked" / ".ihsweep.lock").write_text("pid 1")  # a run that stopped early
   assert runner.run_kind(str(tmp_path / "locked")) == "empty"
+  (tmp_path / "locked" / "logs").mkdir()  # the multi-process launcher's, written first
+  (tmp_path / "locked" / "logs" / "process_0.log").write_text("launch\n")
+  assert runner.run_kind(str(tmp_path / "locked")) == "empty"
+  (tmp_path / "locked" / "logs" / "mine.txt").write_text("")
+  assert runner.run_kind(str(tmp_path / "locked")) is None
 
 
 def test_a_run_made_before_the_marker_resumes(tiny, tmp_path):
