@@ -215,22 +215,22 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
   context = cfg.train.context_size
   probe_len = _int(cfg, "eval", "probe_len", 0, context // 2,
                    hint=f" (0 = min(50, C/2); two copies must fit in C = {context})")
+  from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, block_length
+  if 0 < probe_len < MIN_BLOCK:  # even with evaluation off: the analysis makes probes from it
+    raise ConfigError("eval.probe_len", probe_len,
+                      f"0 (= min(50, C/2)) or >= {MIN_BLOCK}: {MIN_BLOCK_REASON}")
   top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
   from ihsweep.metrics import icl_positions
   early, late = icl_positions(
       context, _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)"),
       _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)"))
-  if not every:
+  if not every:  # no metric computed while training: any C trains (loss curves only)
     return
-  from ihsweep.data.probes import block_length
-  block = block_length(context, probe_len)
-  if block < 2:
-    if cfg.eval.probe_len:
-      raise ConfigError("eval.probe_len", probe_len, "0 or >= 2 (a block of one token has no "
-                        "next token to attribute or recall)")
+  if not probe_len and min(MAX_BLOCK, context // 2) < MIN_BLOCK:
     raise ConfigError("train.context_size", context,
-                      ">= 4 when evaluating (repeated-token probes hold a block of >= 2 tokens "
-                      "twice); or set eval.every_steps = 0")
+                      f">= {2 * MIN_BLOCK} when evaluating, or eval.every_steps = 0: the probes "
+                      f"hold a block of L = min(50, C/2) tokens twice, and {MIN_BLOCK_REASON}")
+  block = block_length(context, probe_len)
   usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
   if top_k and not block <= top_k <= usable:
     raise ConfigError("eval.probe_top_k", top_k,

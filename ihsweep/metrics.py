@@ -5,10 +5,16 @@ Every function is written for ONE model (no ensemble axis) and is pure; ``make_e
 the study's released code does") unless a docstring says otherwise.
 
 Repeated-token probes (``ihsweep.data.probes``): ``N`` sequences of ``T = 2L`` tokens, a block of
-``L`` distinct ids followed by the same block. In the second block, position ``i`` (``L ≤ i <
-2L``) holds the token of position ``i − L``; an induction head at ``i`` attends to ``i − L + 1``
-(the token after the earlier copy) and raises the logit of that token, which is also the true
-next token ``tokens[i + 1]`` for ``i ≤ 2L − 2``.
+``L ≥ 3`` distinct ids followed by the same block. In the second block, position ``i`` (``L ≤ i
+< 2L``) holds the token of position ``i − L``; an induction head at ``i`` attends to ``i − L + 1``
+(the token after the earlier copy) and raises the logit of that token. Every metric on the
+probes (PS, LA, DLA, AR) averages over all ``L`` positions ``i = L … 2L − 1``, and the correct
+next token at ``i`` is ``tokens[i − L + 1]``: ``tokens[i + 1]`` for ``i ≤ 2L − 2``, and at the
+last position the block's first token ``tokens[0]`` (the one that followed the earlier
+occurrence), although the sequence ends there (the study's released code).
+
+A model whose logits are NaN or ±inf (diverged) gets NaN, not a score: its recall ranks are
+undefined (``recall_ranks``) and NaN activations propagate through PS, LA and DLA.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON
 from ihsweep.model import ModelConfig, Transformer, unembedding_matrix
 
 SUMMARY_KEYS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc",
@@ -39,23 +46,30 @@ def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Arra
 
 
 def _second_block(block_len: int) -> jax.Array:
-  """Positions i ∈ [L, 2L − 2] whose next token (i + 1) lies in the probe."""
-  return jnp.arange(block_len, 2 * block_len - 1)
+  """The scored positions ``i = L … 2L − 1`` (all ``L`` of the second block)."""
+  return jnp.arange(block_len, 2 * block_len)
+
+
+def _probe_targets(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
+  """The correct next token at each scored position, ``tokens[i − L + 1]``, int32 ``[N, L]``
+  (``tokens[i + 1]``, and ``tokens[L] = tokens[0]`` at the last position ``2L − 1``)."""
+  return tokens_NxT[:, _second_block(block_len) - block_len + 1]
 
 
 def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
                       tokens_NxT: jax.Array, block_len: int) -> jax.Array:
   """The study's logit attribution per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
-  At second-block position i (``L ≤ i ≤ 2L − 2``), the head's output ``z_h W_O^h`` (no bias, no
+  At second-block position i (``L ≤ i ≤ 2L − 1``), the head's output ``z_h W_O^h`` (no bias, no
   final LayerNorm) is dotted with the unembedding vectors of the L block tokens, giving
   ``proj_j``; with ``m = mean_j proj_j``,
-  ``LA = ReLU(proj_target − m) / Σ_j ReLU(proj_j − m)`` (0 when the denominator is 0), averaged
-  over positions and probes (the study's released code, PAPER.md).
+  ``LA = ReLU(proj_target − m) / Σ_j ReLU(proj_j − m)`` (0 when the denominator is 0, NaN when
+  it is NaN), the target being ``tokens[i − L + 1]`` (at ``i = 2L − 1`` the block's first
+  token), averaged over the L positions and the probes (the study's released code, PAPER.md).
 
   Args:
     head_out_NxPxLxHxD: per-head writes into the residual stream at the second-block positions
-      ``L … 2L − 2`` (``head_outputs``), ``[N, L − 1, n_layers, H, D]``.
+      ``L … 2L − 1`` (``head_outputs``), ``[N, L, n_layers, H, D]``.
     unembed_DxV: unembedding ``[d_model, vocab]``.
     tokens_NxT: int32 probes ``[N, 2L]``.
   """
@@ -65,11 +79,12 @@ def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
   proj = jnp.einsum("nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d),
                     w_NxDxJ).reshape(n, p, layers * heads, block_len)
   above_NxPxMxJ = jax.nn.relu(proj - proj.mean(axis=-1, keepdims=True))
-  # the target tokens[i + 1] is block entry i + 1 − L = p + 1 for the p-th scored position
-  target_PxJ = jax.nn.one_hot(jnp.arange(1, p + 1), block_len, dtype=above_NxPxMxJ.dtype)
+  # the target tokens[i − L + 1] is block entry (p + 1) mod L for the p-th scored position
+  target_PxJ = jax.nn.one_hot((jnp.arange(p) + 1) % block_len, block_len,
+                              dtype=above_NxPxMxJ.dtype)
   target = jnp.einsum("npmj,pj->npm", above_NxPxMxJ, target_PxJ)
   total = above_NxPxMxJ.sum(axis=-1)
-  la = jnp.where(total > 0, target / jnp.where(total > 0, total, 1.0), 0.0)
+  la = jnp.where(total == 0, 0.0, target / jnp.where(total == 0, 1.0, total))  # NaN stays NaN
   return la.mean(axis=(0, 1)).reshape(layers, heads)
 
 
@@ -82,16 +97,16 @@ def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: j
   The head's output is passed through the final LayerNorm with its scale frozen at the full
   residual's value — ``(h − mean(h)) / σ(resid) · γ``, the LayerNorm bias not attributed — and
   read out as the target token's logit minus the mean logit over the vocabulary, averaged over
-  second-block positions ``L ≤ i ≤ 2L − 2`` and probes (Elhage et al. 2021, "A Mathematical
-  Framework for Transformer Circuits"; TransformerLens ``cache.stack_head_results(
-  apply_ln=True)`` with ``logit_diff`` against the mean logit). Positive = the head raises the
-  correct next token. ``head_out`` and ``resid_final`` are taken at those positions only
-  (``[N, L − 1, n_layers, H, D]`` and ``[N, L − 1, D]``).
+  the second-block positions ``L ≤ i ≤ 2L − 1`` (target ``tokens[i − L + 1]``, as for LA) and
+  probes (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits";
+  TransformerLens ``cache.stack_head_results(apply_ln=True)`` with ``logit_diff`` against the
+  mean logit). Positive = the head raises the correct next token. ``head_out`` and
+  ``resid_final`` are taken at those positions only (``[N, L, n_layers, H, D]`` and
+  ``[N, L, D]``).
   """
   n, p, layers, heads, d = head_out_NxPxLxHxD.shape
-  pos = _second_block(block_len)
   sigma_NxP = jnp.sqrt(resid_final_NxPxD.var(axis=-1) + ln_eps)
-  targets_NxP = tokens_NxT[:, pos + 1]
+  targets_NxP = _probe_targets(tokens_NxT, block_len)
   direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)) * \
       (ln_scale_D / sigma_NxP[..., None])
   # (h − mean(h)) · w = h · (w − mean(w)): centre the read-out direction instead of each head.
@@ -102,10 +117,17 @@ def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: j
 
 
 def recall_ranks(logits_NxPxV: jax.Array, targets_NxP: jax.Array) -> jax.Array:
-  """Rank of each target among all vocabulary items, int32 ``[N, P]``: the number of items with
-  a strictly larger logit (0 = the model's top prediction; the study's convention)."""
+  """Rank of each target among all vocabulary items, float32 ``[N, P]``: the number of items
+  with a strictly larger logit (0 = the model's top prediction; the study's convention); NaN
+  where any logit of the position is NaN or ±inf (a diverged model: no rank is defined)."""
   target_NxP = jnp.take_along_axis(logits_NxPxV, targets_NxP[..., None], axis=-1)
-  return jnp.sum(logits_NxPxV > target_NxP, axis=-1, dtype=jnp.int32)
+  ranks = jnp.sum(logits_NxPxV > target_NxP, axis=-1, dtype=jnp.float32)
+  return jnp.where(jnp.isfinite(logits_NxPxV).all(axis=-1), ranks, jnp.nan)
+
+
+def _hits(ranks: jax.Array) -> jax.Array:
+  """float32: 1 where the rank is 0, else 0; NaN where the rank is undefined."""
+  return jnp.where(jnp.isnan(ranks), jnp.nan, (ranks == 0).astype(jnp.float32))
 
 
 def icl_score(loss_per_position_C: jax.Array, early: int, late: int) -> jax.Array:
@@ -165,15 +187,22 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
     recall_SxC: bool ``[S, C]``, True at positions i where ``sequences[i]`` (A) occurred earlier at
       j < i − 1 and ``sequences[i + 1]`` equals ``sequences[j + 1]`` (B): the prompts ``… A B …
       A`` whose correct next token is B (``probes.recall_positions``).
+    block_len: L (``probes.block_length``), at least 3.
     probe_batch / sequence_batch: micro-batch sizes (must divide N and S) bounding the memory of
       the ``[batch, T, V]`` logits.
 
   Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
-  ``ar_rank`` (repeated-token probes, positions L … 2L − 2); ``ar_data_acc``, ``ar_data_rank``
-  (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss`` (nats/token);
-  ``icl_score``; summaries ``ps_max``, ``la_max``, ``dla_max`` and int32 ``[2]`` (layer, head)
-  ``ps_argmax``, ``la_argmax``, ``dla_argmax``.
+  ``ar_rank`` (repeated-token probes, all L positions ``L … 2L − 1``); ``ar_data_acc``,
+  ``ar_data_rank`` (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss``
+  (nats/token); ``icl_score``; summaries ``ps_max``, ``la_max``, ``dla_max`` and int32 ``[2]``
+  (layer, head) ``ps_argmax``, ``la_argmax``, ``dla_argmax``. A model with NaN or ±inf logits
+  gets NaN recall (and, through its activations, NaN scores), never a perfect one.
+
+  Raises:
+    ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token).
   """
+  if block_len < MIN_BLOCK:
+    raise ValueError(f"block_len = {block_len}: {MIN_BLOCK_REASON}")
   model = Transformer(cfg)
   unembed_DxV = unembedding_matrix(params, cfg).astype(jnp.float32)
   ln_scale_D = params["ln_f"]["scale"].astype(jnp.float32)
@@ -184,7 +213,8 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
     # Logits only where recall is scored (the model's own final LayerNorm and unembedding; XLA
     # drops the unused full [N, 2L, V] logits): half the probes' unembedding work.
     resid_NxPxD = internals["resid_final"][:, pos]
-    ranks = recall_ranks(_final_logits(params, cfg, resid_NxPxD), tokens_NxT[:, pos + 1])
+    ranks = recall_ranks(_final_logits(params, cfg, resid_NxPxD),
+                         _probe_targets(tokens_NxT, block_len))
     head_out = head_outputs(params, cfg, internals["z"], pos)
     return {
         "ps": prefix_matching_score(internals["attn"], block_len),
@@ -192,8 +222,8 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
         "dla": direct_logit_attribution(head_out, resid_NxPxD,
                                         ln_scale_D, unembed_DxV, tokens_NxT, block_len,
                                         cfg.ln_eps),
-        "ar_acc": jnp.mean(ranks == 0, dtype=jnp.float32),
-        "ar_rank": jnp.mean(ranks, dtype=jnp.float32)}
+        "ar_acc": _hits(ranks).mean(),
+        "ar_rank": ranks.mean()}
 
   def sequence_sums(args):
     seq_SxCp1, recall_SxC = args
@@ -203,7 +233,7 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
         logits, targets[..., None], axis=-1)[..., 0]
     ranks = recall_ranks(logits, targets)
     return {"loss_C": nll_SxC.sum(axis=0),
-            "ar_hits": jnp.sum((ranks == 0) & recall_SxC, dtype=jnp.float32),
+            "ar_hits": jnp.sum(jnp.where(recall_SxC, _hits(ranks), 0.0)),
             "ar_rank": jnp.sum(jnp.where(recall_SxC, ranks, 0), dtype=jnp.float32),
             "ar_n": jnp.sum(recall_SxC, dtype=jnp.int32)}
 
@@ -240,6 +270,15 @@ def make_eval_fn(cfg: ModelConfig, *, block_len: int, icl_early: int, icl_late: 
 def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int = 16 << 20
                ) -> int:
   """The largest divisor of ``n`` whose float32 logits ``[m, T, V]`` fit ``budget_bytes``
-  (at least 1)."""
+  (at least 1); ``T`` = ``tokens_per_item``.
+
+  Raises:
+    ValueError: ``tokens_per_item`` or ``vocab_size`` < 1 (e.g. probes of a run with C = 1,
+      whose block length min(50, C // 2) is 0).
+  """
+  for name, value in (("tokens_per_item", tokens_per_item), ("vocab_size", vocab_size)):
+    if value < 1:
+      raise ValueError(f"metrics.microbatch: {name} = {value}; must be >= 1 (items of at least "
+                       f"one token over a vocabulary of at least one id)")
   fits = max(1, budget_bytes // (tokens_per_item * vocab_size * 4))
   return max(m for m in range(1, n + 1) if n % m == 0 and m <= fits)

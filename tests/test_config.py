@@ -36,7 +36,7 @@ def test_invalid_config_fails_before_compiling(tiny, tmp_path, no_compile, field
     ({"eval.probe_top_k": 8}, "eval.probe_top_k", ["0 or in [16, 64]", "L = 16"]),
     ({"eval.icl_early": 20, "eval.icl_late": 10}, "eval.icl_early", ["early 20 >= late 10"]),
     ({"eval.n_probes": 0}, "eval.n_probes", ["eval.n_probes = 0", "[1, 100000]"]),
-    ({"eval.probe_len": 1}, "eval.probe_len", ["0 or >= 2"]),
+    ({"eval.probe_len": 1}, "eval.probe_len", ["0 (= min(50, C/2)) or >= 3", "previous token"]),
     ({"checkpoint.points_per_octave": 10**9}, "checkpoint.points_per_octave", ["[1, 64]"]),
     ({"eval.every_tokens": -5}, "eval.every_tokens", ["eval.every_tokens = -5"]),
     ({"checkpoint.params_schedule": "daily"}, "checkpoint.params_schedule", ["'log', 'study'"]),

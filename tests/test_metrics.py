@@ -67,7 +67,9 @@ def _evaluate(params, n=20, cfg=CFG):
 def test_hand_built_induction_head_scores_known_answers():
   out = jax.tree_util.tree_map(np.asarray, _evaluate(induction_circuit()))
   assert out["ps"][1, 0] > 0.9, out["ps"]
-  assert out["la"][1, 0] > 0.5, out["la"]
+  # ~1 at every scored position, the last included (the induction head attends to L there and
+  # copies tokens[L] = tokens[0], the target); at i = L it splits between 0 and 1 (PS 0.5 there).
+  assert out["la"][1, 0] > 0.95, out["la"]
   others = [(0, 0), (0, 1), (1, 1)]
   assert all(out["ps"][h] < 0.1 for h in others), out["ps"]
   assert all(out["la"][h] < 0.05 for h in others), out["la"]
@@ -78,6 +80,149 @@ def test_hand_built_induction_head_scores_known_answers():
   assert list(out["la_argmax"]) == [1, 0]
   # The second copy is predicted, the first is not: in-context learning lowers late loss.
   assert out["icl_score"] < -1.0
+
+
+def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
+  """AR rank, LA and DLA by the study's definitions, one position at a time in numpy: at
+  second-block position i the correct next token is tokens[i − L + 1] (the block's first token
+  at i = 2L − 1)."""
+  model = Transformer(cfg)
+  logits = np.asarray(model.apply({"params": params}, tokens_NxT))
+  _, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
+  heads = np.asarray(metrics.head_outputs(params, cfg, internals["z"], jnp.arange(2 * L)))
+  resid = np.asarray(internals["resid_final"])
+  w_DxV = np.asarray(params["unembed"]).T
+  gamma = np.asarray(params["ln_f"]["scale"])
+  toks = np.asarray(tokens_NxT)
+  rank, la, dla = [], [], []
+  for i in positions:
+    for n in range(len(toks)):
+      target = toks[n, i - L + 1]
+      rank.append((logits[n, i] > logits[n, i, target]).sum())
+      proj = heads[n, i] @ w_DxV[:, toks[n, :L]]  # [layers, H, L]
+      above = np.maximum(proj - proj.mean(-1, keepdims=True), 0)
+      la.append(above[..., list(toks[n, :L]).index(target)] / above.sum(-1))
+      direction = (w_DxV[:, target] - w_DxV.mean(1)) * gamma / np.sqrt(
+          resid[n, i].var() + cfg.ln_eps)
+      h = heads[n, i] - heads[n, i].mean(-1, keepdims=True)
+      dla.append(h @ direction)
+  return np.mean(rank), np.mean(la, axis=0), np.mean(dla, axis=0)
+
+
+def test_probe_metrics_average_all_L_positions_with_the_block_first_token_last():
+  """LA, DLA and AR over i = L … 2L − 1 (PAPER.md, "Positions"), the last position's target
+  being tokens[0]; dropping that position, or scoring it against any other token, moves them."""
+  cfg = ModelConfig(n_layers=2, n_heads=2, d_model=64, d_mlp=128, vocab_size=V, max_context=C,
+                    tie_embeddings=False)
+  params = Transformer(cfg).init(jax.random.PRNGKey(3), jnp.zeros((1, C), jnp.int32))["params"]
+  reps = jnp.asarray(_probes())
+  out = _evaluate(params, cfg=cfg)
+  rank, la, dla = _reference_probe_metrics(params, cfg, reps, range(L, 2 * L))
+  np.testing.assert_allclose(out["ar_rank"], rank, rtol=1e-6)
+  np.testing.assert_allclose(out["la"], la, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(out["dla"], dla, rtol=1e-4, atol=1e-6)
+  # The test can fail: L − 1 positions (the last dropped) give clearly different values.
+  rank_m, la_m, dla_m = _reference_probe_metrics(params, cfg, reps, range(L, 2 * L - 1))
+  assert abs(rank_m - rank) > 0.05 and np.abs(la_m - la).max() > 1e-3
+  assert np.abs(dla_m - dla).max() > 1e-3 * np.abs(dla).max()
+
+
+def test_last_position_target_is_the_block_first_token():
+  """A head that writes exactly the unembedding vector of tokens[i − L + 1] at each of the L
+  positions has LA = 1; writing anything else at the last position lowers LA and DLA there."""
+  tokens = jnp.asarray(_probes(4))
+  w_DxV = jnp.eye(D, V)  # token t's unembedding vector: unit vector t
+  targets = np.asarray(tokens[:, 1:L + 1])  # tokens[i − L + 1] for i = L … 2L − 1
+  assert (targets[:, -1] == np.asarray(tokens[:, 0])).all()
+  head = w_DxV.T[targets][:, :, None, None, :]  # [N, L, 1 layer, 1 head, D]
+  la = metrics.logit_attribution(head, w_DxV, tokens, L)
+  np.testing.assert_allclose(la, [[1.0]], rtol=1e-6)
+  resid = jnp.ones((4, L, D)) + head[:, :, 0, 0]
+  dla = metrics.direct_logit_attribution(head, resid, jnp.ones(D), w_DxV, tokens, L, 1e-5)
+  wrong = head.at[:, -1].set(w_DxV.T[np.asarray(tokens[:, 1])][:, None, None, :])
+  assert float(metrics.logit_attribution(wrong, w_DxV, tokens, L)[0, 0]) == pytest.approx(
+      (L - 1) / L, rel=1e-6)
+  assert float(metrics.direct_logit_attribution(wrong, resid, jnp.ones(D), w_DxV, tokens, L,
+                                                1e-5)[0, 0]) < float(dla[0, 0]) - 0.01
+
+
+def test_diverged_model_reads_nan_not_perfect_recall():
+  import configs.default
+  from ihsweep.runner import Evaluator
+  nan = jax.tree_util.tree_map(lambda x: x * jnp.nan, induction_circuit())
+  out = jax.tree_util.tree_map(np.asarray, _evaluate(nan))
+  for key in ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "ar_data_rank",
+              "val_loss"):
+    assert np.isnan(out[key]), (key, out[key])
+  # One NaN or inf in the unembedding of one token: no rank is defined anywhere.
+  for bad in (np.nan, np.inf):
+    params = induction_circuit()
+    params["unembed"] = params["unembed"].at[5, OUT + 5].set(bad)
+    out = _evaluate(params)
+    assert np.isnan(out["ar_acc"]) and np.isnan(out["ar_data_acc"]), bad
+  ranks = metrics.recall_ranks(jnp.array([[[0.0, 1.0, jnp.nan], [2.0, 1.0, 0.0],
+                                           [0.0, jnp.inf, 1.0]]]), jnp.array([[1, 0, 1]]))
+  np.testing.assert_array_equal(ranks, [[np.nan, 0, np.nan]])
+  # metrics.jsonl rows (NaN → null): a diverged model never reads as a perfect one.
+  host = {k: np.asarray(v)[None] for k, v in _evaluate(nan).items()}
+  cfg = configs.default.get_config()
+  cfg.ensemble.size = 1
+  row = Evaluator.rows(host, 10, 64, cfg, None)[0]
+  assert row["ar_acc"] is None and row["ps_max"] is None and row["la_max"] is None
+
+
+def test_probe_blocks_shorter_than_three_are_refused(tiny):
+  from ihsweep.config import ConfigError, validate
+  for overrides, field, words in [
+      ({"train.context_size": 5}, "train.context_size", ["= 5", ">= 6 when evaluating",
+                                                         "previous token"]),
+      ({"eval.probe_len": 2}, "eval.probe_len", ["= 2", "or >= 3", "previous token"])]:
+    with pytest.raises(ConfigError) as err:
+      validate(tiny(**{"eval.every_steps": 10, **overrides}))
+    assert err.value.field == field and all(w in str(err.value) for w in words), str(err.value)
+  with pytest.raises(ConfigError, match="eval.probe_len = 2"):  # even with evaluation off
+    validate(tiny(**{"eval.probe_len": 2}))
+  validate(tiny(**{"train.context_size": 4}))  # no evaluation: a small C still trains
+  validate(tiny(**{"eval.every_steps": 10, "train.context_size": 6}))  # L = 3
+  # Every other path (probes made for a run or its analysis; the metrics themselves, e.g. on
+  # an older run's saved probes): L < 3 is refused with the same reason.
+  for args in ((5,), (64, 2)):
+    with pytest.raises(ValueError, match="L = 2 .*previous token"):
+      probes.block_length(*args)
+  with pytest.raises(ValueError, match="block_len = 2"):
+    metrics.evaluate(induction_circuit(), jnp.zeros((1, 4), jnp.int32),
+                     jnp.zeros((1, 5), jnp.int32), jnp.zeros((1, 4), bool), cfg=CFG, block_len=2,
+                     icl_early=1, icl_late=3, probe_batch=1, sequence_batch=1)
+
+
+def test_microbatch_refuses_empty_items():
+  assert metrics.microbatch(12, 8, 100, budget_bytes=4 * 8 * 100 * 5) == 4
+  with pytest.raises(ValueError, match="tokens_per_item = 0"):
+    metrics.microbatch(12, 0, 100)
+
+
+def test_special_tokens_of_a_user_tokenizer_never_appear_in_probes(tiny, tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from ihsweep.data import natural
+  words = ["<|endoftext|>", "the", "head", "copies", "a", "token", "after", "its", "prefix"]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="the"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(["<|endoftext|>", "<pad>", "<bos>"])  # ids 0, 9, 10
+  tok.add_tokens(["induction"])  # id 11: an added token that is text
+  rng = np.random.default_rng(0)
+  train = rng.integers(1, 12, 5000).astype(np.uint16)
+  corpus = natural.TokenizedCorpus(train=train, val=train[:500], tokenizer=tok, eot_id=0,
+                                   vocab_size=16, path="", cache_hit=False, meta={})
+  source = natural.NaturalTextSource(corpus, batch_size=8, context_size=32, on_device=False)
+  special = [tok.token_to_id(t) for t in ("<|endoftext|>", "<pad>", "<bos>")]
+  assert probes.special_token_ids(source) == tuple(special) == (0, 9, 10)
+  cfg = tiny(**{"eval.probe_len": 12, "eval.n_sequences": 4})  # 13 usable ids of 16
+  p = probes.make_probes(source, {}, None, cfg.eval, 1, 32)
+  assert not set(special) & set(np.unique(p.repeated).tolist())
+  assert {11, 15} <= set(np.unique(p.repeated).tolist())  # text and ids beyond the tokenizer's
+  assert "3 special id(s) excluded (0, 9, 10)" in p.candidates
+  with pytest.raises(ValueError, match="13 candidate ids cannot fill a block of 14"):
+    probes.make_probes(source, {}, None, tiny(**{"eval.probe_len": 14}).eval, 1, 32)
 
 
 def test_uniform_attention_scores_mean_inverse_position():

@@ -1,7 +1,9 @@
 """Inputs of the induction-head metrics, deterministic from ``eval.probe_seed``.
 
 * Repeated-token probes (the study's, PAPER.md): N sequences, each a block of L = min(50, C/2)
-  distinct random token ids (no special tokens) followed by the same block again, no BOS. The
+  distinct random token ids (no special tokens: a corpus's end-of-text id and every token its
+  tokenizer marks special, e.g. ``<pad>``, ``<bos>``) followed by the same block again, no BOS;
+  L ≥ 3 (``block_length``). The
   ids come from the whole vocabulary, as in the study, or (``eval.probe_top_k`` = K) from the K
   most frequent tokens of the training data: on a small corpus many ids are rare or never
   trained, and a probe made of them measures nothing.
@@ -28,6 +30,9 @@ import numpy as np
 from ihsweep.data.keys import step_keys
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
+MIN_BLOCK = 3
+MIN_BLOCK_REASON = (f"the metrics need L >= {MIN_BLOCK} (at L = 2 the induction target i − L + 1 "
+                    f"is the previous token, so a previous-token head scores PS = 1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +62,31 @@ class Probes:
 
 
 def block_length(context_size: int, probe_len: int = 0) -> int:
-  """L: ``probe_len`` if set, else min(50, C // 2) (the study's)."""
-  return probe_len or min(MAX_BLOCK, context_size // 2)
+  """L: ``probe_len`` if set, else min(50, C // 2) (the study's).
+
+  Raises:
+    ValueError: L < 3 (``config.validate`` names the field first when evaluation is on).
+  """
+  block = probe_len or min(MAX_BLOCK, context_size // 2)
+  if block < MIN_BLOCK:
+    why = (f"eval.probe_len = {probe_len}" if probe_len else
+           f"train.context_size = {context_size}: L = min({MAX_BLOCK}, C // 2); C >= "
+           f"{2 * MIN_BLOCK} needed")
+    raise ValueError(f"repeated-token probes with a block of L = {block} ({why}): "
+                     f"{MIN_BLOCK_REASON}")
+  return block
+
+
+def special_token_ids(source) -> tuple[int, ...]:
+  """Ids probes never use, ascending: the source's ``special_ids`` (a corpus's end-of-text id)
+  and every token the tokenizer of a natural-text source (``source.corpus.tokenizer``, HF
+  ``tokenizers``) marks special — a user ``tokenizer.json``'s ``<pad>``, ``<bos>``, ``<unk>``
+  etc. Added tokens not marked special are text and stay."""
+  ids = set(getattr(source, "special_ids", ()))
+  tokenizer = getattr(getattr(source, "corpus", None), "tokenizer", None)
+  if tokenizer is not None:
+    ids |= {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+  return tuple(sorted(int(i) for i in ids))
 
 
 def probe_candidates(vocab_size: int, special_ids=(), top_k: int = 0,
@@ -130,17 +158,17 @@ def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models:
 def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int
                 ) -> Probes:
   """All probes of a run from ``eval_cfg`` (``probe_seed``, ``n_probes``, ``probe_len``,
-  ``probe_top_k``, ``n_sequences``). Special tokens (a corpus's end-of-text id) never appear in
+  ``probe_top_k``, ``n_sequences``). Special tokens (``special_token_ids``) never appear in
   repeated-token probes; top-K frequencies come from ``source.token_counts()`` when the source
   has it (a corpus's training split), else from the held-out sequences.
 
   Raises:
-    ValueError: fewer usable ids than L or than ``probe_top_k``.
+    ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``.
   """
   block = block_length(context_size, eval_cfg.probe_len)
   seqs = held_out_sequences(source, data_params, arrays, eval_cfg.probe_seed,
                             eval_cfg.n_sequences, n_models)
-  special = tuple(getattr(source, "special_ids", ()))
+  special = special_token_ids(source)
   counts, how = None, "all ids"
   if eval_cfg.probe_top_k:
     if hasattr(source, "token_counts"):
@@ -151,7 +179,8 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
     how = f"the {eval_cfg.probe_top_k} most frequent ids ({where})"
   ids = probe_candidates(source.vocab_size, special, eval_cfg.probe_top_k, counts)
   if special:
-    how += f", special ids {list(special)} excluded"
+    shown = ", ".join(map(str, special[:8])) + (", …" if len(special) > 8 else "")
+    how += f", {len(special)} special id(s) excluded ({shown})"
   repeated = repeated_token_probes(eval_cfg.probe_seed, eval_cfg.n_probes, block, ids)
   recall = np.stack([recall_positions(s) for s in seqs])
   return Probes(repeated=repeated, sequences=np.ascontiguousarray(seqs), recall=recall,
