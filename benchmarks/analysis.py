@@ -79,7 +79,8 @@ def build_run(workdir: str, workload: str, n_models: int, n_checkpoints: int) ->
   probes.save(os.path.join(workdir, "probes.npz"))
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
   ckpts = checkpoint.RunCheckpoints(os.path.join(workdir, "checkpoints"),
-                                    cell_metadata(cfg, mcfg, tcfg, source, n_params))
+                                    cell_metadata(cfg, mcfg, tcfg, source, n_params),
+                                    read_only=False)
   rng = np.random.default_rng(0)
   for step in steps:
     params = jax.tree_util.tree_map(
