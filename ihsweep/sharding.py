@@ -11,6 +11,14 @@ devices idle or pad the ensemble with dummy models; use ``mesh.num_devices`` to 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import math
+import os
+import sys
+import threading
+import time
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -80,7 +88,6 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   two models side by side instead of splitting every small op between them; on the 2-core
   benchmark machine this raised E = 16 throughput by 12% (reference) and 40% (tiny workload).
   """
-  import os
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" in flags:
     return 0
@@ -121,18 +128,117 @@ def initialize_distributed() -> int:
   ``IHSWEEP_COORDINATOR`` (host:port), ``IHSWEEP_NUM_PROCESSES`` and ``IHSWEEP_PROCESS_ID``
   (set by ``launch/local_multiprocess.sh``), or ``IHSWEEP_DISTRIBUTED=1`` for JAX's own cluster
   detection (SLURM, Cloud TPU pods, Open MPI: ``launch/slurm.sbatch``, ``launch/tpu_pod.sh``).
-  ``IHSWEEP_HEARTBEAT_S`` (default 100) is how long the others wait for a silent process.
-  Call before anything else touches JAX's devices. Returns the process count (1 when not
-  launched as several)."""
-  import os
+  ``IHSWEEP_HEARTBEAT_S`` (default 100) is how long the others wait for a silent process (one
+  stopped, hung or unreachable): then each of them prints one line, runs the ``when_peer_lost``
+  actions and exits with status 1 (``_Watchdog``). Call before anything else touches JAX's
+  devices. Returns the process count (1 when not launched as several)."""
   env = os.environ
-  heartbeat = int(env.get("IHSWEEP_HEARTBEAT_S", "100"))
+  heartbeat = float(env.get("IHSWEEP_HEARTBEAT_S", "100"))
   if env.get("IHSWEEP_COORDINATOR"):
-    jax.distributed.initialize(env["IHSWEEP_COORDINATOR"], int(env["IHSWEEP_NUM_PROCESSES"]),
-                               int(env["IHSWEEP_PROCESS_ID"]),
-                               heartbeat_timeout_seconds=heartbeat)
+    args = (env["IHSWEEP_COORDINATOR"], int(env["IHSWEEP_NUM_PROCESSES"]),
+            int(env["IHSWEEP_PROCESS_ID"]))
   elif env.get("IHSWEEP_DISTRIBUTED", "") not in ("", "0"):
-    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+    args = ()
   else:
     return 1
+  # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
+  # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
+  # the status to it), so it is given twice our bound.
+  jax.distributed.initialize(*args, heartbeat_timeout_seconds=math.ceil(2 * heartbeat))
+  if jax.process_count() > 1:
+    _Watchdog(heartbeat).start()
   return jax.process_count()
+
+
+_PEER_LOST_ACTIONS = []
+
+
+@contextlib.contextmanager
+def when_peer_lost(action):
+  """Inside the block, ``action(reason: str)`` runs if this process is about to end because
+  another process of the run stopped answering (``initialize_distributed``), e.g. a sweep marks
+  its running group failed. It runs on a watchdog thread while the main thread may be blocked
+  in a collective, so it should only write files."""
+  _PEER_LOST_ACTIONS.append(action)
+  try:
+    yield
+  finally:
+    _PEER_LOST_ACTIONS.remove(action)
+
+
+class _Watchdog:
+  """Heartbeats through the coordination service's key-value store. Every process sets
+  ``ihsweep/alive/<process>`` to a fresh count every ``interval`` seconds and reads the others';
+  a process whose count stays the same for ``heartbeat`` seconds (stopped, hung), or a
+  coordinator that does not answer for as long, ends this process: one line on stderr, the
+  ``when_peer_lost`` actions, exit status 1. A process that exits normally says so first
+  (``exited``), so that the others do not wait for it."""
+
+  PREFIX = "ihsweep/alive/"
+
+  def __init__(self, heartbeat: float):
+    from jax._src import distributed  # the runtime client (orbax uses it the same way)
+    self.client = distributed.global_state.client
+    self.heartbeat = heartbeat
+    self.interval = max(0.2, min(heartbeat / 5, 5.0))
+    self.me, self.n = jax.process_index(), jax.process_count()
+    self.stop = threading.Event()
+    now = time.monotonic()
+    self.contact = now  # last answer from the coordinator
+    self.seen = {k: (None, now) for k in range(self.n) if k != self.me}  # count, when it changed
+
+  def start(self) -> None:
+    threading.Thread(target=self._beat, name="ihsweep-heartbeat", daemon=True).start()
+    threading.Thread(target=self._watch, name="ihsweep-watchdog", daemon=True).start()
+    atexit.register(self._exit)  # runs before JAX's own shutdown (registered earlier)
+
+  def _exit(self) -> None:
+    self.stop.set()
+    try:
+      self.client.key_value_set(f"{self.PREFIX}{self.me}", "exited", allow_overwrite=True)
+    except Exception:  # noqa: BLE001 — the coordinator may be gone already
+      pass
+
+  def _beat(self) -> None:
+    count = 0
+    while not self.stop.is_set():
+      count += 1
+      try:
+        self.client.key_value_set(f"{self.PREFIX}{self.me}", str(count), allow_overwrite=True)
+        values = dict(self.client.key_value_dir_get(self.PREFIX))
+      except Exception:  # noqa: BLE001 — no answer: _watch counts the silence
+        values = None
+      now = time.monotonic()
+      if values is not None:
+        self.contact = now
+        for k, (last, _) in list(self.seen.items()):
+          value = values.get(f"{self.PREFIX}{k}")
+          if value == "exited":
+            del self.seen[k]
+          elif value != last:
+            self.seen[k] = (value, now)
+      self.stop.wait(self.interval)
+
+  def _watch(self) -> None:
+    while not self.stop.wait(min(self.interval, 1.0)):
+      now = time.monotonic()
+      silent = sorted(k for k, (_, t) in list(self.seen.items()) if now - t > self.heartbeat)
+      if silent:
+        self._lost(f"process {', '.join(map(str, silent))} of {self.n} stopped answering")
+      elif now - self.contact > self.heartbeat:
+        self._lost("the coordinator (process 0) stopped answering")
+
+  def _lost(self, who: str) -> None:
+    if self.stop.is_set():  # exiting normally
+      return
+    reason = (f"{who}: no heartbeat for IHSWEEP_HEARTBEAT_S = {self.heartbeat:g} s (stopped, "
+              f"hung or unreachable)")
+    for action in list(_PEER_LOST_ACTIONS):
+      try:
+        action(reason)
+      except Exception as e:  # noqa: BLE001 — the exit below must happen
+        print(f"ihsweep: could not record the failure: {type(e).__name__}: {e}", file=sys.stderr)
+    print(f"ihsweep: process {self.me} ends: {reason}; rerun the command to resume from the "
+          f"last checkpoint", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # the main thread may be blocked in a collective with the silent process

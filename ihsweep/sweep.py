@@ -637,8 +637,10 @@ def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
                                        cfg.sweep.stop_margin, len(group.cells))
     desc = (f"p{jax.process_index()} {group.id} {i + 1}/{n} B={group.cfg.train.batch_size} "
             f"C={group.cfg.train.context_size} E={len(group.cells)}")
-    try:
-      out = runner.fit(group.cfg, gdir, progress=progress, desc=desc, stop_rule=stop_rule)
+    try:  # a peer that stops answering ends this process: the group is then marked failed
+      with sharding.when_peer_lost(lambda reason: write_status(
+          workdir, group.id, state="failed", **common, error=reason, process=jax.process_index())):
+        out = runner.fit(group.cfg, gdir, progress=progress, desc=desc, stop_rule=stop_rule)
     except runner.Interrupted as e:
       states[group.id] = write_status(workdir, group.id, state="interrupted", step=e.step,
                                       **common) if lead else {"state": "interrupted"}

@@ -10,9 +10,13 @@
 # Environment it reads: IHSWEEP (command, default ihsweep), IHSWEEP_PORT (default: a free port),
 # IHSWEEP_CPU_DEVICES.
 # Output: process 0 on this terminal and in DIR/logs/process_0.log, process k in
-# DIR/logs/process_k.log (appended, one header line per launch). SIGTERM/SIGINT are passed to every process (each checkpoints and
-# exits); the exit status is the first non-zero one, and when a process fails the others are
-# stopped (SIGTERM, then SIGKILL after IHSWEEP_GRACE_S seconds).
+# DIR/logs/process_k.log (appended, one header line per launch). SIGTERM/SIGINT are passed to
+# every process (each checkpoints and exits).
+# Exit status: the first failure's, as the shell reports it (128 + the signal's number for a
+# process killed by a signal: 137 after SIGKILL), with one line naming the process. The others
+# are then stopped: SIGTERM, SIGKILL after IHSWEEP_GRACE_S (default 30) seconds; a process found
+# stopped (SIGSTOP; it cannot act on SIGTERM) is killed at once. A process that stops answering
+# without exiting is noticed by the others within IHSWEEP_HEARTBEAT_S (ihsweep/sharding.py).
 set -euo pipefail
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
   echo "usage: $0 N [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]" >&2
@@ -66,29 +70,61 @@ for ((k = 0; k < n; k++)); do
   ) &
   pids+=($!)
 done
-forward() { kill -"$1" "${pids[@]}" 2>/dev/null || true; }
+asked=""  # the signal this launcher passed on: the processes' statuses then report it
+forward() { asked=$1; kill -"$1" "${pids[@]}" 2>/dev/null || true; }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
-# Every process takes part in each group's collectives, so when one exits with an error the
-# others cannot go on: they get SIGTERM, then SIGKILL after IHSWEEP_GRACE_S (default 30) s.
+is_stopped() {  # state T (SIGSTOP) or t (a debugger): such a process cannot act on SIGTERM
+  local stat state
+  if read -r stat 2>/dev/null < "/proc/$1/stat"; then state=${stat##*) }; state=${state%% *}
+  else state=$(ps -o state= -p "$1" 2>/dev/null || true); fi
+  [[ "$state" == [Tt]* ]]
+}
+how() {  # an exit status in words
+  local sig=$(( $1 - 128 ))
+  if (( sig > 0 )); then echo "ended with status $1 (128 + $sig: SIG$(kill -l "$sig" 2>/dev/null))"
+  else echo "exited with status $1"; fi
+}
+exec 3>&2
+# Every process takes part in each group's collectives, so when one fails the others cannot go
+# on. Children are polled (bash's `wait -n` reports jobs that ended together in launch order, not
+# exit order; bash's own job messages go to /dev/null: they print this script's source).
 status=0
 deadline=""
-remaining=("${pids[@]}")
+codes=()
+remaining=("${!pids[@]}")
+{
 while (( ${#remaining[@]} )); do
   next=()
-  for pid in "${remaining[@]}"; do
-    if kill -0 "$pid" 2>/dev/null; then next+=("$pid"); continue; fi
-    set +e; wait "$pid"; rc=$?; set -e
-    if (( rc != 0 && status == 0 )); then
-      status=$rc
-      forward TERM
-      deadline=$(( SECONDS + ${IHSWEEP_GRACE_S:-30} ))
+  failed=""
+  for k in "${remaining[@]}"; do
+    if kill -0 "${pids[k]}" 2>/dev/null; then next+=("$k"); continue; fi
+    set +e; wait "${pids[k]}"; rc=$?; set -e
+    # Of two found ended at once, one killed by a signal is the likelier cause: a process whose
+    # peer is gone exits with an error status (1).
+    if (( rc != 0 )) && [[ -z "$failed" || ( rc -gt 128 && ${codes[failed]} -le 128 ) ]]; then
+      failed=$k
     fi
+    codes[k]=$rc
   done
   remaining=("${next[@]}")
-  if [[ -n "$deadline" ]] && (( SECONDS >= deadline && ${#remaining[@]} )); then
-    kill -KILL "${remaining[@]}" 2>/dev/null || true
+  if [[ -n "$failed" ]] && (( status == 0 )); then
+    status=${codes[failed]}
+    stopped=()
+    for k in "${remaining[@]}"; do
+      if is_stopped "${pids[k]}"; then stopped+=("$k"); kill -KILL "${pids[k]}" 2>/dev/null || true
+      else kill -TERM "${pids[k]}" 2>/dev/null || true; fi
+    done
+    msg="process $failed of $n $(how "$status") (log: $logdir/process_$failed.log)"
+    (( ${#stopped[@]} )) && msg+="; stopped (SIGSTOP?) and not answering: process ${stopped[*]}, killed"
+    (( ${#remaining[@]} > ${#stopped[@]} )) && msg+="; stopping the others"
+    [[ -z "$asked" ]] && echo "local_multiprocess.sh: $msg" >&3
+    deadline=$(( SECONDS + ${IHSWEEP_GRACE_S:-30} ))
   fi
-  if (( ${#remaining[@]} )); then sleep 1 || true; fi  # a signal to the group also hits sleep
+  if [[ -n "$deadline" ]] && (( SECONDS >= deadline && ${#remaining[@]} )); then
+    for k in "${remaining[@]}"; do kill -KILL "${pids[k]}" 2>/dev/null || true; done
+  fi
+  if (( ${#remaining[@]} )); then sleep 0.2 || true; fi  # a signal to the group also hits sleep
 done
+} 2>/dev/null
 exit $status
