@@ -131,23 +131,44 @@ def initialize_distributed() -> int:
   ``IHSWEEP_HEARTBEAT_S`` (default 100) is how long the others wait for a silent process (one
   stopped, hung or unreachable): then each of them prints one line, runs the ``when_peer_lost``
   actions and exits with status 1 (``_Watchdog``). Call before anything else touches JAX's
-  devices. Returns the process count (1 when not launched as several)."""
+  devices. Returns the process count (1 when not launched as several).
+
+  Raises:
+    SystemExit: (status 2, after one line naming the variable) a variable that is no number in
+      its range.
+  """
   env = os.environ
-  heartbeat = float(env.get("IHSWEEP_HEARTBEAT_S", "100"))
   if env.get("IHSWEEP_COORDINATOR"):
-    args = (env["IHSWEEP_COORDINATOR"], int(env["IHSWEEP_NUM_PROCESSES"]),
-            int(env["IHSWEEP_PROCESS_ID"]))
+    args = (env["IHSWEEP_COORDINATOR"], _env_number("IHSWEEP_NUM_PROCESSES", int, 1),
+            _env_number("IHSWEEP_PROCESS_ID", int, 0))
   elif env.get("IHSWEEP_DISTRIBUTED", "") not in ("", "0"):
     args = ()
   else:
     return 1
+  heartbeat = _env_number("IHSWEEP_HEARTBEAT_S", float, 0, "100")
   # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
   # the status to it), so it is given twice our bound.
-  jax.distributed.initialize(*args, heartbeat_timeout_seconds=math.ceil(2 * heartbeat))
+  jax.distributed.initialize(
+      *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1))
   if jax.process_count() > 1:
     _Watchdog(heartbeat).start()
   return jax.process_count()
+
+
+def _env_number(name: str, kind: type, low: float, default: str | None = None):
+  """``kind(os.environ[name])`` (or of ``default``): an int must be >= ``low``, a float finite
+  and > ``low``; otherwise one line on stderr and exit status 2."""
+  raw = os.environ.get(name, default)
+  try:
+    value = kind(raw)
+    if value >= low if kind is int else math.isfinite(value) and value > low:
+      return value
+  except (TypeError, ValueError):
+    pass
+  what = f"an integer >= {low}" if kind is int else f"a finite number of seconds > {low}"
+  print(f"ihsweep: {name}={raw!r} is not allowed: {what}", file=sys.stderr)
+  raise SystemExit(2)
 
 
 _PEER_LOST_ACTIONS = []

@@ -1,6 +1,7 @@
 """launch/local_multiprocess.sh when a process fails: the exit status is the failed process's,
 one line names it, a process that stops answering ends the others within the heartbeat bound
-(not JAX's C++ abort), and the group's status.json is not left "running"."""
+(not JAX's C++ abort), and the group's status.json is not left "running"; a bad
+IHSWEEP_HEARTBEAT_S is one line."""
 
 import os
 import re
@@ -106,3 +107,16 @@ def test_stopped_process_ends_the_others_with_one_line(tmp_path, stopped):
   status = sweep.read_status(str(work), "g000")
   assert status["state"] == "failed" and "stopped answering" in status["error"], status
   assert "failed" in next(l for l in sweep.format_status(str(work)).splitlines() if "g000" in l)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "inf"])
+def test_bad_heartbeat_is_one_line(tmp_path, value):
+  env = {**os.environ, "IHSWEEP_COORDINATOR": "localhost:1", "IHSWEEP_NUM_PROCESSES": "2",
+         "IHSWEEP_PROCESS_ID": "0", "IHSWEEP_HEARTBEAT_S": value}
+  r = subprocess.run([sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
+                      f"--workdir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=120)
+  assert r.returncode == 2 and r.stderr.strip() == (
+      f"ihsweep: IHSWEEP_HEARTBEAT_S={value!r} is not allowed: a finite number of seconds > 0"), (
+      r.stderr[-2000:])
+  assert not (tmp_path / "run").exists()
