@@ -42,16 +42,12 @@ METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "a
 HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
 SOURCES = ("auto", "checkpoints", "online")
 # The analysis's evaluation budget per model and checkpoint: the first 12 of the run's 100
-# repeated-token probes (12 × 49 scored positions for each head's PS and LA; the study uses 100)
+# repeated-token probes (12 × 50 scored positions for each head's PS and LA; the study uses 100)
 # and 8 of its 32 held-out sequences, about a fifth of the online evaluation's work: 16
 # reference-size models × 30 checkpoints in under a minute on 2 CPU cores
 # (benchmarks/analysis.py). None = all, exactly the online evaluation.
 DEFAULT_PROBES, DEFAULT_SEQUENCES = 12, 8
 CACHE_NAME = "curves.parquet"
-# The shortest repeated-token probe block the probe metrics mean anything on: at L = 2 a
-# previous-token head already scores PS = 1.0 (an untrained model 0.29), and below 2 there is no
-# next token to score at all (C < 4).
-MIN_BLOCK = 3
 
 
 def _cache_path(run: Run, out_dir: str | None = None) -> str:
@@ -122,28 +118,24 @@ def _want_sizes(group: Group, n_probes, n_sequences) -> tuple[int, int]:
 
 
 def _check_block(group: Group, probes) -> None:
-  """Refuses a group whose repeated-token probes are too short to score (``MIN_BLOCK``).
+  """Refuses a group whose repeated-token probes are too short to score
+  (``ihsweep.data.probes.MIN_BLOCK``).
 
   Raises:
     GroupError: naming the block length L and the context size C (or eval.probe_len) that
       gives it.
   """
-  from ihsweep.data.probes import MAX_BLOCK, block_length
-  probe_len = int(group.config.eval.get("probe_len", 0))
+  from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON, block_length
   cannot = (f"so the probe metrics (prefix-matching score, logit attribution, associative "
             f"recall) cannot be computed for group {group.id}")
   try:
-    block = probes.block_len if probes is not None else block_length(group.context_size,
-                                                                     probe_len)
-  except ValueError as e:  # ihsweep refuses L < 3 itself
+    if probes is None:
+      block_length(group.context_size, int(group.config.eval.get("probe_len", 0)))
+    elif probes.block_len < MIN_BLOCK:
+      raise ValueError(f"the run's probes have blocks of L = {probes.block_len} (train."
+                       f"context_size = {group.context_size}): {MIN_BLOCK_REASON}")
+  except ValueError as e:
     raise GroupError(f"{e}; {cannot}") from None
-  if block < MIN_BLOCK:
-    how = (f"eval.probe_len = {probe_len}" if probe_len else
-           f"train.context_size = {group.context_size}: L = min({MAX_BLOCK}, C // 2); C >= "
-           f"{2 * MIN_BLOCK} needed")
-    raise GroupError(f"repeated-token probes with a block of L = {block} ({how}): the metrics "
-                     f"need L >= {MIN_BLOCK} (at L = 2 a previous-token head scores PS = 1); "
-                     f"{cannot}")
 
 
 def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
