@@ -9,13 +9,17 @@
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
+Each command takes only its own flags (``COMMAND_FLAGS``, also listed by its ``--help``); any
+other flag is refused with exit status 2 before anything is parsed or loaded.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 
 from absl import flags
@@ -30,8 +34,9 @@ COMMANDS = {
 }
 
 FLAGS = flags.FLAGS
+_ARGV: list[str] = []  # the command line --config.X overrides are read from (main sets it)
 config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FILE[:ARG]",
-                                lock_config=True)
+                                lock_config=True, sys_argv=_ARGV)
 flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
 flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per update)")
@@ -45,6 +50,118 @@ flags.DEFINE_multi_string("zip", [], "run: a zipped sweep axis FIELD=V1,V2,... (
 flags.DEFINE_bool("json", False, "predict: print one JSON object")
 flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
                     "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
+
+
+# The flags each command takes (corpus: per subcommand); anything else is refused before parsing.
+COMMAND_FLAGS = {
+    "run": ("config", "workdir", "progress", "grid", "zip"),
+    "status": ("workdir",),
+    "train": ("config", "workdir", "progress"),
+    "corpus fetch": ("cache_dir",),
+    "corpus prepare": ("config",),
+    "predict": ("batch_size", "context_size", "law", "json"),
+}
+FLAG_FORMS = {
+    "config": "--config=FILE[:VARIANT] --config.SECTION.FIELD=VALUE", "workdir": "--workdir=DIR",
+    "progress": "--[no]progress", "grid": "--grid=FIELD=V1,V2,...", "zip": "--zip=FIELD=V1,V2,...",
+    "batch_size": "--batch_size=B", "context_size": "--context_size=C", "law": "--law=FILE",
+    "json": "--[no]json", "cache_dir": "--cache_dir=DIR",
+}
+
+
+def _command_flags(key: str) -> dict[str, tuple[str, ...]]:
+  """COMMAND_FLAGS of a command, or of each subcommand (``corpus``: fetch and prepare)."""
+  return {k: v for k, v in COMMAND_FLAGS.items() if k == key or k.startswith(key + " ")}
+
+
+def _flag_list(key: str) -> str:
+  """The flags of a command (``run``) or subcommand (``corpus fetch``) as the user types them;
+  ``corpus``: those of each subcommand."""
+  return "; ".join((k[len(key) + 1:] + ": " if k != key else "")
+                   + ", ".join(FLAG_FORMS[name] for name in names)
+                   for k, names in _command_flags(key).items())
+
+
+def _split_args(args):
+  """``(flags, positional)`` of the words after the command (``--flagfile`` expanded), read as
+  absl reads them: flags as ``(name as typed, flag it sets, value or None)``, e.g.
+  ``("noprogress", "progress", None)``, ``("config.train.lr", "config", "3e-4")``; a
+  non-boolean flag without ``=`` takes the next word as its value (``--workdir DIR``)."""
+  found, positional, i = [], [], 0
+  while i < len(args):
+    arg, i = args[i], i + 1
+    if arg == "--":
+      positional += args[i:]
+      break
+    m = re.fullmatch(r"--?([A-Za-z_][\w.-]*)(?:=(.*))?", arg, re.S)
+    if not m:
+      positional.append(arg)
+      continue
+    name, value = m.groups()
+    flag = name.split(".", 1)[0]
+    if flag not in FLAGS and flag.startswith("no") and flag[2:] in FLAGS and (
+        FLAGS[flag[2:]].boolean or "." in name):  # --noprogress, --noconfig.a.b
+      flag = flag[2:]
+    elif value is None and "." not in name and flag in FLAGS and not FLAGS[flag].boolean:
+      value, i = (args[i], i + 1) if i < len(args) else (None, i)
+    found.append((name, flag, value))
+  return found, positional
+
+
+def _check_flags(command: str, found, positional) -> str | None:
+  """Why the flags ``found`` (``_split_args``) do not suit ``command``: the first flag it does
+  not take, with its flags; or a --config file that does not exist. None when they suit."""
+  key = f"corpus {positional[0]}" if command == "corpus" and positional[:1] in (
+      ["fetch"], ["prepare"]) else command
+  allowed = sum(_command_flags(key).values(), ())
+  for name, flag, _ in found:
+    if flag not in allowed:
+      close = difflib.get_close_matches(flag, allowed, n=1)
+      hint = f"did you mean --{close[0]}? " if close and close[0] != flag else ""
+      return f"--{name} is not a flag of `ihsweep {key}`; {hint}its flags: {_flag_list(key)}"
+  path = _config_arg(found).split(":", 1)[0]
+  if path == "" and any(flag == "config" and "." not in name for name, flag, _ in found):
+    return "--config= is empty: give a config file, e.g. --config=configs/default.py"
+  if path and not os.path.exists(path):
+    return f"cannot load the config: {path}: no such file"
+  return None
+
+
+def _config_arg(found) -> str:
+  """The value of the last --config flag in ``found`` (``_split_args``); '' if none."""
+  values = [value for name, flag, value in found if flag == "config" and "." not in name]
+  return (values[-1] or "") if values else ""
+
+
+def _bad_override(found) -> str | None:
+  """The first ``--config.PATH`` override in ``found`` that names no field of the config file,
+  and which fields there are; None if there is none (or the config file does not load)."""
+  paths = [name.split(".", 1)[1] for name, flag, _ in found if flag == "config" and "." in name]
+  if not paths or not _config_arg(found):
+    return None
+  try:
+    cfg = FLAGS["config"].parser.parse(_config_arg(found))
+    cfg.keys()
+  except CONFIG_LOAD_ERRORS:
+    return None
+  for path in paths:
+    node, done = cfg, []
+    for part in path.split("."):
+      here = ".".join(done) or "the config"
+      if not hasattr(node, "keys"):
+        return f"--config.{path}: {here} is a {type(node).__name__}, not a section"
+      if part not in node:
+        fields = sorted(node.keys())
+        close = difflib.get_close_matches(part, fields, n=1)
+        hint = f"; did you mean {'.'.join(done + close)}?" if close else ""
+        has = f"{here} has: {', '.join(fields)}" if fields else f"{here} has no fields"
+        axis = (" (an override --config.sweep.grid.X only changes an axis the config file "
+                "defines; add an axis with --grid=FIELD=V1,V2,...)"
+                if done[:2] in (["sweep", "grid"], ["sweep", "zip"]) else "")
+        return (f"--config.{path}: the config has no field {'.'.join(done + [part])}{hint} "
+                f"({has}){axis}")
+      node, done = node[part], done + [part]
+  return None
 
 
 def _load_config():
@@ -66,6 +183,8 @@ def _config_and_workdir(command: str):
     return None, failed
   if cfg is None or FLAGS.workdir is None:
     return None, _fail(f"{command} needs --config=FILE and --workdir=DIR")
+  if not FLAGS.workdir:
+    return None, _fail(f"--workdir= is empty: give {command} a run directory")
   if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
     return None, _fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
   return cfg, None
@@ -83,18 +202,21 @@ def _bad_input(e: Exception) -> int:
 
 def _train(argv):
   del argv
-  from ihsweep.config import ConfigError
+  from ihsweep import config as config_lib
+  from ihsweep import sweep
   from ihsweep.data.errors import DataError
   from ihsweep.runner import Interrupted, fit
   cfg, failed = _config_and_workdir("train")
   if failed is not None:
     return failed
   try:
+    config_lib.validate(cfg)  # a bad field first: it leaves no directory behind
+    sweep.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
     return 143
-  except (ConfigError, DataError) as e:
+  except (config_lib.ConfigError, DataError) as e:
     return _bad_input(e)
   if out["losses"] is None:
     print(f"done: nothing left to train in {FLAGS.workdir} (resumed at its last update)")
@@ -112,6 +234,7 @@ def _run(argv):
   from ihsweep import sweep
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
+  from ihsweep.law import LawError
   cfg, failed = _config_and_workdir("run")
   if failed is not None:
     return failed
@@ -127,6 +250,8 @@ def _run(argv):
     os._exit(1)  # not jax.distributed's shutdown barrier: a peer may be gone
   except (ConfigError, DataError) as e:
     return _bad_input(e)
+  except LawError as e:  # a cell's (B, C) outside the budget's law
+    return _fail(f"sweep.budget = {cfg.sweep.budget!r}: {e}")
   failed_groups = [g for g, s in result.groups.items() if s["state"] == "failed"]
   if jax.process_index() == 0:
     print(sweep.format_summary(result.summary))
@@ -144,8 +269,8 @@ def _run(argv):
 def _status(argv):
   del argv
   from ihsweep import sweep
-  if FLAGS.workdir is None:
-    return _fail("status needs --workdir=DIR")
+  if not FLAGS.workdir:
+    return _fail("status needs --workdir=DIR (a sweep's run directory)")
   try:
     print(sweep.format_status(FLAGS.workdir))
   except sweep.NotASweep as e:
@@ -171,11 +296,20 @@ def _predict(argv):
     print(json.dumps({"batch_size": b, "context_size": c, "updates": updates, "tokens": tokens,
                       "law": law.to_dict()}))
     return 0
-  print(f"B = {b:g}, C = {c:g}: induction heads predicted after {updates:,.0f} updates "
-        f"= {tokens / 1e6:,.1f}M tokens")
+  print(f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
+        f"= {_count(tokens, 1e6, 'M')} tokens")
   print(f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
-        f"(T = {law.T:,.0f}); {law.source}")
+        f"(T = {_count(law.T)}); {law.source}")
   return 0
+
+
+def _count(x: float, per: float = 1.0, unit: str = "") -> str:
+  """``x / per`` with thousands separators and ``unit`` (``_count(2.5e7, 1e6, "M") ==
+  "25.0M"``), or ``x`` in scientific notation where that would be long or round to 0
+  (``_count(3.2e20) == "3.2e+20"``)."""
+  if per <= x < 1e12 * per:
+    return f"{x / per:,.{1 if per > 1 else 0}f}{unit}"
+  return f"{x:.3g}"
 
 
 def _corpus(argv):
@@ -271,23 +405,23 @@ COMMAND_HELP = {
 CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError, ImportError)
 
 
-def _config_imports_siblings(argv) -> None:
-  """Lets a config file import its siblings as a package (``from configs import default``):
-  appends the directory above the config file's directory to ``sys.path`` (appended, so it
-  never shadows an installed module)."""
-  for arg in argv:
-    if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
-      root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-      if root not in sys.path:
-        sys.path.append(root)
+def _config_imports_siblings(config_arg: str) -> None:
+  """Lets a config file (``--config`` value ``config_arg``) import its siblings as a package
+  (``from configs import default``): appends the directory above the config file's directory to
+  ``sys.path`` (appended, so it never shadows an installed module)."""
+  if config_arg:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(config_arg.split(":", 1)[0])))
+    if root not in sys.path:
+      sys.path.append(root)
 
 
-def _config_load_failed(e: Exception) -> int:
-  """One line for a config file that is missing or raises, or an override of no field."""
-  if any(a.startswith(("--config.sweep.grid.", "--config.sweep.zip.")) for a in sys.argv):
-    _fail("(an override --config.sweep.grid.X only changes an axis the config file defines; "
-          "add an axis with --grid=FIELD=V1,V2,...)")
+def _config_load_failed(e: Exception, found=()) -> int:
+  """One line for a config file that raises, or an override of no field (``found``: the flags,
+  ``_split_args``)."""
+  bad = _bad_override(found)
+  if bad is not None:
+    return _fail(f"cannot load the config: {bad}")
+
   def text(err):
     return " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'").strip("'\"")
 
@@ -320,8 +454,16 @@ def main(argv=None) -> int:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
   if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[2:]):
-    print(COMMAND_HELP[command])
+    print(f"{COMMAND_HELP[command]}\n\n  flags: {_flag_list(command)}")
     return 0
+  try:
+    args = FLAGS.read_flags_from_files(argv[2:], force_gnu=False)
+  except flags.Error as e:  # an unreadable --flagfile
+    return _fail(" ".join(str(e).replace("ERROR::", "").split()))
+  found, positional = _split_args(args)
+  problem = _check_flags(command, found, positional)
+  if problem is not None:
+    return _fail(problem)
   from ihsweep.sharding import initialize_distributed, use_one_cpu_device_per_core
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -330,14 +472,15 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
   handler = {"run": _run, "status": _status, "train": _train, "corpus": _corpus,
              "predict": _predict}[command]
-  _config_imports_siblings(argv[2:])
+  _config_imports_siblings(_config_arg(found))
   try:  # parse here, not in app.run, so that a bad config file or override is one line
-    rest = FLAGS([f"{argv[0]} {command}"] + argv[2:])
+    _ARGV[:] = [f"{argv[0]} {command}"] + args
+    rest = FLAGS(list(_ARGV))
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return _fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
   except CONFIG_LOAD_ERRORS as e:
-    return _config_load_failed(e)
+    return _config_load_failed(e, found)
   if command in ("run", "train", "status") and len(rest) > 1:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
     return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "

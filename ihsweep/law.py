@@ -20,10 +20,28 @@ from numbers import Real
 
 
 MAX_LOG_UPDATES = 100  # e^100 updates: a prediction past this is a broken law, not a plan
+MAX_LOG_T = 700  # T = e^log_T must be a float (e^709.8 overflows); the study's ln T is 13.26
 
 
 class LawError(ValueError):
   """A law file that cannot be read, or a (B, C) outside the law's domain."""
+
+
+def _finite(v) -> bool:
+  """A real number (not a bool) that is finite as a float (a huge int is not)."""
+  if isinstance(v, bool) or not isinstance(v, Real):
+    return False
+  try:
+    return math.isfinite(float(v))
+  except OverflowError:
+    return False
+
+
+def _show(v) -> str:
+  """``repr(v)``, but a short phrase for an integer too long to read."""
+  if isinstance(v, int) and len(str(abs(v))) > 20:
+    return f"an integer of {len(str(abs(v)))} digits"
+  return repr(v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,29 +53,50 @@ class Law:
   beta: float = 0.62
   source: str = "Aoyama et al. 2025 (arXiv 2511.16893), experiment 1"
 
+  def __post_init__(self):
+    """Raises LawError for a coefficient that is not a finite number, or |log_T| > MAX_LOG_T."""
+    for key in ("log_T", "alpha", "beta"):
+      v = getattr(self, key)
+      if not _finite(v):
+        raise LawError(f"{key} = {_show(v)}: need a finite number")
+    if abs(self.log_T) > MAX_LOG_T:
+      raise LawError(f"log_T = {self.log_T:.4g}: need |log_T| <= {MAX_LOG_T} (T = e^log_T "
+                     f"must be a float; the study's ln T = 13.26)")
+
   @property
   def T(self) -> float:
     return math.exp(self.log_T)
 
   def updates(self, batch_size: float, context_size: float) -> float:
-    """Predicted updates at the transition (float; >0).
+    """Predicted updates at the transition (float, in [1, e^MAX_LOG_UPDATES]).
 
     Raises:
-      LawError: if B or C is not a positive number.
+      LawError: if B or C is not a positive finite number, or the prediction is below one
+        update or above e^MAX_LOG_UPDATES (a law or (B, C) far outside any run).
     """
     for name, v in (("batch_size", batch_size), ("context_size", context_size)):
-      if isinstance(v, bool) or not isinstance(v, Real) or not v > 0 or not math.isfinite(v):
-        raise LawError(f"{name} = {v!r}: the law needs a positive number")
+      if not _finite(v) or not v > 0:
+        raise LawError(f"{name} = {_show(v)}: the law needs a positive finite number")
     log_upt = self.log_T - self.alpha * math.log(batch_size) - self.beta * math.log(context_size)
-    if log_upt > MAX_LOG_UPDATES:
-      raise LawError(f"the law (log_T = {self.log_T:g}, alpha = {self.alpha:g}, beta = "
-                     f"{self.beta:g}) predicts e^{log_upt:.0f} updates for B = {batch_size}, "
-                     f"C = {context_size}: beyond any run (more than e^{MAX_LOG_UPDATES})")
+    if not 0 <= log_upt <= MAX_LOG_UPDATES:  # NaN too (inf - inf)
+      bound = (f"more than e^{MAX_LOG_UPDATES}" if log_upt > 0 else
+               "fewer than one update" if log_upt < 0 else "not a number")
+      raise LawError(f"the law (log_T = {self.log_T:.4g}, alpha = {self.alpha:.4g}, beta = "
+                     f"{self.beta:.4g}) predicts e^{log_upt:.4g} updates for B = {batch_size:g}, "
+                     f"C = {context_size:g}: outside any run ({bound})")
     return math.exp(log_upt)
 
   def tokens(self, batch_size: float, context_size: float) -> float:
-    """Predicted tokens per model at the transition: UPT · B · C."""
-    return self.updates(batch_size, context_size) * batch_size * context_size
+    """Predicted tokens per model at the transition: UPT · B · C.
+
+    Raises:
+      LawError: as ``updates``, or when UPT · B · C is not a finite float.
+    """
+    tokens = self.updates(batch_size, context_size) * float(batch_size) * float(context_size)
+    if not math.isfinite(tokens):
+      raise LawError(f"B = {batch_size:g}, C = {context_size:g}: the predicted tokens overflow a "
+                     f"float")
+    return tokens
 
   def to_dict(self) -> dict:
     return {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
@@ -70,8 +109,9 @@ class Law:
     fitted law.
 
     Raises:
-      LawError: unreadable file, not a JSON object, missing/non-numeric/non-finite fields, or
-        ``T`` and ``log_T`` that disagree.
+      LawError: unreadable file, not a JSON object, missing/non-numeric/non-finite fields,
+        |log_T| > MAX_LOG_T, ``T`` and ``log_T`` that disagree, or a law that also depends on
+        the model size (a fitted ``gamma``: this law takes B and C only).
     """
     try:
       with open(path) as f:
@@ -82,12 +122,12 @@ class Law:
       raise LawError(f"law file {path}: expected a JSON object with log_T, alpha, beta")
     if "T" in obj:
       t = obj["T"]
-      if isinstance(t, bool) or not isinstance(t, Real) or not 0 < t < math.inf:
-        raise LawError(f"law file {path}: T = {t!r} must be a positive finite number")
+      if not _finite(t) or not t > 0:
+        raise LawError(f"law file {path}: T = {_show(t)} must be a positive finite number")
       if "log_T" not in obj:
         obj = {**obj, "log_T": math.log(t)}
-      elif isinstance(obj["log_T"], Real) and not math.isclose(math.log(t), obj["log_T"],
-                                                               rel_tol=1e-6, abs_tol=1e-9):
+      elif _finite(obj["log_T"]) and not math.isclose(math.log(t), obj["log_T"],
+                                                      rel_tol=1e-6, abs_tol=1e-9):
         raise LawError(f"law file {path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
                        f"(ln T = {math.log(t):.6g}); give one of them")
     values = {}
@@ -97,7 +137,14 @@ class Law:
                        + (" (or 'T')" if key == "log_T" else "")
                        + "; a law JSON needs log_T (or T), alpha and beta")
       v = obj[key]
-      if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
-        raise LawError(f"law file {path}: field {key!r} = {v!r}; need a finite number")
+      if not _finite(v):
+        raise LawError(f"law file {path}: field {key!r} = {_show(v)}; need a finite number")
       values[key] = float(v)
-    return cls(**values, source=path)
+    if obj.get("gamma") is not None:
+      raise LawError(f"law file {path}: gamma = {obj['gamma']!r}: this law also depends on the "
+                     f"model size (ln UPT + gamma ln n_params); predictions here take B and C "
+                     f"only: fit it without gamma")
+    try:
+      return cls(**values, source=path)
+    except LawError as e:
+      raise LawError(f"law file {path}: {e}") from None

@@ -2,11 +2,14 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
+
+from ihsweep import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_mlp=64",
@@ -63,8 +66,16 @@ def test_usage_lists_commands():
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--config=configs/default.py", "--config.train.lrr=1"], ["lrr", 'Did you mean "lr"']),
-    (["--config=configs/nope.py"], ["No such file", "configs/nope.py"]),
+    (["--config=configs/default.py", "--config.train.lrr=1"],
+     ["--config.train.lrr: the config has no field train.lrr; did you mean train.lr?",
+      "train has: b1, b2, batch_size"]),
+    (["--config=configs/default.py", "--config.trainn.lr=1"],
+     ["no field trainn; did you mean train?"]),
+    (["--config=configs/default.py", "--config.train.lr.x=1"], ["train.lr is a float"]),
+    (["--config", "configs/default.py", "--config.sweep.grid.train.batch_size=(8,16)"],
+     ["no field sweep.grid.train (sweep.grid has no fields)", "add an axis with --grid"]),
+    (["--config=configs/nope.py"], ["ihsweep: cannot load the config: configs/nope.py: no such file\n"]),
+    (["--config="], ["--config= is empty"]),
     (["--config=configs/default.py:nope"], ["unknown variant 'nope'"]),
     (["--config=configs/default.py", "--config.train.batch_size=abc"], ["batch_size=abc"]),
     (["--config=configs/default.py", "stray", "words"], ["takes flags only", "'stray words'"]),
@@ -72,7 +83,8 @@ def test_usage_lists_commands():
 def test_bad_config_files_and_fields_get_one_line(tmp_path, args, words):
   r = _ihsweep("train", f"--workdir={tmp_path}/x", *args)
   assert r.returncode == 2, r.stderr
-  assert "Traceback" not in r.stderr and r.stderr.startswith("ihsweep: ")
+  assert r.stderr.startswith("ihsweep: ") and len(r.stderr.splitlines()) == 1, r.stderr
+  assert "config_config" not in r.stderr
   for w in words:
     assert w in r.stderr
   assert not (tmp_path / "x").exists()
@@ -110,3 +122,133 @@ def test_corpus_command_usage_and_bad_data(tmp_path):
                "--config.model.vocab_size=300")
   assert r.returncode == 2 and "matches no file" in r.stderr
   assert len(r.stderr.strip().splitlines()) == 1
+
+
+# The flags each command (corpus: subcommand) takes, each as a user would give it, and the
+# words that start each command.
+OWN_FLAGS = {"run": ("config", "workdir", "progress", "grid", "zip"), "status": ("workdir",),
+             "train": ("config", "workdir", "progress"), "corpus fetch": ("cache_dir",),
+             "corpus prepare": ("config",),
+             "predict": ("batch_size", "context_size", "law", "json")}
+FLAG_ARGS = {"config": "--config=configs/default.py", "workdir": "--workdir={tmp}/w",
+             "progress": "--noprogress", "grid": "--grid=train.batch_size=4,8",
+             "zip": "--zip=train.lr=1e-3,3e-3", "batch_size": "--batch_size=32",
+             "context_size": "--context_size=64", "law": "--law={tmp}/law.json", "json": "--json",
+             "cache_dir": "--cache_dir={tmp}/cache"}
+COMMAND_WORDS = {"run": ["run"], "status": ["status"], "train": ["train"],
+                 "corpus fetch": ["corpus", "fetch", "python-docs"],
+                 "corpus prepare": ["corpus", "prepare"], "predict": ["predict"]}
+
+
+def test_flag_table_covers_every_flag_and_the_help():
+  assert cli.COMMAND_FLAGS == OWN_FLAGS
+  assert set(cli.FLAG_FORMS) == set(FLAG_ARGS) and all(f in cli.FLAGS for f in FLAG_ARGS)
+  for command in cli.COMMANDS:  # the help names only the command's own flags, and all of them
+    own = {f for k, names in OWN_FLAGS.items() if k.split()[0] == command for f in names}
+    words = re.findall(r"--[\w.]+", cli.COMMAND_HELP[command].replace("[no]", ""))
+    mentioned = {cli._split_args([w])[0][0][1] for w in words}
+    assert mentioned == own, command
+
+
+@pytest.mark.parametrize("key", list(OWN_FLAGS))
+def test_each_command_refuses_the_flags_of_the_others(tmp_path, capsys, key):
+  own = [FLAG_ARGS[f].format(tmp=tmp_path) for f in OWN_FLAGS[key]]
+  foreign = [f for f in FLAG_ARGS if f not in OWN_FLAGS[key]]
+  for flag in foreign:
+    arg = FLAG_ARGS[flag].format(tmp=tmp_path)
+    assert cli.main(["ihsweep", *COMMAND_WORDS[key], *own, arg]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ihsweep: {arg.split('=')[0]} is not a flag of `ihsweep {key}`")
+    assert len(err.splitlines()) == 1 and all(f in err for f in OWN_FLAGS[key]), err
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("args,flag,key", [
+    (["train", "--config=configs/default.py", "--workdir={tmp}/w", "--grid=train.batch_size=4,8"],
+     "--grid", "train"),
+    (["train", "--config=configs/default.py", "--workdir={tmp}/w", "--batch_size=32"],
+     "--batch_size", "train"),
+    (["predict", "--batch_size=8", "--context_size=64", "--workdir={tmp}/w"], "--workdir",
+     "predict"),
+    (["train", "--config", "configs/default.py", "--workdir", "{tmp}/w", "--batch_size", "32"],
+     "--batch_size", "train"),  # absl's two-word form
+    (["status", "--workdir={tmp}", "--noprogress"], "--noprogress", "status"),
+    (["predict", "--batch_size=8", "--context_size=64", "--noconfig.train.x"], "--noconfig.train.x",
+     "predict"),
+    (["predict", "--batch_size=8", "--context_size=64", "--config.train.lr=1"],
+     "--config.train.lr", "predict"),
+    (["run", "--flagfile={tmp}/flags", "--workdir={tmp}/w"], "--batch_size", "run"),
+    (["train", "--work_dir={tmp}/w"], "--work_dir", "train"),
+    (["corpus", "frobnicate", "--json"], "--json", "corpus"),
+])
+def test_foreign_flags_from_the_command_line(tmp_path, args, flag, key):
+  (tmp_path / "flags").write_text("--config=configs/default.py\n--batch_size=32\n")
+  tiny = TINY if key in ("run", "train") else []  # were the flag accepted, a short run
+  r = _ihsweep(*[a.format(tmp=tmp_path) for a in args], *tiny)
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.startswith(f"ihsweep: {flag} is not a flag of `ihsweep {key}`; ")
+  assert len(r.stderr.splitlines()) == 1 and r.stdout == ""
+  assert sorted(os.listdir(tmp_path)) == ["flags"]
+  if flag == "--work_dir":
+    assert "did you mean --workdir?" in r.stderr
+
+
+def test_each_command_takes_its_own_flags(tmp_path):
+  law = tmp_path / "law.json"
+  law.write_text(json.dumps({"log_T": 10.0, "alpha": 0.5, "beta": 0.5}))
+  r = _ihsweep("predict", "--batch_size", "4", "--context_size=25", f"--law={law}", "--json")
+  assert r.returncode == 0, r.stderr
+  assert json.loads(r.stdout)["updates"] == pytest.approx(2202.6, rel=1e-4)
+  r = _ihsweep("predict", f"--flagfile={tmp_path / 'none'}")
+  assert r.returncode == 2 and r.stderr.startswith("ihsweep: Unable to open flagfile")
+  (tmp_path / "flags").write_text("--batch_size=4\n--context_size=25\n")
+  r = _ihsweep("predict", f"--flagfile={tmp_path / 'flags'}", "--nojson")
+  assert r.returncode == 0 and "after 46,694 updates = 4.7M tokens" in r.stdout, r.stderr
+  r = _ihsweep("corpus", "fetch", "nope", "--cache_dir", str(tmp_path / "cache"))
+  assert r.returncode == 2 and "unknown corpus 'nope'" in r.stderr
+  r = _ihsweep("status", "--workdir", str(tmp_path))
+  assert r.returncode == 2 and "is not a sweep run directory" in r.stderr
+  # run: --grid and --zip reach the planner, which budgets by a law predicting < 1 update
+  law.write_text(json.dumps({"log_T": -200.0, "alpha": 0.37, "beta": 0.62}))
+  r = _ihsweep("run", "--config", "configs/default.py", f"--workdir={tmp_path / 'w'}",
+               "--noprogress", "--grid", "train.batch_size=4,8", "--zip=train.lr=1e-3,3e-3",
+               "--config.sweep.budget=law", f"--config.sweep.law_file={law}")
+  assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+  assert "sweep.budget = 'law': the law (log_T = -200" in r.stderr
+  assert "B = 4, C = 128" in r.stderr and "fewer than one update" in r.stderr
+
+
+@pytest.mark.parametrize("workdir", ["", "{tmp}/a_file/sub", "unwritable"])
+def test_train_refuses_a_workdir_it_cannot_use_before_compiling(tmp_path, workdir):
+  (tmp_path / "a_file").write_text("not a directory")
+  if workdir == "unwritable":
+    if os.geteuid() == 0:  # root writes through file modes
+      workdir = "/sys/ihsweep-unwritable-test"
+      if not os.path.isdir("/sys"):
+        pytest.skip("no /sys to fail a write in")
+    else:
+      (tmp_path / "ro").mkdir(mode=0o500)
+      workdir = str(tmp_path / "ro" / "run")
+  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={workdir.format(tmp=tmp_path)}",
+               "--noprogress", *TINY)
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.startswith("ihsweep: ") and "workdir" in r.stderr
+  assert len(r.stderr.splitlines()) == 1, r.stderr  # no log line: nothing was built or compiled
+  assert sorted(os.listdir(tmp_path)) == ["a_file"] + (["ro"] if "ro" in workdir else [])
+
+
+@pytest.mark.parametrize("law,words", [
+    ({"log_T": 1e308, "alpha": 0.37, "beta": 0.62}, ["log_T = 1e+308: need |log_T| <= 700"]),
+    ({"log_T": 13.26, "alpha": 1e308, "beta": 0.0}, ["e^-inf updates", "fewer than one update"]),
+    ({"log_T": 99.0, "alpha": 0.0, "beta": 0.0}, ["9.89e+42 updates = 4.05e+46 tokens",
+                                                  "(T = 9.89e+42)"]),
+])
+def test_predict_with_a_law_far_outside_any_run(tmp_path, law, words):
+  (tmp_path / "law.json").write_text(json.dumps(law))
+  r = _ihsweep("predict", "--batch_size=64", "--context_size=64", f"--law={tmp_path}/law.json")
+  out = r.stdout + r.stderr
+  assert r.returncode == (0 if r.stdout else 2), out
+  assert not re.search(r"\d{16}", out.replace(",", "")), out  # no 300-digit numbers
+  assert len(out.splitlines()) <= 2
+  for w in words:
+    assert w in out
