@@ -397,7 +397,8 @@ COMMAND_HELP = {
 
   Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form.
   --law        a law JSON {"log_T": ..., "alpha": ..., "beta": ...} (or "T" for log_T; other
-               keys ignored); default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62
+               keys ignored, but a fitted "gamma" (model size) is refused); default: the
+               study's ln T = 13.26, alpha = 0.37, beta = 0.62
   --json       one JSON object: batch_size, context_size, updates, tokens, law""",
 }
 
