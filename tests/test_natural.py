@@ -231,6 +231,7 @@ def _bad_inputs(tmp_path):
   (tmp_path / "short" / "x.txt").write_text("too short")
   (tmp_path / "small").mkdir()
   (tmp_path / "small" / "x.txt").write_text("abc abd abe " * 200)
+  (tmp_path / "afile").write_text("")
   return {
       "empty glob": ({"data.files": str(tmp_path / "none" / "*.txt")}, "matches no file"),
       "binary": ({"data.files": str(tmp_path / "bin" / "*")}, "binary file"),
@@ -245,6 +246,9 @@ def _bad_inputs(tmp_path):
       "two document sources": ({"data.files": str(tmp_path / "small" / "*"),
                                 "data.corpus": "python-docs"}, "exactly one of"),
       "corpus not fetched": ({"data.corpus": "python-docs"}, "ihsweep corpus fetch"),
+      "cache dir is a file": ({"data.corpus": "python-docs",
+                               "data.cache_dir": str(tmp_path / "afile")},
+                              r"data.cache_dir = '.*afile' is not a directory"),
       "bad tokenizer path": ({"data.files": str(tmp_path / "small" / "*"),
                               "data.tokenizer": str(tmp_path / "nope.json")}, "tokenizer.json"),
       "bad loader": ({"data.files": str(tmp_path / "small" / "*"), "data.loader": "disk"},
@@ -255,7 +259,7 @@ def _bad_inputs(tmp_path):
 @pytest.mark.parametrize("case", ["empty glob", "binary", "not utf-8", "short",
                                   "vocab unreachable", "vocab below bytes", "no document source",
                                   "two document sources", "corpus not fetched",
-                                  "bad tokenizer path", "bad loader"])
+                                  "cache dir is a file", "bad tokenizer path", "bad loader"])
 def test_bad_inputs_fail_before_compiling(tiny, tmp_path, no_compile, case):
   overrides, message = _bad_inputs(tmp_path)[case]
   cfg = tiny(**{"data.source": "natural", "data.cache_dir": str(tmp_path / "cache"),

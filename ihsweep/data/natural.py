@@ -274,6 +274,22 @@ def _tfds_documents(data_cfg) -> Iterator[str]:
       yield text
 
 
+def _check_dir_or_absent(path: str, what: str) -> None:
+  """Checks that ``path`` is a directory or can become one (its nearest existing ancestor is a
+  directory).
+
+  Raises:
+    CorpusError: ``what`` (e.g. ``config.data.cache_dir = '/etc/hostname'``) is not a
+      directory.
+  """
+  at = os.path.abspath(path)
+  while not os.path.exists(at) and os.path.dirname(at) != at:
+    at = os.path.dirname(at)
+  if not os.path.isdir(at):
+    raise CorpusError(f"{what} is not a directory ({at} is a file); set config.data.cache_dir "
+                      f"or $IHSWEEP_CACHE to a directory", "data.cache_dir")
+
+
 def corpus_dir(cache_dir: str, corpus: str) -> str:
   return os.path.join(cache_dir, "corpora", corpus)
 
@@ -319,7 +335,10 @@ def document_source(data_cfg) -> DocumentSource:
     if data_cfg.corpus not in CORPORA:
       raise CorpusError(f"config.data.corpus = {data_cfg.corpus!r} is not allowed: one of "
                         f"{', '.join(map(repr, CORPORA))}", "data.corpus")
-    root = corpus_dir(resolve_cache_dir(data_cfg), data_cfg.corpus)
+    cache = resolve_cache_dir(data_cfg)
+    _check_dir_or_absent(cache, f"config.data.cache_dir = {data_cfg.cache_dir!r}" if
+                         data_cfg.cache_dir else f"the cache directory {cache!r}")
+    root = corpus_dir(cache, data_cfg.corpus)
     if not os.path.isfile(os.path.join(root, "SOURCE.json")):
       raise CorpusError(f"the {data_cfg.corpus} corpus is not in {root}: run `ihsweep corpus "
                         f"fetch {data_cfg.corpus}` first (same cache dir: data.cache_dir or "
