@@ -85,6 +85,9 @@ def _fit_law(args) -> int:
   fixed = {}
   for spec in args.fix:
     name, _, value = spec.partition("=")
+    if name.strip() in fixed:
+      return _fail(f"--fix {spec!r}: {name.strip()} is already fixed (--fix {name.strip()}="
+                   f"{fixed[name.strip()]:g}); give each coefficient once")
     try:
       fixed[name.strip()] = float(value)
     except ValueError:
@@ -168,8 +171,21 @@ def _law_lines(law: dict, out_dir: str) -> str:
           f"{out_dir}/law.json\n" + "\n".join("  " + line for line in table.splitlines()))
 
 
+def _empty_value(args) -> str | None:
+  """The first flag or directory given as an empty string (``--out=``), which would otherwise
+  read as not given (the default) or as the current directory."""
+  for name in ("out", "csv", "metric", "method"):
+    if getattr(args, name, None) == "":
+      return f"--{name}= is empty: give a value, or leave the flag out for its default"
+  if "" in getattr(args, "dirs", ()):
+    return "an empty DIR: give a run directory written by `ihsweep run` or `ihsweep train`"
+  return None
+
+
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
+  if _empty_value(args):
+    return _fail(_empty_value(args))
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       datefmt="%H:%M:%S")
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend probing

@@ -199,6 +199,31 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   assert "column emergence_step: line 5 has 'abc', not a number" in capsys.readouterr().err
 
 
+def test_empty_flag_values_are_refused(tmp_path, capsys):
+  csv = tmp_path / "points.csv"
+  _law_points().to_csv(csv, index=False)
+  run = tmp_path / "run"
+  run.mkdir()
+  for argv, message in (
+      (["report", str(run), "--out=", "--no-progress"], "--out= is empty"),
+      (["report", "", "--no-progress"], "an empty DIR"),
+      (["fit-law", "--csv="], "--csv= is empty"),
+      (["fit-law", f"--csv={csv}", "--metric="], "--metric= is empty")):
+    assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, (argv, err)
+  assert os.listdir(run) == []
+
+
+def test_a_coefficient_fixed_twice_is_refused(tmp_path, capsys):
+  csv = tmp_path / "points.csv"
+  _law_points().to_csv(csv, index=False)
+  assert cli.main(["fit-law", "--csv", str(csv), "--fix", "alpha=0.3", "--fix", "alpha=0.5"]) == 2
+  err = capsys.readouterr().err
+  assert err == "python -m analysis: --fix 'alpha=0.5': alpha is already fixed (--fix " \
+      "alpha=0.3); give each coefficient once\n"
+
+
 # ---------------------------------------------------------------- frontier and factorial
 
 def test_pareto_frontier_and_factorial():
