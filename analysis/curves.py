@@ -259,8 +259,8 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   return pd.DataFrame(rows)
 
 
-def _online_rows(group: Group) -> pd.DataFrame:
-  online = group.online_metrics()
+def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:
+  online = group.online_metrics(warnings)
   if online.empty:
     return online
   online = online.copy()
@@ -370,7 +370,7 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
     recomputed["source"] = "checkpoint"
   online = []
   for g in online_groups:
-    rows = _online_rows(g)
+    rows = _online_rows(g, run.warnings)
     if rows.empty:
       warn(run.warnings, f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; "
                           f"skipped")

@@ -106,20 +106,29 @@ class Group:
     """
     return self.checkpoints().restore_params(step, sharding=sharding)
 
-  def online_metrics(self) -> pd.DataFrame:
-    """The group's ``metrics.jsonl`` (online evaluations) as a DataFrame; unreadable lines (a
-    write cut short) are skipped. Empty if there is none."""
+  def online_metrics(self, warnings: list[str] | None = None) -> pd.DataFrame:
+    """The group's ``metrics.jsonl`` (online evaluations) as a DataFrame. Damaged lines (a write
+    cut short: not JSON, or without a non-negative ``step`` and ``cell``) are skipped with a
+    warning naming the file, their number and line numbers (recorded in ``warnings`` when
+    given). Empty if there is none."""
     path = os.path.join(self.dir, "metrics.jsonl")
-    rows = []
+    rows, bad = [], []
     if os.path.exists(path):
-      with open(path) as f:
-        for line in f:
+      with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
           try:
             row = json.loads(line)
             if isinstance(row, dict) and int(row["step"]) >= 0 and int(row["cell"]) >= 0:
               rows.append(row)
+              continue
           except (ValueError, KeyError, TypeError):
-            continue
+            pass
+          if line.strip():
+            bad.append(number)
+    if bad:
+      warn(warnings, f"{path}: {len(bad)} damaged line(s) skipped (line(s) "
+                     f"{', '.join(map(str, bad[:10]))}{', …' if len(bad) > 10 else ''}; a write "
+                     f"cut short?)")
     return pd.DataFrame(rows)
 
   def probes(self):

@@ -485,6 +485,23 @@ def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
   assert alone[0].kind == "train" and list(alone[0].cells["cell"]) == [0, 1]
 
 
+def test_damaged_lines_of_metrics_jsonl_are_reported(trained, tmp_path):
+  from analysis import report
+  run = str(tmp_path / "run")
+  shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
+  path = os.path.join(run, "metrics.jsonl")
+  lines = open(path).read().splitlines(keepends=True)
+  lines[1] = lines[1][:20] + "\n"  # a hand edit gone wrong
+  open(path, "w").write("".join(lines[:-1]) + lines[-1][:30])  # and a write cut short
+  out = report.report([run], str(tmp_path / "out"),
+                      report.Options(progress=False, n_boot=0, source="online"))
+  warning = f"{path}: 2 damaged line(s) skipped (line(s) 2, {len(lines)}; a write cut short?)"
+  assert warning in out["warnings"]
+  assert warning in open(out["report_md"]).read()
+  table = pd.read_csv(out["emergence_csv"])
+  assert sorted(table["cell"].unique()) == [0, 1]  # the other lines are read
+
+
 def test_a_truncated_cells_table_is_rebuilt_from_the_groups(trained, tmp_path):
   sweep = _fake_sweep(trained, tmp_path)
   full = pd.read_csv(os.path.join(sweep, "cells.csv"))
