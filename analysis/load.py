@@ -26,6 +26,7 @@ directory that is not a run raises ``NotARun``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -51,12 +52,6 @@ class GroupError(ValueError):
 class NotARun(ValueError):
   """A directory that holds neither a sweep (cells.csv) nor a single run (config.json with
   checkpoints or metrics.jsonl)."""
-
-
-def _read_config(path: str):
-  import ml_collections
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
 
 
 @dataclasses.dataclass
@@ -202,34 +197,6 @@ def unwritable(directory: str) -> OSError | None:
     return e
 
 
-def _config_cells(cfg, group_id: str, axes: list[str] = ()) -> pd.DataFrame:
-  """The cells (rows in ensemble order) of one group, from its resolved config: ids, seeds, peak
-  learning rates, B, C, n_params and the value of each grid axis in ``axes`` (a per-model value
-  where the config holds one: ``ihsweep.sweep.VALUE_FIELDS``). Also the cells table of an
-  ``ihsweep train`` directory (``group_id`` 'run'), and the rows a truncated cells.csv lost.
-
-  Raises:
-    Exception: a config that is not an ihsweep config (missing sections, wrong types).
-  """
-  from ihsweep import sweep, train
-  ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
-  n = int(cfg.ensemble.size)
-  rows = [{"cell": int(ids[i]), "group": group_id, "seed": int(seeds[i]),
-           "batch_size": int(cfg.train.batch_size), "context_size": int(cfg.train.context_size),
-           "peak_lr": float(lrs[i])} for i in range(n)]
-  cells = pd.DataFrame(rows)
-  for axis in axes:
-    try:
-      values = tuple(sweep._get(cfg, sweep.VALUE_FIELDS[axis]) or ())
-    except KeyError:  # not a per-model field, or a config without it
-      values = ()
-    cells[axis] = list(values) if len(values) == n else sweep._get(cfg, axis)
-  cells["n_params"] = _n_params(cfg)
-  cells["diverged"] = False
-  cells["diverged_step"] = pd.array([None] * len(cells), dtype="Int64")
-  return cells
-
-
 def _read_jsonl(path: str) -> list[dict]:
   """The JSON objects of a JSONL log; unreadable lines (a write cut short) are skipped."""
   rows = []
@@ -290,12 +257,6 @@ def _mark_divergence(cells: pd.DataFrame, group_dir: str, members: list[int]) ->
     cells.loc[at & cells["diverged_step"].isna().to_numpy(), "diverged_step"] = step
 
 
-def _n_params(cfg) -> int:
-  from ihsweep import sweep, train
-  mcfg, _ = train.model_and_train_config(cfg)
-  return sweep._n_params(mcfg, int(cfg.train.context_size))
-
-
 def _single_run_state(path: str, cfg) -> str:
   train_log = os.path.join(path, "train_log.jsonl")
   from ihsweep.sweep import _last_step
@@ -326,10 +287,11 @@ def load_run(path: str) -> Run:
     raise NotARun(f"{path} is not a run directory: it has no cells.csv (a sweep, `ihsweep run`) "
                   f"and no config.json with checkpoints/ or metrics.jsonl (a run, "
                   f"`ihsweep train`)")
+  from ihsweep import sweep
   try:
-    cfg = _read_config(config_path)
+    cfg = sweep.read_config_json(config_path)
     axes = ["data.frequency", "data.reliability"] if cfg.data.source == "markov" else []
-    cells = _config_cells(cfg, SINGLE_RUN_GROUP, axes)
+    cells = sweep.config_cells(cfg, SINGLE_RUN_GROUP, axes)
   except Exception as e:  # any damage: missing sections, wrong types, unknown fields
     raise NotARun(f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: "
                   f"{str(e)[:160]})") from None
@@ -342,99 +304,29 @@ def load_run(path: str) -> Run:
   return Run(path, "train", cfg, cells, axes, [group], warnings)
 
 
-REQUIRED = ["cell", "batch_size", "context_size", "seed"]
-
-
-def _read_cells(cells_path: str, warnings: list[str]) -> tuple[pd.DataFrame | None, str]:
-  """cells.csv's usable rows (None if the file cannot be read as a cells table, with why).
-  Rows with a missing or non-numeric id, B, C, seed or group are dropped with a warning, and so
-  is a last line without its newline (a write cut short: its last value may be cut too)."""
-  try:
-    with open(cells_path, "rb") as f:
-      size = f.seek(0, os.SEEK_END)
-      f.seek(max(0, size - 1))
-      cut = size > 0 and f.read(1) != b"\n"
-    cells = pd.read_csv(cells_path)
-  except (OSError, ValueError) as e:
-    return None, str(e)
-  missing = {*REQUIRED, "group"} - set(cells)
-  if missing:
-    return None, f"missing columns {sorted(missing)}"
-  numeric = cells[REQUIRED].apply(pd.to_numeric, errors="coerce")
-  bad = numeric.isna().any(axis=1) | cells["group"].isna()
-  if cut and len(cells):
-    bad.iloc[-1] = True
-  if bad.any():
-    warn(warnings, f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file "
-                    f"lines) are cut short or have missing or non-numeric "
-                    f"{', '.join(REQUIRED)} or group; skipped")
-    cells = cells[~bad].copy()
-  for col in REQUIRED:
-    cells[col] = pd.to_numeric(cells[col]).astype(int)
-  return cells, ""
-
-
-def _recover_cells(path: str, cells: pd.DataFrame, axes: list[str],
-                   warnings: list[str]) -> pd.DataFrame:
-  """Rows for the cells of groups whose directories exist (``groups/*/config.json``) but which
-  cells.csv lacks (a truncated or damaged cells.csv), rebuilt from each group's config.json
-  (ids, seeds, B, C, learning rates, grid axes) and status.json (state, steps, divergence)."""
-  from ihsweep import sweep
-  root = os.path.join(path, "groups")
-  names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-  listed = set(int(c) for c in cells["cell"])
-  found = []
-  for gid in names:
-    gdir = sweep.group_dir(path, gid)
-    if not os.path.isdir(gdir):
-      continue
-    try:
-      rows = _config_cells(_read_config(os.path.join(gdir, "config.json")), gid, axes)
-    except Exception as e:  # no config, or not an ihsweep one
-      if gid not in set(cells["group"]):
-        warn(warnings, f"group {gid} is skipped: cells.csv has no rows for it, and its "
-                        f"config.json cannot be read to rebuild them ({type(e).__name__}: "
-                        f"{str(e)[:100]})")
-      continue
-    rows = rows[~rows["cell"].isin(listed)].copy()
-    if rows.empty:
-      continue
-    status = sweep.read_status(path, gid)
-    diverged = status.get("diverged", {}) if isinstance(status.get("diverged"), dict) else {}
-    rows["status"], rows["steps_done"] = status["state"], status.get("step", 0)
-    rows["diverged"] = [str(c) in diverged for c in rows["cell"]]
-    rows["diverged_step"] = pd.array([diverged.get(str(c)) for c in rows["cell"]], dtype="Int64")
-    found.append(rows)
-  if found:
-    new = pd.concat(found, ignore_index=True)
-    warn(warnings, f"cells.csv lacks {len(new)} cell(s) of group(s) "
-                    f"{', '.join(new['group'].unique())} whose directories exist (cut short?); "
-                    f"their rows are rebuilt from each group's config.json and status.json")
-    cells = pd.concat([cells, new], ignore_index=True).sort_values("cell", kind="stable")
-  return cells.reset_index(drop=True)
-
-
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
   from ihsweep import sweep
   try:
-    cfg = _read_config(config_path)
+    cfg = sweep.read_config_json(config_path)
   except (OSError, ValueError) as e:
     cfg = None
     warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
-  cells, why = _read_cells(cells_path, warnings)
+  note = functools.partial(warn, warnings)
+  cells, why = sweep.read_cells(cells_path, note)
   if cells is None:
     if not os.path.isdir(os.path.join(path, "groups")):
       raise NotARun(f"{cells_path} cannot be read as a sweep's cells table ({why}); it is "
                     f"written by `ihsweep run`")
     warn(warnings, f"{cells_path} cannot be read as a sweep's cells table ({why})")
-    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in REQUIRED}).assign(group="")
+    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in sweep.REQUIRED_CELL_COLUMNS})
+    cells["group"] = pd.Series(dtype=object)
     try:
       axes = sweep.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
     except Exception:  # a damaged sweep section: the cells get no axis columns
       axes = []
   else:
     axes = [c for c in cells.columns if c not in CELL_COLUMNS]
-  cells = _recover_cells(path, cells, axes, warnings)
+  cells = sweep.recover_cells(path, cells, axes, note)
   if cells.empty:
     raise NotARun(f"{cells_path}: no usable rows, and no group directory to rebuild them from")
   cells["diverged"] = cells.get("diverged", pd.Series(False, index=cells.index)).map(
@@ -457,7 +349,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       continue
     gconfig_path = os.path.join(gdir, "config.json")
     try:
-      gcfg = _read_config(gconfig_path)
+      gcfg = sweep.read_config_json(gconfig_path)
       order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
       int(gcfg.train.batch_size), int(gcfg.train.context_size), gcfg.model, gcfg.eval
     except Exception as e:  # unreadable, or readable but not an ihsweep config

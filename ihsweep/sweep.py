@@ -42,7 +42,7 @@ import math
 import os
 import socket
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -538,6 +538,123 @@ def write_cells(plan: Plan, workdir: str) -> str:
   return path
 
 
+# cells.csv columns every usable row needs (besides ``group``).
+REQUIRED_CELL_COLUMNS = ("cell", "batch_size", "context_size", "seed")
+
+
+def read_config_json(path: str):
+  """A resolved config written as JSON (``config.json``) as a ConfigDict.
+
+  Raises:
+    OSError / ValueError: unreadable, or not JSON.
+  """
+  import ml_collections
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def read_cells(path: str, note: Callable[[str], None]):
+  """cells.csv's usable rows as a DataFrame, and '' — or (None, why) if the file cannot be read
+  as a cells table. Rows with a missing or non-numeric id, B, C, seed or group are dropped,
+  and so is a last line without its newline (a write cut short: its last value may be cut
+  too); ``note`` is called with one line saying which."""
+  import pandas as pd
+  try:
+    with open(path, "rb") as f:
+      size = f.seek(0, os.SEEK_END)
+      f.seek(max(0, size - 1))
+      cut = size > 0 and f.read(1) != b"\n"
+    cells = pd.read_csv(path)
+  except (OSError, ValueError) as e:
+    return None, str(e)
+  missing = {*REQUIRED_CELL_COLUMNS, "group"} - set(cells)
+  if missing:
+    return None, f"missing columns {sorted(missing)}"
+  required = list(REQUIRED_CELL_COLUMNS)
+  numeric = cells[required].apply(pd.to_numeric, errors="coerce")
+  bad = numeric.isna().any(axis=1) | cells["group"].isna()
+  if cut and len(cells):
+    bad.iloc[-1] = True
+  if bad.any():
+    note(f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file lines) are "
+         f"cut short or have missing or non-numeric {', '.join(required)} or group; skipped")
+    cells = cells[~bad].copy()
+  for col in required:
+    cells[col] = pd.to_numeric(cells[col]).astype(int)
+  return cells, ""
+
+
+def config_cells(cfg, group_id: str, axes=()):
+  """The cells (rows in ensemble order) of one group, from its resolved config: ids, seeds, peak
+  learning rates, B, C, n_params and the value of each grid axis in ``axes`` (a per-model value
+  where the config holds one: ``VALUE_FIELDS``). Also the cells table of an ``ihsweep train``
+  directory, and the rows a truncated cells.csv lost.
+
+  Raises:
+    Exception: a config that is not an ihsweep config (missing sections, wrong types).
+  """
+  import pandas as pd
+  from ihsweep import train
+  ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
+  n = int(cfg.ensemble.size)
+  rows = [{"cell": int(ids[i]), "group": group_id, "seed": int(seeds[i]),
+           "batch_size": int(cfg.train.batch_size), "context_size": int(cfg.train.context_size),
+           "peak_lr": float(lrs[i])} for i in range(n)]
+  cells = pd.DataFrame(rows)
+  for axis in axes:
+    try:
+      values = tuple(_get(cfg, VALUE_FIELDS[axis]) or ())
+    except KeyError:  # not a per-model field, or a config without it
+      values = ()
+    cells[axis] = list(values) if len(values) == n else _get(cfg, axis)
+  mcfg, _ = train.model_and_train_config(cfg)
+  cells["n_params"] = _n_params(mcfg, int(cfg.train.context_size))
+  cells["diverged"] = False
+  cells["diverged_step"] = pd.array([None] * len(cells), dtype="Int64")
+  return cells
+
+
+def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
+  """``cells`` plus rows for the cells of groups whose directories exist
+  (``groups/*/config.json``) but which cells.csv lacks (a truncated or damaged cells.csv),
+  rebuilt from each group's config.json (ids, seeds, B, C, learning rates, budget, grid axes)
+  and status.json (state, steps, divergence); sorted by cell. ``note`` is called with one line
+  per group that cannot be rebuilt and one naming the rebuilt cells."""
+  import pandas as pd
+  root = os.path.join(workdir, "groups")
+  names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+  listed = set(int(c) for c in cells["cell"])
+  found = []
+  for gid in names:
+    gdir = group_dir(workdir, gid)
+    if not os.path.isdir(gdir):
+      continue
+    try:
+      gcfg = read_config_json(os.path.join(gdir, "config.json"))
+      rows = config_cells(gcfg, gid, axes).assign(budget_updates=int(gcfg.train.num_steps))
+    except Exception as e:  # no config, or not an ihsweep one
+      if gid not in set(cells["group"]):
+        note(f"group {gid} is skipped: cells.csv has no rows for it, and its config.json "
+             f"cannot be read to rebuild them ({type(e).__name__}: {str(e)[:100]})")
+      continue
+    rows = rows[~rows["cell"].isin(listed)].copy()
+    if rows.empty:
+      continue
+    status = read_status(workdir, gid)
+    diverged = status.get("diverged", {}) if isinstance(status.get("diverged"), dict) else {}
+    rows["status"], rows["steps_done"] = status["state"], status.get("step", 0)
+    rows["diverged"] = [str(c) in diverged for c in rows["cell"]]
+    rows["diverged_step"] = pd.array([diverged.get(str(c)) for c in rows["cell"]], dtype="Int64")
+    found.append(rows)
+  if found:
+    new = pd.concat(found, ignore_index=True)
+    note(f"cells.csv lacks {len(new)} cell(s) of group(s) {', '.join(new['group'].unique())} "
+         f"whose directories exist (cut short?); their rows are rebuilt from each group's "
+         f"config.json and status.json")
+    cells = pd.concat([cells, new], ignore_index=True).sort_values("cell", kind="stable")
+  return cells.reset_index(drop=True)
+
+
 def check_workdir(workdir: str, kind: str | None = None) -> None:
   """Checks that ``workdir`` is new, empty or an ihsweep run to resume — of ``kind`` (``sweep``,
   ``train``) if given, which then marks it as one (``runner.claim_workdir``); anything else is
@@ -762,37 +879,48 @@ def _alive(status: dict) -> bool | None:
     return True
 
 
-def status_rows(workdir: str) -> list[dict]:
+def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
   """Per-group state of a sweep directory, from its files only: ``group``, ``state`` (a
   'running' group whose process is gone on this host reads 'stopped'), ``cells``, ``B``,
   ``C``, ``step`` (last logged update), ``budget``, ``diverged`` cell ids, ``error``.
 
+  A damaged or truncated cells.csv is read as the analysis reads it (``read_cells``,
+  ``recover_cells``): the cells it lacks are rebuilt from the group directories, and one line
+  naming the file and what was recovered is appended to ``notes``.
+
   Raises:
-    NotASweep: no readable cells.csv in ``workdir``.
+    NotASweep: no cells.csv in ``workdir``, or neither readable rows nor group directories.
   """
   import pandas as pd
   path = os.path.join(workdir, "cells.csv")
-  try:
-    cells = pd.read_csv(path)
-    missing = {"cell", "group", "batch_size", "context_size", "budget_updates"} - set(cells)
-    if missing or cells.empty:
-      raise ValueError(f"no rows or no columns {sorted(missing)}: damaged")
-    grouped = cells.groupby("group", sort=True)
-  except (OSError, ValueError, KeyError) as e:
-    raise NotASweep(f"{workdir} is not a sweep run directory (no readable cells.csv: {e}); "
-                    f"`ihsweep run --config=FILE --workdir={workdir}` makes one") from None
+  found: list[str] = []
+  cells, why = read_cells(path, found.append)
+  if cells is None and not (os.path.exists(path) and os.path.isdir(os.path.join(workdir,
+                                                                              "groups"))):
+    raise NotASweep(f"{workdir} is not a sweep run directory (no readable cells.csv: {why}); "
+                    f"`ihsweep run --config=FILE --workdir={workdir}` makes one")
+  if cells is None:
+    found.append(f"it cannot be read as a cells table ({why})")
+    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in (*REQUIRED_CELL_COLUMNS, "group")})
+  cells = recover_cells(workdir, cells, (), found.append)
+  if found and notes is not None:
+    notes.append(f"{path} is damaged or cut short: {'; '.join(found)}")
+  if cells.empty:
+    raise NotASweep(f"{path}: no usable rows, and no group directory to rebuild them from")
   rows = []
-  for gid, members in grouped:
+  for gid, members in cells.groupby("group", sort=True):
     status = read_status(workdir, gid)
     state = status["state"]
     if state == "running" and _alive(status) is False:
       state = "stopped"
     step = _last_step(os.path.join(group_dir(workdir, gid), "train_log.jsonl"))
     first = members.iloc[0]
+    budget = pd.to_numeric(members.get("budget_updates", pd.Series(dtype=float)),
+                           errors="coerce").max()
     rows.append({"group": gid, "state": state, "cells": len(members),
                  "B": int(first["batch_size"]), "C": int(first["context_size"]),
                  "step": status.get("step", step) if state == "done" else (step or 0),
-                 "budget": int(first["budget_updates"]),
+                 "budget": int(status.get("num_steps", 0) if pd.isna(budget) else budget),
                  "stopped_early": bool(status.get("stopped_early", False)),
                  "diverged": sorted(int(c) for c in status.get("diverged", {})),
                  "error": status.get("error"), "unreadable": status.get("unreadable", False)})
@@ -800,10 +928,13 @@ def status_rows(workdir: str) -> list[dict]:
 
 
 def format_status(workdir: str) -> str:
-  """``ihsweep status``: one line per group and a count of cells by state."""
-  rows = status_rows(workdir)
-  lines = [f"{'group':6s} {'state':11s} {'cells':>5s} {'B':>5s} {'C':>6s} {'updates':>17s}  "
-           f"notes"]
+  """``ihsweep status``: one line per group and a count of cells by state (after a warning
+  line when cells.csv is damaged: ``status_rows``)."""
+  notes: list[str] = []
+  rows = status_rows(workdir, notes)
+  lines = [f"warning: {n}" for n in notes]
+  lines.append(f"{'group':6s} {'state':11s} {'cells':>5s} {'B':>5s} {'C':>6s} "
+               f"{'updates':>17s}  notes")
   counts: dict[str, int] = {}
   for r in rows:
     counts[r["state"]] = counts.get(r["state"], 0) + r["cells"]

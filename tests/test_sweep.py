@@ -325,6 +325,32 @@ def test_one_process_sweep_trains_every_cell(reference):
     f.write(saved)
 
 
+def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_path):
+  """`ihsweep status` on a sweep whose cells.csv was cut short (`head -c 250`): every group
+  directory is shown, its cells rebuilt from the group's config.json and status.json."""
+  plan = sweep.make_plan(_config(tiny))
+  work = str(tmp_path / "sweep")
+  os.makedirs(work)
+  for i, g in enumerate(plan.groups):  # as if g000, g001 finished and g002 ran; g003 not started
+    if i < 3:
+      runner.write_resolved_config(g.cfg, sweep.group_dir(work, g.id))
+      sweep.write_status(work, g.id, state="done" if i < 2 else "interrupted",
+                         cells=[c.id for c in g.cells], num_steps=g.num_steps,
+                         step=g.num_steps if i < 2 else 10)
+  path = sweep.write_cells(plan, work)
+  whole = sweep.format_status(work).splitlines()
+  text = open(path).read()
+  assert len(text) > 250 and text[250] != "\n"  # the cut falls inside a row
+  open(path, "w").write(text[:250])
+  lines = sweep.format_status(work).splitlines()
+  assert lines[0].startswith(f"warning: {path} is damaged or cut short: ")
+  assert "cells.csv lacks" in lines[0] and "g000, g001, g002" in lines[0]
+  assert "rebuilt from each group's config.json and status.json" in lines[0]
+  # Every group directory reads as before the cut; g003 (pending, no directory) is left out.
+  assert lines[1:-1] == [l for l in whole[:-1] if not l.startswith("g003")]
+  assert lines[-1] == "cells: 4 done, 2 interrupted" and whole[-1].endswith(", 2 pending")
+
+
 def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
   work, _ = reference
   two = tmp_path / "two"
