@@ -116,11 +116,11 @@ def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log
   return sorted(s for s in steps if 0 <= s <= num_steps)
 
 
-def state_steps(num_steps: int, every: int) -> list[int]:
-  """Updates after which the full state is saved: multiples of ``every`` (0: none) and the
-  end."""
-  steps = set(range(every, num_steps, every)) if every else set()
-  return sorted(steps | {num_steps})
+def is_state_step(step: int, num_steps: int, every: int) -> bool:
+  """Whether the full state is saved after update ``step`` of ``num_steps``: at a multiple of
+  ``every`` (0: none) and at the end. Arithmetic, so that a long run with a short interval
+  builds no list of its steps."""
+  return step == num_steps or (every > 0 and 0 < step < num_steps and step % every == 0)
 
 
 def _jsonable(x):

@@ -6,6 +6,7 @@ override on the command line costs a second, not a compilation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -93,10 +94,65 @@ class ConfigError(ValueError):
     super().__init__(f"config.{field} = {value!r} is not allowed: {allowed}")
 
 
+class WorkdirError(ConfigError):
+  """The ``--workdir`` flag (a flag, not a config field: ``field`` "workdir") names a directory
+  that cannot hold the run. The message reads "--workdir=DIR is not allowed: {allowed}", or
+  ``message`` if given."""
+
+  def __init__(self, workdir: str, allowed: str, message: str | None = None):
+    super().__init__("workdir", workdir, allowed)
+    self.args = (message or f"--workdir={workdir} is not allowed: {allowed}",)
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
+INT32_MAX = 2**31 - 1  # seeds and the update counter are int32 on the device
+
+
+def section_fields(section: str) -> tuple[str, ...] | None:
+  """The fields a run config's ``section`` may have (``seed`` and the section names for
+  ``"config"``; ``data.synthetic`` for that sub-section); None for a section whose keys are
+  free (``sweep.grid``, ``sweep.zip``: axes named by field paths) or unknown."""
+  from ihsweep import data, model, train
+  data_cfg = data.default_config()
+  fields = {
+      "model": [f.name for f in dataclasses.fields(model.ModelConfig)],
+      "train": [f.name for f in dataclasses.fields(train.TrainConfig)],
+      "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
+      "data": data_cfg.keys(), "data.synthetic": data_cfg.synthetic.keys(),
+      "mesh": ["num_devices"], "eval": default_eval().keys(),
+      "checkpoint": default_checkpoint().keys(), "sweep": default_sweep().keys()}
+  fields["config"] = ["seed"] + [k for k in fields if "." not in k]
+  return tuple(sorted(fields[section])) if section in fields else None
+
+
+def _check_known_fields(cfg, section: str = "config") -> None:
+  """Refuses a key no code reads (a typo such as ``train.batchsize``, which would otherwise be
+  ignored and stored in config.json), naming it, the section's fields and the closest one."""
+  import difflib
+  fields = section_fields(section)
+  if fields is None:
+    return
+  parent = "" if section == "config" else f"{section}."
+  for key in cfg.keys():
+    if key not in fields:
+      close = difflib.get_close_matches(key, fields, n=1)
+      hint = f"; did you mean {parent}{close[0]}?" if close else ""
+      raise ConfigError(parent + key, cfg[key],
+                        f"no such field{hint} ({parent[:-1] or 'the config'} has: "
+                        f"{', '.join(fields)})")
+    if hasattr(cfg[key], "keys"):
+      _check_known_fields(cfg[key], parent + key)
+
+
 def _int(cfg, section: str, name: str, lo: int | None = None, hi: int | None = None,
          hint: str = "") -> int:
-  value = cfg[section][name]
-  field = f"{section}.{name}"
+  return _check_int(f"{section}.{name}", cfg[section][name], lo, hi, hint)
+
+
+def _check_int(field: str, value, lo: int | None = None, hi: int | None = None,
+               hint: str = "") -> int:
   if isinstance(value, bool) or not isinstance(value, Integral):
     raise ConfigError(field, value, "an integer")
   if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -328,6 +384,7 @@ def validate(cfg) -> None:
   for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
+  _check_known_fields(cfg)
 
   n_layers = _int(cfg, "model", "n_layers", 1)
   n_heads = _int(cfg, "model", "n_heads", 1)
@@ -352,7 +409,7 @@ def validate(cfg) -> None:
   batch = _int(cfg, "train", "batch_size", 1)
   _int(cfg, "train", "context_size", 1, max_context,
        hint=f" (at most model.max_context = {max_context})")
-  _int(cfg, "train", "num_steps", 1)
+  _int(cfg, "train", "num_steps", 1, INT32_MAX, hint=" (updates; the update counter is int32)")
   _int(cfg, "train", "steps_per_call", 1)
   _real(cfg, "train", "lr", 0.0, lo_open=True)
   _choice(cfg, "train", "schedule", SCHEDULES)
@@ -378,12 +435,15 @@ def validate(cfg) -> None:
       raise ConfigError(f"ensemble.{name}", values, f"empty or one value per model "
                         f"(ensemble.size = {size})")
     for i, v in enumerate(values):
-      if isinstance(v, bool) or not isinstance(v, Integral) or v < 0:
-        raise ConfigError(f"ensemble.{name}[{i}]", v, "an integer >= 0")
+      _check_int(f"ensemble.{name}[{i}]", v, 0, INT32_MAX if name == "seeds" else None,
+                 " (seeds are int32)" if name == "seeds" else "")
     if name == "cell_ids" and len(set(values)) != len(values):
       raise ConfigError("ensemble.cell_ids", values, "distinct ids")
-  if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, Integral) or cfg.seed < 0:
-    raise ConfigError("seed", cfg.seed, "an integer >= 0")
+  seed = _check_int("seed", cfg.seed, 0, INT32_MAX, " (seeds are int32)")
+  if not cfg.ensemble.get("seeds") and seed + size - 1 > INT32_MAX:
+    raise ConfigError("seed", seed, f"an integer in [0, {INT32_MAX - size + 1}]: the models use "
+                      f"seeds seed … seed + ensemble.size - 1 = {seed + size - 1}, and seeds are "
+                      f"int32, at most 2^31 - 1 = {INT32_MAX}")
 
   source = _choice(cfg, "data", "source", SOURCES)
   if source == "markov_chain":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -75,16 +76,16 @@ def check_resumable(cfg, workdir: str) -> None:
 
   Raises:
     ConfigError: naming the first field whose value differs from the stored ``config.json``
-      (fields in ``RESUME_FREE_FIELDS`` may differ), or ``workdir`` if that file is missing or
-      unreadable.
+      (fields in ``RESUME_FREE_FIELDS`` may differ); ``WorkdirError`` if that file is missing
+      or unreadable.
   """
   path = os.path.join(workdir, "config.json")
   try:
     with open(path) as f:
       old = _flatten(json.load(f))
   except (OSError, ValueError) as e:
-    raise config_lib.ConfigError(
-        "workdir", workdir, f"a run directory whose config.json can be read to check the resumed "
+    raise config_lib.WorkdirError(
+        workdir, f"a run directory whose config.json can be read to check the resumed "
         f"config ({e}); its checkpoints cannot be verified: use a new --workdir") from None
   new = _flatten(_jsonable(cfg))
   for field in sorted(set(old) | set(new)):
@@ -277,8 +278,7 @@ def run_kind(workdir: str) -> str | None:
       return kind
   except (OSError, ValueError, AttributeError):
     pass
-  parent = os.path.dirname(os.path.abspath(workdir))
-  if os.path.basename(parent) == "groups" and run_kind(os.path.dirname(parent)) == "sweep":
+  if sweep_group(workdir):
     return "train"
   if not names:
     return "empty"
@@ -290,20 +290,41 @@ def run_kind(workdir: str) -> str | None:
   return None
 
 
+def sweep_group(workdir: str) -> tuple[str, str] | None:
+  """``(sweep directory, group id)`` when ``workdir`` is a group directory of a sweep
+  (``SWEEP/groups/gNNN``, recognised by its place), else None.
+
+  Raises:
+    OSError: the would-be sweep directory is a file or cannot be listed.
+  """
+  path = os.path.abspath(workdir)
+  groups = os.path.dirname(path)
+  if os.path.basename(groups) == "groups" and run_kind(os.path.dirname(groups)) == "sweep":
+    return os.path.dirname(groups), os.path.basename(path)
+  return None
+
+
 def claim_workdir(workdir: str, kind: str | None = None) -> None:
   """Checks that ``workdir`` may hold a run of ``kind`` (``train``, ``sweep``; None: either)
   and, given a kind, on process 0 creates it and writes ``RUN_MARKER``. Refuses, touching
   nothing, a directory holding anything else: nothing of the user's is overwritten or deleted.
 
   Raises:
-    ConfigError: (field ``workdir``) a non-empty directory that is no ihsweep run, a run of
-      the other kind, or a directory that cannot be created or written.
+    WorkdirError: a non-empty directory that is no ihsweep run, a run of the other kind, a
+      group directory of a sweep (unless ``kind`` is ``train``: the sweep trains it), or a
+      directory that cannot be created or written.
   """
   try:
     found = run_kind(workdir)
+    group = sweep_group(workdir) if kind != "train" else None  # "train": the sweep's own fit
   except OSError as e:  # a file, a path through a file, an unreadable directory
-    raise config_lib.ConfigError("workdir", workdir, f"a directory this process can read and "
-                                 f"write ({e.strerror or e})") from None
+    raise config_lib.WorkdirError(workdir, f"a directory this process can read and write "
+                                  f"({e.strerror or e})") from None
+  if group:
+    raise config_lib.WorkdirError(
+        workdir, "no group directory of a sweep",
+        f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: resume it with "
+        f"`ihsweep run --workdir={group[0]}`")
   if found is None or (kind and found not in ("empty", kind)):
     names = _theirs(workdir)
     what = {"train": "an `ihsweep train` run (use `ihsweep train` with it)",
@@ -311,8 +332,8 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
         f"files of its own ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and no "
         f"ihsweep run")
     runs = {"train": "an earlier train run", "sweep": "an earlier sweep"}.get(kind, "a run")
-    raise config_lib.ConfigError(
-        "workdir", workdir, f"a new or empty directory, or one that holds {runs} to resume; it "
+    raise config_lib.WorkdirError(
+        workdir, f"a new or empty directory, or one that holds {runs} to resume; it "
         f"holds {what}; nothing was changed: use a new --workdir")
   if kind is None or jax.process_index() != 0:
     return
@@ -324,8 +345,8 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
         json.dump({"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
       os.replace(path + ".tmp", path)
   except OSError as e:
-    raise config_lib.ConfigError("workdir", workdir, f"a directory this process can write "
-                                 f"({e.strerror or e})") from None
+    raise config_lib.WorkdirError(workdir, f"a directory this process can write "
+                                  f"({e.strerror or e})") from None
 
 
 @contextlib.contextmanager
@@ -335,7 +356,7 @@ def workdir_lock(workdir: str):
   multi-process run process 0 takes it for all.
 
   Raises:
-    ConfigError: (field ``workdir``) another live process holds it.
+    WorkdirError: another live process holds it.
   """
   if jax.process_index() != 0:
     yield
@@ -348,8 +369,8 @@ def workdir_lock(workdir: str):
     f.seek(0)
     holder = f.read().strip() or "another process"
     f.close()
-    raise config_lib.ConfigError(
-        "workdir", workdir, f"a directory no other run is using (in use by {holder}); wait for "
+    raise config_lib.WorkdirError(
+        workdir, f"a directory no other run is using (in use by {holder}); wait for "
         f"that run or stop it (its progress: ihsweep status)") from None
   try:
     f.seek(0)
@@ -516,8 +537,11 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
   arrays = None if host_fed else jax.device_put(host_arrays, repl)
 
   # Evaluation and checkpoint schedules; every one of their steps ends a host call.
-  every = eval_interval(cfg)
-  eval_steps = set(range(0, tcfg.num_steps + 1, every)) | {tcfg.num_steps} if every else set()
+  every, state_every = eval_interval(cfg), cfg.checkpoint.state_every_steps
+
+  def eval_due(step: int) -> bool:  # every `every` updates and at the end (0: never)
+    return bool(every) and (step % every == 0 or step == tcfg.num_steps)
+
   law_file = os.path.expanduser(cfg.checkpoint.law_file)
   law = Law.from_json(law_file) if law_file else Law()
   tokens_per_step = train.tokens_per_update(tcfg)
@@ -527,13 +551,15 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
       law_updates=law.updates(tcfg.batch_size, tcfg.context_size),
       law_window=cfg.checkpoint.law_window,
       law_points_per_octave=cfg.checkpoint.law_points_per_octave))
-  state_steps = set(checkpoint.state_steps(tcfg.num_steps, cfg.checkpoint.state_every_steps))
+  # Evaluation and full-state steps after `done` (as lazy ranges: an interval of a few updates
+  # in a long run lists no steps beyond those the calls end at).
+  later = [range(done // n * n + n, tcfg.num_steps, n) for n in (every, state_every) if n]
   schedule = train.calls(tcfg.num_steps, tcfg.steps_per_call, done,
-                         stops=eval_steps | param_steps | state_steps)
+                         stops=itertools.chain(param_steps, *later))
 
   probes_path = os.path.join(workdir, "probes.npz")
   evaluator, evaluated = None, False
-  if eval_steps:
+  if every:
     probes = None
     if start is not None and os.path.exists(probes_path):
       try:
@@ -574,7 +600,9 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
     if lead:
       _rewrite_jsonl(log_path, train_rows)
       _rewrite_jsonl(metrics_path, rows)
-  last_eval = max((s for s in eval_steps if s < done or (s == done and evaluated)), default=0)
+  last_eval = 0  # the last evaluation logged: at `done` if its rows were, else the one before
+  if every and done:
+    last_eval = done if evaluated and eval_due(done) else (done - 1) // every * every
   loss_sum, loss_updates = np.zeros(n_models), 0  # training loss since the last evaluation
   for r in train_rows:
     if r["step"] > last_eval:
@@ -640,13 +668,14 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
       Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
       ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
       (an early stop or a requested one): params and state are saved whatever the schedule."""
-      if step in eval_steps and not final:
+      if eval_due(step) and not final:
         pending.append(evaluation(step))
       extra = {"tokens": step * tokens_per_step}
       if (step in param_steps or (final and stopped_early)) and step not in saved["params"]:
         ckpts.save_params(step, state.params, extra)
         saved["params"].add(step)
-      if (step in state_steps or final) and step not in saved["state"]:
+      if (checkpoint.is_state_step(step, tcfg.num_steps, state_every) or final) and (
+          step not in saved["state"]):
         for item in earlier + pending:
           drain(item)
         earlier.clear()
@@ -660,7 +689,7 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
     saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
     if start is None:
       after_step(0, pending, [])
-    elif done in eval_steps and not evaluated:  # killed before its rows were written
+    elif eval_due(done) and not evaluated:  # killed before its rows were written
       pending.append(evaluation(done))
     if loader:
       loader.prefetch(done, schedule)
@@ -673,7 +702,7 @@ def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
       done += k
       new = [("train", done, metrics, k)]
       after_step(done, new, pending)
-      if stop_rule is not None and done in eval_steps:  # decide now, before the next call
+      if stop_rule is not None and eval_due(done):  # decide now, before the next call
         for item in pending + new:
           drain(item)
         new = []

@@ -661,8 +661,8 @@ def check_workdir(workdir: str, kind: str | None = None) -> None:
   refused untouched — then creates it and checks that files can be written in it.
 
   Raises:
-    ConfigError: (field ``workdir``) when it holds files that are no ihsweep run (of ``kind``)
-      or is not a writable directory.
+    WorkdirError: when it holds files that are no ihsweep run (of ``kind``) or is not a
+      writable directory.
   """
   from ihsweep import runner
   runner.claim_workdir(workdir, kind)
@@ -673,8 +673,8 @@ def check_workdir(workdir: str, kind: str | None = None) -> None:
       f.write("ok")
     os.remove(probe)
   except OSError as e:
-    raise ConfigError("workdir", workdir, f"a directory this process can write ({e.strerror or e})"
-                      ) from None
+    raise config_lib.WorkdirError(workdir, f"a directory this process can write "
+                                  f"({e.strerror or e})") from None
 
 
 class GroupFailed(RuntimeError):

@@ -32,8 +32,23 @@ def test_params_schedules():
   assert {50, 59, 71, 84, 100, 119, 141, 168, 200} <= set(dense)
   study = checkpoint.params_steps(10**6, 1000, schedule="study")
   assert study[:5] == [0, 250, 500, 1000, 2000] and study[-2:] == [900_000, 10**6]
-  assert checkpoint.state_steps(100, 30) == [30, 60, 90, 100]
+  assert [s for s in range(101) if checkpoint.is_state_step(s, 100, 30)] == [30, 60, 90, 100]
+  assert [s for s in range(11) if checkpoint.is_state_step(s, 10, 0)] == [10]
   assert checkpoint.params_steps(50, 8, schedule="none") == [0, 50]
+
+
+def test_the_longest_run_lists_no_steps():
+  """At the int32 bound of train.num_steps with a full-state checkpoint every update, whether
+  an update is saved is arithmetic (a list of its steps would take tens of GB)."""
+  import tracemalloc
+  last = config_lib.INT32_MAX
+  tracemalloc.start()
+  try:
+    assert checkpoint.is_state_step(last - 1, last, 1) and checkpoint.is_state_step(last, last, 7)
+    assert not checkpoint.is_state_step(last - 1, last, 5)
+    assert tracemalloc.get_traced_memory()[1] < 2**20
+  finally:
+    tracemalloc.stop()
 
 
 def _overrides(d):

@@ -124,3 +124,77 @@ def test_models_that_would_be_identical_are_refused(tiny, tmp_path, no_compile):
     validate(cfg)
   cfg.data.reliabilities = (0.2, 0.9)
   validate(cfg)
+
+
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize("overrides,field,words", [
+    ({"seed": INT32_MAX}, "seed",
+     ["config.seed = 2147483647", "[0, 2147483646]", "seed + ensemble.size - 1 = 2147483648"]),
+    ({"seed": 2**31, "ensemble.size": 1}, "seed", ["config.seed = 2147483648", "[0, 2147483647]"]),
+    ({"ensemble.seeds": (0, 2**31)}, "ensemble.seeds[1]",
+     ["config.ensemble.seeds[1] = 2147483648", "[0, 2147483647] (seeds are int32)"]),
+    ({"train.num_steps": 99999999999999999999}, "train.num_steps",
+     ["config.train.num_steps = 99999999999999999999", "[1, 2147483647]", "int32"]),
+    ({"train.num_steps": 2**31}, "train.num_steps", ["[1, 2147483647]"]),
+])
+def test_seeds_and_updates_must_fit_int32(tiny, tmp_path, no_compile, overrides, field, words):
+  with pytest.raises(ConfigError) as err:
+    runner.fit(tiny(**overrides), str(tmp_path / "run"), progress=False)
+  assert err.value.field == field
+  for w in words:
+    assert w in str(err.value), str(err.value)
+  assert not (tmp_path / "run").exists()  # no config.json left behind
+
+
+def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
+  validate(tiny(**{"seed": INT32_MAX - 1, "train.num_steps": INT32_MAX}))  # seeds 2^31 - 2, - 1
+  validate(tiny(**{"seed": INT32_MAX, "ensemble.seeds": (INT32_MAX, 0)}))  # seed + 1 unused
+
+
+def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
+  from ihsweep import sweep
+  cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
+  with pytest.raises(ConfigError, match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
+                     r"allowed: an integer in \[0, 2147483647\]"):
+    sweep.make_plan(cfg)
+  cfg.sweep.seeds = 1
+  assert [c.seed for c in sweep.make_plan(cfg).cells] == [INT32_MAX]
+
+
+@pytest.mark.parametrize("path,value,field,words", [
+    ("train.batchsize", 32, "train.batchsize",
+     ["config.train.batchsize = 32 is not allowed: no such field; did you mean train.batch_size?",
+      "(train has: b1, b2, batch_size, context_size,"]),
+    ("train.foo", 1, "train.foo", ["no such field (train has: b1,"]),
+    ("seeds", 3, "seeds", ["did you mean seed?", "(the config has: checkpoint, data,"]),
+    ("data.synthetic.lrr", 0.1, "data.synthetic.lrr", ["did you mean data.synthetic.lr?"]),
+    ("eval.every_step", 5, "eval.every_step", ["did you mean eval.every_steps?"]),
+    ("ensemble.seed", (1, 2), "ensemble.seed", ["did you mean ensemble.seeds?"]),
+    ("model.rotary", True, "model.rotary", ["did you mean model.rotary_base?"]),
+])
+def test_unknown_fields_are_refused(tiny, tmp_path, no_compile, path, value, field, words):
+  cfg = tiny()
+  *parents, name = path.split(".")
+  node = cfg
+  for part in parents:
+    node = node[part]
+  with node.unlocked():
+    node[name] = value
+  with pytest.raises(ConfigError) as err:
+    runner.fit(cfg, str(tmp_path / "run"), progress=False)
+  assert err.value.field == field
+  for w in words:
+    assert w in str(err.value), str(err.value)
+  assert not (tmp_path / "run").exists()
+
+
+def test_fields_the_code_reads_but_no_config_sets_are_known(tiny):
+  cfg = tiny()
+  with cfg.unlocked():
+    cfg.model.ln_eps = 1e-6  # ModelConfig's, absent from configs/default.py
+    cfg.sweep.grid.train = {"batch_size": (8, 16)}  # axes: any field path
+    del cfg.ensemble["seeds"]  # configs/induction.py has neither seeds nor cell_ids
+    del cfg.ensemble["cell_ids"]
+  validate(cfg)

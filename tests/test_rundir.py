@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ihsweep import checkpoint, runner, sweep
-from ihsweep.config import ConfigError
+from ihsweep.config import ConfigError, WorkdirError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_FLAGS = ["--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.d_model=32",
@@ -45,9 +45,9 @@ def _users_dir(tmp_path):
 def test_a_users_directory_is_refused_untouched(tiny, tmp_path, no_compile):
   d = _users_dir(tmp_path)
   before = _snapshot(d)
-  with pytest.raises(ConfigError, match=r"config.workdir = .* holds files of its own "
-                     r"\(config.json, metrics.jsonl, notes, \.\.\.\) and no ihsweep run; nothing "
-                     r"was changed: use a new --workdir"):
+  with pytest.raises(WorkdirError, match=rf"^--workdir={re.escape(str(d))} is not allowed: .* "
+                     r"holds files of its own \(config.json, metrics.jsonl, notes, \.\.\.\) and "
+                     r"no ihsweep run; nothing was changed: use a new --workdir"):
     runner.fit(tiny(), str(d), progress=False)
   with pytest.raises(ConfigError, match="holds files of its own .* and no ihsweep run"):
     sweep.run(tiny(), str(d), progress=False)
@@ -69,7 +69,8 @@ def test_the_commands_refuse_a_users_directory_in_one_line(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
-    assert len(lines) == 1 and lines[0].startswith("ihsweep: invalid config: config.workdir = "), r.stderr
+    assert len(lines) == 1, r.stderr  # --workdir is a flag, not a config field:
+    assert lines[0].startswith(f"ihsweep: --workdir={d} is not allowed: "), r.stderr
     assert "no ihsweep run" in lines[0] and "nothing was changed" in lines[0]
   assert _snapshot(d) == before
 
