@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 
 from absl import flags
 from ml_collections import config_flags
@@ -142,7 +143,7 @@ def _bad_override(found) -> str | None:
   try:
     cfg = FLAGS["config"].parser.parse(_config_arg(found))
     cfg.keys()
-  except CONFIG_LOAD_ERRORS:
+  except Exception:  # the config file itself fails: _config_load_failed says why
     return None
   for path in paths:
     node, done = cfg, []
@@ -172,7 +173,7 @@ def _load_config():
       cfg.keys()
     return cfg, None
   except CONFIG_LOAD_ERRORS as e:
-    return None, _config_load_failed(e)
+    return None, _config_load_failed(e, _split_args(_ARGV[1:])[0])
 
 
 def _config_and_workdir(command: str):
@@ -191,10 +192,12 @@ def _config_and_workdir(command: str):
 
 
 def _bad_input(e: Exception) -> int:
-  """One line for a ConfigError or DataError (CheckpointError included) raised before or while
-  training; exit code 2."""
+  """One line for a ConfigError (WorkdirError included) or DataError (CheckpointError included)
+  raised before or while training; exit code 2."""
   from ihsweep.checkpoint import CheckpointError
-  from ihsweep.config import ConfigError
+  from ihsweep.config import ConfigError, WorkdirError
+  if isinstance(e, WorkdirError):  # a flag, not a config field: "--workdir=DIR ..."
+    return _fail(str(e))
   kind = ("invalid config" if isinstance(e, ConfigError)
           else "checkpoint" if isinstance(e, CheckpointError) else "data")
   return _fail(f"{kind}: {e}")
@@ -274,6 +277,19 @@ def _status(argv):
   try:
     print(sweep.format_status(FLAGS.workdir))
   except sweep.NotASweep as e:
+    from ihsweep import runner
+    workdir = FLAGS.workdir
+    try:
+      kind, group = runner.run_kind(workdir), runner.sweep_group(workdir)
+    except OSError:
+      kind = group = None
+    if group:
+      return _fail(f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: its "
+                   f"status is in `ihsweep status --workdir={group[0]}`")
+    if kind == "train":
+      return _fail(f"--workdir={workdir} holds an ihsweep train run, not a sweep: its progress "
+                   f"is in train_log.jsonl and metrics.jsonl (python -m analysis report "
+                   f"{workdir} reads it)")
     return _fail(str(e))
   return 0
 
@@ -416,21 +432,53 @@ def _config_imports_siblings(config_arg: str) -> None:
       sys.path.append(root)
 
 
+def _config_file_error(e: BaseException, config_arg: str) -> str | None:
+  """``FILE line N: Type: message`` for the error that the config file (``--config`` value
+  ``config_arg``) raised, found in ``e``'s chain (causes, contexts) by the innermost traceback
+  frame — or, for a SyntaxError, the position — inside that file; None if the file raised
+  nothing."""
+  path = config_arg.split(":", 1)[0]
+  if not path:
+    return None
+  here, found, seen = os.path.abspath(path), None, set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == here:
+      found = f"{path} line {e.lineno}: {type(e).__name__}: {e.msg}"
+    else:
+      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
+               if os.path.abspath(f.filename) == here]
+      if lines:
+        found = f"{path} line {lines[-1]}: {type(e).__name__}: {_one_line(e)}"
+    e = e.__cause__ or e.__context__
+  return found
+
+
+def _one_line(err: BaseException) -> str:
+  """``err``'s message on one line (a KeyError's quotes around its key removed)."""
+  text = " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'")
+  return text[1:-1] if isinstance(err, KeyError) and text[:1] in "'\"" else text
+
+
 def _config_load_failed(e: Exception, found=()) -> int:
-  """One line for a config file that raises, or an override of no field (``found``: the flags,
-  ``_split_args``)."""
+  """One line for a config file that raises (where in the file, and what), has no
+  get_config(), or an override of no field (``found``: the flags, ``_split_args``)."""
   bad = _bad_override(found)
   if bad is not None:
     return _fail(f"cannot load the config: {bad}")
-
-  def text(err):
-    return " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'").strip("'\"")
-
+  path = _config_arg(found).split(":", 1)[0]
+  in_file = _config_file_error(e, path)
+  if in_file:
+    return _fail(f"cannot load the config: {in_file}")
   root = e
   while root.__cause__ is not None or root.__context__ is not None:
     root = root.__cause__ or root.__context__
-  msg = text(root) if root is e else f"{text(e)} ({type(root).__name__}: {text(root)})"
-  return _fail(f"cannot load the config: {msg}")
+  if isinstance(root, AttributeError) and getattr(root, "name", None) == "get_config":
+    return _fail(f"{path} has no get_config() (a config file is Python defining get_config(), "
+                 f"e.g. configs/default.py)")
+  msg = (_one_line(root) if root is e
+         else f"{_one_line(e)} ({type(root).__name__}: {_one_line(root)})")
+  return _fail(f"cannot load the config: {path + ': ' if path else ''}{msg}")
 
 
 def _fail(message: str) -> int:
@@ -478,10 +526,14 @@ def main(argv=None) -> int:
     _ARGV[:] = [f"{argv[0]} {command}"] + args
     rest = FLAGS(list(_ARGV))
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message
+    if _config_file_error(e, _config_arg(found)):
+      return _config_load_failed(e, found)
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return _fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
-  except CONFIG_LOAD_ERRORS as e:
+  except Exception as e:  # loading runs the config file: any error (SyntaxError, NameError, ...)
     return _config_load_failed(e, found)
+  if FLAGS.workdir:  # `--workdir=~/runs/x`: the shell leaves a `~` after `=` alone
+    FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
   if command in ("run", "train", "status") and len(rest) > 1:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
     return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "

@@ -252,3 +252,98 @@ def test_predict_with_a_law_far_outside_any_run(tmp_path, law, words):
   assert len(out.splitlines()) <= 2
   for w in words:
     assert w in out
+
+
+@pytest.mark.parametrize("name,text,words", [
+    ("s.py", "def get_config(:\n", ["{f} line 1: SyntaxError: invalid syntax"]),
+    ("n.py", "x = 1\ndef get_config():\n  return undefined_name\n",
+     ["{f} line 3: NameError: name 'undefined_name' is not defined"]),
+    ("z.py", "x = 1 / 0\n", ["{f} line 1: ZeroDivisionError: division by zero"]),
+    ("o.py", "def get_config():\n  return open('/nonexistent/x')\n",
+     ["{f} line 2: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'"]),
+    ("t.py", "def get_config():\n  raise TypeError('no')\n", ["{f} line 2: TypeError: no"]),
+    ("nog.py", "X = 1\n", ["ihsweep: {f} has no get_config() (a config file is Python defining "
+                           "get_config(), e.g. configs/default.py)\n"]),
+    ("cfg.json", '{"seed": 0}\n', ["ihsweep: {f} has no get_config()"]),
+])
+def test_a_config_file_that_fails_to_load_gets_one_line(tmp_path, name, text, words):
+  f = tmp_path / name
+  f.write_text(text)
+  r = _ihsweep("train", f"--config={f}", f"--workdir={tmp_path}/x")
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.startswith("ihsweep: ") and len(r.stderr.splitlines()) == 1, r.stderr
+  assert "config_config" not in r.stderr and "Traceback" not in r.stderr
+  for w in words:
+    assert w.format(f=f) in r.stderr, r.stderr
+  assert not (tmp_path / "x").exists()
+
+
+def test_an_unknown_field_set_in_a_config_file_is_refused(tmp_path):
+  f = tmp_path / "typo.py"
+  f.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom configs import default\n\n"
+               f"def get_config():\n  c = default.get_config('tiny')\n  c.train.batchsize = 32\n"
+               f"  return c\n")
+  r = _ihsweep("train", f"--config={f}", f"--workdir={tmp_path}/x")
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.startswith("ihsweep: invalid config: config.train.batchsize = 32 is not "
+                             "allowed: no such field; did you mean train.batch_size?"), r.stderr
+  assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def _ihsweep_home(home, cwd, *args):
+  """``ihsweep`` run in ``cwd`` with HOME = ``home``."""
+  env = {**os.environ, "HOME": str(home), "XLA_FLAGS": "--xla_backend_optimization_level=0",
+         "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "ihsweep.cli", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_a_workdir_under_home_is_expanded(tmp_path):
+  (tmp_path / "cwd").mkdir()
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("my own")
+  r = _ihsweep_home(tmp_path, tmp_path / "cwd", "train",
+                    f"--config={ROOT}/configs/default.py", "--workdir=~/mine", "--noprogress",
+                    *TINY)
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.startswith(f"ihsweep: --workdir={mine} is not allowed: "), r.stderr
+  r = _ihsweep_home(tmp_path, tmp_path / "cwd", "status", "--workdir=~/mine")
+  assert r.returncode == 2 and f"{mine} is not a sweep run directory" in r.stderr, r.stderr
+  assert os.listdir(tmp_path / "cwd") == []  # no literal ./~
+
+
+def _fake_runs(tmp_path):
+  """A sweep with one group directory, and a train run, as their markers make them."""
+  from ihsweep import runner
+  runs = {"sweep": tmp_path / "sweep", "train": tmp_path / "train"}
+  for kind, d in runs.items():
+    runner.claim_workdir(str(d), kind)
+  group = runs["sweep"] / "groups" / "g000"
+  group.mkdir(parents=True)
+  (group / "status.json").write_text('{"state": "running"}')
+  return runs["sweep"], group, runs["train"]
+
+
+def test_a_sweeps_group_directory_is_refused_naming_the_sweep(tmp_path):
+  sweep_dir, group, _ = _fake_runs(tmp_path)
+  expected = (f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: resume it "
+              f"with `ihsweep run --workdir={sweep_dir}`\n")
+  for command in ("train", "run"):
+    r = _ihsweep(command, "--config=configs/default.py", f"--workdir={group}", "--noprogress",
+                 *TINY)
+    assert r.returncode == 2 and r.stderr == expected, r.stderr
+  r = _ihsweep("status", f"--workdir={group}")
+  assert r.returncode == 2 and r.stderr == (
+      f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: its status is in "
+      f"`ihsweep status --workdir={sweep_dir}`\n"), r.stderr
+  assert sorted(os.listdir(group)) == ["status.json"]
+
+
+def test_status_of_a_train_run_says_where_its_progress_is(tmp_path):
+  _, _, train_dir = _fake_runs(tmp_path)
+  r = _ihsweep("status", f"--workdir={train_dir}")
+  assert r.returncode == 2 and r.stderr == (
+      f"ihsweep: --workdir={train_dir} holds an ihsweep train run, not a sweep: its progress is "
+      f"in train_log.jsonl and metrics.jsonl (python -m analysis report {train_dir} reads it)\n"
+  ), r.stderr
