@@ -277,10 +277,10 @@ def _status(argv):
   try:
     print(sweep.format_status(FLAGS.workdir))
   except sweep.NotASweep as e:
-    from ihsweep import runner
+    from ihsweep import rundir
     workdir = FLAGS.workdir
     try:
-      kind, group = runner.run_kind(workdir), runner.sweep_group(workdir)
+      kind, group = rundir.run_kind(workdir), rundir.sweep_group(workdir)
     except OSError:
       kind = group = None
     if group:

@@ -657,15 +657,15 @@ def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
 
 def check_workdir(workdir: str, kind: str | None = None) -> None:
   """Checks that ``workdir`` is new, empty or an ihsweep run to resume — of ``kind`` (``sweep``,
-  ``train``) if given, which then marks it as one (``runner.claim_workdir``); anything else is
+  ``train``) if given, which then marks it as one (``rundir.claim_workdir``); anything else is
   refused untouched — then creates it and checks that files can be written in it.
 
   Raises:
     WorkdirError: when it holds files that are no ihsweep run (of ``kind``) or is not a
       writable directory.
   """
-  from ihsweep import runner
-  runner.claim_workdir(workdir, kind)
+  from ihsweep import rundir
+  rundir.claim_workdir(workdir, kind)
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write-test.{os.getpid()}")
@@ -704,11 +704,10 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
       workdir; a workdir holding a sweep with a different config).
   """
-  import jax
-  from ihsweep import runner, sharding
+  from ihsweep import rundir
   plan = make_plan(cfg)
   check_workdir(workdir, "sweep")
-  with runner.workdir_lock(workdir):
+  with rundir.workdir_lock(workdir):
     return _run(cfg, plan, workdir, progress)
 
 

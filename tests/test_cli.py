@@ -315,10 +315,10 @@ def test_a_workdir_under_home_is_expanded(tmp_path):
 
 def _fake_runs(tmp_path):
   """A sweep with one group directory, and a train run, as their markers make them."""
-  from ihsweep import runner
+  from ihsweep import rundir
   runs = {"sweep": tmp_path / "sweep", "train": tmp_path / "train"}
   for kind, d in runs.items():
-    runner.claim_workdir(str(d), kind)
+    rundir.claim_workdir(str(d), kind)
   group = runs["sweep"] / "groups" / "g000"
   group.mkdir(parents=True)
   (group / "status.json").write_text('{"state": "running"}')

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ihsweep import checkpoint, runner, sweep
+from ihsweep import checkpoint, rundir, runner, sweep
 from ihsweep.config import ConfigError, WorkdirError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def test_the_commands_refuse_a_users_directory_in_one_line(tmp_path):
 
 def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile):
   train_dir, sweep_dir = str(tmp_path / "t"), str(tmp_path / "s")
-  runner.claim_workdir(train_dir, "train")
+  rundir.claim_workdir(train_dir, "train")
   sweep.check_workdir(sweep_dir, "sweep")
   # Runs made before the marker existed: ihsweep's config.json beside checkpoints/ or cells.csv.
   old_train, old_sweep = tmp_path / "old_t", tmp_path / "old_s"
@@ -85,7 +85,7 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
     runner.write_resolved_config(tiny(), str(d))
   (old_train / "checkpoints").mkdir()
   (old_sweep / "cells.csv").write_text("cell,group\n0,g000\n")
-  assert [runner.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
+  assert [rundir.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
       "train", "sweep", "train", "sweep"]
   for d in (train_dir, old_train):
     with pytest.raises(ConfigError, match=r"an earlier sweep to resume; it holds an `ihsweep "
@@ -99,26 +99,26 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
   group = tmp_path / "s" / "groups" / "g000"
   group.mkdir(parents=True)
   (group / "status.json").write_text('{"state": "running"}')
-  assert runner.run_kind(str(group)) == "train"
-  assert runner.run_kind(str(tmp_path / "new")) == "empty"
+  assert rundir.run_kind(str(group)) == "train"
+  assert rundir.run_kind(str(tmp_path / "new")) == "empty"
   (tmp_path / "locked").mkdir()
   (tmp_path / "locked" / ".ihsweep.lock").write_text("pid 1")  # a run that stopped early
-  assert runner.run_kind(str(tmp_path / "locked")) == "empty"
+  assert rundir.run_kind(str(tmp_path / "locked")) == "empty"
   (tmp_path / "locked" / "logs").mkdir()  # the multi-process launcher's, written first
   (tmp_path / "locked" / "logs" / "process_0.log").write_text("launch\n")
-  assert runner.run_kind(str(tmp_path / "locked")) == "empty"
+  assert rundir.run_kind(str(tmp_path / "locked")) == "empty"
   (tmp_path / "locked" / "logs" / "mine.txt").write_text("")
-  assert runner.run_kind(str(tmp_path / "locked")) is None
+  assert rundir.run_kind(str(tmp_path / "locked")) is None
 
 
 def test_a_run_made_before_the_marker_resumes(tiny, tmp_path):
   cfg = tiny(**{"train.num_steps": 10})
   d = tmp_path / "run"
   runner.fit(cfg, str(d), progress=False)
-  os.remove(d / runner.RUN_MARKER)  # as the previous version left it
+  os.remove(d / rundir.RUN_MARKER)  # as the previous version left it
   out = runner.fit(cfg, str(d), progress=False)
   assert out["resumed_from"] == 10 and out["losses"] is None
-  assert runner.run_kind(str(d)) == "train"
+  assert rundir.run_kind(str(d)) == "train"
 
 
 # `ihsweep` with a final save that takes 3 s once a stop is requested, announced on stderr, so

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import tiny_config
 
-from ihsweep import checkpoint, runner, sweep
+from ihsweep import checkpoint, rundir, runner, sweep
 from ihsweep.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +196,7 @@ def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
 
 def test_one_run_per_directory(tiny, tmp_path, no_compile):
   work = str(tmp_path / "run")
-  with runner.workdir_lock(work):  # another run holds it
+  with rundir.workdir_lock(work):  # another run holds it
     with pytest.raises(ConfigError, match=r"in use by pid \d+"):
       sweep.run(_config(tiny), work, progress=False)
   (tmp_path / "train_run").mkdir()
