@@ -26,8 +26,8 @@ space is freed.
 
 from __future__ import annotations
 
-import logging
 import errno
+import logging
 import math
 import os
 import shutil
@@ -131,6 +131,16 @@ def _jsonable(x):
   if isinstance(x, (np.generic,)):
     return x.item()
   return x
+
+
+def _not_read_only_notice(record: logging.LogRecord) -> bool:
+  """Drops orbax's warnings that restate a read-only open (``read_only=True, setting ...``,
+  ``Given directory is read only``): the expected consequence of reading, not a problem."""
+  message = record.getMessage()
+  return not ("read_only=True, setting" in message or "Given directory is read only" in message)
+
+
+logging.getLogger("absl").addFilter(_not_read_only_notice)
 
 
 class RunCheckpoints:
@@ -240,7 +250,12 @@ class RunCheckpoints:
     """The ensemble's params at ``step``: shaped and sharded like ``like`` if given, else with
     the stored shapes placed by ``sharding`` (one ``jax.sharding.Sharding`` for every array,
     e.g. the ensemble axis split over the devices present), else on this process's first
-    device — a laptop can read a pod's checkpoints."""
+    device — a laptop can read a pod's checkpoints.
+
+    Raises:
+      CheckpointError: no params checkpoint at ``step`` (the message lists the saved steps).
+    """
+    self._check_saved(self._params, "params", step)
     if like is None:
       where = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
       meta = self._params.item_metadata(step)["params"]
@@ -251,9 +266,21 @@ class RunCheckpoints:
     return self._restore(self._params, "params", step, abstract)
 
   def step_metadata(self, step: int, kind: str = "params") -> dict:
-    """The ``custom_metadata`` stored with a checkpoint."""
+    """The ``custom_metadata`` stored with a checkpoint (``kind`` ``params`` or ``state``).
+
+    Raises:
+      CheckpointError: no such checkpoint at ``step``.
+    """
     manager = self._params if kind == "params" else self._state
+    self._check_saved(manager, kind, step)
     return dict(manager.metadata(step).custom_metadata or {})
+
+  def _check_saved(self, manager, kind: str, step: int) -> None:
+    steps = sorted(manager.all_steps())
+    if step not in steps:
+      shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
+      raise CheckpointError(f"no {kind} checkpoint at update {step} in {self.directory}/{kind}; "
+                            f"saved: {shown or 'none'}")
 
   def wait(self) -> None:
     """Blocks until every asynchronous write has been committed."""

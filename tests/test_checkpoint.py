@@ -177,6 +177,23 @@ def test_a_reader_never_disturbs_a_live_run(tmp_path):
   assert sorted(os.listdir(tmp_path / "state")) == ["10", "30"]
 
 
+def test_a_step_that_was_not_saved_is_named_with_the_saved_ones(tmp_path):
+  params = {"w": jnp.arange(4.0)}
+  writer = checkpoint.RunCheckpoints(str(tmp_path), {"n": 1}, async_save=False, read_only=False)
+  for step in (0, 724, 1024):
+    writer.save_params(step, params)
+  writer.close()
+  reader = checkpoint.RunCheckpoints(str(tmp_path))
+  np.testing.assert_array_equal(reader.restore_params(724)["w"], params["w"])
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"no params checkpoint at update 800 .*saved: 0, 724, 1024$"):
+    reader.restore_params(800)
+  with pytest.raises(checkpoint.CheckpointError, match="no params checkpoint at update 800"):
+    reader.step_metadata(800)
+  assert reader.step_metadata(1024)["n"] == 1
+  reader.close()
+
+
 def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   cfg = tiny(**RUN)
   write_resolved_config(cfg, str(tmp_path))
