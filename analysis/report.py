@@ -148,14 +148,16 @@ def _sizes(curves: pd.DataFrame) -> str:
 
 def _median_all(cells: pd.DataFrame) -> str:
   """Median emergence step over all seeds, a censored seed counting as later than its last
-  checkpoint: a number, or '> s' when the median falls on a censored seed."""
+  checkpoint: a number, or '> s' when the median falls on a censored seed — s the lower bound
+  (with 2 seeds, one emerged at a and one censored at c: the median exceeds (a + c) / 2)."""
   censored = cells["censored"].astype(bool).to_numpy()
   steps = np.where(censored, np.inf, cells["emergence_step"].to_numpy(float))
   order = np.argsort(steps, kind="stable")
   n = len(steps)
   mid = order[(n - 1) // 2: n // 2 + 1]  # one (odd n) or two (even n) middle cells
   if censored[mid].any():
-    return f"> {cells['censor_step'].to_numpy(float)[mid][censored[mid]].min():,.0f}"
+    bound = np.where(censored[mid], cells["censor_step"].to_numpy(float)[mid], steps[mid])
+    return f"> {bound.mean():,.0f}"
   return f"{np.median(steps[mid]):,.0f}"
 
 
@@ -253,8 +255,8 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"{n_emerged} of {len(points)} cells emerged" + (f"; the other {n_cens} are right-censored at their last checkpoint" if n_cens
                       else "") +
         ". Per grid point: `median_step` over the seeds that emerged, `median_all` over all "
-        "seeds with censored ones counted as later than their last checkpoint ('>' = most did "
-        "not emerge). `emergence.csv` has every cell, metric and method; `curves.csv` every "
+        "seeds with censored ones counted as later than their last checkpoint ('> s': the median "
+        "falls on a censored seed and is only known to exceed s). `emergence.csv` has every cell, metric and method; `curves.csv` every "
         "curve.")
   doc.table(_per_point(points, axes))
   for metric in CURVE_FIGURES:

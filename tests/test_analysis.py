@@ -117,6 +117,21 @@ def _law_points(sigma=0.1, seed=0, log_t=13.26, alpha=0.37, beta=0.62, gamma=0.0
   return pd.DataFrame(rows)
 
 
+def test_median_over_all_seeds_bounds_a_censored_median():
+  from analysis.report import _median_all
+
+  def cells(*seeds):  # (emergence_step or None if censored, censor_step)
+    return pd.DataFrame({"censored": [e is None for e, _ in seeds],
+                         "emergence_step": [np.nan if e is None else e for e, _ in seeds],
+                         "censor_step": [c for _, c in seeds]})
+
+  assert _median_all(cells((394, 1200), (581, 1200))) == "488"
+  # One of two seeds censored at 1,200: the median exceeds (394 + 1,200) / 2, not 1,200.
+  assert _median_all(cells((394, 1200), (None, 1200))) == "> 797"
+  assert _median_all(cells((100, 900), (None, 800), (None, 900))) == "> 800"
+  assert _median_all(cells((100, 900), (300, 900), (None, 900))) == "300"
+
+
 def test_law_fit_recovers_the_exponents_with_covering_intervals():
   fit = scaling.fit_law(_law_points(), n_boot=1000)
   assert abs(fit.alpha - 0.37) <= 0.05 and abs(fit.beta - 0.62) <= 0.05
