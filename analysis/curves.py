@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Group, GroupError, Run, unwritable, warn
+from ihsweep import checkpoint
 
 log = logging.getLogger("analysis")
 
@@ -240,7 +241,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
         future = reader.submit(restore, steps[k + 1])
       if error is not None:
         msg = (f"group {group.id}: the checkpoint at update {step} cannot be restored "
-               f"({type(error).__name__}: {str(error).splitlines()[0][:160]}); skipped")
+               f"({checkpoint.error_text(error)}); skipped")
         log.warning("%s", msg)
         warnings.append(msg)
         if bar is not None:

@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from typing import Any
 
 import jax
@@ -143,6 +144,35 @@ def _not_read_only_notice(record: logging.LogRecord) -> bool:
 logging.getLogger("absl").addFilter(_not_read_only_notice)
 
 
+def error_text(e: BaseException, limit: int = 160) -> str:
+  """``Type: first line`` of an error from orbax or tensorstore, without the tensorstore spec
+  that its messages append ("See full TensorStore details: ..."), at most ``limit``
+  characters of message."""
+  first = (str(e).splitlines() or [""])[0].split(" See full TensorStore details")[0]
+  return f"{type(e).__name__}: {first[:limit]}"
+
+
+def _quiet_abandoned_io() -> None:
+  """Silences the "Event loop is closed" errors and the errors of never-awaited orbax read
+  coroutines (each with a traceback, from ``sys.unraisablehook``) that orbax's abandoned
+  tensorstore reads and writes raise once one of them has failed — a damaged checkpoint, a full disk: the failure itself is reported once, by
+  whoever catches it."""
+  if getattr(sys.unraisablehook, "ihsweep", False):
+    return
+  default = sys.unraisablehook
+
+  def hook(unraisable):
+    text = str(unraisable.exc_value)
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine never awaited
+    orbax_io = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+    if not (orbax_io or "Event loop is closed" in text or
+            "Python is likely shutting down" in text):
+      default(unraisable)
+
+  hook.ihsweep = True
+  sys.unraisablehook = hook
+
+
 class RunCheckpoints:
   """The two managers of one run (or one sweep group) under ``directory``.
 
@@ -159,6 +189,7 @@ class RunCheckpoints:
 
   def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
                async_save: bool = True, read_only: bool = True):
+    _quiet_abandoned_io()
     self.read_only = read_only
     self.directory = os.path.abspath(directory)
     self.metadata = _jsonable(metadata or {})
@@ -192,7 +223,7 @@ class RunCheckpoints:
       try:
         return step, self.restore_state(step, like)
       except Exception as e:  # orbax raises many kinds (NOT_FOUND, KeyError, ValueError…)
-        errors.append(f"{step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        errors.append(f"{step}: {error_text(e, 200)}")
         log.warning("full-state checkpoint %d cannot be restored (%s); trying an older one",
                     step, errors[-1])
     if steps:

@@ -312,27 +312,20 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
 
 
 def _quiet_failed_writes() -> None:
-  """Silences the echoes of a write that failed for want of space, which ``DiskFull`` reports
-  in one line: orbax's error logs (with tracebacks) from its writer threads, and the
-  "Event loop is closed" errors its abandoned tensorstore writes raise afterwards."""
-  if getattr(sys.unraisablehook, "ihsweep", False):
+  """Silences orbax's error logs (with tracebacks) from its writer threads when a write failed
+  for want of space, which ``DiskFull`` reports in one line (the "Event loop is closed" echoes
+  of its abandoned writes: ``checkpoint.RunCheckpoints``)."""
+  absl = logging.getLogger("absl")
+  if any(getattr(f, "ihsweep_disk_full", False) for f in absl.filters):
     return
-  default = sys.unraisablehook
-
-  def hook(unraisable):
-    text = str(unraisable.exc_value)
-    if not ("Event loop is closed" in text or "Python is likely shutting down" in text):
-      default(unraisable)
-
-  hook.ihsweep = True
-  sys.unraisablehook = hook
 
   def keep(record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
     return not (checkpoint.disk_full_cause(error) or
                 any(m in record.getMessage() for m in checkpoint._NO_SPACE))
 
-  logging.getLogger("absl").addFilter(keep)
+  keep.ihsweep_disk_full = True
+  absl.addFilter(keep)
 
 
 def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
