@@ -187,12 +187,21 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   Raises:
     analysis.load.NotARun: a directory that is not a run.
     OutputError: the output directory cannot be written (e.g. a read-only run directory
-      without ``out_dir``), or holds a file the report did not write under a name it writes
-      (raised before anything is computed).
+      without ``out_dir``), lies inside a run directory but outside its ``analysis/``, or holds
+      a file the report did not write under a name it writes (raised before anything is
+      computed).
   """
   opts = options or Options()
   runs = load_runs(dirs)
   out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
+  for run in runs:  # a run's own files (checkpoints, groups) are never the report's place
+    real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
+    inside = os.path.commonpath([real, root]) == root
+    if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
+        root, "analysis"):
+      raise OutputError(f"--out {out_dir} is inside the run directory {run.dir}: the report "
+                        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
+                        f"default) — give that or a directory outside the run")
   error = unwritable(os.path.join(out_dir, "figures"))
   if error is not None:
     raise OutputError(f"cannot write the report into {out_dir} ({error.strerror or error}); "

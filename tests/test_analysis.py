@@ -563,3 +563,17 @@ def test_a_damaged_checkpoint_is_one_warning_not_a_traceback_storm(trained, tmp_
   assert "the checkpoint at update 4 cannot be restored" in out.stderr
   assert "TensorStore details" not in out.stderr
   assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
+
+
+def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_path, capsys):
+  run = tmp_path / "run"
+  shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
+  before = _sums(run)
+  for inside in (run / "checkpoints", run / "checkpoints" / "new", run):
+    assert cli.main(["report", str(run), "--out", str(inside), "--source", "online",
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is inside the run directory" in err, err
+  assert _sums(run) == before and not (run / "checkpoints" / "new").exists()
+  assert cli.main(["report", str(run), "--out", str(run / "analysis"), "--source", "online",
+                   "--no-progress", "--n-boot", "0"]) == 0
