@@ -107,9 +107,14 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
 
   Raises:
     WorkdirError: a non-empty directory that is no ihsweep run, a run of the other kind, a
-      group directory of a sweep (unless ``kind`` is ``train``: the sweep trains it), or a
-      directory that cannot be created or written.
+      group directory of a sweep (unless ``kind`` is ``train``: the sweep trains it), a
+      symbolic link to nothing, or a directory that cannot be created or written.
   """
+  if os.path.islink(workdir) and not os.path.exists(workdir):
+    raise config_lib.WorkdirError(
+        workdir, "an existing target", f"--workdir={workdir} is a symbolic link to "
+        f"{os.readlink(workdir)}, which does not exist: create that directory, or give another "
+        f"--workdir")
   try:
     found = run_kind(workdir)
     group = sweep_group(workdir) if kind != "train" else None  # "train": the sweep's own fit

@@ -75,6 +75,20 @@ def test_the_commands_refuse_a_users_directory_in_one_line(tmp_path):
   assert _snapshot(d) == before
 
 
+def test_a_symbolic_link_to_nothing_is_named(tmp_path):
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "nowhere" / "x")
+  for command in ("train", "run"):
+    r = subprocess.run([sys.executable, "-m", "ihsweep.cli", command, "--config=configs/default.py",
+                        f"--workdir={link}", "--noprogress", *TINY_FLAGS], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0] == (f"ihsweep: --workdir={link} is a symbolic link to {tmp_path}/nowhere/x, "
+                        f"which does not exist: create that directory, or give another --workdir")
+  assert not (tmp_path / "nowhere").exists()
+
+
 def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile):
   train_dir, sweep_dir = str(tmp_path / "t"), str(tmp_path / "s")
   rundir.claim_workdir(train_dir, "train")
