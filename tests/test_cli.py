@@ -193,6 +193,24 @@ def test_foreign_flags_from_the_command_line(tmp_path, args, flag, key):
     assert "did you mean --workdir?" in r.stderr
 
 
+def test_a_one_value_flag_given_twice_with_different_values_is_refused(tmp_path):
+  for args, words in (
+      (["predict", "--batch_size=8", "--context_size=64", "--law=a.json", "--law=b.json"],
+       "--law is given twice with different values (--law=a.json and --law=b.json)"),
+      (["train", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}",
+        f"--workdir={tmp_path / 'b'}"], "--workdir is given twice"),
+      (["train", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}", "--progress",
+        "--noprogress"], "--progress is given twice"),
+      (["run", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}",
+        "--config.train.lr=1e-3", "--config.train.lr=2e-3"], "--config.train.lr is given twice")):
+    r = _ihsweep(*args)
+    assert r.returncode == 2 and r.stderr == f"ihsweep: {r.stderr[9:]}", r.stderr
+    assert words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+  assert os.listdir(tmp_path) == []
+  r = _ihsweep("predict", "--batch_size=8", "--context_size=64", "--json", "--json")
+  assert r.returncode == 0, r.stderr  # the same value twice (a launcher's --noprogress, say)
+
+
 def test_each_command_takes_its_own_flags(tmp_path):
   law = tmp_path / "law.json"
   law.write_text(json.dumps({"log_T": 10.0, "alpha": 0.5, "beta": 0.5}))
