@@ -556,10 +556,20 @@ def main(argv=None) -> int:
     return int(handler(rest) or 0)
   except Exception as e:  # a full disk anywhere (checkpoints, logs, a sweep's tables): one line
     from ihsweep.checkpoint import DiskFull, disk_full_cause
-    if disk_full_cause(e) is None:
+    if disk_full_cause(e) is not None:
+      print(f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}",
+            file=sys.stderr)
+      return DiskFull.EXIT_CODE
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
       raise
-    print(f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}", file=sys.stderr)
-    return DiskFull.EXIT_CODE
+    # Device memory: the model, B × C or the evaluation's probes do not fit. Exit at once:
+    # orbax's background threads would otherwise wait minutes for the save that failed.
+    first = text.splitlines()[0][:200]
+    print(f"ihsweep: out of device memory ({first}); lower train.batch_size, "
+          f"train.context_size, the model size or eval.n_probes (the run directory keeps its last "
+          f"complete checkpoint: rerun to resume)", file=sys.stderr, flush=True)
+    os._exit(1)
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -365,3 +365,24 @@ def test_status_of_a_train_run_says_where_its_progress_is(tmp_path):
       f"ihsweep: --workdir={train_dir} holds an ihsweep train run, not a sweep: its progress is "
       f"in train_log.jsonl and metrics.jsonl (python -m analysis report {train_dir} reads it)\n"
   ), r.stderr
+
+
+def test_out_of_device_memory_is_one_line_and_exits_at_once(tmp_path, monkeypatch, capsys):
+  """A model or batch too large for the device (seen with C = 65,536: a 17.7 TB allocation)
+  raised a JAX traceback, then hung ~5 min in orbax's threads; now one line and exit 1."""
+  from ihsweep import runner
+
+  def too_big(*args, **kwargs):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17677012668608 bytes.")
+
+  monkeypatch.setattr(runner, "fit", too_big)
+  monkeypatch.setattr(cli.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["ihsweep", "train", "--config=configs/default.py:tiny",
+              f"--workdir={tmp_path / 'w'}", "--noprogress"])
+  assert exit_.value.code == 1
+  err = [line for line in capsys.readouterr().err.splitlines() if " INFO " not in line]
+  assert err == ["ihsweep: out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating "
+                 "17677012668608 bytes.); lower train.batch_size, train.context_size, the model "
+                 "size or eval.n_probes (the run directory keeps its last complete checkpoint: "
+                 "rerun to resume)"]
