@@ -112,7 +112,8 @@ def _split_args(args):
 def _check_flags(command: str, found, positional) -> str | None:
   """Why the flags ``found`` (``_split_args``) do not suit ``command``: the first flag it does
   not take, with its flags; a flag that takes one value given twice with different values
-  (``--grid``/``--zip`` are repeatable); or a --config file that does not exist. None when they suit."""
+  (``--grid``/``--zip`` are repeatable, and a later ``--config.X`` overrides an earlier one, as
+  in absl); or a --config file that does not exist. None when they suit."""
   key = f"corpus {positional[0]}" if command == "corpus" and positional[:1] in (
       ["fetch"], ["prepare"]) else command
   allowed = sum(_command_flags(key).values(), ())
@@ -123,12 +124,11 @@ def _check_flags(command: str, found, positional) -> str | None:
       return f"--{name} is not a flag of `ihsweep {key}`; {hint}its flags: {_flag_list(key)}"
   given = {}  # a one-value flag given twice with different values: absl keeps the last silently
   for name, flag, value in found:
-    if flag in ("grid", "zip"):  # repeatable: one axis each
+    if flag in ("grid", "zip") or "." in name:  # repeatable; a later --config.X overrides
       continue
-    what = name if flag == "config" else flag  # each --config.X override on its own
     typed = f"--{name}" + (f"={value}" if value is not None else "")
-    if given.setdefault(what, typed) != typed:
-      return (f"--{what} is given twice with different values ({given[what]} and {typed}): "
+    if given.setdefault(flag, typed) != typed:
+      return (f"--{flag} is given twice with different values ({given[flag]} and {typed}): "
               f"give it once")
   path = _config_arg(found).split(":", 1)[0]
   if path == "" and any(flag == "config" and "." not in name for name, flag, _ in found):

@@ -201,8 +201,8 @@ def test_a_one_value_flag_given_twice_with_different_values_is_refused(tmp_path)
         f"--workdir={tmp_path / 'b'}"], "--workdir is given twice"),
       (["train", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}", "--progress",
         "--noprogress"], "--progress is given twice"),
-      (["run", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}",
-        "--config.train.lr=1e-3", "--config.train.lr=2e-3"], "--config.train.lr is given twice")):
+      (["run", "--config=configs/default.py", "--config=configs/induction.py",
+        f"--workdir={tmp_path / 'a'}"], "--config is given twice")):
     r = _ihsweep(*args)
     assert r.returncode == 2 and r.stderr == f"ihsweep: {r.stderr[9:]}", r.stderr
     assert words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
