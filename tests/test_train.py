@@ -7,7 +7,7 @@ import pytest
 
 from ihsweep import sharding, train
 from ihsweep.data import make_source
-from ihsweep.model import ModelConfig, Transformer
+from ihsweep.model import Transformer
 from ihsweep.runner import fit
 
 
