@@ -50,10 +50,16 @@ def _second_block(block_len: int) -> jax.Array:
   return jnp.arange(block_len, 2 * block_len)
 
 
+def _target_entries(block_len: int) -> jax.Array:
+  """Block entry of the correct next token at each scored position ``i = L + p``:
+  ``(p + 1) mod L`` (``tokens[i + 1]``, and the block's first token at the last position)."""
+  return (jnp.arange(block_len) + 1) % block_len
+
+
 def _probe_targets(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
   """The correct next token at each scored position, ``tokens[i − L + 1]``, int32 ``[N, L]``
   (``tokens[i + 1]``, and ``tokens[L] = tokens[0]`` at the last position ``2L − 1``)."""
-  return tokens_NxT[:, _second_block(block_len) - block_len + 1]
+  return tokens_NxT[:, _target_entries(block_len)]
 
 
 def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
@@ -79,9 +85,7 @@ def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
   proj = jnp.einsum("nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d),
                     w_NxDxJ).reshape(n, p, layers * heads, block_len)
   above_NxPxMxJ = jax.nn.relu(proj - proj.mean(axis=-1, keepdims=True))
-  # the target tokens[i − L + 1] is block entry (p + 1) mod L for the p-th scored position
-  target_PxJ = jax.nn.one_hot((jnp.arange(p) + 1) % block_len, block_len,
-                              dtype=above_NxPxMxJ.dtype)
+  target_PxJ = jax.nn.one_hot(_target_entries(block_len), block_len, dtype=above_NxPxMxJ.dtype)
   target = jnp.einsum("npmj,pj->npm", above_NxPxMxJ, target_PxJ)
   total = above_NxPxMxJ.sum(axis=-1)
   la = jnp.where(total == 0, 0.0, target / jnp.where(total == 0, 1.0, total))  # NaN stays NaN
