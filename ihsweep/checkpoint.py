@@ -154,9 +154,10 @@ def error_text(e: BaseException, limit: int = 160) -> str:
 
 def _quiet_abandoned_io() -> None:
   """Silences the "Event loop is closed" errors and the errors of never-awaited orbax read
-  coroutines (each with a traceback, from ``sys.unraisablehook``) that orbax's abandoned
-  tensorstore reads and writes raise once one of them has failed — a damaged checkpoint, a full disk: the failure itself is reported once, by
-  whoever catches it."""
+  coroutines, tasks and gathers (each with a traceback, from ``sys.unraisablehook`` or asyncio's
+  "... exception was never retrieved") that orbax's abandoned tensorstore reads and writes
+  raise once one of them has failed — a damaged checkpoint, a full disk: the failure itself is
+  reported once, by whoever catches it."""
   if getattr(sys.unraisablehook, "ihsweep", False):
     return
   default = sys.unraisablehook
@@ -171,6 +172,20 @@ def _quiet_abandoned_io() -> None:
 
   hook.ihsweep = True
   sys.unraisablehook = hook
+  # The same errors, when asyncio collects the failed tasks or gathers first.
+  logging.getLogger("asyncio").addFilter(lambda r: not _orbax_never_retrieved(r))
+
+
+def _orbax_never_retrieved(record: logging.LogRecord) -> bool:
+  """An asyncio "... exception was never retrieved" record of an error raised in orbax."""
+  if "exception was never retrieved" not in record.getMessage():
+    return False
+  tb = record.exc_info[2] if record.exc_info else None
+  while tb is not None:
+    if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return f"{os.sep}orbax{os.sep}" in record.getMessage()
 
 
 class RunCheckpoints:
