@@ -37,7 +37,7 @@ import pandas as pd
 
 log = logging.getLogger("analysis")
 
-# cells.csv columns that are not grid axes (ihsweep.sweep.cells_table).
+# cells.csv columns that are not grid axes (ihsweep.rundir.cells_table).
 CELL_COLUMNS = ("cell", "group", "seed", "batch_size", "context_size", "peak_lr", "n_params",
                 "law_updates", "law_tokens", "budget_updates", "budget_tokens", "status",
                 "steps_done", "diverged", "diverged_step", "online_crossing_step")
@@ -259,7 +259,7 @@ def _mark_divergence(cells: pd.DataFrame, group_dir: str, members: list[int]) ->
 
 def _single_run_state(path: str, cfg) -> str:
   train_log = os.path.join(path, "train_log.jsonl")
-  from ihsweep.sweep import _last_step
+  from ihsweep.rundir import last_step as _last_step
   step = _last_step(train_log)
   return "done" if step is not None and step >= int(cfg.train.num_steps) else "running"
 
@@ -287,11 +287,11 @@ def load_run(path: str) -> Run:
     raise NotARun(f"{path} is not a run directory: it has no cells.csv (a sweep, `ihsweep run`) "
                   f"and no config.json with checkpoints/ or metrics.jsonl (a run, "
                   f"`ihsweep train`)")
-  from ihsweep import sweep
+  from ihsweep import rundir
   try:
-    cfg = sweep.read_config_json(config_path)
+    cfg = rundir.read_config_json(config_path)
     axes = ["data.frequency", "data.reliability"] if cfg.data.source == "markov" else []
-    cells = sweep.config_cells(cfg, SINGLE_RUN_GROUP, axes)
+    cells = rundir.config_cells(cfg, SINGLE_RUN_GROUP, axes)
   except Exception as e:  # any damage: missing sections, wrong types, unknown fields
     raise NotARun(f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: "
                   f"{str(e)[:160]})") from None
@@ -305,28 +305,29 @@ def load_run(path: str) -> Run:
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
-  from ihsweep import sweep
+  from ihsweep import plan as plan_lib
+  from ihsweep import rundir
   try:
-    cfg = sweep.read_config_json(config_path)
+    cfg = rundir.read_config_json(config_path)
   except (OSError, ValueError) as e:
     cfg = None
     warn(warnings, f"{config_path} cannot be read ({e}); using the groups' own configs")
   note = functools.partial(warn, warnings)
-  cells, why = sweep.read_cells(cells_path, note)
+  cells, why = rundir.read_cells(cells_path, note)
   if cells is None:
     if not os.path.isdir(os.path.join(path, "groups")):
       raise NotARun(f"{cells_path} cannot be read as a sweep's cells table ({why}); it is "
                     f"written by `ihsweep run`")
     warn(warnings, f"{cells_path} cannot be read as a sweep's cells table ({why})")
-    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in sweep.REQUIRED_CELL_COLUMNS})
+    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in rundir.REQUIRED_CELL_COLUMNS})
     cells["group"] = pd.Series(dtype=object)
     try:
-      axes = sweep.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
+      axes = plan_lib.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
     except Exception:  # a damaged sweep section: the cells get no axis columns
       axes = []
   else:
     axes = [c for c in cells.columns if c not in CELL_COLUMNS]
-  cells = sweep.recover_cells(path, cells, axes, note)
+  cells = rundir.recover_cells(path, cells, axes, note)
   if cells.empty:
     raise NotARun(f"{cells_path}: no usable rows, and no group directory to rebuild them from")
   cells["diverged"] = cells.get("diverged", pd.Series(False, index=cells.index)).map(
@@ -336,10 +337,10 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
   groups = []
   for gid in sorted(cells["group"].unique()):
     members = cells[cells["group"] == gid]
-    gdir = sweep.group_dir(path, gid)
-    status = sweep.read_status(path, gid)
+    gdir = rundir.group_dir(path, gid)
+    status = rundir.read_status(path, gid)
     state = status["state"]
-    if state == "running" and sweep._alive(status) is False:
+    if state == "running" and rundir.alive(status) is False:
       state = "stopped"
     if not os.path.isdir(gdir):
       listed = str(members["status"].iloc[0]) if "status" in members else "pending"
@@ -349,7 +350,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       continue
     gconfig_path = os.path.join(gdir, "config.json")
     try:
-      gcfg = sweep.read_config_json(gconfig_path)
+      gcfg = rundir.read_config_json(gconfig_path)
       order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
       int(gcfg.train.batch_size), int(gcfg.train.context_size), gcfg.model, gcfg.eval
     except Exception as e:  # unreadable, or readable but not an ihsweep config
@@ -388,7 +389,7 @@ def load_runs(paths: list[str]) -> list[Run]:
   Raises:
     NotARun: as ``load_run``.
   """
-  from ihsweep import sweep
+  from ihsweep import rundir
   seen, unique = set(), []
   for p in paths:
     key = dir_identity(p) or os.path.realpath(p)
@@ -402,7 +403,7 @@ def load_runs(paths: list[str]) -> list[Run]:
   for r in runs:
     if r.kind == "sweep":
       for gid in r.cells["group"].unique():
-        key = dir_identity(sweep.group_dir(r.dir, gid))
+        key = dir_identity(rundir.group_dir(r.dir, gid))
         if key is not None:
           group_dirs[key] = (r, gid)
   kept = []

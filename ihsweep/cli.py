@@ -216,7 +216,7 @@ def _bad_input(e: Exception) -> int:
 def _train(argv):
   del argv
   from ihsweep import config as config_lib
-  from ihsweep import sweep
+  from ihsweep import rundir
   from ihsweep.data.errors import DataError
   from ihsweep.runner import Interrupted, fit
   cfg, failed = _config_and_workdir("train")
@@ -224,7 +224,7 @@ def _train(argv):
     return failed
   try:
     config_lib.validate(cfg)  # a bad field first: it leaves no directory behind
-    sweep.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
+    rundir.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
@@ -244,6 +244,7 @@ def _train(argv):
 def _run(argv):
   del argv
   import jax
+  from ihsweep import plan as plan_lib
   from ihsweep import sweep
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
@@ -252,8 +253,8 @@ def _run(argv):
   if failed is not None:
     return failed
   try:
-    sweep.add_axes(cfg, FLAGS.grid, "grid")
-    sweep.add_axes(cfg, FLAGS.zip, "zip")
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except sweep.GroupFailed as e:
     _fail(f"{e} (process {jax.process_index()}); details in its status.json; rerun the command "
@@ -281,13 +282,12 @@ def _run(argv):
 
 def _status(argv):
   del argv
-  from ihsweep import sweep
+  from ihsweep import rundir, sweep
   if not FLAGS.workdir:
     return _fail("status needs --workdir=DIR (a sweep's run directory)")
   try:
     print(sweep.format_status(FLAGS.workdir))
   except sweep.NotASweep as e:
-    from ihsweep import rundir
     workdir = FLAGS.workdir
     try:
       kind, group = rundir.run_kind(workdir), rundir.sweep_group(workdir)

@@ -155,13 +155,13 @@ def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
 
 
 def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
-  from ihsweep import sweep
+  from ihsweep import plan as plan_lib
   cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
   with pytest.raises(ConfigError, match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
                      r"allowed: an integer in \[0, 2147483647\]"):
-    sweep.make_plan(cfg)
+    plan_lib.make_plan(cfg)
   cfg.sweep.seeds = 1
-  assert [c.seed for c in sweep.make_plan(cfg).cells] == [INT32_MAX]
+  assert [c.seed for c in plan_lib.make_plan(cfg).cells] == [INT32_MAX]
 
 
 @pytest.mark.parametrize("path,value,field,words", [

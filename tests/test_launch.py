@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ihsweep import sweep
+from ihsweep import rundir, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5
@@ -82,7 +82,7 @@ def test_sigkill_of_a_worker_is_the_launchers_exit_status(tmp_path):
   lines = [line for line in out.splitlines() if line.startswith("local_multiprocess.sh:")]
   assert len(lines) == 1 and "process 1 of 2 ended with status 137" in lines[0], out[-3000:]
   assert "SIGKILL" in lines[0]
-  assert sweep.read_status(str(work), "g000")["state"] != "running"
+  assert rundir.read_status(str(work), "g000")["state"] != "running"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -104,7 +104,7 @@ def test_stopped_process_ends_the_others_with_one_line(tmp_path, stopped):
   ends = f"ihsweep: process {other} ends: process {stopped} of 2 stopped answering"
   assert logs.count(ends) == 1, logs[-3000:]
   assert not CRASH.search(out + logs), CRASH.findall(out + logs)
-  status = sweep.read_status(str(work), "g000")
+  status = rundir.read_status(str(work), "g000")
   assert status["state"] == "failed" and "stopped answering" in status["error"], status
   assert "failed" in next(l for l in sweep.format_status(str(work)).splitlines() if "g000" in l)
 

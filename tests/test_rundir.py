@@ -92,7 +92,7 @@ def test_a_symbolic_link_to_nothing_is_named(tmp_path):
 def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile):
   train_dir, sweep_dir = str(tmp_path / "t"), str(tmp_path / "s")
   rundir.claim_workdir(train_dir, "train")
-  sweep.check_workdir(sweep_dir, "sweep")
+  rundir.check_workdir(sweep_dir, "sweep")
   # Runs made before the marker existed: ihsweep's config.json beside checkpoints/ or cells.csv.
   old_train, old_sweep = tmp_path / "old_t", tmp_path / "old_s"
   for d in (old_train, old_sweep):

@@ -15,6 +15,7 @@ import pytest
 from conftest import tiny_config
 
 from ihsweep import checkpoint, rundir, runner, sweep
+from ihsweep import plan as plan_lib
 from ihsweep.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +32,9 @@ RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.step
 
 def _config(tiny, grid=GRID, **overrides):
   cfg = tiny(**{**RUN, **overrides})
-  sweep.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
+  plan_lib.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
   for path in (k for k, v in grid.items() if not v):  # an empty axis, as a config file may have
-    sweep.add_axes(cfg, [f"{path}=0"])
+    plan_lib.add_axes(cfg, [f"{path}=0"])
     section, name = path.split(".")
     cfg.sweep.grid[section][name] = ()
   return cfg
@@ -92,7 +93,7 @@ def reference(tmp_path_factory):
 
 def test_plan_cells_groups_and_cost_order(tiny):
   cfg = _config(tiny, grid={**GRID, "train.lr": (1e-3, 3e-3)})
-  plan = sweep.make_plan(cfg)
+  plan = plan_lib.make_plan(cfg)
   assert len(plan.cells) == 2 * 2 * 2 * 2  # B × C × lr × seeds
   assert len(plan.groups) == 4  # lr and seed are vmapped: one group per (B, C)
   assert plan.axes == ["train.batch_size", "train.context_size", "train.lr"]
@@ -108,7 +109,7 @@ def test_plan_cells_groups_and_cost_order(tiny):
   assert costs == sorted(costs, reverse=True)
   first = plan.groups[0].cfg.train
   assert (first.batch_size, first.context_size) == (8, 32)  # most tokens per update first
-  table = sweep.cells_table(plan)
+  table = rundir.cells_table(plan)
   assert list(table["cell"]) == list(range(16))
   for col in ("group", "seed", "train.batch_size", "train.context_size", "train.lr", "n_params",
               "law_updates", "law_tokens", "budget_updates", "diverged"):
@@ -120,28 +121,28 @@ def test_plan_cells_groups_and_cost_order(tiny):
 
 def test_plan_zip_budgets_and_single_cell(tiny):
   cfg = _config(tiny, grid={})
-  sweep.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
-  plan = sweep.make_plan(cfg)
+  plan_lib.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
+  plan = plan_lib.make_plan(cfg)
   assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
   assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
       (4, 16), (8, 32)}
   # A zip axis may repeat a value as long as the zipped points differ …
   cfg = _config(tiny, grid={})
-  sweep.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
-  assert len(sweep.make_plan(cfg).groups) == 3
+  plan_lib.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
+  assert len(plan_lib.make_plan(cfg).groups) == 3
   cfg = _config(tiny, grid={})  # … but not a whole point
-  sweep.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
+  plan_lib.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
   with pytest.raises(ConfigError, match="distinct points"):
-    sweep.make_plan(cfg)
+    plan_lib.make_plan(cfg)
   cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
   steps = {(g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
-           for g in sweep.make_plan(cfg).groups}
+           for g in plan_lib.make_plan(cfg).groups}
   assert steps[(4, 16)] == 157 and steps[(8, 32)] == 40  # ceil(10,000 / (B · C))
   cfg = _config(tiny, **{"sweep.budget": "law", "sweep.law_multiple": 0.001})
-  g = sweep.make_plan(cfg).groups[0]
+  g = plan_lib.make_plan(cfg).groups[0]
   assert g.num_steps == int(np.ceil(0.001 * g.law_updates))
   plain = tiny()  # no axes: one grid point with ensemble.size seeds, = `ihsweep train`
-  plan = sweep.make_plan(plain)
+  plan = plan_lib.make_plan(plain)
   assert len(plan.groups) == 1 and plan.groups[0].cfg.ensemble.seeds == (0, 1)
 
 
@@ -208,7 +209,7 @@ def test_one_run_per_directory(tiny, tmp_path, no_compile):
   with pytest.raises(ConfigError, match="no ihsweep run"):
     runner.fit(tiny(), str(tmp_path / "sweep_run"), progress=False)
   with pytest.raises(ConfigError, match="one --grid/--zip flag per field"):
-    sweep.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
+    plan_lib.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
 
 
 def test_cli_reports_bad_axis_in_one_line(tmp_path):
@@ -252,7 +253,7 @@ def test_axis_flags_without_values_or_with_nan(tiny):
                       ("train.lr=-inf", "NaN and infinity are not allowed"),
                       ("train.lr=1e999", "NaN and infinity are not allowed")]:
     with pytest.raises(ConfigError) as e:
-      sweep.add_axes(tiny(), [spec])
+      plan_lib.add_axes(tiny(), [spec])
     assert words in str(e.value), str(e.value)
     assert "string" not in str(e.value) and "distinct" not in str(e.value)
 
@@ -328,16 +329,16 @@ def test_one_process_sweep_trains_every_cell(reference):
 def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_path):
   """`ihsweep status` on a sweep whose cells.csv was cut short (`head -c 250`): every group
   directory is shown, its cells rebuilt from the group's config.json and status.json."""
-  plan = sweep.make_plan(_config(tiny))
+  plan = plan_lib.make_plan(_config(tiny))
   work = str(tmp_path / "sweep")
   os.makedirs(work)
   for i, g in enumerate(plan.groups):  # as if g000, g001 finished and g002 ran; g003 not started
     if i < 3:
-      runner.write_resolved_config(g.cfg, sweep.group_dir(work, g.id))
-      sweep.write_status(work, g.id, state="done" if i < 2 else "interrupted",
+      runner.write_resolved_config(g.cfg, rundir.group_dir(work, g.id))
+      rundir.write_status(work, g.id, state="done" if i < 2 else "interrupted",
                          cells=[c.id for c in g.cells], num_steps=g.num_steps,
                          step=g.num_steps if i < 2 else 10)
-  path = sweep.write_cells(plan, work)
+  path = rundir.write_cells(plan, work)
   whole = sweep.format_status(work).splitlines()
   text = open(path).read()
   assert len(text) > 250 and text[250] != "\n"  # the cut falls inside a row
@@ -375,7 +376,7 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
   r = _launch_two(killed, ["--config.eval.every_steps=0"])
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   for g in ("g000", "g001", "g002", "g003"):
-    st = sweep.read_status(str(killed), g)
+    st = rundir.read_status(str(killed), g)
     assert st["state"] == "done"
     # g000 finished before the kill and was not touched again; g001 was started twice.
     assert st["attempts"] == (2 if g == "g001" else 1)
@@ -424,7 +425,7 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
   cfg = _config(tiny, grid={}, **{"sweep.budget": "emergence", "sweep.law_multiple": 1e-3,
                                   "sweep.stop_threshold": 0.5, "sweep.stop_margin": 1.0,
                                   "sweep.seeds": 2})
-  plan = sweep.make_plan(cfg)
+  plan = plan_lib.make_plan(cfg)
   cap = plan.groups[0].num_steps
   assert cap > 10
   result = sweep.run(cfg, str(tmp_path), progress=False)
@@ -453,7 +454,7 @@ def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 143, err[-2000:]
-  status = sweep.read_status(str(work), "g000")
+  status = rundir.read_status(str(work), "g000")
   assert status["state"] == "interrupted" and 0 < status["step"] < 400
   cells = pd.read_csv(work / "cells.csv")
   assert set(cells["status"]) == {"interrupted"} and set(cells["steps_done"]) == {status["step"]}
@@ -461,4 +462,4 @@ def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
   assert str(status["step"]) in ckpts  # the final checkpoint at the stop, not a scheduled one
   r = subprocess.run(cmd, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
-  assert sweep.read_status(str(work), "g000")["resumed_from"] == status["step"]
+  assert rundir.read_status(str(work), "g000")["resumed_from"] == status["step"]
