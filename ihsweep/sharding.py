@@ -46,6 +46,20 @@ def mesh_shape(n_models: int, batch_size: int, n_devices: int) -> tuple[int, int
       f"dividing B; change E or B, or set mesh.num_devices to a count that fits")
 
 
+def usable_devices(n_models: int, batch_size: int, devices) -> list:
+  """The longest prefix of ``devices`` that an ensemble of E = ``n_models`` with batch size B =
+  ``batch_size`` can use whole (``mesh_shape`` accepts its count; at most E · B): a group smaller
+  than a worker runs on part of the worker's devices instead of being refused."""
+  devices = list(devices)
+  for n in range(len(devices), 0, -1):
+    try:
+      mesh_shape(n_models, batch_size, n)
+      return devices[:n]
+    except MeshError:
+      continue
+  return devices[:1]  # unreachable: one device always fits
+
+
 def make_mesh(n_models: int, batch_size: int, devices=None) -> Mesh:
   """A ``Mesh`` over ``devices`` (default: all) with axes ('ensemble', 'data')."""
   devices = list(jax.devices() if devices is None else devices)
