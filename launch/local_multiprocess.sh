@@ -1,71 +1,153 @@
 #!/usr/bin/env bash
-# N processes of `ihsweep run` on this machine joined by a localhost coordinator
-# (jax.distributed.initialize): the code path of a pod, on one machine. Every process trains each
-# group together on one global mesh (ihsweep/sweep.py explains the rule).
+# N processes of `ihsweep run` on this machine, on one run directory, in one of two modes.
 # Usage:
-#   launch/local_multiprocess.sh N [--dry-run] --config=FILE --workdir=DIR [more run flags]
-# Environment it sets per process: IHSWEEP_COORDINATOR=localhost:PORT, IHSWEEP_NUM_PROCESSES=N,
-# IHSWEEP_PROCESS_ID=k. On CPU each process gets IHSWEEP_CPU_DEVICES fake devices (default:
-# cores / N, at least 1) through XLA_FLAGS, unless XLA_FLAGS already sets a count.
-# Environment it reads: IHSWEEP (command, default ihsweep), IHSWEEP_PORT (default: a free port),
-# IHSWEEP_CPU_DEVICES.
+#   launch/local_multiprocess.sh N [--independent] [--dry-run] --config=FILE --workdir=DIR \
+#       [more run flags]
+#
+# Joined (default): the N processes form one jax.distributed job through a localhost
+# coordinator: the code path of a pod, on one machine. Each process is a worker training
+# process-local groups on its own devices (sweep.placement = 'worker'; with
+# --config.sweep.placement=global every process trains each group together on one global
+# mesh; ihsweep/sweep.py explains both). Environment it sets per process:
+# IHSWEEP_COORDINATOR=localhost:PORT, IHSWEEP_NUM_PROCESSES=N, IHSWEEP_PROCESS_ID=k.
+# Independent (--independent): N separate `ihsweep run` processes with the same flags, no
+# coordinator (IHSWEEP_COORDINATOR, IHSWEEP_NUM_PROCESSES, IHSWEEP_PROCESS_ID and
+# IHSWEEP_DISTRIBUTED are removed from their environment): each is a worker that claims the next
+# pending group in DIR (most expensive first), trains it on its own devices, then takes the
+# next; `ihsweep status --workdir=DIR` shows who holds what. Starting more workers later (this
+# script again, or a plain `ihsweep run` with the same flags) adds workers to the same sweep.
+#
+# Devices. On CPU each process gets IHSWEEP_CPU_DEVICES fake devices (default: cores / N, at
+# least 1) through XLA_FLAGS, unless XLA_FLAGS already sets a count. IHSWEEP_GPUS=0,1,... (GPU
+# ids or UUIDs) hands them out round-robin: process k gets CUDA_VISIBLE_DEVICES=the (k mod G)-th.
+# Independent workers may share a GPU (tiny models; N > G): the workers of a shared GPU get
+# XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/K (K = workers on
+# that GPU; a value you set yourself is kept). Joined processes cannot share a GPU (NCCL
+# refuses two ranks of one job on one device): N > G is refused there.
+# Environment it reads: IHSWEEP (command, default ihsweep), IHSWEEP_PORT (joined; default: a
+# free port), IHSWEEP_CPU_DEVICES, IHSWEEP_GPUS, IHSWEEP_GRACE_S, IHSWEEP_LOG_PREFIX (log
+# names; default process_ joined, worker_ independent; launch/slurm_array.sbatch sets one per
+# array task).
+#
 # Output: process 0 on this terminal and in DIR/logs/process_0.log, process k in
-# DIR/logs/process_k.log (appended, one header line per launch). SIGTERM/SIGINT are passed to
-# every process (each checkpoints and exits).
-# Exit status: the first failure's, as the shell reports it (128 + the signal's number for a
-# process killed by a signal: 137 after SIGKILL), with one line naming the process. The others
-# are then stopped: SIGTERM, SIGKILL after IHSWEEP_GRACE_S (default 30) seconds; a process found
-# stopped (SIGSTOP; it cannot act on SIGTERM) is killed at once. A process that stops answering
-# without exiting is noticed by the others within IHSWEEP_HEARTBEAT_S (ihsweep/sharding.py).
+# DIR/logs/process_k.log (independent: DIR/logs/worker_k.log), appended, one header line per
+# launch. SIGTERM/SIGINT are passed to every process (each checkpoints its group and exits).
+# --dry-run prints each process's environment and command, one line each, and starts nothing.
+#
+# Exit status, joined: the first failure's, as the shell reports it (128 + the signal's number
+# for a process killed by a signal: 137 after SIGKILL), with one line naming the process. The
+# others are then stopped: SIGTERM, SIGKILL after IHSWEEP_GRACE_S (default 30) seconds; a process
+# found stopped (SIGSTOP; it cannot act on SIGTERM) is killed at once. A process that stops
+# answering without exiting is noticed by the others within IHSWEEP_HEARTBEAT_S
+# (ihsweep/sharding.py).
+# Exit status, independent: the workers do not depend on each other, so one that fails (or is
+# killed) does not stop the others: a line names it when it ends ("the others go on"), the
+# others finish their groups and take over the groups it held (at once for a dead process on
+# this machine; a hung one after IHSWEEP_CLAIM_STALE_S without a heartbeat), and the script
+# waits for all of them. It then exits with the first failure's status (as above; 0 if every
+# worker exited 0) and, after a failure, one last line says so: rerunning the same command
+# resumes whatever is left. A worker found stopped (SIGSTOP) once every other worker has ended is
+# killed and counts as failed (status 137). After a SIGTERM/SIGINT to this script, the workers'
+# own statuses (143 for a checkpointed stop) are its exit status and no failure line is printed.
 set -euo pipefail
+usage="usage: $0 N [--independent] [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]"
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
-  echo "usage: $0 N [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]" >&2
+  echo "$usage" >&2
   exit 2
 fi
 n=$1; shift
 dry=0
+independent=0
 args=()
 workdir=""
 prev=""
 for a in "$@"; do
   case "$a" in
     --dry-run) dry=1 ;;
+    --independent) independent=1 ;;
     --workdir=*) workdir=${a#--workdir=}; args+=("$a") ;;
     *) args+=("$a"); if [[ "$prev" == --workdir ]]; then workdir=$a; fi ;;
   esac
   prev=$a
 done
 read -ra ihsweep <<< "${IHSWEEP:-ihsweep}"
-port=${IHSWEEP_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')}
+if (( independent )); then
+  label=worker; prefix=${IHSWEEP_LOG_PREFIX:-worker_}
+else
+  label=process; prefix=${IHSWEEP_LOG_PREFIX:-process_}
+  port=${IHSWEEP_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')}
+fi
 cores=$(nproc 2>/dev/null || echo 1)
 per=${IHSWEEP_CPU_DEVICES:-$(( cores / n > 0 ? cores / n : 1 ))}
 xla=${XLA_FLAGS:-}
 if [[ "$xla" != *xla_force_host_platform_device_count* ]]; then
   xla="${xla:+$xla }--xla_force_host_platform_device_count=$per"
 fi
-env_for() {
-  echo "IHSWEEP_COORDINATOR=localhost:$port IHSWEEP_NUM_PROCESSES=$n IHSWEEP_PROCESS_ID=$1 XLA_FLAGS=$xla"
+gpus=()
+if [[ -n "${IHSWEEP_GPUS:-}" ]]; then
+  IFS=, read -ra gpus <<< "$IHSWEEP_GPUS"
+  for g in "${gpus[@]}"; do
+    if [[ ! "$g" =~ ^[A-Za-z0-9-]+$ ]]; then
+      echo "$0: IHSWEEP_GPUS=$IHSWEEP_GPUS is not allowed: comma-separated GPU ids or UUIDs" >&2
+      exit 2
+    fi
+  done
+  if (( ! independent && n > ${#gpus[@]} )); then
+    echo "$0: $n joined processes on ${#gpus[@]} GPUs (IHSWEEP_GPUS=$IHSWEEP_GPUS): the processes of one jax.distributed job cannot share a GPU; use --independent, or at most ${#gpus[@]} processes" >&2
+    exit 2
+  fi
+fi
+# Variables inherited from the caller that would make an independent worker join a job.
+drop=()
+if (( independent )); then
+  for v in IHSWEEP_COORDINATOR IHSWEEP_NUM_PROCESSES IHSWEEP_PROCESS_ID IHSWEEP_DISTRIBUTED; do
+    if [[ -n "${!v+set}" ]]; then drop+=("$v"); fi
+  done
+fi
+env_for() {  # process $1's environment as VAR=value words, into the array `envs`
+  local k=$1
+  envs=()
+  if (( ! independent )); then
+    envs+=("IHSWEEP_COORDINATOR=localhost:$port" "IHSWEEP_NUM_PROCESSES=$n" "IHSWEEP_PROCESS_ID=$k")
+  fi
+  envs+=("XLA_FLAGS=$xla")
+  if (( ${#gpus[@]} )); then
+    local g=$(( k % ${#gpus[@]} ))
+    local sharing=$(( n / ${#gpus[@]} + (g < n % ${#gpus[@]} ? 1 : 0) ))
+    envs+=("CUDA_VISIBLE_DEVICES=${gpus[g]}")
+    if (( sharing > 1 )); then
+      envs+=("XLA_PYTHON_CLIENT_PREALLOCATE=false")
+      envs+=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-$(awk -v k="$sharing" 'BEGIN { printf "%.3f", 0.9 / k }')}")
+    fi
+  fi
 }
 if (( dry )); then
   for ((k = 0; k < n; k++)); do
-    printf '%s ' "$(env_for $k)"; printf '%q ' "${ihsweep[@]}" run "${args[@]}"; echo
+    env_for $k
+    if (( ${#drop[@]} )); then printf 'env '; printf -- '-u %s ' "${drop[@]}"; fi
+    printf '%q ' "${envs[@]}" "${ihsweep[@]}" run "${args[@]}"; echo
   done
   exit 0
 fi
 logdir=${workdir:+$workdir/logs}
 logdir=${logdir:-.}
 mkdir -p "$logdir"
+if (( independent )); then
+  echo "local_multiprocess.sh: $n independent workers on ${workdir:-?}: worker 0 here, worker k in $logdir/${prefix}k.log; \`ihsweep status --workdir=${workdir:-DIR}\` shows who holds which group" >&2
+fi
 pids=()
 for ((k = 0; k < n; k++)); do
   (
-    export IHSWEEP_COORDINATOR="localhost:$port" IHSWEEP_NUM_PROCESSES="$n" IHSWEEP_PROCESS_ID="$k"
-    export XLA_FLAGS="$xla"
-    echo "=== $(date '+%F %T') process $k of $n: ${ihsweep[*]} run ${args[*]}" >> "$logdir/process_$k.log"
+    env_for $k
+    if (( ${#drop[@]} )); then unset "${drop[@]}"; fi
+    export "${envs[@]}"
+    mode=""; (( independent )) && mode=" (independent)"
+    echo "=== $(date '+%F %T') $label $k of $n$mode: ${ihsweep[*]} run ${args[*]}" >> "$logdir/$prefix$k.log"
     if (( k == 0 )); then
       # tee ignores SIGTERM/SIGINT so that it keeps copying while process 0 checkpoints.
-      exec "${ihsweep[@]}" run "${args[@]}" > >(trap '' TERM INT; exec tee -a "$logdir/process_0.log") 2>&1
+      exec "${ihsweep[@]}" run "${args[@]}" > >(trap '' TERM INT; exec tee -a "$logdir/${prefix}0.log") 2>&1
     else
-      exec "${ihsweep[@]}" run "${args[@]}" >> "$logdir/process_$k.log" 2>&1
+      exec "${ihsweep[@]}" run "${args[@]}" >> "$logdir/$prefix$k.log" 2>&1
     fi
   ) &
   pids+=($!)
@@ -86,17 +168,21 @@ how() {  # an exit status in words
   else echo "exited with status $1"; fi
 }
 exec 3>&2
-# Every process takes part in each group's collectives, so when one fails the others cannot go
-# on. Children are polled (bash's `wait -n` reports jobs that ended together in launch order, not
-# exit order; bash's own job messages go to /dev/null: they print this script's source).
+# Joined: every process takes part in the job's collectives, so when one fails the others
+# cannot go on. Independent: they can, and they take over the failed one's groups. Children are
+# polled (bash's `wait -n` reports jobs that ended together in launch order, not exit order;
+# bash's own job messages go to /dev/null: they print this script's source).
 status=0
+failed_first=""
 deadline=""
 codes=()
+killed=()  # independent: workers found stopped after the others ended, killed by this script
 remaining=("${!pids[@]}")
 {
 while (( ${#remaining[@]} )); do
   next=()
   failed=""
+  ended_bad=()
   for k in "${remaining[@]}"; do
     if kill -0 "${pids[k]}" 2>/dev/null; then next+=("$k"); continue; fi
     set +e; wait "${pids[k]}"; rc=$?; set -e
@@ -106,20 +192,40 @@ while (( ${#remaining[@]} )); do
       failed=$k
     fi
     codes[k]=$rc
+    if (( rc != 0 )) && [[ " ${killed[*]} " != *" $k "* ]]; then ended_bad+=("$k"); fi
   done
   remaining=("${next[@]}")
+  if (( independent )) && [[ -z "$asked" ]]; then
+    for k in "${ended_bad[@]}"; do
+      msg="worker $k of $n $(how "${codes[k]}") (log: $logdir/$prefix$k.log)"
+      (( ${#remaining[@]} )) && msg+="; the others go on"
+      echo "local_multiprocess.sh: $msg" >&3
+    done
+  fi
   if [[ -n "$failed" ]] && (( status == 0 )); then
     status=${codes[failed]}
-    stopped=()
-    for k in "${remaining[@]}"; do
-      if is_stopped "${pids[k]}"; then stopped+=("$k"); kill -KILL "${pids[k]}" 2>/dev/null || true
-      else kill -TERM "${pids[k]}" 2>/dev/null || true; fi
-    done
-    msg="process $failed of $n $(how "$status") (log: $logdir/process_$failed.log)"
-    (( ${#stopped[@]} )) && msg+="; stopped (SIGSTOP?) and not answering: process ${stopped[*]}, killed"
-    (( ${#remaining[@]} > ${#stopped[@]} )) && msg+="; stopping the others"
-    [[ -z "$asked" ]] && echo "local_multiprocess.sh: $msg" >&3
-    deadline=$(( SECONDS + ${IHSWEEP_GRACE_S:-30} ))
+    failed_first=$failed
+    if (( ! independent )); then
+      stopped=()
+      for k in "${remaining[@]}"; do
+        if is_stopped "${pids[k]}"; then stopped+=("$k"); kill -KILL "${pids[k]}" 2>/dev/null || true
+        else kill -TERM "${pids[k]}" 2>/dev/null || true; fi
+      done
+      msg="process $failed of $n $(how "$status") (log: $logdir/$prefix$failed.log)"
+      (( ${#stopped[@]} )) && msg+="; stopped (SIGSTOP?) and not answering: process ${stopped[*]}, killed"
+      (( ${#remaining[@]} > ${#stopped[@]} )) && msg+="; stopping the others"
+      [[ -z "$asked" ]] && echo "local_multiprocess.sh: $msg" >&3
+      deadline=$(( SECONDS + ${IHSWEEP_GRACE_S:-30} ))
+    fi
+  fi
+  if (( independent && ${#remaining[@]} && ${#remaining[@]} < n )); then
+    # Every worker still there is stopped while the others have ended: nobody will resume it.
+    all_stopped=1
+    for k in "${remaining[@]}"; do is_stopped "${pids[k]}" || { all_stopped=0; break; }; done
+    if (( all_stopped )); then
+      for k in "${remaining[@]}"; do kill -KILL "${pids[k]}" 2>/dev/null || true; killed+=("$k"); done
+      [[ -z "$asked" ]] && echo "local_multiprocess.sh: stopped (SIGSTOP?) and not answering after the others ended: worker ${remaining[*]} of $n, killed" >&3
+    fi
   fi
   if [[ -n "$deadline" ]] && (( SECONDS >= deadline && ${#remaining[@]} )); then
     for k in "${remaining[@]}"; do kill -KILL "${pids[k]}" 2>/dev/null || true; done
@@ -127,4 +233,9 @@ while (( ${#remaining[@]} )); do
   if (( ${#remaining[@]} )); then sleep 0.2 || true; fi  # a signal to the group also hits sleep
 done
 } 2>/dev/null
+if (( independent && status != 0 )) && [[ -z "$asked" ]]; then
+  ok=0
+  for k in "${!codes[@]}"; do (( codes[k] == 0 )) && ok=$(( ok + 1 )); done
+  echo "local_multiprocess.sh: exit status $status (worker $failed_first of $n); $ok of $n workers exited with status 0; rerun the same command to finish any group left unfinished (\`ihsweep status --workdir=${workdir:-DIR}\`)" >&3
+fi
 exit $status
