@@ -35,6 +35,7 @@ import pandas as pd
 
 from analysis.load import Group, GroupError, Run, unwritable, warn
 from ihsweep import checkpoint
+from ihsweep.rundir import atomic_file
 
 log = logging.getLogger("analysis")
 
@@ -90,17 +91,14 @@ def read_cache(path: str, warnings: list[str] | None = None) -> pd.DataFrame:
 
 
 def _write_cache(path: str, table: pd.DataFrame, warnings: list[str] | None = None) -> bool:
-  tmp = f"{path}.{os.getpid()}.tmp"
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    table.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_file(path, "wb") as f:
+      table.to_parquet(f, index=False)
     return True
   except Exception as e:  # OSError, or pyarrow refusing a column
     warn(warnings, f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
                     f"results are kept in memory only")
-    if os.path.exists(tmp):
-      os.remove(tmp)
     return False
 
 

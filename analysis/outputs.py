@@ -22,6 +22,8 @@ import json
 import os
 import stat
 
+from ihsweep.rundir import atomic_write_json
+
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"
 FILES = ("report.md", "report.html", "emergence.csv", "curves.csv", "law.json",
@@ -131,7 +133,5 @@ class Outputs:
     self._save()
 
   def _save(self) -> None:
-    tmp = f"{self.path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-      json.dump({"written_by": WRITTEN_BY, "files": self.files}, f, indent=1, sort_keys=True)
-    os.replace(tmp, self.path)
+    atomic_write_json(self.path, {"written_by": WRITTEN_BY, "files": self.files}, indent=1,
+                      sort_keys=True)

@@ -38,6 +38,7 @@ from analysis import plots
 from analysis import scaling
 from analysis.load import dir_identity, load_runs, unwritable
 from analysis.outputs import OutputError, Outputs
+from ihsweep.rundir import atomic_file
 
 log = logging.getLogger("analysis")
 
@@ -380,10 +381,8 @@ def _frontier_section(doc, points, outs: Outputs, written) -> None:
 def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:
   md, page = outs.claim("report.md"), outs.claim("report.html")
   for path, text in ((md, doc.markdown()), (page, doc.html("ihsweep report"))):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with atomic_file(path) as f:
       f.write(text)
-    os.replace(tmp, path)
   outs.finish()
   written.update(report_md=md, report_html=page,
                  warnings=[w for r in runs for w in r.warnings])

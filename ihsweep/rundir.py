@@ -38,11 +38,11 @@ _OURS = (".ihsweep.lock", RUN_MARKER, ".write-test.")
 def _theirs(workdir: str) -> list[str]:
   """The entries of ``workdir`` ihsweep did not write before claiming it: all but ``_OURS`` and
   a ``logs/`` of launcher logs only (``launch/local_multiprocess.sh`` appends
-  ``logs/process_<k>.log`` before the processes start)."""
+  ``logs/process_<k>.log`` or ``logs/worker_<k>.log`` before the processes start)."""
   names = [n for n in os.listdir(workdir) if not n.startswith(_OURS)]
   logs = os.path.join(workdir, "logs")
   if "logs" in names and os.path.isdir(logs) and all(
-      re.fullmatch(r"process_\d+\.log", n) for n in os.listdir(logs)):
+      re.fullmatch(r"(process|worker)_\d+\.log", n) for n in os.listdir(logs)):
     names.remove("logs")
   return sorted(names)
 
@@ -148,9 +148,8 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
   try:
     os.makedirs(workdir, exist_ok=True)
     if not os.path.exists(path):
-      with open(path + ".tmp", "w") as f:
-        json.dump({"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
-      os.replace(path + ".tmp", path)
+      atomic_write_json(path, {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+                        indent=None)
   except OSError as e:
     raise config_lib.WorkdirError(workdir, f"a directory this process can write "
                                   f"({e.strerror or e})") from None
@@ -264,9 +263,8 @@ def write_cells(plan, workdir: str) -> str:
   path = os.path.join(workdir, "cells.csv")
   with open(os.path.join(workdir, ".cells.lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    cells_table(plan, workdir).to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_file(path) as f:
+      cells_table(plan, workdir).to_csv(f, index=False)
   return path
 
 
@@ -408,13 +406,30 @@ def check_workdir(workdir: str, kind: str | None = None) -> None:
                                   f"({e.strerror or e})") from None
 
 
-def atomic_write_json(path: str, obj) -> None:
-  """Writes ``obj`` as JSON to ``path`` atomically (a unique temporary file, then a rename), so a
-  reader or a kill never sees half a file."""
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w"):
+  """``with atomic_file(path) as f:`` writes ``f`` to a temporary file beside ``path``, unique to
+  this process and thread, renamed over ``path`` once the block completes (removed if it
+  raises): a reader, a concurrent writer or a kill never sees half a file. The temporary name
+  keeps ``path``'s extension (``np.savez`` and parquet writers look at it)."""
+  import threading
+  root, ext = os.path.splitext(path)
+  tmp = f"{root}.{os.getpid()}-{threading.get_ident()}.tmp{ext}"
+  try:
+    with open(tmp, mode) as f:
+      yield f
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def atomic_write_json(path: str, obj, **dump_args) -> None:
+  """Writes ``obj`` as JSON to ``path`` atomically (``atomic_file``); ``dump_args`` go to
+  ``json.dump`` (default ``indent=2``)."""
+  with atomic_file(path) as f:
+    json.dump(obj, f, **{"indent": 2, **dump_args})
 
 
 def last_step(path: str) -> int | None:
@@ -445,3 +460,184 @@ def alive(status: dict) -> bool | None:
     return False
   except PermissionError:
     return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Claims: which worker trains which group of a sweep. The run directory is the only meeting point
+# of the workers (independent processes, SLURM array tasks, the processes of a jax.distributed
+# job): a worker claims a group by writing ``groups/<id>/claim.json`` under a brief exclusive
+# lock of ``.claims.lock`` (``fcntl.flock``, which NFSv4 and Lustre mounted with ``flock``
+# support), refreshes the claim's heartbeat while it trains, and removes it when the group is
+# finished. ``claims.jsonl`` logs every claim, takeover and release.
+
+CLAIM_FILE = "claim.json"
+CLAIMS_LOG = "claims.jsonl"
+
+
+def claim_heartbeat_s() -> float:
+  """Seconds between a worker's claim refreshes (``IHSWEEP_CLAIM_HEARTBEAT_S``, default 10)."""
+  return _env_seconds("IHSWEEP_CLAIM_HEARTBEAT_S", 10.0)
+
+
+def claim_stale_s() -> float:
+  """Seconds without a refresh after which a claim is stale and its group may be taken over
+  (``IHSWEEP_CLAIM_STALE_S``, default 12 heartbeats). Workers on several hosts compare their
+  clocks with the heartbeat written by another: keep the hosts' clocks synchronised (NTP) and
+  this well above the skew. On the claim's own host a dead pid makes it stale at once."""
+  return _env_seconds("IHSWEEP_CLAIM_STALE_S", 12 * claim_heartbeat_s())
+
+
+def _env_seconds(name: str, default: float) -> float:
+  text = os.environ.get(name, "")
+  if not text:
+    return default
+  try:
+    value = float(text)
+  except ValueError:
+    value = float("nan")
+  if not value > 0 or value == float("inf"):
+    raise config_lib.ConfigError(f"(environment) {name}", text, "a number of seconds > 0")
+  return value
+
+
+@contextlib.contextmanager
+def claims_lock(workdir: str):
+  """Holds the exclusive lock under which workers read and change claims (blocking; held for
+  milliseconds)."""
+  with open(os.path.join(workdir, ".claims.lock"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def worker_id() -> str:
+  """This worker's name in claims: ``host:pid`` (``/pN`` added for process N of a
+  jax.distributed job)."""
+  name = f"{socket.gethostname()}:{os.getpid()}"
+  return f"{name}/p{jax.process_index()}" if jax.process_count() > 1 else name
+
+
+def read_claim(workdir: str, group_id: str) -> dict | None:
+  """A group's claim (``worker``, ``host``, ``pid``, ``devices``, ``claimed``, ``heartbeat``:
+  Unix time of the last refresh), or None if it has none (an unreadable claim reads as stale:
+  ``heartbeat`` 0)."""
+  path = os.path.join(group_dir(workdir, group_id), CLAIM_FILE)
+  try:
+    with open(path) as f:
+      claim = json.load(f)
+    if isinstance(claim, dict) and "worker" in claim:
+      return claim
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError):
+    pass
+  return {"worker": "(unreadable claim)", "heartbeat": 0.0}
+
+
+def claim_is_stale(claim: dict, now: float | None = None) -> bool:
+  """Whether a claim's worker is gone: a dead pid on this host, or no heartbeat for
+  ``claim_stale_s()`` seconds."""
+  if alive(claim) is False:
+    return True
+  now = time.time() if now is None else now
+  return now - float(claim.get("heartbeat", 0.0)) > claim_stale_s()
+
+
+def group_state(workdir: str, group_id: str, status: dict) -> str:
+  """``status["state"]``, except that a 'running' group whose worker is gone (its claim stale,
+  or without a claim its process dead on this host) reads 'stopped'."""
+  if status["state"] != "running":
+    return status["state"]
+  claim = read_claim(workdir, group_id)
+  gone = claim_is_stale(claim) if claim is not None else alive(status) is False
+  return "stopped" if gone else "running"
+
+
+def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
+  row = {"time": round(time.time(), 3), "event": event, "group": group_id,
+         "worker": worker_id(), **fields}
+  with open(os.path.join(workdir, CLAIMS_LOG), "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
+  os.makedirs(group_dir(workdir, group_id), exist_ok=True)
+  atomic_write_json(os.path.join(group_dir(workdir, group_id), CLAIM_FILE), claim)
+
+
+def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
+  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale; call under
+  ``claims_lock``. Returns None if another live worker holds it, else the event logged:
+  ``"claimed"`` or ``"taken over"`` (from a stale claim, whose worker is named in the log)."""
+  old = read_claim(workdir, group_id)
+  if old is not None and not claim_is_stale(old):
+    return None
+  now = time.time()
+  _write_claim(workdir, group_id, {
+      "group": group_id, "worker": worker_id(), "host": socket.gethostname(),
+      "pid": os.getpid(), "process": jax.process_index(), "devices": devices,
+      "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "heartbeat": now})
+  if old is None:
+    _log_claim(workdir, "claimed", group_id, devices=devices)
+    return "claimed"
+  _log_claim(workdir, "taken over", group_id, devices=devices, previous=old.get("worker"),
+             previous_heartbeat=old.get("heartbeat"))
+  return "taken over"
+
+
+def refresh_claim(workdir: str, group_id: str) -> bool:
+  """Refreshes this worker's claim on ``group_id`` (its heartbeat); False if the claim is no
+  longer this worker's (taken over after this worker stopped answering)."""
+  with claims_lock(workdir):
+    claim = read_claim(workdir, group_id)
+    if claim is None or claim.get("worker") != worker_id():
+      return False
+    claim["heartbeat"] = time.time()
+    _write_claim(workdir, group_id, claim)
+    return True
+
+
+def release_claim(workdir: str, group_id: str, state: str) -> None:
+  """Removes this worker's claim on ``group_id`` (the group is ``state`` now); a claim that is
+  no longer this worker's is left alone."""
+  with claims_lock(workdir):
+    claim = read_claim(workdir, group_id)
+    if claim is not None and claim.get("worker") == worker_id():
+      os.remove(os.path.join(group_dir(workdir, group_id), CLAIM_FILE))
+      _log_claim(workdir, "released", group_id, state=state)
+
+
+class ClaimHeartbeat:
+  """A daemon thread refreshing this worker's claim on a group every ``claim_heartbeat_s()``
+  seconds while it trains (``with ClaimHeartbeat(workdir, group_id) as beat``); ``beat.lost``
+  is set if the claim was taken over."""
+
+  def __init__(self, workdir: str, group_id: str):
+    import threading
+    self.workdir, self.group_id = workdir, group_id
+    self.lost = threading.Event()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name=f"ihsweep-claim-{group_id}",
+                                    daemon=True)
+
+  def _run(self) -> None:
+    while not self._stop.wait(claim_heartbeat_s()):
+      try:
+        if not refresh_claim(self.workdir, self.group_id):
+          self.lost.set()
+          return
+      except OSError as e:  # a filesystem hiccup: the next beat tries again
+        import logging
+        logging.getLogger("ihsweep").warning("could not refresh the claim on %s: %s",
+                                             self.group_id, e)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()

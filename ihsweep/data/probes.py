@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import jax
 import numpy as np
@@ -49,10 +48,10 @@ class Probes:
 
   def save(self, path: str) -> None:
     """Writes ``path`` (an ``.npz``) atomically."""
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, repeated=self.repeated, sequences=self.sequences, recall=self.recall,
-             block_len=self.block_len, candidates=self.candidates)
-    os.replace(tmp, path)
+    from ihsweep.rundir import atomic_file
+    with atomic_file(path, "wb") as f:
+      np.savez(f, repeated=self.repeated, sequences=self.sequences, recall=self.recall,
+               block_len=self.block_len, candidates=self.candidates)
 
   @classmethod
   def load(cls, path: str) -> "Probes":
