@@ -1,8 +1,15 @@
-"""launch/local_multiprocess.sh when a process fails: the exit status is the failed process's,
-one line names it, a process that stops answering ends the others within the heartbeat bound
-(not JAX's C++ abort), and the group's status.json is not left "running"; a bad
-IHSWEEP_HEARTBEAT_S is one line."""
+"""The launchers (launch/*).
 
+local_multiprocess.sh joined, when a process fails: the exit status is the failed process's, one
+line names it, a process that stops answering ends the others within the heartbeat bound (not
+JAX's C++ abort), and the group's status.json is not left "running"; a bad IHSWEEP_HEARTBEAT_S
+is one line. local_multiprocess.sh --independent: each worker's environment (no coordinator,
+GPUs round-robin, memory fraction for a shared GPU) and its exit rules (a failed worker does
+not stop the others), with a stand-in for ihsweep; a real tiny sweep. slurm_array.sbatch,
+slurm.sbatch, tpu_pod.sh: --dry-run commands and the environment a task's worker gets (a
+stand-in srun)."""
+
+import json
 import os
 import re
 import signal
@@ -120,3 +127,287 @@ def test_bad_heartbeat_is_one_line(tmp_path, value):
       f"ihsweep: IHSWEEP_HEARTBEAT_S={value!r} is not allowed: a finite number of seconds > 0"), (
       r.stderr[-2000:])
   assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------- launchers without JAX (stand-ins)
+
+LAUNCH = os.path.join(ROOT, "launch")
+ARGS = ["--config=configs/exp.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
+RUN = "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+# A stand-in for `ihsweep`: says what it got, then acts as FAKE_<CUDA_VISIBLE_DEVICES> says (the
+# GPU id tells the workers apart): ok (runs 1 s), slow (60 s), fail (status 3), kill (SIGKILL
+# itself), stop (SIGSTOP itself). SIGTERM: "term", status 143 (as ihsweep after checkpointing).
+FAKE = r"""
+trap 'kill $! 2>/dev/null; echo "term $CUDA_VISIBLE_DEVICES"; exit 143' TERM
+act=FAKE_$CUDA_VISIBLE_DEVICES; act=${!act:-ok}
+echo "start $CUDA_VISIBLE_DEVICES $act coordinator=${IHSWEEP_COORDINATOR-unset}" \
+  "distributed=${IHSWEEP_DISTRIBUTED-unset} fraction=${XLA_PYTHON_CLIENT_MEM_FRACTION-unset}" \
+  "preallocate=${XLA_PYTHON_CLIENT_PREALLOCATE-unset} args: $*"
+case $act in
+  ok) sleep 1 & wait $! ;;
+  slow) sleep 60 & wait $! ;;
+  fail) exit 3 ;;
+  kill) kill -KILL $$ ;;
+  stop) kill -STOP $$ ;;
+esac
+echo "done $CUDA_VISIBLE_DEVICES"
+"""
+
+
+def _clean_env(**extra) -> dict:
+  """This environment without what the launchers read (IHSWEEP*, XLA_*, SLURM_*, GPUs; nproc
+  also reads OMP_*), plus ``extra``."""
+  keep = {k: v for k, v in os.environ.items()
+          if not k.startswith(("IHSWEEP", "XLA_", "SLURM_", "OMP_", "CUDA_VISIBLE_DEVICES"))}
+  return {**keep, "IHSWEEP": "ihsweep", **extra}
+
+
+def _dry(script: str, *args, **env) -> subprocess.CompletedProcess:
+  return subprocess.run(["bash", os.path.join(LAUNCH, script), *args, "--dry-run"], cwd=ROOT,
+                        env=_clean_env(**env), capture_output=True, text=True, timeout=60)
+
+
+def _lines(r: subprocess.CompletedProcess) -> list[str]:
+  assert r.returncode == 0, r.stderr
+  return [line.rstrip() for line in r.stdout.splitlines()]
+
+
+def _split(line: str) -> tuple[dict, str]:
+  """A dry-run line → (its VAR=value words before the command, the command)."""
+  words = line.split(" ")
+  i = next(i for i, w in enumerate(words) if not re.match(r"[A-Z_]+=", w))
+  return dict(w.split("=", 1) for w in words[:i]), " ".join(words[i:])
+
+
+def test_independent_workers_dry_run_no_coordinator_cores_split():
+  per = max(len(os.sched_getaffinity(0)) // 3, 1)  # what nproc counts
+  assert _lines(_dry("local_multiprocess.sh", "3", "--independent", *ARGS)) == [
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={per} {RUN}"] * 3
+  # Inherited variables that would make a worker join a job are removed from its environment.
+  lines = _lines(_dry("local_multiprocess.sh", "2", *ARGS, "--independent",
+                      IHSWEEP_COORDINATOR="host:1", IHSWEEP_DISTRIBUTED="1",
+                      IHSWEEP_CPU_DEVICES="2", XLA_FLAGS="--xla_cpu_foo=1"))
+  assert lines == ["env -u IHSWEEP_COORDINATOR -u IHSWEEP_DISTRIBUTED XLA_FLAGS=--xla_cpu_foo=1"
+                   f"\\ --xla_force_host_platform_device_count=2 {RUN}"] * 2
+
+
+@pytest.mark.parametrize("n, gpus, fraction, want", [
+    (2, "0,1", None, [("0", None), ("1", None)]),  # one worker per GPU: JAX's defaults
+    (5, "0,1", None, [("0", "0.300"), ("1", "0.450"), ("0", "0.300"), ("1", "0.450"),
+                      ("0", "0.300")]),  # 3 share GPU 0, 2 share GPU 1
+    (4, "GPU-4f2a", None, [("GPU-4f2a", "0.225")] * 4),
+    (2, "7", "0.4", [("7", "0.4")] * 2),  # a fraction set by the caller is kept
+])
+def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, fraction, want):
+  env = {"IHSWEEP_GPUS": gpus}
+  if fraction:
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
+  lines = _lines(_dry("local_multiprocess.sh", str(n), "--independent", *ARGS, **env))
+  assert len(lines) == n
+  for line, (gpu, share) in zip(lines, want):
+    variables, command = _split(line)
+    assert command == RUN
+    assert variables["CUDA_VISIBLE_DEVICES"] == gpu
+    assert variables.get("XLA_PYTHON_CLIENT_MEM_FRACTION") == share
+    assert variables.get("XLA_PYTHON_CLIENT_PREALLOCATE") == (share and "false")
+    assert "IHSWEEP_COORDINATOR" not in variables
+
+
+def test_joined_processes_one_gpu_each_and_never_two_on_one():
+  lines = _lines(_dry("local_multiprocess.sh", "2", *ARGS, IHSWEEP_GPUS="3,5",
+                      IHSWEEP_PORT="12345"))
+  for k, (line, gpu) in enumerate(zip(lines, ("3", "5"))):
+    variables, command = _split(line)
+    assert command == RUN
+    assert variables["IHSWEEP_COORDINATOR"] == "localhost:12345"
+    assert variables["IHSWEEP_PROCESS_ID"] == str(k) and variables["IHSWEEP_NUM_PROCESSES"] == "2"
+    assert variables["CUDA_VISIBLE_DEVICES"] == gpu
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in variables
+  r = _dry("local_multiprocess.sh", "3", *ARGS, IHSWEEP_GPUS="3,5", IHSWEEP_PORT="12345")
+  assert r.returncode == 2 and r.stdout == "", r.stdout
+  assert len(r.stderr.splitlines()) == 1 and "cannot share a GPU; use --independent" in r.stderr
+  r = _dry("local_multiprocess.sh", "2", "--independent", *ARGS, IHSWEEP_GPUS="0;1")
+  assert r.returncode == 2 and "IHSWEEP_GPUS=0;1 is not allowed" in r.stderr
+
+
+def _fake_launch(tmp_path, n: int, *flags, term: bool = False, **env):
+  """local_multiprocess.sh with the stand-in ihsweep, worker k on GPU "k"; with ``term``,
+  SIGTERM to the launcher once every worker has started. Returns (status, stdout, the
+  launcher's own lines on stderr, {k: log text})."""
+  fake = tmp_path / "fake_ihsweep.sh"
+  fake.write_text(FAKE)
+  work = tmp_path / "run"
+  launcher = subprocess.Popen(
+      ["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), str(n), *flags,
+       f"--workdir={work}", "--noprogress"], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True,
+      env=_clean_env(IHSWEEP=f"bash {fake}", IHSWEEP_GPUS=",".join(map(str, range(n))),
+                     IHSWEEP_PORT="1", **env))
+  logs = work / "logs"
+  try:
+    if term:
+      deadline = time.time() + 30
+      while not (logs.is_dir() and sum("start" in p.read_text() for p in logs.iterdir()) == n):
+        assert time.time() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+      launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=60)
+  finally:
+    if launcher.poll() is None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+      launcher.wait()
+  own = [line for line in err.splitlines() if line.startswith("local_multiprocess.sh:")]
+  texts = {int(p.stem.rsplit("_", 1)[1]): p.read_text() for p in logs.iterdir()}
+  return launcher.returncode, out, own, texts
+
+
+def test_independent_worker_killed_does_not_stop_the_others(tmp_path):
+  rc, out, own, logs = _fake_launch(tmp_path, 3, "--independent", FAKE_1="kill",
+                                    IHSWEEP_COORDINATOR="localhost:9")
+  work = tmp_path / "run"
+  assert rc == 137, (own, logs)
+  assert own == [
+      f"local_multiprocess.sh: 3 independent workers on {work}: worker 0 here, worker k in "
+      f"{work}/logs/worker_k.log; `ihsweep status --workdir={work}` shows who holds which group",
+      f"local_multiprocess.sh: worker 1 of 3 ended with status 137 (128 + 9: SIGKILL) (log: "
+      f"{work}/logs/worker_1.log); the others go on",
+      f"local_multiprocess.sh: exit status 137 (worker 1 of 3); 2 of 3 workers exited with "
+      f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
+      f"--workdir={work}`)"]
+  # The others ran to their end; worker 0 also on the terminal; no worker saw a coordinator.
+  assert sorted(logs) == [0, 1, 2]
+  for k in (0, 2):
+    assert logs[k].rstrip().endswith(f"done {k}"), logs[k]
+  assert "done 1" not in logs[1]
+  assert out.rstrip().endswith("done 0") and "start 1" not in out
+  for k, text in logs.items():
+    assert text.startswith(f"=== ") and f"worker {k} of 3 (independent):" in text
+    assert "coordinator=unset distributed=unset" in text
+    assert f"args: run --workdir={work} --noprogress" in text
+
+
+def test_independent_worker_left_stopped_is_killed_after_the_others(tmp_path):
+  rc, _, own, logs = _fake_launch(tmp_path, 3, "--independent", FAKE_1="stop", FAKE_2="fail")
+  work = tmp_path / "run"
+  assert rc == 3, (own, logs)  # the first failure's status, not the killed one's
+  assert own[1:] == [
+      f"local_multiprocess.sh: worker 2 of 3 exited with status 3 (log: "
+      f"{work}/logs/worker_2.log); the others go on",
+      "local_multiprocess.sh: stopped (SIGSTOP?) and not answering after the others ended: "
+      "worker 1 of 3, killed",
+      f"local_multiprocess.sh: exit status 3 (worker 2 of 3); 1 of 3 workers exited with "
+      f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
+      f"--workdir={work}`)"]
+  assert logs[0].rstrip().endswith("done 0") and "done 1" not in logs[1]
+
+
+def test_independent_sigterm_reaches_every_worker_and_is_the_status(tmp_path):
+  rc, _, own, logs = _fake_launch(tmp_path, 2, "--independent", term=True, FAKE_0="slow",
+                                  FAKE_1="slow")
+  assert rc == 143
+  assert len(own) == 1 and "2 independent workers" in own[0]  # no failure lines: it was asked
+  for k in (0, 1):
+    assert logs[k].rstrip().endswith(f"term {k}"), logs[k]
+
+
+def test_joined_failure_stops_the_others(tmp_path):
+  rc, _, own, logs = _fake_launch(tmp_path, 2, FAKE_0="slow", FAKE_1="fail")
+  work = tmp_path / "run"
+  assert rc == 3
+  assert own == [f"local_multiprocess.sh: process 1 of 2 exited with status 3 (log: "
+                 f"{work}/logs/process_1.log); stopping the others"]
+  assert "coordinator=localhost:1 " in logs[0] and logs[0].rstrip().endswith("term 0")
+
+
+def test_slurm_array_dry_runs_and_header():
+  assert _lines(_dry("slurm_array.sbatch", *ARGS)) == [
+      "srun --ntasks=1 ihsweep run --noprogress --config=configs/exp.py "
+      "--workdir=/shared/runs/x --grid=seed=0\\,1"]
+  assert _lines(_dry("slurm_array.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
+      "srun --ntasks=1 --cpus-per-task=8 ihsweep run --noprogress --config=configs/exp.py "
+      "--workdir=/shared/runs/x --grid=seed=0\\,1"]
+  assert _lines(_dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="4",
+                     SLURM_ARRAY_TASK_ID="3")) == [
+      "XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.225 "
+      "IHSWEEP_LOG_PREFIX=task3_worker_ srun --ntasks=1 launch/local_multiprocess.sh 4 "
+      "--independent --noprogress --config=configs/exp.py --workdir=/shared/runs/x "
+      "--grid=seed=0\\,1"]
+  r = _dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="0")
+  assert r.returncode == 2 and "IHSWEEP_WORKERS_PER_GPU=0 is not allowed" in r.stderr
+  text = open(os.path.join(LAUNCH, "slurm_array.sbatch")).read()
+  sbatch = re.findall(r"^#SBATCH (\S+)", text, re.M)
+  for option in ("--array=0-7", "--gres=gpu:1", "--signal=TERM@120", "--requeue"):
+    assert option in sbatch, sbatch
+  assert ("sbatch --array=0-63 launch/slurm_array.sbatch --config=configs/exp1_natural.py \\\n"
+          "#       --workdir=/shared/exp1 --config.data.tfds_data_dir=$TFDS") in text
+  subprocess.run(["bash", "-n", os.path.join(LAUNCH, "slurm_array.sbatch")], check=True)
+
+
+@pytest.mark.parametrize("per_gpu", [1, 2])
+def test_slurm_array_task_environment(tmp_path, per_gpu):
+  """The task as SLURM runs it (a stand-in srun that runs its command): the worker gets no
+  jax.distributed variables; K = 2 workers share the task's GPU with half the memory each."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  srun = bin_dir / "srun"
+  srun.write_text('#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+  srun.chmod(0o755)
+  fake = tmp_path / "fake_ihsweep.sh"
+  fake.write_text(FAKE)
+  work = tmp_path / "run"
+  env = _clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", IHSWEEP=f"bash {fake}",
+                   IHSWEEP_WORKERS_PER_GPU=str(per_gpu), SLURM_ARRAY_TASK_ID="3",
+                   SLURM_CPUS_PER_TASK="8", CUDA_VISIBLE_DEVICES="5", IHSWEEP_DISTRIBUTED="1",
+                   IHSWEEP_COORDINATOR="node1:1234")
+  r = subprocess.run(["bash", os.path.join(LAUNCH, "slurm_array.sbatch"), "--config=c.py",
+                      f"--workdir={work}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                     timeout=60)
+  assert r.returncode == 0, r.stderr
+  fraction, preallocate = ("unset", "unset") if per_gpu == 1 else ("0.450", "false")
+  want = (f"start 5 ok coordinator=unset distributed=unset fraction={fraction} "
+          f"preallocate={preallocate} args: run --noprogress --config=c.py --workdir={work}")
+  if per_gpu == 1:
+    assert r.stdout.splitlines() == [want, "done 5"]
+  else:
+    logs = sorted(os.listdir(work / "logs"))
+    assert logs == ["task3_worker_0.log", "task3_worker_1.log"]
+    for name in logs:
+      assert want in (work / "logs" / name).read_text()
+
+
+def test_joined_launchers_dry_runs():
+  assert _lines(_dry("slurm.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
+      "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 ihsweep run "
+      "--noprogress --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
+  assert _lines(_dry("tpu_pod.sh", "my-tpu", "us-central2-b", *ARGS,
+                     "--config.sweep.placement=global")) == [
+      'gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all '
+      '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
+      '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 '
+      '--config.sweep.placement=global "']
+
+
+# --------------------------------------------------------------------- a real independent sweep
+
+@pytest.mark.xfail(strict=False, reason="FEATURE CHECK: needs the workers of ihsweep/sweep.py "
+                   "(issue 17); before them a second `ihsweep run` on the directory is refused. "
+                   "Drop this mark once they land.")
+def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
+  work = tmp_path / "run"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+         "IHSWEEP_CPU_DEVICES": "1", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  r = subprocess.run(["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
+                      "--independent", "--config=configs/default.py", f"--workdir={work}",
+                      "--noprogress", *FLAGS, "--config.train.num_steps=20",
+                      "--grid=train.batch_size=4,8"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + _logs(work)[-3000:]
+  assert sorted(os.listdir(work / "logs")) == ["worker_0.log", "worker_1.log"]
+  claimed = {}
+  for line in open(work / "claims.jsonl"):
+    row = json.loads(line)
+    if row["event"] in ("claimed", "taken over"):
+      claimed.setdefault(row["group"], []).append(row["event"])
+  assert claimed == {"g000": ["claimed"], "g001": ["claimed"]}, claimed
+  for g in ("g000", "g001"):
+    assert rundir.read_status(str(work), g)["state"] == "done"
