@@ -190,7 +190,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
                    warnings: list[str] | None = None) -> pd.DataFrame:
   """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
 
-  One evaluation program is compiled for the group (``ihsweep.runner.Evaluator``: the metric
+  One evaluation program is compiled for the group (``ihsweep.evaluation.Evaluator``: the metric
   functions vmapped over the ensemble, split over the local devices); while step k is evaluated
   on the devices, step k + 1's params are read from disk. A checkpoint that cannot be restored
   (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
@@ -203,7 +203,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   import jax
   from ihsweep import sharding as sharding_lib
   from ihsweep import train
-  from ihsweep.runner import Evaluator
+  from ihsweep.evaluation import Evaluator
   from analysis.load import device_sharding
 
   if not steps:

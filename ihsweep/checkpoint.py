@@ -3,7 +3,7 @@
 A run directory holds two orbax ``CheckpointManager`` trees:
 
 * ``checkpoints/params/<step>`` — every model's params (leading axis E) on a token-based
-  schedule (``params_steps``): log-spaced from step 0 plus extra density around the
+  schedule (``schedule.params_steps``): log-spaced from step 0 plus extra density around the
   transition the emergence law predicts for this (B, C), or the study's own token schedule.
   Never pruned: they are what the analysis reads.
 * ``checkpoints/state/<step>`` — the full ``TrainState`` (params, optimizer state, step, data
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import os
 import shutil
 import sys
@@ -39,8 +38,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ihsweep.data.errors import DataError
-
-PARAMS_SCHEDULES = ("log", "study", "none")
+# The params schedule lives in ihsweep.schedule; config and the analysis's tests still read it
+# from here.
+from ihsweep.schedule import PARAMS_SCHEDULES, params_steps  # noqa: F401
 
 log = logging.getLogger("ihsweep")
 
@@ -81,48 +81,6 @@ def disk_full_cause(error: BaseException) -> BaseException | None:
       return error
     error = error.__cause__ or error.__context__
   return None
-
-# The study's checkpoints (PAPER.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
-# 200M–1B every 100M tokens.
-STUDY_TOKENS = ([250_000, 500_000] + [m * 1_000_000 for m in range(1, 11)]
-                + [m * 10_000_000 for m in range(2, 11)]
-                + [m * 100_000_000 for m in range(2, 11)])
-
-
-def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log",
-                 points_per_octave: int = 2, law_updates: float | None = None,
-                 law_window: float = 4.0, law_points_per_octave: int = 8) -> list[int]:
-  """Updates after which params are saved, sorted, always including 0 and ``num_steps``.
-
-  ``log``: tokens log-spaced from one update's ``B · C`` tokens on — update counts
-  ``round(2^(k / points_per_octave))`` — plus, if ``law_updates`` is given,
-  ``law_points_per_octave`` points per octave centred on it, ``round(law_updates · 2^(k /
-  law_points_per_octave))`` within a factor ``law_window`` either side. ``study``: the study's token counts (``STUDY_TOKENS``) converted to updates
-  (``round(tokens / tokens_per_update)``, at least 1). ``none``: only 0 and the end.
-  """
-  steps = {0, num_steps}
-
-  if schedule == "log":
-    top = math.ceil(math.log2(max(num_steps, 1)) * points_per_octave)
-    steps |= {int(round(2 ** (k / points_per_octave))) for k in range(top + 1)}
-    if law_updates is not None and law_points_per_octave > 0:
-      half = math.floor(math.log2(law_window) * law_points_per_octave)
-      steps |= {int(round(law_updates * 2 ** (k / law_points_per_octave)))
-                for k in range(-half, half + 1)}
-  elif schedule == "study":
-    steps |= {max(1, int(round(t / tokens_per_update))) for t in STUDY_TOKENS}
-  elif schedule != "none":
-    raise ValueError(f"checkpoint.params_schedule = {schedule!r}: allowed "
-                     f"{', '.join(PARAMS_SCHEDULES)}")
-  return sorted(s for s in steps if 0 <= s <= num_steps)
-
-
-def is_state_step(step: int, num_steps: int, every: int) -> bool:
-  """Whether the full state is saved after update ``step`` of ``num_steps``: at a multiple of
-  ``every`` (0: none) and at the end. Arithmetic, so that a long run with a short interval
-  builds no list of its steps."""
-  return step == num_steps or (every > 0 and 0 < step < num_steps and step % every == 0)
-
 
 def _jsonable(x):
   if isinstance(x, dict):

@@ -7,10 +7,8 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -26,10 +24,12 @@ from tqdm.auto import tqdm
 
 from ihsweep import checkpoint, rundir, sharding, train
 from ihsweep import config as config_lib
-from ihsweep import metrics as metrics_lib
+from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
-from ihsweep.law import Law
+# EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
+# ihsweep.evaluation.
+from ihsweep.evaluation import EmergenceStop, Evaluator, json_value, replay
 from ihsweep.model import Transformer
 
 log = logging.getLogger("ihsweep")
@@ -95,15 +95,6 @@ def check_resumable(cfg, workdir: str) -> None:
         f"checkpoints); use a new --workdir to train with a different value")
 
 
-def eval_interval(cfg) -> int:
-  """Updates between evaluations: ``eval.every_tokens`` converted (rounded up) if set, else
-  ``eval.every_steps``; 0 = no online evaluation."""
-  tokens = cfg.eval.every_tokens
-  if tokens:
-    return max(1, math.ceil(tokens / (cfg.train.batch_size * cfg.train.context_size)))
-  return cfg.eval.every_steps
-
-
 def _read_jsonl(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
@@ -122,15 +113,6 @@ def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
   with open(tmp, "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
   os.replace(tmp, path)
-
-
-def _plain(x):
-  """numpy values to JSON values (NaN -> null)."""
-  x = np.asarray(x)
-  if x.ndim:
-    return [_plain(v) for v in x]
-  v = x.item()
-  return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _short(values, limit: int = 8) -> str:
@@ -221,54 +203,6 @@ class Interrupted(Exception):
                      f"the same command to resume")
 
 
-class EmergenceStop:
-  """The 'until emergence + margin' budget: a model is done once its online ``metric`` has
-  reached ``threshold`` at some evaluation step s and training has reached ``margin · s``
-  updates; a diverged model is done. ``done(step)`` is true when every model is.
-
-  A model counts as reaching the threshold only after an evaluation has seen it below: one
-  already at or above it at its first evaluation (update 0, untrained) says nothing about
-  emergence, and a warning names ``sweep.stop_threshold`` and the measured baseline (that
-  model then trains to its cap unless it drops below and rises again).
-
-  Args:
-    metric: a per-model ``metrics.jsonl`` field (e.g. ``ps_max``); threshold: its emergence
-      level; margin: factor (>= 1) on the first step at which it was reached; n_models: E.
-  """
-
-  def __init__(self, metric: str, threshold: float, margin: float, n_models: int):
-    self.metric, self.threshold, self.margin = metric, threshold, margin
-    self.crossed: list[int | None] = [None] * n_models
-    self.below = np.zeros(n_models, bool)  # seen below the threshold at some evaluation
-    self.first = True
-    self.diverged = np.zeros(n_models, bool)
-
-  def observe(self, step: int, values, diverged) -> None:
-    """One evaluation: ``values`` [E] of the metric (NaN/None ignored), ``diverged`` [E] bool."""
-    self.diverged |= np.asarray(diverged, bool)
-    finite = [v is not None and math.isfinite(v) for v in values]
-    above = [i for i, v in enumerate(values) if finite[i] and v >= self.threshold]
-    if self.first and above:
-      log.warning(
-          "sweep.stop_threshold = %g is already reached before emergence: %s at update %d is "
-          "%s for model(s) %s; those crossings are not counted (a model must first be seen "
-          "below the threshold); raise sweep.stop_threshold above this baseline", self.threshold,
-          self.metric, step, ", ".join(f"{values[i]:.4f}" for i in above),
-          ", ".join(map(str, above)))
-    self.first = False
-    for i, v in enumerate(values):
-      if not finite[i]:
-        continue
-      if v < self.threshold:
-        self.below[i] = True
-      elif self.crossed[i] is None and self.below[i]:
-        self.crossed[i] = step
-
-  def done(self, step: int) -> bool:
-    return all(d or (c is not None and step >= self.margin * c)
-               for c, d in zip(self.crossed, self.diverged))
-
-
 def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
         stop_rule: EmergenceStop | None = None) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
@@ -276,8 +210,9 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
 
   Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
   ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
-  averaged over them, null for a diverged model); ``metrics.jsonl`` (every ``eval_interval``
-  updates and at the end, one row per model: see ``Evaluator.rows``); ``probes.npz``;
+  averaged over them, null for a diverged model); ``metrics.jsonl`` (every
+  ``schedule.eval_interval`` updates and at the end, one row per model: see
+  ``Evaluator.rows``); ``probes.npz``;
   ``checkpoints/`` (``ihsweep.checkpoint``). Under several processes (one global mesh) every
   process runs this together and process 0 writes the files.
 
@@ -304,7 +239,8 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   _quiet_failed_writes()
   try:
     with rundir.workdir_lock(workdir):
-      return _fit(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule)
+      return _Training(cfg, workdir, progress=progress, desc=desc,
+                       stop_rule=stop_rule).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
       raise
@@ -328,303 +264,294 @@ def _quiet_failed_writes() -> None:
   absl.addFilter(keep)
 
 
-def _fit(cfg, workdir: str, *, progress: bool, desc: str | None,
-         stop_rule: EmergenceStop | None) -> dict[str, Any]:
-  mcfg, tcfg = train.model_and_train_config(cfg)
-  n_models = cfg.ensemble.size
-  lead = jax.process_index() == 0  # writes the logs; every process computes
-  devices = jax.devices()[:cfg.mesh.num_devices or None]
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if any(os.path.isdir(os.path.join(ckpt_dir, kind)) and os.listdir(os.path.join(ckpt_dir, kind))
-         for kind in ("params", "state")):
-    check_resumable(cfg, workdir)  # also params-only: saved steps are never overwritten
-  model = Transformer(mcfg)
-  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
-  host_fed = not getattr(source, "on_device", True)
-  if hasattr(source, "describe"):
-    log.info("data: %s", source.describe())
-  data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
-  hp = train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=data_params)
-  ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
-  hp = jax.device_put(hp, ens_sh)
-  if lead:
-    write_resolved_config(cfg, workdir)
-  log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(mesh.shape), len(devices),
-           jax.default_backend(),
-           f" in {jax.process_count()} processes" if jax.process_count() > 1 else "",
-           n_models, tcfg.batch_size, tcfg.context_size)
+class _Training:
+  """One call of ``fit``: what it builds from the config (mesh, programs, schedules, probes),
+  the files it writes, and the state of its loop, as attributes. ``run`` reads top to bottom:
+  build and restore, line the logs up with the restored step, then one host call after another,
+  each followed by the evaluations and checkpoints due at its last update. Logging trails the
+  devices by one call: call i's metrics are read (``_drain``) after call i + 1 is dispatched."""
 
-  seeds = np.asarray(train.model_seeds(cfg), np.int32)
-  state = train.make_init_fn(model, tcfg, mesh)(seeds)
-  n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
-  ckpts = checkpoint.RunCheckpoints(ckpt_dir, cell_metadata(cfg, mcfg, tcfg, source, n_params),
-                                    keep_state=cfg.checkpoint.keep_state,
-                                    async_save=cfg.checkpoint.async_save, read_only=False)
-  start, state = ckpts.restore_latest_state(state)
-  if start is not None:
-    log.info("resuming from the full-state checkpoint at update %d", start)
-  done = start or 0
-  host_arrays = None if host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
-  arrays = None if host_fed else jax.device_put(host_arrays, repl)
+  def __init__(self, cfg, workdir: str, *, progress: bool, desc: str | None,
+               stop_rule: EmergenceStop | None):
+    self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
+    self.progress, self.desc = progress, desc
+    self.mcfg, self.tcfg = train.model_and_train_config(cfg)
+    self.n_models = cfg.ensemble.size
+    self.lead = jax.process_index() == 0  # writes the logs; every process computes
+    self.tokens_per_step = train.tokens_per_update(self.tcfg)
+    self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+    self.log_path = os.path.join(workdir, "train_log.jsonl")
+    self.probes_path = os.path.join(workdir, "probes.npz")
+    # The loop's state.
+    self.evaluator: Evaluator | None = None
+    self.evaluated = False  # the resumed step's evaluation rows were logged before
+    self.loss_sum, self.loss_updates = np.zeros(self.n_models), 0  # since the last evaluation
+    self.first_drain_t, self.tokens_since_first, self.last_loss = None, 0, None
+    self.stopped_early = False
+    self.saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
+    self.loader = self.bar = self.mfile = self.lfile = None
 
-  # Evaluation and checkpoint schedules; every one of their steps ends a host call.
-  every, state_every = eval_interval(cfg), cfg.checkpoint.state_every_steps
+  def run(self) -> dict[str, Any]:
+    self._build()
+    self._restore()
+    self._make_evaluator()
+    self._line_up_logs()
+    tcfg = self.tcfg
+    self.loader = (HostLoader(self.source, self.state, self.mesh, tcfg.steps_per_call)
+                   if self.host_fed else None)
+    self.bar = tqdm(total=tcfg.num_steps, initial=self.done, disable=not self.progress,
+                    unit="upd", dynamic_ncols=True, desc=self.desc)
+    self.mfile = open(self.metrics_path, "a") if self.lead else None
+    self.lfile = open(self.log_path, "a") if self.lead else None
+    try:
+      self._train()
+    finally:
+      self.bar.close()
+      for f in (self.mfile, self.lfile):
+        if f:
+          f.close()
+      if self.loader:
+        self.loader.close()
+      self.ckpts.close()  # waits for asynchronous writes
+    if self.stopped_early:
+      log.info("every model past its transition by the margin: stopped at update %d of %d",
+               self.done, tcfg.num_steps)
+    return self._result()
 
-  def eval_due(step: int) -> bool:  # every `every` updates and at the end (0: never)
-    return bool(every) and (step % every == 0 or step == tcfg.num_steps)
+  # ------------------------------------------------------------------------------------------
+  # Before the first call.
 
-  law_file = os.path.expanduser(cfg.checkpoint.law_file)
-  law = Law.from_json(law_file) if law_file else Law()
-  tokens_per_step = train.tokens_per_update(tcfg)
-  param_steps = set(checkpoint.params_steps(
-      tcfg.num_steps, tokens_per_step, schedule=cfg.checkpoint.params_schedule,
-      points_per_octave=cfg.checkpoint.points_per_octave,
-      law_updates=law.updates(tcfg.batch_size, tcfg.context_size),
-      law_window=cfg.checkpoint.law_window,
-      law_points_per_octave=cfg.checkpoint.law_points_per_octave))
-  # Evaluation and full-state steps after `done` (as lazy ranges: an interval of a few updates
-  # in a long run lists no steps beyond those the calls end at).
-  later = [range(done // n * n + n, tcfg.num_steps, n) for n in (every, state_every) if n]
-  schedule = train.calls(tcfg.num_steps, tcfg.steps_per_call, done,
-                         stops=itertools.chain(param_steps, *later))
+  def _build(self) -> None:
+    """Mesh, model, data source, hyper-parameters, config.json, initial state."""
+    cfg, mcfg, tcfg = self.cfg, self.mcfg, self.tcfg
+    self.devices = jax.devices()[:cfg.mesh.num_devices or None]
+    self.mesh = sharding.make_mesh(self.n_models, tcfg.batch_size, self.devices)
+    self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
+    if any(os.path.isdir(os.path.join(self.ckpt_dir, kind)) and
+           os.listdir(os.path.join(self.ckpt_dir, kind)) for kind in ("params", "state")):
+      check_resumable(cfg, self.workdir)  # also params-only: saved steps are never overwritten
+    self.model = Transformer(mcfg)
+    self.source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+    self.host_fed = not getattr(self.source, "on_device", True)
+    if hasattr(self.source, "describe"):
+      log.info("data: %s", self.source.describe())
+    self.data_params = jax.tree_util.tree_map(np.asarray,
+                                              self.source.data_params(self.n_models))
+    hp = train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=self.data_params)
+    self.hp = jax.device_put(hp, sharding.ensemble_sharding(self.mesh))
+    if self.lead:
+      write_resolved_config(cfg, self.workdir)
+    log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(self.mesh.shape),
+             len(self.devices), jax.default_backend(),
+             f" in {jax.process_count()} processes" if jax.process_count() > 1 else "",
+             self.n_models, tcfg.batch_size, tcfg.context_size)
+    seeds = np.asarray(train.model_seeds(cfg), np.int32)
+    self.state = train.make_init_fn(self.model, tcfg, self.mesh)(seeds)
 
-  probes_path = os.path.join(workdir, "probes.npz")
-  evaluator, evaluated = None, False
-  if every:
+  def _restore(self) -> None:
+    """Opens the checkpoints and resumes from the latest full state, if any; the schedule of
+    the calls from there."""
+    cfg, tcfg = self.cfg, self.tcfg
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(self.state.params)) // self.n_models
+    self.ckpts = checkpoint.RunCheckpoints(
+        self.ckpt_dir, cell_metadata(cfg, self.mcfg, tcfg, self.source, n_params),
+        keep_state=cfg.checkpoint.keep_state, async_save=cfg.checkpoint.async_save,
+        read_only=False)
+    self.start, self.state = self.ckpts.restore_latest_state(self.state)
+    if self.start is not None:
+      log.info("resuming from the full-state checkpoint at update %d", self.start)
+    self.done = self.start or 0
+    self.host_arrays = (None if self.host_fed else
+                        jax.tree_util.tree_map(np.asarray, self.source.arrays()))
+    self.arrays = (None if self.host_fed else
+                   jax.device_put(self.host_arrays, sharding.replicated(self.mesh)))
+    # Evaluation and checkpoint schedules; every one of their steps ends a host call.
+    self.schedule = schedule_lib.RunSchedule.from_config(cfg)
+    self.calls = self.schedule.calls(self.done)
+
+  def _make_evaluator(self) -> None:
+    """The probes (reloaded on resume, else made and saved) and the evaluation program."""
+    every = self.schedule.eval_every
+    if not every:
+      return
     probes = None
-    if start is not None and os.path.exists(probes_path):
+    if self.start is not None and os.path.exists(self.probes_path):
       try:
-        probes = probes_lib.Probes.load(probes_path)
+        probes = probes_lib.Probes.load(self.probes_path)
       except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         log.warning("%s is unreadable (%s): making the probes again from eval.probe_seed",
-                    probes_path, e)
+                    self.probes_path, e)
     if probes is None:  # from host values, so that every process computes the same probes
-      probes = probes_lib.make_probes(source, data_params, host_arrays,
-                                      cfg.eval, n_models, tcfg.context_size)
-      if lead:
-        probes.save(probes_path)
+      probes = probes_lib.make_probes(self.source, self.data_params, self.host_arrays,
+                                      self.cfg.eval, self.n_models, self.tcfg.context_size)
+      if self.lead:
+        probes.save(self.probes_path)
     log.info("eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
              "sequences per model (%d associative-recall prompts in model 0's)",
              every, len(probes.repeated), probes.block_len, probes.candidates,
              probes.sequences.shape[1], int(probes.recall[0].sum()))
-    evaluator = Evaluator(cfg, mcfg, probes, mesh)
+    self.evaluator = Evaluator(self.cfg, self.mcfg, probes, self.mesh)
 
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
-  log_path = os.path.join(workdir, "train_log.jsonl")
-  if start is None:
-    train_rows = []
-    sharding.barrier("ihsweep-fit-fresh")  # nobody still reads the files being replaced
-    if lead:
-      for path in (metrics_path, log_path):
-        if os.path.exists(path):
-          log.warning("replacing %s: no checkpoint to resume from in %s", path, workdir)
-          os.remove(path)
-  else:  # drop what was logged after the checkpoint; it will be recomputed identically
-    train_rows = [r for r in _read_jsonl(log_path) if r["step"] <= done]
-    rows = [r for r in _read_jsonl(metrics_path) if r["step"] <= done]
-    evaluated = sum(r["step"] == done for r in rows) == n_models  # the resumed step's rows
-    if not evaluated:
-      rows = [r for r in rows if r["step"] < done]
-    if stop_rule is not None:
-      _replay(stop_rule, rows, stop_rule.metric)
-    sharding.barrier("ihsweep-fit-read")  # every process has read before process 0 rewrites
-    if lead:
-      _rewrite_jsonl(log_path, train_rows)
-      _rewrite_jsonl(metrics_path, rows)
-  last_eval = 0  # the last evaluation logged: at `done` if its rows were, else the one before
-  if every and done:
-    last_eval = done if evaluated and eval_due(done) else (done - 1) // every * every
-  loss_sum, loss_updates = np.zeros(n_models), 0  # training loss since the last evaluation
-  for r in train_rows:
-    if r["step"] > last_eval:
-      loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
-      loss_updates += r["updates"]
-  if stop_rule is not None and stop_rule.done(done):
-    schedule = []  # stopped here before (emergence budget)
+  def _line_up_logs(self) -> None:
+    """Starts the logs afresh, or cuts them back to the restored step (what was logged after
+    it will be logged again, identically); the training loss since the last evaluation and the
+    stop rule's record are recovered from them."""
+    done, every = self.done, self.schedule.eval_every
+    if self.start is None:
+      train_rows = []
+      sharding.barrier("ihsweep-fit-fresh")  # nobody still reads the files being replaced
+      if self.lead:
+        for path in (self.metrics_path, self.log_path):
+          if os.path.exists(path):
+            log.warning("replacing %s: no checkpoint to resume from in %s", path, self.workdir)
+            os.remove(path)
+    else:
+      train_rows = [r for r in _read_jsonl(self.log_path) if r["step"] <= done]
+      rows = [r for r in _read_jsonl(self.metrics_path) if r["step"] <= done]
+      # The resumed step's evaluation rows, if all were logged before the kill.
+      self.evaluated = sum(r["step"] == done for r in rows) == self.n_models
+      if not self.evaluated:
+        rows = [r for r in rows if r["step"] < done]
+      if self.stop_rule is not None:
+        replay(self.stop_rule, rows, self.stop_rule.metric)
+      sharding.barrier("ihsweep-fit-read")  # every process has read before process 0 rewrites
+      if self.lead:
+        _rewrite_jsonl(self.log_path, train_rows)
+        _rewrite_jsonl(self.metrics_path, rows)
+    last_eval = 0  # the last evaluation logged: at `done` if its rows were, else the one before
+    if every and done:
+      last_eval = (done if self.evaluated and self.schedule.eval_due(done)
+                   else self.schedule.last_eval(done))
+    for r in train_rows:
+      if r["step"] > last_eval:
+        self.loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
+        self.loss_updates += r["updates"]
+    if self.stop_rule is not None and self.stop_rule.done(done):
+      self.calls = []  # stopped here before (emergence budget)
 
-  loader = HostLoader(source, state, mesh, tcfg.steps_per_call) if host_fed else None
-  tokens_per_call_step = n_models * tokens_per_step
-  bar = tqdm(total=tcfg.num_steps, initial=done, disable=not progress, unit="upd",
-             dynamic_ncols=True, desc=desc)
-  first_drain_t, tokens_since_first, last_loss = None, 0, None
-  stopped_early = False
-  mfile = open(metrics_path, "a") if lead else None
-  lfile = open(log_path, "a") if lead else None
-  try:
+  # ------------------------------------------------------------------------------------------
+  # The loop.
 
-    def drain(item) -> None:
-      nonlocal first_drain_t, tokens_since_first, last_loss, loss_sum, loss_updates
-      kind, step, values, k = item
-      host = sharding.to_host(values)  # the only host syncs
-      if kind == "eval":
-        host, diverged_at = host
-        train_loss = loss_sum / loss_updates if loss_updates else None
-        rows = evaluator.rows(host, step, tokens_per_step, cfg, train_loss, diverged_at)
-        if stop_rule is not None:
-          stop_rule.observe(step, [r[stop_rule.metric] for r in rows], diverged_at >= 0)
-        if lead:
-          mfile.writelines(json.dumps(r) + "\n" for r in rows)
-          mfile.flush()
-        log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
-                 step, f"{step * tokens_per_step:,}", _short(host["ps_max"]),
-                 _short(host["ar_acc"]), _short(host["val_loss"]),
-                 f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "")
-        loss_sum, loss_updates = np.zeros(n_models), 0
-        return
-      now = time.perf_counter()
-      if first_drain_t is None:  # the first call includes compilation: not timed
-        first_drain_t = now
-      else:
-        tokens_since_first += k * tokens_per_call_step
-      last_loss = host["loss"][:k].mean(axis=0)
-      row = {"step": step, "tokens": step * tokens_per_step, "updates": k,
-             "loss": _plain(last_loss), "grad_norm": _plain(host["grad_norm"][:k].mean(axis=0))}
-      if lead:
-        lfile.write(json.dumps(row) + "\n")
-        lfile.flush()
-      loss_sum += last_loss * k
-      loss_updates += k
-      bar.update(k)
-      elapsed = now - first_drain_t
-      finite = last_loss[np.isfinite(last_loss)]
-      bar.set_postfix(loss=f"{finite.mean():.4f}" if finite.size else "nan",
-                      tok_s=f"{tokens_since_first / elapsed:,.0f}" if elapsed else "-")
-
-    def evaluation(step: int) -> tuple:
-      # diverged_at copied: the state is donated to the next call before this is drained.
-      return ("eval", step, (evaluator(state.params), jnp.copy(state.diverged_at)), 0)
-
-    def after_step(step: int, pending: list, earlier: list, final: bool = False) -> None:
-      """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
-      Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
-      ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
-      (an early stop or a requested one): params and state are saved whatever the schedule."""
-      if eval_due(step) and not final:
-        pending.append(evaluation(step))
-      extra = {"tokens": step * tokens_per_step}
-      if (step in param_steps or (final and stopped_early)) and step not in saved["params"]:
-        ckpts.save_params(step, state.params, extra)
-        saved["params"].add(step)
-      if (checkpoint.is_state_step(step, tcfg.num_steps, state_every) or final) and (
-          step not in saved["state"]):
-        for item in earlier + pending:
-          drain(item)
-        earlier.clear()
-        pending.clear()
-        _fault_injection(step, workdir, "DISK_FULL")
-        ckpts.save_state(step, state, extra)
-        saved["state"].add(step)
-        _fault_injection(step, workdir, "KILL")
-
-    pending: list = []
-    saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
-    if start is None:
-      after_step(0, pending, [])
-    elif eval_due(done) and not evaluated:  # killed before its rows were written
-      pending.append(evaluation(done))
-    if loader:
-      loader.prefetch(done, schedule)
+  def _train(self) -> None:
+    tcfg = self.tcfg
+    pending: list = []  # dispatched, not yet read: ("train" | "eval", step, device values, k)
+    if self.start is None:
+      self._after_step(0, pending, [])
+    elif self.schedule.eval_due(self.done) and not self.evaluated:  # killed before its rows
+      pending.append(self._evaluation(self.done))
+    if self.loader:
+      self.loader.prefetch(self.done, self.calls)
     program = train.make_ensemble_train_fn(
-        model, tcfg, None if host_fed else source.sample, mesh,
-        min(tcfg.steps_per_call, tcfg.num_steps), cfg.ensemble.vmap_chunk)
-    for k in schedule:
-      data = loader.next() if loader else arrays
-      state, metrics = program(state, hp, data, k)  # runs while we log the last call
-      done += k
-      new = [("train", done, metrics, k)]
-      after_step(done, new, pending)
-      if stop_rule is not None and eval_due(done):  # decide now, before the next call
-        for item in pending + new:
-          drain(item)
+        self.model, tcfg, None if self.host_fed else self.source.sample, self.mesh,
+        min(tcfg.steps_per_call, tcfg.num_steps), self.cfg.ensemble.vmap_chunk)
+    for k in self.calls:
+      data = self.loader.next() if self.loader else self.arrays
+      self.state, metrics = program(self.state, self.hp, data, k)  # runs while we log the last
+      self.done += k
+      new = [("train", self.done, metrics, k)]
+      self._after_step(self.done, new, pending)
+      if self.stop_rule is not None and self.schedule.eval_due(self.done):
+        for item in pending + new:  # decide now, before the next call
+          self._drain(item)
         new = []
-        stopped_early = done < tcfg.num_steps and stop_rule.done(done)
+        self.stopped_early = self.done < tcfg.num_steps and self.stop_rule.done(self.done)
       else:
         for item in pending:
-          drain(item)
+          self._drain(item)
       pending = new
       interrupted = sharding.any_process(stop_requested())
-      if stopped_early or interrupted:
-        after_step(done, pending, [], final=True)
+      if self.stopped_early or interrupted:
+        self._after_step(self.done, pending, [], final=True)
         pending = []
-        if interrupted and done < tcfg.num_steps:
-          raise Interrupted(workdir, done)  # after the checkpoint (closed in finally)
+        if interrupted and self.done < tcfg.num_steps:
+          raise Interrupted(self.workdir, self.done)  # after the checkpoint (closed by run)
         break
     for item in pending:
-      drain(item)
-  finally:
-    bar.close()
-    for f in (mfile, lfile):
-      if f:
-        f.close()
-    if loader:
-      loader.close()
-    ckpts.close()  # waits for asynchronous writes
-  if stopped_early:
-    log.info("every model past its transition by the margin: stopped at update %d of %d",
-             done, tcfg.num_steps)
-  elapsed = time.perf_counter() - first_drain_t if first_drain_t else 0.0
-  return {"state": state, "losses": last_loss, "resumed_from": start, "step": done,
-          "stopped_early": stopped_early or (stop_rule is not None and done < tcfg.num_steps),
-          "diverged_at": np.asarray(sharding.to_host(state.diverged_at)),
-          "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
-          "tokens_per_s": tokens_since_first / elapsed if tokens_since_first else float("nan")}
+      self._drain(item)
 
+  def _evaluation(self, step: int) -> tuple:
+    # diverged_at copied: the state is donated to the next call before this is drained.
+    return ("eval", step, (self.evaluator(self.state.params), jnp.copy(self.state.diverged_at)),
+            0)
 
-def _replay(stop_rule: EmergenceStop, rows: list[dict], metric: str) -> None:
-  """Feeds a resumed run's logged evaluations to its stop rule, in step order."""
-  by_step: dict[int, list[dict]] = {}
-  for r in rows:
-    by_step.setdefault(r["step"], []).append(r)
-  for step in sorted(by_step):
-    group = by_step[step]
-    stop_rule.observe(step, [r.get(metric) for r in group],
-                      [bool(r.get("diverged")) for r in group])
+  def _after_step(self, step: int, pending: list, earlier: list, final: bool = False) -> None:
+    """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
+    Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
+    ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
+    (an early stop or a requested one): params and state are saved whatever the schedule."""
+    if self.schedule.eval_due(step) and not final:
+      pending.append(self._evaluation(step))
+    extra = {"tokens": step * self.tokens_per_step}
+    if (self.schedule.params_due(step) or (final and self.stopped_early)) and (
+        step not in self.saved["params"]):
+      self.ckpts.save_params(step, self.state.params, extra)
+      self.saved["params"].add(step)
+    if (self.schedule.state_due(step) or final) and step not in self.saved["state"]:
+      for item in earlier + pending:
+        self._drain(item)
+      earlier.clear()
+      pending.clear()
+      _fault_injection(step, self.workdir, "DISK_FULL")
+      self.ckpts.save_state(step, self.state, extra)
+      self.saved["state"].add(step)
+      _fault_injection(step, self.workdir, "KILL")
 
+  def _drain(self, item) -> None:
+    """Reads one dispatched call's or evaluation's values (the only host syncs) and logs them."""
+    kind, step, values, k = item
+    host = sharding.to_host(values)
+    if kind == "eval":
+      self._log_evaluation(step, *host)
+    else:
+      self._log_call(step, host, k)
 
-class Evaluator:
-  """The compiled ensemble evaluation (``metrics.make_eval_fn``) with the run's probes on the
-  mesh; ``rows`` turns one result into ``metrics.jsonl`` rows."""
+  def _log_evaluation(self, step: int, host: dict, diverged_at: np.ndarray) -> None:
+    train_loss = self.loss_sum / self.loss_updates if self.loss_updates else None
+    rows = self.evaluator.rows(host, step, self.tokens_per_step, self.cfg, train_loss,
+                               diverged_at)
+    if self.stop_rule is not None:
+      self.stop_rule.observe(step, [r[self.stop_rule.metric] for r in rows], diverged_at >= 0)
+    if self.lead:
+      self.mfile.writelines(json.dumps(r) + "\n" for r in rows)
+      self.mfile.flush()
+    log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+             step, f"{step * self.tokens_per_step:,}", _short(host["ps_max"]),
+             _short(host["ar_acc"]), _short(host["val_loss"]),
+             f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "")
+    self.loss_sum, self.loss_updates = np.zeros(self.n_models), 0
 
-  def __init__(self, cfg, mcfg, probes: probes_lib.Probes, mesh):
-    ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
-    n, t = probes.repeated.shape
-    s, cp1 = probes.sequences.shape[1:]
-    context = cp1 - 1
-    early, late = metrics_lib.icl_positions(context, cfg.eval.icl_early, cfg.eval.icl_late)
-    self.fn = metrics_lib.make_eval_fn(
-        mcfg, block_len=probes.block_len, icl_early=early, icl_late=late,
-        probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
-        sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size), out_sharding=ens_sh)
-    self.inputs = probes_lib.as_device_arrays(probes, ens_sh, repl)
+  def _log_call(self, step: int, host: dict, k: int) -> None:
+    now = time.perf_counter()
+    if self.first_drain_t is None:  # the first call includes compilation: not timed
+      self.first_drain_t = now
+    else:
+      self.tokens_since_first += k * self.n_models * self.tokens_per_step
+    self.last_loss = host["loss"][:k].mean(axis=0)
+    row = {"step": step, "tokens": step * self.tokens_per_step, "updates": k,
+           "loss": json_value(self.last_loss),
+           "grad_norm": json_value(host["grad_norm"][:k].mean(axis=0))}
+    if self.lead:
+      self.lfile.write(json.dumps(row) + "\n")
+      self.lfile.flush()
+    self.loss_sum += self.last_loss * k
+    self.loss_updates += k
+    self.bar.update(k)
+    elapsed = now - self.first_drain_t
+    finite = self.last_loss[np.isfinite(self.last_loss)]
+    self.bar.set_postfix(loss=f"{finite.mean():.4f}" if finite.size else "nan",
+                         tok_s=f"{self.tokens_since_first / elapsed:,.0f}" if elapsed else "-")
 
-  def __call__(self, params) -> dict:
-    return self.fn(params, *self.inputs)
-
-  @staticmethod
-  def rows(host: dict, step: int, tokens_per_step: int, cfg, train_loss,
-           diverged_at=None) -> list[dict]:
-    """One ``metrics.jsonl`` row per model: ``cell`` (its id: ``ensemble.cell_ids``, default
-    the index in the ensemble), ``seed``, ``step``, ``tokens``, ``train_loss`` (mean over the
-    updates since the previous evaluation; null at step 0), ``val_loss``, ``ps``/``la``/``dla``
-    ``[n_layers][n_heads]``, their ``*_max`` and ``*_argmax`` ([layer, head]), ``ar_acc``,
-    ``ar_rank``, ``ar_data_acc``, ``ar_data_rank``, ``ar_data_n``, ``icl_score``, ``diverged``
-    (bool). A diverged model's row has ``diverged_step`` (updates done when its loss first
-    turned NaN/inf) and null metrics. NaN is written as null."""
-    n_models = len(host["ps_max"])
-    ids, seeds = train.cell_ids(cfg), train.model_seeds(cfg)
-    diverged_at = np.full(n_models, -1) if diverged_at is None else np.asarray(diverged_at)
-    out = []
-    for i in range(n_models):
-      row = {"cell": ids[i], "seed": seeds[i], "step": step, "tokens": step * tokens_per_step,
-             "train_loss": None if train_loss is None else _plain(train_loss[i])}
-      bad = diverged_at[i] >= 0
-      row.update({k: None if bad else _plain(v[i]) for k, v in sorted(host.items())})
-      row["diverged"] = bool(bad)
-      if bad:
-        row["diverged_step"] = int(diverged_at[i])
-      out.append(row)
-    return out
+  def _result(self) -> dict[str, Any]:
+    num_steps, stop_rule = self.tcfg.num_steps, self.stop_rule
+    elapsed = time.perf_counter() - self.first_drain_t if self.first_drain_t else 0.0
+    return {"state": self.state, "losses": self.last_loss, "resumed_from": self.start,
+            "step": self.done,
+            "stopped_early": self.stopped_early or (stop_rule is not None and
+                                                    self.done < num_steps),
+            "diverged_at": np.asarray(sharding.to_host(self.state.diverged_at)),
+            "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
+            "tokens_per_s": (self.tokens_since_first / elapsed if self.tokens_since_first
+                             else float("nan"))}
 
 
 class HostLoader:

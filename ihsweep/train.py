@@ -321,20 +321,6 @@ def cell_ids(cfg) -> list[int]:
   return list(cfg.ensemble.get("cell_ids", ())) or list(range(cfg.ensemble.size))
 
 
-def calls(num_steps: int, steps_per_call: int, done: int = 0, stops=()) -> list[int]:
-  """Lengths of the host calls that take a run from ``done`` to ``num_steps`` updates: at most
-  ``steps_per_call`` each, ending exactly at every step in ``stops`` (evaluations,
-  checkpoints)."""
-  ends = sorted({s for s in stops if done < s < num_steps} | {num_steps})
-  out, at = [], done
-  for end in ends:
-    while at < end:
-      k = min(steps_per_call, end - at)
-      out.append(k)
-      at += k
-  return out
-
-
 def tokens_per_update(tcfg: TrainConfig) -> int:
   """Tokens one model consumes per update: B · C (targets, not counting the +1 input token)."""
   return tcfg.batch_size * tcfg.context_size

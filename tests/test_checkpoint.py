@@ -1,7 +1,9 @@
 """Checkpoints: schedules, resume after SIGKILL or a full disk equals an uninterrupted run, config
 guard, readers that never disturb a live run."""
 
+import dataclasses
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -14,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, config as config_lib, runner
+from ihsweep import checkpoint, config as config_lib, runner, schedule
 from ihsweep.runner import fit, write_resolved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,16 +27,31 @@ RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 60, "train.step
 
 
 def test_params_schedules():
-  steps = checkpoint.params_steps(1000, 512, points_per_octave=1)
+  steps = schedule.params_steps(1000, 512, points_per_octave=1)
   assert steps == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
-  dense = checkpoint.params_steps(1000, 512, points_per_octave=1, law_updates=100.0,
+  dense = schedule.params_steps(1000, 512, points_per_octave=1, law_updates=100.0,
                                   law_window=2.0, law_points_per_octave=4)
   assert {50, 59, 71, 84, 100, 119, 141, 168, 200} <= set(dense)
-  study = checkpoint.params_steps(10**6, 1000, schedule="study")
+  study = schedule.params_steps(10**6, 1000, schedule="study")
   assert study[:5] == [0, 250, 500, 1000, 2000] and study[-2:] == [900_000, 10**6]
-  assert [s for s in range(101) if checkpoint.is_state_step(s, 100, 30)] == [30, 60, 90, 100]
-  assert [s for s in range(11) if checkpoint.is_state_step(s, 10, 0)] == [10]
-  assert checkpoint.params_steps(50, 8, schedule="none") == [0, 50]
+  assert [s for s in range(101) if schedule.is_state_step(s, 100, 30)] == [30, 60, 90, 100]
+  assert [s for s in range(11) if schedule.is_state_step(s, 10, 0)] == [10]
+  assert schedule.params_steps(50, 8, schedule="none") == [0, 50]
+
+
+def test_run_schedule_ends_a_call_at_every_evaluation_and_checkpoint(tiny):
+  """RunSchedule: evaluation every 8 updates (every_tokens 2048 / (B·C = 256)), full state every
+  12, params at 0, 5, 30; calls of at most 10 updates ending at each of them."""
+  cfg = tiny(**{"train.num_steps": 30, "train.steps_per_call": 10, "eval.every_tokens": 2048,
+                "checkpoint.state_every_steps": 12, "checkpoint.params_schedule": "none"})
+  run = schedule.RunSchedule.from_config(cfg)
+  assert run.eval_every == 8 and run.params == {0, 30}
+  run = dataclasses.replace(run, params=frozenset({0, 5, 30}))
+  assert [s for s in range(31) if run.eval_due(s)] == [0, 8, 16, 24, 30]
+  assert [s for s in range(31) if run.state_due(s)] == [12, 24, 30]
+  assert run.calls() == [5, 3, 4, 4, 8, 6]  # ending at 5, 8, 12, 16, 24, 30
+  assert list(itertools.accumulate(run.calls(done=12), initial=12))[1:] == [16, 24, 30]
+  assert run.last_eval(17) == 16 and run.last_eval(16) == 8 and run.last_eval(1) == 0
 
 
 def test_the_longest_run_lists_no_steps():
@@ -44,8 +61,8 @@ def test_the_longest_run_lists_no_steps():
   last = config_lib.INT32_MAX
   tracemalloc.start()
   try:
-    assert checkpoint.is_state_step(last - 1, last, 1) and checkpoint.is_state_step(last, last, 7)
-    assert not checkpoint.is_state_step(last - 1, last, 5)
+    assert schedule.is_state_step(last - 1, last, 1) and schedule.is_state_step(last, last, 7)
+    assert not schedule.is_state_step(last - 1, last, 5)
     assert tracemalloc.get_traced_memory()[1] < 2**20
   finally:
     tracemalloc.stop()

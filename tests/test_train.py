@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import sharding, train
+from ihsweep import schedule, sharding, train
 from ihsweep.data import make_source
 from ihsweep.model import Transformer
 from ihsweep.runner import fit
@@ -39,7 +39,7 @@ def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float64),
                      data=source.data_params(len(seeds)))
   metrics = []
-  for k in train.calls(tcfg.num_steps, tcfg.steps_per_call):
+  for k in schedule.calls(tcfg.num_steps, tcfg.steps_per_call):
     state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
                                             vmap_chunk)(state, hp, source.arrays())
     metrics.append(m["loss"])
@@ -176,5 +176,5 @@ def test_schedules():
 
 
 def test_calls_cover_the_run():
-  assert train.calls(120, 50) == [50, 50, 20]
-  assert train.calls(100, 50, done=50) == [50]
+  assert schedule.calls(120, 50) == [50, 50, 20]
+  assert schedule.calls(100, 50, done=50) == [50]
