@@ -6,6 +6,7 @@
   ihsweep corpus fetch python-docs [--cache_dir=DIR]
   ihsweep corpus prepare --config=FILE   (tokenize and cache the config's corpus; print counts)
   ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
+  ihsweep plan --config=FILE --devices=N [--devices_per_worker=D] [--flops_per_s=F] [--json]
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -32,9 +34,11 @@ COMMANDS = {
     "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
     "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
     "predict": "updates and tokens until induction heads form, by the emergence law",
+    "plan": "a sweep's schedule, makespan and device utilisation on N devices (no training)",
 }
 
 FLAGS = flags.FLAGS
+DEFAULT_HOST = 8  # placement.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
 _ARGV: list[str] = []  # the command line --config.X overrides are read from (main sets it)
 config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FILE[:ARG]",
                                 lock_config=True, sys_argv=_ARGV)
@@ -42,13 +46,22 @@ flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
 flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per update)")
 flags.DEFINE_integer("context_size", None, "predict: context size C (tokens per sequence)")
-flags.DEFINE_string("law", None, "predict: a law JSON with log_T (or T), alpha, beta; default: "
-                    "the study's ln T = 13.26, alpha = 0.37, beta = 0.62")
-flags.DEFINE_multi_string("grid", [], "run: a sweep axis FIELD=V1,V2,... (repeatable; adds to "
-                          "or replaces the config's sweep.grid), e.g. --grid=train.batch_size=8,16")
-flags.DEFINE_multi_string("zip", [], "run: a zipped sweep axis FIELD=V1,V2,... (zip axes vary "
-                          "together)")
-flags.DEFINE_bool("json", False, "predict: print one JSON object")
+flags.DEFINE_string("law", None, "predict, plan: a law JSON with log_T (or T), alpha, beta; "
+                    "default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62 (plan: the "
+                    "sweep's law); plan: where an 'emergence' budget stops each group")
+flags.DEFINE_multi_string("grid", [], "run, plan: a sweep axis FIELD=V1,V2,... (repeatable; "
+                          "adds to or replaces the config's sweep.grid), e.g. "
+                          "--grid=train.batch_size=8,16")
+flags.DEFINE_multi_string("zip", [], "run, plan: a zipped sweep axis FIELD=V1,V2,... (zip axes "
+                          "vary together)")
+flags.DEFINE_bool("json", False, "predict, plan: print one JSON object")
+flags.DEFINE_integer("devices", None, "plan: N, the devices the sweep runs on")
+flags.DEFINE_integer("devices_per_worker", None, "plan: D, devices per worker (one process "
+                     "each); default: chosen (--flops_per_s) or this machine's devices")
+flags.DEFINE_integer("devices_per_host", None, "plan: the most devices one worker (one "
+                     "process, one host) can have, with --flops_per_s; default 8")
+flags.DEFINE_float("flops_per_s", None, "plan: sustained FLOP/s per device (e.g. 4e14: an H100 "
+                   "at 40% MFU in bf16); default: measure on this machine")
 flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
                     "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
 
@@ -61,12 +74,16 @@ COMMAND_FLAGS = {
     "corpus fetch": ("cache_dir",),
     "corpus prepare": ("config",),
     "predict": ("batch_size", "context_size", "law", "json"),
+    "plan": ("config", "grid", "zip", "devices", "devices_per_worker", "devices_per_host",
+             "flops_per_s", "law", "json"),
 }
 FLAG_FORMS = {
     "config": "--config=FILE[:VARIANT] --config.SECTION.FIELD=VALUE", "workdir": "--workdir=DIR",
     "progress": "--[no]progress", "grid": "--grid=FIELD=V1,V2,...", "zip": "--zip=FIELD=V1,V2,...",
     "batch_size": "--batch_size=B", "context_size": "--context_size=C", "law": "--law=FILE",
-    "json": "--[no]json", "cache_dir": "--cache_dir=DIR",
+    "json": "--[no]json", "cache_dir": "--cache_dir=DIR", "devices": "--devices=N",
+    "devices_per_worker": "--devices_per_worker=D", "devices_per_host": "--devices_per_host=H",
+    "flops_per_s": "--flops_per_s=F",
 }
 
 
@@ -329,6 +346,76 @@ def _predict(argv):
   return 0
 
 
+def _plan_flags() -> str | None:
+  """Why ``plan``'s numeric flags do not fit together (one line), or None."""
+  n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host,
+                FLAGS.flops_per_s)
+  if n is None:
+    return "plan needs --config=FILE and --devices=N (the devices the sweep runs on)"
+  if n < 1:
+    return f"--devices={n} is not allowed: an integer >= 1 (the devices the sweep runs on)"
+  if f is not None and not (math.isfinite(f) and f > 0):
+    return (f"--flops_per_s={f:g} is not allowed: a finite number > 0 (sustained FLOP/s per "
+            f"device, e.g. 4e14), or leave it out to measure on this machine")
+  if h is not None and f is None:
+    return (f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
+            f"this machine's, whose devices are its host's")
+  if h is not None and h < 1:
+    return f"--devices_per_host={h} is not allowed: an integer >= 1"
+  if d is not None:
+    divisors = [k for k in range(1, n + 1) if n % k == 0]
+    if d < 1 or n % d:
+      return (f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
+              f"({', '.join(map(str, divisors))}): the workers share the devices equally")
+    if f is not None and d > (h or DEFAULT_HOST):
+      return (f"--devices_per_worker={d} is not allowed: at most --devices_per_host="
+              f"{h or DEFAULT_HOST} (a worker is one process on one host; give "
+              f"--devices_per_host for larger hosts)")
+  return None
+
+
+def _plan(argv):
+  del argv
+  import jax
+  from ihsweep import placement
+  from ihsweep import plan as plan_lib
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  from ihsweep.law import Law, LawError
+  cfg, failed = _load_config()
+  if failed is not None:
+    return failed
+  if cfg is None:
+    return _fail("plan needs --config=FILE and --devices=N (the devices the sweep runs on)")
+  problem = _plan_flags()
+  if problem:
+    return _fail(problem)
+  if FLAGS.law == "":
+    return _fail("--law= is empty: give a law JSON file, or leave --law out for the sweep's law")
+  if FLAGS.flops_per_s is None and FLAGS.devices_per_worker:
+    local = len(jax.local_devices())
+    if FLAGS.devices_per_worker > local:
+      return _fail(f"--devices_per_worker={FLAGS.devices_per_worker} is not allowed without "
+                   f"--flops_per_s: at most this machine's {local} device(s), on which times "
+                   f"are measured")
+  try:
+    law = Law.from_json(FLAGS.law) if FLAGS.law else None
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    prediction = placement.predict(
+        cfg, FLAGS.devices, devices_per_worker=FLAGS.devices_per_worker,
+        devices_per_host=FLAGS.devices_per_host, flops_per_s=FLAGS.flops_per_s, law=law,
+        log=lambda line: print(line, file=sys.stderr, flush=True))
+  except (ConfigError, DataError) as e:
+    return _bad_input(e)
+  except LawError as e:
+    return _fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
+  except placement.LayoutError as e:  # the config's mesh.num_devices does not fit N
+    return _fail(f"cannot plan: {e}")
+  print(json.dumps(prediction.to_json()) if FLAGS.json else placement.format_text(prediction))
+  return 0
+
+
 def _count(x: float, per: float = 1.0, unit: str = "") -> str:
   """``x / per`` with thousands separators and ``unit`` (``_count(2.5e7, 1e6, "M") ==
   "25.0M"``), or ``x`` in scientific notation where that would be long or round to 0
@@ -426,6 +513,30 @@ COMMAND_HELP = {
                keys ignored, but a fitted "gamma" (model size) is refused); default: the
                study's ln T = 13.26, alpha = 0.37, beta = 0.62
   --json       one JSON object: batch_size, context_size, updates, tokens, law""",
+    "plan": """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
+                    [--flops_per_s=F [--devices_per_host=H]] [--law=FILE] [--json]
+                    [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
+                    [--config.SECTION.FIELD=VALUE ...]
+
+  Predicts, without training, how the config's sweep runs on N devices: each group's cost
+  (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of
+  device-time), under the new rule (sweep.placement=worker: N / D workers of D devices take
+  the groups most expensive first, each group on as many of its worker's devices as it can
+  use) and today's (sweep.placement=global: every group on one mesh of all N, or refused).
+  --devices=N            the sweep's devices (any count: this machine need not have them)
+  --devices_per_worker=D devices per worker (a worker is one process); default: with
+                         --flops_per_s the divisor of N up to a host with the shortest
+                         makespan; measured, this machine's device count
+  --flops_per_s=F        sustained FLOP/s per device (an H100 at 40% MFU in bf16: 4e14): time =
+                         cost / (m · F), perfect data-parallel scaling, no start-up; without it
+                         a few groups are compiled and timed here (about 20 s each on a CPU)
+  --devices_per_host=H   with --flops_per_s: the most devices of one worker (default 8)
+  --law=FILE             an emergence law JSON (log_T, alpha, beta; e.g. from analysis
+                         fit-law): where an 'emergence' budget stops each group (default: the
+                         sweep's law, which puts most stops at the cap)
+  --json                 one JSON object: groups, schedule, makespan_s, utilisation, layouts,
+                         global (today's rule, with refused)
+  --grid=FIELD=V1,V2,... / --zip=FIELD=V1,V2,...  axes, as for ihsweep run""",
 }
 
 
@@ -530,7 +641,7 @@ def main(argv=None) -> int:
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
   handler = {"run": _run, "status": _status, "train": _train, "corpus": _corpus,
-             "predict": _predict}[command]
+             "predict": _predict, "plan": _plan}[command]
   _config_imports_siblings(_config_arg(found))
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     _ARGV[:] = [f"{argv[0]} {command}"] + args
@@ -544,7 +655,7 @@ def main(argv=None) -> int:
     return _config_load_failed(e, found)
   if FLAGS.workdir:  # `--workdir=~/runs/x`: the shell leaves a `~` after `=` alone
     FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
-  if command in ("run", "train", "status") and len(rest) > 1:
+  if command in ("run", "train", "status", "plan") and len(rest) > 1:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
     return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "
                  f"contain spaces)")

@@ -129,15 +129,20 @@ def test_corpus_command_usage_and_bad_data(tmp_path):
 OWN_FLAGS = {"run": ("config", "workdir", "progress", "grid", "zip"), "status": ("workdir",),
              "train": ("config", "workdir", "progress"), "corpus fetch": ("cache_dir",),
              "corpus prepare": ("config",),
-             "predict": ("batch_size", "context_size", "law", "json")}
+             "predict": ("batch_size", "context_size", "law", "json"),
+             "plan": ("config", "grid", "zip", "devices", "devices_per_worker",
+                      "devices_per_host", "flops_per_s", "law", "json")}
 FLAG_ARGS = {"config": "--config=configs/default.py", "workdir": "--workdir={tmp}/w",
              "progress": "--noprogress", "grid": "--grid=train.batch_size=4,8",
              "zip": "--zip=train.lr=1e-3,3e-3", "batch_size": "--batch_size=32",
              "context_size": "--context_size=64", "law": "--law={tmp}/law.json", "json": "--json",
-             "cache_dir": "--cache_dir={tmp}/cache"}
+             "cache_dir": "--cache_dir={tmp}/cache", "devices": "--devices=8",
+             "devices_per_worker": "--devices_per_worker=2",
+             "devices_per_host": "--devices_per_host=8", "flops_per_s": "--flops_per_s=4e14"}
 COMMAND_WORDS = {"run": ["run"], "status": ["status"], "train": ["train"],
                  "corpus fetch": ["corpus", "fetch", "python-docs"],
-                 "corpus prepare": ["corpus", "prepare"], "predict": ["predict"]}
+                 "corpus prepare": ["corpus", "prepare"], "predict": ["predict"],
+                 "plan": ["plan"]}
 
 
 def test_flag_table_covers_every_flag_and_the_help():
@@ -386,3 +391,22 @@ def test_out_of_device_memory_is_one_line_and_exits_at_once(tmp_path, monkeypatc
                  "17677012668608 bytes.); lower train.batch_size, train.context_size, the model "
                  "size or eval.n_probes (the run directory keeps its last complete checkpoint: "
                  "rerun to resume)"]
+
+
+def test_plan_command_predicts_without_training(tmp_path):
+  # study scale (C4, absent here) from a given FLOP/s: two groups on 4 workers of 2 devices
+  r = _ihsweep("plan", "--config=configs/exp1_natural.py", "--devices=8",
+               "--devices_per_worker=2", "--flops_per_s=1e14", "--grid=train.batch_size=8,16",
+               "--grid=train.context_size=64", "--json")
+  assert r.returncode == 0, r.stderr
+  p = json.loads(r.stdout)
+  assert sorted(g["batch_size"] for g in p["groups"]) == [8, 16]  # 1B tokens each: equal cost
+  assert p["groups"][0]["cost_flops"] == pytest.approx(p["groups"][1]["cost_flops"])
+  assert (p["n_workers"], p["devices_per_worker"]) == (4, 2)
+  assert [(s["worker"], s["start_s"]) for s in p["schedule"]] == [(0, 0), (1, 0)]
+  assert p["utilisation"] == pytest.approx(2 / 4, rel=0.01)  # 2 of 4 workers busy, equal work
+  assert p["global"]["refused"] is None and p["global"]["utilisation"] == pytest.approx(1.0)
+  r = _ihsweep("plan", "--config=configs/exp1_natural.py", "--devices=6",
+               "--devices_per_worker=4", "--flops_per_s=1e14")
+  assert r.returncode == 2 and r.stderr.startswith("ihsweep: --devices_per_worker=4 is not "
+                                                   "allowed: a divisor of --devices=6 (1, 2, 3, 6)")

@@ -1,0 +1,428 @@
+"""Placing a sweep's groups on N devices and predicting its time (``ihsweep plan``): no training.
+
+Two rules, side by side:
+
+* **workers** (``sweep.placement = 'worker'``, ``ihsweep.sweep``): the N devices form W = N / D
+  workers of D devices (a worker is one process: its local devices, so D is at most one host's
+  accelerators). Workers take the planned groups in plan order (most expensive first) and
+  dynamically: a worker that finishes takes the next pending group. A group trains on the
+  largest number m of its worker's devices its mesh can use (``sharding.usable_devices``: at
+  most E · B); the worker's other D − m devices idle meanwhile. Simulated by list scheduling
+  (``simulate``): each group, in plan order, starts on the worker that frees first (the lowest
+  index among ties).
+* **global** (``sweep.placement = 'global'``, the rule before workers): every group on one mesh
+  of all N devices, one after another; refused when a group cannot use all N
+  (``sharding.mesh_shape``).
+
+For either: makespan = the last group's end; utilisation = the busy share of device-time,
+Σ_g m_g · t_g / (N · makespan) (a device is busy while a group's mesh holds it, idle devices of a
+worker whose group cannot use them all are not).
+
+Time t_g of a group on m devices comes from a throughput model (``ihsweep.timing``): a given
+FLOP/s per device (perfect data-parallel scaling inside a worker, no start-up), or times
+measured on this machine with the trainer's own programs.
+
+Updates per group: its budget (``plan.Group.num_steps``), except under the 'emergence' budget,
+whose groups stop at ``sweep.stop_margin`` × the first evaluation at which every model has
+emerged: predicted from an emergence law (``predicted_updates``), capped by the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import heapq
+import math
+from typing import Any
+
+from ihsweep import sharding
+
+class LayoutError(ValueError):
+  """Devices per worker that do not fit the devices (not a divisor of N, or over a host)."""
+
+
+DEFAULT_DEVICES_PER_HOST = 8  # 8 GPUs per node, 8 TPU chips per v5e/v6e host (4 on v4/v5p)
+LAYOUT_TIE = 0.01  # makespans within 1% count as equal: the layout with fewer devices wins
+
+
+@dataclasses.dataclass
+class Job:
+  """One group as placement sees it.
+
+  id: the group's id (``g000``); cells: its cell ids; n_models: E; batch_size: B;
+  context_size: C; updates: predicted updates; cap_updates: the budget's (``num_steps``);
+  flops_per_update: E · B · C · training FLOPs per token; n_params: per model; cfg: the run
+  config (the measured model compiles it; None for hand-built jobs).
+  """
+
+  id: str
+  n_models: int
+  batch_size: int
+  context_size: int
+  updates: int
+  flops_per_update: float
+  cells: tuple = ()
+  cap_updates: int = 0
+  n_params: int = 0
+  cfg: Any = None
+
+  @property
+  def cost_flops(self) -> float:
+    return self.updates * self.flops_per_update
+
+
+@dataclasses.dataclass
+class Slot:
+  """One group on one worker: ``devices`` (m) of it busy from ``start_s`` to ``end_s``."""
+
+  group: str
+  worker: int
+  devices: int
+  start_s: float
+  end_s: float
+
+
+@dataclasses.dataclass
+class Schedule:
+  """A rule's schedule on ``n_devices`` (``n_workers`` × ``devices_per_worker``). ``refused``:
+  why the rule cannot run the sweep (no slots then); ``unpredicted``: why its times are unknown
+  (e.g. a mesh larger than the measuring machine)."""
+
+  rule: str  # "worker" | "global"
+  n_devices: int
+  devices_per_worker: int
+  slots: list
+  refused: str | None = None
+  unpredicted: str | None = None
+
+  @property
+  def n_workers(self) -> int:
+    return self.n_devices // self.devices_per_worker
+
+  @property
+  def makespan_s(self) -> float | None:
+    if self.refused or self.unpredicted:
+      return None
+    return max((s.end_s for s in self.slots), default=0.0)
+
+  @property
+  def utilisation(self) -> float | None:
+    """Σ m · t / (N · makespan), in [0, 1]."""
+    span = self.makespan_s
+    if span is None:
+      return None
+    if span <= 0:
+      return 0.0
+    return sum(s.devices * (s.end_s - s.start_s) for s in self.slots) / (self.n_devices * span)
+
+  def to_json(self) -> dict:
+    return {"rule": self.rule, "n_devices": self.n_devices,
+            "devices_per_worker": self.devices_per_worker, "n_workers": self.n_workers,
+            "refused": self.refused, "unpredicted": self.unpredicted,
+            "makespan_s": self.makespan_s, "utilisation": self.utilisation,
+            "schedule": [dataclasses.asdict(s) for s in self.slots]}
+
+
+def simulate(entries, n_devices: int, devices_per_worker: int, rule: str = "worker") -> Schedule:
+  """List scheduling of ``entries`` = ``[(group id, devices m, seconds)]`` in plan order on
+  ``n_devices / devices_per_worker`` identical workers: each starts on the worker that frees
+  first (the lowest index among ties), as workers claiming the next pending group do."""
+  n_workers = n_devices // devices_per_worker
+  free = [(0.0, w) for w in range(n_workers)]  # (free at, worker), a heap
+  slots = []
+  for group, devices, seconds in entries:
+    if not 1 <= devices <= devices_per_worker:
+      raise ValueError(f"group {group}: {devices} devices on a worker of {devices_per_worker}")
+    at, worker = heapq.heappop(free)
+    slots.append(Slot(group, worker, devices, at, at + seconds))
+    heapq.heappush(free, (at + seconds, worker))
+  return Schedule(rule, n_devices, devices_per_worker, slots)
+
+
+def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> int:
+  """m: how many of a worker's D devices a group of E models with batch size B trains on (the
+  longest prefix ``sharding.usable_devices`` accepts; at most E · B)."""
+  return len(sharding.usable_devices(n_models, batch_size, list(range(devices_per_worker))))
+
+
+def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:
+  """The new rule: W = N / D workers, each group on m = ``group_devices`` of its worker."""
+  entries = []
+  for job in jobs:
+    m = group_devices(job.n_models, job.batch_size, devices_per_worker)
+    entries.append((job.id, m, model.seconds(job, m)["total_s"]))
+  return simulate(entries, n_devices, devices_per_worker, "worker")
+
+
+def global_schedule(jobs, model, n_devices: int) -> Schedule:
+  """Today's rule: every group on one mesh of all N devices, one after another; refused (with
+  ``mesh_shape``'s reason) at the first group that cannot use all N."""
+  refused = []
+  for job in jobs:
+    try:
+      sharding.mesh_shape(job.n_models, job.batch_size, n_devices)
+    except sharding.MeshError as e:
+      refused.append((job, e))
+  if refused:
+    job, e = refused[0]
+    return Schedule("global", n_devices, n_devices, [],
+                    refused=f"{len(refused)} of {len(jobs)} groups cannot use all {n_devices} "
+                            f"devices, e.g. group {job.id} (E = {job.n_models}, B = "
+                            f"{job.batch_size}): {e}")
+  why = model.cannot_time(n_devices)
+  if why:
+    return Schedule("global", n_devices, n_devices, [], unpredicted=why)
+  return simulate([(j.id, n_devices, model.seconds(j, n_devices)["total_s"]) for j in jobs],
+                  n_devices, n_devices, "global")
+
+
+def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:
+  """Devices per worker to try: the divisors of N up to one host's devices (a worker is one
+  process)."""
+  return [d for d in range(1, min(n_devices, devices_per_host) + 1) if n_devices % d == 0]
+
+
+def choose_layout(schedules: list[Schedule]) -> Schedule:
+  """The schedule with the shortest makespan; makespans within ``LAYOUT_TIE`` of it count as
+  equal and the one with the fewest devices per worker wins (less data-axis communication,
+  which no model here prices, and more workers to take over a failed one)."""
+  best = min(s.makespan_s for s in schedules)
+  return min((s for s in schedules if s.makespan_s <= best * (1 + LAYOUT_TIE)),
+             key=lambda s: s.devices_per_worker)
+
+
+# ---- updates: the budget, or where an 'emergence' budget stops ----
+
+def predicted_updates(cfg, group, law=None) -> tuple[int, str]:
+  """``(updates, why)`` for a planned group. Budgets other than 'emergence' train the whole
+  budget. 'emergence': the group stops at the first evaluation step at or after
+  ``stop_margin`` × s, s the first evaluation step at or after the law's UPT(B, C) (when the
+  models emerge), capped by the budget (``law``: an emergence law, default the sweep's)."""
+  sweep = cfg.sweep
+  cap = int(group.num_steps)
+  if sweep.budget != "emergence":
+    return cap, group.cap_reason
+  from ihsweep import schedule as schedule_lib
+  every = schedule_lib.eval_interval(group.cfg)
+  b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
+  upt = law.updates(b, c) if law is not None else group.law_updates
+  crossed = math.ceil(upt / every) * every
+  stop = math.ceil(sweep.stop_margin * crossed / every) * every
+  if stop >= cap:
+    return cap, f"cap ({group.cap_reason}): the law's stop {stop:,} is past it"
+  return stop, f"stop at {sweep.stop_margin:g} × emergence near {upt:,.0f} (law), cap {cap:,}"
+
+
+def jobs_from_plan(cfg, plan, law=None) -> list[Job]:
+  """The plan's groups as jobs (plan order), with predicted updates."""
+  jobs = []
+  for g in plan.groups:
+    updates, _ = predicted_updates(cfg, g, law)
+    jobs.append(Job(id=g.id, n_models=int(g.cfg.ensemble.size),
+                    batch_size=int(g.cfg.train.batch_size),
+                    context_size=int(g.cfg.train.context_size), updates=updates,
+                    flops_per_update=g.cost_flops / max(g.num_steps, 1),
+                    cells=tuple(c.id for c in g.cells), cap_updates=int(g.num_steps),
+                    n_params=int(g.n_params), cfg=g.cfg))
+  return jobs
+
+
+@contextlib.contextmanager
+def data_unchecked():
+  """``make_plan`` checks that each group's corpus can be found (``natural.document_source``);
+  a plan from a given FLOP/s reads no data, so a machine without the corpus (C4 at study
+  scale) may plan: that one check is skipped meanwhile (a stopgap until ``make_plan`` takes an
+  option for it)."""
+  from unittest import mock
+
+  from ihsweep.data import natural
+  with mock.patch.object(natural, "document_source", lambda data_cfg: None):
+    yield
+
+
+def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
+  """``(plan, jobs)`` for a sweep config, planned for any device count: groups are validated
+  as a worker of this process would run them (``sweep.placement = 'worker'``,
+  ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them), so that
+  planning N devices this machine lacks is not refused here; the rules are applied by
+  ``worker_schedule`` and ``global_schedule``.
+
+  Raises:
+    ConfigError, DataError (``check_data``), LawError: as ``plan.make_plan``.
+  """
+  from ihsweep import config as config_lib
+  from ihsweep import plan as plan_lib
+  cfg = copy.deepcopy(cfg)
+  with cfg.unlocked():
+    if "sweep" not in cfg:
+      cfg.sweep = config_lib.default_sweep()
+    cfg.sweep.placement = "worker"
+    cfg.mesh.num_devices = 0
+  with contextlib.nullcontext() if check_data else data_unchecked():
+    plan = plan_lib.make_plan(cfg)
+  return plan, jobs_from_plan(cfg, plan, law)
+
+
+# ---- one prediction: both rules, the chosen layout, and how it reads ----
+
+@dataclasses.dataclass
+class Prediction:
+  """What ``ihsweep plan`` prints: the jobs, the throughput model, the new rule's schedule on
+  the chosen layout (``worker``; ``layouts``: every layout tried), today's (``global``), and
+  ``layout_reason``: where the devices per worker came from."""
+
+  n_devices: int
+  budget: str
+  n_cells: int
+  jobs: list
+  model: Any
+  worker: Schedule
+  layouts: list
+  layout_reason: str
+  global_: Schedule
+  updates_note: str = ""
+
+  def to_json(self) -> dict:
+    rows = []
+    for job in self.jobs:
+      m = group_devices(job.n_models, job.batch_size, self.worker.devices_per_worker)
+      times = self.model.seconds(job, m)
+      row = {"group": job.id, "cells": list(job.cells), "n_models": job.n_models,
+             "batch_size": job.batch_size, "context_size": job.context_size,
+             "updates": job.updates, "cap_updates": job.cap_updates,
+             "cost_flops": job.cost_flops, "n_params": job.n_params, "devices": m,
+             "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
+             "seconds": times["total_s"], "times": times}
+      if self.global_.makespan_s is not None:
+        row["global_seconds"] = self.model.seconds(job, self.n_devices)["total_s"]
+      rows.append(row)
+    out = {"n_devices": self.n_devices, "budget": self.budget, "n_cells": self.n_cells,
+           "n_groups": len(self.jobs), "throughput": self.model.to_json(),
+           "updates_note": self.updates_note, "groups": rows,
+           "devices_per_worker": self.worker.devices_per_worker,
+           "n_workers": self.worker.n_workers, "layout_reason": self.layout_reason,
+           "schedule": [dataclasses.asdict(s) for s in self.worker.slots],
+           "makespan_s": self.worker.makespan_s, "utilisation": self.worker.utilisation,
+           "layouts": [{"devices_per_worker": s.devices_per_worker, "n_workers": s.n_workers,
+                        "makespan_s": s.makespan_s, "utilisation": s.utilisation}
+                       for s in self.layouts],
+           "global": self.global_.to_json()}
+    return out
+
+
+def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
+            devices_per_host: int | None = None, flops_per_s: float | None = None, law=None,
+            log=lambda line: None) -> Prediction:
+  """Plans ``cfg``'s sweep on ``n_devices`` under both rules. With ``flops_per_s`` the time is
+  FLOPs-based (``timing.FlopsModel``; data is not read); without, measured on this machine
+  (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
+
+  Devices per worker D: ``devices_per_worker``, else the config's ``mesh.num_devices`` (a
+  worker uses at most that many), else — FLOPs — the divisor of N up to ``devices_per_host``
+  (default ``DEFAULT_DEVICES_PER_HOST``) with the shortest makespan (``choose_layout``), or —
+  measured — this machine's device count (one worker per process on its local devices, the
+  runtime's default), capped at N.
+
+  Raises:
+    LayoutError: a D that does not fit N or a host (the CLI checks its flags first; the
+      config's mesh.num_devices is checked here).
+    ConfigError, DataError, LawError: as ``plan.make_plan``.
+  """
+  from ihsweep import timing
+  plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
+  if flops_per_s is not None:
+    model = timing.FlopsModel(flops_per_s)
+    host = devices_per_host or DEFAULT_DEVICES_PER_HOST
+  else:
+    import jax
+    local = jax.local_devices()
+    model = timing.MeasuredModel(jobs, local, log=log)
+    host = len(local)
+  configured = int(cfg.mesh.num_devices)
+  if devices_per_worker:
+    sizes, reason = [devices_per_worker], "--devices_per_worker"
+  elif configured:
+    sizes, reason = [configured], "the config's mesh.num_devices"
+  elif flops_per_s is not None:
+    sizes = candidate_layouts(n_devices, host)
+    reason = (f"chosen: the shortest predicted makespan among D = "
+              f"{', '.join(map(str, sizes))} (divisors of N up to a host's {host} devices; "
+              f"within {LAYOUT_TIE:.0%}, the fewest devices per worker)")
+  else:
+    sizes = [max(d for d in candidate_layouts(n_devices, host))]
+    reason = (f"this machine's {host} device(s), capped at N: one worker per process on its "
+              f"local devices (the runtime's default)")
+  for d in sizes:
+    if n_devices % d or d > host:
+      raise LayoutError(f"{d} devices per worker ({reason}): need a divisor of N = {n_devices} "
+                        f"of at most {host} (one host's devices)")
+  layouts = [worker_schedule(jobs, model, n_devices, d) for d in sizes]
+  chosen = choose_layout(layouts)
+  note = ""
+  if plan.budget == "emergence":
+    sweep = cfg.sweep
+    source = law.source if law is not None else "the sweep's law (sweep.law_file or the study's)"
+    note = (f"'emergence' budget: a group is predicted to stop at {sweep.stop_margin:g} × the "
+            f"evaluation where the law ({source}) puts its transition, capped by its budget "
+            f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
+            f"an earlier run) to predict the stops")
+  return Prediction(n_devices=n_devices, budget=plan.budget, n_cells=len(plan.cells), jobs=jobs,
+                    model=model, worker=chosen, layouts=layouts, layout_reason=reason,
+                    global_=global_schedule(jobs, model, n_devices), updates_note=note)
+
+
+def duration(seconds: float | None) -> str:
+  """``42 s``, ``3.5 min``, ``2.1 h``, ``3.2 d``."""
+  if seconds is None:
+    return "—"
+  for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+    if seconds >= size:
+      return f"{seconds / size:.{1 if seconds < 100 * size else 0}f} {unit}"
+  return f"{seconds:.1f} s" if 0 < seconds < 10 else f"{seconds:.0f} s"
+
+
+def _percent(x: float | None) -> str:
+  return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def format_text(p: Prediction) -> str:
+  """The plan as ``ihsweep plan`` prints it."""
+  from ihsweep.plan import ranges
+  w, g = p.worker, p.global_
+  lines = [f"{p.n_cells} cells in {len(p.jobs)} groups (budget '{p.budget}') on N = "
+           f"{p.n_devices} devices", f"throughput: {p.model.describe()}"]
+  if p.updates_note:
+    lines.append(f"updates: {p.updates_note}")
+  lines += ["", f"{'group':6} {'cells':>9} {'E':>3} {'B':>5} {'C':>5} {'updates':>10} "
+            f"{'(cap)':>10} {'FLOPs':>9}  {'devices (e×d)':>13} {'time':>9}  "
+            f"{'global':>9}"]
+  for job in p.jobs:
+    m = group_devices(job.n_models, job.batch_size, w.devices_per_worker)
+    e, d = sharding.mesh_shape(job.n_models, job.batch_size, m)
+    on_all = (duration(p.model.seconds(job, p.n_devices)["total_s"])
+              if g.makespan_s is not None else "—")
+    lines.append(f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
+                 f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
+                 f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g}  "
+                 f"{f'{m} ({e}×{d})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
+                 f"{on_all:>9}")
+  lines += ["", "layouts (workers × devices each):"]
+  for s in p.layouts:
+    mark = "  <- chosen" if s is w and len(p.layouts) > 1 else ""
+    lines.append(f"  {s.n_workers:>4} × {s.devices_per_worker:<3} makespan "
+                 f"{duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}")
+  lines.append(f"  devices per worker: {p.layout_reason}")
+  lines += ["", f"schedule, new rule ({w.n_workers} worker(s) × {w.devices_per_worker} "
+            f"device(s); groups most expensive first, each to the worker free first):",
+            f"  {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}"]
+  for s in sorted(w.slots, key=lambda s: (s.start_s, s.worker)):
+    lines.append(f"  {s.worker:>6}  {s.group:6} {s.devices:>7} {duration(s.start_s):>9} "
+                 f"{duration(s.end_s):>9}")
+  today = (f"refused: {g.refused}" if g.refused else
+           f"not predicted: {g.unpredicted}" if g.unpredicted else
+           f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}")
+  lines += ["", f"new rule (sweep.placement=worker, {w.n_workers} × {w.devices_per_worker}): "
+            f"makespan {duration(w.makespan_s)}, utilisation {_percent(w.utilisation)}",
+            f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}"]
+  return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""ihsweep/placement.py and ihsweep/timing.py: the schedule simulation on hand-built groups with
+known answers, today's rule, the layouts, the time models, and `ihsweep plan`."""
+
+import copy
+import dataclasses
+import json
+import math
+
+import jax
+import pytest
+
+from conftest import tiny_config
+from ihsweep import cli, placement, sharding, timing
+from ihsweep import schedule as schedule_lib
+from ihsweep.law import Law
+
+
+def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
+  return placement.Job(id=name, n_models=e, batch_size=b, context_size=c, updates=updates,
+                       flops_per_update=flops_per_update, **kw)
+
+
+def test_four_equal_groups_on_two_workers_fill_them():
+  t = 5.0
+  s = placement.simulate([(f"g{i}", 1, t) for i in range(4)], n_devices=2, devices_per_worker=1)
+  assert s.n_workers == 2
+  assert [(x.group, x.worker, x.start_s, x.end_s) for x in s.slots] == [
+      ("g0", 0, 0, t), ("g1", 1, 0, t), ("g2", 0, t, 2 * t), ("g3", 1, t, 2 * t)]
+  assert s.makespan_s == 2 * t and s.utilisation == 1.0
+
+
+def test_three_equal_groups_on_two_workers_leave_a_quarter_idle():
+  s = placement.simulate([(f"g{i}", 1, 2.0) for i in range(3)], 2, 1)
+  assert s.makespan_s == 4.0 and s.utilisation == pytest.approx(0.75)
+
+
+def test_a_worker_that_finishes_takes_the_next_group():
+  # plan order: one long group, then three short ones; the second worker takes all three
+  s = placement.simulate([("g0", 1, 3.0), ("g1", 1, 1.0), ("g2", 1, 1.0), ("g3", 1, 1.0)], 2, 1)
+  assert [(x.group, x.worker, x.start_s) for x in s.slots] == [
+      ("g0", 0, 0), ("g1", 1, 0), ("g2", 1, 1.0), ("g3", 1, 2.0)]
+  assert s.makespan_s == 3.0 and s.utilisation == 1.0
+
+
+def test_a_group_that_uses_half_a_worker_leaves_the_other_half_idle():
+  # E = 1, B = 2: at most E · B = 2 devices of a 4-device worker
+  assert placement.group_devices(1, 2, 4) == 2
+  model = timing.FlopsModel(10.0)
+  s = placement.worker_schedule([job("g0", e=1, b=2, updates=40)], model, 4, 4)
+  assert [(x.devices, x.end_s) for x in s.slots] == [(2, 40 / (2 * 10.0))]
+  assert s.utilisation == pytest.approx(0.5)
+  # beside it a group that fills its worker: 2 + 4 busy of 8 device-seconds per second
+  s = placement.worker_schedule([job("g0", e=1, b=2, updates=80), job("g1", e=2, b=8,
+                                                                      updates=160)],
+                                model, 8, 4)
+  assert [(x.worker, x.devices, x.end_s) for x in s.slots] == [(0, 2, 4.0), (1, 4, 4.0)]
+  assert s.utilisation == pytest.approx(6 / 8)
+
+
+def test_time_is_cost_over_devices_times_flops():
+  j = job("g0", updates=1000, flops_per_update=3e9)
+  assert timing.FlopsModel(1e12).seconds(j, 4)["total_s"] == pytest.approx(3e12 / 4e12)
+
+
+@pytest.mark.parametrize("e,b,n", [(2, 8, 8), (2, 8, 16), (2, 8, 32), (2, 16, 64), (3, 6, 4),
+                                   (4, 4, 16), (1, 1, 1), (1, 3, 2), (6, 2, 12), (2, 2, 3)])
+def test_todays_rule_is_refused_exactly_when_the_mesh_is(e, b, n):
+  jobs = [job("g0", e=2, b=64, updates=10), job("g1", e=e, b=b, updates=30)]
+  try:
+    sharding.mesh_shape(2, 64, n)
+    sharding.mesh_shape(e, b, n)
+    fits = True
+  except sharding.MeshError:
+    fits = False
+  s = placement.global_schedule(jobs, timing.FlopsModel(1.0), n)
+  assert (s.refused is None) == fits
+  if fits:  # one group after another on all n devices
+    assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
+        (n, 0, 10 / n), (n, 10 / n, 40 / n)]
+    assert s.utilisation == pytest.approx(1.0) and s.makespan_s == pytest.approx(40 / n)
+  else:
+    assert s.slots == [] and s.makespan_s is None and s.utilisation is None
+    assert "cannot use all" in s.refused and f"{n} devices" in s.refused
+
+
+def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
+  assert placement.candidate_layouts(8, 8) == [1, 2, 4, 8]
+  assert placement.candidate_layouts(64, 8) == [1, 2, 4, 8]
+  assert placement.candidate_layouts(6, 8) == [1, 2, 3, 6]
+  model = timing.FlopsModel(1.0)
+  # 4 equal groups of E = 2, B = 8 on 4 devices: every layout takes the same time
+  jobs = [job(f"g{i}", updates=12) for i in range(4)]
+  layouts = [placement.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
+  assert [s.makespan_s for s in layouts] == [12, 12, 12]
+  assert placement.choose_layout(layouts).devices_per_worker == 1
+  # 5 groups: one worker of 4 (5 × 3) beats 4 workers of 1 (2 × 12)
+  jobs = [job(f"g{i}", updates=12) for i in range(5)]
+  layouts = [placement.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
+  assert [s.makespan_s for s in layouts] == [24, 18, 15]
+  best = placement.choose_layout(layouts)
+  assert best.devices_per_worker == 4 and best.utilisation == 1.0
+  assert layouts[0].utilisation == pytest.approx(60 / (4 * 24))
+
+
+class _Group:
+  """The fields of plan.Group that predicted_updates reads."""
+
+  def __init__(self, cfg, num_steps, law_updates):
+    self.cfg, self.num_steps, self.law_updates = cfg, num_steps, law_updates
+    self.cap_reason = "cap"
+
+
+def test_an_emergence_budget_is_predicted_to_stop_at_the_margin():
+  cfg = tiny_config(**{"eval.every_steps": 100, "train.batch_size": 8,
+                       "train.context_size": 32})
+  with cfg.unlocked():
+    cfg.sweep.update(budget="emergence", stop_margin=2.0)
+  # the law puts the transition at 1,234 updates: seen at the evaluation at 1,300; stop 2,600
+  group = _Group(cfg, num_steps=10_000, law_updates=1234.0)
+  assert placement.predicted_updates(cfg, group)[0] == 2600
+  assert placement.predicted_updates(cfg, _Group(cfg, 2000, 1234.0))[0] == 2000  # the cap
+  law = Law(log_T=math.log(150 * 8 ** 0.5 * 32 ** 0.5), alpha=0.5, beta=0.5)  # 150 updates
+  assert placement.predicted_updates(cfg, group, law)[0] == 400
+  with cfg.unlocked():
+    cfg.sweep.budget = "updates"
+  assert placement.predicted_updates(cfg, group)[0] == 10_000
+
+
+def _jobs_with_configs(n=3):
+  cfg = tiny_config(**{"eval.every_steps": 10, "train.num_steps": 100})
+  jobs = []
+  for i, (b, c) in enumerate([(8, 32), (16, 32), (8, 16)][:n]):
+    g = copy.deepcopy(cfg)
+    g.train.batch_size, g.train.context_size = b, c
+    from ihsweep import model as model_lib
+    fpt = model_lib.flops_per_token(model_lib.ModelConfig.from_config(g.model), c)
+    jobs.append(placement.Job(id=f"g{i:03d}", n_models=2, batch_size=b, context_size=c,
+                              updates=100, cap_updates=100, flops_per_update=2 * b * c * fpt,
+                              n_params=1000, cfg=g))
+  return jobs
+
+
+def test_measured_time_follows_the_runs_schedule():
+  jobs = _jobs_with_configs(1)
+  pieces = dict(devices=2, startup_s=7.0, call_s=0.5, update_s=0.01, eval_s=0.25,
+                params_save_s=0.125, state_save_s=1.0)
+  model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=lambda cfg, devices: pieces)
+  t = model.seconds(jobs[0], 2)
+  run = schedule_lib.RunSchedule.from_config(jobs[0].cfg)
+  calls = run.calls()  # K = 10, evaluations every 10: ten calls of 10
+  assert calls == [10] * 10
+  n_params = len(run.params)  # params_schedule 'none': 0 and 100
+  assert n_params == 2
+  expected = 7.0 + 10 * 0.5 + 100 * 0.01 + 11 * 0.25 + 2 * 0.125 + 1 * 1.0
+  assert t["total_s"] == pytest.approx(expected)
+  assert (t["calls"], t["evaluations"], t["checkpoints"], t["measured"]) == (10, 11, 3, True)
+
+
+def test_unmeasured_groups_are_scaled_from_the_nearest_measured_one():
+  jobs = _jobs_with_configs(3)
+  calls = []
+
+  def fake(cfg, devices):
+    calls.append(int(cfg.train.batch_size))
+    return dict(devices=len(devices), startup_s=2.0, call_s=0.1, update_s=0.01, eval_s=0.0,
+                params_save_s=0.0, state_save_s=0.0)
+
+  model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=fake,
+                               subset=[jobs[0], jobs[2]])
+  t = model.seconds(jobs[1], 2)  # B = 16: scaled from g000 (B = 8, the same C)
+  assert t["scaled_from"] == "g000" and not t["measured"]
+  ratio = jobs[1].flops_per_update / jobs[0].flops_per_update
+  assert ratio == pytest.approx(2.0)
+  assert t["train_s"] == pytest.approx(t["calls"] * 0.1 * 2 + 100 * 0.01 * ratio)
+  model.seconds(jobs[0], 2)
+  assert sorted(calls) == [8, 8]  # each measured group once per device count
+
+
+def test_measure_group_times_a_tiny_group():
+  # the one compiling test here (no evaluation: its program is the slow one to compile)
+  cfg = tiny_config(**{"train.num_steps": 20})
+  m = timing.measure_group(cfg, jax.devices()[:2], repeats=1)
+  assert set(m) == {f.name for f in dataclasses.fields(timing.Measured)} - {"group"}
+  assert m["devices"] == 2 and m["eval_s"] == 0.0
+  assert m["startup_s"] > 0 and m["update_s"] >= 0 and m["call_s"] >= 0
+  assert m["params_save_s"] > 0 and m["state_save_s"] > 0
+
+
+def _plan(capsys, *args):
+  cli.FLAGS.unparse_flags()  # in one process, absl keeps the last call's values otherwise
+  code = cli.main(["ihsweep", "plan", *args])
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_plan_json_at_study_scale_without_the_corpus(capsys):
+  # exp1 at study scale reads C4, absent here: a plan from a FLOP/s needs no data
+  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=64",
+                         "--flops_per_s=4e14", "--json")
+  assert code == 0, err
+  p = json.loads(out)
+  assert {"groups", "schedule", "makespan_s", "utilisation", "layouts", "global",
+          "devices_per_worker", "n_workers", "throughput"} <= set(p)
+  assert len(p["groups"]) == 25 and len(p["schedule"]) == 25
+  g = p["groups"][0]
+  assert {"group", "cells", "batch_size", "context_size", "updates", "cost_flops", "devices",
+          "mesh", "seconds"} <= set(g)
+  assert g["seconds"] == pytest.approx(g["cost_flops"] / (g["devices"] * 4e14))
+  assert 0 < p["utilisation"] <= 1
+  assert p["makespan_s"] == pytest.approx(max(s["end_s"] for s in p["schedule"]))
+  assert [x["devices_per_worker"] for x in p["layouts"]] == [1, 2, 4, 8]
+  assert p["global"]["refused"].startswith("10 of 25 groups cannot use all 64 devices")
+  assert p["global"]["utilisation"] is None and p["global"]["makespan_s"] is None
+  assert p["throughput"]["model"] == "flops"
+  # on 8 devices today's rule runs: every group on all 8, one after another
+  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=8",
+                         "--flops_per_s=4e14", "--devices_per_worker=2", "--json")
+  p = json.loads(out)
+  assert p["global"]["refused"] is None and p["global"]["utilisation"] == pytest.approx(1.0)
+  assert p["n_workers"] == 4 and p["layouts"][0]["devices_per_worker"] == 2
+  total = sum(g["cost_flops"] for g in p["groups"])
+  assert p["global"]["makespan_s"] == pytest.approx(total / (8 * 4e14))
+  assert p["utilisation"] == pytest.approx(total / 4e14 / (8 * p["makespan_s"]))
+
+
+def test_plan_text_says_what_it_assumes(capsys):
+  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=8",
+                         "--flops_per_s=4e14")
+  assert code == 0, err
+  assert "perfect data-parallel scaling" in out and "no start-up" in out
+  assert "today's rule (sweep.placement=global, one mesh of 8): makespan" in out
+  assert "<- chosen" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--devices=0"], "--devices=0 is not allowed: an integer >= 1"),
+    (["--devices=8", "--devices_per_worker=3", "--flops_per_s=1e12"],
+     "--devices_per_worker=3 is not allowed: a divisor of --devices=8 (1, 2, 4, 8)"),
+    (["--devices=8", "--flops_per_s=0"], "--flops_per_s=0 is not allowed: a finite number > 0"),
+    (["--devices=8", "--flops_per_s=-5e13"], "--flops_per_s=-5e+13 is not allowed"),
+    (["--devices=16", "--devices_per_worker=16", "--flops_per_s=1e12"],
+     "--devices_per_worker=16 is not allowed: at most --devices_per_host=8"),
+    (["--devices=8", "--devices_per_host=0", "--flops_per_s=1e12"],
+     "--devices_per_host=0 is not allowed: an integer >= 1"),
+    (["--devices=8", "--devices_per_host=4"], "--devices_per_host=4 is not allowed without "
+     "--flops_per_s"),
+    (["--devices=8", "--devices_per_worker=8"], "--devices_per_worker=8 is not allowed without "
+     "--flops_per_s: at most this machine's"),
+    ([], "plan needs --config=FILE and --devices=N"),
+])
+def test_plan_flags_are_checked_in_one_line(capsys, args, words):
+  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", *args)
+  assert code == 2 and out == ""
+  assert err.startswith("ihsweep: ") and len(err.splitlines()) == 1, err
+  assert words in err, err
