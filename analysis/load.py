@@ -339,9 +339,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     members = cells[cells["group"] == gid]
     gdir = rundir.group_dir(path, gid)
     status = rundir.read_status(path, gid)
-    state = status["state"]
-    if state == "running" and rundir.alive(status) is False:
-      state = "stopped"
+    state = rundir.group_state(path, gid, status)
     if not os.path.isdir(gdir):
       listed = str(members["status"].iloc[0]) if "status" in members else "pending"
       why = (f"it has not started (no directory {gdir})" if listed == "pending" else

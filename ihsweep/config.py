@@ -16,7 +16,7 @@ import jax
 
 from ihsweep.data import SOURCES
 from ihsweep.model import DTYPES, POS_ENCODINGS
-from ihsweep.sharding import MeshError, mesh_shape
+from ihsweep.sharding import MeshError, mesh_shape, usable_devices
 
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 # Fields that change how a run executes but not the models it trains (the same batches and
@@ -24,7 +24,8 @@ SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 EXECUTION_FIELDS = ("train.steps_per_call", "ensemble.vmap_chunk", "mesh.num_devices",
                     "checkpoint.async_save", "checkpoint.state_every_steps",
                     "checkpoint.keep_state", "data.cache_dir", "data.loader",
-                    "data.device_budget_mb")
+                    "data.device_budget_mb", "sweep.placement", "sweep.wait_to_take_over")
+PLACEMENTS = ("worker", "global")
 
 
 def default_eval():
@@ -78,12 +79,19 @@ def default_sweep():
     the untrained level: for ps_max, above the score of uniform attention on the probes
     (refused before compiling); a model already past it at update 0 is warned about and counts
     only once it has been seen below it (``runner.EmergenceStop``).
+  placement (how groups meet devices; ``ihsweep.sweep``): 'worker' = every ``ihsweep run``
+    process on the run directory is a worker taking groups one at a time onto its own local
+    devices (several processes, or the processes of one jax.distributed job, train groups side
+    by side); 'global' = every process trains every group together on one mesh of all devices,
+    one group after another. wait_to_take_over: a worker with nothing left to take waits while
+    other workers hold groups, to take over any whose worker dies (False: it exits; a rerun
+    takes over).
   """
   import ml_collections
   return ml_collections.ConfigDict(dict(
       grid=ml_collections.ConfigDict(), zip=ml_collections.ConfigDict(), seeds=0,
       budget="updates", tokens=0, law_multiple=3.0, law_file="", stop_metric="ps_max",
-      stop_threshold=0.4, stop_margin=2.0))
+      stop_threshold=0.4, stop_margin=2.0, placement="worker", wait_to_take_over=True))
 
 
 class ConfigError(ValueError):
@@ -377,10 +385,13 @@ def _check_distinct_models(cfg, size: int, source: str) -> None:
                         + ", so they would train the same model twice")
 
 
-def validate(cfg) -> None:
+def validate(cfg, devices=None) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
-  Does not touch devices beyond counting them."""
+  Does not touch devices beyond counting them: ``devices`` are those the run may use (default
+  ``jax.devices()``; a sweep's worker passes its local devices). With ``mesh.num_devices`` = 0
+  and one process (or given ``devices``), an ensemble that cannot use them all runs on as many
+  as it can (``sharding.usable_devices``); several processes on one global mesh must use all."""
   for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
@@ -473,9 +484,13 @@ def validate(cfg) -> None:
   _validate_eval(cfg, vocab, source)
   _validate_checkpoint(cfg)
 
-  n_avail = len(jax.devices())
+  whole = devices is None and jax.process_count() > 1  # one global mesh
+  devices = jax.devices() if devices is None else devices
+  n_avail = len(devices)
   n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,
-               hint=f" (0 = all {n_avail} available devices)")
+               hint=f" (0 = as many of the {n_avail} available devices as the ensemble can use)")
+  if not n_dev and not whole:  # a small ensemble runs on part of the devices
+    n_dev = len(usable_devices(size, batch, devices))
   try:
     n_ens, _ = mesh_shape(size, batch, n_dev or n_avail)
   except MeshError as e:

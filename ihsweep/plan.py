@@ -210,10 +210,14 @@ def _validate_sweep(cfg, n_devices: int) -> None:
       raise ConfigError(field, value, "empty in a sweep: the planner fills it per group (vary "
                         "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)")
   import jax
-  if jax.process_count() > 1 and cfg.mesh.num_devices not in (0, n_devices):
+  placement = config_lib._choice(sub, "sweep", "placement", config_lib.PLACEMENTS)
+  if not isinstance(cfg.sweep.wait_to_take_over, bool):
+    raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
+  if (placement == "global" and jax.process_count() > 1
+      and cfg.mesh.num_devices not in (0, n_devices)):
     raise ConfigError("mesh.num_devices", cfg.mesh.num_devices,
-                      f"0 (all {n_devices} devices) with {jax.process_count()} processes: every "
-                      f"group runs on the global mesh")
+                      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
+                      f"sweep.placement = 'global': every group runs on the global mesh")
 
 
 def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, str]:
@@ -395,7 +399,8 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
   """``config.validate`` of a group's run config; an error in a field the grid sets is reported
   under the sweep field, with the group's cells."""
   try:
-    config_lib.validate(group.cfg)
+    config_lib.validate(group.cfg, None if sweep_cfg.sweep.placement == "global"
+                        else _worker_devices(group.cfg))
   except ConfigError as e:
     field = e.field.split("[")[0]
     reverse = {v: k for k, v in VALUE_FIELDS.items()}
@@ -404,7 +409,7 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
     if field in axes:
       raise ConfigError(f"sweep.{_section(sweep_cfg, field)}.{field}", e.value,
                         f"{e.allowed} [{place}]") from None
-    if e.field == "mesh.num_devices":
+    if e.field == "mesh.num_devices" and sweep_cfg.sweep.placement == "global":
       import jax
       raise ConfigError(
           "mesh.num_devices", e.value,
@@ -412,6 +417,12 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
           f"{jax.process_count()} process(es), so it must be able to use them all: a group uses "
           f"at most E · B devices; use fewer processes or devices, or more seeds]") from None
     raise ConfigError(e.field, e.value, f"{e.allowed} [{place}]") from None
+
+
+def _worker_devices(cfg) -> list:
+  """The devices of the worker that will train a group (``sweep`` module: placement 'worker')."""
+  import jax
+  return jax.local_devices()[:cfg.mesh.num_devices or None]
 
 
 def where(group: Group) -> str:

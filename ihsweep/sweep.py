@@ -1,13 +1,34 @@
-"""Running a sweep: workers take the planned groups (``ihsweep.plan``) one at a time and train
-each as one vmapped ensemble (``runner.fit``); the run directory (``ihsweep.rundir``) is where
-they meet.
+"""Running a sweep: workers take the planned groups (``ihsweep.plan``) and train each as one
+vmapped ensemble (``runner.fit``); the run directory (``ihsweep.rundir``) is their only meeting
+point: no scheduler of our own.
+
+Placement ``sweep.placement = "worker"`` (default). Every ``ihsweep run`` process on the same
+run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
+``mesh.num_devices`` of them): independent processes (SLURM job-array tasks, one per GPU or
+several sharing one; one per TPU host; several local processes) or the processes of one
+jax.distributed job, where each trains process-local groups. A worker takes the next group
+that is neither done nor held, most expensive first, by writing a claim in the group's
+directory (``rundir.try_claim``); it trains the group on as many of its devices as the
+group's mesh can use (at most E · B: ``sharding.usable_devices``), refreshing the claim's
+heartbeat, then takes the next. A group is trained by one worker at a time; a group whose
+worker died (a dead pid on the same host, or a heartbeat older than
+``IHSWEEP_CLAIM_STALE_S``) is taken over — by a worker still running (one with nothing left to
+take waits for that while others hold groups, unless ``sweep.wait_to_take_over`` is False) or
+by a rerun — and resumed from its last full-state checkpoint. A group that fails is recorded
+and not retried by workers that saw it fail; a rerun retries it.
+
+Placement ``"global"`` (the rule before workers): every process trains every group together,
+one group after another, on one global mesh over all devices, so each group must be able to
+use all of them (refused before compiling otherwise), and one process holds the directory.
 
 Run directory (``ihsweep run --workdir=DIR``)::
 
   DIR/config.json      the sweep's resolved config
   DIR/cells.csv        one row per cell (written before training; status columns refreshed)
+  DIR/claims.jsonl     every claim, takeover and release: which worker trained which group
   DIR/sweep.json       summary: per-group state, budget, compute saved by early stops
-  DIR/groups/g000/     one group's run directory (runner.fit) + status.json
+  DIR/groups/g000/     one group's run directory (runner.fit) + status.json (+ claim.json
+                       while a worker holds it)
 """
 
 from __future__ import annotations
@@ -15,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 import traceback
 
 from ihsweep import plan as plan_lib
@@ -51,13 +73,161 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
       workdir; a workdir holding a sweep with a different config).
   """
+  from ihsweep import sharding
   plan = make_plan(cfg)
   rundir.check_workdir(workdir, "sweep")
-  with rundir.workdir_lock(workdir):
-    return _run(cfg, plan, workdir, progress)
+  # Every process of a jax.distributed job has checked the directory before any writes in it.
+  sharding.barrier("ihsweep-workdir-checked")
+  if cfg.sweep.placement == "global":
+    with rundir.workdir_lock(workdir):
+      return _run_global(cfg, plan, workdir, progress)
+  return _run_worker(cfg, plan, workdir, progress)
 
 
-def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
+def _common(group) -> dict:
+  """The status fields every state of a group records."""
+  return {"cells": [c.id for c in group.cells], "num_steps": group.num_steps,
+          "batch_size": int(group.cfg.train.batch_size),
+          "context_size": int(group.cfg.train.context_size)}
+
+
+def _done_status(group, out: dict, common: dict) -> dict:
+  ids = [c.id for c in group.cells]
+  diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
+  crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
+  if diverged:
+    log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id,
+                ", ".join(diverged))
+  timings = {k: round(float(v), 3) for k, v in (out.get("timings") or {}).items()}
+  return dict(state="done", **common, step=out["step"], stopped_early=out["stopped_early"],
+              diverged=diverged, resumed_from=out["resumed_from"], crossed=crossed,
+              **({"timings": timings} if timings else {}))
+
+
+def _stop_rule(cfg, group):
+  from ihsweep import runner
+  if cfg.sweep.budget != "emergence":
+    return None
+  return runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,
+                              cfg.sweep.stop_margin, len(group.cells))
+
+
+def _describe(group, i: int, n: int, common: dict) -> None:
+  log.info("group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
+           "transition near update %s", group.id, i + 1, n, plan_lib.ranges(common["cells"]),
+           len(group.cells), common["batch_size"], common["context_size"],
+           f"{group.num_steps:,}", group.cap_reason, f"{group.law_updates:,.0f}")
+
+
+def _prepare(cfg, plan: Plan, workdir: str) -> None:
+  """Writes config.json and cells.csv, or checks that a sweep already there has the same
+  config (under the claims lock: workers may start together)."""
+  from ihsweep import runner
+  with rundir.claims_lock(workdir):
+    if os.path.exists(os.path.join(workdir, "cells.csv")):
+      runner.check_resumable(cfg, workdir)
+    runner.write_resolved_config(cfg, workdir)
+    write_cells(plan, workdir)
+
+
+def _next_group(plan: Plan, workdir: str, since: float, devices: list[str]):
+  """``(group, event, waiting)``: the first group in plan order (most expensive first) this
+  worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)`` with
+  ``waiting`` the groups other live workers hold."""
+  waiting = []
+  with rundir.claims_lock(workdir):
+    for group in plan.groups:
+      status = read_status(workdir, group.id)
+      if status["state"] == "done" or (
+          status["state"] == "failed" and float(status.get("failed_at", 0)) >= since):
+        continue
+      event = rundir.try_claim(workdir, group.id, devices)
+      if event:
+        return group, event, []
+      waiting.append(group.id)
+  return None, None, waiting
+
+
+def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
+  import jax
+  from ihsweep import runner
+  local = jax.process_count() > 1  # process-local groups inside a jax.distributed job
+  devices = jax.local_devices()[:cfg.mesh.num_devices or None]  # this worker's
+  _prepare(cfg, plan, workdir)
+  me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
+  log.info("sweep: %d cells in %d groups (%s budget); worker %s on %d %s device(s); cells.csv "
+           "in %s", len(plan.cells), n, plan.budget, me, len(devices), jax.default_backend(),
+           workdir)
+  interrupted, trained, announced = False, [], None
+  while True:
+    if runner.stop_requested():
+      interrupted = True
+      break
+    group, event, waiting = _next_group(plan, workdir, since,
+                                        [str(d) for d in devices])
+    if group is None:
+      if not waiting or not cfg.sweep.wait_to_take_over:
+        break
+      if announced != waiting:
+        log.info("nothing left to take: waiting while other workers hold %s (to take over any "
+                 "whose worker dies)", ", ".join(waiting))
+        announced = waiting
+      time.sleep(rundir.claim_heartbeat_s())
+      continue
+    announced = None
+    common = _common(group)
+    attempts = int(read_status(workdir, group.id).get("attempts", 0)) + 1
+    common["attempts"] = attempts
+    if event == "taken over":
+      log.warning("group %s: taken over from a worker that stopped answering (claims.jsonl); "
+                  "resuming from its last checkpoint", group.id)
+    group_devices = runner.group_devices(group.cfg, devices, local)
+    common["devices"] = len(group_devices)
+    write_status(workdir, group.id, state="running", **common, worker=me)
+    write_cells(plan, workdir)
+    _describe(group, plan.groups.index(group), n, common)
+    desc = (f"{group.id} B={common['batch_size']} C={common['context_size']} "
+            f"E={len(group.cells)}")
+    state = "failed"
+    try:
+      with rundir.ClaimHeartbeat(workdir, group.id) as beat:
+        out = runner.fit(group.cfg, group_dir(workdir, group.id), progress=progress, desc=desc,
+                         stop_rule=_stop_rule(cfg, group), devices=group_devices, local=local)
+      if beat.lost.is_set():
+        log.error("group %s: this worker's claim was taken over while it trained (it stopped "
+                  "answering for over %gs); its results are left to the new worker", group.id,
+                  rundir.claim_stale_s())
+        state = "lost"
+        continue
+      write_status(workdir, group.id, **_done_status(group, out, common), worker=me)
+      state = "done"
+      trained.append(group.id)
+    except runner.Interrupted as e:
+      write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
+      state, interrupted = "interrupted", True
+    except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
+      state = "interrupted"
+      raise
+    except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
+      log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
+      write_status(workdir, group.id, state="failed", **common, worker=me,
+                   error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(),
+                   failed_at=time.time())
+    finally:
+      if state != "lost":
+        rundir.release_claim(workdir, group.id, state)
+      write_cells(plan, workdir)
+    if interrupted:
+      break
+  with rundir.claims_lock(workdir):
+    summary = summarize(plan, workdir)
+    rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
+  log.info("worker %s: trained %s", me, ", ".join(trained) or "no group")
+  return SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
+                     summary=summary, interrupted=interrupted)
+
+
+def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
   from ihsweep import runner, sharding
   lead = jax.process_index() == 0
@@ -75,9 +245,7 @@ def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   interrupted = False
   for i, group in enumerate(plan.groups):
     gdir = group_dir(workdir, group.id)
-    common = {"cells": [c.id for c in group.cells], "num_steps": group.num_steps,
-              "batch_size": int(group.cfg.train.batch_size),
-              "context_size": int(group.cfg.train.context_size)}
+    common = _common(group)
     if states[group.id]["state"] == "done":
       log.info("group %s (%d/%d) done before: skipped", group.id, i + 1, n)
       continue
@@ -89,20 +257,14 @@ def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     if lead:
       write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
       write_cells(plan, workdir)
-    log.info("group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
-             "transition near update %s", group.id, i + 1, n, plan_lib.ranges(common["cells"]),
-             len(group.cells), common["batch_size"], common["context_size"],
-             f"{group.num_steps:,}", group.cap_reason, f"{group.law_updates:,.0f}")
-    stop_rule = None
-    if cfg.sweep.budget == "emergence":
-      stop_rule = runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,
-                                       cfg.sweep.stop_margin, len(group.cells))
+    _describe(group, i, n, common)
     desc = (f"p{jax.process_index()} {group.id} {i + 1}/{n} B={group.cfg.train.batch_size} "
             f"C={group.cfg.train.context_size} E={len(group.cells)}")
     try:  # a peer that stops answering ends this process: the group is then marked failed
       with sharding.when_peer_lost(lambda reason: write_status(
           workdir, group.id, state="failed", **common, error=reason, process=jax.process_index())):
-        out = runner.fit(group.cfg, gdir, progress=progress, desc=desc, stop_rule=stop_rule)
+        out = runner.fit(group.cfg, gdir, progress=progress, desc=desc,
+                         stop_rule=_stop_rule(cfg, group))
     except runner.Interrupted as e:
       states[group.id] = write_status(workdir, group.id, state="interrupted", step=e.step,
                                       **common) if lead else {"state": "interrupted"}
@@ -122,15 +284,8 @@ def _run(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         # cannot agree to skip it: end the sweep (the launcher stops the rest; a rerun retries).
         raise GroupFailed(group.id, e) from e
     else:
-      ids = [c.id for c in group.cells]
-      diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
-      crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
-      done = dict(state="done", **common, step=out["step"], stopped_early=out["stopped_early"],
-                  diverged=diverged, resumed_from=out["resumed_from"], crossed=crossed)
+      done = _done_status(group, out, common)
       states[group.id] = write_status(workdir, group.id, **done) if lead else done
-      if diverged:
-        log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id,
-                    ", ".join(diverged))
     if lead:
       write_cells(plan, workdir)
   summary = summarize(plan, workdir) if lead else {}
@@ -189,8 +344,10 @@ class NotASweep(ValueError):
 
 def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
   """Per-group state of a sweep directory, from its files only: ``group``, ``state`` (a
-  'running' group whose process is gone on this host reads 'stopped'), ``cells``, ``B``,
-  ``C``, ``step`` (last logged update), ``budget``, ``diverged`` cell ids, ``error``.
+  'running' group whose claim is stale, or whose process is gone on this host, reads
+  'stopped'), ``cells``, ``B``, ``C``, ``step`` (last logged update), ``budget``, ``diverged``
+  cell ids, ``error``, ``worker`` (the claim's or the last status's) and ``reported_s_ago``
+  (seconds since the claim's last heartbeat; None without a claim).
 
   A damaged or truncated cells.csv is read as the analysis reads it (``read_cells``,
   ``recover_cells``): the cells it lacks are rebuilt from the group directories, and one line
@@ -218,9 +375,8 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
   rows = []
   for gid, members in cells.groupby("group", sort=True):
     status = read_status(workdir, gid)
-    state = status["state"]
-    if state == "running" and rundir.alive(status) is False:
-      state = "stopped"
+    state = rundir.group_state(workdir, gid, status)
+    claim = rundir.read_claim(workdir, gid)
     step = rundir.last_step(os.path.join(group_dir(workdir, gid), "train_log.jsonl"))
     first = members.iloc[0]
     budget = pd.to_numeric(members.get("budget_updates", pd.Series(dtype=float)),
@@ -231,7 +387,9 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
                  "budget": int(status.get("num_steps", 0) if pd.isna(budget) else budget),
                  "stopped_early": bool(status.get("stopped_early", False)),
                  "diverged": sorted(int(c) for c in status.get("diverged", {})),
-                 "error": status.get("error"), "unreadable": status.get("unreadable", False)})
+                 "error": status.get("error"), "unreadable": status.get("unreadable", False),
+                 "worker": (claim or status).get("worker"),
+                 "reported_s_ago": (time.time() - float(claim["heartbeat"])) if claim else None})
   return rows
 
 
@@ -252,7 +410,11 @@ def format_status(workdir: str) -> str:
     if r["diverged"]:
       notes.append(f"diverged cells {','.join(map(str, r['diverged']))}")
     if r["state"] == "stopped":
-      notes.append("its process is gone: rerun the command to resume")
+      notes.append("its worker is gone: a waiting worker or a rerun takes it over")
+    elif r["state"] == "running" and r["worker"]:
+      seen = r["reported_s_ago"]
+      notes.append(f"worker {r['worker']}" + (f", last report {seen:.0f} s ago"
+                                              if seen is not None else ""))
     if r["unreadable"]:
       notes.append("status.json unreadable: a rerun resumes it from its checkpoints")
     if r["error"]:

@@ -59,9 +59,11 @@ def _env(devices_per_process: int, **extra):
 
 
 def _launch_two(workdir, extra_flags=(), **env):
+  """Two processes joined by jax.distributed, training each group together on one global mesh
+  (placement 'global'; tests/test_workers.py has process-local groups)."""
   cmd = ["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
          "--config=configs/default.py", f"--workdir={workdir}", "--noprogress", *SWEEP_FLAGS,
-         *_cli_flags(), *extra_flags]
+         *_cli_flags(), "--config.sweep.placement=global", *extra_flags]
   return subprocess.run(cmd, cwd=ROOT, env=_env(2, **env), capture_output=True, text=True,
                         timeout=600)
 
@@ -151,7 +153,7 @@ def test_plan_zip_budgets_and_single_cell(tiny):
     ({"train.context_size": (16, 64)}, {}, "sweep.grid.train.context_size", "max_context"),
     ({"train.batchsize": (4,)}, {}, "sweep.grid.train.batchsize", "existing config field"),
     ({"ensemble.size": (2, 4)}, {}, "sweep.grid.ensemble.size", "sweep.seeds"),
-    ({"train.batch_size": (1,)}, {"sweep.seeds": 1}, "mesh.num_devices", "E · B devices"),
+    ({}, {"sweep.placement": "pod"}, "sweep.placement", "'worker'"),
     ({}, {"sweep.budget": "emergence", "eval.every_steps": 0}, "eval.every_steps", "emergence"),
     ({}, {"sweep.budget": "forever"}, "sweep.budget", "'updates'"),
     ({"seed": (1, 2)}, {}, "sweep.grid.seed", "sweep.seeds"),
@@ -188,6 +190,18 @@ def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extr
   assert not os.path.exists(tmp_path / "run" / "cells.csv")
 
 
+def test_a_group_smaller_than_the_devices_runs_on_part_of_them(tiny, tmp_path):
+  """E · B = 2 of the 4 devices: no longer refused (it was, before workers); it trains on 2."""
+  work = str(tmp_path / "run")
+  cfg = _config(tiny, grid={"train.batch_size": (2,)}, **{"sweep.seeds": 1,
+                                                          "eval.every_steps": 0})
+  with cfg.unlocked():
+    cfg.ensemble.size = 2
+  result = sweep.run(cfg, work, progress=False)
+  assert result.groups["g000"]["state"] == "done", result.groups
+  assert rundir.read_status(work, "g000")["devices"] == 2
+
+
 def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
@@ -197,9 +211,9 @@ def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
 
 def test_one_run_per_directory(tiny, tmp_path, no_compile):
   work = str(tmp_path / "run")
-  with rundir.workdir_lock(work):  # another run holds it
+  with rundir.workdir_lock(work):  # another run holds it (placement 'global': one at a time)
     with pytest.raises(ConfigError, match=r"in use by pid \d+"):
-      sweep.run(_config(tiny), work, progress=False)
+      sweep.run(_config(tiny, **{"sweep.placement": "global"}), work, progress=False)
   (tmp_path / "train_run").mkdir()
   (tmp_path / "train_run" / "train_log.jsonl").write_text("")
   with pytest.raises(ConfigError, match="no ihsweep run"):  # a log alone is no run

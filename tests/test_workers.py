@@ -1,0 +1,200 @@
+"""Workers sharing one sweep directory: independent processes and the processes of one
+jax.distributed job take groups through claims in the run directory (``ihsweep.sweep``)."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ihsweep import rundir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 8 groups of one model each (B × C × d_model), a few seconds of compiling and training apiece;
+# a full-state checkpoint every 10 updates, so a killed group resumes from update 10 or 20.
+FLAGS = ["--config=configs/default.py", "--noprogress",
+         "--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.n_heads=1",
+         "--config.model.vocab_size=32", "--config.model.max_context=16",
+         "--config.model.dtype=float32", "--config.train.num_steps=30",
+         "--config.train.steps_per_call=10", "--config.eval.every_steps=0",
+         "--config.checkpoint.params_schedule=log", "--config.checkpoint.state_every_steps=10",
+         "--config.ensemble.size=1", "--config.sweep.seeds=1",
+         "--grid=train.batch_size=4,8", "--grid=train.context_size=8,16",
+         "--grid=model.d_model=8,16"]
+GROUPS = [f"g{i:03d}" for i in range(8)]
+FLAGS_4 = FLAGS[:-1]  # B × C: 4 groups
+
+
+def _env(devices: int, **extra) -> dict:
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP_CLAIM_HEARTBEAT_S": "1",
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+                       "--xla_backend_optimization_level=0", **extra}
+
+
+def _ihsweep(*args, env) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "ihsweep.cli", *args], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(procs, timeout=600) -> list[tuple[int, str]]:
+  out = []
+  for p in procs:
+    text, _ = p.communicate(timeout=timeout)
+    out.append((p.returncode, text))
+  return out
+
+
+def _claims(workdir) -> dict:
+  """Per group, the claim events of claims.jsonl in order: (event, worker, state)."""
+  events = collections.defaultdict(list)
+  with open(os.path.join(workdir, rundir.CLAIMS_LOG)) as f:
+    for line in f:
+      row = json.loads(line)
+      events[row["group"]].append((row["event"], row["worker"], row.get("state")))
+  return events
+
+
+def _losses(workdir, group: str) -> list:
+  with open(os.path.join(workdir, "groups", group, "train_log.jsonl")) as f:
+    return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+
+
+def _final_params(workdir, group: str):
+  from ihsweep.checkpoint import RunCheckpoints
+  ckpts = RunCheckpoints(os.path.join(workdir, "groups", group, "checkpoints"))
+  try:
+    step = ckpts.params_steps_saved()[-1]
+    assert step == 30, ckpts.params_steps_saved()
+    import jax
+    return jax.tree_util.tree_map(np.asarray, ckpts.restore_params(step))
+  finally:
+    ckpts.close()
+
+
+def _assert_same_results(workdir, reference, groups=GROUPS) -> None:
+  import jax
+  for g in groups:
+    assert _losses(workdir, g) == _losses(reference, g), g
+    a, b = _final_params(workdir, g), _final_params(reference, g)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b)), g
+
+
+def _reference(tmp_path_factory, devices: int, flags=FLAGS) -> str:
+  work = str(tmp_path_factory.mktemp(f"reference{devices}") / "run")
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *flags, env=_env(devices))])
+  assert rc == 0, out[-3000:]
+  return work
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The same sweep trained by one process on one device."""
+  return _reference(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="module")
+def reference_two_devices(tmp_path_factory):
+  """... on two devices: a group's batch is then split over both (its mesh is 1 × 2), which
+  changes float32 sums at the last bit, so a 2-device worker is compared with this one."""
+  return _reference(tmp_path_factory, 2, FLAGS_4)
+
+
+def _wait_for_claim(workdir, group: str, proc, timeout=300) -> None:
+  deadline = time.time() + timeout
+  while group not in (_claims(workdir) if os.path.exists(
+      os.path.join(workdir, rundir.CLAIMS_LOG)) else {}):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+    time.sleep(0.2)
+
+
+def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_one(
+    tmp_path, reference):
+  work = str(tmp_path / "run")
+  # The first worker takes g000 (the most expensive group) and is SIGKILLed right after it has
+  # started its full-state checkpoint at update 20 (the one at 10 is complete by then); three
+  # more workers start once it holds g000.
+  first = _ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(
+      1, IHSWEEP_FAULT_KILL_AT_STEP="20", IHSWEEP_FAULT_GROUP="g000"))
+  _wait_for_claim(work, "g000", first)
+  procs = [first] + [_ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(1))
+                     for _ in range(3)]
+  results = _finish(procs)
+  codes = [rc for rc, _ in results]
+  assert codes == [-9, 0, 0, 0], [(rc, out[-2000:]) for rc, out in results]
+  events = _claims(work)
+  assert sorted(events) == GROUPS
+  killed = events["g000"]
+  # Claimed by the worker that was killed, taken over by another, released done once.
+  assert [e for e, _, _ in killed] == ["claimed", "taken over", "released"], killed
+  assert killed[0][1] != killed[1][1] and killed[2] == ("released", killed[1][1], "done")
+  for g in GROUPS[1:]:
+    assert [(e, s) for e, _, s in events[g]] == [("claimed", None), ("released", "done")], g
+  workers = {w for g in GROUPS for _, w, _ in events[g]}
+  assert len(workers) >= 3  # groups side by side
+  for g in GROUPS:
+    status = rundir.read_status(work, g)
+    assert status["state"] == "done" and status["step"] == 30, status
+    assert not os.path.exists(os.path.join(work, "groups", g, rundir.CLAIM_FILE))
+  assert rundir.read_status(work, "g000")["resumed_from"] in (10, 20)
+  _assert_same_results(work, reference)
+  with open(os.path.join(work, "sweep.json")) as f:
+    assert json.load(f)["cells_by_state"]["done"] == 8
+
+
+def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
+  work = str(tmp_path)
+  os.makedirs(os.path.join(work, "groups", "g000"))
+  with rundir.claims_lock(work):
+    assert rundir.try_claim(work, "g000", ["cpu:0"]) == "claimed"
+  claim = rundir.read_claim(work, "g000")
+  assert claim["worker"] == rundir.worker_id() and claim["pid"] == os.getpid()
+  # Another worker (a live process on this host) holds it: not taken while it beats.
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    other = {**claim, "worker": "other:1", "pid": sleeper.pid, "heartbeat": time.time()}
+    rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
+    assert rundir.try_claim(work, "g000", ["cpu:0"]) is None
+    assert not rundir.refresh_claim(work, "g000")  # not ours
+    monkeypatch.setenv("IHSWEEP_CLAIM_STALE_S", "5")
+    other["heartbeat"] = time.time() - 6  # silent for longer than the stale limit
+    rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
+    assert rundir.try_claim(work, "g000", ["cpu:0"]) == "taken over"
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+  # A claim of a dead process on this host is stale at once, whatever its heartbeat.
+  dead = {**claim, "worker": "dead:1", "pid": sleeper.pid, "heartbeat": time.time() + 100}
+  assert rundir.claim_is_stale(dead)
+  assert not rundir.claim_is_stale({**dead, "host": "another-host"})
+  rundir.release_claim(work, "g000", "done")
+  assert rundir.read_claim(work, "g000") is None
+  assert [e for e, _, _ in _claims(work)["g000"]] == ["claimed", "taken over", "released"]
+
+
+def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two_devices):
+  """2 processes × 2 CPU devices joined by jax.distributed: each process trains whole groups on
+  its own 2 devices (placement 'worker'); every group once, the same numbers as one process
+  with 2 devices, and the checkpoints read back on this test's one device."""
+  import socket
+  work = str(tmp_path / "run")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4, env=_env(
+      2, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="2",
+      IHSWEEP_PROCESS_ID=str(k))) for k in range(2)]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+  events = _claims(work)
+  groups = GROUPS[:4]
+  assert sorted(events) == groups
+  for g in groups:
+    assert [(e, s) for e, _, s in events[g]] == [("claimed", None), ("released", "done")], g
+  workers = {w for g in groups for _, w, _ in events[g]}
+  assert {w.rsplit("/", 1)[1] for w in workers} == {"p0", "p1"}  # both processes trained
+  assert {rundir.read_status(work, g)["devices"] for g in groups} == {2}
+  _assert_same_results(work, reference_two_devices, groups)
