@@ -151,20 +151,25 @@ EOF
 )
 export JAX_COMPILATION_CACHE_DIR=$work/cache_throughput
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-part a_throughput 130 "$py" -c "$THROUGHPUT" cold
-part b_compile_warm 50 "$py" -c "$THROUGHPUT" warm
+part a_throughput 100 "$py" -c "$THROUGHPUT" cold
+part b_compile_warm 40 "$py" -c "$THROUGHPUT" warm
 unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES
 
 # --- (c) and (b): the tiny sweep, 1 worker vs 4 sharing the GPU, cold and warm caches --------
 # The persistent cache with ihsweep's own settings (what a user gets); sweep_overhead.py points
 # it at --cache_dir.
-if (( smoke )); then
-  sweep=(--updates 20 --set train.steps_per_call=10 --set eval.every_steps=10 --cpu_devices 1)
+if (( smoke )); then  # a 1-layer attention-only model of width 16: compiles fast on 2 cores
+  sweep=(--config configs/default.py --grid train.batch_size=4,8,16,32 --updates 20
+         --set model.n_layers=1 --set model.d_mlp=0 --set model.d_model=16 --set model.n_heads=1
+         --set model.vocab_size=32 --set model.max_context=16 --set train.context_size=16
+         --set ensemble.size=2 --set train.steps_per_call=10 --set eval.every_steps=10
+         --set checkpoint.params_schedule=none --cpu_devices 1)
 else
-  sweep=(--updates 2000 --set eval.every_steps=200 --gpus 0)
+  sweep=(--config configs/default.py:tiny --grid train.batch_size=8,16,32,64 --updates 2000
+         --set eval.every_steps=200 --gpus 0)
 fi
-sweep=(--config configs/default.py:tiny --grid train.batch_size=8,16,32,64 "${sweep[@]}" --json)
+sweep=("${sweep[@]}" --json)
 overhead() {  # overhead NAME CAP CACHE WORKERS: one sweep_overhead.py call into $work/NAME.json
   local name=$1 cap; cap=$(left "$2")
   part "$name" $(( cap )) "$py" benchmarks/sweep_overhead.py "${sweep[@]}" --workers "$4" \
@@ -172,8 +177,8 @@ overhead() {  # overhead NAME CAP CACHE WORKERS: one sweep_overhead.py call into
     > "$work/$name.json"
 }
 echo "--- sweeps: ${sweep[*]}"
-overhead c1_one_worker_cold 100 cache_one 1
-overhead c2_four_workers_cold 80 cache_four 4
+overhead c1_one_worker_cold 130 cache_one 1
+overhead c2_four_workers_cold 90 cache_four 4
 overhead c3_warm 100 cache_one 1,4
 for name in c1_one_worker_cold c2_four_workers_cold c3_warm; do
   echo "$name: $(cat "$work/$name.rc" 2>/dev/null)"

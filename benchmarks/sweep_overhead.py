@@ -61,6 +61,20 @@ def run_flags(args) -> list[str]:
   return flags + list(args.extra)
 
 
+def stop(launcher: subprocess.Popen) -> str:
+  """Ends a launcher and its workers (its process group): SIGTERM (they checkpoint and exit),
+  SIGKILL after 60 s. Returns what it printed."""
+  try:
+    os.killpg(launcher.pid, signal.SIGTERM)
+    out, _ = launcher.communicate(timeout=60)
+  except subprocess.TimeoutExpired:
+    os.killpg(launcher.pid, signal.SIGKILL)
+    out, _ = launcher.communicate()
+  except ProcessLookupError:
+    out, _ = launcher.communicate()
+  return out or ""
+
+
 def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
   """Runs one sweep with ``workers`` independent workers; returns its wall time and status."""
   env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache_dir}
@@ -79,13 +93,10 @@ def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
     out, _ = launcher.communicate(timeout=args.timeout)
     status = launcher.returncode
   except subprocess.TimeoutExpired:
-    os.killpg(launcher.pid, signal.SIGTERM)  # the workers checkpoint and exit
-    try:
-      out, _ = launcher.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-      os.killpg(launcher.pid, signal.SIGKILL)
-      out, _ = launcher.communicate()
-    status = "timeout"
+    out, status = stop(launcher), "timeout"
+  except BaseException:  # SIGTERM or Ctrl-C of this script: no workers left behind
+    stop(launcher)
+    raise
   return {"workers": workers, "wall_s": round(time.perf_counter() - start, 2),
           "exit_status": status, "workdir": workdir, "output_tail": out[-2000:]}
 
@@ -157,6 +168,7 @@ def main(argv=None) -> int:
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("extra", nargs="*", help="after --: more ihsweep run flags")
   args = p.parse_args(argv)
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # runs the clean-up of run_sweep
   counts = [int(x) for x in args.workers.split(",") if x]
   if not counts or min(counts) < 1:
     p.error(f"--workers={args.workers!r}: comma-separated whole numbers >= 1")
@@ -194,8 +206,8 @@ def main(argv=None) -> int:
   if args.json:
     print(json.dumps(out))
   else:
-    cols = ["workers", "wall_s", "speedup", "groups", "done", "setup_s", "train_s", "busy",
-            "overhead_s", "overhead", "exit_status"]
+    cols = ["workers", "wall_s", "speedup", "groups", "done", "setup_s", "train_s",
+            "group_total_s", "busy", "overhead_s", "overhead", "exit_status"]
     print(pd.DataFrame(runs)[cols].to_string(index=False))
     if groups:
       print()
