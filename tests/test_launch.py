@@ -25,13 +25,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5
 # One group of E = 2 (one model per process), small enough to compile in seconds, with far more
 # updates than a test waits for: the launch is still training when the signal arrives.
-FLAGS = ["--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.d_model=16",
-         "--config.model.n_heads=1", "--config.model.vocab_size=32", "--config.model.max_context=16",
-         "--config.model.dtype=float32", "--config.train.batch_size=8",
-         "--config.train.context_size=16", "--config.train.num_steps=1000000",
-         "--config.train.steps_per_call=10", "--config.eval.every_steps=0",
-         "--config.checkpoint.params_schedule=none", "--config.checkpoint.state_every_steps=0",
-         "--config.ensemble.size=2", "--config.sweep.seeds=2"]
+TINY = ["--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.d_model=16",
+        "--config.model.n_heads=1", "--config.model.vocab_size=32", "--config.model.max_context=16",
+        "--config.model.dtype=float32", "--config.train.batch_size=8",
+        "--config.train.context_size=16", "--config.train.num_steps=1000000",
+        "--config.train.steps_per_call=10", "--config.eval.every_steps=0",
+        "--config.checkpoint.params_schedule=none", "--config.checkpoint.state_every_steps=0",
+        "--config.ensemble.size=2", "--config.sweep.seeds=2"]
+# The joined failure tests: placement 'global', both processes train the group together, so one's
+# failure reaches the other (with process-local groups, the default, only the worker holding the
+# group trains it).
+FLAGS = ["--config.sweep.placement=global", *TINY]
 # What JAX's runtime prints when it aborts a process (an absl FATAL line "F1201 hh:mm:ss...",
 # a stack trace; bash's "Aborted"), and Python's tracebacks.
 CRASH = re.compile(r"^F\d{4} |Aborted|Check fail|stack trace|terminate called|Traceback", re.M)
@@ -398,7 +402,7 @@ def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
          "IHSWEEP_CPU_DEVICES": "1", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
   r = subprocess.run(["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
                       "--independent", "--config=configs/default.py", f"--workdir={work}",
-                      "--noprogress", *FLAGS, "--config.train.num_steps=20",
+                      "--noprogress", *TINY, "--config.train.num_steps=20",
                       "--grid=train.batch_size=4,8"], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + _logs(work)[-3000:]
