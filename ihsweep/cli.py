@@ -659,6 +659,9 @@ def main(argv=None) -> int:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
     return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "
                  f"contain spaces)")
+  if command in ("run", "train", "plan"):
+    from ihsweep import compile_cache
+    compile_cache.enable()  # a rerun or the next group of equal shapes compiles nothing again
   if command in ("run", "train"):
     from ihsweep.runner import install_stop_handlers
     initialize_distributed()

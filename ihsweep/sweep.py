@@ -148,16 +148,72 @@ def _next_group(plan: Plan, workdir: str, since: float, devices: list[str]):
   return None, None, waiting
 
 
+class _CompileAhead:
+  """Compiles the programs of the group a worker will probably take next on a background thread
+  while it trains the current one (``runner.precompile`` into the persistent compilation
+  cache), so that the next ``fit`` loads them instead of compiling."""
+
+  def __init__(self, plan: Plan, workdir: str, devices: list, local: bool):
+    import concurrent.futures
+    from ihsweep import compile_cache
+    self.plan, self.workdir, self.devices, self.local = plan, workdir, devices, local
+    self.on = compile_cache.enabled()
+    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
+    self.pending: dict = {}  # group id → future
+
+  def after(self, group) -> None:
+    """Starts compiling the first group after ``group`` in plan order that nobody holds or has
+    finished (another worker may take it first: then the cache still serves equal shapes)."""
+    if not self.on:
+      return
+    for later in self.plan.groups[self.plan.groups.index(group) + 1:]:
+      if later.id in self.pending:
+        return
+      if (read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
+          and rundir.read_claim(self.workdir, later.id) is None):
+        self.pending[later.id] = self.pool.submit(self._compile, later)
+        return
+
+  def _compile(self, group) -> None:
+    from ihsweep import runner
+    try:
+      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, self.devices,
+                                                                  self.local), self.local)
+      log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
+    except Exception as e:  # noqa: BLE001 — its fit reports any real error
+      log.debug("compiling group %s ahead failed: %s", group.id, e)
+
+  def wait_for(self, group) -> None:
+    """Before training ``group``: lets a compilation of it that is under way finish (its fit
+    then loads the programs rather than compiling them a second time beside it)."""
+    future = self.pending.pop(group.id, None)
+    if future is not None:
+      future.result()
+
+  def close(self) -> None:
+    self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
-  from ihsweep import runner
   local = jax.process_count() > 1  # process-local groups inside a jax.distributed job
   devices = jax.local_devices()[:cfg.mesh.num_devices or None]  # this worker's
   _prepare(cfg, plan, workdir)
-  me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
   log.info("sweep: %d cells in %d groups (%s budget); worker %s on %d %s device(s); cells.csv "
-           "in %s", len(plan.cells), n, plan.budget, me, len(devices), jax.default_backend(),
-           workdir)
+           "in %s", len(plan.cells), len(plan.groups), plan.budget, rundir.worker_id(),
+           len(devices), jax.default_backend(), workdir)
+  ahead = _CompileAhead(plan, workdir, devices, local)
+  try:
+    return _work(cfg, plan, workdir, progress, devices, local, ahead)
+  finally:
+    ahead.close()
+
+
+def _work(cfg, plan: Plan, workdir: str, progress: bool, devices: list, local: bool,
+          ahead: _CompileAhead) -> SweepResult:
+  """A worker's loop: claim the next group, train it, record it; until none is left."""
+  from ihsweep import runner
+  me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
   interrupted, trained, announced = False, [], None
   while True:
     if runner.stop_requested():
@@ -190,6 +246,8 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
             f"E={len(group.cells)}")
     state = "failed"
     try:
+      ahead.wait_for(group)
+      ahead.after(group)
       with rundir.ClaimHeartbeat(workdir, group.id) as beat:
         out = runner.fit(group.cfg, group_dir(workdir, group.id), progress=progress, desc=desc,
                          stop_rule=_stop_rule(cfg, group), devices=group_devices, local=local)
