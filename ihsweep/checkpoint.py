@@ -27,10 +27,12 @@ space is freed.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import shutil
 import sys
+import types
 from typing import Any
 
 import jax
@@ -146,6 +148,60 @@ def _orbax_never_retrieved(record: logging.LogRecord) -> bool:
   return f"{os.sep}orbax{os.sep}" in record.getMessage()
 
 
+def _seeing_one_process(fn):
+  """``fn`` (a function of orbax) run with a view of ``jax`` whose ``process_count()`` is 1."""
+
+  class OneProcessJax(types.ModuleType):
+    def __getattr__(self, name):
+      return getattr(jax, name)
+
+    @staticmethod
+    def process_count() -> int:
+      return 1
+
+  view = {**fn.__globals__, "jax": OneProcessJax("jax")}
+  out = types.FunctionType(fn.__code__, view, fn.__name__, fn.__defaults__, fn.__closure__)
+  out.__kwdefaults__, out.__doc__ = fn.__kwdefaults__, fn.__doc__
+  return out
+
+
+class _ProcessLocalArrayHandler(ocp.type_handlers.ArrayHandler):
+  """orbax's ``ArrayHandler`` for a process that alone saves its arrays inside a multi-process
+  job (``RunCheckpoints(local=True)``).
+
+  ``ArrayHandler.serialize`` refuses every fully addressable array once ``jax.process_count() >
+  1`` ("Cannot serialize host local jax.Array ... in multi-host setting"), also under
+  ``MultiprocessingOptions(active_processes={this process})`` (orbax 0.12.8): it takes such an
+  array for a pmap-style replica that every host holds and would write. A process-local group's
+  arrays are its own and whole, and this process alone writes them, into its own directory; so
+  here ``serialize`` is orbax's own code run with a ``jax`` whose ``process_count()`` is 1 (that
+  check is its only use of it). Everything else — which shards are written (replica 0), the
+  per-process OCDBT files and their merge, the sharding file written by ``primary_host`` — is
+  orbax's, unchanged. No ArrayMetadata store (orbax's default handler keeps one for
+  replica-parallel writes and typed PRNG keys; neither occurs here)."""
+
+  serialize = _seeing_one_process(ocp.type_handlers.ArrayHandler.serialize)
+
+
+def _process_local_handler(processes: ocp.options.MultiprocessingOptions
+                           ) -> ocp.StandardCheckpointHandler:
+  """A ``StandardCheckpointHandler`` over ``processes`` (this process alone) whose jax.Arrays go
+  through ``_ProcessLocalArrayHandler``. Its class is orbax's own, so its checkpoints and their
+  metadata are those of any other run."""
+  handler = ocp.StandardCheckpointHandler(multiprocessing_options=processes)
+  scalar = ocp.type_handlers.ScalarHandler()
+  registry = ocp.type_handlers.create_type_handler_registry(
+      (int, scalar), (float, scalar), (np.number, scalar),
+      (np.ndarray, ocp.type_handlers.NumpyHandler()),
+      (jax.Array, _ProcessLocalArrayHandler(primary_host=processes.primary_host)))
+  # StandardCheckpointHandler takes no type-handler registry; its work is done by this
+  # PyTreeCheckpointHandler (``_impl``), made as its __init__ makes it but with the registry.
+  handler._impl = ocp.PyTreeCheckpointHandler(
+      save_concurrent_gb=96, restore_concurrent_gb=96, use_ocdbt=True,
+      multiprocessing_options=processes, type_handler_registry=registry)
+  return handler
+
+
 class RunCheckpoints:
   """The two managers of one run (or one sweep group) under ``directory``.
 
@@ -158,27 +214,54 @@ class RunCheckpoints:
       created or deleted, so a live run's in-progress saves (orbax temporary directories) are
       left alone, and saving raises ``ValueError``. The trainer passes False: it creates the
       directories and removes leftovers of an earlier, killed writer (it holds the run's lock).
+    local: this process alone saves and reads these checkpoints, with arrays on its own
+      devices, inside a multi-process ``jax.distributed`` job (a worker's process-local group):
+      the managers run over this process only (orbax ``MultiprocessingOptions(primary_host=this
+      process, active_processes={this process})``: no barrier waits for the others) and save
+      host-local arrays (``_ProcessLocalArrayHandler``). The files are the same as a
+      one-process run's, so any process count reads them. Changes nothing in a one-process job.
   """
 
   def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
-               async_save: bool = True, read_only: bool = True):
+               async_save: bool = True, read_only: bool = True, local: bool = False):
     _quiet_abandoned_io()
     self.read_only = read_only
     self.directory = os.path.abspath(directory)
     self.metadata = _jsonable(metadata or {})
+    alone = local and jax.process_count() > 1
 
     def manager(name, keep):
-      # Own barrier names per manager: under several processes the two managers' background
-      # commits would otherwise meet at the same coordination barrier and fail.
+      path = os.path.join(self.directory, name)
+      if alone:
+        me = jax.process_index()
+        # A barrier prefix of its own per directory (groups of several workers in one job never
+        # share one); with this process the only active one, orbax skips its barriers anyway.
+        where = hashlib.sha1(path.encode()).hexdigest()[:12]
+        processes = ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me},
+            barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{me}")
+        handler = _process_local_handler(processes)
+        # Step directories created before save returns: orbax's asynchronous creation signals
+        # completion through keys of the job's coordination service named by a per-process
+        # operation count (awaitable_signals_contract_<n>/...), which the other processes'
+        # saves of their own groups share and delete (a save then waited 5 min for its key
+        # and failed with DEADLINE_EXCEEDED in some runs of the two-process test).
+        asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
+        if not read_only:  # orbax refuses create=True with active_processes
+          os.makedirs(path, exist_ok=True)
+      else:
+        # Own barrier names per manager: under several processes the two managers' background
+        # commits would otherwise meet at the same coordination barrier and fail.
+        processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"ihsweep-{name}")
+        handler, asynchronous = ocp.StandardCheckpointHandler(), None
       options = ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=not read_only, cleanup_tmp_directories=not read_only,
-          read_only=read_only, enable_async_checkpointing=async_save and not read_only,
-          multiprocessing_options=ocp.options.MultiprocessingOptions(
-              barrier_sync_key_prefix=f"ihsweep-{name}"))
+          max_to_keep=keep, create=not read_only and not alone,
+          cleanup_tmp_directories=not read_only, read_only=read_only,
+          enable_async_checkpointing=async_save and not read_only,
+          multiprocessing_options=processes, async_options=asynchronous)
       # The handler named up front, so that a manager opened only to read (analysis) knows
       # the item's metadata (shapes, dtypes) before any save or restore.
-      return ocp.CheckpointManager(os.path.join(self.directory, name), options=options,
-                                   item_handlers={name: ocp.StandardCheckpointHandler()})
+      return ocp.CheckpointManager(path, options=options, item_handlers={name: handler})
 
     self._params = manager("params", None)
     self._state = manager("state", keep_state)

@@ -203,8 +203,69 @@ class Interrupted(Exception):
                      f"the same command to resume")
 
 
+def group_devices(cfg, devices=None, local: bool = False) -> list:
+  """The devices a run's mesh uses (``config.validate`` checks the same choice): the first
+  ``mesh.num_devices`` of ``devices`` if that is set; else all of them when the run is one mesh
+  over every process (several processes, no ``devices``, not ``local``); else the longest prefix
+  of them the ensemble can use whole (``sharding.usable_devices``: a group smaller than a
+  worker runs on part of it). ``devices`` default: ``jax.local_devices()`` with ``local``, else
+  ``jax.devices()``."""
+  whole = devices is None and not local and jax.process_count() > 1
+  if devices is None:
+    devices = jax.local_devices() if local else jax.devices()
+  devices = list(devices)
+  if cfg.mesh.num_devices or whole:
+    return devices[:cfg.mesh.num_devices or None]
+  return sharding.usable_devices(cfg.ensemble.size, cfg.train.batch_size, devices)
+
+
+def _validate(cfg, devices, local: bool):
+  """``config.validate`` for the devices the run may use; returns them (None: the default of
+  a run that is one mesh over every process, or of one process)."""
+  if devices is None and not local:
+    config_lib.validate(cfg)
+    return None
+  devices = list(jax.local_devices() if devices is None else devices)
+  config_lib.validate(cfg, devices)
+  return devices
+
+
+class _Group:
+  """What ``fit`` builds from a run's config on its devices before any run directory: the
+  mesh, model and data source, the hyper-parameters, and the programs."""
+
+  def __init__(self, cfg, devices: list):
+    self.cfg = cfg
+    self.mcfg, self.tcfg = train.model_and_train_config(cfg)
+    self.n_models = cfg.ensemble.size
+    self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
+    self.model = Transformer(self.mcfg)
+    self.source = make_source(cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size,
+                              self.tcfg.context_size)
+    self.host_fed = not getattr(self.source, "on_device", True)
+    self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
+
+  def hparams(self) -> train.HParams:
+    """Per-model peak learning rates and data knobs (numpy, leading axis E)."""
+    return train.HParams(peak_lr=np.asarray(train.peak_lrs(self.cfg), np.float32),
+                         data=self.data_params)
+
+  def init_fn(self):
+    """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``)."""
+    return train.make_init_fn(self.model, self.tcfg, self.mesh)
+
+  def train_program(self):
+    """The ensemble's train program (``train.make_ensemble_train_fn``): one compilation serves
+    every call length up to ``train.steps_per_call``, the short last call included."""
+    tcfg = self.tcfg
+    return train.make_ensemble_train_fn(
+        self.model, tcfg, None if self.host_fed else self.source.sample, self.mesh,
+        min(tcfg.steps_per_call, tcfg.num_steps), self.cfg.ensemble.vmap_chunk)
+
+
 def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
-        stop_rule: EmergenceStop | None = None) -> dict[str, Any]:
+        stop_rule: EmergenceStop | None = None, devices=None,
+        local: bool = False) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
 
@@ -212,9 +273,14 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
   averaged over them, null for a diverged model); ``metrics.jsonl`` (every
   ``schedule.eval_interval`` updates and at the end, one row per model: see
-  ``Evaluator.rows``); ``probes.npz``;
-  ``checkpoints/`` (``ihsweep.checkpoint``). Under several processes (one global mesh) every
-  process runs this together and process 0 writes the files.
+  ``Evaluator.rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
+
+  Devices (``group_devices``): ``devices`` are those the run may use, default all. Under
+  several processes without ``local``, the run is one global mesh: every process runs this
+  together and process 0 writes the files. With ``local``, this process alone trains the run
+  on (part of) its own devices inside a multi-process ``jax.distributed`` job (a worker's
+  group): no collective or barrier with the other processes, this process writes the files and
+  its own checkpoint managers (``RunCheckpoints(local=True)``).
 
   A model whose loss turns NaN/inf is frozen (``train.train_step``) and the others go on.
   ``stop_rule`` (``EmergenceStop``) ends training early at an evaluation step. After
@@ -234,13 +300,13 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
       none restorable).
     Interrupted: stopped on request, after the checkpoint.
   """
-  config_lib.validate(cfg)
+  devices = _validate(cfg, devices, local)
   rundir.claim_workdir(workdir, "train")
   _quiet_failed_writes()
   try:
     with rundir.workdir_lock(workdir):
-      return _Training(cfg, workdir, progress=progress, desc=desc,
-                       stop_rule=stop_rule).run()
+      return _Training(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule,
+                       devices=group_devices(cfg, devices, local), local=local).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
       raise
@@ -272,12 +338,15 @@ class _Training:
   devices by one call: call i's metrics are read (``_drain``) after call i + 1 is dispatched."""
 
   def __init__(self, cfg, workdir: str, *, progress: bool, desc: str | None,
-               stop_rule: EmergenceStop | None):
+               stop_rule: EmergenceStop | None, devices: list, local: bool):
     self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
     self.progress, self.desc = progress, desc
+    self.devices, self.local = devices, local
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
-    self.lead = jax.process_index() == 0  # writes the logs; every process computes
+    # Writes the logs: this process for a process-local run; on one global mesh every process
+    # computes and process 0 writes.
+    self.lead = local or jax.process_index() == 0
     self.tokens_per_step = train.tokens_per_update(self.tcfg)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     self.log_path = os.path.join(workdir, "train_log.jsonl")
@@ -323,30 +392,27 @@ class _Training:
 
   def _build(self) -> None:
     """Mesh, model, data source, hyper-parameters, config.json, initial state."""
-    cfg, mcfg, tcfg = self.cfg, self.mcfg, self.tcfg
-    self.devices = jax.devices()[:cfg.mesh.num_devices or None]
-    self.mesh = sharding.make_mesh(self.n_models, tcfg.batch_size, self.devices)
+    cfg, tcfg = self.cfg, self.tcfg
     self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
     if any(os.path.isdir(os.path.join(self.ckpt_dir, kind)) and
            os.listdir(os.path.join(self.ckpt_dir, kind)) for kind in ("params", "state")):
       check_resumable(cfg, self.workdir)  # also params-only: saved steps are never overwritten
-    self.model = Transformer(mcfg)
-    self.source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
-    self.host_fed = not getattr(self.source, "on_device", True)
+    self.group = group = _Group(cfg, self.devices)
+    self.mesh, self.model, self.source = group.mesh, group.model, group.source
+    self.host_fed, self.data_params = group.host_fed, group.data_params
     if hasattr(self.source, "describe"):
       log.info("data: %s", self.source.describe())
-    self.data_params = jax.tree_util.tree_map(np.asarray,
-                                              self.source.data_params(self.n_models))
-    hp = train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=self.data_params)
-    self.hp = jax.device_put(hp, sharding.ensemble_sharding(self.mesh))
+    self.hp = jax.device_put(group.hparams(), sharding.ensemble_sharding(self.mesh))
     if self.lead:
       write_resolved_config(cfg, self.workdir)
+    where = ""
+    if jax.process_count() > 1:
+      where = (f" of process {jax.process_index()} (process-local)" if self.local else
+               f" in {jax.process_count()} processes")
     log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(self.mesh.shape),
-             len(self.devices), jax.default_backend(),
-             f" in {jax.process_count()} processes" if jax.process_count() > 1 else "",
-             self.n_models, tcfg.batch_size, tcfg.context_size)
-    seeds = np.asarray(train.model_seeds(cfg), np.int32)
-    self.state = train.make_init_fn(self.model, tcfg, self.mesh)(seeds)
+             len(self.devices), jax.default_backend(), where, self.n_models, tcfg.batch_size,
+             tcfg.context_size)
+    self.state = group.init_fn()(np.asarray(train.model_seeds(cfg), np.int32))
 
   def _restore(self) -> None:
     """Opens the checkpoints and resumes from the latest full state, if any; the schedule of
@@ -356,7 +422,7 @@ class _Training:
     self.ckpts = checkpoint.RunCheckpoints(
         self.ckpt_dir, cell_metadata(cfg, self.mcfg, tcfg, self.source, n_params),
         keep_state=cfg.checkpoint.keep_state, async_save=cfg.checkpoint.async_save,
-        read_only=False)
+        read_only=False, local=self.local)
     self.start, self.state = self.ckpts.restore_latest_state(self.state)
     if self.start is not None:
       log.info("resuming from the full-state checkpoint at update %d", self.start)
@@ -399,7 +465,7 @@ class _Training:
     done, every = self.done, self.schedule.eval_every
     if self.start is None:
       train_rows = []
-      sharding.barrier("ihsweep-fit-fresh")  # nobody still reads the files being replaced
+      sharding.barrier("ihsweep-fit-fresh", self.local)  # nobody still reads the old files
       if self.lead:
         for path in (self.metrics_path, self.log_path):
           if os.path.exists(path):
@@ -414,7 +480,7 @@ class _Training:
         rows = [r for r in rows if r["step"] < done]
       if self.stop_rule is not None:
         replay(self.stop_rule, rows, self.stop_rule.metric)
-      sharding.barrier("ihsweep-fit-read")  # every process has read before process 0 rewrites
+      sharding.barrier("ihsweep-fit-read", self.local)  # all have read before the rewrite
       if self.lead:
         _rewrite_jsonl(self.log_path, train_rows)
         _rewrite_jsonl(self.metrics_path, rows)
@@ -441,9 +507,7 @@ class _Training:
       pending.append(self._evaluation(self.done))
     if self.loader:
       self.loader.prefetch(self.done, self.calls)
-    program = train.make_ensemble_train_fn(
-        self.model, tcfg, None if self.host_fed else self.source.sample, self.mesh,
-        min(tcfg.steps_per_call, tcfg.num_steps), self.cfg.ensemble.vmap_chunk)
+    program = self.group.train_program()
     for k in self.calls:
       data = self.loader.next() if self.loader else self.arrays
       self.state, metrics = program(self.state, self.hp, data, k)  # runs while we log the last
@@ -459,7 +523,7 @@ class _Training:
         for item in pending:
           self._drain(item)
       pending = new
-      interrupted = sharding.any_process(stop_requested())
+      interrupted = sharding.any_process(stop_requested(), self.local)
       if self.stopped_early or interrupted:
         self._after_step(self.done, pending, [], final=True)
         pending = []

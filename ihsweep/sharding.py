@@ -113,7 +113,8 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
 def to_host(tree):
   """numpy copies of a pytree of arrays. Arrays spread over several processes (a global mesh)
   are gathered from all of them (``multihost_utils.process_allgather``, a collective: every
-  process must call it in the same order); single-process arrays are just copied."""
+  process must call it in the same order); arrays on this process's devices alone (one process,
+  or a process-local group in a multi-process job) are just copied."""
   leaves = jax.tree_util.tree_leaves(tree)
   if all(getattr(x, "is_fully_addressable", True) for x in leaves):
     return jax.tree_util.tree_map(np.asarray, tree)
@@ -121,18 +122,20 @@ def to_host(tree):
   return jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
-def any_process(flag: bool) -> bool:
+def any_process(flag: bool, local: bool = False) -> bool:
   """True if ``flag`` is true in any process (a collective when there are several; every
-  process must call it at the same point)."""
-  if jax.process_count() == 1:
+  process must call it at the same point). ``local``: this process alone (it trains a
+  process-local group and meets no other process): ``flag`` itself."""
+  if local or jax.process_count() == 1:
     return bool(flag)
   from jax.experimental import multihost_utils
   return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
 
 
-def barrier(name: str) -> None:
-  """Waits until every process reaches this point (nothing to do in one process)."""
-  if jax.process_count() > 1:
+def barrier(name: str, local: bool = False) -> None:
+  """Waits until every process reaches this point (nothing to do in one process, or with
+  ``local``: a process-local group waits for no other process)."""
+  if not local and jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 

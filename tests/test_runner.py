@@ -1,0 +1,134 @@
+"""The runner's device choice and process-local training inside a jax.distributed job."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from ihsweep import checkpoint, runner, sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
+# state every 10, params at 0 and 20.
+RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.steps_per_call": 10,
+       "eval.every_steps": 10, "eval.n_probes": 8, "eval.n_sequences": 4,
+       "checkpoint.state_every_steps": 10}
+
+
+@pytest.mark.parametrize("n_models,batch,n_devices,expect", [
+    (2, 8, 4, 4),   # (ensemble 2, data 2): all
+    (1, 1, 4, 1),   # one model, one sequence: one device
+    (3, 6, 4, 3),   # 4 cannot split E = 3, B = 6; 3 can (3, 1)
+    (2, 3, 4, 3),   # 4: e | 2 and 4 / e | 3 fails; 3: (1, 3)
+    (8, 8, 2, 2),   # fewer devices than the ensemble could use
+])
+def test_usable_devices_is_the_longest_prefix_the_mesh_accepts(n_models, batch, n_devices,
+                                                               expect):
+  devices = jax.devices()[:n_devices]
+  got = sharding.usable_devices(n_models, batch, devices)
+  assert got == devices[:expect]
+  e, d = sharding.mesh_shape(n_models, batch, len(got))
+  assert n_models % e == 0 and batch % d == 0
+  if expect < n_devices:
+    with pytest.raises(sharding.MeshError):
+      sharding.mesh_shape(n_models, batch, expect + 1)
+
+
+def test_group_devices(tiny):
+  devices = jax.devices()
+  assert runner.group_devices(tiny(**{"ensemble.size": 2})) == devices       # (2, 2)
+  assert runner.group_devices(tiny(**{"ensemble.size": 3, "train.batch_size": 6})) == devices[:3]
+  assert runner.group_devices(tiny(**{"mesh.num_devices": 2})) == devices[:2]
+  assert runner.group_devices(tiny(**{"ensemble.size": 1, "train.batch_size": 1}),
+                              devices[2:]) == devices[2:3]
+  assert runner.group_devices(tiny(), local=True) == jax.local_devices()
+
+
+def test_a_group_smaller_than_the_devices_trains_on_part_of_them(tiny, tmp_path):
+  """E = 1, B = 2 on 4 devices: its mesh is 2 devices (data axis 2), not a refusal."""
+  cfg = tiny(**{**RUN, "ensemble.size": 1, "train.batch_size": 2, "eval.every_steps": 0})
+  out = runner.fit(cfg, str(tmp_path), progress=False, devices=jax.devices())
+  assert out["step"] == 20
+  assert len(out["state"].params["embed"]["embedding"].sharding.device_set) == 2
+
+
+# Run by each process of the two-process job: trains its own group with process-local
+# checkpoints, then runs fit again (a resume that restores the final state and trains nothing).
+CHILD = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from conftest import tiny_config  # sets XLA_FLAGS for 4 devices: replaced below
+os.environ["XLA_FLAGS"] = os.environ["CHILD_XLA_FLAGS"]
+import jax
+from ihsweep import runner, sharding
+sharding.initialize_distributed()
+overrides, workdir = json.loads(sys.argv[2]), sys.argv[3]
+cfg = tiny_config(**overrides[jax.process_index()])
+out = runner.fit(cfg, workdir % jax.process_index(), progress=False,
+                 devices=jax.local_devices(), local=True)
+again = runner.fit(cfg, workdir % jax.process_index(), progress=False,
+                   devices=jax.local_devices(), local=True)
+print("RESULT " + json.dumps({"process": jax.process_index(), "count": jax.process_count(),
+                              "local_devices": len(jax.local_devices()), "step": out["step"],
+                              "again": [again["resumed_from"], again["step"]]}), flush=True)
+"""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _read(workdir, name):
+  with open(os.path.join(workdir, name)) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_path):
+  """Two processes of one jax.distributed job (2 CPU devices each) train one group each on
+  their own devices (``local=True``), with their own checkpoint managers; each group's logs
+  and checkpoints equal a one-process fit of it on 2 devices exactly: the same program over the
+  same inputs on a mesh of the same shape (ensemble 2), so the same float32 numbers bit for
+  bit. The checkpoints are read back here, in one process."""
+  overrides = [{**RUN, "seed": 0}, {**RUN, "seed": 2, "train.lr": 1e-2}]
+  for p, o in enumerate(overrides):
+    runner.fit(tiny(**o), str(tmp_path / f"ref{p}"), progress=False, devices=jax.devices()[:2])
+  flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "CHILD_XLA_FLAGS": flags,
+         "IHSWEEP_COORDINATOR": f"localhost:{_free_port()}", "IHSWEEP_NUM_PROCESSES": "2",
+         "IHSWEEP_HEARTBEAT_S": "20"}
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", CHILD, ROOT, json.dumps(overrides), str(tmp_path / "group%d")],
+      cwd=ROOT, env={**env, "IHSWEEP_PROCESS_ID": str(p)}, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for p in range(2)]
+  results = []
+  for proc in procs:
+    text, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, text[-4000:]
+    results.append(json.loads(text.split("RESULT ")[-1]))
+  for p, r in enumerate(results):
+    assert r == {"process": p, "count": 2, "local_devices": 2, "step": 20, "again": [20, 20]}
+
+  for p in range(2):
+    group, ref = str(tmp_path / f"group{p}"), str(tmp_path / f"ref{p}")
+    assert _read(group, "train_log.jsonl") == _read(ref, "train_log.jsonl")
+    assert _read(group, "metrics.jsonl") == _read(ref, "metrics.jsonl")
+    got = checkpoint.RunCheckpoints(os.path.join(group, "checkpoints"))
+    want = checkpoint.RunCheckpoints(os.path.join(ref, "checkpoints"))
+    assert got.params_steps_saved() == [0, 20] and got.latest_state_step() == 20
+    assert got.step_metadata(20)["cells"] == want.step_metadata(20)["cells"]
+    for a, b in zip(jax.tree_util.tree_leaves(got.restore_params(20)),
+                    jax.tree_util.tree_leaves(want.restore_params(20))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    got.close()
+    want.close()
+  # The two groups are different models (their seeds and learning rates differ).
+  assert _read(str(tmp_path / "group0"), "train_log.jsonl") != \
+      _read(str(tmp_path / "group1"), "train_log.jsonl")
+
