@@ -231,8 +231,9 @@ def _validate(cfg, devices, local: bool):
 
 
 class _Group:
-  """What ``fit`` builds from a run's config on its devices before any run directory: the
-  mesh, model and data source, the hyper-parameters, and the programs."""
+  """What ``fit`` and ``precompile`` build alike from a run's config on its devices, before any
+  run directory: the mesh, model and data source, the hyper-parameters, and the programs —
+  built once here so that a program ``precompile`` compiled is the one ``fit`` runs."""
 
   def __init__(self, cfg, devices: list):
     self.cfg = cfg
@@ -261,6 +262,80 @@ class _Group:
     return train.make_ensemble_train_fn(
         self.model, tcfg, None if self.host_fed else self.source.sample, self.mesh,
         min(tcfg.steps_per_call, tcfg.num_steps), self.cfg.ensemble.vmap_chunk)
+
+  def abstract_data(self):
+    """The train program's ``data`` argument as ``jax.ShapeDtypeStruct``: the source's shared
+    arrays replicated, or a call's host-fed batches ``[E, K, B, C + 1]``."""
+    tcfg = self.tcfg
+    if self.host_fed:  # one tiny gather for the corpus's dtype
+      keys = np.zeros((self.n_models, 2), np.uint32)
+      dtype = np.asarray(self.source.host_batches(keys, 0, 1)).dtype
+      shape = (self.n_models, min(tcfg.steps_per_call, tcfg.num_steps), tcfg.batch_size,
+               tcfg.context_size + 1)
+      return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
+    return _abstract(self.source.arrays(), sharding.replicated(self.mesh))
+
+
+def _abstract(tree, where):
+  """``jax.ShapeDtypeStruct`` of each numpy leaf of ``tree`` as ``jax.device_put(tree, where)``
+  would place it (the dtype JAX gives it: float64 becomes float32 without x64)."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(
+          np.asarray(x).dtype), sharding=where), tree)
+
+
+def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
+  """Compiles a run's programs ahead of time, as ``fit(cfg, ..., devices=devices,
+  local=local)`` builds them — the initialisation, the train program (which also serves the
+  short last call) and, with evaluation on, the evaluation — from their shapes alone
+  (``jax.ShapeDtypeStruct`` inputs with the run's shardings): nothing is trained and no file
+  is written; data sources are built as ``fit`` builds them (a corpus is read from its cache,
+  or tokenized into it).
+
+  With the persistent compilation cache on (``compile_cache.enable``), a later ``fit`` of the
+  same config on the same devices loads these programs from it instead of compiling them: a
+  worker calls this for its next group on a background thread while it trains the current one
+  (JAX compiles on any thread; the training's own dispatches go on meanwhile). Without the
+  cache it only measures the compile time. In a job of several processes without ``local``
+  (one global mesh), every process must call it, as every process runs ``fit``.
+
+  Returns:
+    Seconds spent compiling each program: ``{"init": s, "train": s[, "eval": s[, "probes":
+    s]]}`` ("probes": a generated source's sampler of held-out sequences, compiled by drawing
+    them once, as a fresh ``fit`` does); a program already in the persistent cache takes the
+    time to load it.
+
+  Raises:
+    ConfigError, DataError: as ``fit`` does, before anything is compiled.
+  """
+  devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  group = _Group(cfg, devices)
+  ens_sh = sharding.ensemble_sharding(group.mesh)
+  seconds = {}
+
+  def compile_(name: str, lowered):
+    start = time.perf_counter()
+    lowered.compile()
+    seconds[name] = time.perf_counter() - start
+
+  init = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32))
+  compile_("init", init)
+  state = init.out_info  # TrainState of ShapeDtypeStruct, with the ensemble sharding
+  compile_("train", group.train_program().lower(state, _abstract(group.hparams(), ens_sh),
+                                                group.abstract_data()))
+  if schedule_lib.eval_interval(cfg):
+    compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))
+    if not hasattr(group.source, "validation_windows"):
+      # A generated source's held-out sequences come from its sampler, jitted by
+      # probes.held_out_sequences when a fresh run makes its probes: compiled by drawing them
+      # (E · eval.n_sequences sequences, discarded).
+      start = time.perf_counter()
+      probes_lib.held_out_sequences(
+          group.source, group.data_params, jax.tree_util.tree_map(np.asarray,
+                                                                  group.source.arrays()),
+          cfg.eval.probe_seed, cfg.eval.n_sequences, group.n_models)
+      seconds["probes"] = time.perf_counter() - start
+  return seconds
 
 
 def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
@@ -291,7 +366,10 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   (compiling) call, "resumed_from": update count restored or None, "step": updates done,
   "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none),
   "crossed": the stop rule's first evaluation step at or above its threshold per model (None
-  without a stop rule)}``.
+  without a stop rule), "timings": wall seconds {"setup_s": from entry until the first
+  training call is dispatched (validating, building, restoring, compiling; the whole call if
+  nothing was left to train), "train_s": the rest (training calls, evaluations, checkpoints,
+  waiting for the last writes), "total_s": both}}``.
 
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a
@@ -300,13 +378,15 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
       none restorable).
     Interrupted: stopped on request, after the checkpoint.
   """
+  started = time.perf_counter()
   devices = _validate(cfg, devices, local)
   rundir.claim_workdir(workdir, "train")
   _quiet_failed_writes()
   try:
     with rundir.workdir_lock(workdir):
       return _Training(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule,
-                       devices=group_devices(cfg, devices, local), local=local).run()
+                       devices=group_devices(cfg, devices, local), local=local,
+                       started=started).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
       raise
@@ -338,8 +418,9 @@ class _Training:
   devices by one call: call i's metrics are read (``_drain``) after call i + 1 is dispatched."""
 
   def __init__(self, cfg, workdir: str, *, progress: bool, desc: str | None,
-               stop_rule: EmergenceStop | None, devices: list, local: bool):
+               stop_rule: EmergenceStop | None, devices: list, local: bool, started: float):
     self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
+    self.started, self.first_call_t = started, None  # perf_counter at fit's entry, first call
     self.progress, self.desc = progress, desc
     self.devices, self.local = devices, local
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
@@ -511,6 +592,8 @@ class _Training:
     for k in self.calls:
       data = self.loader.next() if self.loader else self.arrays
       self.state, metrics = program(self.state, self.hp, data, k)  # runs while we log the last
+      if self.first_call_t is None:  # dispatched (compiled): start-up ends here
+        self.first_call_t = time.perf_counter()
       self.done += k
       new = [("train", self.done, metrics, k)]
       self._after_step(self.done, new, pending)
@@ -607,7 +690,9 @@ class _Training:
 
   def _result(self) -> dict[str, Any]:
     num_steps, stop_rule = self.tcfg.num_steps, self.stop_rule
-    elapsed = time.perf_counter() - self.first_drain_t if self.first_drain_t else 0.0
+    end = time.perf_counter()
+    elapsed = end - self.first_drain_t if self.first_drain_t else 0.0
+    first = self.first_call_t or end
     return {"state": self.state, "losses": self.last_loss, "resumed_from": self.start,
             "step": self.done,
             "stopped_early": self.stopped_early or (stop_rule is not None and
@@ -615,7 +700,9 @@ class _Training:
             "diverged_at": np.asarray(sharding.to_host(self.state.diverged_at)),
             "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
             "tokens_per_s": (self.tokens_since_first / elapsed if self.tokens_since_first
-                             else float("nan"))}
+                             else float("nan")),
+            "timings": {"setup_s": first - self.started, "train_s": end - first,
+                        "total_s": end - self.started}}
 
 
 class HostLoader:

@@ -254,7 +254,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
     state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
     return state, {"loss": loss, "grad_norm": gnorm}
 
-  def run(state, hp, data, n_active):
+  def train_call(state, hp, data, n_active):  # named for the compile logs: jit(train_call)
     if not host_fed:
       # Every local model's batches for all K updates at once, before the chunk loop: a
       # sequential sampler (a Markov chain's scan over positions) then runs once per call over
@@ -287,14 +287,16 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
 
   ens_sh = sharding.ensemble_sharding(mesh)
   data_sh = host_sh if host_fed else sharding.replicated(mesh)
-  compiled = jax.jit(run, in_shardings=(ens_sh, ens_sh, data_sh, sharding.replicated(mesh)),
+  compiled = jax.jit(train_call,
+                     in_shardings=(ens_sh, ens_sh, data_sh, sharding.replicated(mesh)),
                      out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
 
   def fn(state, hp, data, n_active: int | None = None):
     return compiled(state, hp, data, jnp.int32(n_steps if n_active is None else n_active))
 
-  # Ahead-of-time lowering for benchmarks: ``fn.lower(state, hp, data).compile()`` gives an
-  # executable called as ``exe(state, hp, data, jnp.int32(n_active))``.
+  # Ahead-of-time lowering (runner.precompile, benchmarks): ``fn.lower(state, hp,
+  # data).compile()`` gives an executable called as ``exe(state, hp, data,
+  # jnp.int32(n_active))``.
   fn.lower = lambda state, hp, data: compiled.lower(state, hp, data, jnp.int32(n_steps))
   fn.n_steps = jnp.int32(n_steps)
   return fn

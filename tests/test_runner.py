@@ -132,3 +132,71 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
   assert _read(str(tmp_path / "group0"), "train_log.jsonl") != \
       _read(str(tmp_path / "group1"), "train_log.jsonl")
 
+
+# Run in a fresh process with an empty persistent cache in $IHSWEEP_CACHE/xla: precompile a
+# group, fit it, then fit a group of other shapes without precompiling (the control). Prints,
+# per phase, the programs JAX compiled (persistent-cache misses) and loaded (hits).
+CACHE_CHILD = r"""
+import json, logging, os, re, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from conftest import tiny_config
+from ihsweep import compile_cache, runner
+path = compile_cache.enable()
+events = []
+
+class Record(logging.Handler):
+  def emit(self, record):
+    m = re.match(r"(Persistent compilation cache hit|PERSISTENT COMPILATION CACHE MISS) for "
+                 r"'([^']+)'", record.getMessage())
+    if m:
+      events.append(("hit" if m.group(1).startswith("Persistent") else "miss", m.group(2)))
+
+compiler = logging.getLogger("jax._src.compiler")
+compiler.setLevel(logging.DEBUG)
+compiler.addHandler(Record())
+phases, timings = {}, {}
+
+def phase(name, fn):
+  events.clear()
+  out = fn()
+  phases[name] = list(events)
+  return out
+
+run, workdir = json.loads(sys.argv[2]), sys.argv[3]
+seconds = phase("precompile", lambda: runner.precompile(tiny_config(**run)))
+out = phase("fit", lambda: runner.fit(tiny_config(**run), workdir + "/a", progress=False))
+timings["warm"] = out["timings"]
+other = {**run, "train.context_size": 16, "model.max_context": 16}
+out = phase("control", lambda: runner.fit(tiny_config(**other), workdir + "/b", progress=False))
+timings["cold"] = out["timings"]
+print("RESULT " + json.dumps({"path": path, "phases": phases, "seconds": seconds,
+                              "timings": timings}), flush=True)
+"""
+
+
+def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
+  """``compile_cache.enable`` puts the cache in $IHSWEEP_CACHE/xla; ``precompile`` compiles the
+  init, train and evaluation programs there; the ``fit`` of the same config after it compiles
+  none of them (each is a persistent-cache hit), while a fit of other shapes without
+  ``precompile`` compiles its own (misses: the logging sees compilations)."""
+  env = {**os.environ, "IHSWEEP_CACHE": str(tmp_path / "cache"),
+         "JAX_COMPILATION_CACHE_DIR": ""}  # no cache chosen by the user (conftest's is off)
+  r = subprocess.run([sys.executable, "-c", CACHE_CHILD, ROOT, json.dumps(RUN),
+                      str(tmp_path / "runs")], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  out = json.loads(r.stdout.split("RESULT ")[-1])
+  assert out["path"] == str(tmp_path / "cache" / "xla") and os.listdir(out["path"])
+  assert set(out["seconds"]) == {"init", "train", "eval", "probes"}
+  programs = {"init": "jit_init_state", "train": "jit_train_call", "eval": "jit_evaluate",
+              "probes": "jit_one_model"}  # the markov_chain sampler of held-out sequences
+  pre, fit_, control = ([tuple(e) for e in out["phases"][k]]
+                        for k in ("precompile", "fit", "control"))
+  for name in programs.values():
+    assert ("miss", name) in pre, (name, pre)        # compiled by precompile
+    assert ("hit", name) in fit_, (name, fit_)        # loaded by fit
+    assert ("miss", name) not in fit_, (name, fit_)   # not compiled again
+    assert ("miss", name) in control, (name, control)  # other shapes: compiled by fit
+  for t in out["timings"].values():
+    assert t["total_s"] == pytest.approx(t["setup_s"] + t["train_s"])
+    assert t["setup_s"] > 0 and t["train_s"] > 0
