@@ -50,10 +50,10 @@ def write_resolved_config(cfg, workdir: str) -> str:
   return path
 
 
-RESUME_FREE_FIELDS = ("mesh.num_devices", "ensemble.vmap_chunk", "train.steps_per_call",
-                      "data.loader", "data.device_budget_mb", "data.cache_dir", "checkpoint.")
+RESUME_FREE_FIELDS = (*config_lib.EXECUTION_FIELDS, "checkpoint.")
 """Fields a resumed run may change (a trailing dot: a whole section): they move work between
-devices and calls, or choose what is saved, not the numbers. Everything else — including
+devices, calls and workers, or choose what is saved, not the numbers (a run directory made
+before such a field existed resumes under any value of it). Everything else — including
 ``train.num_steps``, which sets the learning-rate schedule — must match."""
 
 

@@ -198,3 +198,23 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   assert {w.rsplit("/", 1)[1] for w in workers} == {"p0", "p1"}  # both processes trained
   assert {rundir.read_status(work, g)["devices"] for g in groups} == {2}
   _assert_same_results(work, reference_two_devices, groups)
+
+
+def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
+  """A sweep's config.json from before ``sweep.placement`` existed: still resumable (the new
+  fields only change how the sweep executes), while a changed training field is refused."""
+  from ihsweep import runner
+  from ihsweep.config import ConfigError
+  cfg = tiny()
+  with cfg.unlocked():
+    from ihsweep import config as config_lib
+    cfg.sweep = config_lib.default_sweep()
+  runner.write_resolved_config(cfg, str(tmp_path))
+  path = tmp_path / "config.json"
+  old = json.loads(path.read_text())
+  del old["sweep"]["placement"], old["sweep"]["wait_to_take_over"]
+  path.write_text(json.dumps(old))
+  runner.check_resumable(cfg, str(tmp_path))
+  cfg.train.lr = 0.5
+  with pytest.raises(ConfigError, match="train.lr"):
+    runner.check_resumable(cfg, str(tmp_path))
