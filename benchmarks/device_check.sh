@@ -256,15 +256,18 @@ for label, name, w in (("cold cache, 1 worker", "c1_one_worker_cold", 1),
         + (", ".join(f"{v:.1f}" for v in vals) if vals else "not recorded"))
 print("\n(c) 4-group tiny sweep")
 print(f"{'sweep':24} {'workers':>7} {'wall s':>7} {'groups done':>11} {'Σ setup s':>9} "
-      f"{'Σ train s':>9} {'busy':>5} {'exit':>5}")
+      f"{'Σ train s':>9} {'outside s':>9} {'busy':>5} {'exit':>5}")
 for name, sweep in sweeps.items():
   for r in (sweep or {}).get("runs", []):
     fmt = lambda v, f: "-" if v is None else format(v, f)
     print(f"{name:24} {r['workers']:>7} {r['wall_s']:>7.1f} "
           f"{str(r['done']) + '/' + str(r['groups']):>11} {fmt(r['setup_s'], '9.1f'):>9} "
-          f"{fmt(r['train_s'], '9.1f'):>9} {fmt(r['busy'], '5.2f'):>5} {r['exit_status']!s:>5}")
+          f"{fmt(r['train_s'], '9.1f'):>9} {fmt(r.get('outside_s'), '9.1f'):>9} "
+          f"{fmt(r['busy'], '5.2f'):>5} {r['exit_status']!s:>5}")
   for note in (sweep or {}).get("notes", []):
     print("  note:", note[:400])
+print("(Σ over groups of status.json timings; outside = workers × wall − Σ group totals: process "
+      "start, planning, waiting; busy = Σ train / (workers × wall))")
 print(f"\nJSON: {os.path.join(out, 'device_check.json')}")
 EOF
 rm -rf "$work"

@@ -3,7 +3,7 @@ start-up, and the share of worker time not spent in training calls.
 
   python benchmarks/sweep_overhead.py [--config configs/demo.py] [--workers 1,2]
       [--updates N] [--grid FIELD=V1,V2 ...] [--set FIELD=VALUE ...] [--json]
-      [--cache_dir DIR] [--gpus 0] [--cpu_devices N] [--workdir BASE] [--keep]
+      [--cache_dir DIR] [--gpus 0] [--cpu_devices N] [--workdir BASE] [--keep] [--plan]
       [-- more `ihsweep run` flags]
 
 Each entry of ``--workers`` is one sweep from scratch into its own run directory
@@ -22,11 +22,16 @@ building, compiling), train_s (time in training calls), total_s} as the worker r
 from ``claims.jsonl`` the worker that trained it. Per sweep of W workers:
   busy = Σ train_s / (W · wall): the share of worker time spent in training calls;
   overhead_s = W · wall − Σ train_s, overhead = 1 − busy (for W = 1: wall − Σ train_s as a
-  share of wall). A group without timings (an ihsweep that does not record them) leaves these
-  empty.
+  share of wall);
+  outside_s = W · wall − Σ total_s: worker time outside any group (process start, imports,
+  planning, waiting for a group to take over, exit).
+A group without timings (an ihsweep that does not record them) leaves these empty.
 Compilation cache: by default every sweep gets a new empty JAX persistent compilation cache
 (each pays its compiles: a first run); ``--cache_dir DIR`` gives every sweep DIR (a warm DIR
-measures a rerun).
+measures a rerun). Either way with ihsweep's thresholds (every program cached).
+``--plan``: ``ihsweep plan``'s predicted makespan for each W (W workers of this machine's CPU
+devices; the plan measures a step and each group shape's start-up here, with an empty cache),
+beside the measured wall time: plan_error = wall / makespan − 1.
 
 Prints a table per sweep and per group, or with ``--json`` one JSON object: ``runs`` (one per
 sweep), ``groups`` (one per group and sweep), ``notes``.
@@ -61,6 +66,48 @@ def run_flags(args) -> list[str]:
   return flags + list(args.extra)
 
 
+def cache_env(cache_dir: str) -> dict:
+  """JAX's persistent compilation cache in ``cache_dir`` with ihsweep's own thresholds (every
+  program cached: ``ihsweep.compile_cache``; a cache named by JAX_COMPILATION_CACHE_DIR would
+  otherwise keep JAX's, which skip programs compiled in under a second)."""
+  return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def devices_per_worker(args, workers: int) -> int:
+  """CPU devices each worker gets: --cpu_devices, else the launcher's cores / W (at least 1)."""
+  return args.cpu_devices or max(len(os.sched_getaffinity(0)) // workers, 1)
+
+
+def predict(args, workers: int, base: str) -> dict:
+  """``ihsweep plan``'s predicted makespan and utilisation for W workers of this machine's
+  devices (its step and start-up measured here, with an empty compilation cache: a cold
+  sweep's)."""
+  per = devices_per_worker(args, workers)
+  xla = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in xla:
+    xla = f"{xla} --xla_force_host_platform_device_count={per}".strip()
+  cache = tempfile.mkdtemp(prefix="plan_cache_", dir=base)
+  env = {**os.environ, **cache_env(cache), "XLA_FLAGS": xla}
+  flags = [f for f in run_flags(args) if f != "--noprogress"]
+  cmd = [*os.environ.get("IHSWEEP", f"{sys.executable} -m ihsweep.cli").split(), "plan",
+         f"--config={args.config}", *flags, f"--devices={workers * per}",
+         f"--devices_per_worker={per}", "--json"]
+  try:
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=args.timeout)
+  except subprocess.TimeoutExpired:
+    r = subprocess.CompletedProcess(cmd, "timeout", "", f"timed out after {args.timeout} s")
+  shutil.rmtree(cache, ignore_errors=True)
+  try:
+    plan = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"plan_makespan_s": round(plan["makespan_s"], 2),
+            "plan_utilisation": round(plan["utilisation"], 3)}
+  except (IndexError, KeyError, TypeError, ValueError):
+    return {"plan_makespan_s": None, "plan_utilisation": None,
+            "plan_failed": (r.stderr or r.stdout)[-300:]}
+
+
 def stop(launcher: subprocess.Popen) -> str:
   """Ends a launcher and its workers (its process group): SIGTERM (they checkpoint and exit),
   SIGKILL after 60 s. Returns what it printed."""
@@ -77,7 +124,7 @@ def stop(launcher: subprocess.Popen) -> str:
 
 def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
   """Runs one sweep with ``workers`` independent workers; returns its wall time and status."""
-  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache_dir}
+  env = {**os.environ, **cache_env(cache_dir)}
   env.setdefault("IHSWEEP", f"{sys.executable} -m ihsweep.cli")
   if args.cpu_devices:
     env["IHSWEEP_CPU_DEVICES"] = str(args.cpu_devices)
@@ -140,9 +187,9 @@ def summarise(run: dict, rows: list[dict]) -> dict:
   if timed:
     busy = run["train_s"] / (w * wall)
     run.update(busy=round(busy, 3), overhead_s=round(w * wall - run["train_s"], 2),
-               overhead=round(1 - busy, 3))
+               overhead=round(1 - busy, 3), outside_s=round(w * wall - run["group_total_s"], 2))
   else:
-    run.update(busy=None, overhead_s=None, overhead=None)
+    run.update(busy=None, overhead_s=None, overhead=None, outside_s=None)
   return run
 
 
@@ -165,6 +212,9 @@ def main(argv=None) -> int:
                                               "(default: a temporary one, removed after)")
   p.add_argument("--keep", action="store_true", help="keep the run directories")
   p.add_argument("--timeout", type=float, default=3600, help="seconds per sweep")
+  p.add_argument("--plan", action="store_true",
+                 help="also ihsweep plan's predicted makespan for each W (CPU workers; "
+                      "measures a step and the start-up of each group shape here)")
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("extra", nargs="*", help="after --: more ihsweep run flags")
   args = p.parse_args(argv)
@@ -172,6 +222,8 @@ def main(argv=None) -> int:
   counts = [int(x) for x in args.workers.split(",") if x]
   if not counts or min(counts) < 1:
     p.error(f"--workers={args.workers!r}: comma-separated whole numbers >= 1")
+  if args.plan and args.gpus:
+    p.error("--plan predicts CPU workers (ihsweep plan does not model workers sharing a GPU)")
   base = args.workdir or tempfile.mkdtemp(prefix="ihsweep-overhead-")
   os.makedirs(base, exist_ok=True)
   runs, groups, notes = [], [], []
@@ -182,6 +234,12 @@ def main(argv=None) -> int:
       run = run_sweep(args, w, workdir, cache)
       rows = group_rows(workdir)
       runs.append(summarise(run, rows))
+      if args.plan:
+        run.update(predict(args, w, base))
+        if run["plan_makespan_s"]:
+          run["plan_error"] = round(run["wall_s"] / run["plan_makespan_s"] - 1, 3)
+        else:
+          notes.append(f"sweep {i}: ihsweep plan gave no makespan: {run['plan_failed']!r}")
       groups += [{"workers": w, "run": i, **r} for r in rows]
       if run["exit_status"] != 0:
         errors = sorted({r["error"] for r in rows if r["error"]})
@@ -189,8 +247,8 @@ def main(argv=None) -> int:
                      + (f"group errors: {'; '.join(errors)}" if errors else
                         f"its output ends: {run['output_tail'][-300:]!r}"))
       if rows and run["train_s"] is None:
-        notes.append(f"sweep {i}: groups without timings in status.json (an ihsweep that does "
-                     f"not record them): no overhead")
+        notes.append(f"sweep {i}: groups without timings in status.json (unfinished, or an "
+                     f"ihsweep that does not record them): no overhead")
       if not args.json:
         print(f"sweep {i}: {w} worker(s), {run['wall_s']} s, exit {run['exit_status']}",
               file=sys.stderr)
@@ -207,8 +265,10 @@ def main(argv=None) -> int:
     print(json.dumps(out))
   else:
     cols = ["workers", "wall_s", "speedup", "groups", "done", "setup_s", "train_s",
-            "group_total_s", "busy", "overhead_s", "overhead", "exit_status"]
-    print(pd.DataFrame(runs)[cols].to_string(index=False))
+            "group_total_s", "outside_s", "busy", "overhead_s", "overhead", "exit_status"]
+    if args.plan:
+      cols[3:3] = ["plan_makespan_s", "plan_error"]
+    print(pd.DataFrame(runs).reindex(columns=cols).to_string(index=False))
     if groups:
       print()
       print(pd.DataFrame(groups)[["workers", "group", "state", "worker", "claims", "setup_s",
