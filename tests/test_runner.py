@@ -134,8 +134,9 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
 
 
 # Run in a fresh process with an empty persistent cache in $IHSWEEP_CACHE/xla: precompile a
-# group, fit it, then fit a group of other shapes without precompiling (the control). Prints,
-# per phase, the programs JAX compiled (persistent-cache misses) and loaded (hits).
+# group, fit it, then fit a group of other shapes without precompiling (the control), then
+# precompile and fit a group on a host-fed corpus. Prints, per phase, the programs JAX compiled
+# (persistent-cache misses) and loaded (hits).
 CACHE_CHILD = r"""
 import json, logging, os, re, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
@@ -169,6 +170,11 @@ timings["warm"] = out["timings"]
 other = {**run, "train.context_size": 16, "model.max_context": 16}
 out = phase("control", lambda: runner.fit(tiny_config(**other), workdir + "/b", progress=False))
 timings["cold"] = out["timings"]
+# A corpus fed from the host (batches [E, K, B, C + 1] in the corpus's dtype).
+host = {**run, "data.source": "natural", "data.files": sys.argv[4], "data.cache_dir": sys.argv[5],
+        "data.val_fraction": 0.2, "model.vocab_size": 300, "data.loader": "host"}
+phase("host precompile", lambda: runner.precompile(tiny_config(**host)))
+phase("host fit", lambda: runner.fit(tiny_config(**host), workdir + "/c", progress=False))
 print("RESULT " + json.dumps({"path": path, "phases": phases, "seconds": seconds,
                               "timings": timings}), flush=True)
 """
@@ -178,12 +184,15 @@ def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
   """``compile_cache.enable`` puts the cache in $IHSWEEP_CACHE/xla; ``precompile`` compiles the
   init, train and evaluation programs there; the ``fit`` of the same config after it compiles
   none of them (each is a persistent-cache hit), while a fit of other shapes without
-  ``precompile`` compiles its own (misses: the logging sees compilations)."""
+  ``precompile`` compiles its own (misses: the logging sees compilations). The same for a
+  corpus fed from the host."""
   env = {**os.environ, "IHSWEEP_CACHE": str(tmp_path / "cache"),
          "JAX_COMPILATION_CACHE_DIR": ""}  # no cache chosen by the user (conftest's is off)
+  from test_natural import write_corpus
+  files = write_corpus(str(tmp_path / "text"))
   r = subprocess.run([sys.executable, "-c", CACHE_CHILD, ROOT, json.dumps(RUN),
-                      str(tmp_path / "runs")], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
+                      str(tmp_path / "runs"), files, str(tmp_path / "corpora")], cwd=ROOT,
+                     env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   out = json.loads(r.stdout.split("RESULT ")[-1])
   assert out["path"] == str(tmp_path / "cache" / "xla") and os.listdir(out["path"])
@@ -197,6 +206,10 @@ def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
     assert ("hit", name) in fit_, (name, fit_)        # loaded by fit
     assert ("miss", name) not in fit_, (name, fit_)   # not compiled again
     assert ("miss", name) in control, (name, control)  # other shapes: compiled by fit
+  pre, fit_ = ([tuple(e) for e in out["phases"][f"host {k}"]] for k in ("precompile", "fit"))
+  for name in ("jit_init_state", "jit_train_call", "jit_evaluate"):
+    assert ("miss", name) in pre and ("hit", name) in fit_ and ("miss", name) not in fit_, (
+        name, pre, fit_)
   for t in out["timings"].values():
     assert t["total_s"] == pytest.approx(t["setup_s"] + t["train_s"])
     assert t["setup_s"] > 0 and t["train_s"] > 0
