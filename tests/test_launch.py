@@ -393,9 +393,6 @@ def test_joined_launchers_dry_runs():
 
 # --------------------------------------------------------------------- a real independent sweep
 
-@pytest.mark.xfail(strict=False, reason="FEATURE CHECK: needs the workers of ihsweep/sweep.py "
-                   "(issue 17); before them a second `ihsweep run` on the directory is refused. "
-                   "Drop this mark once they land.")
 def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
   work = tmp_path / "run"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
