@@ -5,8 +5,10 @@ Placement rule (``mesh_shape``): with n devices, E models and B sequences per up
 remaining d = n / e devices, which split each model's batch (so d must divide B). Models never
 talk to each other, so the ensemble axis is free of communication; the data axis costs one
 gradient all-reduce per step and is used only for what the ensemble axis cannot fill. If no
-such split exists (e.g. E = 3, B = 6 on 4 devices) we refuse with a message rather than leave
-devices idle or pad the ensemble with dummy models; use ``mesh.num_devices`` to run on fewer.
+such split of n exists (e.g. E = 3, B = 6 on 4 devices), ``mesh_shape`` refuses rather than pad
+the ensemble with dummy models; a run that may use fewer devices takes the longest prefix of
+them that splits (``usable_devices``: 3 here), one that must use all of them (one global mesh
+over several processes) is refused; ``mesh.num_devices`` sets the count.
 """
 
 from __future__ import annotations
