@@ -125,19 +125,32 @@ class Schedule:
 
 
 def simulate(entries, n_devices: int, devices_per_worker: int, rule: str = "worker") -> Schedule:
-  """List scheduling of ``entries`` = ``[(group id, devices m, seconds)]`` in plan order on
-  ``n_devices / devices_per_worker`` identical workers: each starts on the worker that frees
-  first (the lowest index among ties), as workers claiming the next pending group do."""
+  """List scheduling of ``entries`` = ``[(group id, devices m, seconds[, first_s])]`` in plan
+  order on ``n_devices / devices_per_worker`` identical workers: each starts on the worker that
+  frees first (the lowest index among ties), as workers claiming the next pending group do.
+  ``first_s`` (default 0) is added when the group is its worker's first: start-up that later
+  groups hide behind the previous group's training (compiling ahead)."""
   n_workers = n_devices // devices_per_worker
   free = [(0.0, w) for w in range(n_workers)]  # (free at, worker), a heap
+  started = set()
   slots = []
-  for group, devices, seconds in entries:
+  for group, devices, seconds, *first in entries:
     if not 1 <= devices <= devices_per_worker:
       raise ValueError(f"group {group}: {devices} devices on a worker of {devices_per_worker}")
     at, worker = heapq.heappop(free)
-    slots.append(Slot(group, worker, devices, at, at + seconds))
-    heapq.heappush(free, (at + seconds, worker))
+    end = at + seconds + (first[0] if first and worker not in started else 0.0)
+    started.add(worker)
+    slots.append(Slot(group, worker, devices, at, end))
+    heapq.heappush(free, (end, worker))
   return Schedule(rule, n_devices, devices_per_worker, slots)
+
+
+def _entry(job, model, devices: int) -> tuple:
+  """``(id, m, seconds, first_s)`` of a job on m devices: compile time a model says is hidden
+  behind the previous group's training (``hidden_s``) is charged only to a worker's first."""
+  t = model.seconds(job, devices)
+  hidden = t.get("hidden_s", 0.0)
+  return job.id, devices, t["total_s"] - hidden, hidden
 
 
 def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> int:
@@ -148,10 +161,8 @@ def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> in
 
 def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:
   """The new rule: W = N / D workers, each group on m = ``group_devices`` of its worker."""
-  entries = []
-  for job in jobs:
-    m = group_devices(job.n_models, job.batch_size, devices_per_worker)
-    entries.append((job.id, m, model.seconds(job, m)["total_s"]))
+  entries = [_entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
+             for job in jobs]
   return simulate(entries, n_devices, devices_per_worker, "worker")
 
 
@@ -173,8 +184,7 @@ def global_schedule(jobs, model, n_devices: int) -> Schedule:
   why = model.cannot_time(n_devices)
   if why:
     return Schedule("global", n_devices, n_devices, [], unpredicted=why)
-  return simulate([(j.id, n_devices, model.seconds(j, n_devices)["total_s"]) for j in jobs],
-                  n_devices, n_devices, "global")
+  return simulate([_entry(j, model, n_devices) for j in jobs], n_devices, n_devices, "global")
 
 
 def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:

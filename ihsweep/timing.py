@@ -55,13 +55,15 @@ class Measured:
   """Seconds of one group's pieces on ``devices`` devices of this machine (``measure_group``).
 
   startup_s: build the data source, initialise, make the probes, compile the training and
-  evaluation programs; call_s: a, the fixed cost of one host call (sampling its K batches,
-  dispatch, the sync); update_s: b, each update in a call; eval_s: one evaluation;
-  params_save_s / state_save_s: one checkpoint (write included)."""
+  evaluation programs; compile_s: the part of it compiling the training and evaluation
+  programs (what a worker compiles ahead for its next group); call_s: a, the fixed cost of one
+  host call (sampling its K batches, dispatch, the sync); update_s: b, each update in a call;
+  eval_s: one evaluation; params_save_s / state_save_s: one checkpoint (write included)."""
 
   group: str
   devices: int
   startup_s: float
+  compile_s: float
   call_s: float
   update_s: float
   eval_s: float
@@ -132,9 +134,11 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     evaluator = Evaluator(cfg, mcfg, probes, mesh)
   program = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample, mesh,
                                          k, cfg.ensemble.vmap_chunk)
+  t = time.perf_counter()
   exe = program.lower(state, hp, data).compile()
   if evaluator is not None:
     jax.block_until_ready(evaluator(state.params))
+  compile_s = time.perf_counter() - t
   startup_s = time.perf_counter() - t0
 
   def timed(fn):
@@ -167,7 +171,8 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     ckpts.wait()
     state_save_s = time.perf_counter() - t
     ckpts.close()
-  return dict(devices=len(devices), startup_s=startup_s, call_s=call_s, update_s=update_s,
+  return dict(devices=len(devices), startup_s=startup_s, compile_s=compile_s, call_s=call_s,
+              update_s=update_s,
               eval_s=eval_s, params_save_s=params_save_s, state_save_s=state_save_s)
 
 
@@ -205,6 +210,11 @@ class MeasuredModel:
     self.measured: dict[tuple[str, int], Measured] = {}
     self.measure_s = 0.0  # wall seconds spent measuring
     self.cpu_s = 0.0  # this process's CPU seconds meanwhile
+
+  @property
+  def hides_compile(self) -> bool:
+    """Whether a worker's later groups compile behind training (an accelerator; not a CPU)."""
+    return bool(self.devices) and self.devices[0].platform != "cpu"
 
   def cannot_time(self, n_devices: int) -> str | None:
     if n_devices > len(self.devices):
@@ -267,7 +277,11 @@ class MeasuredModel:
     eval_total = n_evals * eval_s
     save_s = size * (n_params * m.params_save_s + n_states * m.state_save_s)
     total = m.startup_s + train_s + eval_total + save_s
-    return {"total_s": total, "startup_s": m.startup_s, "train_s": train_s,
+    # On an accelerator a worker compiles its next group's programs on the host while the
+    # devices train (sweep: compile ahead): only its first group waits for them. On a CPU the
+    # compiler takes the cores the training uses: nothing is hidden.
+    hidden = m.compile_s if self.hides_compile else 0.0
+    return {"total_s": total, "startup_s": m.startup_s, "hidden_s": hidden, "train_s": train_s,
             "eval_s": eval_total, "checkpoint_s": save_s, "calls": len(lengths),
             "evaluations": n_evals, "checkpoints": n_params + n_states,
             "measured": ref.id == job.id, "scaled_from": None if ref.id == job.id else ref.id,
@@ -289,6 +303,10 @@ class MeasuredModel:
       which = (f"groups {ids} (the largest, median and smallest FLOPs per update; the others "
                f"scaled from the nearest of them: updates by FLOPs per update, calls by tokens "
                f"per call, evaluations by their work)")
+    overlap = ("compiled ahead behind the previous group's training, so only a worker's first "
+               "group waits for its compilation" if self.hides_compile else
+               "on the critical path: a worker compiles its next group while it trains, but on "
+               "a CPU the compiler takes the cores the training uses")
     share = self.cpu_share()
     load = (f"; while measuring, this process used {share:.0%} of the machine's cores (other "
             f"load on the machine slows the measured times and a run alike)"
@@ -297,7 +315,7 @@ class MeasuredModel:
             f"{self.devices[0].platform if self.devices else ''} device(s)) with the trainer's "
             f"programs: {which}; "
             f"a group's time = start-up (source, init, probes, compiling the training and "
-            f"evaluation programs; not overlapped) + its host calls (a + b · k each) + "
+            f"evaluation programs; {overlap}) + its host calls (a + b · k each) + "
             f"evaluations + checkpoints, one group at a time on this machine (workers sharing "
             f"its cores slow each other: not modelled){load}")
 

@@ -142,7 +142,7 @@ def _jobs_with_configs(n=3):
 
 def test_measured_time_follows_the_runs_schedule():
   jobs = _jobs_with_configs(1)
-  pieces = dict(devices=2, startup_s=7.0, call_s=0.5, update_s=0.01, eval_s=0.25,
+  pieces = dict(devices=2, startup_s=7.0, compile_s=5.0, call_s=0.5, update_s=0.01, eval_s=0.25,
                 params_save_s=0.125, state_save_s=1.0)
   model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=lambda cfg, devices: pieces)
   t = model.seconds(jobs[0], 2)
@@ -154,6 +154,23 @@ def test_measured_time_follows_the_runs_schedule():
   expected = 7.0 + 10 * 0.5 + 100 * 0.01 + 11 * 0.25 + 2 * 0.125 + 1 * 1.0
   assert t["total_s"] == pytest.approx(expected)
   assert (t["calls"], t["evaluations"], t["checkpoints"], t["measured"]) == (10, 11, 3, True)
+  assert t["hidden_s"] == 0.0  # on a CPU the compiler takes the training's cores: not hidden
+
+
+class _Accelerator:
+  platform = "gpu"
+
+
+def test_on_an_accelerator_only_a_workers_first_group_waits_for_its_compilation():
+  s = placement.simulate([("g0", 1, 4.0, 3.0), ("g1", 1, 4.0, 3.0), ("g2", 1, 4.0, 3.0)], 2, 1)
+  assert [(x.worker, x.start_s, x.end_s) for x in s.slots] == [(0, 0, 7), (1, 0, 7), (0, 7, 11)]
+  jobs = _jobs_with_configs(3)
+  pieces = dict(devices=1, startup_s=6.0, compile_s=5.0, call_s=0.0, update_s=0.0, eval_s=0.0,
+                params_save_s=0.0, state_save_s=0.0)
+  model = timing.MeasuredModel(jobs, [_Accelerator()], measure=lambda cfg, devices: pieces)
+  assert model.hides_compile and model.seconds(jobs[0], 1)["hidden_s"] == 5.0
+  s = placement.worker_schedule(jobs, model, 1, 1)  # one worker: 6 s, then 1 s, 1 s
+  assert [x.end_s for x in s.slots] == pytest.approx([6.0, 7.0, 8.0])
 
 
 def test_unmeasured_groups_are_scaled_from_the_nearest_measured_one():
@@ -162,7 +179,8 @@ def test_unmeasured_groups_are_scaled_from_the_nearest_measured_one():
 
   def fake(cfg, devices):
     calls.append(int(cfg.train.batch_size))
-    return dict(devices=len(devices), startup_s=2.0, call_s=0.1, update_s=0.01, eval_s=0.0,
+    return dict(devices=len(devices), startup_s=2.0, compile_s=1.0, call_s=0.1, update_s=0.01,
+                eval_s=0.0,
                 params_save_s=0.0, state_save_s=0.0)
 
   model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=fake,
