@@ -106,9 +106,10 @@ def sweep_group(workdir: str) -> tuple[str, str] | None:
   return None
 
 
-def claim_workdir(workdir: str, kind: str | None = None) -> None:
+def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) -> None:
   """Checks that ``workdir`` may hold a run of ``kind`` (``train``, ``sweep``; None: either)
-  and, given a kind, on process 0 creates it and writes ``RUN_MARKER``. Refuses, touching
+  and, given a kind, on process 0 (on this process with ``local``: a worker's process-local
+  group) creates it and writes ``RUN_MARKER``. Refuses, touching
   nothing, a directory holding anything else: nothing of the user's is overwritten or deleted.
 
   Raises:
@@ -142,7 +143,7 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
     raise config_lib.WorkdirError(
         workdir, f"a new or empty directory, or one that holds {runs} to resume; it "
         f"holds {what}; nothing was changed: use a new --workdir")
-  if kind is None or jax.process_index() != 0:
+  if kind is None or (jax.process_index() != 0 and not local):
     return
   path = os.path.join(workdir, RUN_MARKER)
   try:
@@ -156,15 +157,16 @@ def claim_workdir(workdir: str, kind: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def workdir_lock(workdir: str):
+def workdir_lock(workdir: str, local: bool = False):
   """Holds an exclusive lock on ``workdir/.ihsweep.lock`` so that two runs never write one
   directory (``fcntl.flock``: released when the process ends, even by SIGKILL). In a
-  multi-process run process 0 takes it for all.
+  multi-process run process 0 takes it for all (this process with ``local``: a worker's
+  process-local group).
 
   Raises:
     WorkdirError: another live process holds it.
   """
-  if jax.process_index() != 0:
+  if jax.process_index() != 0 and not local:
     yield
     return
   os.makedirs(workdir, exist_ok=True)

@@ -380,10 +380,10 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   """
   started = time.perf_counter()
   devices = _validate(cfg, devices, local)
-  rundir.claim_workdir(workdir, "train")
+  rundir.claim_workdir(workdir, "train", local)
   _quiet_failed_writes()
   try:
-    with rundir.workdir_lock(workdir):
+    with rundir.workdir_lock(workdir, local):
       return _Training(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule,
                        devices=group_devices(cfg, devices, local), local=local,
                        started=started).run()

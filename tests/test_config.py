@@ -67,12 +67,14 @@ def test_rotary_needs_even_head_size(tiny):
     validate(cfg)
 
 
-def test_mesh_that_would_idle_devices_is_refused(tiny):
+def test_a_mesh_that_would_idle_devices_is_refused_only_where_asked_for(tiny):
   cfg = tiny(**{"ensemble.size": 3, "train.batch_size": 6})
-  with pytest.raises(ConfigError, match="mesh.num_devices = 0.*cannot use all 4 devices"):
+  validate(cfg)  # runs on 3 of the 4 devices (ensemble 3, data 1): usable_devices
+  cfg.mesh.num_devices = 4
+  with pytest.raises(ConfigError, match="mesh.num_devices = 4.*cannot use all 4 devices"):
     validate(cfg)
   cfg.mesh.num_devices = 3
-  validate(cfg)  # 3 devices: (ensemble 3, data 1)
+  validate(cfg)
 
 
 def test_default_configs_are_valid():

@@ -197,6 +197,8 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   workers = {w for g in groups for _, w, _ in events[g]}
   assert {w.rsplit("/", 1)[1] for w in workers} == {"p0", "p1"}  # both processes trained
   assert {rundir.read_status(work, g)["devices"] for g in groups} == {2}
+  for g in groups:  # each group directory marked as a run by the process that trained it
+    assert os.path.exists(os.path.join(work, "groups", g, rundir.RUN_MARKER)), g
   _assert_same_results(work, reference_two_devices, groups)
 
 

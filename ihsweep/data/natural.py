@@ -768,7 +768,7 @@ class NaturalTextSource:
                    ) -> np.ndarray:
     """The windows the in-graph path would draw for steps ``first_step …
     first_step + n_steps − 1``, gathered on the host: ``[E, K, B, C + 1]`` in the corpus dtype."""
-    keys = jax.device_put(np.asarray(data_keys_Ex2), jax.devices("cpu")[0])
+    keys = jax.device_put(np.asarray(data_keys_Ex2), jax.local_devices(backend="cpu")[0])
     starts_ExKxB = np.asarray(_host_starts(keys, first_step, n_steps, self.n_tokens,
                                            self.batch_size, self.context_size))
     offsets = np.arange(self.context_size + 1, dtype=np.int64)
@@ -793,7 +793,7 @@ class NaturalTextSource:
           "the validation split has %d tokens (< C + 1 = %d): held-out sequences, val_loss and "
           "the ICL score use training windows; raise data.val_fraction for a real validation "
           "split", self.corpus.val.size, self.context_size + 1)
-    key = jax.device_put(key, jax.devices("cpu")[0])
+    key = jax.device_put(key, jax.local_devices(backend="cpu")[0])
     starts = np.asarray(window_starts(key, int(tokens.size), n, self.context_size), np.int64)
     return np.asarray(tokens[starts[:, None] + np.arange(self.context_size + 1)])
 
