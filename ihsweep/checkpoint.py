@@ -40,9 +40,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ihsweep.data.errors import DataError
-# The params schedule lives in ihsweep.schedule; config and the analysis's tests still read it
-# from here.
-from ihsweep.schedule import PARAMS_SCHEDULES, params_steps  # noqa: F401
 
 log = logging.getLogger("ihsweep")
 

@@ -309,7 +309,7 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
 
 
 def _validate_checkpoint(cfg) -> None:
-  from ihsweep.checkpoint import PARAMS_SCHEDULES
+  from ihsweep.schedule import PARAMS_SCHEDULES
   from ihsweep.law import Law, LawError
   _choice(cfg, "checkpoint", "params_schedule", PARAMS_SCHEDULES)
   _int(cfg, "checkpoint", "points_per_octave", 1, 64)

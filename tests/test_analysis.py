@@ -16,10 +16,10 @@ from analysis import curves as curves_lib
 from analysis import emergence, frontier, scaling
 from analysis import __main__ as cli
 from analysis.load import NotARun, load_run
-from ihsweep import checkpoint
+from ihsweep import schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = np.asarray(checkpoint.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
+STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
 
 
 # ---------------------------------------------------------------- emergence points (known answers)

@@ -285,7 +285,7 @@ def test_independent_worker_killed_does_not_stop_the_others(tmp_path):
   assert "done 1" not in logs[1]
   assert out.rstrip().endswith("done 0") and "start 1" not in out
   for k, text in logs.items():
-    assert text.startswith(f"=== ") and f"worker {k} of 3 (independent):" in text
+    assert text.startswith("=== ") and f"worker {k} of 3 (independent):" in text
     assert "coordinator=unset distributed=unset" in text
     assert f"args: run --workdir={work} --noprogress" in text
 

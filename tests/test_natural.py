@@ -5,7 +5,6 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
