@@ -1,6 +1,6 @@
 """Emergence points: the step at which a metric curve jumps from its early to its late plateau.
 
-The study defines no threshold (PAPER.md, "What the study's released code does"); ihsweep reports
+The study defines no threshold (docs/study.md, "Where ihsweep differs"); ihsweep reports
 three estimators, all in log-steps (checkpoints are log-spaced and the transition is abrupt on a
 log axis), and how well they agree:
 

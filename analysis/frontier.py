@@ -8,7 +8,7 @@
   interpolated between the two grid reliabilities that bracket it; and the same along each
   reliability over frequency. The study finds IH formation fails below such a frontier and that
   models are more sensitive to reliability than to frequency (Aoyama et al., Experiment 2;
-  PAPER.md).
+  docs/study.md).
 * ``factorial_table``: for the local dependency × categoriality × marginal factorial (synthetic
   Markov data, Experiment 3), emergence rate and median emergence step per condition.
 """

@@ -1,7 +1,7 @@
 """Experiment 1 of the study: natural text, batch size B × context size C.
 
 The study's headline: the update at which induction heads emerge follows
-UPT = T / (B^0.37 · C^0.62), ln T = 13.26, independent of model size (PAPER.md, Experiment 1).
+UPT = T / (B^0.37 · C^0.62), ln T = 13.26, independent of model size (docs/study.md).
 ``ihsweep run`` trains the grid; ``python -m analysis report`` fits the law with intervals and
 sets it beside the study's.
 

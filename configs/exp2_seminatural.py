@@ -6,7 +6,7 @@ corpus, with induction patterns ``A B … A → B`` injected at two per-model ra
 ``data.reliability`` (P(B | A B … A)). Both are vmapped knobs, so the whole frequency ×
 reliability grid × seeds is one group: one compiled ensemble. The study finds a Pareto
 frontier below which induction heads do not form, more sensitive to reliability than to
-frequency (PAPER.md, Experiment 2); ``python -m analysis report`` draws the map and frontier.
+frequency (docs/study.md, finding 2); ``python -m analysis report`` draws the map and frontier.
 
 Study scale (default; for accelerators): the study's recipe as far as it is published —
 bigrams of 100M tokens of Common Crawl text (here C4 via TFDS, ``max_documents`` 250,000 ≈

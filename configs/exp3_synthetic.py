@@ -6,8 +6,8 @@ similarity within groups of consecutive ids, high or low); the i.i.d. control ha
 equal to the marginal (no local dependency). Induction patterns are injected as in Experiment 2
 (``data.frequency``, ``data.reliability``), at a high point and one nearer the frontier. The
 study finds: no induction heads without local dependency; high frequency and reliability
-suffice; near the frontier only Zipfian marginals with categoriality let them form (PAPER.md,
-Experiment 3). ``python -m analysis report`` writes the factorial table.
+suffice; near the frontier only Zipfian marginals with categoriality let them form (docs/study.md,
+finding 3). ``python -m analysis report`` writes the factorial table.
 
 Grid: marginal {uniform, gaussian, zipf} × (local dependency, categoriality) ∈ {(yes, high),
 (yes, low), (no: i.i.d.)} = 9 groups (one matrix each), each an ensemble over frequency ×

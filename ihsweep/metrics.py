@@ -1,8 +1,8 @@
 """Induction-head metrics: prefix-matching score, logit attribution, associative recall, ICL score.
 
 Every function is written for ONE model (no ensemble axis) and is pure; ``make_eval_fn`` vmaps
-``evaluate`` over the ensemble. Conventions follow the study's released code (PAPER.md, "What
-the study's released code does") unless a docstring says otherwise.
+``evaluate`` over the ensemble. Conventions follow the study's released code (docs/study.md, "The
+released code's choices that ihsweep follows") unless a docstring says otherwise.
 
 Repeated-token probes (``ihsweep.data.probes``): ``N`` sequences of ``T = 2L`` tokens, a block of
 ``L ≥ 3`` distinct ids followed by the same block. In the second block, position ``i`` (``L ≤ i
@@ -71,7 +71,7 @@ def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
   ``proj_j``; with ``m = mean_j proj_j``,
   ``LA = ReLU(proj_target − m) / Σ_j ReLU(proj_j − m)`` (0 when the denominator is 0, NaN when
   it is NaN), the target being ``tokens[i − L + 1]`` (at ``i = 2L − 1`` the block's first
-  token), averaged over the L positions and the probes (the study's released code, PAPER.md).
+  token), averaged over the L positions and the probes (the study's released code, docs/study.md).
 
   Args:
     head_out_NxPxLxHxD: per-head writes into the residual stream at the second-block positions

@@ -22,7 +22,7 @@ import os
 
 PARAMS_SCHEDULES = ("log", "study", "none")
 
-# The study's checkpoints (PAPER.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
+# The study's checkpoints (docs/study.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
 # 200M–1B every 100M tokens.
 STUDY_TOKENS = ([250_000, 500_000] + [m * 1_000_000 for m in range(1, 11)]
                 + [m * 10_000_000 for m in range(2, 11)]

@@ -28,7 +28,7 @@ from ihsweep.model import ModelConfig, Transformer
 class TrainConfig:
   """Optimisation settings shared by every model of an ensemble.
 
-  Defaults follow the study (PAPER.md, "released code"): AdamW with β = (0.9, 0.999), eps 1e-8,
+  Defaults follow the study (docs/study.md, "released code"): AdamW with β = (0.9, 0.999), eps 1e-8,
   weight decay 0, peak lr 2.5e-4, warmup over 1% of the updates then cosine decay to 0,
   gradients clipped to global norm 1.0 (HF Trainer's default).
   """

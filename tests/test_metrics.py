@@ -110,7 +110,7 @@ def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
 
 
 def test_probe_metrics_average_all_L_positions_with_the_block_first_token_last():
-  """LA, DLA and AR over i = L … 2L − 1 (PAPER.md, "Positions"), the last position's target
+  """LA, DLA and AR over i = L … 2L − 1 (docs/study.md, "Scores"), the last position's target
   being tokens[0]; dropping that position, or scoring it against any other token, moves them."""
   cfg = ModelConfig(n_layers=2, n_heads=2, d_model=64, d_mlp=128, vocab_size=V, max_context=C,
                     tie_embeddings=False)

@@ -1,12 +1,12 @@
 """Markov data with induction patterns injected at set rates, generated on device.
 
 ``MarkovSource`` draws sequences from a transition matrix P (``[V, V]``, rows sum to 1) — the
-bigram statistics of a natural corpus (the study's semi-natural data, PAPER.md Experiment 2), an
+bigram statistics of a natural corpus (the study's semi-natural data, docs/study.md, Experiment 2), an
 optimised synthetic matrix (``synthetic.py``, Experiment 3), an i.i.d. control, or a user's
 ``.npy`` — with two per-model knobs, ``frequency`` and ``reliability``, so a grid over them is
 one vmapped ensemble.
 
-The procedure (ihsweep's own; the study's exact one is not published, PAPER.md). A sequence
+The procedure (ihsweep's own; the study's exact one is not published, docs/study.md). A sequence
 x_0 … x_C has L = C + 1 tokens (the trainer's inputs and targets); positions 1 ≤ i < H = ⌊L/2⌋
 are the first half, H ≤ i ≤ C the second. Every draw "from P[a] restricted to a set S" samples
 t ∈ S with probability P[a, t] / Σ_{s∈S} P[a, s] (uniform over S if that mass is 0).
@@ -325,8 +325,8 @@ def measure(tokens: np.ndarray, frequency: float | None = None,
 
 def bigram_transitions(corpus, vocab_size: int, smoothing: float = 1e-6
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The study's semi-natural transitions (PAPER.md, released code: "bigram probabilities from
-  100M CC100 tokens restricted to a 10k vocabulary (+1e-6 smoothing)").
+  """The study's semi-natural transitions (docs/study.md, the released code: bigram
+  probabilities of 100M CC100 tokens over a 10k vocabulary, smoothed by 1e-6).
 
   The ``vocab_size`` most frequent types of the tokenized corpus's training split
   (``<|endoftext|>`` excluded) become ids 0 … V − 1 in order of frequency; P[a, b] = count(a b) /

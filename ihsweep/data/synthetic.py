@@ -1,6 +1,6 @@
 """Synthetic Markov transition matrices with chosen properties, optimised with optax.
 
-The study's Experiment 3 (PAPER.md, "What the study's released code does"): logits M ∈ R^{V×V},
+The study's Experiment 3 (docs/study.md, "The released code's choices"): logits M ∈ R^{V×V},
 P = row-softmax(M), stationary distribution π by power iteration, Adam (lr 0.1, 5,000
 iterations) on a weighted sum of
 
