@@ -102,6 +102,101 @@ def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
   assert layouts[0].utilisation == pytest.approx(60 / (4 * 24))
 
 
+
+# ---- phases: teams of processes inside one jax.distributed job ----
+
+def _phases(phases):
+  return [(p.processes_per_worker, p.devices_per_worker, p.n_workers, p.groups) for p in phases]
+
+
+def test_small_groups_share_processes_then_one_big_group_takes_all_of_them():
+  # 4 processes of 1 device; four groups of E = B = 1 (one device at most) and one of E = 4:
+  # all 5 alone on processes take 2 rounds (8), phases 4 + 1 = 5 = 20 device-s / 4 devices
+  jobs = [job("big", e=4, b=1, updates=4)] + [job(f"s{i}", e=1, b=1, updates=4)
+                                               for i in range(4)]
+  phases = placement.plan_phases(jobs, n_processes=4, devices_per_process=1)
+  assert _phases(phases) == [(1, 1, 4, ("s0", "s1", "s2", "s3")), (4, 4, 1, ("big",))]
+  assert [(p.start_s, p.end_s) for p in phases] == [(0, 4), (4, 5)]
+  assert [(s.group, s.phase, s.worker, s.devices, s.start_s, s.end_s)
+          for s in phases[1].slots] == [("big", 1, 0, 4, 4, 5)]
+  whole = placement.PhasedSchedule(4, phases)
+  assert whole.makespan_s == 5 and whole.utilisation == 1.0
+  # one phase on processes alone: 2 rounds of 4 s
+  only = placement.plan_phases(jobs, 4, 1, processes_per_worker=1)
+  assert _phases(only) == [(1, 1, 4, ("big", "s0", "s1", "s2", "s3"))]
+  assert placement.PhasedSchedule(4, only).makespan_s == 8
+
+
+def test_ties_go_to_fewer_phases_then_smaller_teams():
+  # 3 groups of E = 4 on 4 one-device processes: one team of 4 (3 × 3 s) ties with 2 teams of 2
+  # then one of 4 (6 + 3 s) at 9 s; teams of 2 alone (6 + 6 s) and processes (12 s) lose
+  jobs = [job(f"g{i}", e=4, b=1, updates=12) for i in range(3)]
+  phases = placement.plan_phases(jobs, 4, 1)
+  assert _phases(phases) == [(4, 4, 1, ("g0", "g1", "g2"))]
+  assert placement.PhasedSchedule(4, phases).makespan_s == 9
+  # 4 such groups: every team size takes 4 s; processes alone (the smallest teams) win
+  jobs = [job(f"g{i}", e=4, b=1, updates=4) for i in range(4)]
+  assert _phases(placement.plan_phases(jobs, 4, 1)) == [(1, 1, 4, ("g0", "g1", "g2", "g3"))]
+
+
+def test_a_fixed_team_size_refuses_groups_that_cannot_fill_a_team():
+  jobs = [job("g0", e=4, b=1), job("g1", e=1, b=2), job("g2", e=2, b=8)]
+  with pytest.raises(placement.LayoutError) as e:
+    placement.plan_phases(jobs, 4, 2, processes_per_worker=2)  # teams of 4 devices
+  assert str(e.value) == (
+      "sweep.processes_per_worker=2: 1 of 3 groups cannot use all 4 devices of a team of 2 "
+      "processes × 2 (a mesh needs a divisor e of them dividing E with the rest dividing B; "
+      "at most E · B): g1 (E = 1, B = 2); allowed: 0 (phases chosen) or 1")
+  phases = placement.plan_phases(jobs, 4, 2, processes_per_worker=1)  # g1 on 2 of 2: fine
+  assert [s.devices for s in phases[0].slots] == [2, 2, 2]
+  with pytest.raises(placement.LayoutError, match=r"sweep.processes_per_worker=3 is not allowed "
+                     r"on 4 processes: 0 \(phases chosen\) or a divisor of the process count "
+                     r"\(1, 2, 4\)"):
+    placement.plan_phases(jobs, 4, 2, processes_per_worker=3)
+  with pytest.raises(placement.LayoutError, match="n_processes=0 is not allowed"):
+    placement.plan_phases(jobs, 0, 2)
+  assert placement.plan_phases([], 4, 2) == []
+
+
+@pytest.fixture(scope="module")
+def exp1_jobs():
+  from configs import exp1_natural
+  _, jobs = placement.make_jobs(exp1_natural.get_config(""), check_data=False)
+  return jobs
+
+
+@pytest.mark.parametrize("n,phases,utilisation", [
+    (8, [(1, 25)], 1.0),
+    (64, [(1, 24), (8, 1)], 0.9958),
+    (256, [(2, 16), (8, 8), (32, 1)], 0.9737),
+])
+def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisation):
+  # 25 near-equal groups of E = 2, B 8–128: 16 or 32 workers of one host idle 22–25% of the
+  # time (README); teams of several hosts for the groups that fill them do not
+  procs, d = n // 8, 8
+  got = placement.plan_phases(exp1_jobs, procs, d)
+  assert [(p.processes_per_worker, len(p.groups)) for p in got] == phases
+  whole = placement.PhasedSchedule(n, got)
+  assert whole.utilisation == pytest.approx(utilisation, abs=5e-5)
+  assert sorted(g for p in got for g in p.groups) == sorted(j.id for j in exp1_jobs)
+  by_id = {j.id: j for j in exp1_jobs}
+  for p in got:
+    assert p.devices_per_worker == p.processes_per_worker * d
+    assert p.n_workers * p.devices_per_worker == n
+    assert [s.group for s in p.slots] == list(p.groups)  # claimed in plan order
+    if p.processes_per_worker > 1:
+      assert all(placement.fills(by_id[g], p.devices_per_worker) for g in p.groups)
+      assert all(s.devices == p.devices_per_worker for s in p.slots)
+    assert all(p.start_s <= s.start_s and s.end_s <= p.end_s for s in p.slots)
+  assert [p.start_s for p in got[1:]] == [p.end_s for p in got[:-1]]
+  # pure: every process computes the same phases
+  assert placement.plan_phases(exp1_jobs, procs, d) == got
+  # the phases are chosen on relative FLOPs; a FLOP/s only scales the times
+  timed = placement.time_phases(exp1_jobs, got, procs, d, timing.FlopsModel(4e14))
+  assert [p.groups for p in timed] == [p.groups for p in got]
+  assert timed[-1].end_s == pytest.approx(got[-1].end_s / 4e14)
+
+
 class _Group:
   """The fields of plan.Group that predicted_updates reads."""
 
