@@ -1,18 +1,42 @@
-"""The emergence law fitted to emergence points: log UPT = log T − α log B − β log C.
+"""The emergence law fitted to emergence points: ln UPT = ln T − α ln B − β ln C.
 
 UPT (updates to the phase transition) is a cell's emergence step in updates, B its batch size
 (sequences per update), C its context size (tokens per sequence); logs are natural, so ``log_T``
-compares directly with the study's ln T = 13.26 (Aoyama et al. 2025, v2, Experiment 1: α = 0.37,
-β = 0.62, r = 0.98; PAPER.md). The fit is ordinary least squares on emerged cells (censored
-cells are excluded and counted), optionally with a model-size term + γ log n_params to test the
-study's finding that UPT does not depend on model size (γ ≈ 0). Uncertainty: a percentile
-bootstrap over cells (resampling cells with replacement; resamples whose design cannot identify
-every coefficient are redrawn). ``r`` is Pearson's correlation between predicted and observed
-log UPT.
+compares directly with the study's ln T = 13.26 (Aoyama, Wilcox & Schneider 2025, arXiv
+2511.16893 v2, experiment 1: α = 0.37, β = 0.62, r = 0.98; summarised in docs/study.md). An
+optional model-size term + γ ln n_params tests the study's finding that UPT does not depend on
+model size (γ ≈ 0).
 
-The comparison table (``compare``) scores, on the same cells: the fitted law, the study's law as
-published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T fitted
-and with v1's T = 10^5.7.
+Two fits of the law on the same cells:
+
+* **censored log-normal MLE** (the main fit, ``method`` = ``MLE``): ln UPT_i = x_i·θ + σ ε_i with
+  ε_i ~ N(0, 1) independent — the log-normal accelerated-failure-time model (Kalbfleisch &
+  Prentice, *The Statistical Analysis of Failure Time Data*, 2nd ed. 2002, §2.2), i.e. a
+  right-censored normal regression on ln UPT (Tobin 1958). An emerged cell contributes the
+  density of its ln UPT; a censored cell (not emerged by its last checkpoint, ``censor_step``)
+  contributes its survival term P(UPT > censor_step) = Φ((x_i·θ − ln censor_step) / σ). It is
+  maximised by Newton's method in Olsen's parameters δ = θ/σ, τ = 1/σ, in which the
+  log-likelihood is globally concave (Olsen 1978, Econometrica 46:1211), so Newton with
+  step-halving converges from any start (here: the least-squares fit). σ is the cell-to-cell
+  scatter of ln UPT about the law (ML estimate: divides by n, not n − k).
+* **emerged-only least squares** (``emerged_only``, ``method`` = ``LSQ``): ordinary least
+  squares on the emerged cells, censored cells excluded (and counted). Where censoring depends on
+  B and C — a budget reached first at small B and C — it is biased: the cells that emerge in the
+  slow corner are its fast ones, so UPT there is underestimated and α, β (and ln T) shrink
+  towards 0. Kept for comparison with earlier fits.
+
+``r`` is Pearson's correlation between predicted and observed ln UPT over the **emerged** cells
+(a censored cell has no observed UPT), reported only with at least ``MIN_DOF_FOR_INTERVALS``
+residual degrees of freedom (``dof`` = emerged cells − free coefficients); below that the fit
+passes (nearly) through its points and r says nothing.
+
+Uncertainty: a percentile bootstrap over grid points (``fit_law`` says why not over cells).
+Predictions carry an interval from the bootstrap covariance of the coefficients
+(``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.law``).
+
+The comparison table (``compare``) scores, on the emerged cells: the fitted law, the study's law
+as published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T
+fitted and with v1's T = 10^5.7.
 """
 
 from __future__ import annotations
@@ -22,13 +46,19 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy import special
+
+from ihsweep import law as law_lib
 
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
 V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
 
-
-# Fewer residual degrees of freedom than this: the fit is reported without intervals.
+# Fewer residual degrees of freedom than this: the fit is reported without intervals and r.
 MIN_DOF_FOR_INTERVALS = 3
+
+MLE = "censored log-normal MLE"
+LSQ = "least squares on emerged cells"
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class FitError(ValueError):
@@ -38,9 +68,33 @@ class FitError(ValueError):
 
 @dataclasses.dataclass
 class LawFit:
-  """A fitted law. ``ci`` maps each of log_T, T, alpha, beta (and gamma) to its 95% bootstrap
-  interval ``[lo, hi]``; ``residuals`` has one row per cell used (batch_size, context_size,
-  observed/predicted UPT in updates, residual in ln units)."""
+  """A fitted law (module docstring).
+
+  Attributes:
+    log_T, alpha, beta, gamma: the coefficients (gamma None without the n_params term).
+    r: correlation of predicted and observed ln UPT over the emerged cells; NaN when withheld
+      (``r_note`` says why: fewer than ``MIN_DOF_FOR_INTERVALS`` residual dof).
+    n: cells in the fit — emerged + censored for the MLE, emerged only for ``LSQ``.
+    n_emerged, n_censored: emerged cells; censored cells (in the MLE by their survival term,
+      excluded from ``LSQ``).
+    dof: residual degrees of freedom, emerged cells − free coefficients.
+    sigma: scatter of ln UPT about the law (MLE: the ML estimate; LSQ: sqrt(RSS / dof)).
+    ci: 95% percentile bootstrap intervals ``[lo, hi]`` of each free coefficient, ``T`` and
+      ``sigma`` (empty without a bootstrap).
+    n_boot: bootstrap resamples used (0: none).
+    draws: float64 array (n_boot, len(names)) of the bootstrap's coefficients, fixed ones
+      constant; None without a bootstrap. ``cov``: their covariance times G/(G − 1) (G =
+      ``n_grid_points``; see ``_small_sample_factor``), float64 (len(names), len(names)); None
+      without. ``names``: log_T, alpha, beta (, gamma).
+    range: {"batch_size": [min, max], "context_size": [min, max] (, "n_params")} over the cells
+      in the fit.
+    n_grid_points: distinct (B, C[, n_params]) points among all cells: the bootstrap's
+      clusters G.
+    residuals: one row per emerged cell (batch_size, context_size, …, observed/predicted UPT in
+      updates, residual in ln units).
+    emerged_only: the ``LSQ`` fit on the same cells and resamples (None on that fit itself).
+    fixed: coefficients held at given values.
+  """
   log_T: float
   alpha: float
   beta: float
@@ -53,35 +107,94 @@ class LawFit:
   n_boot: int = 0
   fixed: dict = dataclasses.field(default_factory=dict)
   dof: int = 0
+  sigma: float = math.nan
+  method: str = MLE
+  n_emerged: int = 0
+  r_note: str | None = None
+  names: list = dataclasses.field(default_factory=lambda: ["log_T", "alpha", "beta"])
+  draws: np.ndarray | None = None
+  cov: np.ndarray | None = None
+  range: dict = dataclasses.field(default_factory=dict)
+  n_grid_points: int = 0
+  emerged_only: "LawFit | None" = None
 
   @property
   def T(self) -> float:
     return math.exp(self.log_T)
 
-  def predict_updates(self, batch_size, context_size, n_params=None) -> np.ndarray:
-    """Predicted UPT (updates) for arrays of B, C (and n_params when γ was fitted)."""
-    log_upt = (self.log_T - self.alpha * np.log(batch_size) - self.beta * np.log(context_size))
+  @property
+  def coef(self) -> np.ndarray:
+    """The coefficients in ``names`` order (float64, len(names))."""
+    return np.array([getattr(self, n) for n in self.names], float)
+
+  def _x(self, batch_size, context_size, n_params=None) -> np.ndarray:
+    cols = [np.ones(np.broadcast(batch_size, context_size).shape), -np.log(batch_size),
+            -np.log(context_size)]
     if self.gamma is not None:
-      log_upt = log_upt + self.gamma * np.log(n_params)
-    return np.exp(log_upt)
+      if n_params is None:
+        raise ValueError("this law has a model-size term (gamma): give n_params")
+      cols.append(np.log(n_params))
+    return np.stack(np.broadcast_arrays(*cols), axis=-1)
+
+  def predict_updates(self, batch_size, context_size, n_params=None) -> np.ndarray:
+    """Predicted UPT (updates; the median of the log-normal) for arrays of B, C (and n_params
+    when γ was fitted), broadcast together."""
+    return np.exp(self._x(batch_size, context_size, n_params) @ self.coef)
+
+  def predict_interval(self, batch_size, context_size, n_params=None, *, level: float = 0.95,
+                       cell: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(median, lo, hi)`` in updates, arrays broadcast over B, C (, n_params): the predicted
+    UPT and its ``level`` interval — of the law's median (the fit's uncertainty), or with
+    ``cell`` the prediction interval for one new cell (adds the scatter σ²). On ln UPT:
+    ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²)), q the t(G − 1) quantile (``ihsweep.law.log_half_width``;
+    ``ihsweep predict`` computes the same from law.json). E.g. the band over B at one C for a
+    figure: ``predict_interval(np.geomspace(8, 32, 50), 64)``.
+
+    Raises:
+      ValueError: no bootstrap (``cov`` None: ``n_boot`` 0 or too few dof), or a level outside
+        (0, 1).
+    """
+    if self.cov is None:
+      raise ValueError("no interval: the fit has no bootstrap (n_boot = 0 or fewer than "
+                       f"{MIN_DOF_FOR_INTERVALS} residual degrees of freedom)")
+    x = self._x(batch_size, context_size, n_params)
+    mean = x @ self.coef
+    half = law_lib.log_half_width(x, self.cov, self.sigma if cell else 0.0, level,
+                                  self.n_grid_points - 1)
+    return np.exp(mean), np.exp(mean - half), np.exp(mean + half)
 
   def to_dict(self) -> dict:
-    """The JSON of ``python -m analysis fit-law`` (DESIGN.md): log_T, T, alpha, beta, r, n and
-    ``ci``; also gamma (if fitted), n_censored, n_boot, fixed coefficients and the units. Read
-    by ``ihsweep.law.Law.from_json`` (``ihsweep predict --law=FILE``)."""
+    """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
+    ``ihsweep.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when withheld,
+    with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci, n_boot, units, form,
+    range, n_grid_points, fixed (if any), cov (``{"names": [...], "matrix": [[...]], "t_dof":
+    G − 1}``, with a bootstrap) and, for the main fit, ``emerged_only``: this dict for the
+    least-squares fit (always there: the MLE needs what least squares needs — emerged cells
+    that identify the coefficients)."""
     out = {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
-           "r": self.r, "n": self.n, "ci": self.ci}
+           "r": None if math.isnan(self.r) else self.r, "n": self.n, "ci": self.ci}
+    if self.r_note:
+      out["r_note"] = self.r_note
     if self.gamma is not None:
       out["gamma"] = self.gamma
-    out.update(n_censored=self.n_censored, n_boot=self.n_boot, dof=self.dof, units="updates",
+    out.update(n_emerged=self.n_emerged, n_censored=self.n_censored, n_boot=self.n_boot,
+               dof=self.dof, sigma=self.sigma, method=self.method, units="updates",
                form="ln UPT = ln T - alpha ln B - beta ln C" +
-               (" + gamma ln n_params" if self.gamma is not None else ""))
+               (" + gamma ln n_params" if self.gamma is not None else ""), range=self.range,
+               n_grid_points=self.n_grid_points)
     if self.fixed:
       out["fixed"] = self.fixed
+    if self.cov is not None:
+      out["cov"] = {"names": list(self.names), "matrix": self.cov.tolist(),
+                    "t_dof": self.n_grid_points - 1}
+    if self.method == MLE:
+      out["emerged_only"] = self.emerged_only.to_dict() if self.emerged_only else None
     return out
 
 
-def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, int]:
+def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.ndarray]:
+  """The rows as numbers and a censored mask (bool, len(rows)): censored = empty
+  ``emergence_step`` or a true ``censored``; censored rows need a positive ``censor_step``."""
   need = ["batch_size", "context_size", "emergence_step"] + (["n_params"] if with_params else [])
   missing = [c for c in need if c not in points]
   if missing:
@@ -90,25 +203,36 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, int]:
   if points.empty:
     raise FitError("no emergence points (the table has no rows)")
   pts = points.copy()
-  for c in need:
+  for c in need + (["censor_step"] if "censor_step" in pts else []):
     values = pd.to_numeric(pts[c], errors="coerce")
     text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
     if text.any():
       row = int(np.flatnonzero(text)[0])
       raise FitError(f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
-                     f"number (leave emergence_step empty for a censored cell)")
-    pts[c] = values
-  censored = pts["emergence_step"].isna()
+                     f"number" + (" (leave emergence_step empty for a censored cell)"
+                                  if c == "emergence_step" else ""))
+    pts[c] = values.astype(float)
+  censored = pts["emergence_step"].isna().to_numpy().copy()
   if "censored" in pts:
-    censored |= _as_bool(pts["censored"], pts)
-  n_censored = int(censored.sum())
-  pts = pts[~censored]
-  for c in need:
-    bad = np.flatnonzero(~(pts[c] > 0) | ~np.isfinite(pts[c]))
+    censored = censored | _as_bool(pts["censored"], pts).to_numpy()
+  checks = [(c, np.ones(len(pts), bool)) for c in need if c != "emergence_step"]
+  checks += [("emergence_step", ~censored)]
+  if censored.any():
+    if "censor_step" not in pts:
+      row = int(np.flatnonzero(censored)[0])
+      raise FitError(f"column censor_step is missing: {_where(pts, row)} is censored (empty "
+                     f"emergence_step or censored true) and enters the fit at its censor_step, "
+                     f"the last update at which it was seen not to have emerged (an analysis "
+                     f"emergence.csv has the column); add it, or drop the censored rows")
+    checks += [("censor_step", censored)]
+  for c, rows in checks:
+    v = pts[c].to_numpy(float)
+    bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
     if len(bad):
-      raise FitError(f"column {c} must be positive and finite; {_where(pts, int(bad[0]))} has "
-                     f"{float(pts[c].iloc[bad[0]])!r}")
-  return pts.reset_index(drop=True), n_censored
+      what = (" (a censored row's last update without emergence)" if c == "censor_step" else "")
+      raise FitError(f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
+                     f"has {float(v[bad[0]])!r}")
+  return pts, censored
 
 
 def _where(points: pd.DataFrame, position: int) -> str:
@@ -166,93 +290,315 @@ def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
   return np.stack([cols[n] for n in names], axis=1)
 
 
+def _log_lik(p: np.ndarray, a: np.ndarray, emerged: np.ndarray, w: np.ndarray) -> np.ndarray:
+  """Censored log-normal log-likelihood (without the constant −ln sqrt(2π) per emerged cell) in
+  Olsen's parameters ``p`` = (δ, τ), (R, k + 1), for rows ``a`` = (−x_i, v_i) (n, k + 1) with
+  v_i the cell's ln UPT (emerged) or ln censor_step (censored), minus the fixed coefficients'
+  part; ``w`` (R, n) cell weights. Returns (R,); −inf where τ <= 0."""
+  u = p @ a.T
+  tau = p[:, -1:]
+  with np.errstate(divide="ignore", invalid="ignore"):
+    term = np.where(emerged, np.log(tau) - 0.5 * u * u, special.log_ndtr(-u))
+  out = (w * term).sum(1)
+  return np.where(tau[:, 0] > 0, out, -np.inf)
+
+
+def _mle(a: np.ndarray, emerged: np.ndarray, w: np.ndarray, p0: np.ndarray,
+         max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
+  """Maximises ``_log_lik`` for each of R weightings at once by Newton's method with
+  step-halving (the log-likelihood is concave in (δ, τ): Olsen 1978). Gradient and Hessian are
+  analytic: an emerged cell adds ln τ − u²/2 with u = τ v − x·δ = a·p; a censored one adds
+  ln Φ(−u), whose derivative in u is −h(u), h = φ(u)/Φ(−u) the inverse Mills ratio, and second
+  derivative −h(h − u) ∈ (−1, 0).
+
+  Returns ``(p, converged)``: (R, k + 1) and bool (R,) — False where the Newton decrement did
+  not fall below 1e-10 within ``max_iter`` steps (e.g. emerged cells exactly on a law: σ → 0).
+  """
+  p = p0.astype(float).copy()
+  f = _log_lik(p, a, emerged, w)
+  n_em = w @ emerged.astype(float)
+  done = np.zeros(len(p), bool)
+  for _ in range(max_iter):
+    u = p @ a.T
+    tau = p[:, -1]
+    log_s = special.log_ndtr(-u)
+    h = np.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_s)
+    g = np.where(emerged, -u, -h)
+    c = np.where(emerged, 1.0, h * (h - u))
+    grad = (w * g) @ a
+    grad[:, -1] += n_em / tau
+    neg_hess = np.einsum("ri,ij,ik->rjk", w * c, a, a)
+    neg_hess[:, -1, -1] += n_em / tau ** 2
+    step = np.linalg.solve(neg_hess, grad[..., None])[..., 0]
+    decrement = np.einsum("rj,rj->r", grad, step)
+    done |= decrement < 1e-10
+    step[done] = 0.0
+    if done.all():
+      break
+    t = np.ones(len(p))
+    for _ in range(50):  # step-halving until the log-likelihood does not fall
+      new = p + t[:, None] * step
+      f_new = _log_lik(new, a, emerged, w)
+      worse = ~(f_new >= f - 1e-12 * np.abs(f)) & ~done
+      if not worse.any():
+        break
+      t[worse] /= 2
+    p, f = np.where(worse[:, None], p, new), np.where(worse, f, f_new)
+    done |= worse  # no ascent left at machine precision
+  return p, done & np.isfinite(f)
+
+
+def _ols(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Weighted least squares for R weightings: coefficients (R, k) and residual scatter
+  sqrt(Σ w r² / (Σ w − k)) (R,); rows of ``x`` (n, k), ``y`` (n,), weights ``w`` (R, n)."""
+  k = x.shape[1]
+  gram = np.einsum("ri,ij,ik->rjk", w, x, x)
+  coef = np.linalg.solve(gram, ((w * y) @ x)[..., None])[..., 0]
+  resid = y - coef @ x.T
+  dof = np.maximum(w.sum(1) - k, 1e-300)
+  return coef, np.sqrt((w * resid ** 2).sum(1) / dof)
+
+
+def _identifiable(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+  """Bool (R,): the cells with weight > 0 (rows of ``x``, (n, k)) identify k coefficients with a
+  residual left — more distinct cells than coefficients and a full-rank design."""
+  k = x.shape[1]
+  used = w > 0
+  full = np.linalg.matrix_rank(used[..., None] * x[None]) == k
+  return full & (used.sum(1) > k)
+
+
+def _fix_hint(x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts: pd.DataFrame,
+              n_censored: int) -> str:
+  """A ``--fix`` suggestion for an unidentifiable fit, only where the fit with it succeeds
+  (``x_all``: the emerged cells' full design)."""
+  varied = {c: int(emerged_pts[c].nunique()) for c in ("batch_size", "context_size")}
+  options = []
+  if varied["batch_size"] > 1 and varied["context_size"] <= 1:
+    options = [("only B varies: hold beta fixed", {"beta": STUDY["beta"]})]
+  elif varied["context_size"] > 1 and varied["batch_size"] <= 1:
+    options = [("only C varies: hold alpha fixed", {"alpha": STUDY["alpha"]})]
+  elif varied["context_size"] <= 1 and varied["batch_size"] <= 1:
+    options = [("neither B nor C varies: hold both fixed",
+                {"alpha": STUDY["alpha"], "beta": STUDY["beta"]})]
+  for words, extra in options:
+    extra = {k: v for k, v in extra.items() if k not in fixed}
+    free = [i for i, n in enumerate(all_names) if n not in fixed and n not in extra]
+    if extra and free and _identifiable(x_all[:, free], np.ones((1, len(x_all))))[0]:
+      flags = " ".join(f"--fix {k}={v:g}" for k, v in extra.items())
+      return (f" ({words}, e.g. `python -m analysis fit-law --csv DIR/analysis/emergence.csv "
+              f"{flags}`)")
+  if n_censored:
+    return f" (train the {n_censored} censored cell(s) longer, or add grid points)"
+  return " (add grid points or seeds)"
+
+
+def _small_sample_factor(g: int, level: float = 0.95) -> float:
+  """c = sqrt(G / (G − 1)) · t_{G−1} / z at the ``level`` quantile: a bootstrap over G grid
+  points underestimates the variance by (G − 1)/G, and a spread estimated from G clusters has
+  G − 1 degrees of freedom (the CR1 correction and t(G − 1) critical values for G clusters:
+  Cameron & Miller 2015, J. Human Resources 50:317, §VI). G = 36: 1.051; G = 9: 1.25."""
+  from scipy import stats
+  q = (1 + level) / 2
+  return math.sqrt(g / (g - 1)) * stats.t.ppf(q, g - 1) / stats.norm.ppf(q)
+
+
+def _percentiles(draws: np.ndarray, names: list[str], estimate: dict, sigmas: np.ndarray,
+                 sigma: float, factor: float) -> dict:
+  """95% percentile intervals of each free coefficient, T and σ, their ends moved away from the
+  estimate by ``factor`` (``_small_sample_factor``): [e − c(e − lo), e + c(hi − e)]."""
+  def interval(values, e):
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return [float(e - factor * (e - lo)), float(e + factor * (hi - e))]
+  ci = {n: interval(draws[:, j], estimate[n]) for j, n in enumerate(names)}
+  if "log_T" in ci:
+    ci["T"] = [math.exp(ci["log_T"][0]), math.exp(ci["log_T"][1])]
+  ci["sigma"] = interval(sigmas, sigma)
+  return ci
+
+
+def _bootstrap(cluster: np.ndarray, x: np.ndarray, v: np.ndarray, emerged: np.ndarray,
+               a: np.ndarray, p_hat: np.ndarray, n_boot: int, seed: int):
+  """Cluster bootstrap: each resample draws G grid points with replacement out of G (cell
+  weight = times its point was drawn) and refits both fits. Returns the MLE's and the emerged
+  least squares' coefficient draws (n_boot, k) and σ draws (n_boot,), fewer if too many
+  resamples had to be redrawn (more than 20 · n_boot tried)."""
+  rng = np.random.default_rng(seed)
+  g = int(cluster.max()) + 1
+  ml, ml_s, ls, ls_s = [], [], [], []
+  kept, tried = 0, 0
+  while kept < n_boot and tried < 20 * n_boot:
+    r = min(max(2 * (n_boot - kept), 64), 4096)
+    tried += r
+    w = rng.multinomial(g, np.full(g, 1.0 / g), size=r)[:, cluster].astype(float)
+    ok = _identifiable(x[emerged], w[:, emerged])
+    w = w[ok]
+    if not len(w):
+      continue
+    p, conv = _mle(a, emerged, w, np.repeat(p_hat[None], len(w), 0))
+    coef_ls, s_ls = _ols(x[emerged], v[emerged], w[:, emerged])
+    p, coef_ls, s_ls = p[conv], coef_ls[conv], s_ls[conv]
+    take = min(len(p), n_boot - kept)
+    ml.append(p[:take, :-1] / p[:take, -1:])
+    ml_s.append(1.0 / p[:take, -1])
+    ls.append(coef_ls[:take])
+    ls_s.append(s_ls[:take])
+    kept += take
+  k = x.shape[1]
+  cat = lambda parts, shape: np.concatenate(parts) if parts else np.zeros(shape)  # noqa: E731
+  return (cat(ml, (0, k)), cat(ml_s, (0,)), cat(ls, (0, k)), cat(ls_s, (0,)))
+
+
+def _r(pred: np.ndarray, y: np.ndarray, dof: int) -> tuple[float, str | None]:
+  if dof < MIN_DOF_FOR_INTERVALS:
+    return math.nan, (f"not reported: {dof} residual degree(s) of freedom (fewer than "
+                      f"{MIN_DOF_FOR_INTERVALS}); the fit passes (nearly) through its points")
+  if not (np.std(pred) > 0 and np.std(y) > 0):
+    return math.nan, "not defined: the predicted or observed ln UPT does not vary"
+  return float(np.corrcoef(pred, y)[0, 1]), None
+
+
+def _range(pts: pd.DataFrame, with_params: bool) -> dict:
+  def num(v):
+    return int(v) if float(v).is_integer() and abs(v) < 2 ** 53 else float(v)
+  cols = ("batch_size", "context_size") + (("n_params",) if with_params else ())
+  return {c: [num(pts[c].min()), num(pts[c].max())] for c in cols}
+
+
 def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 2000,
             seed: int = 0, fixed: dict | None = None) -> LawFit:
-  """Least-squares fit of the emergence law (module docstring) to emergence points.
+  """The emergence law (module docstring) fitted to emergence points: the censored log-normal
+  MLE, with the emerged-only least-squares fit under ``emerged_only``.
+
+  Intervals: 95% percentile intervals from a bootstrap over **grid points**: each resample
+  draws the G distinct (B, C[, n_params]) points with replacement — every cell of a point (all
+  its seeds, emerged and censored) together — and refits both fits on it (a point drawn k times
+  weighs k). Why not over cells: (1) the seeds of one point share whatever makes that point
+  deviate from a power law, and its checkpoints and budget, hence its censoring; they are not
+  independent replicates of the law, and resampling cells would count two seeds as two points
+  and narrow the intervals; (2) seeds are paired across points (seed s runs at every point),
+  so a seed-level effect (a fast initialisation or data order) shifts every point alike and
+  cancels from α and β on a balanced grid — resampling whole points keeps every resample
+  balanced over seeds, resampling cells does not and lets seed effects into the slopes. Limits:
+  a seed-level shift of ln T for the whole grid is not resampled (with 2–3 seeds no bootstrap
+  can), so ln T's interval leaves it out; with few points (a 3 × 3 grid: 9 clusters) cluster
+  percentile intervals run narrow (Cameron, Gelbach & Miller 2008, Rev. Econ. Stat. 90:414).
+  Resamples whose emerged cells cannot identify the free coefficients (no more distinct cells
+  than coefficients, or a rank-deficient design, e.g. one batch size) are redrawn, as are the
+  rare ones in which the MLE does not converge. ``cov`` is the covariance of the bootstrap
+  coefficients (for prediction intervals).
 
   Args:
     points: one row per cell with ``batch_size``, ``context_size``, ``emergence_step``
-      (updates; NaN = censored, excluded) and, with ``with_params``, ``n_params``; an optional
-      boolean ``censored`` column also excludes rows.
-    with_params: also fit γ for + γ log n_params.
-    n_boot: bootstrap resamples for the 95% intervals (0: no intervals; none either when fewer
-      than ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom remain).
+      (updates; empty/NaN = censored) and, with ``with_params``, ``n_params``; an optional
+      ``censored`` column (true/false) also marks censored rows. Censored rows need
+      ``censor_step`` (updates: the last checkpoint at which the cell had not emerged, as in
+      an analysis emergence.csv). Other columns (``run``, ``cell``, ``seed``) are carried
+      into ``residuals``.
+    with_params: also fit γ for + γ ln n_params.
+    n_boot: bootstrap resamples (0: no intervals; none either with fewer than
+      ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom). About 1 s per 1,000 resamples
+      of a 72-cell grid.
+    seed: the bootstrap's random seed.
     fixed: coefficients held at given values instead of fitted, e.g. ``{"alpha": 0.37}`` when
-      only C was varied.
+      only C was varied (both fits).
+
+  Returns:
+    A ``LawFit`` with ``method`` = ``MLE`` and ``emerged_only`` = the ``LSQ`` fit.
 
   Raises:
-    FitError: missing columns, non-positive values, or too few distinct (B, C[, n_params])
-      points to identify the free coefficients (e.g. one batch size: fix alpha).
+    FitError: missing columns, non-positive values, a censored row without a positive
+      ``censor_step`` (naming its line), too few emerged cells or distinct (B, C[, n_params])
+      values among them to identify the free coefficients (with a ``--fix`` suggestion where
+      that fit would succeed), or an MLE that does not converge (emerged cells exactly on a law).
   """
   fixed = dict(fixed or {})
-  allowed = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
-  unknown = set(fixed) - set(allowed)
+  all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
+  unknown = set(fixed) - set(all_names)
   if unknown:
-    raise FitError(f"fixed coefficients {sorted(unknown)}: allowed {', '.join(allowed)}"
+    raise FitError(f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
                    + ("" if with_params else " (gamma only with the n_params term)"))
   for name, value in fixed.items():
     if not math.isfinite(value):
       raise FitError(f"fixed {name} = {value}: must be a finite number")
-  if set(fixed) == set(allowed):
+  if set(fixed) == set(all_names):
     raise FitError("every coefficient is fixed: nothing to fit")
-  pts, n_censored = _clean(points, with_params)
-  names = [n for n in ("log_T", "alpha", "beta") + (("gamma",) if with_params else ())
-           if n not in fixed]
-  all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
-  y = np.log(pts["emergence_step"].to_numpy(float)) if len(pts) else np.zeros(0)
-  full = _design(pts, all_names) if len(pts) else np.zeros((0, len(all_names)))
-  offset = sum(fixed[n] * full[:, all_names.index(n)] for n in fixed) if fixed else 0.0
-  x = full[:, [all_names.index(n) for n in names]]
-  if len(pts) < len(names) + 1 or np.linalg.matrix_rank(x) < len(names):
-    varied = {c: int(pts[c].nunique()) for c in ("batch_size", "context_size") if c in pts}
-    hint = ""
-    if not fixed and varied.get("batch_size", 0) > 1 and varied.get("context_size", 0) <= 1:
-      hint = (" (only B varies: hold beta fixed, e.g. `python -m analysis fit-law --csv "
-              "DIR/analysis/emergence.csv --fix beta=0.62`)")
-    elif not fixed and varied.get("context_size", 0) > 1 and varied.get("batch_size", 0) <= 1:
-      hint = (" (only C varies: hold alpha fixed, e.g. `python -m analysis fit-law --csv "
-              "DIR/analysis/emergence.csv --fix alpha=0.37`)")
+  pts, censored = _clean(points, with_params)
+  emerged = ~censored
+  n_em, n_cens = int(emerged.sum()), int(censored.sum())
+  names = [n for n in all_names if n not in fixed]
+  free = [all_names.index(n) for n in names]
+  k = len(names)
+  full = _design(pts, all_names)
+  offset = full @ np.array([fixed.get(n, 0.0) for n in all_names])
+  x = full[:, free]
+  time = np.where(censored, pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float),
+                  pts["emergence_step"].to_numpy(float))
+  y = np.log(time)  # ln UPT (emerged) or ln censor_step (censored)
+  v = y - offset
+  if not _identifiable(x[emerged], np.ones((1, n_em)))[0]:
+    varied = {c: int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size")}
     raise FitError(
-        f"{len(pts)} emerged cell(s) ({n_censored} censored) with distinct values "
-        f"{varied} cannot identify {', '.join(names)}: need more emerged cells than coefficients "
-        f"and at least two values of each varied quantity{hint}")
-  coef = np.linalg.lstsq(x, y - offset, rcond=None)[0]
-  values = dict(fixed)
-  values.update(zip(names, coef))
-  pred = x @ coef + offset
-  r = float(np.corrcoef(pred, y)[0, 1]) if np.std(pred) > 0 and np.std(y) > 0 else math.nan
+        f"{n_em} emerged cell(s) ({n_cens} censored) with distinct values {varied} cannot "
+        f"identify {', '.join(names)}: need more emerged cells than coefficients and at least "
+        f"two values of each varied quantity"
+        + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens))
+  dof = n_em - k
+  ones = np.ones((1, len(pts)))
+  coef_ls, s_ls = _ols(x[emerged], v[emerged], ones[:, emerged])
+  coef_ls, s_ls = coef_ls[0], float(s_ls[0])
+  s0 = math.sqrt(max(s_ls ** 2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
+  a = np.concatenate([-x, v[:, None]], axis=1)
+  p, ok = _mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
+  if not ok[0]:
+    raise FitError(f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
+                   f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
+                   f"so the scatter sigma -> 0")
+  p = p[0]
+  coef_ml, s_ml = p[:-1] / p[-1], 1.0 / p[-1]
 
-  ci = {}
-  dof = len(pts) - len(names)
-  if dof < MIN_DOF_FOR_INTERVALS:
-    n_boot = 0  # a bootstrap of so few cells mostly redraws the same design: no honest interval
-  draws = []
-  if n_boot:
-    rng = np.random.default_rng(seed)
-    tries = 0
-    while len(draws) < n_boot and tries < 20 * n_boot:
-      tries += 1
-      idx = rng.integers(0, len(pts), len(pts))
-      xb = x[idx]
-      if np.linalg.matrix_rank(xb) < len(names):
-        continue
-      draws.append(np.linalg.lstsq(xb, (y - offset)[idx], rcond=None)[0])
-  if len(draws):
-    draws = np.asarray(draws)
-    for j, n in enumerate(names):
-      lo, hi = np.percentile(draws[:, j], [2.5, 97.5])
-      ci[n] = [float(lo), float(hi)]
-    if "log_T" in ci:
-      ci["T"] = [math.exp(ci["log_T"][0]), math.exp(ci["log_T"][1])]
-  residuals = pts[[c for c in ("run", "cell", "batch_size", "context_size", "n_params")
-                   if c in pts]].copy()
-  residuals["observed_updates"] = np.exp(y)
-  residuals["predicted_updates"] = np.exp(pred)
-  residuals["residual_ln"] = y - pred
-  return LawFit(log_T=float(values["log_T"]), alpha=float(values["alpha"]),
-                beta=float(values["beta"]), r=r, n=len(pts), ci=ci, residuals=residuals,
-                gamma=float(values["gamma"]) if with_params else None, n_censored=n_censored,
-                n_boot=len(draws), fixed=fixed, dof=dof)
+  cluster = pd.MultiIndex.from_frame(
+      pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]).factorize()[0]
+  n_groups = int(cluster.max()) + 1
+  factor = _small_sample_factor(n_groups) if n_groups > 1 else math.nan
+  boot = None
+  if n_boot and dof >= MIN_DOF_FOR_INTERVALS:
+    boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
+    if not len(boot[0]):
+      boot = None
+  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params")
+          if c in pts]
+  y_em = y[emerged]
+
+  def make(coef, sigma, draws, sigmas, method, n, cells):
+    values = dict(fixed)
+    values.update(zip(names, (float(c) for c in coef)))
+    pred = full[emerged] @ np.array([values[n_] for n_ in all_names])
+    r, r_note = _r(pred, y_em, dof)
+    residuals = pts.loc[emerged, keep].reset_index(drop=True)
+    residuals["observed_updates"] = np.exp(y_em)
+    residuals["predicted_updates"] = np.exp(pred)
+    residuals["residual_ln"] = y_em - pred
+    ci, cov, all_draws = {}, None, None
+    if draws is not None:
+      all_draws = np.tile(np.array([values[n_] for n_ in all_names]), (len(draws), 1))
+      all_draws[:, free] = draws
+      ci = _percentiles(draws, names, values, sigmas, sigma, factor)
+      cov = np.atleast_2d(np.cov(all_draws, rowvar=False)) * n_groups / (n_groups - 1)
+    return LawFit(log_T=values["log_T"], alpha=values["alpha"], beta=values["beta"], r=r,
+                  n=n, ci=ci, residuals=residuals,
+                  gamma=values["gamma"] if with_params else None, n_censored=n_cens,
+                  n_boot=0 if draws is None else len(draws), fixed=fixed, dof=dof,
+                  sigma=float(sigma), method=method, n_emerged=n_em, r_note=r_note,
+                  names=list(all_names), draws=all_draws, cov=cov,
+                  range=_range(pts[cells], with_params), n_grid_points=n_groups)
+
+  no = (None, None, None, None)
+  ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
+  emerged_only = make(coef_ls, s_ls, ls_draws, ls_sig, LSQ, n_em, emerged)
+  fit = make(coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), np.ones(len(pts), bool))
+  fit.emerged_only = emerged_only
+  return fit
 
 
 def _score(name, log_T, alpha, beta, b, c, y, free: int) -> dict:

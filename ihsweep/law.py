@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from numbers import Real
 
 
@@ -25,6 +26,37 @@ MAX_LOG_T = 700  # T = e^log_T must be a float (e^709.8 overflows); the study's 
 
 class LawError(ValueError):
   """A law file that cannot be read, or a (B, C) outside the law's domain."""
+
+
+def log_half_width(x, cov, sigma: float = 0.0, level: float = 0.95, t_dof: float | None = None):
+  """Half-width of a ``level`` interval of ln UPT: q·sqrt(xᵀ·cov·x + σ²) — σ = 0: the interval
+  of the law's median (its coefficients' uncertainty); σ > 0: a prediction interval for one new
+  cell, whose ln UPT also scatters by σ about the law. q is the (1 + level)/2 quantile of
+  Student's t with ``t_dof`` degrees of freedom (a fit's grid points − 1, as its coefficient
+  intervals use), or of the standard normal without ``t_dof``: a normal approximation to the
+  bootstrap distribution of the predicted ln UPT.
+
+  Args:
+    x: array-like (..., k): the design row(s) (1, −ln B, −ln C[, ln n_params]).
+    cov: (k, k) covariance of the coefficients (log_T, alpha, beta[, gamma]).
+  Returns:
+    float or ndarray (...,), in ln units.
+  Raises:
+    ValueError: level outside (0, 1), or t_dof not positive.
+  """
+  import numpy as np
+  if not 0 < level < 1:
+    raise ValueError(f"level = {level!r}: need a number in (0, 1)")
+  if t_dof is None:
+    q = statistics.NormalDist().inv_cdf((1 + level) / 2)
+  elif t_dof > 0:
+    from scipy import stats
+    q = float(stats.t.ppf((1 + level) / 2, t_dof))
+  else:
+    raise ValueError(f"t_dof = {t_dof!r}: need a positive number")
+  x = np.asarray(x, float)
+  var = np.einsum("...i,ij,...j->...", x, np.asarray(cov, float), x)
+  return q * np.sqrt(np.maximum(var, 0.0) + sigma ** 2)
 
 
 def _finite(v) -> bool:
