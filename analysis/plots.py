@@ -1,12 +1,19 @@
 """Figures (matplotlib, Agg backend), each written as PNG (for the report) and PDF (for papers).
 
-* ``plot_curves``: one panel per grid point, a metric against updates on a log axis (symlog, so
-  step 0 is shown), seeds as lines, emergence points marked (dots; censored curves end in an x);
+* ``plot_curves``: one panel per grid point, a metric against updates on a log axis from the
+  first non-zero checkpoint to the last (update 0 cannot be shown on it), the same x range in
+  every panel, seeds as lines, emergence points marked (dots; censored curves end in an x);
 * ``plot_law``: observed vs predicted UPT on log-log axes for the fitted and the study's laws,
-  and UPT against B per C with the fitted law's lines;
+  and UPT against B per C with the fitted law's lines and its 95% band (``law_band``), B ticks
+  at the grid's values;
+* ``plot_emergence_heatmap``: the B × C grid coloured by the median emergence update over seeds
+  (``seed_median``), censored grid points hatched and labelled '> s';
 * ``plot_emergence_map``: the frequency × reliability heat map of emergence rates with the
   frontier;
 * ``plot_factorial``: emergence rate per condition of the factorial, median step annotated.
+
+Each ``plot_*`` saves the figure that the matching ``figure_*`` function builds; tests inspect
+the ``figure_*`` objects (axis scales, limits, tick labels, patches).
 """
 
 from __future__ import annotations
@@ -46,6 +53,55 @@ LABELS = {"ps_max": "prefix-matching score (best head)",
           "icl_score": "ICL score (nats)", "val_loss": "validation loss (nats/token)"}
 
 
+def _number(v: float, _pos=None) -> str:
+  """A tick label as a plain number: 8, 16, 1,000 (not 10^1 or 2×10^1)."""
+  return f"{v:,.0f}" if v >= 1 and float(v).is_integer() else f"{v:g}"
+
+
+def log_updates_axis(ax, lo: float, hi: float) -> None:
+  """A log x axis over updates [lo, hi] (lo > 0), labelled with plain numbers: decades when the
+  range spans more than two of them, else 1, 2, 5 × each decade; minor ticks unlabelled."""
+  from matplotlib import ticker
+  ax.set_xscale("log")
+  ax.set_xlim(lo, hi)
+  subs = (1.0,) if hi / lo > 100 else (1.0, 2.0, 5.0)
+  ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+  ax.xaxis.set_major_formatter(ticker.FuncFormatter(_number))
+  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def number_axis(ax, which: str) -> None:
+  """Plain-number labels on a log axis (``which`` 'x' or 'y'): 1,000 rather than 10^3; where the
+  axis spans less than two decades its minor ticks at 2 and 5 × a power of 10 are labelled too
+  (less than one decade: 2, 3, 4, 5, 6 and 8 ×)."""
+  from matplotlib import ticker
+  axis = ax.xaxis if which == "x" else ax.yaxis
+  limits = ax.get_xlim if which == "x" else ax.get_ylim
+
+  def minor(v, _pos=None):
+    lo, hi = sorted(limits())
+    if lo <= 0 or hi / lo >= 100 or v <= 0:
+      return ""
+    mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6)
+    shown = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0) if hi / lo < 10 else (2.0, 5.0)
+    return _number(v) if mantissa in shown else ""
+
+  axis.set_major_formatter(ticker.FuncFormatter(_number))
+  axis.set_minor_formatter(ticker.FuncFormatter(minor))
+
+
+def grid_axis(ax, which: str, values) -> None:
+  """A log axis (``which`` 'x' or 'y') whose ticks are exactly the grid's ``values`` (e.g. B 8,
+  16, 32), labelled as plain numbers, with no other tick labels."""
+  from matplotlib import ticker
+  axis = ax.xaxis if which == "x" else ax.yaxis
+  (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+  values = sorted(float(v) for v in values)
+  axis.set_major_locator(ticker.FixedLocator(values))
+  axis.set_major_formatter(ticker.FixedFormatter([_number(v) for v in values]))
+  axis.set_minor_locator(ticker.NullLocator())
+
+
 def panel_keys(curves: pd.DataFrame, axes: list[str]) -> list[str]:
   """Columns that identify a grid point (everything per cell except the seed)."""
   keys = ["run"] + [a for a in axes if a in curves] + ["batch_size", "context_size"]
@@ -62,15 +118,17 @@ def _panel_title(key, names) -> str:
   return textwrap.fill(", ".join(parts), width=48)
 
 
-def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: str, *,
-                metric: str = "ps_max", method: str = "threshold", axes: list[str] = (),
-                max_panels: int = 36) -> list[str]:
-  """Metric curves per grid point (module docstring). Returns the PNG and PDF paths.
+def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
+                  metric: str = "ps_max", method: str = "threshold", axes: list[str] = (),
+                  max_panels: int = 36):
+  """The figure of ``plot_curves`` (a matplotlib Figure; its visible axes are the panels).
 
-  Args:
-    curves: ``analysis.curves`` rows; emergence: ``analysis.emergence.emergence_table`` rows
-      (points of ``metric``/``method`` are marked) or None.
-    axes: the grid's axis columns (panels are grid points).
+  Every panel has a log x axis from the first non-zero checkpoint to the last checkpoint of all
+  panels shown (one range for all), so panels compare by eye; update 0 is left out (a log axis
+  has no 0; the untrained value is the curve's left end at the first checkpoint).
+
+  Raises:
+    ValueError: ``curves`` has no row with step > 0 (nothing to draw on a log axis).
   """
   plt = _plt()
   keys = panel_keys(curves, list(axes))
@@ -81,6 +139,13 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
     keys_shown = keys
   shown = panels[:max_panels]
   n = len(shown)
+  positive = pd.concat([p for _, p in shown])["step"] if n else pd.Series(dtype=float)
+  positive = positive[positive > 0]
+  if positive.empty:
+    raise ValueError(f"curves of {metric}: no checkpoint after update 0, nothing to draw on a "
+                     f"log axis of updates")
+  lo, hi = float(positive.min()), float(positive.max())
+  hi = hi if hi > lo else lo * 2
   cols = min(5, math.ceil(math.sqrt(n))) or 1
   rows = math.ceil(n / cols) or 1
   fig, axs = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False,
@@ -92,30 +157,31 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, panel) in zip(axs.flat, shown):
     for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
-      line = line.sort_values("step")
+      line = line[line["step"] > 0].sort_values("step")
       color = colors[j % len(colors)]
-      seed = line["seed"].iloc[0] if "seed" in line else cell
+      seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
       ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
-      if points is None or (line["run"].iloc[0], cell) not in points.index:
+      if points is None or not len(line) or (line["run"].iloc[0], cell) not in points.index:
         continue
       e = points.loc[(line["run"].iloc[0], cell)]
       if not bool(e["censored"]):
-        y = np.interp(np.log(e["emergence_step"]),
-                      np.log(np.maximum(line["step"].to_numpy(float), 0.5)),
+        y = np.interp(np.log(e["emergence_step"]), np.log(line["step"].to_numpy(float)),
                       line[metric].to_numpy(float))
-        ax.plot([e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6)
+        ax.plot([e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6,
+                clip_on=False)
       else:
         last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
         if last is not None:
-          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5)
-    ax.set_xscale("symlog", linthresh=1)
+          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5,
+                  clip_on=False)
+    log_updates_axis(ax, lo, hi)
     ax.set_title(_panel_title(key, keys) if keys_shown else "", fontsize=8)
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=7)
   for ax in list(axs.flat)[n:]:
     ax.set_visible(False)
   for ax in axs[-1]:
-    ax.set_xlabel("updates", fontsize=8)
+    ax.set_xlabel("updates (log)", fontsize=8)
   for ax in axs[:, 0]:
     ax.set_ylabel(LABELS.get(metric, metric), fontsize=8)
   handles, labels = axs.flat[0].get_legend_handles_labels()
@@ -125,26 +191,146 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
   fig.suptitle(f"{LABELS.get(metric, metric)} per grid point; o = emergence ({method}), "
                f"x = censored{note}", fontsize=9)
   fig.tight_layout()
-  return _save(fig, out_base)
+  return fig
 
 
-def plot_law(fit, out_base: str) -> list[str]:
-  """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B per C
-  with the fitted law's lines. ``fit``: ``analysis.scaling.LawFit``."""
+def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: str, *,
+                metric: str = "ps_max", method: str = "threshold", axes: list[str] = (),
+                max_panels: int = 36) -> list[str]:
+  """Metric curves per grid point (``figure_curves``). Returns the PNG and PDF paths.
+
+  Args:
+    curves: ``analysis.curves`` rows; emergence: ``analysis.emergence.emergence_table`` rows
+      (points of ``metric``/``method`` are marked) or None.
+    axes: the grid's axis columns (panels are grid points).
+  """
+  return _save(figure_curves(curves, emergence, metric=metric, method=method, axes=axes,
+                             max_panels=max_panels), out_base)
+
+
+# ---------------------------------------------------------------- the law and its band
+
+_LAW_NAMES = ("log_T", "alpha", "beta")
+
+
+def _law_dict(fit) -> dict:
+  return fit.to_dict() if hasattr(fit, "to_dict") else dict(fit)
+
+
+def _cov_matrix(cov, names) -> np.ndarray | None:
+  """A covariance over ``names`` from the forms a law JSON may hold: {name: {name: v}},
+  {"names"|"params": [...], "matrix": [[...]]}, or a bare matrix in ``names`` order."""
+  try:
+    if isinstance(cov, dict) and all(isinstance(v, dict) for v in cov.values()):
+      return np.array([[float(cov.get(a, {}).get(b, 0.0)) for b in names] for a in names])
+    if isinstance(cov, dict):
+      order = list(cov.get("names") or cov.get("params") or cov.get("coefficients") or [])
+      m = np.asarray(cov["matrix"], float)
+    else:
+      order, m = list(names), np.asarray(cov, float)
+    out = np.zeros((len(names), len(names)))
+    for i, a in enumerate(names):
+      for j, b in enumerate(names):
+        if a in order and b in order:
+          out[i, j] = m[order.index(a), order.index(b)]
+    return out
+  except (KeyError, TypeError, ValueError, IndexError):
+    return None
+
+
+def law_band(fit, batch_size, context_size, level: float = 0.95):
+  """The fitted law's 95% prediction band for one cell's UPT at arrays of B and C (a law
+  without a model-size term).
+
+  Returns ``(lo, hi, how)``: updates (arrays like B) and a phrase saying where the band comes
+  from, or None when the fit carries nothing to make one from. ``fit``: a ``LawFit`` or its
+  ``to_dict()``. Sources, in order: the fit's ``cov`` (covariance of log_T, alpha, beta: a matrix
+  with ``names``, or nested dicts), plus ``sigma`` (the cell-to-cell scatter in ln UPT) when
+  present — without it the band is the law's own (its median's); else the least-squares
+  covariance s²(XᵀX)⁻¹ and scatter s² rebuilt from the fit's residual table (emerged cells;
+  the coefficients' bootstrap intervals alone give no joint distribution). Fixed coefficients
+  contribute no variance. Band: ln UPT ± z·sqrt(gᵀΣg + σ²), g = (1, −ln B, −ln C), z the normal
+  quantile of ``level`` (a normal approximation on ln UPT).
+  """
+  from scipy.stats import norm
+  law = _law_dict(fit)
+  if law.get("gamma") is not None:
+    return None
+  z = float(norm.ppf(0.5 + level / 2))
+  b = np.asarray(batch_size, float)
+  c = np.asarray(context_size, float)
+  b, c = np.broadcast_arrays(b, c)
+  g = np.stack([np.ones_like(b), -np.log(b), -np.log(c)], axis=-1)
+  center = law["log_T"] - law["alpha"] * np.log(b) - law["beta"] * np.log(c)
+  fixed = set((law.get("fixed") or {}).keys())
+  cov = _cov_matrix(law["cov"], list(_LAW_NAMES)) if law.get("cov") is not None else None
+  sigma = law.get("sigma")
+  if cov is not None:
+    how = "95% band of the law from the fit's covariance"
+    var = np.einsum("...i,ij,...j->...", g, cov, g)
+    if sigma is not None and np.isfinite(sigma):
+      var = var + float(sigma) ** 2
+      how = "95% prediction band (the fit's covariance and scatter σ)"
+  else:
+    res = getattr(fit, "residuals", None)
+    free = [i for i, n in enumerate(_LAW_NAMES) if n not in fixed]
+    if res is None or "residual_ln" not in res or len(res) <= len(free):
+      return None
+    if "censored" in res:
+      res = res[~res["censored"].astype(bool)]
+    x = np.stack([np.ones(len(res)), -np.log(res["batch_size"].to_numpy(float)),
+                  -np.log(res["context_size"].to_numpy(float))], axis=1)[:, free]
+    dof = len(res) - len(free)
+    if dof <= 0 or np.linalg.matrix_rank(x) < len(free):
+      return None
+    s2 = float(np.sum(res["residual_ln"].to_numpy(float) ** 2) / dof)
+    cov_free = s2 * np.linalg.inv(x.T @ x)
+    cov = np.zeros((3, 3))
+    cov[np.ix_(free, free)] = cov_free
+    var = np.einsum("...i,ij,...j->...", g, cov, g) + s2
+    how = ("95% prediction band (least-squares covariance and residual scatter of the emerged "
+           "cells)")
+  sd = np.sqrt(np.maximum(var, 0))
+  return np.exp(center - z * sd), np.exp(center + z * sd), how
+
+
+def figure_law(fit, points: pd.DataFrame | None = None):
+  """The figure of ``plot_law``: (1) observed vs predicted UPT, log-log, for the fitted law and
+  the study's; (2) UPT against B per C (ticks at the grid's B), the fitted law's lines and its
+  band (``law_band``; its source in the figure's ``band_source``). The fit's emerged cells come
+  from its residual table; censored cells, from ``points`` (rows with ``censored`` true and a
+  ``censor_step``), are drawn as open triangles at their last checkpoint (a lower bound)."""
   from analysis.scaling import STUDY
   plt = _plt()
   res = fit.residuals
   b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)
   obs = res["observed_updates"].to_numpy(float)
   pred = res["predicted_updates"].to_numpy(float)
+  cens = np.zeros(len(res), bool)
+  if points is not None and fit.gamma is None and {"censored", "censor_step"} <= set(points):
+    extra = points[points["censored"].astype(bool) & points["censor_step"].notna()]
+    if len(extra):
+      eb, ec = extra["batch_size"].to_numpy(float), extra["context_size"].to_numpy(float)
+      b, c = np.concatenate([b, eb]), np.concatenate([c, ec])
+      obs = np.concatenate([obs, extra["censor_step"].to_numpy(float)])
+      pred = np.concatenate([pred, fit.predict_updates(eb, ec)])
+      cens = np.concatenate([cens, np.ones(len(extra), bool)])
   study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
-  ax1.loglog(pred, obs, "o", label=f"fitted: ln T={fit.log_T:.2f}, α={fit.alpha:.2f}, "
-             f"β={fit.beta:.2f} (r={fit.r:.3f})", alpha=0.8)
-  ax1.loglog(study, obs, "s", mfc="none", label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8)
+  r = getattr(fit, "r", math.nan)
+  r_text = "" if r is None or not np.isfinite(r) else f" (r={r:.3f})"
+  ax1.loglog(pred[~cens], obs[~cens], "o", label=f"fitted: ln T={fit.log_T:.2f}, "
+             f"α={fit.alpha:.2f}, β={fit.beta:.2f}{r_text}", alpha=0.8)
+  ax1.loglog(study[~cens], obs[~cens], "s", mfc="none",
+             label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8)
+  if cens.any():
+    ax1.loglog(pred[cens], obs[cens], "^", mfc="none", color="tab:red",
+               label="censored: last checkpoint (fitted law)", alpha=0.8)
   lo = min(obs.min(), pred.min(), study.min()) / 1.5
   hi = max(obs.max(), pred.max(), study.max()) * 1.5
   ax1.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="observed = predicted")
+  number_axis(ax1, "x")
+  number_axis(ax1, "y")
   ax1.set_xlabel("predicted updates to the transition")
   ax1.set_ylabel("observed updates to the transition")
   ax1.legend(fontsize=7)
@@ -152,21 +338,172 @@ def plot_law(fit, out_base: str) -> list[str]:
   cmap = plt.get_cmap("viridis")
   cs = np.unique(c)
   bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
+  how = None
   for k, cv in enumerate(cs):
     color = cmap(k / max(len(cs) - 1, 1))
     m = c == cv
-    ax2.loglog(b[m], obs[m], "o", color=color, label=f"C={cv:g}", alpha=0.8)
-    ax2.loglog(bs, fit.T * bs ** -fit.alpha * cv ** -fit.beta
-               * (1 if fit.gamma is None else np.exp(fit.gamma * np.log(
-                   res["n_params"].to_numpy(float)[m].mean()))), "-", color=color, lw=1)
+    ax2.plot(b[m & ~cens], obs[m & ~cens], "o", color=color, label=f"C={cv:g}", alpha=0.8)
+    if (m & cens).any():
+      ax2.plot(b[m & cens], obs[m & cens], "^", mfc="none", color=color, alpha=0.8)
+    scale = 1.0
+    if fit.gamma is not None:
+      scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
+    ax2.plot(bs, fit.T * bs ** -fit.alpha * cv ** -fit.beta * scale, "-", color=color, lw=1)
+    band = law_band(fit, bs, np.full_like(bs, cv))
+    if band is not None:
+      ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.15, lw=0)
+      how = band[2]
+  grid_axis(ax2, "x", np.unique(b))
+  ax2.set_yscale("log")
+  number_axis(ax2, "y")
   ax2.set_xlabel("batch size B (sequences per update)")
   ax2.set_ylabel("updates to the transition")
-  ax2.legend(fontsize=7)
+  ax2.legend(fontsize=7, title=how and textwrap.fill(f"shaded: {how}", 40), title_fontsize=6)
   ax2.grid(alpha=0.3, which="both")
-  fig.suptitle(f"Emergence law fitted to {fit.n} emerged cells ({fit.n_censored} censored)",
-               fontsize=10)
+  n_cens = getattr(fit, "n_censored", 0)
+  fig.suptitle(f"Emergence law fitted to {fit.n} cells ({n_cens} censored)", fontsize=10)
   fig.tight_layout()
+  fig.band_source = how  # for the report's caption
+  return fig
+
+
+def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:
+  """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B per C
+  with the fitted law's lines and band (``figure_law``). ``fit``: ``analysis.scaling.LawFit``.
+  Returns the PNG and PDF paths."""
+  return _save(figure_law(fit, points), out_base)
+
+
+def save(fig, out_base: str) -> list[str]:
+  """Writes ``fig`` as ``out_base``.png and .pdf and closes it; returns the two paths."""
   return _save(fig, out_base)
+
+
+# ---------------------------------------------------------------- B × C heat map
+
+def seed_median(steps, censored, censor_steps) -> tuple[float, bool]:
+  """The median emergence update over the seeds of one grid point, a censored seed counting as
+  later than its last checkpoint.
+
+  Args:
+    steps: emergence updates per seed (NaN where censored); censored: bools; censor_steps: the
+      last checkpoint per seed (read where censored).
+
+  Returns:
+    ``(value, is_bound)``: the median, or — when the median falls on a censored seed — a lower
+    bound on it (the mean of the middle values, a censored one counting at its last
+    checkpoint; with 2 seeds, one emerged at a and one censored at c: the median exceeds
+    (a + c) / 2) and True. (NaN, False) for no seeds.
+  """
+  censored = np.asarray(censored, bool)
+  if not len(censored):
+    return math.nan, False
+  at = np.where(censored, np.inf, np.asarray(steps, float))
+  order = np.argsort(at, kind="stable")
+  n = len(at)
+  mid = order[(n - 1) // 2: n // 2 + 1]  # one (odd n) or two (even n) middle seeds
+  if censored[mid].any():
+    bound = np.where(censored[mid], np.asarray(censor_steps, float)[mid], at[mid])
+    return float(bound.mean()), True
+  return float(np.median(at[mid])), False
+
+
+def emergence_grid(points: pd.DataFrame, by: list[str] = ()) -> pd.DataFrame:
+  """Per (``by`` …, batch_size, context_size): ``n`` seeds, ``emerged``, ``median_updates`` and
+  ``censored`` from ``seed_median`` (a censored median is a lower bound), ``censor_step`` (the
+  latest last checkpoint of its seeds). ``points``: one row per cell
+  (``analysis.emergence.primary``)."""
+  keys = [*by, "batch_size", "context_size"]
+  rows = []
+  for key, g in points.groupby(keys, sort=True, dropna=False):
+    value, bound = seed_median(g["emergence_step"], g["censored"].astype(bool),
+                               g["censor_step"] if "censor_step" in g else g["emergence_step"])
+    row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+    row.update(n=len(g), emerged=int((~g["censored"].astype(bool)).sum()),
+               median_updates=value, censored=bound,
+               censor_step=float(g["censor_step"].max()) if "censor_step" in g else math.nan)
+    rows.append(row)
+  return pd.DataFrame(rows, columns=[*keys, "n", "emerged", "median_updates", "censored",
+                                     "censor_step"])
+
+
+def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panels: int = 12):
+  """The figure of ``plot_emergence_heatmap``: one panel per value of ``by`` (e.g. the run or a
+  model-size axis), rows B and columns C at the grid's values, colour = log10 of the median
+  emergence update over seeds (one colour scale for all panels). A grid point whose median is
+  censored is hatched ('//') and labelled '> s' (s the lower bound); points where only some
+  seeds emerged say how many ('1/2 seeds').
+
+  Raises:
+    ValueError: ``points`` lacks batch_size, context_size, emergence_step or censored.
+  """
+  need = {"batch_size", "context_size", "emergence_step", "censored"}
+  if not need <= set(points):
+    raise ValueError(f"emergence points need columns {sorted(need)}; missing "
+                     f"{sorted(need - set(points))}")
+  from matplotlib.colors import Normalize
+  from matplotlib.patches import Rectangle
+  plt = _plt()
+  by = [k for k in by if k in points and points[k].nunique(dropna=False) > 1]
+  grid = emergence_grid(points, by)
+  panels = list(grid.groupby(by, sort=True, dropna=False)) if by else [((), grid)]
+  shown = panels[:max_panels]
+  bs = np.sort(grid["batch_size"].unique())
+  cs = np.sort(grid["context_size"].unique())
+  values = np.log10(grid["median_updates"].to_numpy(float))
+  finite = values[np.isfinite(values)]
+  norm = Normalize(finite.min() if len(finite) else 0, finite.max() if len(finite) else 1)
+  cols = min(3, len(shown))
+  rows = math.ceil(len(shown) / cols)
+  w, h = 0.9 * len(cs) + 1.8, 0.6 * len(bs) + 1.4
+  fig, axs = plt.subplots(rows, cols, figsize=(w * cols + 1, h * rows), squeeze=False,
+                          layout="constrained")
+  cmap = plt.get_cmap("viridis")
+  im = None
+  for ax, (key, panel) in zip(axs.flat, shown):
+    med = panel.pivot(index="batch_size", columns="context_size",
+                      values="median_updates").reindex(index=bs, columns=cs)
+    im = ax.imshow(np.log10(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
+                   aspect="auto")
+    for _, row in panel.iterrows():
+      i = int(np.searchsorted(bs, row["batch_size"]))
+      j = int(np.searchsorted(cs, row["context_size"]))
+      v = row["median_updates"]
+      if not np.isfinite(v):
+        continue
+      text = f"{v:,.0f}"
+      if bool(row["censored"]):
+        text = f"> {v:,.0f}"
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
+                               edgecolor="white", lw=0.8, label="censored"))
+      if 0 < row["emerged"] < row["n"]:
+        text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
+      light = norm(math.log10(v)) > 0.6
+      ax.text(j, i, text, ha="center", va="center", fontsize=7,
+              color="black" if light else "white")
+    ax.set_xticks(range(len(cs)), [_number(v) for v in cs])
+    ax.set_yticks(range(len(bs)), [_number(v) for v in bs])
+    ax.set_xlabel("context size C (tokens per sequence)", fontsize=8)
+    ax.set_ylabel("batch size B (sequences per update)", fontsize=8)
+    key = key if isinstance(key, tuple) else (key,)
+    title = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(by, key))
+    ax.set_title(textwrap.fill(title, 40), fontsize=8)
+  for ax in list(axs.flat)[len(shown):]:
+    ax.set_visible(False)
+  if im is not None:
+    bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
+    bar.set_label("log10 median updates to emergence", fontsize=8)
+  note = f" (first {max_panels} of {len(panels)} panels)" if len(panels) > max_panels else ""
+  fig.suptitle("Median emergence update over seeds; hatched '> s': median censored, later "
+               f"than s{note}", fontsize=9)
+  return fig
+
+
+def plot_emergence_heatmap(points: pd.DataFrame, out_base: str, by: list[str] = ()
+                           ) -> list[str]:
+  """The B × C heat map of median emergence updates (``figure_emergence_heatmap``). Returns the
+  PNG and PDF paths."""
+  return _save(figure_emergence_heatmap(points, by), out_base)
 
 
 def plot_emergence_map(emap: pd.DataFrame, frontier: pd.DataFrame | None, out_base: str, *,
