@@ -249,14 +249,17 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
   present — without it the band is the law's own (its median's); else the least-squares
   covariance s²(XᵀX)⁻¹ and scatter s² rebuilt from the fit's residual table (emerged cells;
   the coefficients' bootstrap intervals alone give no joint distribution). Fixed coefficients
-  contribute no variance. Band: ln UPT ± z·sqrt(gᵀΣg + σ²), g = (1, −ln B, −ln C), z the normal
-  quantile of ``level`` (a normal approximation on ln UPT).
+  contribute no variance. Band: ln UPT ± q·sqrt(gᵀΣg + σ²), g = (1, −ln B, −ln C), q the
+  ``level`` quantile of Student's t with the cov's ``t_dof`` (grid points − 1; as ``ihsweep
+  predict`` and ``LawFit.predict_interval`` compute it), else of the normal distribution.
   """
-  from scipy.stats import norm
+  from scipy import stats
   law = _law_dict(fit)
   if law.get("gamma") is not None:
     return None
-  z = float(norm.ppf(0.5 + level / 2))
+  t_dof = law["cov"].get("t_dof") if isinstance(law.get("cov"), dict) else None
+  z = float(stats.t.ppf(0.5 + level / 2, t_dof) if t_dof and t_dof > 0 else
+            stats.norm.ppf(0.5 + level / 2))
   b = np.asarray(batch_size, float)
   c = np.asarray(context_size, float)
   b, c = np.broadcast_arrays(b, c)
@@ -266,11 +269,12 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
   cov = _cov_matrix(law["cov"], list(_LAW_NAMES)) if law.get("cov") is not None else None
   sigma = law.get("sigma")
   if cov is not None:
-    how = "95% band of the law from the fit's covariance"
+    how = "95% band of the law's median (the fit's covariance)"
     var = np.einsum("...i,ij,...j->...", g, cov, g)
     if sigma is not None and np.isfinite(sigma):
       var = var + float(sigma) ** 2
-      how = "95% prediction band (the fit's covariance and scatter σ)"
+      how = ("95% prediction band for a cell (the fit's covariance and its scatter "
+             f"σ = {float(sigma):.2f})")
   else:
     res = getattr(fit, "residuals", None)
     free = [i for i, n in enumerate(_LAW_NAMES) if n not in fixed]

@@ -169,3 +169,14 @@ def test_heatmap_of_b_by_c_marks_censored_grid_points(tmp_path):
   assert all(os.path.getsize(p) > 1000 for p in paths)
   with pytest.raises(ValueError, match="missing .*censored"):
     plots.figure_emergence_heatmap(pts.drop(columns="censored"))
+
+
+def test_law_band_matches_the_fits_own_prediction_interval():
+  """The band drawn is the interval ``ihsweep predict`` and ``LawFit.predict_interval`` give for
+  a cell (same covariance, scatter and t quantile), where the fit has them."""
+  fit = scaling.fit_law(_points(), n_boot=200)
+  b = np.array([8.0, 11.0, 32.0])
+  lo, hi, _ = plots.law_band(fit, b, np.full(3, 64.0))
+  _, lo_fit, hi_fit = fit.predict_interval(b, np.full(3, 64.0), cell=True)
+  np.testing.assert_allclose(lo, lo_fit, rtol=1e-9)
+  np.testing.assert_allclose(hi, hi_fit, rtol=1e-9)
