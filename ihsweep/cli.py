@@ -48,7 +48,9 @@ flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per u
 flags.DEFINE_integer("context_size", None, "predict: context size C (tokens per sequence)")
 flags.DEFINE_string("law", None, "predict, plan: a law JSON with log_T (or T), alpha, beta; "
                     "default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62 (plan: the "
-                    "sweep's law); plan: where an 'emergence' budget stops each group")
+                    "sweep's law); plan: where an 'emergence' budget stops each group; predict: "
+                    "a law from `python -m analysis fit-law` also gives 95% intervals and warns "
+                    "outside the B and C it was fitted on")
 flags.DEFINE_multi_string("grid", [], "run, plan: a sweep axis FIELD=V1,V2,... (repeatable; "
                           "adds to or replaces the config's sweep.grid), e.g. "
                           "--grid=train.batch_size=8,16")
@@ -322,6 +324,10 @@ def _status(argv):
 
 
 def _predict(argv):
+  """``ihsweep predict``: the law's updates and tokens at (B, C); with a fitted law that stores
+  its uncertainty (``cov``, ``sigma``: ``python -m analysis fit-law``), the 95% interval of the
+  median and the 95% prediction interval for one cell (``Law.interval``); a warning (stderr, and
+  ``warnings`` in --json) for a B or C outside the law's fitted ``range``."""
   from ihsweep.law import Law, LawError
   if len(argv) > 1:
     return _fail(f"predict takes flags only, got {' '.join(argv[1:])!r}")
@@ -333,14 +339,39 @@ def _predict(argv):
     law = Law.from_json(FLAGS.law) if FLAGS.law else Law()
     b, c = FLAGS.batch_size, FLAGS.context_size
     updates, tokens = law.updates(b, c), law.tokens(b, c)
+    median = law.interval(b, c) if law.cov is not None else None
+    cell = law.interval(b, c, cell=True) if median and law.sigma is not None else None
   except LawError as e:
     return _fail(str(e))
+  warnings = law.range_warnings(b, c)
+  note = None
+  if median is None:
+    note = ("the study's law is published without intervals" if not FLAGS.law else
+            f"{FLAGS.law} stores no coefficient covariance ('cov': laws written by `python -m "
+            f"analysis fit-law` before intervals were stored, or with too few cells for them)")
+  for w in warnings:
+    print(f"ihsweep: warning: {w}", file=sys.stderr)
+  bc = float(b) * float(c)
   if FLAGS.json:
-    print(json.dumps({"batch_size": b, "context_size": c, "updates": updates, "tokens": tokens,
-                      "law": law.to_dict()}))
+    def span(pair, **extra):
+      return None if pair is None else {"level": 0.95, "updates": list(pair),
+                                        "tokens": [pair[0] * bc, pair[1] * bc], **extra}
+    out = {"batch_size": b, "context_size": c, "updates": updates, "tokens": tokens,
+           "interval": span(median), "prediction_interval": span(cell, sigma=law.sigma),
+           "warnings": warnings, "law": law.to_dict()}
+    if note:
+      out["interval_note"] = note
+    print(json.dumps(out))
     return 0
   print(f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
         f"= {_count(tokens, 1e6, 'M')} tokens")
+  for pair, words in ((median, "95% interval of the law's median"),
+                      (cell, f"95% prediction interval for one cell (sigma = {law.sigma or 0:.2f})")):
+    if pair is not None:
+      print(f"  {words}: {_count(pair[0])}–{_count(pair[1])} updates = "
+            f"{_count(pair[0] * bc, 1e6, 'M')}–{_count(pair[1] * bc, 1e6, 'M')} tokens")
+  if note:
+    print(f"  no interval: {note}")
   print(f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
         f"(T = {_count(law.T)}); {law.source}")
   return 0

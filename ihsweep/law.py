@@ -9,6 +9,13 @@ UPT is the number of updates (optimizer steps) at the transition for batch size 
 update) and context size C (tokens per sequence); the tokens seen by then are UPT · B · C. A law
 fitted by ``python -m analysis fit-law`` (JSON with ``log_T``, ``alpha``, ``beta``) replaces the
 study's constants via ``Law.from_json``.
+
+A fitted law may carry its uncertainty (``python -m analysis fit-law`` writes it): ``cov``, the
+bootstrap covariance of (log_T, alpha, beta) with ``t_dof`` (grid points − 1), and ``sigma``, the
+cell-to-cell scatter of ln UPT about the law; from them ``Law.interval`` gives the interval of the
+predicted median and a prediction interval for one cell (``log_half_width``). Its ``range`` (the
+B and C it was fitted on) lets ``Law.range_warnings`` say when a prediction extrapolates. The
+study's law is published without intervals, so the default ``Law()`` has none.
 """
 
 from __future__ import annotations
@@ -84,6 +91,12 @@ class Law:
   alpha: float = 0.37
   beta: float = 0.62
   source: str = "Aoyama et al. 2025 (arXiv 2511.16893), experiment 1"
+  # A fitted law's uncertainty and domain (None: not known, as for the study's law).
+  cov: tuple | None = None  # 3 × 3 covariance of (log_T, alpha, beta), tuples of floats
+  t_dof: float | None = None  # degrees of freedom of the interval's t quantile (None: normal)
+  sigma: float | None = None  # scatter of ln UPT of one cell about the law
+  batch_range: tuple | None = None  # (min, max) B the law was fitted on
+  context_range: tuple | None = None  # (min, max) C the law was fitted on
 
   def __post_init__(self):
     """Raises LawError for a coefficient that is not a finite number, or |log_T| > MAX_LOG_T."""
@@ -98,6 +111,44 @@ class Law:
   @property
   def T(self) -> float:
     return math.exp(self.log_T)
+
+  def interval(self, batch_size: float, context_size: float, *, level: float = 0.95,
+               cell: bool = False) -> tuple[float, float]:
+    """``(lo, hi)`` updates: the ``level`` interval of the predicted median UPT (the law's own
+    uncertainty), or with ``cell`` the prediction interval for one cell (adds ``sigma``²):
+    exp(ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²))), x = (1, −ln B, −ln C) (``log_half_width``). Times
+    B·C for tokens.
+
+    Raises:
+      LawError: as ``updates``; or the law has no ``cov`` (or, with ``cell``, no ``sigma``).
+    """
+    median = self.updates(batch_size, context_size)
+    if self.cov is None or (cell and self.sigma is None):
+      raise LawError(f"{self.source}: no interval (the law stores no "
+                     f"{'cov' if self.cov is None else 'sigma'})")
+    x = (1.0, -math.log(batch_size), -math.log(context_size))
+    half = float(log_half_width(x, self.cov, self.sigma if cell else 0.0, level, self.t_dof))
+    return median * math.exp(-half), median * math.exp(half)
+
+  def range_warnings(self, batch_size: float, context_size: float) -> list[str]:
+    """One sentence per B or C outside the range the law was fitted on, e.g. "C = 1024 is
+    outside the law's fitted range: fitted on C 16–64; 1024 is 16× beyond"; [] inside it or
+    when the range is not known."""
+    out = []
+    for name, v, span in (("B", batch_size, self.batch_range),
+                          ("C", context_size, self.context_range)):
+      if span is None or not _finite(v) or v <= 0:
+        continue
+      lo, hi = span
+      if v > hi:
+        where = f"{v:g} is {v / hi:.3g}× beyond"
+      elif v < lo:
+        where = f"{v:g} is {lo / v:.3g}× below"
+      else:
+        continue
+      out.append(f"{name} = {v:g} is outside the law's fitted range: fitted on {name} "
+                 f"{lo:g}–{hi:g}; {where}")
+    return out
 
   def updates(self, batch_size: float, context_size: float) -> float:
     """Predicted updates at the transition (float, in [1, e^MAX_LOG_UPDATES]).
@@ -131,8 +182,17 @@ class Law:
     return tokens
 
   def to_dict(self) -> dict:
-    return {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
-            "source": self.source}
+    out = {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
+           "source": self.source}
+    if self.sigma is not None:
+      out["sigma"] = self.sigma
+    if self.cov is not None:
+      out["cov"] = {"names": ["log_T", "alpha", "beta"], "matrix": [list(r) for r in self.cov],
+                    "t_dof": self.t_dof}
+    if self.batch_range is not None or self.context_range is not None:
+      out["range"] = {k: list(v) for k, v in (("batch_size", self.batch_range),
+                                              ("context_size", self.context_range)) if v}
+    return out
 
   @classmethod
   def from_json(cls, path: str) -> "Law":
@@ -140,10 +200,16 @@ class Law:
     other keys, e.g. a fit's ``r`` and ``ci``, ignored) — the format of the analysis package's
     fitted law.
 
+    Also read when present (fit-law writes them; older files without them still load):
+    ``sigma`` (a number >= 0), ``cov`` (``{"names": [...], "matrix": [[...]], "t_dof": n}``
+    with log_T, alpha, beta among the names) and ``range`` (``{"batch_size": [min, max],
+    "context_size": [min, max]}``).
+
     Raises:
       LawError: unreadable file, not a JSON object, missing/non-numeric/non-finite fields,
-        |log_T| > MAX_LOG_T, ``T`` and ``log_T`` that disagree, or a law that also depends on
-        the model size (a fitted ``gamma``: this law takes B and C only).
+        |log_T| > MAX_LOG_T, ``T`` and ``log_T`` that disagree, a law that also depends on
+        the model size (a fitted ``gamma``: this law takes B and C only), or a malformed
+        sigma, cov or range (naming the field).
     """
     try:
       with open(path) as f:
@@ -177,6 +243,61 @@ class Law:
                      f"model size (ln UPT + gamma ln n_params); predictions here take B and C "
                      f"only: fit it without gamma")
     try:
+      values.update(_uncertainty(obj))
+    except LawError as e:
+      raise LawError(f"law file {path}: {e}") from None
+    try:
       return cls(**values, source=path)
     except LawError as e:
       raise LawError(f"law file {path}: {e}") from None
+
+
+def _uncertainty(obj: dict) -> dict:
+  """The ``Law`` fields cov, t_dof, sigma, batch_range, context_range from a law JSON's
+  ``cov``, ``sigma`` and ``range`` (absent or null: not set).
+
+  Raises:
+    LawError: a field of the wrong shape or with a value that is not a finite number (negative
+      variances and sigma, a range whose ends are not 0 < min <= max).
+  """
+  out = {}
+  sigma = obj.get("sigma")
+  if sigma is not None:
+    if not _finite(sigma) or sigma < 0:
+      raise LawError(f"sigma = {_show(sigma)}: need a finite number >= 0 (the scatter of ln UPT)")
+    out["sigma"] = float(sigma)
+  cov = obj.get("cov")
+  if cov is not None:
+    want = ["log_T", "alpha", "beta"]
+    names = cov.get("names") if isinstance(cov, dict) else None
+    matrix = cov.get("matrix") if isinstance(cov, dict) else None
+    if (not isinstance(names, list) or not all(n in names for n in want)
+        or not isinstance(matrix, list) or len(matrix) != len(names)
+        or not all(isinstance(row, list) and len(row) == len(names) for row in matrix)):
+      raise LawError('cov: need {"names": [...] with log_T, alpha, beta, "matrix": a square list '
+                     'of lists, one row per name}')
+    idx = [names.index(n) for n in want]
+    sub = tuple(tuple(matrix[i][j] for j in idx) for i in idx)
+    bad = [v for row in sub for v in row if not _finite(v)]
+    if bad or any(sub[i][i] < 0 for i in range(3)):
+      raise LawError(f"cov: {_show(bad[0]) if bad else 'a negative variance'}: need finite "
+                     f"numbers and variances >= 0")
+    out["cov"] = tuple(tuple(float(v) for v in row) for row in sub)
+    t_dof = cov.get("t_dof")
+    if t_dof is not None:
+      if not _finite(t_dof) or t_dof <= 0:
+        raise LawError(f"cov.t_dof = {_show(t_dof)}: need a number > 0 (grid points - 1)")
+      out["t_dof"] = float(t_dof)
+  span = obj.get("range")
+  if span is not None:
+    if not isinstance(span, dict):
+      raise LawError('range: need {"batch_size": [min, max], "context_size": [min, max]}')
+    for key, field in (("batch_size", "batch_range"), ("context_size", "context_range")):
+      v = span.get(key)
+      if v is None:
+        continue
+      if (not isinstance(v, list) or len(v) != 2 or not all(_finite(e) for e in v)
+          or not 0 < v[0] <= v[1]):
+        raise LawError(f"range.{key} = {_show(v)}: need [min, max] with 0 < min <= max")
+      out[field] = (float(v[0]), float(v[1]))
+  return out
