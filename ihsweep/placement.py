@@ -208,9 +208,13 @@ def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:
 def choose_layout(schedules: list[Schedule]) -> Schedule:
   """The schedule with the shortest makespan; makespans within ``LAYOUT_TIE`` of it count as
   equal and the one with the fewest devices per worker wins (less data-axis communication,
-  which no model here prices, and more workers to take over a failed one)."""
-  best = min(s.makespan_s for s in schedules)
-  return min((s for s in schedules if s.makespan_s <= best * (1 + LAYOUT_TIE)),
+  which no model here prices, and more workers to take over a failed one). Refused or
+  unpredicted schedules are skipped (the first schedule when all are)."""
+  timed = [s for s in schedules if s.makespan_s is not None]
+  if not timed:
+    return schedules[0]
+  best = min(s.makespan_s for s in timed)
+  return min((s for s in timed if s.makespan_s <= best * (1 + LAYOUT_TIE)),
              key=lambda s: s.devices_per_worker)
 
 
@@ -532,9 +536,10 @@ def data_unchecked():
 def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   """``(plan, jobs)`` for a sweep config, planned for any device count: groups are validated
   as a worker of this process would run them (``sweep.placement = 'worker'``,
-  ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them), so that
-  planning N devices this machine lacks is not refused here; the rules are applied by
-  ``worker_schedule`` and ``global_schedule``.
+  ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them;
+  ``sweep.processes_per_worker = 0``: checked against this machine's process count otherwise),
+  so that planning N devices this machine lacks is not refused here; the rules are applied by
+  ``plan_phases``, ``worker_schedule`` and ``global_schedule``.
 
   Raises:
     ConfigError, DataError (``check_data``), LawError: as ``plan.make_plan``.
@@ -546,57 +551,102 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
     if "sweep" not in cfg:
       cfg.sweep = config_lib.default_sweep()
     cfg.sweep.placement = "worker"
+    if "processes_per_worker" in cfg.sweep:
+      cfg.sweep.processes_per_worker = 0
     cfg.mesh.num_devices = 0
   with contextlib.nullcontext() if check_data else data_unchecked():
     plan = plan_lib.make_plan(cfg)
   return plan, jobs_from_plan(cfg, plan, law)
 
 
-# ---- one prediction: both rules, the chosen layout, and how it reads ----
+# ---- one prediction: both rules, the layouts, and how it reads ----
+
+def processes_of(n_devices: int, devices_per_host: int) -> tuple[int, int]:
+  """``(P, d)``: N devices as P processes (hosts) of d devices: d = one host's devices where
+  they divide N, else the largest divisor of N up to a host (N smaller than a host: one
+  process of N)."""
+  d = max(k for k in divisors(n_devices) if k <= devices_per_host)
+  return n_devices // d, d
+
+
+def layout_schedule(jobs, model, n_devices: int, devices_per_worker: int,
+                    devices_per_process: int) -> Schedule:
+  """One phase of N / D workers of D devices (``worker_schedule``). D up to a process's
+  devices: a group may use part of its worker; D a multiple of them (a worker of D / d
+  processes): refused unless every group's mesh uses all D (``fills``)."""
+  if devices_per_worker > devices_per_process:
+    short = [j for j in jobs if not fills(j, devices_per_worker)]
+    if short:
+      j = short[0]
+      return Schedule("worker", n_devices, devices_per_worker, [],
+                      refused=f"{len(short)} of {len(jobs)} groups cannot use all "
+                              f"{devices_per_worker} devices, e.g. group {j.id} (E = "
+                              f"{j.n_models}, B = {j.batch_size})")
+  why = model.cannot_time(devices_per_worker)
+  if why:
+    return Schedule("worker", n_devices, devices_per_worker, [], unpredicted=why)
+  return worker_schedule(jobs, model, n_devices, devices_per_worker)
+
 
 @dataclasses.dataclass
 class Prediction:
-  """What ``ihsweep plan`` prints: the jobs, the throughput model, the new rule's schedule on
-  the chosen layout (``worker``; ``layouts``: every layout tried), today's (``global``), and
-  ``layout_reason``: where the devices per worker came from."""
+  """What ``ihsweep plan`` prints: the jobs, the throughput model, the new rule's phases
+  (``phased``; ``phases_reason``: where they came from) on ``n_processes`` × ``devices_per_process``
+  devices, every one-phase layout tried (``layouts``; ``layout``: the best of them), and today's
+  rule (``global_``)."""
 
   n_devices: int
   budget: str
   n_cells: int
   jobs: list
   model: Any
-  worker: Schedule
+  phased: PhasedSchedule
+  phases_reason: str
   layouts: list
-  layout_reason: str
+  layout: Schedule
   global_: Schedule
+  n_processes: int = 1
+  devices_per_process: int = 1
   updates_note: str = ""
+
+  def slot(self, job) -> Slot:
+    return next(s for s in self.phased.slots if s.group == job.id)
 
   def to_json(self) -> dict:
     rows = []
+    phases = self.phased.phases
     for job in self.jobs:
-      m = group_devices(job.n_models, job.batch_size, self.worker.devices_per_worker)
+      slot = self.slot(job)
+      m = slot.devices
       times = self.model.seconds(job, m)
       row = {"group": job.id, "cells": list(job.cells), "n_models": job.n_models,
              "batch_size": job.batch_size, "context_size": job.context_size,
              "updates": job.updates, "cap_updates": job.cap_updates,
-             "cost_flops": job.cost_flops, "n_params": job.n_params, "devices": m,
+             "cost_flops": job.cost_flops, "n_params": job.n_params, "phase": slot.phase,
+             "devices_per_worker": phases[slot.phase].devices_per_worker, "devices": m,
              "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
              "seconds": times["total_s"], "times": times}
       if self.global_.makespan_s is not None:
         row["global_seconds"] = self.model.seconds(job, self.n_devices)["total_s"]
       rows.append(row)
-    out = {"n_devices": self.n_devices, "budget": self.budget, "n_cells": self.n_cells,
-           "n_groups": len(self.jobs), "throughput": self.model.to_json(),
-           "updates_note": self.updates_note, "groups": rows,
-           "devices_per_worker": self.worker.devices_per_worker,
-           "n_workers": self.worker.n_workers, "layout_reason": self.layout_reason,
-           "schedule": [dataclasses.asdict(s) for s in self.worker.slots],
-           "makespan_s": self.worker.makespan_s, "utilisation": self.worker.utilisation,
-           "layouts": [{"devices_per_worker": s.devices_per_worker, "n_workers": s.n_workers,
-                        "makespan_s": s.makespan_s, "utilisation": s.utilisation}
-                       for s in self.layouts],
-           "global": self.global_.to_json()}
-    return out
+    one = phases[0] if len(phases) == 1 else None
+    return {"n_devices": self.n_devices, "n_processes": self.n_processes,
+            "devices_per_process": self.devices_per_process, "budget": self.budget,
+            "n_cells": self.n_cells, "n_groups": len(self.jobs),
+            "throughput": self.model.to_json(), "updates_note": self.updates_note,
+            "groups": rows, "phases_reason": self.phases_reason,
+            "phases": [p.to_json() for p in phases],
+            "devices_per_worker": one.devices_per_worker if one else None,
+            "n_workers": one.n_workers if one else None,
+            "schedule": [dataclasses.asdict(s) for s in self.phased.slots],
+            "makespan_s": self.phased.makespan_s, "utilisation": self.phased.utilisation,
+            "layouts": [{"devices_per_worker": s.devices_per_worker, "n_workers": s.n_workers,
+                         "processes_per_worker": max(1, s.devices_per_worker //
+                                                     self.devices_per_process),
+                         "makespan_s": s.makespan_s, "utilisation": s.utilisation,
+                         "refused": s.refused, "best": s is self.layout}
+                        for s in self.layouts],
+            "global": self.global_.to_json()}
 
 
 def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
@@ -606,15 +656,21 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
   FLOPs-based (``timing.FlopsModel``; data is not read); without, measured on this machine
   (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
 
-  Devices per worker D: ``devices_per_worker``, else the config's ``mesh.num_devices`` (a
-  worker uses at most that many), else — FLOPs — the divisor of N up to ``devices_per_host``
-  (default ``DEFAULT_DEVICES_PER_HOST``) with the shortest makespan (``choose_layout``), or —
-  measured — this machine's device count (one worker per process on its local devices, the
-  runtime's default), capped at N.
+  The N devices are P processes of d (``processes_of``: d = ``devices_per_host``, default
+  ``DEFAULT_DEVICES_PER_HOST``, with ``flops_per_s``; measured, this machine's device count).
+  The new rule's phases (``plan_phases``, chosen on relative FLOPs as the runtime chooses
+  them, then timed with the model): ``devices_per_worker`` D, else the config's
+  ``mesh.num_devices`` (a worker uses at most that many), give one phase of N / D workers (D a
+  divisor of N up to a host, or a multiple of d: workers of D / d processes); else the config's
+  ``sweep.processes_per_worker`` k >= 1 one phase of teams of k processes; else (0) the phases
+  ``plan_phases`` chooses. The one-phase layouts beside them: D alone when given, else — FLOPs
+  — every divisor of N up to a host and every team of several processes (``layout_schedule``),
+  the best by ``choose_layout``; measured, d.
 
   Raises:
-    LayoutError: a D that does not fit N or a host (the CLI checks its flags first; the
-      config's mesh.num_devices is checked here).
+    LayoutError: a D that fits neither a host nor whole processes, a team some group cannot
+      fill, or a ``sweep.processes_per_worker`` that does not divide P (the CLI checks its
+      flags first; the config's fields are checked here).
     ConfigError, DataError, LawError: as ``plan.make_plan``.
   """
   from ihsweep import timing
@@ -627,26 +683,51 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
     local = jax.local_devices()
     model = timing.MeasuredModel(jobs, local, log=log)
     host = len(local)
+  n_processes, per_process = processes_of(n_devices, host)
   configured = int(cfg.mesh.num_devices)
-  if devices_per_worker:
-    sizes, reason = [devices_per_worker], "--devices_per_worker"
-  elif configured:
-    sizes, reason = [configured], "the config's mesh.num_devices"
-  elif flops_per_s is not None:
-    sizes = candidate_layouts(n_devices, host)
-    reason = (f"chosen: the shortest predicted makespan among D = "
-              f"{', '.join(map(str, sizes))} (divisors of N up to a host's {host} devices; "
-              f"within {LAYOUT_TIE:.0%}, the fewest devices per worker)")
+  teams = int(cfg.sweep.get("processes_per_worker", 0) or 0) if "sweep" in cfg else 0
+  fixed = devices_per_worker or configured
+  if fixed:
+    source = "--devices_per_worker" if devices_per_worker else "the config's mesh.num_devices"
+    multiple = (devices_per_worker and fixed > per_process and not fixed % per_process and
+                not n_processes % (fixed // per_process))
+    if not multiple and (n_devices % fixed or fixed > host):
+      more = (f", or a multiple of a process's {per_process} dividing N (workers of several "
+              f"processes)" if devices_per_worker else "")
+      raise LayoutError(f"{fixed} devices per worker ({source}): need a divisor of N = "
+                        f"{n_devices} of at most {host} (one host's devices){more}")
+    sizes = [fixed]
+    if multiple:
+      refused = layout_schedule(jobs, model, n_devices, fixed, per_process).refused
+      if refused:
+        allowed = [k for k in candidate_layouts(n_devices, per_process)] + [
+            p * per_process for p in divisors(n_processes)
+            if p > 1 and all(fills(j, p * per_process) for j in jobs)]
+        raise LayoutError(f"{fixed} devices per worker ({source}, workers of "
+                          f"{fixed // per_process} processes × {per_process}): {refused}; "
+                          f"allowed: {', '.join(map(str, allowed))}")
+      phases = plan_phases(jobs, n_processes, per_process, fixed // per_process, model=model)
+    else:
+      phases = [_timed_phase(jobs, model, n_devices, fixed, 1, 0.0, 0)]
+    reason = f"{source}: one phase of {n_devices // fixed} worker(s) × {fixed} device(s)"
   else:
-    sizes = [max(d for d in candidate_layouts(n_devices, host))]
-    reason = (f"this machine's {host} device(s), capped at N: one worker per process on its "
-              f"local devices (the runtime's default)")
-  for d in sizes:
-    if n_devices % d or d > host:
-      raise LayoutError(f"{d} devices per worker ({reason}): need a divisor of N = {n_devices} "
-                        f"of at most {host} (one host's devices)")
-  layouts = [worker_schedule(jobs, model, n_devices, d) for d in sizes]
-  chosen = choose_layout(layouts)
+    if flops_per_s is not None:
+      sizes = candidate_layouts(n_devices, per_process) + [
+          p * per_process for p in divisors(n_processes) if p > 1]
+    else:
+      sizes = [per_process]
+    relative = flops_per_s is not None  # the runtime chooses on relative FLOPs
+    phases = plan_phases(jobs, n_processes, per_process, teams,
+                         model=None if relative else model)
+    if relative:
+      phases = time_phases(jobs, phases, n_processes, per_process, model)
+    reason = (f"the config's sweep.processes_per_worker={teams}: one phase of teams of "
+              f"{teams} process(es)" if teams else
+              f"chosen (sweep.processes_per_worker=0): at most {MAX_PHASES} phases of teams "
+              f"of p processes (p dividing P = {n_processes}, ascending; p > 1 only for groups "
+              f"whose mesh uses all p × {per_process} devices), the shortest makespan; within "
+              f"{PHASE_TIE:.0%} of it, the fewest phases, then the smallest teams")
+  layouts = [layout_schedule(jobs, model, n_devices, d, per_process) for d in sizes]
   note = ""
   if plan.budget == "emergence":
     sweep = cfg.sweep
@@ -656,8 +737,11 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
             f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
             f"an earlier run) to predict the stops")
   return Prediction(n_devices=n_devices, budget=plan.budget, n_cells=len(plan.cells), jobs=jobs,
-                    model=model, worker=chosen, layouts=layouts, layout_reason=reason,
-                    global_=global_schedule(jobs, model, n_devices), updates_note=note)
+                    model=model, phased=PhasedSchedule(n_devices, phases),
+                    phases_reason=reason, layouts=layouts, layout=choose_layout(layouts),
+                    global_=global_schedule(jobs, model, n_devices),
+                    n_processes=n_processes, devices_per_process=per_process,
+                    updates_note=note)
 
 
 def duration(seconds: float | None) -> str:
@@ -674,43 +758,83 @@ def _percent(x: float | None) -> str:
   return "—" if x is None else f"{100 * x:.1f}%"
 
 
+def group_list(ids) -> str:
+  """``g000–g004, g007``: group ids with runs of consecutive numbers shortened."""
+  import re
+  nums = [re.fullmatch(r"g(\d+)", i) for i in ids]
+  if not all(nums):
+    return ", ".join(ids)
+  width = len(ids[0]) - 1
+  values = sorted(int(m.group(1)) for m in nums)
+  runs, start = [], values[0] if values else None
+  for a, b in zip(values, values[1:] + [None]):
+    if b != a + 1:
+      runs.append(f"g{start:0{width}d}" + (f"–g{a:0{width}d}" if a != start else ""))
+      start = b
+  return ", ".join(runs)
+
+
+def _layout_name(devices_per_worker: int, n_workers: int, per_process: int) -> str:
+  teams = devices_per_worker // per_process
+  return (f"{n_workers} × {devices_per_worker}" +
+          (f" ({teams} processes each)" if devices_per_worker > per_process else ""))
+
+
 def format_text(p: Prediction) -> str:
   """The plan as ``ihsweep plan`` prints it."""
   from ihsweep.plan import ranges
-  w, g = p.worker, p.global_
+  phased, g, phases, d = p.phased, p.global_, p.phased.phases, p.devices_per_process
   lines = [f"{p.n_cells} cells in {len(p.jobs)} groups (budget '{p.budget}') on N = "
-           f"{p.n_devices} devices", f"throughput: {p.model.describe()}"]
+           f"{p.n_devices} devices: {p.n_processes} process(es) × {d}",
+           f"throughput: {p.model.describe()}"]
   if p.updates_note:
     lines.append(f"updates: {p.updates_note}")
   lines += ["", f"{'group':6} {'cells':>9} {'E':>3} {'B':>5} {'C':>5} {'updates':>10} "
-            f"{'(cap)':>10} {'FLOPs':>9}  {'devices (e×d)':>13} {'time':>9}  "
+            f"{'(cap)':>10} {'FLOPs':>9} {'phase':>5}  {'devices (e×d)':>13} {'time':>9}  "
             f"{'global':>9}"]
   for job in p.jobs:
-    m = group_devices(job.n_models, job.batch_size, w.devices_per_worker)
-    e, d = sharding.mesh_shape(job.n_models, job.batch_size, m)
+    slot = p.slot(job)
+    m = slot.devices
+    e, dd = sharding.mesh_shape(job.n_models, job.batch_size, m)
     on_all = (duration(p.model.seconds(job, p.n_devices)["total_s"])
               if g.makespan_s is not None else "—")
     lines.append(f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
                  f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
-                 f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g}  "
-                 f"{f'{m} ({e}×{d})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
+                 f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g} {slot.phase + 1:>5}  "
+                 f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
                  f"{on_all:>9}")
-  lines += ["", "layouts (workers × devices each):"]
+  lines += ["", "one-phase layouts (workers × devices each):"]
   for s in p.layouts:
-    mark = "  <- chosen" if s is w and len(p.layouts) > 1 else ""
-    lines.append(f"  {s.n_workers:>4} × {s.devices_per_worker:<3} makespan "
-                 f"{duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}")
-  lines.append(f"  devices per worker: {p.layout_reason}")
-  lines += ["", f"schedule, new rule ({w.n_workers} worker(s) × {w.devices_per_worker} "
-            f"device(s); groups most expensive first, each to the worker free first):",
-            f"  {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}"]
-  for s in sorted(w.slots, key=lambda s: (s.start_s, s.worker)):
-    lines.append(f"  {s.worker:>6}  {s.group:6} {s.devices:>7} {duration(s.start_s):>9} "
-                 f"{duration(s.end_s):>9}")
+    name = _layout_name(s.devices_per_worker, s.n_workers, d)
+    mark = "  <- best" if s is p.layout and len(p.layouts) > 1 else ""
+    lines.append(f"  {name:<28} " + (
+        f"refused: {s.refused}" if s.refused else
+        f"not predicted: {s.unpredicted}" if s.unpredicted else
+        f"makespan {duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}"))
+  lines += ["", f"phases, new rule: {p.phases_reason}",
+            f"  {'phase':>5}  {'workers × devices':<28} {'groups':>6} {'start':>9} {'end':>9} "
+            f"{'utilisation':>11}  groups"]
+  for k, ph in enumerate(phases):
+    name = _layout_name(ph.devices_per_worker, ph.n_workers, d)
+    lines.append(f"  {k + 1:>5}  {name:<28} {len(ph.groups):>6} {duration(ph.start_s):>9} "
+                 f"{duration(ph.end_s):>9} {_percent(ph.utilisation):>11}  "
+                 f"{group_list(ph.groups)}")
+  lines += ["", "schedule, new rule (in each phase the groups most expensive first, each to "
+            "the worker free first; a phase starts when the previous one ends):",
+            f"  {'phase':>5} {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}"]
+  for s in sorted(phased.slots, key=lambda s: (s.phase, s.start_s, s.worker)):
+    lines.append(f"  {s.phase + 1:>5} {s.worker:>6}  {s.group:6} {s.devices:>7} "
+                 f"{duration(s.start_s):>9} {duration(s.end_s):>9}")
   today = (f"refused: {g.refused}" if g.refused else
            f"not predicted: {g.unpredicted}" if g.unpredicted else
            f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}")
-  lines += ["", f"new rule (sweep.placement=worker, {w.n_workers} × {w.devices_per_worker}): "
-            f"makespan {duration(w.makespan_s)}, utilisation {_percent(w.utilisation)}",
+  shape = ", then ".join(_layout_name(ph.devices_per_worker, ph.n_workers, d) for ph in phases)
+  best = p.layout
+  lines += ["", f"new rule (sweep.placement=worker, {len(phases)} phase(s): {shape}): "
+            f"makespan {duration(phased.makespan_s)}, utilisation "
+            f"{_percent(phased.utilisation)}",
+            f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
+            f": makespan {duration(best.makespan_s)}, utilisation "
+            f"{_percent(best.utilisation)}",
             f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}"]
   return "\n".join(lines)

@@ -3,10 +3,12 @@ known answers, today's rule, the layouts, the time models, and `ihsweep plan`.""
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 
 import jax
+import ml_collections
 import pytest
 
 from conftest import tiny_config
@@ -197,6 +199,40 @@ def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisa
   assert timed[-1].end_s == pytest.approx(got[-1].end_s / 4e14)
 
 
+
+def test_a_worker_of_several_hosts_is_one_phase_and_refused_where_a_group_cannot_fill_it():
+  from configs import exp1_natural
+  cfg = exp1_natural.get_config("")
+  p = placement.predict(cfg, 64, devices_per_worker=16, flops_per_s=4e14)
+  assert [(x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
+          for x in p.phased.phases] == [(2, 16, 4, 25)]
+  assert p.phased.utilisation == pytest.approx(0.8963, abs=5e-5)
+  with pytest.raises(placement.LayoutError) as e:  # B = 8, E = 2: 16 devices at most
+    placement.predict(cfg, 64, devices_per_worker=32, flops_per_s=4e14)
+  assert str(e.value) == (
+      "32 devices per worker (--devices_per_worker, workers of 4 processes × 8): 5 of 25 groups "
+      "cannot use all 32 devices, e.g. group g004 (E = 2, B = 8); allowed: 1, 2, 4, 8, 16")
+
+
+def test_measured_times_on_one_machine_give_one_phase_of_processes(monkeypatch):
+  # measured, the N devices are processes of this machine's 4: teams of several are not timed
+  pieces = dict(startup_s=1.0, compile_s=0.5, call_s=0.0, update_s=0.01, eval_s=0.0,
+                params_save_s=0.0, state_save_s=0.0)
+  monkeypatch.setattr(timing, "MeasuredModel", functools.partial(
+      timing.MeasuredModel, measure=lambda cfg, devices: dict(devices=len(devices), **pieces)))
+  cfg = tiny_config(**{"train.num_steps": 100})
+  with cfg.unlocked():
+    cfg.sweep.grid.train = ml_collections.ConfigDict({"batch_size": (8, 16, 32)})
+  for n, procs, workers in [(4, 1, 1), (8, 2, 2)]:
+    p = placement.predict(cfg, n)
+    assert (p.n_processes, p.devices_per_process) == (procs, 4)
+    assert [(x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
+            for x in p.phased.phases] == [(1, 4, workers, 3)]
+    assert [s.devices_per_worker for s in p.layouts] == [4]
+  # one worker: 3 groups of 1 s start-up + 100 updates of 0.01 s, one after another
+  assert p.global_.unpredicted and placement.predict(cfg, 4).phased.makespan_s == pytest.approx(6)
+
+
 class _Group:
   """The fields of plan.Group that predicted_updates reads."""
 
@@ -321,7 +357,22 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
   assert g["seconds"] == pytest.approx(g["cost_flops"] / (g["devices"] * 4e14))
   assert 0 < p["utilisation"] <= 1
   assert p["makespan_s"] == pytest.approx(max(s["end_s"] for s in p["schedule"]))
-  assert [x["devices_per_worker"] for x in p["layouts"]] == [1, 2, 4, 8]
+  # one-phase layouts: one host's divisors, then workers of 2, 4, 8 processes (hosts)
+  assert [(x["devices_per_worker"], x["processes_per_worker"], x["refused"] is None)
+          for x in p["layouts"]] == [(1, 1, True), (2, 1, True), (4, 1, True), (8, 1, True),
+                                     (16, 2, True), (32, 4, False), (64, 8, False)]
+  assert [x["devices_per_worker"] for x in p["layouts"] if x["best"]] == [16]
+  assert max(x["utilisation"] or 0 for x in p["layouts"]) == pytest.approx(0.8963, abs=5e-5)
+  # the new rule: 24 groups on the 8 hosts alone, then the most expensive on all of them
+  assert (p["n_processes"], p["devices_per_process"]) == (8, 8)
+  assert [(x["processes_per_worker"], x["devices_per_worker"], x["n_workers"], len(x["groups"]))
+          for x in p["phases"]] == [(1, 8, 8, 24), (8, 64, 1, 1)]
+  assert p["phases"][1]["groups"] == ["g000"] and p["utilisation"] == pytest.approx(0.9958,
+                                                                                    abs=5e-5)
+  assert p["phases"][0]["end_s"] == p["phases"][1]["start_s"]
+  assert p["makespan_s"] == pytest.approx(p["phases"][1]["end_s"])
+  assert p["n_workers"] is None and p["devices_per_worker"] is None  # two phases
+  assert [s["phase"] for s in p["schedule"]] == [0] * 24 + [1]
   assert p["global"]["refused"].startswith("10 of 25 groups cannot use all 64 devices")
   assert p["global"]["utilisation"] is None and p["global"]["makespan_s"] is None
   assert p["throughput"]["model"] == "flops"
@@ -342,7 +393,17 @@ def test_plan_text_says_what_it_assumes(capsys):
   assert code == 0, err
   assert "perfect data-parallel scaling" in out and "no start-up" in out
   assert "today's rule (sweep.placement=global, one mesh of 8): makespan" in out
-  assert "<- chosen" in out
+  assert "<- best" in out
+  assert "new rule (sweep.placement=worker, 1 phase(s): 1 × 8): makespan 1.4 h, " \
+         "utilisation 100.0%" in out
+  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=256",
+                         "--flops_per_s=4e14")
+  assert code == 0, err
+  assert ("new rule (sweep.placement=worker, 3 phase(s): 16 × 16 (2 processes each), then "
+          "4 × 64 (8 processes each), then 1 × 256 (32 processes each)): makespan 2.7 min, "
+          "utilisation 97.4%") in out
+  assert "best one-phase layout, 16 × 16 (2 processes each): makespan 3.4 min, utilisation " \
+         "78.6%" in out
 
 
 @pytest.mark.parametrize("args,words", [
