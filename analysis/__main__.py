@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 
 
@@ -59,9 +60,15 @@ def _parser() -> argparse.ArgumentParser:
   r.add_argument("--no-progress", action="store_true", help="no progress bar")
   f = sub.add_parser("fit-law", help="fit the emergence law to a CSV of emergence points",
                      description="CSV columns batch_size, context_size, emergence_step (updates; "
-                     "empty = censored, skipped) and optionally n_params. Prints one JSON object: "
-                     "log_T, T, alpha, beta, r, n, ci (95 percent bootstrap intervals). An analysis "
-                     "emergence.csv is read at --metric/--method (default ps_max/threshold).")
+                     "empty = censored), censor_step (updates; needed for censored rows: the last "
+                     "checkpoint without emergence), optionally censored and n_params. Fits the "
+                     "law by censored log-normal maximum likelihood (censored cells enter by "
+                     "their survival term) and, for comparison, by least squares on emerged "
+                     "cells. Prints one JSON object on stdout: log_T, T, alpha, beta, sigma, r, "
+                     "n, n_censored, ci (95 percent intervals from a bootstrap over grid points), "
+                     "cov, range, emerged_only, ...; and a table of both fits on stderr. An "
+                     "analysis emergence.csv is read at --metric/--method (default "
+                     "ps_max/threshold).")
   f.add_argument("--csv", required=True, help="emergence points (e.g. DIR/analysis/"
                                               "emergence.csv filtered to one metric and method)")
   f.add_argument("--with-params", action="store_true", help="also fit + gamma ln n_params")
@@ -114,10 +121,12 @@ def _fit_law(args) -> int:
                           seed=args.seed, fixed=fixed)
   except scaling.FitError as e:
     return _fail(f"{args.csv}: {e}")
-  print(json.dumps(fit.to_dict(), indent=2))
+  law = fit.to_dict()
+  print(json.dumps(law, indent=2))
+  print(_fit_summary(law), file=sys.stderr)
   if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
     print(f"python -m analysis: warning: {fit.dof} residual degree(s) of freedom (fewer than "
-          f"{scaling.MIN_DOF_FOR_INTERVALS}): no confidence intervals ('ci' is empty)",
+          f"{scaling.MIN_DOF_FOR_INTERVALS}): no confidence intervals ('ci' is empty) and no r",
           file=sys.stderr)
   return 0
 
@@ -151,24 +160,71 @@ def _report(args) -> int:
   return 0
 
 
+def _law_table(law: dict) -> str:
+  """The fitted law(s) beside the study's, one row each: the main fit ("fitted", or "censored
+  MLE" when the law has an ``emerged_only`` fit, which gets the next row), the study; columns
+  ln T, alpha, beta (95% intervals where there are any), sigma (where the law has it), r ("-"
+  where withheld), cells."""
+  from analysis.scaling import MLE, STUDY
+  from tabulate import tabulate
+  with_sigma = "sigma" in law
+
+  def row(label, fit, cells):
+    ci = fit.get("ci") or {}
+
+    def value(name):
+      text = f"{fit[name]:.2f}"
+      if name in (fit.get("fixed") or {}):
+        return text + " (fixed)"
+      return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
+    r = "-" if fit.get("r") is None else f"{fit['r']:.2f}"
+    return ((label, value("log_T"), value("alpha"), value("beta"))
+            + ((value("sigma") if "sigma" in fit else "",) if with_sigma else ()) + (r, cells))
+
+  n, n_cens = law["n"], law.get("n_censored") or 0
+  if law.get("method") == MLE:
+    cells = f"{n}" + (f" ({n_cens} censored)" if n_cens else "")
+  else:  # a law from before the censored fit: n counts emerged cells only
+    cells = f"{n}" + (f" (+{n_cens} censored)" if n_cens else "")
+  only = law.get("emerged_only")
+  rows = [row("censored MLE" if only else "fitted", law, cells)]
+  if only:
+    rows.append(row("emerged only", only,
+                    f"{only['n']}" + (f" (+{n_cens} left out)" if n_cens else "")))
+  rows.append(("study", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}")
+              + (("",) if with_sigma else ()) + (f"{STUDY['r']:.2f}", ""))
+  headers = ("", "ln T", "alpha (B)", "beta (C)") + (("sigma",) if with_sigma else ()) + (
+      "r", "cells")
+  return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+
+
 def _law_lines(law: dict, out_dir: str) -> str:
   """The fitted law (with 95% intervals where there are any) beside the study's."""
-  from analysis.scaling import STUDY
-  ci = law.get("ci") or {}
-
-  def value(name):
-    text = f"{law[name]:.2f}"
-    return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
-
-  from tabulate import tabulate
-  rows = [("fitted", value("log_T"), value("alpha"), value("beta"), f"{law['r']:.2f}",
-           f"{law['n']}" + (f" (+{law['n_censored']} censored)" if law.get("n_censored") else "")),
-          ("study", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}",
-           f"{STUDY['r']:.2f}", "")]
-  table = tabulate(rows, headers=("", "ln T", "alpha (B)", "beta (C)", "r", "cells"),
-                   tablefmt="plain", disable_numparse=True)
   return (f"law: UPT = T / (B^alpha C^beta), updates; 95% bootstrap intervals -> "
-          f"{out_dir}/law.json\n" + "\n".join("  " + line for line in table.splitlines()))
+          f"{out_dir}/law.json\n"
+          + "\n".join("  " + line for line in _law_table(law).splitlines()))
+
+
+def _fit_summary(law: dict) -> str:
+  """fit-law's words on stderr: the table (``_law_table``), the censored cells, why r or the
+  intervals are missing."""
+  boot = (f"95% intervals from {law['n_boot']} bootstrap resamples of "
+          f"{law.get('n_grid_points', '?')} grid points" if law.get("n_boot") else
+          "no intervals")
+  lines = [f"law: ln UPT = ln T - alpha ln B - beta ln C (updates); {boot}"]
+  lines += ["  " + line for line in _law_table(law).splitlines()]
+  n_cens = law.get("n_censored") or 0
+  if n_cens:
+    lines.append(f"{n_cens} of {law['n']} cells censored (not emerged by their last checkpoint): "
+                 f"in the MLE by P(UPT > censor_step); the emerged-only fit leaves them out")
+  else:
+    lines.append("no censored cells: both fits use the same cells")
+  if law.get("sigma") is not None:
+    lines.append(f"sigma = {law['sigma']:.3f}: the cell-to-cell scatter of ln UPT about the law "
+                 f"(x{math.exp(law['sigma']):.2f} in updates)")
+  if law.get("r") is None and law.get("r_note"):
+    lines.append(f"r {law['r_note']}")
+  return "\n".join(lines)
 
 
 def _empty_value(args) -> str | None:

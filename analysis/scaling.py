@@ -228,6 +228,10 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.nd
   for c, rows in checks:
     v = pts[c].to_numpy(float)
     bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
+    if len(bad) and c == "censor_step" and np.isnan(v[bad[0]]):
+      raise FitError(f"column censor_step: {_where(pts, int(bad[0]))} is censored (empty "
+                     f"emergence_step or censored true) but has no censor_step; give the last "
+                     f"update at which it had not emerged, or drop the row")
     if len(bad):
       what = (" (a censored row's last update without emergence)" if c == "censor_step" else "")
       raise FitError(f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
