@@ -29,8 +29,8 @@ WRITTEN_BY = "python -m analysis report"
 FILES = ("report.md", "report.html", "emergence.csv", "curves.csv", "law.json",
          "agreement.csv", "residuals.csv", "censored_check.csv", "emergence_map.csv",
          "frontier.csv", "factorial.csv")
-FIGURES = ("curves_ps_max", "curves_ar_acc", "curves_la_max", "law", "emergence_map",
-           "factorial")
+FIGURES = ("curves_ps_max", "curves_ar_acc", "curves_la_max", "law", "emergence_bc",
+           "emergence_map", "factorial")
 NAMES = FILES + tuple(f"figures/{f}.{ext}" for f in FIGURES for ext in ("png", "pdf"))
 
 

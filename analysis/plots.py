@@ -341,10 +341,11 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   ax1.grid(alpha=0.3, which="both")
   cmap = plt.get_cmap("viridis")
   cs = np.unique(c)
+  shade = lambda k: cmap(0.85 * k / max(len(cs) - 1, 1))  # noqa: E731 (viridis' end is pale)
   bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
   how = None
   for k, cv in enumerate(cs):
-    color = cmap(k / max(len(cs) - 1, 1))
+    color = shade(k)
     m = c == cv
     ax2.plot(b[m & ~cens], obs[m & ~cens], "o", color=color, label=f"C={cv:g}", alpha=0.8)
     if (m & cens).any():
@@ -365,7 +366,12 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   ax2.legend(fontsize=7, title=how and textwrap.fill(f"shaded: {how}", 40), title_fontsize=6)
   ax2.grid(alpha=0.3, which="both")
   n_cens = getattr(fit, "n_censored", 0)
-  fig.suptitle(f"Emergence law fitted to {fit.n} cells ({n_cens} censored)", fontsize=10)
+  if "MLE" in str(getattr(fit, "method", "")):
+    title = (f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
+             f"censored cells (censored-data maximum likelihood)")
+  else:
+    title = f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
+  fig.suptitle(title, fontsize=10)
   fig.tight_layout()
   fig.band_source = how  # for the report's caption
   return fig

@@ -3,13 +3,15 @@ frontier and factorial tables, figures, and a report.
 
 Writes into ``OUT`` (default ``DIR/analysis/`` of the first DIR):
 
-  report.md      tables and figure links (Markdown)
+  report.md      a generated summary (setup, finding, against the study, limitations:
+                 ``analysis.summary``), then tables and figure links (Markdown)
   report.html    the same, self-contained: figures embedded as base64 PNG, opens offline
   emergence.csv  one row per (run, cell, metric, method): ``analysis.emergence.emergence_table``
   law.json       the fitted law (``analysis.scaling.LawFit.to_dict``; ``ihsweep predict --law``)
                  when the cells identify it; the report says why not otherwise
   agreement.csv, residuals.csv, frontier.csv / emergence_map.csv, factorial.csv (when present)
-  figures/       curves_<metric>, law, emergence_map, factorial (.png and .pdf)
+  figures/       curves_<metric>, emergence_bc (B × C heat map), law, emergence_map, factorial
+                 (.png and .pdf)
   report_manifest.json  the files above that this report wrote, with checksums: a rerun into
                  OUT replaces only those, and refuses to overwrite any other file with their
                  names (``analysis.outputs``)
@@ -27,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -36,6 +39,7 @@ from analysis import emergence as emergence_lib
 from analysis import frontier as frontier_lib
 from analysis import plots
 from analysis import scaling
+from analysis import summary as summary_lib
 from analysis.load import dir_identity, load_runs, unwritable
 from analysis.outputs import OutputError, Outputs
 from ihsweep.rundir import atomic_file
@@ -101,6 +105,18 @@ class _Doc:
   def figure(self, png: str, caption: str):
     self.blocks.append(("figure", png, caption))
 
+  def mark(self) -> int:
+    """A place in the document, for ``insert``."""
+    return len(self.blocks)
+
+  def insert(self, at: int, build) -> None:
+    """Runs ``build(doc)`` and moves the blocks it added to position ``at``."""
+    start = len(self.blocks)
+    build(self)
+    added = self.blocks[start:]
+    del self.blocks[start:]
+    self.blocks[at:at] = added
+
   def markdown(self) -> str:
     out = []
     for b in self.blocks:
@@ -120,7 +136,7 @@ class _Doc:
       if b[0] == "h":
         body.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
       elif b[0] == "p":
-        body.append(f"<p>{html.escape(b[1])}</p>")
+        body.append(f"<p>{_inline_html(b[1])}</p>")
       elif b[0] == "table":
         body.append(b[1].to_html(index=False, border=0, classes="t") +
                     (f"<p class='note'>{html.escape(b[2])}</p>" if b[2] else ""))
@@ -136,6 +152,13 @@ class _Doc:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
             f"</title><style>{style}</style></head><body>\n" + "\n".join(body) +
             "\n</body></html>\n")
+
+
+def _inline_html(text: str) -> str:
+  """A paragraph's Markdown emphasis as HTML: **bold** and `code`; everything else escaped."""
+  text = html.escape(text)
+  text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+  return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 def _sizes(curves: pd.DataFrame) -> str:
@@ -225,6 +248,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   doc = _Doc(out_dir)
   names = ", ".join(r.dir for r in runs)
   doc.h(1, "Induction-head emergence report")
+  summary_at = doc.mark()  # the generated summary goes here once the law is fitted
   doc.p(f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
         f"`python -m analysis report`.")
   n_cells = sum(len(r.cells) for r in runs)
@@ -254,7 +278,8 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
   written["emergence_csv"] = outs.claim("emergence.csv")
   table.to_csv(written["emergence_csv"], index=False)
-  points = emergence_lib.primary(table, opts.metric, opts.method)
+  points = _with_reach(emergence_lib.primary(table, opts.metric, opts.method), curves, runs,
+                       opts.metric)
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
 
@@ -269,6 +294,13 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         "falls on a censored seed and is only known to exceed s). `emergence.csv` has every cell, metric and method; `curves.csv` every "
         "curve.")
   doc.table(_per_point(points, axes))
+  if points["batch_size"].nunique() > 1 or points["context_size"].nunique() > 1:
+    paths = plots.plot_emergence_heatmap(points, outs.figure("emergence_bc"),
+                                         by=["run", *axes])
+    written["figures"] += paths
+    doc.figure(paths[0], "Median emergence update over seeds per batch size B × context size C "
+                         f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
+                         "a censored seed, so it is only known to exceed s.")
   for metric in CURVE_FIGURES:
     if metric in curves and curves[metric].notna().any():
       base = outs.figure(f"curves_{metric}")
@@ -288,7 +320,35 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
 
   _law_section(doc, points, opts, outs, written)
   _frontier_section(doc, points, outs, written)
+
+  def summary(d: _Doc) -> None:
+    d.h(2, "Summary")
+    for text in summary_lib.summary(points, written["law"], config=runs[0].config, axes=axes,
+                                    law_error=written["law_error"], metric=opts.metric,
+                                    method=opts.method, n_runs=len(runs)):
+      d.p(text)
+    d.p("What the study measured and found, and where ihsweep differs from it: docs/study.md "
+        "in the ihsweep repository.")
+
+  doc.insert(summary_at, summary)
   return _finish(doc, outs, written, runs)
+
+
+def _with_reach(points: pd.DataFrame, curves: pd.DataFrame, runs, metric: str) -> pd.DataFrame:
+  """``points`` with ``last_step`` (each model's last checkpoint with a value of ``metric``) and
+  ``budget_updates`` (from the run's cells table, when it has one) for the summary."""
+  have = curves[curves[metric].notna()] if metric in curves else curves
+  last = have.groupby(["run", "cell"])["step"].max().rename("last_step").reset_index()
+  out = points.drop(columns=[c for c in ("last_step",) if c in points]).merge(
+      last, on=["run", "cell"], how="left")
+  if "budget_updates" not in out:
+    budgets = [r.cells[["cell", "budget_updates"]].assign(run=r.name) for r in runs
+               if "budget_updates" in r.cells]
+    if budgets:
+      b = pd.concat(budgets).drop_duplicates(["run", "cell"])
+      b["budget_updates"] = pd.to_numeric(b["budget_updates"], errors="coerce")
+      out = out.merge(b, on=["run", "cell"], how="left")
+  return out
 
 
 def _law_section(doc, points, opts, outs: Outputs, written) -> None:
@@ -304,33 +364,27 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   with open(outs.claim("law.json"), "w") as f:
     json.dump(law, f, indent=2)
   written["law"] = law
-  ci = fit.ci
-  doc.p(f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
-        f"({fit.n_censored} censored, excluded); 95% intervals from {fit.n_boot} bootstrap "
-        f"resamples of cells. `law.json` is accepted by `ihsweep predict --law=FILE`." +
-        (f" Caution: the {fit.n_censored} censored cells had not emerged by their last "
-         f"checkpoint; leaving them out biases the law towards early emergence where they "
-         f"cluster — train them longer to include them." if fit.n_censored else ""))
-  rows = [{"coefficient": k, "estimate": law[k], "ci_low": ci.get(k, [math.nan] * 2)[0],
-           "ci_high": ci.get(k, [math.nan] * 2)[1],
-           "study": scaling.STUDY.get(k, math.exp(scaling.STUDY["log_T"]) if k == "T"
-                                      else math.nan)}
-          for k in ("log_T", "T", "alpha", "beta")]
-  rows.append({"coefficient": "r", "estimate": fit.r, "ci_low": math.nan, "ci_high": math.nan,
-               "study": scaling.STUDY["r"]})
-  doc.table(pd.DataFrame(rows))
+  doc.p(_law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
+        "prints the prediction with its interval.")
+  doc.table(_law_table(fit))
+  n_emerged = getattr(fit, "n_emerged", 0) or fit.n
   if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
-    doc.p(f"Warning: {fit.n} cells for {fit.n - fit.dof} coefficients leave {fit.dof} degree(s) "
-          f"of freedom: the fit passes (nearly) through the points, r says nothing, and no "
-          f"intervals are given. Treat this law as a description of these cells only.")
+    doc.p(f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
+          f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
+          f"nothing, and no intervals are given. Treat this law as a description of these "
+          f"cells only.")
   check = scaling.censored_check(fit, points)
   if len(check):
     check.to_csv(outs.claim("censored_check.csv"), index=False)
     bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
+    censored_fit = _is_censored_fit(fit)
     doc.p(f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
-          f"the law predicts emergence before their last checkpoint, yet they had not emerged"
-          + (" — evidence that the law, fitted without them, predicts too early there."
-             if bad else "."))
+          f"the law's median predicts emergence before their last checkpoint, yet they had not "
+          f"emerged" + (
+              " (the censored fit already counts them: with scatter σ some such cells are "
+              "expected)." if censored_fit and bad else
+              " — evidence that the law, fitted without them, predicts too early there."
+              if bad else "."))
     doc.table(check)
   doc.p("Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
         "than the law predicts):")
@@ -347,10 +401,73 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
   doc.p("Residuals per cell (`residuals.csv`):")
   doc.table(fit.residuals)
-  paths = plots.plot_law(fit, outs.figure("law"))
+  fig = plots.figure_law(fit, points)
+  band = getattr(fig, "band_source", None)
+  paths = plots.save(fig, outs.figure("law"))
   written["figures"] += paths
   doc.figure(paths[0], "Observed vs predicted updates to the transition (fitted and study laws), "
-                       "and updates vs batch size per context size.")
+                       "and updates vs batch size per context size with the fitted law"
+                       + (f" and its {band}" if band else "") + "; censored cells as open "
+                       "triangles at their last checkpoint (emergence later than that).")
+
+
+def _is_censored_fit(fit) -> bool:
+  return getattr(fit, "method", None) == getattr(scaling, "MLE", object())
+
+
+def _law_words(fit) -> str:
+  """How the law was fitted, for the law section (both the censored fit of analysis.scaling and
+  a fit without ``method``: least squares on the emerged cells)."""
+  n_cens = fit.n_censored
+  if _is_censored_fit(fit):
+    text = (f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
+            f"{fit.n_emerged} emerged and {n_cens} censored cells (log-normal scatter; a "
+            f"censored cell enters by the probability that it emerges after its last "
+            f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law.")
+    if fit.n_boot:
+      grid = getattr(fit, "n_grid_points", 0)
+      text += (f" 95% intervals from {fit.n_boot} bootstrap resamples of the "
+               f"{grid or ''} grid points (all seeds of a point together).").replace("  ", " ")
+    if getattr(fit, "emerged_only", None) is not None:
+      text += (" The column `emerged_only` is least squares on the emerged cells alone (the "
+               "fit used before censored cells entered)" +
+               (f"; it leaves the {n_cens} censored cells out and is biased towards early "
+                f"emergence where they cluster." if n_cens else
+                "; with no censored cell both fits estimate the same law."))
+    return text
+  text = (f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
+          f"({n_cens} censored, excluded); 95% intervals from {fit.n_boot} bootstrap resamples.")
+  if n_cens:
+    text += (f" Caution: leaving the {n_cens} censored cells out biases the law towards early "
+             f"emergence where they cluster.")
+  return text
+
+
+def _law_table(fit) -> pd.DataFrame:
+  """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, and
+  the study's values."""
+  law, ci = fit.to_dict(), fit.ci
+  eo = law.get("emerged_only") or None
+  names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
+  if "sigma" in law:
+    names.append("sigma")
+  rows = []
+  for k in names:
+    row = {"coefficient": k, "estimate": law.get(k, math.nan),
+           "ci_low": ci.get(k, [math.nan] * 2)[0], "ci_high": ci.get(k, [math.nan] * 2)[1]}
+    if eo is not None:
+      row["emerged_only"] = eo.get(k, math.nan)
+    row["study"] = (math.exp(scaling.STUDY["log_T"]) if k == "T" else
+                    scaling.STUDY.get(k, math.nan))
+    rows.append(row)
+  r = law.get("r")
+  row = {"coefficient": "r", "estimate": math.nan if r is None else r, "ci_low": math.nan,
+         "ci_high": math.nan}
+  if eo is not None:
+    row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
+  row["study"] = scaling.STUDY["r"]
+  rows.append(row)
+  return pd.DataFrame(rows)
 
 
 def _frontier_section(doc, points, outs: Outputs, written) -> None:
