@@ -2,14 +2,18 @@
 
 Two rules, side by side:
 
-* **workers** (``sweep.placement = 'worker'``, ``ihsweep.sweep``): the N devices form W = N / D
-  workers of D devices (a worker is one process: its local devices, so D is at most one host's
-  accelerators). Workers take the planned groups in plan order (most expensive first) and
-  dynamically: a worker that finishes takes the next pending group. A group trains on the
-  largest number m of its worker's devices its mesh can use (``sharding.usable_devices``: at
-  most E · B); the worker's other D − m devices idle meanwhile. Simulated by list scheduling
-  (``simulate``): each group, in plan order, starts on the worker that frees first (the lowest
-  index among ties).
+* **workers** (``sweep.placement = 'worker'``, ``ihsweep.sweep``): the N devices form workers
+  that take the planned groups in plan order (most expensive first) and dynamically: a worker
+  that finishes takes the next pending group. A group trains on the largest number m of its
+  worker's D devices its mesh can use (``sharding.usable_devices``: at most E · B); the
+  worker's other D − m devices idle meanwhile. Simulated by list scheduling (``simulate``):
+  each group, in plan order, starts on the worker that frees first (the lowest index among
+  ties). Inside one jax.distributed job of P processes of d devices the sweep runs in
+  **phases** (``plan_phases``, ``Phase``): in each, the processes form teams of p consecutive
+  processes (p = 1: one process's local devices; p = P: one global mesh) that take that
+  phase's groups, a group going to teams of p > 1 only if its mesh uses all p · d devices; a
+  phase starts when the previous one has finished its groups. Independent processes (no
+  jax.distributed) are one phase of p = 1.
 * **global** (``sweep.placement = 'global'``, the rule before workers): every group on one mesh
   of all N devices, one after another; refused when a group cannot use all N
   (``sharding.mesh_shape``).
@@ -42,7 +46,9 @@ from typing import Any
 from ihsweep import sharding
 
 class LayoutError(ValueError):
-  """Devices per worker that do not fit the devices (not a divisor of N, or over a host)."""
+  """Devices per worker that do not fit the devices (not a divisor of N, over a host and not
+  whole processes), a team size that does not divide the processes, or a team some group
+  cannot fill."""
 
 
 DEFAULT_DEVICES_PER_HOST = 8  # 8 GPUs per node, 8 TPU chips per v5e/v6e host (4 on v4/v5p)
@@ -222,6 +228,7 @@ def choose_layout(schedules: list[Schedule]) -> Schedule:
 
 PHASE_TIE = 0.01  # phase plans within 1% of the best makespan count as equal (see plan_phases)
 MAX_PHASES = 3
+SEARCH_WORK = 3_000_000  # about the most list-scheduling steps plan_phases takes (_cut_search)
 
 
 @dataclasses.dataclass
@@ -371,7 +378,8 @@ def plan_phases(jobs, n_processes: int, devices_per_process: int, processes_per_
   sizes the best cut is found exactly (a minimum over the cut points, phase makespans computed
   once per (p, run)); among the sequences within ``PHASE_TIE`` (1%) of the best makespan the one
   with fewer phases, then smaller teams (largest first), wins. Cost: O(|divisors| · n²) phase
-  schedules at most, e.g. 25 groups on 32 processes in well under a second.
+  schedules, fewer cut points past ``SEARCH_WORK`` (``_cut_search``): exp1's 25 groups on 32
+  processes take milliseconds, 1,000 groups on 128 processes about a second.
 
   Returns:
     ``Phase``\\ s in ascending team size, each with its groups in plan order, slots, start and
@@ -412,21 +420,30 @@ def plan_phases(jobs, n_processes: int, devices_per_process: int, processes_per_
 
 def _cut_search(jobs, sizes, n_processes, d, model) -> list:
   """``[(p, group ids)]``: the best cut of the ordered groups into runs of increasing team
-  sizes (``plan_phases``)."""
+  sizes (``plan_phases``). Cut points: every position while |sizes| · n³ list-scheduling steps
+  stay within ``SEARCH_WORK``, else the positions where the order's (largest team, E · B)
+  changes and m evenly spaced ones (m ≈ √(SEARCH_WORK / (|sizes| · n)))."""
   fit = {p: [p == 1 or fills(j, p * d) for j in jobs] for p in sizes}
   largest = [max(p for p in sizes if fit[p][i]) for i in range(len(jobs))]
-  order = sorted(range(len(jobs)), key=lambda i: (
-      largest[i], jobs[i].n_models * jobs[i].batch_size, jobs[i].cost_flops, i))
+  key = [(largest[i], jobs[i].n_models * jobs[i].batch_size) for i in range(len(jobs))]
+  order = sorted(range(len(jobs)), key=lambda i: (*key[i], jobs[i].cost_flops, i))
   n, inf = len(order), math.inf
-  # span[p][i][j]: the makespan of ordered groups i … j − 1 on the P / p teams of p processes
-  # (inf where one of them does not fill a team), list-scheduled in plan order
+  if len(sizes) * n ** 3 <= SEARCH_WORK:
+    cuts_at = list(range(n + 1))
+  else:
+    m = max(16, math.isqrt(int(SEARCH_WORK // (len(sizes) * n))))
+    cuts_at = sorted({round(k * n / m) for k in range(m + 1)} |
+                     {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]})
+  at_cut = set(cuts_at)
+  # span[p][i, j]: the makespan of ordered groups i … j − 1 on the P / p teams of p processes
+  # (absent where one of them does not fill a team), list-scheduled in plan order
   span = {}
   for p in sizes:
     teams, devices = n_processes // p, p * d
     entries = [_entry(job, model, group_devices(job.n_models, job.batch_size, devices))
                for job in jobs]  # plan order
-    table = [[inf] * (n + 1) for _ in range(n + 1)]
-    for i in range(n):
+    table = span[p] = {}
+    for i in cuts_at[:-1]:
       longest, members = 0.0, []
       for j in range(i + 1, n + 1):
         k = order[j - 1]
@@ -434,33 +451,34 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
           break
         bisect.insort(members, k)
         longest = max(longest, entries[k][2] + entries[k][3])
-        table[i][j] = (longest if j - i <= teams else
-                       _makespan([entries[m] for m in members], teams))
-    span[p] = table
+        if j in at_cut:
+          table[i, j] = (longest if j - i <= teams else
+                         _makespan([entries[m] for m in members], teams))
   suffixes = {}
 
   def suffix(tail):  # {i: (the best makespan of groups i … n − 1 on runs of tail, its cuts)}
     if tail not in suffixes:
       table = span[tail[0]]
       if len(tail) == 1:
-        suffixes[tail] = {i: (table[i][n], ()) for i in range(n)}
+        suffixes[tail] = {i: (table.get((i, n), inf), ()) for i in cuts_at[:-1]}
       else:
         rest = suffix(tail[1:])
-        suffixes[tail] = {i: min(((table[i][c] + rest[c][0], (c, *rest[c][1]))
-                                  for c in range(i + 1, n)), key=lambda x: x[0],
+        suffixes[tail] = {i: min(((table.get((i, c), inf) + rest[c][0], (c, *rest[c][1]))
+                                  for c in cuts_at if i < c < n), key=lambda x: x[0],
                                  default=(inf, ()))
-                          for i in range(n)}
+                          for i in cuts_at[:-1]}
     return suffixes[tail]
 
   best = []  # (makespan, team sizes, cuts)
   for count in range(1, min(MAX_PHASES, len(sizes), n) + 1):
     for seq in itertools.combinations(sizes, count):
       if count == 1:
-        total, cuts = span[seq[0]][0][n], ()
+        total, cuts = span[seq[0]].get((0, n), inf), ()
       else:
         rest = suffix(seq[1:])
-        total, cuts = min(((span[seq[0]][0][c] + rest[c][0], (c, *rest[c][1]))
-                           for c in range(1, n)), key=lambda x: x[0])
+        total, cuts = min(((span[seq[0]].get((0, c), inf) + rest[c][0], (c, *rest[c][1]))
+                           for c in cuts_at if 0 < c < n), key=lambda x: x[0],
+                          default=(inf, ()))
       if total < inf:
         best.append((total, seq, cuts))
   top = min(t for t, _, _ in best)
@@ -474,6 +492,8 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
 def _makespan(entries, teams: int) -> float:
   """The end of list scheduling ``entries`` (in order) on ``teams`` identical workers, as
   ``simulate`` (a worker's first group pays its ``first_s``)."""
+  if teams == 1:
+    return sum(t for _, _, t, _ in entries) + (entries[0][3] if entries else 0.0)
   free = [(0.0, w, True) for w in range(min(teams, len(entries)))]
   end = 0.0
   for _, _, t, first in entries:
