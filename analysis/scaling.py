@@ -588,7 +588,9 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       all_draws = np.tile(np.array([values[n_] for n_ in all_names]), (len(draws), 1))
       all_draws[:, free] = draws
       ci = _percentiles(draws, names, values, sigmas, sigma, factor)
-      cov = np.atleast_2d(np.cov(all_draws, rowvar=False)) * n_groups / (n_groups - 1)
+      cov = np.zeros((len(all_names), len(all_names)))  # fixed coefficients: exactly 0
+      cov[np.ix_(free, free)] = np.atleast_2d(np.cov(draws, rowvar=False)) * n_groups / (
+          n_groups - 1)
     return LawFit(log_T=values["log_T"], alpha=values["alpha"], beta=values["beta"], r=r,
                   n=n, ci=ci, residuals=residuals,
                   gamma=values["gamma"] if with_params else None, n_censored=n_cens,
