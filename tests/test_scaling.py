@@ -238,3 +238,34 @@ def test_ihsweep_predict_gives_the_fitted_law_s_interval_and_warns_outside_its_r
   path.write_text(json.dumps(old))  # a law file from before the censored fit
   r = predict("--batch_size=8", "--context_size=1024", f"--law={path}")
   assert "no interval:" in r.stdout and "stores no coefficient covariance" in r.stdout
+
+
+def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, capsys):
+  from analysis import __main__ as cli
+  csv = tmp_path / "emergence.csv"
+  pts = _grid(seed=3)
+  pts.to_csv(csv, index=False)
+  assert cli.main(["fit-law", "--csv", str(csv), "--n-boot", "300"]) == 0
+  out, err = capsys.readouterr()
+  law = json.loads(out)  # stdout stays one JSON object
+  assert law["n_censored"] == int(pts["censored"].sum()) and law["emerged_only"]["n"] == law[
+      "n_emerged"]
+  lines = err.splitlines()
+  assert lines[0].startswith("law: ln UPT = ln T - alpha ln B - beta ln C (updates); 95% "
+                             "intervals from 300 bootstrap resamples of 36 grid points")
+  assert lines[1].split() == ["ln", "T", "alpha", "(B)", "beta", "(C)", "sigma", "r", "cells"]
+  mle, only, study = lines[2].split(), lines[3].split(), lines[4].split()
+  assert mle[:2] == ["censored", "MLE"] and mle[2] == f"{law['log_T']:.2f}"
+  assert mle[-3:] == ["72", f"({law['n_censored']}", "censored)"]
+  assert only[:2] == ["emerged", "only"] and only[2] == f"{law['emerged_only']['log_T']:.2f}"
+  assert only[-4:] == [str(law["n_emerged"]), f"(+{law['n_censored']}", "left", "out)"]
+  assert study[0] == "study" and study[1] == "13.26"
+  assert f"{law['n_censored']} of 72 cells censored" in lines[5]
+  assert lines[6].startswith(f"sigma = {law['sigma']:.3f}")
+  few = tmp_path / "few.csv"
+  pts.iloc[[40, 45, 50, 55, 60]].to_csv(few, index=False)  # 5 emerged cells: 2 dof
+  assert cli.main(["fit-law", "--csv", str(few)]) == 0
+  out, err = capsys.readouterr()
+  assert json.loads(out)["r"] is None
+  assert "r not reported: 2 residual degree(s) of freedom (fewer than 3)" in err
+  assert err.splitlines()[2].split()[-2:] == ["-", "5"]  # no r in the table
