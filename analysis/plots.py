@@ -460,7 +460,11 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   shown = panels[:max_panels]
   bs = np.sort(grid["batch_size"].unique())
   cs = np.sort(grid["context_size"].unique())
-  values = np.log10(grid["median_updates"].to_numpy(float))
+  def log_updates(v):  # colour scale; a bound of 0 (censored at update 0) gets no colour
+    v = np.asarray(v, float)
+    return np.log10(np.where(v > 0, v, np.nan))
+
+  values = log_updates(grid["median_updates"])
   finite = values[np.isfinite(values)]
   norm = Normalize(finite.min() if len(finite) else 0, finite.max() if len(finite) else 1)
   cols = min(3, len(shown))
@@ -473,7 +477,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   for ax, (key, panel) in zip(axs.flat, shown):
     med = panel.pivot(index="batch_size", columns="context_size",
                       values="median_updates").reindex(index=bs, columns=cs)
-    im = ax.imshow(np.log10(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
+    im = ax.imshow(log_updates(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
                    aspect="auto")
     for _, row in panel.iterrows():
       i = int(np.searchsorted(bs, row["batch_size"]))
@@ -488,7 +492,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
                                edgecolor="white", lw=0.8, label="censored"))
       if 0 < row["emerged"] < row["n"]:
         text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
-      light = norm(math.log10(v)) > 0.6
+      light = v <= 0 or norm(math.log10(v)) > 0.6  # no colour (a bound of 0): black text
       ax.text(j, i, text, ha="center", va="center", fontsize=7,
               color="black" if light else "white")
     ax.set_xticks(range(len(cs)), [_number(v) for v in cs])

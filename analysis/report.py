@@ -301,7 +301,10 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     doc.figure(paths[0], "Median emergence update over seeds per batch size B × context size C "
                          f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
                          "a censored seed, so it is only known to exceed s.")
-  for metric in CURVE_FIGURES:
+  if not (curves["step"] > 0).any():
+    doc.p("No curve figures: every curve has only its update-0 point so far (the figures' "
+          "log axis of updates starts at the first checkpoint after 0).")
+  for metric in CURVE_FIGURES if (curves["step"] > 0).any() else ():
     if metric in curves and curves[metric].notna().any():
       base = outs.figure(f"curves_{metric}")
       paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method,

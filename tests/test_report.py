@@ -188,7 +188,7 @@ def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
 
 # ---------------------------------------------------------------- the report that opens with it
 
-def _sigmoid_sweep(root) -> str:
+def _sigmoid_sweep(root, last: int = 4096) -> str:
   """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
   C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
   UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096)."""
@@ -207,7 +207,7 @@ def _sigmoid_sweep(root) -> str:
   runner.write_resolved_config(cfg, workdir)
   rundir.write_cells(plan, workdir)
   steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)]
-  steps = sorted(set(s for s in steps if s <= 4096))
+  steps = sorted(set(s for s in steps if s <= last))
   for group in plan.groups:
     gdir = rundir.group_dir(workdir, group.id)
     os.makedirs(gdir)
@@ -250,3 +250,13 @@ def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_pat
   assert "<b>Setup.</b>" in page and "**" not in page
   law = json.load(open(os.path.join(sweep, "analysis", "law.json")))
   assert 0.6 < law["alpha"] < 1.0  # the curves' UPT ∝ B^-0.8
+
+
+def test_a_sweep_evaluated_only_at_update_0_gets_words_and_no_curve_figure(tmp_path):
+  from analysis import report
+  sweep = _sigmoid_sweep(tmp_path, last=0)
+  out = report.report([sweep], None, report.Options(progress=False, n_boot=0, source="online"))
+  md = " ".join(open(out["report_md"]).read().split())
+  assert "0 of 12 models emerged by their last checkpoint; none did" in md
+  assert "No curve figures: every curve has only its update-0 point so far" in md
+  assert "curves_ps_max.png" not in md
