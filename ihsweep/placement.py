@@ -244,7 +244,9 @@ class Phase:
 
   slots: the predicted schedule (``Slot``, times in seconds from the sweep's start: with
   ``timing.FlopsModel(1.0)`` in FLOPs, relative times); start_s / end_s: when the phase starts
-  and ends; n_devices: the job's N = P · d (what utilisation is a share of).
+  and ends; n_devices: the job's N = P · d (what utilisation is a share of). (``ihsweep plan
+  --devices_per_worker=D`` with D below a process's devices: p = 1, ``devices_per_worker`` D,
+  several workers per process.)
   """
 
   processes_per_worker: int
