@@ -181,23 +181,50 @@ def _seeds(points: pd.DataFrame, keys: list[str]) -> tuple[int, int]:
   return int(per.min()), int(per.max())
 
 
+def _other_axes(points: pd.DataFrame, axes) -> list[str]:
+  """Grid axes besides B and C that take more than one value in ``points``."""
+  return [a for a in axes if a in points and points[a].nunique() > 1]
+
+
+def _show(v) -> str:
+  return f"{v:g}" if isinstance(v, (int, float, np.number)) else str(v)
+
+
+def _axis_values(points: pd.DataFrame, axis: str) -> str:
+  if pd.api.types.is_numeric_dtype(points[axis]):
+    return _values(points[axis])
+  return "{" + ", ".join(sorted(points[axis].astype(str).unique())) + "}"
+
+
+def _by_axis_words(points: pd.DataFrame, axes, max_values: int = 8) -> str:
+  """How many models emerged at each value of each other grid axis: a count per value, no
+  trend claimed ('data.reliability: 0.5 → 0 of 4, 1 → 3 of 4')."""
+  out = []
+  for a in _other_axes(points, axes)[:3]:
+    counts = points.assign(emerged=~points["censored"].astype(bool)).groupby(a)["emerged"]
+    values = list(counts)
+    if len(values) > max_values:
+      continue
+    out.append(f"{a}: " + ", ".join(f"{_show(v)} → {int(g.sum())} of {len(g)}"
+                                    for v, g in values))
+  return ("Emerged models per value of the other grid axes — " + "; ".join(out) + ".") if out \
+      else ""
+
+
 def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str:
   lo, hi = _seeds(points, keys)
   seeds = f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
+  others = _other_axes(points, axes)
   if points["batch_size"].nunique() == 1 and points["context_size"].nunique() == 1:
-    grid = (f"one point, B {points['batch_size'].iloc[0]:g} sequences per update, C "
+    grid = (f"B {points['batch_size'].iloc[0]:g} sequences per update and C "
             f"{points['context_size'].iloc[0]:g} tokens per sequence")
+    grid += (" throughout, over " + " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
+             if others else " (one grid point)")
   else:
     grid = (f"B ∈ {_values(points['batch_size'])} sequences per update × C ∈ "
             f"{_values(points['context_size'])} tokens per sequence")
-  others = [a for a in axes if a in points and points[a].nunique() > 1]
-  if others:
-    def axis_values(a):
-      if pd.api.types.is_numeric_dtype(points[a]):
-        return _values(points[a])
-      return "{" + ", ".join(sorted(points[a].astype(str).unique())) + "}"
-
-    grid += " × " + " × ".join(f"{a} ∈ {axis_values(a)}" for a in others)
+    if others:
+      grid += " × " + " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
   lr = _get(cfg, "train.lr")
   schedule = _get(cfg, "train.schedule", "")
   opt = ""
@@ -274,7 +301,14 @@ def _count_trend(value: float, ci, var: str, what: str) -> tuple[str, str | None
 
 
 def finding_paragraph(points: pd.DataFrame, law: dict | None, law_error: str | None,
-                      keys: list[str]) -> str:
+                      keys: list[str], axes=()) -> str:
+  text = _finding(points, law, law_error, keys)
+  by_axis = _by_axis_words(points, axes)
+  return f"{text} {by_axis}" if by_axis else text
+
+
+def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None,
+             keys: list[str]) -> str:
   emerged = ~points["censored"].astype(bool)
   n, k = len(points), int(emerged.sum())
   parts = [f"**Finding.** {k} of {n} models emerged by their last checkpoint"]
@@ -556,6 +590,6 @@ def summary(points: pd.DataFrame, law: dict | None = None, *, config=None, axes=
   keys = [k for k in ("run", *axes, "batch_size", "context_size") if k in points]
   keys = list(dict.fromkeys(keys))
   return [setup_paragraph(points, cfg, keys, list(axes), metric, method, n_runs),
-          finding_paragraph(points, law, law_error, keys),
+          finding_paragraph(points, law, law_error, keys, list(axes)),
           study_paragraph(points, law, cfg),
           limitations_paragraph(points, law, cfg, keys)]

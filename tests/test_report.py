@@ -260,3 +260,23 @@ def test_a_sweep_evaluated_only_at_update_0_gets_words_and_no_curve_figure(tmp_p
   assert "0 of 12 models emerged by their last checkpoint; none did" in md
   assert "No curve figures: every curve has only its update-0 point so far" in md
   assert "curves_ps_max.png" not in md
+
+
+def test_a_frequency_by_reliability_grid_gets_counts_per_value_and_no_b_or_c_claim():
+  rows = []
+  for i, (f, r) in enumerate([(f, r) for f in (0.5, 1.0) for r in (0.5, 1.0)]):
+    for s in range(2):
+      emerged = r == 1.0 and (f == 1.0 or s == 0)
+      rows.append({"run": "exp2", "cell": 2 * i + s, "seed": s, "batch_size": 16,
+                   "context_size": 64, "data.frequency": f, "data.reliability": r,
+                   "emergence_step": 1500.0 if emerged else math.nan, "censored": not emerged,
+                   "censor_step": math.nan if emerged else 3000.0})
+  pts = pd.DataFrame(rows)
+  text = _text(summary.summary(pts, None, config=_config(),
+                               axes=["data.frequency", "data.reliability"],
+                               law_error="one batch size and one context size"))
+  assert "B 16 sequences per update and C 64 tokens per sequence throughout, over " \
+         "data.frequency ∈ {0.5, 1} × data.reliability ∈ {0.5, 1}" in text
+  assert "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → 3 " \
+         "of 4" in text
+  assert "fewer updates" not in text and "No law was fitted (one batch size" in text
