@@ -218,8 +218,8 @@ def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str
   if points["batch_size"].nunique() == 1 and points["context_size"].nunique() == 1:
     grid = (f"B {points['batch_size'].iloc[0]:g} sequences per update and C "
             f"{points['context_size'].iloc[0]:g} tokens per sequence")
-    grid += (" throughout, over " + " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
-             if others else " (one grid point)")
+    varied = " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
+    grid += f" throughout, over {varied}" if others else " (one grid point)"
   else:
     grid = (f"B ∈ {_values(points['batch_size'])} sequences per update × C ∈ "
             f"{_values(points['context_size'])} tokens per sequence")

@@ -277,6 +277,6 @@ def test_a_frequency_by_reliability_grid_gets_counts_per_value_and_no_b_or_c_cla
                                law_error="one batch size and one context size"))
   assert "B 16 sequences per update and C 64 tokens per sequence throughout, over " \
          "data.frequency ∈ {0.5, 1} × data.reliability ∈ {0.5, 1}" in text
-  assert "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → 3 " \
-         "of 4" in text
+  assert "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → " \
+         "3 of 4" in text
   assert "fewer updates" not in text and "No law was fitted (one batch size" in text
