@@ -124,10 +124,9 @@ def _fit_law(args) -> int:
   law = fit.to_dict()
   print(json.dumps(law, indent=2))
   print(_fit_summary(law), file=sys.stderr)
-  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
-    print(f"python -m analysis: warning: {fit.dof} residual degree(s) of freedom (fewer than "
-          f"{scaling.MIN_DOF_FOR_INTERVALS}): no confidence intervals ('ci' is empty) and no r",
-          file=sys.stderr)
+  if not fit.ci and args.n_boot:
+    print(f"python -m analysis: warning: no confidence intervals ('ci' is empty): "
+          f"{fit.ci_note}", file=sys.stderr)
   return 0
 
 

@@ -80,7 +80,7 @@ class LawFit:
     dof: residual degrees of freedom, emerged cells − free coefficients.
     sigma: scatter of ln UPT about the law (MLE: the ML estimate; LSQ: sqrt(RSS / dof)).
     ci: 95% percentile bootstrap intervals ``[lo, hi]`` of each free coefficient, ``T`` and
-      ``sigma`` (empty without a bootstrap).
+      ``sigma`` (empty without a bootstrap; ``ci_note`` then says why).
     n_boot: bootstrap resamples used (0: none).
     draws: float64 array (n_boot, len(names)) of the bootstrap's coefficients, fixed ones
       constant; None without a bootstrap. ``cov``: their covariance times G/(G − 1) (G =
@@ -111,6 +111,7 @@ class LawFit:
   method: str = MLE
   n_emerged: int = 0
   r_note: str | None = None
+  ci_note: str | None = None
   names: list = dataclasses.field(default_factory=lambda: ["log_T", "alpha", "beta"])
   draws: np.ndarray | None = None
   cov: np.ndarray | None = None
@@ -166,7 +167,8 @@ class LawFit:
   def to_dict(self) -> dict:
     """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
     ``ihsweep.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when withheld,
-    with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci, n_boot, units, form,
+    with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
+    ``ci_note``), n_boot, units, form,
     range, n_grid_points, fixed (if any), cov (``{"names": [...], "matrix": [[...]], "t_dof":
     G − 1}``, with a bootstrap) and, for the main fit, ``emerged_only``: this dict for the
     least-squares fit (always there: the MLE needs what least squares needs — emerged cells
@@ -175,6 +177,8 @@ class LawFit:
            "r": None if math.isnan(self.r) else self.r, "n": self.n, "ci": self.ci}
     if self.r_note:
       out["r_note"] = self.r_note
+    if self.ci_note:
+      out["ci_note"] = self.ci_note
     if self.gamma is not None:
       out["gamma"] = self.gamma
     out.update(n_emerged=self.n_emerged, n_censored=self.n_censored, n_boot=self.n_boot,
@@ -501,8 +505,9 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       into ``residuals``.
     with_params: also fit γ for + γ ln n_params.
     n_boot: bootstrap resamples (0: no intervals; none either with fewer than
-      ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom). About 1 s per 1,000 resamples
-      of a 72-cell grid.
+      ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom, or fewer grid points with emerged
+      cells than free coefficients + ``MIN_DOF_FOR_INTERVALS``). A 72-cell grid takes ~0.2 s
+      per 1,000 resamples.
     seed: the bootstrap's random seed.
     fixed: coefficients held at given values instead of fitted, e.g. ``{"alpha": 0.37}`` when
       only C was varied (both fits).
@@ -565,11 +570,21 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]).factorize()[0]
   n_groups = int(cluster.max()) + 1
   factor = _small_sample_factor(n_groups) if n_groups > 1 else math.nan
-  boot = None
-  if n_boot and dof >= MIN_DOF_FOR_INTERVALS:
+  em_points = len(np.unique(cluster[emerged]))
+  boot, ci_note = None, None
+  if not n_boot:
+    ci_note = "no bootstrap (n_boot = 0)"
+  elif dof < MIN_DOF_FOR_INTERVALS:
+    ci_note = (f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "
+               f"bootstrap of so few cells mostly redraws the same design")
+  elif em_points - k < MIN_DOF_FOR_INTERVALS:
+    ci_note = (f"{em_points} grid point(s) with emerged cells for {k} coefficient(s): a "
+               f"bootstrap over grid points needs at least {k + MIN_DOF_FOR_INTERVALS} (with "
+               f"fewer, nearly every resample that identifies the law is the grid itself)")
+  else:
     boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
     if not len(boot[0]):
-      boot = None
+      boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
   keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params")
           if c in pts]
   y_em = y[emerged]
@@ -597,7 +612,8 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
                   n_boot=0 if draws is None else len(draws), fixed=fixed, dof=dof,
                   sigma=float(sigma), method=method, n_emerged=n_em, r_note=r_note,
                   names=list(all_names), draws=all_draws, cov=cov,
-                  range=_range(pts[cells], with_params), n_grid_points=n_groups)
+                  range=_range(pts[cells], with_params), n_grid_points=n_groups,
+                  ci_note=ci_note)
 
   no = (None, None, None, None)
   ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no

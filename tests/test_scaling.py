@@ -153,13 +153,21 @@ def test_r_and_intervals_are_withheld_below_three_degrees_of_freedom():
   law = fit.to_dict()
   assert fit.dof == 2 and law["r"] is None and "2 residual degree(s)" in law["r_note"]
   assert law["ci"] == {} and "cov" not in law and law["emerged_only"]["r"] is None
+  assert "2 residual degree(s)" in law["ci_note"]
   with pytest.raises(ValueError, match="no interval"):
     fit.predict_interval(8, 64)
+  # 12 cells at 2 grid points, alpha fixed: every resample that identifies beta is the grid
+  # itself, so a bootstrap over points would give zero-width intervals; none are given.
+  pts = _grid(seed=3, seeds=6, budget=1e9)
+  two = scaling.fit_law(pts[(pts["batch_size"] == 32) & pts["context_size"].isin([64, 128])],
+                        fixed={"alpha": 0.37})
+  assert two.dof == 10 and two.r > 0 and two.ci == {} and two.n_boot == 0
+  assert two.ci_note.startswith("2 grid point(s) with emerged cells for 2 coefficient(s)")
 
 
 def test_fixed_coefficients_hold_in_both_fits():
   pts = _grid(seed=3)
-  pts = pts[pts["batch_size"] == 8]  # C varies only; B 8 censors C 16 and 32 partly
+  pts = pts[pts["batch_size"] == 32]  # C varies only; the budget censors one cell at C 16
   with pytest.raises(scaling.FitError, match="only C varies: hold alpha fixed.*--fix "
                                              "alpha=0.37"):
     scaling.fit_law(pts)
