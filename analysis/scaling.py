@@ -665,8 +665,14 @@ def censored_check(fit: LawFit, points: pd.DataFrame) -> pd.DataFrame:
   """The censored cells against the fitted law: each one's last checkpoint (``censor_step``)
   and the law's predicted UPT; ``contradicts`` = the law predicts emergence before the cell's
   last checkpoint, yet it had not emerged (evidence against the law, or a cell that never
-  emerges)."""
-  cens = points[points["censored"].astype(bool)] if "censored" in points else points.iloc[:0]
+  emerges); ``p_not_emerged`` = the fit's probability that such a cell had not emerged by
+  ``censor_step``, Φ((ln predicted − ln censor_step) / σ) (the cell's term in the censored
+  likelihood; small values are the surprising cells)."""
+  mask = pd.to_numeric(points["emergence_step"], errors="coerce").isna() \
+      if "emergence_step" in points else pd.Series(False, points.index)
+  if "censored" in points:
+    mask |= _as_bool(points["censored"], points)
+  cens = points[mask]
   cols = [c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step")
           if c in cens]
   out = cens[cols].copy()
@@ -676,4 +682,8 @@ def censored_check(fit: LawFit, points: pd.DataFrame) -> pd.DataFrame:
       out["batch_size"].to_numpy(float), out["context_size"].to_numpy(float),
       out["n_params"].to_numpy(float) if fit.gamma is not None else None)
   out["contradicts"] = out["predicted_updates"] < out["censor_step"]
+  if math.isfinite(fit.sigma) and fit.sigma > 0:
+    out["p_not_emerged"] = special.ndtr(
+        np.log(out["predicted_updates"].to_numpy(float) / out["censor_step"].to_numpy(float))
+        / fit.sigma)
   return out.reset_index(drop=True)

@@ -57,6 +57,11 @@ def test_the_censored_fit_recovers_a_known_law_that_the_emerged_only_fit_misses(
   assert only.method == scaling.LSQ and only.n == fit.n_emerged and only.n_censored == n_cens
   assert only.log_T < fit.log_T - 0.3 and only.beta < fit.beta - 0.04
   assert not only.ci["beta"][0] <= TRUE["beta"] <= only.ci["beta"][1]  # this draw: excluded
+  check = scaling.censored_check(fit, pts)
+  assert len(check) == n_cens and check["p_not_emerged"].between(0, 1).all()
+  slowest = check["predicted_updates"].idxmax()  # B 4, C 16: predicted ~4x the budget
+  assert check.loc[slowest, "p_not_emerged"] > 0.99
+  assert check["p_not_emerged"].min() > 0.05  # no censored cell surprises the fit
 
 
 def test_intervals_cover_the_truth_over_repeated_draws_and_the_emerged_only_fit_is_biased():
