@@ -424,7 +424,8 @@ def _law_words(fit) -> str:
   n_cens = fit.n_censored
   if _is_censored_fit(fit):
     text = (f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
-            f"{fit.n_emerged} emerged and {n_cens} censored cells (log-normal scatter; a "
+            f"{fit.n_emerged} emerged and {n_cens} censored cell{'' if n_cens == 1 else 's'} "
+            f"(log-normal scatter; a "
             f"censored cell enters by the probability that it emerges after its last "
             f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law.")
     if fit.n_boot:
@@ -434,8 +435,8 @@ def _law_words(fit) -> str:
     if getattr(fit, "emerged_only", None) is not None:
       text += (" The column `emerged_only` is least squares on the emerged cells alone (the "
                "fit used before censored cells entered)" +
-               (f"; it leaves the {n_cens} censored cells out and is biased towards early "
-                f"emergence where they cluster." if n_cens else
+               (f"; it leaves the censored cell{'' if n_cens == 1 else 's'} ({n_cens}) out and is "
+                f"biased towards early emergence where censored cells cluster." if n_cens else
                 "; with no censored cell both fits estimate the same law."))
     return text
   text = (f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
