@@ -365,8 +365,9 @@ def _predict(argv):
     return 0
   print(f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
         f"= {_count(tokens, 1e6, 'M')} tokens")
+  sigma = f"sigma = {law.sigma or 0:.2f}"
   for pair, words in ((median, "95% interval of the law's median"),
-                      (cell, f"95% prediction interval for one cell (sigma = {law.sigma or 0:.2f})")):
+                      (cell, f"95% prediction interval for one cell ({sigma})")):
     if pair is not None:
       print(f"  {words}: {_count(pair[0])}–{_count(pair[1])} updates = "
             f"{_count(pair[0] * bc, 1e6, 'M')}–{_count(pair[1] * bc, 1e6, 'M')} tokens")
