@@ -30,7 +30,8 @@ Two fits of the law on the same cells:
 residual degrees of freedom (``dof`` = emerged cells − free coefficients); below that the fit
 passes (nearly) through its points and r says nothing.
 
-Uncertainty: a percentile bootstrap over grid points (``fit_law`` says why not over cells).
+Uncertainty: a percentile bootstrap over grid points with a small-sample factor (``fit_law``
+says why not over cells, and what coverage it measured).
 Predictions carry an interval from the bootstrap covariance of the coefficients
 (``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.law``).
 
@@ -493,8 +494,13 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   percentile intervals run narrow (Cameron, Gelbach & Miller 2008, Rev. Econ. Stat. 90:414).
   Resamples whose emerged cells cannot identify the free coefficients (no more distinct cells
   than coefficients, or a rank-deficient design, e.g. one batch size) are redrawn, as are the
-  rare ones in which the MLE does not converge. ``cov`` is the covariance of the bootstrap
-  coefficients (for prediction intervals).
+  rare ones in which the MLE does not converge. Small-sample factor: each percentile end is
+  moved away from the estimate by c = sqrt(G/(G − 1))·t(G − 1)/z (``_small_sample_factor``;
+  1.05 for 36 points, 1.25 for 9). Measured on the 6 × 6 × 2-seed known-answer grid of
+  tests/test_scaling.py (σ 0.4, ~32% censored), over 1,000 draws: coverage of the 95%
+  intervals of ln T, α, β 93.6%, 94.0%, 94.4% (without c about 1.5 points lower). ``cov`` is
+  the covariance of the bootstrap coefficients times G/(G − 1), read with t(G − 1) quantiles
+  (prediction intervals).
 
   Args:
     points: one row per cell with ``batch_size``, ``context_size``, ``emergence_step``
