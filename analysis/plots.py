@@ -451,7 +451,8 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   if not need <= set(points):
     raise ValueError(f"emergence points need columns {sorted(need)}; missing "
                      f"{sorted(need - set(points))}")
-  from matplotlib.colors import Normalize
+  from matplotlib import ticker
+  from matplotlib.colors import LogNorm
   from matplotlib.patches import Rectangle
   plt = _plt()
   by = [k for k in by if k in points and points[k].nunique(dropna=False) > 1]
@@ -460,13 +461,14 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   shown = panels[:max_panels]
   bs = np.sort(grid["batch_size"].unique())
   cs = np.sort(grid["context_size"].unique())
-  def log_updates(v):  # colour scale; a bound of 0 (censored at update 0) gets no colour
+  def positive(v):  # log colour scale: a bound of 0 (censored at update 0) gets no colour
     v = np.asarray(v, float)
-    return np.log10(np.where(v > 0, v, np.nan))
+    return np.where(v > 0, v, np.nan)
 
-  values = log_updates(grid["median_updates"])
+  values = positive(grid["median_updates"])
   finite = values[np.isfinite(values)]
-  norm = Normalize(finite.min() if len(finite) else 0, finite.max() if len(finite) else 1)
+  lo, hi = (finite.min(), finite.max()) if len(finite) else (1.0, 10.0)
+  norm = LogNorm(lo, hi if hi > lo else lo * 1.01)
   cols = min(3, len(shown))
   rows = math.ceil(len(shown) / cols)
   w, h = 0.9 * len(cs) + 1.8, 0.6 * len(bs) + 1.4
@@ -477,7 +479,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   for ax, (key, panel) in zip(axs.flat, shown):
     med = panel.pivot(index="batch_size", columns="context_size",
                       values="median_updates").reindex(index=bs, columns=cs)
-    im = ax.imshow(log_updates(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
+    im = ax.imshow(positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
                    aspect="auto")
     for _, row in panel.iterrows():
       i = int(np.searchsorted(bs, row["batch_size"]))
@@ -492,7 +494,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
                                edgecolor="white", lw=0.8, label="censored"))
       if 0 < row["emerged"] < row["n"]:
         text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
-      light = v <= 0 or norm(math.log10(v)) > 0.6  # no colour (a bound of 0): black text
+      light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
       ax.text(j, i, text, ha="center", va="center", fontsize=7,
               color="black" if light else "white")
     ax.set_xticks(range(len(cs)), [_number(v) for v in cs])
@@ -506,7 +508,11 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
     ax.set_visible(False)
   if im is not None:
     bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
-    bar.set_label("log10 median updates to emergence", fontsize=8)
+    bar.set_label("median updates to emergence (log scale)", fontsize=8)
+    bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(_number))
+    bar.ax.yaxis.set_minor_formatter(ticker.FuncFormatter(
+        lambda v, _p: _number(v) if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v)))
+        in (2, 3, 5) else ""))
   note = f" (first {max_panels} of {len(panels)} panels)" if len(panels) > max_panels else ""
   fig.suptitle("Median emergence update over seeds; hatched '> s': median censored, later "
                f"than s{note}", fontsize=9)
