@@ -1,6 +1,6 @@
 """Inputs of the induction-head metrics, deterministic from ``eval.probe_seed``.
 
-* Repeated-token probes (the study's, PAPER.md): N sequences, each a block of L = min(50, C/2)
+* Repeated-token probes (the study's, docs/study.md): N sequences, each a block of L = min(50, C/2)
   distinct random token ids (no special tokens: a corpus's end-of-text id and every token its
   tokenizer marks special, e.g. ``<pad>``, ``<bos>``) followed by the same block again, no BOS;
   L ≥ 3 (``block_length``). The
