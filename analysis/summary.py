@@ -286,8 +286,8 @@ def _count_trend(value: float, ci, var: str, what: str) -> tuple[str, str | None
   lo, hi = ci
   trend = f"{var}^{value:.2f} ({_interval(lo, hi)})"
   if lo <= 0 <= hi:
-    return (f"the {what} to emergence is roughly fixed across {var} (it goes as {trend}, an "
-            f"interval that includes 0)", "fixed")
+    return (f"the {what} to emergence is roughly fixed across {var}: it goes as "
+            f"{var}^{value:.2f} ({_interval(lo, hi)}, which includes 0)", "fixed")
   per = 2 ** value - 1
   if abs(value) <= ROUGHLY:
     return (f"the {what} to emergence is roughly fixed across {var}, "
@@ -416,11 +416,15 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
       parts.append(f"{past} of the {_models(len(cens), 'censored model')} trained past the "
                    f"update the study's law predicts for it without emerging.")
     else:
-      parts.append(f"None of the {_models(len(cens), 'censored model')} reached the update the "
-                   f"study's law predicts for it ({_span(pred.min(), pred.max())}; their "
-                   f"last checkpoints "
-                   f"{_span(cens['censor_step'].min(), cens['censor_step'].max())}), so their "
-                   f"not emerging does not contradict it.")
+      last = _span(cens["censor_step"].min(), cens["censor_step"].max())
+      if len(cens) == 1:
+        parts.append(f"The censored model had not reached the update the study's law predicts "
+                     f"for it ({_span(pred.min(), pred.max())}; its last checkpoint {last}), so "
+                     f"its not emerging does not contradict it.")
+      else:
+        parts.append(f"None of the {len(cens)} censored models reached the update the study's "
+                     f"law predicts for it ({_span(pred.min(), pred.max())}; their last "
+                     f"checkpoints {last}), so their not emerging does not contradict it.")
   parts.append(_scale_words(points, cfg))
   return " ".join(parts)
 

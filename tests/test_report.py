@@ -113,6 +113,11 @@ def test_a_roughly_fixed_number_of_sequences_only_when_the_numbers_say_so():
          "C^1.07" in demo
   assert "induction heads formed after a roughly fixed number of sequences, whatever B and C" \
       in demo
+  # α's interval includes 1: the sequences' exponent 1 − α includes 0
+  one = _text(summary.summary(_points(alpha=0.95), _law(0.95, (0.8, 1.1), -0.07, (-0.22, 0.09)),
+                              config=_config()))
+  assert "to emergence is roughly fixed across B: it goes as B^0.05 (95% interval -0.10 to " \
+         "0.20, which includes 0)" in one
   # the study's exponents: updates fall with B and C; sequences and tokens grow
   study = _text(summary.summary(_points(alpha=0.37, beta=0.62),
                                 _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()))
