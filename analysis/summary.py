@@ -539,20 +539,32 @@ def _resolution_words(points: pd.DataFrame) -> str:
           f"resolved.")
 
 
+def _probe_length(context_size: int, probe_len) -> int | None:
+  """The probes' block length L at context size C, as ``ihsweep.data.probes.block_length``
+  decides it (the study's min(50, C/2) unless ``eval.probe_len`` fixes it); None if refused."""
+  try:
+    from ihsweep.data.probes import block_length
+    return int(block_length(int(context_size), probe_len))
+  except Exception:  # an L the probes refuse (< 3), or a block_length of another signature
+    if not probe_len:
+      return min(50, int(context_size) // 2)
+    return int(probe_len) if isinstance(probe_len, (int, np.integer)) and probe_len > 0 else None
+
+
 def _probe_words(points: pd.DataFrame, cfg) -> str:
   """A probe block length that follows C (``eval.probe_len`` 0: L = min(50, C/2)) confounds the C
-  effect with the probe's."""
+  effect with the probe's; one length at every C is said so."""
   probe_len = _get(cfg, "eval.probe_len", None)
   cs = sorted(points["context_size"].astype(int).unique())
   if probe_len is None or len(cs) < 2:
     return ""
-  if probe_len:
-    return f"Probes of one block length L = {probe_len} at every C."
-  lengths = sorted({min(50, c // 2) for c in cs})
-  if len(lengths) < 2:
+  lengths = [_probe_length(c, probe_len) for c in cs]
+  if any(v is None for v in lengths):
     return ""
-  return (f"The probes' block length follows C (L = min(50, C/2): "
-          f"{', '.join(map(str, lengths))}), so the measured effect of C includes the probe's.")
+  if len(set(lengths)) == 1:
+    return f"Probes of one block length L = {lengths[0]} at every C."
+  return (f"The probes' block length follows C (L = {', '.join(map(str, lengths))} at C = "
+          f"{', '.join(map(str, cs))}), so the measured effect of C includes the probe's.")
 
 
 # ---------------------------------------------------------------- all together

@@ -160,7 +160,7 @@ def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
   assert "fitted to the emerged models alone it would give α = 0.70, β = -0.05" in text
   assert "σ = 0.12 in ln UPT (a typical model within 1.13× of it)" in text
   assert "a factor 1.19 between neighbours" in text  # 2^(1/4): checkpoints 4 per octave
-  assert "The probes' block length follows C (L = min(50, C/2): 8, 16, 32)" in text
+  assert "The probes' block length follows C (L = 8, 16, 32 at C = 16, 32, 64)" in text
   assert "One model size" in text
   # least squares on emerged cells: the bias is named
   lsq = _text(summary.summary(cens, _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3), n_censored=3),
