@@ -254,7 +254,8 @@ def _interval(lo: float, hi: float) -> str:
   return f"95% interval {lo:.2f} to {hi:.2f}"
 
 
-def _trend(name: str, value: float, ci, var: str, quantity: str, fixed: bool) -> tuple[str, int]:
+def _trend(name: str, value: float, ci, var: str, quantity: str, fixed: bool,
+           why_none: str = "") -> tuple[str, int]:
   """A sentence on how UPT moves with ``var`` for exponent ``name`` (UPT ∝ var^−value), and the
   sign decided: +1 falls, −1 rises, 0 no clear dependence, None not decided."""
   sym = {"alpha": "α", "beta": "β"}[name]
@@ -262,8 +263,8 @@ def _trend(name: str, value: float, ci, var: str, quantity: str, fixed: bool) ->
     return (f"{sym} was held at {value:.2f}, not fitted, so the grid says nothing about "
             f"{quantity}", None)
   if ci is None:
-    return (f"{sym} = {value:.2f}, without an interval (too few cells), so no direction with "
-            f"{var} is claimed", None)
+    return (f"{sym} = {value:.2f}, without an interval ({why_none or 'too few cells'}), so no "
+            f"direction with {var} is claimed", None)
   lo, hi = ci
   if lo > 0:
     saved = 1 - 2 ** -value
@@ -334,10 +335,11 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None,
   fixed = set((law.get("fixed") or {}).keys())
   how = _fit_words(law)
   parts.append(f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}.")
+  why = law.get("ci_note") or ("no bootstrap" if law.get("n_boot") == 0 else "")
   a_text, a_sign = _trend("alpha", law["alpha"], _ci(law, "alpha"), "B",
-                          "how emergence moves with B", "alpha" in fixed)
+                          "how emergence moves with B", "alpha" in fixed, why)
   b_text, b_sign = _trend("beta", law["beta"], _ci(law, "beta"), "C",
-                          "how emergence moves with C", "beta" in fixed)
+                          "how emergence moves with C", "beta" in fixed, why)
   a_ci, b_ci = _ci(law, "alpha"), _ci(law, "beta")
   seq = tok_c = (None, None)
   sentences = [f"Batch size: {a_text}"]

@@ -95,7 +95,10 @@ def test_emergence_falls_with_b_only_where_alphas_interval_excludes_0():
   # no interval at all: no direction either
   none = _text(summary.summary(_points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {}},
                                config=_config()))
-  assert "fewer updates" not in none and "α = 0.84, without an interval" in none
+  assert "fewer updates" not in none and "α = 0.84, without an interval (too few cells)" in none
+  note = _text(summary.summary(_points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {},
+                                           "n_boot": 0}, config=_config()))
+  assert "α = 0.84, without an interval (no bootstrap), so no direction with B" in note
   # a fixed alpha says nothing about B
   fixed = _text(summary.summary(_points(), {**_law(0.37, (0, 0), -0.07, (-0.22, 0.09)),
                                             "ci": {"beta": [-0.22, 0.09]},
