@@ -3,7 +3,7 @@ start-up, and the share of worker time not spent in training calls.
 
   python benchmarks/sweep_overhead.py [--config configs/demo.py] [--workers 1,2]
       [--updates N] [--grid FIELD=V1,V2 ...] [--set FIELD=VALUE ...] [--json]
-      [--cache_dir DIR] [--gpus 0] [--cpu_devices N] [--workdir BASE] [--keep] [--plan]
+      [--cache_dir DIR | --no_cache] [--law FILE] [--gpus 0] [--cpu_devices N] [--workdir BASE] [--keep] [--plan]
       [-- more `ihsweep run` flags]
 
 Each entry of ``--workers`` is one sweep from scratch into its own run directory
@@ -28,10 +28,14 @@ from ``claims.jsonl`` the worker that trained it. Per sweep of W workers:
 A group without timings (an ihsweep that does not record them) leaves these empty.
 Compilation cache: by default every sweep gets a new empty JAX persistent compilation cache
 (each pays its compiles: a first run); ``--cache_dir DIR`` gives every sweep DIR (a warm DIR
-measures a rerun). Either way with ihsweep's thresholds (every program cached).
+measures a rerun). Either way with ihsweep's thresholds (every program cached). ``--no_cache``
+turns the cache off (``JAX_ENABLE_COMPILATION_CACHE=false``), and with it compiling the next
+group ahead: every group compiles its programs when it starts, as before either existed.
 ``--plan``: ``ihsweep plan``'s predicted makespan for each W (W workers of this machine's CPU
 devices; the plan measures a step and each group shape's start-up here, with an empty cache),
-beside the measured wall time: plan_error = wall / makespan − 1.
+beside the measured wall time: plan_error = wall / makespan − 1. ``--law FILE`` is passed to
+``ihsweep plan`` (an 'emergence' budget's groups stop where that law puts their transition; the
+demo's fitted law is in docs/results.md).
 
 Prints a table per sweep and per group, or with ``--json`` one JSON object: ``runs`` (one per
 sweep), ``groups`` (one per group and sweep), ``notes``.
@@ -66,10 +70,12 @@ def run_flags(args) -> list[str]:
   return flags + list(args.extra)
 
 
-def cache_env(cache_dir: str) -> dict:
+def cache_env(cache_dir: str, off: bool = False) -> dict:
   """JAX's persistent compilation cache in ``cache_dir`` with ihsweep's own thresholds (every
   program cached: ``ihsweep.compile_cache``; a cache named by JAX_COMPILATION_CACHE_DIR would
-  otherwise keep JAX's, which skip programs compiled in under a second)."""
+  otherwise keep JAX's, which skip programs compiled in under a second); ``off``: no cache."""
+  if off:
+    return {"JAX_ENABLE_COMPILATION_CACHE": "false"}
   return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
@@ -92,7 +98,7 @@ def predict(args, workers: int, base: str) -> dict:
   flags = [f for f in run_flags(args) if f != "--noprogress"]
   cmd = [*os.environ.get("IHSWEEP", f"{sys.executable} -m ihsweep.cli").split(), "plan",
          f"--config={args.config}", *flags, f"--devices={workers * per}",
-         f"--devices_per_worker={per}", "--json"]
+         f"--devices_per_worker={per}", "--json"] + ([f"--law={args.law}"] if args.law else [])
   try:
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=args.timeout)
@@ -124,7 +130,7 @@ def stop(launcher: subprocess.Popen) -> str:
 
 def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
   """Runs one sweep with ``workers`` independent workers; returns its wall time and status."""
-  env = {**os.environ, **cache_env(cache_dir)}
+  env = {**os.environ, **cache_env(cache_dir, args.no_cache)}
   env.setdefault("IHSWEEP", f"{sys.executable} -m ihsweep.cli")
   if args.cpu_devices:
     env["IHSWEEP_CPU_DEVICES"] = str(args.cpu_devices)
@@ -205,6 +211,9 @@ def main(argv=None) -> int:
   p.add_argument("--cache_dir", default="",
                  help="JAX persistent compilation cache for every sweep (default: a new empty "
                       "one per sweep)")
+  p.add_argument("--no_cache", action="store_true",
+                 help="no persistent compilation cache (and so no compiling ahead): 'before'")
+  p.add_argument("--law", default="", help="--law for ihsweep plan (with --plan)")
   p.add_argument("--gpus", default="", help="IHSWEEP_GPUS for the launcher, e.g. 0")
   p.add_argument("--cpu_devices", type=int, default=0,
                  help="CPU devices per worker (default: the launcher's cores / W)")
@@ -222,6 +231,10 @@ def main(argv=None) -> int:
   counts = [int(x) for x in args.workers.split(",") if x]
   if not counts or min(counts) < 1:
     p.error(f"--workers={args.workers!r}: comma-separated whole numbers >= 1")
+  if args.no_cache and args.cache_dir:
+    p.error("--no_cache and --cache_dir: choose one")
+  if args.law and not args.plan:
+    p.error("--law is for ihsweep plan: give --plan too")
   if args.plan and args.gpus:
     p.error("--plan predicts CPU workers (ihsweep plan does not model workers sharing a GPU)")
   base = args.workdir or tempfile.mkdtemp(prefix="ihsweep-overhead-")
@@ -259,8 +272,8 @@ def main(argv=None) -> int:
   for run in runs:
     run["speedup"] = round(base_wall / run["wall_s"], 2) if run["wall_s"] else None
     del run["output_tail"]
-  out = {"config": args.config, "flags": run_flags(args), "cache": args.cache_dir or "empty per "
-         "sweep", "runs": runs, "groups": groups, "notes": notes}
+  out = {"config": args.config, "flags": run_flags(args), "cache": "off" if args.no_cache else
+         args.cache_dir or "empty per sweep", "runs": runs, "groups": groups, "notes": notes}
   if args.json:
     print(json.dumps(out))
   else:

@@ -180,17 +180,21 @@ class _ProcessLocalArrayHandler(ocp.type_handlers.ArrayHandler):
   serialize = _seeing_one_process(ocp.type_handlers.ArrayHandler.serialize)
 
 
-def _process_local_handler(processes: ocp.options.MultiprocessingOptions
-                           ) -> ocp.StandardCheckpointHandler:
-  """A ``StandardCheckpointHandler`` over ``processes`` (this process alone) whose jax.Arrays go
-  through ``_ProcessLocalArrayHandler``. Its class is orbax's own, so its checkpoints and their
-  metadata are those of any other run."""
+def _process_local_handler(processes: ocp.options.MultiprocessingOptions,
+                           arrays: type = None) -> ocp.StandardCheckpointHandler:
+  """A ``StandardCheckpointHandler`` over ``processes`` whose jax.Arrays go through
+  ``arrays(primary_host=processes.primary_host)``: ``_ProcessLocalArrayHandler`` (default; this
+  process alone), or orbax's ``ArrayHandler`` for a team of several processes (whose primary
+  host, the one writing the arrays' metadata, must be one of them: orbax's default is process
+  0). Its class is orbax's own, so its checkpoints and their metadata are those of any other
+  run."""
+  arrays = arrays or _ProcessLocalArrayHandler
   handler = ocp.StandardCheckpointHandler(multiprocessing_options=processes)
   scalar = ocp.type_handlers.ScalarHandler()
   registry = ocp.type_handlers.create_type_handler_registry(
       (int, scalar), (float, scalar), (np.number, scalar),
       (np.ndarray, ocp.type_handlers.NumpyHandler()),
-      (jax.Array, _ProcessLocalArrayHandler(primary_host=processes.primary_host)))
+      (jax.Array, arrays(primary_host=processes.primary_host)))
   # StandardCheckpointHandler takes no type-handler registry; its work is done by this
   # PyTreeCheckpointHandler (``_impl``), made as its __init__ makes it but with the registry.
   handler._impl = ocp.PyTreeCheckpointHandler(
@@ -217,15 +221,26 @@ class RunCheckpoints:
       process, active_processes={this process})``: no barrier waits for the others) and save
       host-local arrays (``_ProcessLocalArrayHandler``). The files are the same as a
       one-process run's, so any process count reads them. Changes nothing in a one-process job.
+    processes: the processes that save these checkpoints together (a group's team,
+      ``sharding.Team``); default every process. This process alone is ``local``; some of
+      several (a worker spanning hosts): orbax's managers over them
+      (``MultiprocessingOptions(primary_host=the first, active_processes=them)``), whose
+      barriers the other processes never join.
   """
 
   def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
-               async_save: bool = True, read_only: bool = True, local: bool = False):
+               async_save: bool = True, read_only: bool = True, local: bool = False,
+               processes: tuple[int, ...] | None = None):
     _quiet_abandoned_io()
     self.read_only = read_only
     self.directory = os.path.abspath(directory)
     self.metadata = _jsonable(metadata or {})
-    alone = local and jax.process_count() > 1
+    n = jax.process_count()
+    if processes is not None and len(processes) == 1 and n > 1:
+      local = True
+    alone = local and n > 1
+    some = (None if alone or processes is None or len(processes) == n
+            else tuple(sorted(processes)))
 
     def manager(name, keep):
       path = os.path.join(self.directory, name)
@@ -246,13 +261,22 @@ class RunCheckpoints:
         asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
         if not read_only:  # orbax refuses create=True with active_processes
           os.makedirs(path, exist_ok=True)
+      elif some:
+        where = hashlib.sha1(path.encode()).hexdigest()[:12]
+        processes = ocp.options.MultiprocessingOptions(
+            primary_host=some[0], active_processes=set(some),
+            barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{some[0]}")
+        handler = _process_local_handler(processes, ocp.type_handlers.ArrayHandler)
+        asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
+        if not read_only:  # orbax refuses create=True with active_processes
+          os.makedirs(path, exist_ok=True)
       else:
         # Own barrier names per manager: under several processes the two managers' background
         # commits would otherwise meet at the same coordination barrier and fail.
         processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"ihsweep-{name}")
         handler, asynchronous = ocp.StandardCheckpointHandler(), None
       options = ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=not read_only and not alone,
+          max_to_keep=keep, create=not read_only and not alone and not some,
           cleanup_tmp_directories=not read_only, read_only=read_only,
           enable_async_checkpointing=async_save and not read_only,
           multiprocessing_options=processes, async_options=asynchronous)

@@ -24,7 +24,8 @@ SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 EXECUTION_FIELDS = ("train.steps_per_call", "ensemble.vmap_chunk", "mesh.num_devices",
                     "checkpoint.async_save", "checkpoint.state_every_steps",
                     "checkpoint.keep_state", "data.cache_dir", "data.loader",
-                    "data.device_budget_mb", "sweep.placement", "sweep.wait_to_take_over")
+                    "data.device_budget_mb", "sweep.placement", "sweep.wait_to_take_over",
+                    "sweep.processes_per_worker")
 PLACEMENTS = ("worker", "global")
 
 
@@ -85,13 +86,19 @@ def default_sweep():
     by side); 'global' = every process trains every group together on one mesh of all devices,
     one group after another. wait_to_take_over: a worker with nothing left to take waits while
     other workers hold groups, to take over any whose worker dies (False: it exits; a rerun
-    takes over).
+    takes over). processes_per_worker (inside one jax.distributed job of several processes;
+    'worker' placement): 0 = phases chosen from the groups' costs
+    (``placement.plan_phases``): in each phase the processes form workers of a size the
+    phase's groups fill (1: process-local groups; several: a worker spanning hosts trains a
+    group on all their devices; all: one global mesh); k = one phase, workers of k
+    consecutive processes.
   """
   import ml_collections
   return ml_collections.ConfigDict(dict(
       grid=ml_collections.ConfigDict(), zip=ml_collections.ConfigDict(), seeds=0,
       budget="updates", tokens=0, law_multiple=3.0, law_file="", stop_metric="ps_max",
-      stop_threshold=0.4, stop_margin=2.0, placement="worker", wait_to_take_over=True))
+      stop_threshold=0.4, stop_margin=2.0, placement="worker", wait_to_take_over=True,
+      processes_per_worker=0))
 
 
 class ConfigError(ValueError):

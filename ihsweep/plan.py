@@ -213,6 +213,7 @@ def _validate_sweep(cfg, n_devices: int) -> None:
   placement = config_lib._choice(sub, "sweep", "placement", config_lib.PLACEMENTS)
   if not isinstance(cfg.sweep.wait_to_take_over, bool):
     raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
+  config_lib._int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
   if (placement == "global" and jax.process_count() > 1
       and cfg.mesh.num_devices not in (0, n_devices)):
     raise ConfigError("mesh.num_devices", cfg.mesh.num_devices,

@@ -350,12 +350,13 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   ``schedule.eval_interval`` updates and at the end, one row per model: see
   ``Evaluator.rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.checkpoint``).
 
-  Devices (``group_devices``): ``devices`` are those the run may use, default all. Under
-  several processes without ``local``, the run is one global mesh: every process runs this
-  together and process 0 writes the files. With ``local``, this process alone trains the run
-  on (part of) its own devices inside a multi-process ``jax.distributed`` job (a worker's
-  group): no collective or barrier with the other processes, this process writes the files and
-  its own checkpoint managers (``RunCheckpoints(local=True)``).
+  Devices (``group_devices``): ``devices`` are those the run may use, default all. The
+  processes owning the mesh's devices (``sharding.Team``) train it together and the first of
+  them writes the files: under several processes without ``devices`` or ``local``, every
+  process on one global mesh; with ``devices`` of some processes (a worker spanning hosts),
+  those processes only (collectives and barriers among them, checkpoint managers over them);
+  with ``local``, this process alone on (part of) its own devices (a worker's process-local
+  group: no collective or barrier with the others, ``RunCheckpoints`` over this process).
 
   A model whose loss turns NaN/inf is frozen (``train.train_step``) and the others go on.
   ``stop_rule`` (``EmergenceStop``) ends training early at an evaluation step. After
@@ -379,14 +380,16 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
     Interrupted: stopped on request, after the checkpoint.
   """
   started = time.perf_counter()
-  devices = _validate(cfg, devices, local)
-  rundir.claim_workdir(workdir, "train", local)
+  devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  team = sharding.Team.of(devices)
+  # The team's lead marks and locks the directory (process 0 for one global mesh).
+  here = team.leads and not team.is_everyone
+  rundir.claim_workdir(workdir, "train", here)
   _quiet_failed_writes()
   try:
-    with rundir.workdir_lock(workdir, local):
+    with rundir.workdir_lock(workdir, here):
       return _Training(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule,
-                       devices=group_devices(cfg, devices, local), local=local,
-                       started=started).run()
+                       devices=devices, team=team, started=started).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
       raise
@@ -418,16 +421,16 @@ class _Training:
   devices by one call: call i's metrics are read (``_drain``) after call i + 1 is dispatched."""
 
   def __init__(self, cfg, workdir: str, *, progress: bool, desc: str | None,
-               stop_rule: EmergenceStop | None, devices: list, local: bool, started: float):
+               stop_rule: EmergenceStop | None, devices: list, team: sharding.Team,
+               started: float):
     self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
     self.started, self.first_call_t = started, None  # perf_counter at fit's entry, first call
     self.progress, self.desc = progress, desc
-    self.devices, self.local = devices, local
+    self.devices, self.team = devices, team
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
-    # Writes the logs: this process for a process-local run; on one global mesh every process
-    # computes and process 0 writes.
-    self.lead = local or jax.process_index() == 0
+    # Writes the logs: every process of the team computes, its lead writes.
+    self.lead = team.leads
     self.tokens_per_step = train.tokens_per_update(self.tcfg)
     self.metrics_path = os.path.join(workdir, "metrics.jsonl")
     self.log_path = os.path.join(workdir, "train_log.jsonl")
@@ -488,8 +491,9 @@ class _Training:
       write_resolved_config(cfg, self.workdir)
     where = ""
     if jax.process_count() > 1:
-      where = (f" of process {jax.process_index()} (process-local)" if self.local else
-               f" in {jax.process_count()} processes")
+      where = (f" of process {jax.process_index()} (process-local)" if self.team.alone else
+               f" in {jax.process_count()} processes" if self.team.is_everyone else
+               f" in processes {', '.join(map(str, self.team.processes))}")
     log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(self.mesh.shape),
              len(self.devices), jax.default_backend(), where, self.n_models, tcfg.batch_size,
              tcfg.context_size)
@@ -503,7 +507,7 @@ class _Training:
     self.ckpts = checkpoint.RunCheckpoints(
         self.ckpt_dir, cell_metadata(cfg, self.mcfg, tcfg, self.source, n_params),
         keep_state=cfg.checkpoint.keep_state, async_save=cfg.checkpoint.async_save,
-        read_only=False, local=self.local)
+        read_only=False, processes=self.team.processes)
     self.start, self.state = self.ckpts.restore_latest_state(self.state)
     if self.start is not None:
       log.info("resuming from the full-state checkpoint at update %d", self.start)
@@ -546,7 +550,7 @@ class _Training:
     done, every = self.done, self.schedule.eval_every
     if self.start is None:
       train_rows = []
-      sharding.barrier("ihsweep-fit-fresh", self.local)  # nobody still reads the old files
+      sharding.barrier("ihsweep-fit-fresh", self.team)  # nobody still reads the old files
       if self.lead:
         for path in (self.metrics_path, self.log_path):
           if os.path.exists(path):
@@ -561,7 +565,7 @@ class _Training:
         rows = [r for r in rows if r["step"] < done]
       if self.stop_rule is not None:
         replay(self.stop_rule, rows, self.stop_rule.metric)
-      sharding.barrier("ihsweep-fit-read", self.local)  # all have read before the rewrite
+      sharding.barrier("ihsweep-fit-read", self.team)  # all have read before the rewrite
       if self.lead:
         _rewrite_jsonl(self.log_path, train_rows)
         _rewrite_jsonl(self.metrics_path, rows)
@@ -606,7 +610,7 @@ class _Training:
         for item in pending:
           self._drain(item)
       pending = new
-      interrupted = sharding.any_process(stop_requested(), self.local)
+      interrupted = sharding.any_process(stop_requested(), self.team)
       if self.stopped_early or interrupted:
         self._after_step(self.done, pending, [], final=True)
         pending = []

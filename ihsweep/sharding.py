@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -112,34 +113,131 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   return n
 
 
+@dataclasses.dataclass(frozen=True)
+class Team:
+  """The processes of a ``jax.distributed`` job that train one group together: those owning
+  the devices of its mesh (``Team.of``). One process of several: a process-local group (no
+  collective or barrier with the others); all of them: one global mesh; a subset (a worker
+  spanning several hosts): collectives and barriers among the subset only. The team's first
+  process (its ``lead``) writes the group's files. In a one-process job every team is that
+  process."""
+
+  processes: tuple[int, ...]
+
+  @classmethod
+  def of(cls, devices) -> "Team":
+    """The processes owning ``devices``."""
+    return cls(tuple(sorted({d.process_index for d in devices})))
+
+  @classmethod
+  def everyone(cls) -> "Team":
+    return cls(tuple(range(jax.process_count())))
+
+  @property
+  def lead(self) -> int:
+    return self.processes[0]
+
+  @property
+  def leads(self) -> bool:
+    """Whether this process is the team's lead (writes its files, holds its locks)."""
+    return jax.process_index() == self.lead
+
+  @property
+  def is_everyone(self) -> bool:
+    return len(self.processes) == jax.process_count()
+
+  @property
+  def alone(self) -> bool:
+    """One process of several: a process-local group."""
+    return len(self.processes) == 1 and jax.process_count() > 1
+
+  def devices(self) -> list:
+    """One device per process of the team (its first local one): where team collectives
+    run."""
+    first = {}
+    for d in jax.devices():
+      if d.process_index in self.processes and d.process_index not in first:
+        first[d.process_index] = d
+    return [first[p] for p in self.processes]
+
+
+def _team(team) -> Team:
+  return Team.everyone() if team is None else team
+
+
+def _team_reduce(values: np.ndarray, team: Team, op) -> np.ndarray:
+  """``op`` (e.g. ``jnp.max``) over the team's processes of each process's ``values`` (int32
+  vector): a collective on one device per team process; every process of the team must call
+  it at the same point, the others never."""
+  import jax.numpy as jnp
+  mesh = Mesh(np.array(team.devices()), ("p",))
+  values = np.asarray(values, np.int32)[None]
+  me = team.processes.index(jax.process_index())
+  rows = jax.make_array_from_single_device_arrays(
+      (len(team.processes), values.shape[1]), NamedSharding(mesh, P("p")),
+      [jax.device_put(values, team.devices()[me])])
+  out = jax.jit(lambda x: op(x, axis=0), out_shardings=NamedSharding(mesh, P()))(rows)
+  return np.asarray(out.addressable_data(0))
+
+
 def to_host(tree):
-  """numpy copies of a pytree of arrays. Arrays spread over several processes (a global mesh)
-  are gathered from all of them (``multihost_utils.process_allgather``, a collective: every
-  process must call it in the same order); arrays on this process's devices alone (one process,
-  or a process-local group in a multi-process job) are just copied."""
+  """numpy copies of a pytree of arrays. Arrays spread over several processes are gathered:
+  over every process with ``multihost_utils.process_allgather``; over a team of some of them
+  (a worker spanning hosts) by replicating them on their own mesh. Either is a collective:
+  every process holding a part must call it in the same order. Arrays on this process's
+  devices alone (one process, or a process-local group in a multi-process job) are just
+  copied."""
   leaves = jax.tree_util.tree_leaves(tree)
   if all(getattr(x, "is_fully_addressable", True) for x in leaves):
     return jax.tree_util.tree_map(np.asarray, tree)
-  from jax.experimental import multihost_utils
-  return jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+  spread = [x for x in leaves if not getattr(x, "is_fully_addressable", True)]
+  if all(Team.of(x.sharding.device_set).is_everyone for x in spread):
+    from jax.experimental import multihost_utils
+    return jax.tree_util.tree_map(np.asarray,
+                                  multihost_utils.process_allgather(tree, tiled=True))
+  mesh = spread[0].sharding.mesh
+  whole = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
+  return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0))
+                                if isinstance(x, jax.Array) else np.asarray(x), whole)
 
 
-def any_process(flag: bool, local: bool = False) -> bool:
-  """True if ``flag`` is true in any process (a collective when there are several; every
-  process must call it at the same point). ``local``: this process alone (it trains a
-  process-local group and meets no other process): ``flag`` itself."""
-  if local or jax.process_count() == 1:
+def any_process(flag: bool, team: Team | None = None) -> bool:
+  """True if ``flag`` is true in any process of ``team`` (default: every process): a
+  collective when the team has several processes (each must call it at the same point); a
+  team of this process alone: ``flag`` itself."""
+  team = _team(team)
+  if len(team.processes) == 1:
     return bool(flag)
-  from jax.experimental import multihost_utils
-  return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+  if team.is_everyone:
+    from jax.experimental import multihost_utils
+    return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+  import jax.numpy as jnp
+  return bool(_team_reduce(np.asarray([int(bool(flag))]), team, jnp.max)[0])
 
 
-def barrier(name: str, local: bool = False) -> None:
-  """Waits until every process reaches this point (nothing to do in one process, or with
-  ``local``: a process-local group waits for no other process)."""
-  if not local and jax.process_count() > 1:
+def lead_value(value: int, team: Team | None = None) -> int:
+  """The team lead's ``value`` (an int >= -1), received by every process of the team (a
+  collective over the team; a team of one returns ``value``)."""
+  team = _team(team)
+  if len(team.processes) == 1:
+    return int(value)
+  import jax.numpy as jnp
+  if value < -1:
+    raise ValueError(f"lead_value sends ints >= -1, got {value}")
+  return int(_team_reduce(np.asarray([value if team.leads else -2]), team, jnp.max)[0])
+
+
+def barrier(name: str, team: Team | None = None) -> None:
+  """Waits until every process of ``team`` (default: every process) reaches this point
+  (nothing to wait for in a team of one: a process-local group)."""
+  team = _team(team)
+  if len(team.processes) == 1:
+    return
+  if team.is_everyone:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
+  else:
+    any_process(False, team)  # a collective over the team returns once all have joined
 
 
 def initialize_distributed() -> int:

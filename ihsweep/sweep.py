@@ -130,13 +130,13 @@ def _prepare(cfg, plan: Plan, workdir: str) -> None:
     write_cells(plan, workdir)
 
 
-def _next_group(plan: Plan, workdir: str, since: float, devices: list[str]):
-  """``(group, event, waiting)``: the first group in plan order (most expensive first) this
-  worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)`` with
-  ``waiting`` the groups other live workers hold."""
+def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
+  """``(group, event, waiting)``: the first of ``groups`` (plan order: most expensive first)
+  this worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)``
+  with ``waiting`` the groups other live workers hold."""
   waiting = []
   with rundir.claims_lock(workdir):
-    for group in plan.groups:
+    for group in groups:
       status = read_status(workdir, group.id)
       if status["state"] == "done" or (
           status["state"] == "failed" and float(status.get("failed_at", 0)) >= since):
@@ -153,32 +153,33 @@ class _CompileAhead:
   while it trains the current one (``runner.precompile`` into the persistent compilation
   cache), so that the next ``fit`` loads them instead of compiling."""
 
-  def __init__(self, plan: Plan, workdir: str, devices: list, local: bool):
+  def __init__(self, plan: Plan, workdir: str):
     import concurrent.futures
     from ihsweep import compile_cache
-    self.plan, self.workdir, self.devices, self.local = plan, workdir, devices, local
+    self.plan, self.workdir = plan, workdir
     self.on = compile_cache.enabled()
     self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
     self.pending: dict = {}  # group id → future
 
-  def after(self, group) -> None:
-    """Starts compiling the first group after ``group`` in plan order that nobody holds or has
-    finished (another worker may take it first: then the cache still serves equal shapes)."""
-    if not self.on:
+  def after(self, group, groups: list, devices: list, local: bool) -> None:
+    """Starts compiling the first of ``groups`` after ``group`` in plan order that nobody holds
+    or has finished, for ``devices`` (another worker may take it first: then the cache still
+    serves equal shapes)."""
+    if not self.on or group not in groups:
       return
-    for later in self.plan.groups[self.plan.groups.index(group) + 1:]:
+    for later in groups[groups.index(group) + 1:]:
       if later.id in self.pending:
         return
       if (read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
           and rundir.read_claim(self.workdir, later.id) is None):
-        self.pending[later.id] = self.pool.submit(self._compile, later)
+        self.pending[later.id] = self.pool.submit(self._compile, later, devices, local)
         return
 
-  def _compile(self, group) -> None:
+  def _compile(self, group, devices: list, local: bool) -> None:
     from ihsweep import runner
     try:
-      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, self.devices,
-                                                                  self.local), self.local)
+      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, devices, local),
+                                  local)
       log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
     except Exception as e:  # noqa: BLE001 — its fit reports any real error
       log.debug("compiling group %s ahead failed: %s", group.id, e)
@@ -194,35 +195,135 @@ class _CompileAhead:
     self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+@dataclasses.dataclass
+class _Worker:
+  """Where a worker trains: its devices and the processes owning them (``sharding.Team``:
+  this process alone for independent processes and process-local groups; several processes of
+  a jax.distributed job for a worker spanning hosts), and the groups it may take."""
+
+  devices: list
+  team: object  # sharding.Team
+  groups: list
+  local: bool  # a process-local worker inside a jax.distributed job
+
+
+def phases(cfg, plan: Plan) -> list:
+  """The phases of a sweep inside a jax.distributed job of several processes
+  (``placement.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
+  processes take that phase's groups; every process computes the same list). One phase of
+  process-local workers holding every group when the job has one process.
+
+  Raises:
+    ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
+      with a group that cannot use all of a worker's devices.
+  """
+  import jax
+  from ihsweep import placement
+  from ihsweep.config import ConfigError
+  n = jax.process_count()
+  k = int(cfg.sweep.processes_per_worker)
+  if n == 1:
+    return [placement.Phase(1, tuple(g.id for g in plan.groups))]
+  if k and n % k:
+    raise ConfigError("sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the "
+                      f"{n} processes of this job")
+  per_process = len(jax.local_devices()[:cfg.mesh.num_devices or None])
+  try:
+    return placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
+  except placement.LayoutError as e:
+    raise ConfigError("sweep.processes_per_worker", k, str(e)) from None
+
+
+def _phase_worker(cfg, plan: Plan, phase) -> _Worker:
+  """This process's worker in ``phase``: the team of ``processes_per_worker`` consecutive
+  processes it belongs to, their devices, and the phase's groups."""
+  import jax
+  from ihsweep import sharding
+  k = int(phase.processes_per_worker)
+  wanted = set(phase.groups)
+  groups = [g for g in plan.groups if g.id in wanted]
+  if k == 1:
+    devices = jax.local_devices()[:cfg.mesh.num_devices or None]
+    return _Worker(devices, sharding.Team((jax.process_index(),)), groups,
+                   local=jax.process_count() > 1)
+  first = jax.process_index() // k * k
+  team = sharding.Team(tuple(range(first, first + k)))
+  per_process = len(jax.local_devices()[:cfg.mesh.num_devices or None])
+  devices = []
+  for p in team.processes:
+    devices += [d for d in jax.devices() if d.process_index == p][:per_process]
+  return _Worker(devices, team, groups, local=False)
+
+
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
-  local = jax.process_count() > 1  # process-local groups inside a jax.distributed job
-  devices = jax.local_devices()[:cfg.mesh.num_devices or None]  # this worker's
+  from ihsweep import runner, sharding
+  steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
-  log.info("sweep: %d cells in %d groups (%s budget); worker %s on %d %s device(s); cells.csv "
-           "in %s", len(plan.cells), len(plan.groups), plan.budget, rundir.worker_id(),
-           len(devices), jax.default_backend(), workdir)
-  ahead = _CompileAhead(plan, workdir, devices, local)
+  log.info("sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
+           len(plan.cells), len(plan.groups), plan.budget, rundir.worker_id(),
+           "; ".join(f"phase {i + 1}: {len(p.groups)} group(s) on workers of "
+                     f"{p.processes_per_worker} process(es)" for i, p in enumerate(steps))
+           if jax.process_count() > 1 else f"{len(jax.local_devices())} "
+           f"{jax.default_backend()} device(s)", workdir)
+  ahead = _CompileAhead(plan, workdir)
+  result = None
   try:
-    return _work(cfg, plan, workdir, progress, devices, local, ahead)
+    for i, phase in enumerate(steps):
+      worker = _phase_worker(cfg, plan, phase)
+      result = _work(cfg, plan, workdir, progress, worker, ahead)
+      if len(steps) > 1 and i + 1 < len(steps):
+        # Every process ends the phase together (the next one forms other workers): it waits
+        # on the run directory until the phase's groups are finished, then meets the others;
+        # a stop request in any process stops all of them here.
+        _wait_for_phase(workdir, worker.groups, result.interrupted)
+        if sharding.any_process(result.interrupted or runner.stop_requested()):
+          result.interrupted = True
+          break
   finally:
     ahead.close()
+  return result
 
 
-def _work(cfg, plan: Plan, workdir: str, progress: bool, devices: list, local: bool,
-          ahead: _CompileAhead) -> SweepResult:
-  """A worker's loop: claim the next group, train it, record it; until none is left."""
+def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
+  """Returns once every group of a phase is done or failed, or one was interrupted (here or by
+  another worker), or this process is asked to stop: a process that finished its share of a
+  phase waits on the run directory, not inside a collective, while the others train."""
   from ihsweep import runner
+  while not (interrupted or runner.stop_requested()):
+    states = [read_status(workdir, g.id)["state"] for g in groups]
+    if "interrupted" in states or all(s in ("done", "failed") for s in states):
+      return
+    time.sleep(min(rundir.claim_heartbeat_s(), 2.0))
+
+
+def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
+          ahead: _CompileAhead) -> SweepResult:
+  """A worker's loop: claim the next of its groups, train it, record it; until none is left.
+  In a worker of several processes its lead claims and writes and tells the others which
+  group (``sharding.lead_value``); all of them train it."""
+  import jax
+  from ihsweep import runner, sharding
   me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
+  team, devices = worker.team, worker.devices
+  several = len(team.processes) > 1
+  lead = team.leads
+  # Inside a jax.distributed job a dead process ends the job: nobody is left to take over.
+  wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
   interrupted, trained, announced = False, [], None
   while True:
-    if runner.stop_requested():
+    if sharding.any_process(runner.stop_requested(), team):
       interrupted = True
       break
-    group, event, waiting = _next_group(plan, workdir, since,
-                                        [str(d) for d in devices])
+    group, event, waiting = None, None, []
+    if lead:
+      group, event, waiting = _next_group(worker.groups, workdir, since,
+                                          [str(d) for d in devices])
+    if several:
+      index = sharding.lead_value(plan.groups.index(group) if group else -1, team)
+      group = plan.groups[index] if index >= 0 else None
     if group is None:
-      if not waiting or not cfg.sweep.wait_to_take_over:
+      if not waiting or not wait:
         break
       if announced != waiting:
         log.info("nothing left to take: waiting while other workers hold %s (to take over any "
@@ -237,31 +338,37 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, devices: list, local: b
     if event == "taken over":
       log.warning("group %s: taken over from a worker that stopped answering (claims.jsonl); "
                   "resuming from its last checkpoint", group.id)
-    group_devices = runner.group_devices(group.cfg, devices, local)
+    group_devices = runner.group_devices(group.cfg, devices, worker.local)
     common["devices"] = len(group_devices)
-    write_status(workdir, group.id, state="running", **common, worker=me)
-    write_cells(plan, workdir)
+    if several:
+      common["processes"] = list(team.processes)
+    if lead:
+      write_status(workdir, group.id, state="running", **common, worker=me)
+      write_cells(plan, workdir)
     _describe(group, plan.groups.index(group), n, common)
     desc = (f"{group.id} B={common['batch_size']} C={common['context_size']} "
             f"E={len(group.cells)}")
     state = "failed"
     try:
       ahead.wait_for(group)
-      ahead.after(group)
-      with rundir.ClaimHeartbeat(workdir, group.id) as beat:
+      ahead.after(group, worker.groups, devices, worker.local)
+      with (rundir.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat()) as beat:
         out = runner.fit(group.cfg, group_dir(workdir, group.id), progress=progress, desc=desc,
-                         stop_rule=_stop_rule(cfg, group), devices=group_devices, local=local)
+                         stop_rule=_stop_rule(cfg, group), devices=group_devices,
+                         local=worker.local)
       if beat.lost.is_set():
         log.error("group %s: this worker's claim was taken over while it trained (it stopped "
                   "answering for over %gs); its results are left to the new worker", group.id,
                   rundir.claim_stale_s())
         state = "lost"
         continue
-      write_status(workdir, group.id, **_done_status(group, out, common), worker=me)
+      if lead:
+        write_status(workdir, group.id, **_done_status(group, out, common), worker=me)
       state = "done"
       trained.append(group.id)
     except runner.Interrupted as e:
-      write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
+      if lead:
+        write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
       state, interrupted = "interrupted", True
     except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
       state = "interrupted"
@@ -271,10 +378,15 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, devices: list, local: b
       write_status(workdir, group.id, state="failed", **common, worker=me,
                    error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(),
                    failed_at=time.time())
+      if several:
+        # The team's other processes may wait for this one inside the group's collectives,
+        # so they cannot agree to skip it: end the sweep (a rerun retries).
+        raise GroupFailed(group.id, e) from e
     finally:
-      if state != "lost":
+      if state != "lost" and lead:
         rundir.release_claim(workdir, group.id, state)
-      write_cells(plan, workdir)
+      if lead:
+        write_cells(plan, workdir)
     if interrupted:
       break
   with rundir.claims_lock(workdir):
@@ -283,6 +395,18 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, devices: list, local: b
   log.info("worker %s: trained %s", me, ", ".join(trained) or "no group")
   return SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
                      summary=summary, interrupted=interrupted)
+
+
+class _NoHeartbeat:
+  """A team member that is not its lead keeps no claim: nothing to refresh."""
+
+  def __enter__(self):
+    import threading
+    self.lost = threading.Event()
+    return self
+
+  def __exit__(self, *exc):
+    return False
 
 
 def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:

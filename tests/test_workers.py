@@ -184,7 +184,8 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4, env=_env(
+  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
+                    "--config.sweep.processes_per_worker=1", env=_env(
       2, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="2",
       IHSWEEP_PROCESS_ID=str(k))) for k in range(2)]
   results = _finish(procs)
@@ -200,6 +201,70 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   for g in groups:  # each group directory marked as a run by the process that trained it
     assert os.path.exists(os.path.join(work, "groups", g, rundir.RUN_MARKER)), g
   _assert_same_results(work, reference_two_devices, groups)
+
+
+def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path,
+                                                                   reference_two_devices):
+  """4 processes × 1 CPU device joined by jax.distributed, workers of 2 processes
+  (``sweep.processes_per_worker=2``): each pair trains whole groups on a mesh over its 2
+  devices, with collectives, barriers and checkpoint managers among the pair only; every group
+  once (claimed by a pair's first process), the same numbers as one process with 2 devices."""
+  import socket
+  work = str(tmp_path / "run")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
+                    "--config.sweep.processes_per_worker=2", env=_env(
+      1, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="4",
+      IHSWEEP_PROCESS_ID=str(k))) for k in range(4)]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0] * 4, [out[-3000:] for _, out in results]
+  events = _claims(work)
+  groups = GROUPS[:4]
+  assert sorted(events) == groups
+  for g in groups:
+    assert [(e, s) for e, _, s in events[g]] == [("claimed", None), ("released", "done")], g
+  leads = {rundir.read_status(work, g)["worker"].rsplit("/", 1)[1] for g in groups}
+  assert leads == {"p0", "p2"}  # both pairs trained, each claiming through its first process
+  for g in groups:
+    status = rundir.read_status(work, g)
+    assert status["devices"] == 2 and status["processes"] in ([0, 1], [2, 3]), status
+  _assert_same_results(work, reference_two_devices, groups)
+
+
+def test_phases_in_one_jax_distributed_job(tmp_path):
+  """2 processes × 1 CPU device, phases chosen from the groups (``processes_per_worker=0``):
+  the B = 1 group cannot use 2 devices, so it runs first on a process-local worker; the B = 4
+  group then trains on both processes' devices (phase 2, one mesh over the job). Each group
+  once, the same numbers as one process on as many devices."""
+  import socket
+  flags = FLAGS[:-3] + ["--grid=train.batch_size=1,4", "--grid=train.context_size=8"]
+  work = str(tmp_path / "run")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_ihsweep("run", f"--workdir={work}", *flags, env=_env(
+      1, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="2",
+      IHSWEEP_PROCESS_ID=str(k))) for k in range(2)]
+  # One process with 2 devices: the B = 1 group on 1 of them, the B = 4 group on both.
+  reference = str(tmp_path / "reference")
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={reference}", *flags, env=_env(2))])
+  assert rc == 0, out[-3000:]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+  by_batch = {rundir.read_status(work, g)["batch_size"]: g for g in ("g000", "g001")}
+  small, large = by_batch[1], by_batch[4]
+  events = _claims(work)
+  for g in (small, large):
+    assert [(e, s) for e, _, s in events[g]] == [("claimed", None), ("released", "done")], g
+  assert rundir.read_status(work, small)["devices"] == 1
+  assert "processes" not in rundir.read_status(work, small)  # process-local
+  assert rundir.read_status(work, large)["devices"] == 2
+  assert rundir.read_status(work, large)["processes"] == [0, 1]
+  assert "phase 1: 1 group(s) on workers of 1 process(es); phase 2: 1 group(s) on workers of " \
+         "2 process(es)" in results[0][1]
+  _assert_same_results(work, reference, [small, large])
 
 
 def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
