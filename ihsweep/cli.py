@@ -399,10 +399,11 @@ def _plan_flags() -> str | None:
     if d < 1 or n % d:
       return (f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
               f"({', '.join(map(str, divisors))}): the workers share the devices equally")
-    if f is not None and d > (h or DEFAULT_HOST):
-      return (f"--devices_per_worker={d} is not allowed: at most --devices_per_host="
-              f"{h or DEFAULT_HOST} (a worker is one process on one host; give "
-              f"--devices_per_host for larger hosts)")
+    host = h or DEFAULT_HOST
+    if f is not None and d > host and d % host:
+      return (f"--devices_per_worker={d} is not allowed: at most --devices_per_host={host} "
+              f"(a worker of one process), or a multiple of it (a worker spanning hosts, "
+              f"inside one jax.distributed job)")
   return None
 
 
@@ -508,8 +509,10 @@ COMMAND_HELP = {
   point with ensemble.size seeds), one compiled ensemble per group of cells with equal shapes,
   and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.json.
   Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
-  running group's state and exits with status 143. Several processes (launch/*.sh) train each
-  group together on one global mesh.
+  running group's state and exits with status 143. Several processes on one run directory are
+  workers that take groups side by side (launch/*.sh: independent processes, or the processes
+  of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes);
+  --config.sweep.placement=global trains every group on one mesh of all devices.
   --grid=FIELD=V1,V2,...   a grid axis (repeatable), e.g. --grid=train.batch_size=8,16
   --zip=FIELD=V1,V2,...    an axis of values varied together with the other --zip axes
   --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
@@ -552,22 +555,25 @@ COMMAND_HELP = {
 
   Predicts, without training, how the config's sweep runs on N devices: each group's cost
   (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of
-  device-time), under the new rule (sweep.placement=worker: N / D workers of D devices take
-  the groups most expensive first, each group on as many of its worker's devices as it can
-  use) and today's (sweep.placement=global: every group on one mesh of all N, or refused).
+  device-time), under the new rule (sweep.placement=worker: in one or more phases, workers of
+  one or several processes take the phase's groups most expensive first, each group on as many
+  of its worker's devices as it can use; phases chosen as `ihsweep run` chooses them with
+  sweep.processes_per_worker=0) and today's (sweep.placement=global: every group on one mesh
+  of all N, or refused).
   --devices=N            the sweep's devices (any count: this machine need not have them)
-  --devices_per_worker=D devices per worker (a worker is one process); default: with
-                         --flops_per_s the divisor of N up to a host with the shortest
-                         makespan; measured, this machine's device count
+  --devices_per_worker=D one phase of workers of D devices: a divisor of a host's devices (one
+                         process each) or, with --flops_per_s, a multiple of them (workers
+                         spanning hosts); default: the phases chosen from the groups' costs
+                         (measured: this machine's devices, one worker)
   --flops_per_s=F        sustained FLOP/s per device (an H100 at 40% MFU in bf16: 4e14): time =
                          cost / (m · F), perfect data-parallel scaling, no start-up; without it
                          a few groups are compiled and timed here (about 20 s each on a CPU)
-  --devices_per_host=H   with --flops_per_s: the most devices of one worker (default 8)
+  --devices_per_host=H   with --flops_per_s: the devices of one process (a host; default 8)
   --law=FILE             an emergence law JSON (log_T, alpha, beta; e.g. from analysis
                          fit-law): where an 'emergence' budget stops each group (default: the
                          sweep's law, which puts most stops at the cap)
-  --json                 one JSON object: groups, schedule, makespan_s, utilisation, layouts,
-                         global (today's rule, with refused)
+  --json                 one JSON object: groups, phases, schedule, makespan_s, utilisation,
+                         layouts, global (today's rule, with refused)
   --grid=FIELD=V1,V2,... / --zip=FIELD=V1,V2,...  axes, as for ihsweep run""",
 }
 

@@ -424,8 +424,9 @@ def test_plan_text_says_what_it_assumes(capsys):
      "--devices_per_worker=3 is not allowed: a divisor of --devices=8 (1, 2, 4, 8)"),
     (["--devices=8", "--flops_per_s=0"], "--flops_per_s=0 is not allowed: a finite number > 0"),
     (["--devices=8", "--flops_per_s=-5e13"], "--flops_per_s=-5e+13 is not allowed"),
-    (["--devices=16", "--devices_per_worker=16", "--flops_per_s=1e12"],
-     "--devices_per_worker=16 is not allowed: at most --devices_per_host=8"),
+    (["--devices=24", "--devices_per_worker=12", "--flops_per_s=1e12"],
+     "--devices_per_worker=12 is not allowed: at most --devices_per_host=8 (a worker of one "
+     "process), or a multiple of it"),
     (["--devices=8", "--devices_per_host=0", "--flops_per_s=1e12"],
      "--devices_per_host=0 is not allowed: an integer >= 1"),
     (["--devices=8", "--devices_per_host=4"], "--devices_per_host=4 is not allowed without "
