@@ -6,7 +6,13 @@ Placement ``sweep.placement = "worker"`` (default). Every ``ihsweep run`` proces
 run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
 ``mesh.num_devices`` of them): independent processes (SLURM job-array tasks, one per GPU or
 several sharing one; one per TPU host; several local processes) or the processes of one
-jax.distributed job, where each trains process-local groups. A worker takes the next group
+jax.distributed job. Inside such a job the sweep runs in phases (``phases``:
+``placement.plan_phases``, computed alike by every process; ``sweep.processes_per_worker``):
+in each, the processes form workers of p consecutive processes (``sharding.Team``) — p = 1:
+process-local groups; p > 1: a worker spanning p hosts, whose first process claims and writes
+and whose processes all train the group on a mesh over their devices — that take the phase's
+groups; a process done with its share waits on the run directory for the phase's other groups
+(``_wait_for_phase``), then all form the next phase's workers. A worker takes the next group
 that is neither done nor held, most expensive first, by writing a claim in the group's
 directory (``rundir.try_claim``); it trains the group on as many of its devices as the
 group's mesh can use (at most E · B: ``sharding.usable_devices``), refreshing the claim's
