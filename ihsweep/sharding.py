@@ -169,15 +169,22 @@ def _team_reduce(values: np.ndarray, team: Team, op) -> np.ndarray:
   """``op`` (e.g. ``jnp.max``) over the team's processes of each process's ``values`` (int32
   vector): a collective on one device per team process; every process of the team must call
   it at the same point, the others never."""
-  import jax.numpy as jnp
-  mesh = Mesh(np.array(team.devices()), ("p",))
+  key = (op, team.processes)
+  if key not in _TEAM_REDUCERS:  # one compiled program per team and op (called every host call)
+    mesh = Mesh(np.array(team.devices()), ("p",))
+    _TEAM_REDUCERS[key] = (mesh, jax.jit(lambda x: op(x, axis=0),
+                                         out_shardings=NamedSharding(mesh, P())))
+  mesh, reduce = _TEAM_REDUCERS[key]
   values = np.asarray(values, np.int32)[None]
   me = team.processes.index(jax.process_index())
   rows = jax.make_array_from_single_device_arrays(
       (len(team.processes), values.shape[1]), NamedSharding(mesh, P("p")),
       [jax.device_put(values, team.devices()[me])])
-  out = jax.jit(lambda x: op(x, axis=0), out_shardings=NamedSharding(mesh, P()))(rows)
-  return np.asarray(out.addressable_data(0))
+  return np.asarray(reduce(rows).addressable_data(0))
+
+
+_TEAM_REDUCERS: dict = {}
+_REPLICATORS: dict = {}
 
 
 def to_host(tree):
@@ -196,7 +203,9 @@ def to_host(tree):
     return jax.tree_util.tree_map(np.asarray,
                                   multihost_utils.process_allgather(tree, tiled=True))
   mesh = spread[0].sharding.mesh
-  whole = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
+  if mesh not in _REPLICATORS:  # one program per team mesh (jit caches it per tree structure)
+    _REPLICATORS[mesh] = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))
+  whole = _REPLICATORS[mesh](tree)
   return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0))
                                 if isinstance(x, jax.Array) else np.asarray(x), whole)
 
