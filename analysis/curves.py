@@ -33,7 +33,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from analysis.load import Group, GroupError, Run, unwritable, warn
+from .load import Group, GroupError, Run, unwritable, warn
 from ihsweep import checkpoint
 from ihsweep.rundir import atomic_file
 
@@ -204,7 +204,7 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   from ihsweep import sharding as sharding_lib
   from ihsweep import train
   from ihsweep.evaluation import Evaluator
-  from analysis.load import device_sharding
+  from .load import device_sharding
 
   if not steps:
     return pd.DataFrame()
