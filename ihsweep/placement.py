@@ -94,6 +94,13 @@ class Slot:
   phase: int = 0
 
 
+def busy_share(slots, n_devices: int, span: float) -> float:
+  """Utilisation: Σ m · t over ``slots`` / (N · ``span``), in [0, 1] (0 for an empty span)."""
+  if span <= 0:
+    return 0.0
+  return sum(s.devices * (s.end_s - s.start_s) for s in slots) / (n_devices * span)
+
+
 @dataclasses.dataclass
 class Schedule:
   """A rule's schedule on ``n_devices`` (``n_workers`` × ``devices_per_worker``). ``refused``:
@@ -121,11 +128,7 @@ class Schedule:
   def utilisation(self) -> float | None:
     """Σ m · t / (N · makespan), in [0, 1]."""
     span = self.makespan_s
-    if span is None:
-      return None
-    if span <= 0:
-      return 0.0
-    return sum(s.devices * (s.end_s - s.start_s) for s in self.slots) / (self.n_devices * span)
+    return None if span is None else busy_share(self.slots, self.n_devices, span)
 
   def to_json(self) -> dict:
     return {"rule": self.rule, "n_devices": self.n_devices,
@@ -265,10 +268,7 @@ class Phase:
   @property
   def utilisation(self) -> float:
     """Σ m · t / (N · (end − start)) over the phase's groups, in [0, 1]."""
-    span = self.makespan_s
-    if span <= 0:
-      return 0.0
-    return sum(s.devices * (s.end_s - s.start_s) for s in self.slots) / (self.n_devices * span)
+    return busy_share(self.slots, self.n_devices, self.makespan_s)
 
   def to_json(self) -> dict:
     return {"processes_per_worker": self.processes_per_worker,
@@ -295,10 +295,7 @@ class PhasedSchedule:
   @property
   def utilisation(self) -> float:
     """Σ m · t / (N · makespan) over every phase's groups, in [0, 1]."""
-    span = self.makespan_s
-    if span <= 0:
-      return 0.0
-    return sum(s.devices * (s.end_s - s.start_s) for s in self.slots) / (self.n_devices * span)
+    return busy_share(self.slots, self.n_devices, self.makespan_s)
 
 
 def divisors(n: int) -> list[int]:
