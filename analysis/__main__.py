@@ -16,6 +16,9 @@ import math
 import sys
 
 
+PROG = "python -m analysis"  # the command in messages; main(prog=...) sets it (`ihsweep report`)
+
+
 def _count(text: str) -> int | None:
   if text == "all":
     return None
@@ -28,9 +31,9 @@ def _count(text: str) -> int | None:
   return value
 
 
-def _parser() -> argparse.ArgumentParser:
-  from analysis import curves, emergence
-  p = argparse.ArgumentParser(prog="python -m analysis",
+def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+  from . import curves, emergence
+  p = argparse.ArgumentParser(prog=prog,
                               description="Analyse ihsweep run directories.")
   sub = p.add_subparsers(dest="command", required=True)
   r = sub.add_parser("report", help="curves, emergence points, law, figures and report.md/.html",
@@ -83,12 +86,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-  print(f"python -m analysis: {message}", file=sys.stderr)
+  print(f"{PROG}: {message}", file=sys.stderr)
   return 2
 
 
 def _fit_law(args) -> int:
-  from analysis import scaling
+  from . import scaling
   fixed = {}
   for spec in args.fix:
     name, _, value = spec.partition("=")
@@ -125,14 +128,14 @@ def _fit_law(args) -> int:
   print(json.dumps(law, indent=2))
   print(_fit_summary(law), file=sys.stderr)
   if not fit.ci and args.n_boot:
-    print(f"python -m analysis: warning: no confidence intervals ('ci' is empty): "
+    print(f"{PROG}: warning: no confidence intervals ('ci' is empty): "
           f"{fit.ci_note}", file=sys.stderr)
   return 0
 
 
 def _report(args) -> int:
-  from analysis import report
-  from analysis.load import NotARun
+  from . import report
+  from .load import NotARun
   if args.n_boot < 0:
     return _fail(f"--n-boot {args.n_boot}: must be >= 0")
   if not 0 < args.fraction < 1:
@@ -164,7 +167,7 @@ def _law_table(law: dict) -> str:
   MLE" when the law has an ``emerged_only`` fit, which gets the next row), the study; columns
   ln T, alpha, beta (95% intervals where there are any), sigma (where the law has it), r ("-"
   where withheld), cells."""
-  from analysis.scaling import MLE, STUDY
+  from .scaling import MLE, STUDY
   from tabulate import tabulate
   with_sigma = "sigma" in law
 
@@ -237,8 +240,12 @@ def _empty_value(args) -> str | None:
   return None
 
 
-def main(argv=None) -> int:
-  args = _parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m analysis") -> int:
+  """``prog``: the command named in usage, help and messages (``ihsweep`` when run as ``ihsweep
+  report``)."""
+  global PROG
+  PROG = prog
+  args = _parser(prog).parse_args(argv)
   if _empty_value(args):
     return _fail(_empty_value(args))
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -253,7 +260,7 @@ def main(argv=None) -> int:
   try:
     return _report(args)
   except KeyboardInterrupt:
-    print("python -m analysis: interrupted; the cache keeps every group finished so far",
+    print(f"{PROG}: interrupted; the cache keeps every group finished so far",
           file=sys.stderr)
     return 130
 

@@ -7,6 +7,8 @@
   ihsweep corpus prepare --config=FILE   (tokenize and cache the config's corpus; print counts)
   ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
   ihsweep plan --config=FILE --devices=N [--devices_per_worker=D] [--flops_per_s=F] [--json]
+  ihsweep report DIR [DIR ...] [--out OUT] ...   (= python -m analysis report, from anywhere)
+  ihsweep fit-law --csv FILE [--fix alpha=0.37] ...   (= python -m analysis fit-law)
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -35,6 +37,13 @@ COMMANDS = {
     "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
     "predict": "updates and tokens until induction heads form, by the emergence law",
     "plan": "a sweep's schedule, makespan and device utilisation on N devices (no training)",
+}
+
+# The analysis package's commands (its own argparse flags: `ihsweep report --help`), reached from
+# any directory through its installed name, ihsweep_analysis (the analysis/ folder).
+ANALYSIS_COMMANDS = {
+    "report": "curves, emergence points, law fit, figures and report.md/.html from run dirs",
+    "fit-law": "fit the emergence law to a CSV of emergence points (one JSON object)",
 }
 
 FLAGS = flags.FLAGS
@@ -645,9 +654,23 @@ def _fail(message: str) -> int:
   return 2
 
 
+def _analysis(argv) -> int:
+  """``ihsweep report|fit-law ...``: ``python -m analysis`` under its installed name, so from any
+  directory. The training package never imports analysis; only this command does, lazily."""
+  try:
+    from ihsweep_analysis.__main__ import main as analysis_main
+  except ModuleNotFoundError as e:
+    if e.name != "ihsweep_analysis":
+      raise
+    return _fail(f"{argv[1]}: the analysis package (ihsweep_analysis) is not installed: "
+                 f"`pip install -e .` in the repository installs it, or run `python -m analysis "
+                 f"{argv[1]}` from the repository")
+  return analysis_main(argv[1:], prog="ihsweep")
+
+
 def _usage() -> str:
   lines = ["usage: ihsweep COMMAND [flags]", "", "commands:"]
-  lines += [f"  {name:8s} {doc}" for name, doc in COMMANDS.items()]
+  lines += [f"  {name:8s} {doc}" for name, doc in {**COMMANDS, **ANALYSIS_COMMANDS}.items()]
   lines += ["", "ihsweep COMMAND --help lists the flags."]
   return "\n".join(lines)
 
@@ -658,6 +681,8 @@ def main(argv=None) -> int:
     print(_usage())
     return 0
   command = argv[1]
+  if command in ANALYSIS_COMMANDS:
+    return _analysis(argv)
   if command not in COMMANDS:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
