@@ -6,10 +6,13 @@ checkpoint, restored lazily one step at a time onto the devices present. The res
 DataFrame, one row per (cell, step):
 
   run, group, cell, seed, <grid axes>, batch_size, context_size, n_params, law_updates, step,
-  tokens, ps_max, la_max (the study's logit attribution), dla_max (direct logit attribution),
-  ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from the run's
-  data), icl_score, val_loss, {ps,la,dla}_layer / _head (the best head), diverged,
-  diverged_step, source, n_probes, n_sequences
+  tokens, <metrics>, {ps,la,dla}_layer / _head (the best head), diverged, diverged_step,
+  source, n_probes, n_sequences
+
+where <metrics> are the metrics of ``ihsweep.metric_registry`` (``METRICS``, read from it at
+call time): ps_max, la_max (the study's logit attribution), dla_max (direct logit
+attribution), ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from
+the run's data), icl_score, val_loss, and any metric registered there.
 
 ``source`` is 'checkpoint' (recomputed) or 'online' (the run's ``metrics.jsonl``, used for a group
 without params checkpoints, or for every group with ``source='online'``). Recomputed rows use the
@@ -35,12 +38,19 @@ import pandas as pd
 
 from .load import Group, GroupError, Run, unwritable, warn
 from ihsweep import checkpoint
+from ihsweep import metric_registry
 from ihsweep.rundir import atomic_file
 
 log = logging.getLogger("analysis")
 
-METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "ar_data_rank",
-           "icl_score", "val_loss")
+
+def __getattr__(name: str):
+  # METRICS: the registered metrics' names, read from the registry at access time.
+  if name == "METRICS":
+    return metric_registry.names()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
 SOURCES = ("auto", "checkpoints", "online")
 # The analysis's evaluation budget per model and checkpoint: the first 12 of the run's 100
@@ -70,18 +80,20 @@ CACHE_KEYS = ("group", "cell", "step", "n_probes", "n_sequences")
 
 def read_cache(path: str, warnings: list[str] | None = None) -> pd.DataFrame:
   """Cached recomputed rows. Empty if there is none; a cache that cannot be read, or whose
-  columns are not this version's, is recomputed (with a warning)."""
+  columns are not this version's (e.g. a metric registered since), is recomputed (with a
+  warning)."""
   if not os.path.exists(path):
     return pd.DataFrame()
+  metrics = metric_registry.names()
   try:
     table = pd.read_parquet(path)
-    missing = [c for c in (*CACHE_KEYS, *METRICS) if c not in table]
+    missing = [c for c in (*CACHE_KEYS, *metrics) if c not in table]
     if missing:
       raise ValueError(f"no columns {missing}")
     for col in CACHE_KEYS[1:]:
       table[col] = pd.to_numeric(table[col], errors="raise").astype(int)
     table["group"] = table["group"].astype(str)
-    for col in METRICS:
+    for col in metrics:
       table[col] = pd.to_numeric(table[col], errors="raise").astype(float)
     return table
   except Exception as e:  # pyarrow and pandas raise several kinds for a damaged file
@@ -143,7 +155,7 @@ def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
   for i, cell in enumerate(group.cells["cell"]):
     row = {"group": group.id, "cell": int(cell), "step": int(step),
            "tokens": int(step) * tokens_per_update}
-    row.update({m: float(host[m][i]) for m in METRICS})
+    row.update({m: float(host[m][i]) for m in metric_registry.names()})
     for name in ("ps", "la", "dla"):
       layer, head = (int(v) for v in host[f"{name}_argmax"][i])
       row[f"{name}_layer"], row[f"{name}_head"] = layer, head
@@ -198,7 +210,8 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
   (None: all, exactly as online).
 
   Returns:
-    DataFrame with columns ``group, cell, step, tokens``, ``METRICS`` and ``HEAD_COLUMNS``.
+    DataFrame with columns ``group, cell, step, tokens``, the registered metrics
+    (``METRICS``) and ``HEAD_COLUMNS``.
   """
   import jax
   from ihsweep import sharding as sharding_lib
@@ -271,7 +284,7 @@ def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:
                                 [None, None])
       online[f"{name}_layer"] = pairs.str[0]
       online[f"{name}_head"] = pairs.str[1]
-  keep = ["group", "cell", "step", "tokens", *METRICS, *HEAD_COLUMNS]
+  keep = ["group", "cell", "step", "tokens", *metric_registry.names(), *HEAD_COLUMNS]
   online = online[[c for c in keep if c in online]]
   return online
 
@@ -388,14 +401,13 @@ def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
   out = table.drop(columns=[c for c in cells.columns if c != "cell" and c in table])
   out = out.merge(cells, on="cell", how="left")
   out.insert(0, "run", run.name)
+  metric_cols = [m for m in metric_registry.names() if m in out]
   if "diverged_step" in out:
     # From the update at which its loss turned NaN/inf on, a model's params are not a model's.
     after = out["diverged_step"].notna() & (out["step"] >= out["diverged_step"].fillna(0))
-    metric_cols = [m for m in METRICS if m in out]
     out.loc[after.to_numpy(dtype=bool), metric_cols] = np.nan
-  for m in METRICS:
-    if m in out:
-      out[m] = pd.to_numeric(out[m], errors="coerce").astype(float)
+  for m in metric_cols:
+    out[m] = pd.to_numeric(out[m], errors="coerce").astype(float)
   return out.sort_values(["run", "cell", "step"]).reset_index(drop=True)
 
 

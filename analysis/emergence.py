@@ -15,8 +15,10 @@ log axis), and how well they agree:
   search over a grid, then refined with ``scipy.optimize.least_squares``.
 
 The plateaus are the medians of the first and last ``plateau_points`` checkpoints. A curve whose
-jump ``direction · (late − early)`` is smaller than the metric's ``min_jump`` (or that never
-crosses the level) has **not emerged**: it is right-censored at its last checkpoint
+jump ``direction · (late − early)`` is smaller than the metric's ``min_jump`` (ps_max 0.2,
+la_max 0.1, dla_max 1 nat, ar_acc 0.2, icl_score 1.5 nats, …; each metric's direction, minimum
+jump and transform are defined in ``ihsweep.metric_registry``), or that never crosses the
+level, has **not emerged**: it is right-censored at its last checkpoint
 (``censored = True``, ``emergence_step`` NaN, ``censor_step`` = last step), never dropped.
 Curves that fall (validation loss, ICL score, mean rank) are handled by ``direction = −1``;
 ``ar_rank`` is analysed as log10(1 + rank).
@@ -30,38 +32,23 @@ import math
 import numpy as np
 import pandas as pd
 
+from ihsweep import metric_registry
+
 METHODS = ("threshold", "max_slope", "breakpoint")
 
 
-@dataclasses.dataclass(frozen=True)
-class MetricSpec:
-  """How a metric's curve is read: ``direction`` +1 (rises at emergence) or −1 (falls),
-  ``min_jump`` (in the metric's units after ``transform``) for a curve to count as emerged."""
-  direction: int
-  min_jump: float
-  transform: str = "none"  # 'log1p10': log10(1 + value)
-
-  def apply(self, values: np.ndarray) -> np.ndarray:
-    values = np.asarray(values, float)
-    return np.log10(1 + values) if self.transform == "log1p10" else values
+# How each metric's curve is read (direction, min_jump, transform) and which metrics the table
+# has by default: ihsweep.metric_registry, the one home of every metric.
+MetricSpec = metric_registry.Metric
 
 
-# Defaults chosen from the untrained baselines and the transitions measured in this project:
-# ps_max ~0.02-0.1 before, 0.6-0.9 after; ar_acc ~1/V before; DLA 0 → several nats.
-SPECS = {
-    "ps_max": MetricSpec(+1, 0.2),
-    "la_max": MetricSpec(+1, 0.1),
-    "dla_max": MetricSpec(+1, 1.0),
-    "ar_acc": MetricSpec(+1, 0.2),
-    "ar_data_acc": MetricSpec(+1, 0.2),
-    "ar_rank": MetricSpec(-1, 0.5, "log1p10"),
-    "ar_data_rank": MetricSpec(-1, 0.5, "log1p10"),
-    # Loss late in the context falls by ~1 nat with ordinary learning on the induction task
-    # even where no induction head forms; the transition takes it down 3-4 nats.
-    "icl_score": MetricSpec(-1, 1.5),
-    "val_loss": MetricSpec(-1, 0.2),
-}
-DEFAULT_METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")
+def __getattr__(name: str):
+  # Read from the registry at access time, so a metric registered later is included.
+  if name == "SPECS":
+    return dict(metric_registry.REGISTRY)
+  if name == "DEFAULT_METRICS":
+    return metric_registry.emergence_names()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass
@@ -178,7 +165,8 @@ def emergence_point(steps, values, *, method: str = "threshold", metric: str = "
     steps: updates of the checkpoints ``[n]`` (any order; NaN values are dropped).
     values: the metric at those steps ``[n]``.
     method: 'threshold', 'max_slope' or 'breakpoint'.
-    metric: a key of ``SPECS`` (direction, default ``min_jump``, transform).
+    metric: a registered metric (``ihsweep.metric_registry``: direction, default
+      ``min_jump``, transform).
     fraction: threshold level between the plateaus (0.5 = midpoint).
     level: an absolute threshold (in the metric's units) instead of ``fraction``.
     min_jump: overrides the metric's minimal jump.
@@ -188,9 +176,7 @@ def emergence_point(steps, values, *, method: str = "threshold", metric: str = "
   """
   if method not in METHODS:
     raise ValueError(f"method = {method!r}: allowed {', '.join(METHODS)}")
-  if metric not in SPECS:
-    raise ValueError(f"metric = {metric!r}: allowed {', '.join(SPECS)}")
-  spec = SPECS[metric]
+  spec = metric_registry.get(metric)
   steps, values = np.asarray(steps, float), np.asarray(values, float)
   order = np.argsort(steps, kind="stable")
   steps, values = steps[order], spec.apply(values[order])
@@ -223,7 +209,7 @@ def emergence_point(steps, values, *, method: str = "threshold", metric: str = "
                    *signed, jump)
 
 
-def emergence_table(curves: pd.DataFrame, *, metrics=DEFAULT_METRICS, methods=METHODS,
+def emergence_table(curves: pd.DataFrame, *, metrics=None, methods=METHODS,
                     fraction: float = 0.5, levels: dict | None = None,
                     min_jumps: dict | None = None) -> pd.DataFrame:
   """Emergence points of every cell, metric and method (a long table).
@@ -231,6 +217,8 @@ def emergence_table(curves: pd.DataFrame, *, metrics=DEFAULT_METRICS, methods=ME
   Args:
     curves: ``analysis.curves`` rows (``run``, ``cell``, ``step``, metric columns, cell
       coordinates).
+    metrics: registered metric names (None: ``metric_registry.emergence_names()``, those with
+      ``emergence=True``); those without a column in ``curves`` are left out.
     levels / min_jumps: per-metric absolute thresholds / minimal jumps overriding the defaults.
 
   Returns:
@@ -241,11 +229,12 @@ def emergence_table(curves: pd.DataFrame, *, metrics=DEFAULT_METRICS, methods=ME
     ``n_points``.
   """
   levels, min_jumps = levels or {}, min_jumps or {}
-  metrics = [m for m in metrics if m in curves]
+  metrics = [m for m in (metric_registry.emergence_names() if metrics is None else metrics)
+             if m in curves]
   if curves.empty or not metrics:
     return pd.DataFrame()
   per_cell = [c for c in curves.columns if c not in ("step", "tokens", "source") and
-              c not in SPECS and not c.endswith(("_layer", "_head"))]
+              c not in metric_registry.REGISTRY and not c.endswith(("_layer", "_head"))]
   rows = []
   for key, cell in curves.groupby(["run", "cell"], sort=True):
     coords = cell.iloc[0][per_cell].to_dict()

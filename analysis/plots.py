@@ -25,6 +25,8 @@ import textwrap
 import numpy as np
 import pandas as pd
 
+from ihsweep import metric_registry
+
 
 def _plt():
   import matplotlib
@@ -44,13 +46,11 @@ def _save(fig, out_base: str) -> list[str]:
   return paths
 
 
-LABELS = {"ps_max": "prefix-matching score (best head)",
-          "la_max": "logit attribution, study (best head)",
-          "dla_max": "direct logit attribution (best head, nats)",
-          "ar_acc": "associative recall accuracy (probes)",
-          "ar_rank": "associative recall mean rank (probes)",
-          "ar_data_acc": "associative recall accuracy (data)",
-          "icl_score": "ICL score (nats)", "val_loss": "validation loss (nats/token)"}
+def __getattr__(name: str):
+  # LABELS: metric → axis label, from ihsweep.metric_registry at access time.
+  if name == "LABELS":
+    return {n: metric_registry.label(n) for n in metric_registry.names()}
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _number(v: float, _pos=None) -> str:
@@ -183,12 +183,12 @@ def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
   for ax in axs[-1]:
     ax.set_xlabel("updates (log)", fontsize=8)
   for ax in axs[:, 0]:
-    ax.set_ylabel(LABELS.get(metric, metric), fontsize=8)
+    ax.set_ylabel(metric_registry.label(metric), fontsize=8)
   handles, labels = axs.flat[0].get_legend_handles_labels()
   if handles:
     axs.flat[0].legend(handles[:8], labels[:8], fontsize=6, loc="best")
   note = f" (first {max_panels} of {len(panels)} grid points)" if len(panels) > max_panels else ""
-  fig.suptitle(f"{LABELS.get(metric, metric)} per grid point; o = emergence ({method}), "
+  fig.suptitle(f"{metric_registry.label(metric)} per grid point; o = emergence ({method}), "
                f"x = censored{note}", fontsize=9)
   fig.tight_layout()
   return fig
@@ -304,7 +304,7 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   band (``law_band``; its source in the figure's ``band_source``). The fit's emerged cells come
   from its residual table; censored cells, from ``points`` (rows with ``censored`` true and a
   ``censor_step``), are drawn as open triangles at their last checkpoint (a lower bound)."""
-  from analysis.scaling import STUDY
+  from .scaling import STUDY
   plt = _plt()
   res = fit.residuals
   b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)

@@ -34,14 +34,15 @@ import re
 import numpy as np
 import pandas as pd
 
-from analysis import curves as curves_lib
-from analysis import emergence as emergence_lib
-from analysis import frontier as frontier_lib
-from analysis import plots
-from analysis import scaling
-from analysis import summary as summary_lib
-from analysis.load import dir_identity, load_runs, unwritable
-from analysis.outputs import OutputError, Outputs
+from . import curves as curves_lib
+from . import emergence as emergence_lib
+from . import frontier as frontier_lib
+from . import plots
+from . import scaling
+from . import summary as summary_lib
+from .load import dir_identity, load_runs, unwritable
+from .outputs import OutputError, Outputs
+from ihsweep import metric_registry
 from ihsweep.rundir import atomic_file
 
 log = logging.getLogger("analysis")
@@ -310,7 +311,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
       paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method,
                                 axes=axes)
       written["figures"] += paths
-      doc.figure(paths[0], f"{plots.LABELS.get(metric, metric)} against updates; seeds as lines, "
+      doc.figure(paths[0], f"{metric_registry.label(metric)} against updates; seeds as lines, "
                            f"emergence points ({opts.method}) marked o, censored x.")
 
   doc.h(2, "Agreement across metrics and methods")

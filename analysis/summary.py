@@ -29,6 +29,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ihsweep import metric_registry
+
 # The study's law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1; docs/study.md).
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
 # Our count (ihsweep.plan.n_params) of the study's reference model: 2 layers, 8 heads, d_model
@@ -45,11 +47,6 @@ METHOD_WORDS = {
     "max_slope": "the middle of the steepest rise of {metric}",
     "breakpoint": "the centre of the ramp of a flat-ramp-flat fit to {metric}",
 }
-METRIC_WORDS = {"ps_max": "the best head's prefix-matching score",
-                "la_max": "the best head's logit attribution",
-                "dla_max": "the best head's direct logit attribution",
-                "ar_acc": "associative-recall accuracy on the probes",
-                "icl_score": "the ICL score"}
 
 
 def _get(cfg, path: str, default=None):
@@ -233,7 +230,7 @@ def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str
            f"{_get(cfg, 'train.warmup_frac', 0):.0%} warmup")
   runs = f" ({n_runs} run directories; the setup is the first's)" if n_runs > 1 else ""
   words = METHOD_WORDS.get(method, "the emergence point of {metric} by " + method).format(
-      metric=METRIC_WORDS.get(metric, metric))
+      metric=metric_registry.description(metric))
   return (f"**Setup.** {len(points)} models{runs}: {model_words(cfg, points)}, trained on "
           f"{data_words(cfg)}{opt}. Grid: {grid}, {seeds} per grid point (the models of a grid "
           f"point differ only in their seed). Budget: {budget_words(cfg, points)}. A model's "

@@ -26,11 +26,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ihsweep import metric_registry
 from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON
 from ihsweep.model import ModelConfig, Transformer, unembedding_matrix
 
-SUMMARY_KEYS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc",
-                "ar_data_rank", "val_loss", "icl_score")
+
+def __getattr__(name: str):
+  # SUMMARY_KEYS: the registered metrics (``ihsweep.metric_registry``), read at access time.
+  if name == "SUMMARY_KEYS":
+    return metric_registry.names()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
@@ -198,12 +203,15 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
   Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
   ``ar_rank`` (repeated-token probes, all L positions ``L … 2L − 1``); ``ar_data_acc``,
   ``ar_data_rank`` (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss``
-  (nats/token); ``icl_score``; summaries ``ps_max``, ``la_max``, ``dla_max`` and int32 ``[2]``
-  (layer, head) ``ps_argmax``, ``la_argmax``, ``dla_argmax``. A model with NaN or ±inf logits
-  gets NaN recall (and, through its activations, NaN scores), never a perfect one.
+  (nats/token); ``icl_score``; int32 ``[2]`` (layer, head) ``ps_argmax``, ``la_argmax``,
+  ``dla_argmax``; and every metric of ``ihsweep.metric_registry`` (``ps_max``, ``la_max``,
+  ``dla_max``, …: those with a ``compute`` function are computed here from the values above,
+  in registry order). A model with NaN or ±inf logits gets NaN recall (and, through its
+  activations, NaN scores), never a perfect one.
 
   Raises:
-    ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token).
+    ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token), or a
+      registered metric that has no ``compute`` function and is not among the values above.
   """
   if block_len < MIN_BLOCK:
     raise ValueError(f"block_len = {block_len}: {MIN_BLOCK_REASON}")
@@ -256,8 +264,13 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
       ar_data_rank=jnp.where(n > 0, s["ar_rank"] / n_f, jnp.nan),
       ar_data_n=n, val_loss=loss_C.mean(), icl_score=icl_score(loss_C, icl_early, icl_late))
   for name in ("ps", "la", "dla"):
-    out[f"{name}_max"] = out[name].max()
     out[f"{name}_argmax"] = _argmax_2d(out[name])
+  for metric in metric_registry.REGISTRY.values():
+    if metric.compute is not None:
+      out[metric.name] = jnp.asarray(metric.compute(out), jnp.float32)
+    elif metric.name not in out:
+      raise ValueError(f"metric {metric.name!r} (ihsweep.metric_registry) has no compute "
+                       f"function and evaluate does not return it; give it compute=fn(out)")
   return out
 
 

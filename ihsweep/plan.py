@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from ihsweep import config as config_lib
+from ihsweep import metric_registry
 from ihsweep.config import ConfigError
+from ihsweep.metric_registry import uniform_ps  # noqa: F401  (its old home; read from here)
 
 BUDGETS = ("updates", "tokens", "law", "emergence")
-STOP_METRICS = ("ps_max", "la_max", "dla_max", "ar_acc", "ar_data_acc")
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
 VALUE_FIELDS = {"seed": "ensemble.seeds", "train.lr": "ensemble.peak_lrs",
                 "data.frequency": "data.frequencies", "data.reliability": "data.reliabilities"}
@@ -192,11 +193,11 @@ def _validate_sweep(cfg, n_devices: int) -> None:
       except LawError as e:
         raise ConfigError("sweep.law_file", cfg.sweep.law_file, str(e)) from None
   if budget == "emergence":
-    metric = config_lib._choice(sub, "sweep", "stop_metric", STOP_METRICS)
-    if metric == "dla_max":  # nats of logit
-      config_lib._real(sub, "sweep", "stop_threshold", -math.inf)
-    else:  # scores and accuracies in [0, 1]; every model has reached 0 at update 0
-      config_lib._real(sub, "sweep", "stop_threshold", 0.0, 1.0, lo_open=True, hi_open=False)
+    # The metrics that may stop a group, and their thresholds: ihsweep.metric_registry.
+    metric = config_lib._choice(sub, "sweep", "stop_metric", metric_registry.stop_names())
+    rule = metric_registry.get(metric).stop
+    config_lib._real(sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open,
+                     hi_open=rule.hi_open)
     config_lib._real(sub, "sweep", "stop_margin", 1.0)
     if not cfg.eval.every_steps and not cfg.eval.every_tokens:
       raise ConfigError("eval.every_steps", cfg.eval.every_steps,
@@ -271,24 +272,22 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
                       f"would be the same model ({why})")
 
 
-def uniform_ps(block_len: int) -> float:
-  """The prefix-matching score of uniform causal attention on probes of block length L: the
-  mean of 1/(i + 1) over second-block positions i ∈ [L, 2L) (an untrained model's level)."""
-  return float(np.mean(1.0 / (np.arange(block_len, 2 * block_len) + 1.0)))
-
-
 def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
-  """Under the 'emergence' budget with ps_max, a threshold an untrained model already reaches
-  would stop the group at update 0."""
+  """Under the 'emergence' budget, a threshold an untrained model already reaches (the stop
+  metric's ``StopRule.untrained`` level for this group's probes, e.g. ps_max of uniform
+  attention) would stop the group at update 0."""
   from ihsweep.data.probes import block_length
-  if cfg.sweep.budget != "emergence" or cfg.sweep.stop_metric != "ps_max":
+  if cfg.sweep.budget != "emergence":
+    return
+  rule = metric_registry.get(cfg.sweep.stop_metric).stop
+  if rule is None or rule.untrained is None:
     return
   context = int(group.cfg.train.context_size)
   block = block_length(context, int(group.cfg.eval.probe_len))
-  base = uniform_ps(block)
+  base = rule.untrained(block)
   if cfg.sweep.stop_threshold <= base:
     raise ConfigError("sweep.stop_threshold", cfg.sweep.stop_threshold,
-                      f"above {base:.4f}, the ps_max of uniform attention on probe blocks of "
+                      f"above {base:.4f}, {rule.untrained_text} on probe blocks of "
                       f"L = {block} (C = {context}): an untrained model reaches it, so the "
                       f"group would stop at update 0 [{where}]")
 
