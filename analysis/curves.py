@@ -36,10 +36,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from .load import Group, GroupError, Run, unwritable, warn
-from ihsweep import checkpoint
-from ihsweep import metric_registry
+from ihsweep import checkpoint, metric_registry
 from ihsweep.rundir import atomic_file
+
+from .load import Group, GroupError, Run, unwritable, warn
 
 log = logging.getLogger("analysis")
 

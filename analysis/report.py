@@ -34,16 +34,16 @@ import re
 import numpy as np
 import pandas as pd
 
+from ihsweep import metric_registry
+from ihsweep.rundir import atomic_file
+
 from . import curves as curves_lib
 from . import emergence as emergence_lib
 from . import frontier as frontier_lib
-from . import plots
-from . import scaling
+from . import plots, scaling
 from . import summary as summary_lib
 from .load import dir_identity, load_runs, unwritable
 from .outputs import OutputError, Outputs
-from ihsweep import metric_registry
-from ihsweep.rundir import atomic_file
 
 log = logging.getLogger("analysis")
 
