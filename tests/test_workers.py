@@ -103,6 +103,18 @@ def reference_two_devices(tmp_path_factory):
   return _reference(tmp_path_factory, 2, FLAGS_4)
 
 
+def _job(work: str, flags: list, processes: int, devices: int) -> list[subprocess.Popen]:
+  """``processes`` processes of one jax.distributed job (a localhost coordinator), each with
+  ``devices`` CPU devices, running ``ihsweep run`` into ``work``."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  return [_ihsweep("run", f"--workdir={work}", *flags, env=_env(
+      devices, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES=str(processes),
+      IHSWEEP_PROCESS_ID=str(k))) for k in range(processes)]
+
+
 def _wait_for_claim(workdir, group: str, proc, timeout=300) -> None:
   deadline = time.time() + timeout
   while group not in (_claims(workdir) if os.path.exists(
@@ -179,15 +191,8 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   """2 processes × 2 CPU devices joined by jax.distributed: each process trains whole groups on
   its own 2 devices (placement 'worker'); every group once, the same numbers as one process
   with 2 devices, and the checkpoints read back on this test's one device."""
-  import socket
   work = str(tmp_path / "run")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
-                    "--config.sweep.processes_per_worker=1", env=_env(
-      2, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="2",
-      IHSWEEP_PROCESS_ID=str(k))) for k in range(2)]
+  procs = _job(work, [*FLAGS_4, "--config.sweep.processes_per_worker=1"], 2, 2)
   results = _finish(procs)
   assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
   events = _claims(work)
@@ -209,15 +214,8 @@ def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path,
   (``sweep.processes_per_worker=2``): each pair trains whole groups on a mesh over its 2
   devices, with collectives, barriers and checkpoint managers among the pair only; every group
   once (claimed by a pair's first process), the same numbers as one process with 2 devices."""
-  import socket
   work = str(tmp_path / "run")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
-                    "--config.sweep.processes_per_worker=2", env=_env(
-      1, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="4",
-      IHSWEEP_PROCESS_ID=str(k))) for k in range(4)]
+  procs = _job(work, [*FLAGS_4, "--config.sweep.processes_per_worker=2"], 4, 1)
   results = _finish(procs)
   assert [rc for rc, _ in results] == [0] * 4, [out[-3000:] for _, out in results]
   events = _claims(work)
@@ -238,15 +236,9 @@ def test_phases_in_one_jax_distributed_job(tmp_path):
   the B = 1 group cannot use 2 devices, so it runs first on a process-local worker; the B = 4
   group then trains on both processes' devices (phase 2, one mesh over the job). Each group
   once, the same numbers as one process on as many devices."""
-  import socket
   flags = FLAGS[:-3] + ["--grid=train.batch_size=1,4", "--grid=train.context_size=8"]
   work = str(tmp_path / "run")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *flags, env=_env(
-      1, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES="2",
-      IHSWEEP_PROCESS_ID=str(k))) for k in range(2)]
+  procs = _job(work, flags, 2, 1)
   # One process with 2 devices: the B = 1 group on 1 of them, the B = 4 group on both.
   reference = str(tmp_path / "reference")
   [(rc, out)] = _finish([_ihsweep("run", f"--workdir={reference}", *flags, env=_env(2))])
