@@ -5,14 +5,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install clean upgrade-constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]'
+# The dependency versions the tests pass on (constraints.txt; pins for the Python it was frozen
+# with, other Pythons resolve pyproject's ranges).
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,6 +36,22 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --json --workload reference --E 1,4,16
+
+# Newer dependencies: install without constraints into a fresh venv (build/upgrade-venv), run
+# the tests there, and only if they pass write its pip freeze to constraints.txt (each pin for
+# this Python's version). Review `git diff constraints.txt`; the next `make test` installs them.
+UPGRADE_VENV := build/upgrade-venv
+upgrade-constraints:
+	rm -rf $(UPGRADE_VENV)
+	$(PYTHON) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade pip
+	$(UPGRADE_VENV)/bin/pip install --quiet -e '.[dev]'
+	$(UPGRADE_VENV)/bin/python -m pytest tests
+	pyv=$$($(UPGRADE_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	{ sed -n '/^#/p' constraints.txt; $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | \
+	  sed "s/$$/ ; python_version == \"$$pyv\"/"; } > constraints.txt.tmp
+	mv constraints.txt.tmp constraints.txt
+	rm -rf $(UPGRADE_VENV)
 
 clean:
 	rm -rf $(VENV) runs
