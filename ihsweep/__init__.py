@@ -10,5 +10,6 @@ __version__ = "0.1.0"
 def __getattr__(name):
   if name == "load_run":
     from ihsweep.notebook import load_run
+
     return load_run
   raise AttributeError(f"module 'ihsweep' has no attribute {name!r}")

@@ -38,22 +38,24 @@ import numpy as np
 import pandas as pd
 
 
-
 def _reader():
   """The analysis package's run reader, ``load``: under its installed name ``ihsweep_analysis``
   (``pip install -e .``; from any directory), else as ``analysis`` (a checkout on sys.path).
   Imported here, never by the training modules: ``import ihsweep`` and training stay free of
   it (ihsweep.cli's ``report`` reaches the package the same way)."""
   import importlib
+
   for name in ("ihsweep_analysis", "analysis"):
     try:
       return importlib.import_module(f"{name}.load")
     except ModuleNotFoundError as e:
       if e.name not in (name, f"{name}.load"):
         raise
-  raise ModuleNotFoundError("ihsweep.load_run needs the analysis package (ihsweep_analysis): "
-                            "`pip install -e .` in the repository installs it",
-                            name="ihsweep_analysis")
+  raise ModuleNotFoundError(
+    "ihsweep.load_run needs the analysis package (ihsweep_analysis): "
+    "`pip install -e .` in the repository installs it",
+    name="ihsweep_analysis",
+  )
 
 
 _load = _reader()
@@ -80,6 +82,7 @@ class ModelProbes:
       successor (the data-drawn associative-recall prompts ``… A B … A``).
     block_len: L, the repeated block's length (second copy at positions L … 2L − 1).
   """
+
   repeated: np.ndarray
   sequences: np.ndarray
   recall: np.ndarray
@@ -113,22 +116,27 @@ class Model:
 
   def __init__(self, cell: int, step: int, config, params):
     from ihsweep.model import Transformer
+
     self.cell, self.step, self.config, self.params = cell, step, config, params
     self._module = Transformer(config)
     self._fns: dict[bool, Any] = {}
 
   def __repr__(self) -> str:
     c = self.config
-    return (f"Model(cell={self.cell}, step={self.step}, n_layers={c.n_layers}, "
-            f"n_heads={c.n_heads}, d_model={c.d_model}, d_mlp={c.d_mlp}, "
-            f"vocab_size={c.vocab_size}, pos_encoding={c.pos_encoding!r})")
+    return (
+      f"Model(cell={self.cell}, step={self.step}, n_layers={c.n_layers}, "
+      f"n_heads={c.n_heads}, d_model={c.d_model}, d_mlp={c.d_mlp}, "
+      f"vocab_size={c.vocab_size}, pos_encoding={c.pos_encoding!r})"
+    )
 
   def _fn(self, return_internals: bool):
     if return_internals not in self._fns:
       import jax
+
       module = self._module
       self._fns[return_internals] = jax.jit(
-          lambda p, t: module.apply({"params": p}, t, return_internals=return_internals))
+        lambda p, t: module.apply({"params": p}, t, return_internals=return_internals)
+      )
     return self._fns[return_internals]
 
   def _tokens(self, tokens) -> np.ndarray:
@@ -139,11 +147,14 @@ class Model:
     if x.ndim not in (1, 2) or x.shape[-1] < 1:
       raise ValueError(f"tokens: shape [T] or [B, T] with T >= 1 is needed, got {x.shape}")
     if x.shape[-1] > cfg.max_context:
-      raise ValueError(f"tokens: T = {x.shape[-1]} is longer than model.max_context = "
-                       f"{cfg.max_context}")
+      raise ValueError(
+        f"tokens: T = {x.shape[-1]} is longer than model.max_context = {cfg.max_context}"
+      )
     if x.size and (x.min() < 0 or x.max() >= cfg.vocab_size):
-      raise ValueError(f"tokens: ids must be in [0, {cfg.vocab_size}) (model.vocab_size), got "
-                       f"min {x.min()}, max {x.max()}")
+      raise ValueError(
+        f"tokens: ids must be in [0, {cfg.vocab_size}) (model.vocab_size), got "
+        f"min {x.min()}, max {x.max()}"
+      )
     return x.astype(np.int32)
 
   def __call__(self, tokens, return_internals: bool = False):
@@ -180,8 +191,12 @@ class Run:
 
   def __init__(self, inner: _load.Run):
     self.analysis = inner
-    self.dir, self.kind, self.config, self.warnings = (inner.dir, inner.kind, inner.config,
-                                                       inner.warnings)
+    self.dir, self.kind, self.config, self.warnings = (
+      inner.dir,
+      inner.kind,
+      inner.config,
+      inner.warnings,
+    )
     self._groups = {g.id: g for g in inner.groups}
     self._where: dict[int, tuple[str, int]] = {}  # cell -> (group id, ensemble index)
     for g in inner.groups:
@@ -192,8 +207,9 @@ class Run:
     self._ensemble = None  # (group id, step, ensemble params): the last restored
 
   def __repr__(self) -> str:
-    return (f"Run({self.dir!r}, kind={self.kind!r}, cells={len(self.cells)}, "
-            f"groups={len(self._groups)})")
+    return (
+      f"Run({self.dir!r}, kind={self.kind!r}, cells={len(self.cells)}, groups={len(self._groups)})"
+    )
 
   def __enter__(self) -> "Run":
     return self
@@ -239,9 +255,17 @@ class Run:
         if not df.empty:
           df.insert(0, "group", g.id)
           frames.append(df)
-      df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-          {"group": pd.Series(dtype=object), "cell": pd.Series(dtype=int),
-           "step": pd.Series(dtype=int)})
+      df = (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame(
+          {
+            "group": pd.Series(dtype=object),
+            "cell": pd.Series(dtype=int),
+            "step": pd.Series(dtype=int),
+          }
+        )
+      )
       self._metrics = df.sort_values(["cell", "step"], kind="stable").reset_index(drop=True)
     return self._metrics.copy()
 
@@ -260,15 +284,25 @@ class Run:
             losses, norms = row["loss"], row.get("grad_norm")
             losses = losses if isinstance(losses, list) else [losses]
             norms = norms if isinstance(norms, list) else [norms] * len(losses)
-            base = {"group": g.id, "step": int(row["step"]), "tokens": row.get("tokens"),
-                    "updates": row.get("updates")}
+            base = {
+              "group": g.id,
+              "step": int(row["step"]),
+              "tokens": row.get("tokens"),
+              "updates": row.get("updates"),
+            }
           except (KeyError, TypeError, ValueError):
             continue
           if len(losses) != len(order):
             continue
           for cell, loss, norm in zip(order, losses, norms):
-            rows.append({**base, "cell": cell, "loss": np.nan if loss is None else float(loss),
-                         "grad_norm": np.nan if norm is None else float(norm)})
+            rows.append(
+              {
+                **base,
+                "cell": cell,
+                "loss": np.nan if loss is None else float(loss),
+                "grad_norm": np.nan if norm is None else float(norm),
+              }
+            )
       cols = ["group", "cell", "step", "tokens", "updates", "loss", "grad_norm"]
       df = pd.DataFrame(rows, columns=cols)
       self._train_log = df.sort_values(["cell", "step"], kind="stable").reset_index(drop=True)
@@ -281,13 +315,16 @@ class Run:
     valid = self.cell_ids
     shown = _ids(valid)
     if isinstance(cell, (bool, np.bool_)) or not isinstance(cell, (int, np.integer)):
-      raise UnknownCell(f"cell = {cell!r}: a cell id (int) is needed; this run's cells are "
-                        f"{shown}")
+      raise UnknownCell(f"cell = {cell!r}: a cell id (int) is needed; this run's cells are {shown}")
     cell = int(cell)
     if cell not in self._where:
-      listed = self.analysis.cells["cell"].astype(int).tolist()
-      why = (" (its group cannot be read: see run.warnings)" if cell in listed else "")
-      raise UnknownCell(f"cell = {cell} is not a model of this run{why}; valid cells: {shown}")
+      cells = self.analysis.cells
+      listed = cells.loc[cells["cell"].astype(int) == cell, "group"].tolist()
+      if listed:  # in the cells table, but its group was skipped: say why
+        said = [w for w in self.warnings if w.startswith(f"group {listed[0]} ")]
+        why = said[0] if said else f"group {listed[0]} cannot be read (see run.warnings)"
+        raise UnknownCell(f"cell = {cell} cannot be read: {why}; readable cells: {shown}")
+      raise UnknownCell(f"cell = {cell} is not a model of this run; valid cells: {shown}")
     gid, index = self._where[cell]
     return self._groups[gid], index
 
@@ -303,6 +340,7 @@ class Run:
   def model_config(self, cell: int):
     """The cell's ``ihsweep.model.ModelConfig`` (n_layers, n_heads, d_model, vocab_size, …)."""
     from ihsweep.model import ModelConfig
+
     return ModelConfig.from_config(self.config_of(cell).model)
 
   def steps(self, cell: int) -> list[int]:
@@ -322,14 +360,24 @@ class Run:
       StepNotSaved: no params checkpoint at ``step`` (the message lists the saved steps).
     """
     import jax
+
     group, index = self._locate(cell)
     saved = group.steps()
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or \
-        int(step) not in saved:
-      why = ("no params checkpoints were saved (checkpoint.params_schedule = 'none', or none "
-             "complete yet)" if not saved else f"saved steps: {_ids(saved)}")
-      raise StepNotSaved(f"step = {step!r}: cell {int(cell)} (group {group.id}) has no params "
-                         f"checkpoint at that update; {why}")
+    if (
+      isinstance(step, (bool, np.bool_))
+      or not isinstance(step, (int, np.integer))
+      or int(step) not in saved
+    ):
+      why = (
+        "no params checkpoints were saved (checkpoint.params_schedule = 'none', or none "
+        "complete yet)"
+        if not saved
+        else f"saved steps: {_ids(saved)}"
+      )
+      raise StepNotSaved(
+        f"step = {step!r}: cell {int(cell)} (group {group.id}) has no params "
+        f"checkpoint at that update; {why}"
+      )
     step = int(step)
     if self._ensemble is None or self._ensemble[:2] != (group.id, step):
       self._ensemble = (group.id, step, group.params(step))
@@ -357,11 +405,16 @@ class Run:
     group, index = self._locate(cell)
     p = group.probes()
     if p is None:
-      raise ValueError(f"group {group.id} has no probes.npz: evaluation was off "
-                       f"(eval.every_steps = 0), so the run saved no probes")
-    return ModelProbes(repeated=np.asarray(p.repeated, np.int32),
-                       sequences=np.asarray(p.sequences[index], np.int32),
-                       recall=np.asarray(p.recall[index], bool), block_len=int(p.block_len))
+      raise ValueError(
+        f"group {group.id} has no probes.npz: evaluation was off "
+        f"(eval.every_steps = 0), so the run saved no probes"
+      )
+    return ModelProbes(
+      repeated=np.asarray(p.repeated, np.int32),
+      sequences=np.asarray(p.sequences[index], np.int32),
+      recall=np.asarray(p.recall[index], bool),
+      block_len=int(p.block_len),
+    )
 
   def tokenizer(self):
     """The HF ``tokenizers.Tokenizer`` of a natural-text run (``data.source = 'natural'``):
@@ -379,10 +432,13 @@ class Run:
     cfg = self.config if self.config is not None else next(iter(self._groups.values())).config
     data = cfg.data
     if data.source != "natural":
-      raise ValueError(f"config.data.source = {data.source!r}: only a natural-text run "
-                       f"(data.source = 'natural') has a tokenizer; this run's token ids are "
-                       f"the model's vocabulary itself")
+      raise ValueError(
+        f"config.data.source = {data.source!r}: only a natural-text run "
+        f"(data.source = 'natural') has a tokenizer; this run's token ids are "
+        f"the model's vocabulary itself"
+      )
     from ihsweep.data import natural
+
     vocab = int(cfg.model.vocab_size)
     if data.tokenizer != "bpe":
       return natural.load_tokenizer(os.path.expanduser(data.tokenizer), vocab)

@@ -8,17 +8,25 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One attention-only layer, 2 models, 20 updates; evaluated at 0, 10 and 20; params saved on the
 # log schedule (0, 1, 2, 3, 4, 6, 8, 11, 16, 20).
-RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.steps_per_call": 10,
-       "train.lr": 1e-2, "eval.every_steps": 10, "eval.n_probes": 6, "eval.n_sequences": 4,
-       "checkpoint.params_schedule": "log", "checkpoint.law_points_per_octave": 0,
-       "checkpoint.state_every_steps": 0}
+RUN = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.num_steps": 20,
+  "train.steps_per_call": 10,
+  "train.lr": 1e-2,
+  "eval.every_steps": 10,
+  "eval.n_probes": 6,
+  "eval.n_sequences": 4,
+  "checkpoint.params_schedule": "log",
+  "checkpoint.law_points_per_octave": 0,
+  "checkpoint.state_every_steps": 0,
+}
 STEPS = [0, 1, 2, 3, 4, 6, 8, 11, 16, 20]
 
 
@@ -37,6 +45,7 @@ def _tree(path):
 def single(tmp_path_factory):
   """`ihsweep train` of 2 models (cells 0 and 1)."""
   from ihsweep.runner import fit
+
   workdir = str(tmp_path_factory.mktemp("notebook") / "run")
   fit(tiny_config(**RUN), workdir, progress=False)
   return workdir
@@ -48,6 +57,7 @@ def swept(tmp_path_factory):
   of 2 (g000 and g001, in the plan's order), 10 updates."""
   from ihsweep import plan as plan_lib
   from ihsweep import sweep
+
   cfg = tiny_config(**{**RUN, "train.num_steps": 10, "sweep.seeds": 2})
   plan_lib.add_axes(cfg, ["train.batch_size=4,8"])
   workdir = str(tmp_path_factory.mktemp("notebook") / "sweep")
@@ -56,42 +66,53 @@ def swept(tmp_path_factory):
 
 
 def test_import_ihsweep_stays_cheap():
-  code = ("import sys, ihsweep; assert 'jax' not in sys.modules and 'pandas' not in sys.modules;"
-          " f = ihsweep.load_run; assert 'jax' not in sys.modules; print(f.__module__)")
-  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       check=True)
+  code = (
+    "import sys, ihsweep; assert 'jax' not in sys.modules and 'pandas' not in sys.modules;"
+    " f = ihsweep.load_run; assert 'jax' not in sys.modules; print(f.__module__)"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+  )
   assert out.stdout.strip() == "ihsweep.notebook"
 
 
 def test_load_run_from_a_directory_outside_the_repository(single, tmp_path):
   """A notebook anywhere: the analysis package is reached under its installed name."""
-  code = (f"import ihsweep; run = ihsweep.load_run({single!r}); "
-          f"print(run.cell_ids, run.steps(1)[-1], type(run.analysis).__module__)")
+  code = (
+    f"import ihsweep; run = ihsweep.load_run({single!r}); "
+    f"print(run.cell_ids, run.steps(1)[-1], type(run.analysis).__module__)"
+  )
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True)
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.split("\n")[-2] == "[0, 1] 20 ihsweep_analysis.load"
 
 
 def test_a_single_run_tables_params_model_and_probes(single):
   import jax
+
   import ihsweep
   from ihsweep.checkpoint import RunCheckpoints
   from ihsweep.data.probes import Probes
   from ihsweep.model import ModelConfig, Transformer
+
   before = _tree(single)
   run = ihsweep.load_run(single)
   assert run.kind == "train" and run.cell_ids == [0, 1] and run.group_of(1) == "run"
   assert run.cells["cell"].tolist() == [0, 1] and run.cells["batch_size"].tolist() == [8, 8]
   metrics = run.metrics
-  assert list(zip(metrics["cell"], metrics["step"])) == [(c, s) for c in (0, 1)
-                                                         for s in (0, 10, 20)]
+  assert list(zip(metrics["cell"], metrics["step"])) == [
+    (c, s) for c in (0, 1) for s in (0, 10, 20)
+  ]
   assert {"group", "seed", "tokens", "ps", "ps_max", "val_loss"} <= set(metrics.columns)
   assert (metrics["tokens"] == metrics["step"] * 8 * 32).all()
   log = run.train_log
-  assert sorted(set(log["cell"])) == [0, 1] and log.groupby("cell")["step"].max().tolist() == \
-      [20, 20]
+  assert sorted(set(log["cell"])) == [0, 1] and log.groupby("cell")["step"].max().tolist() == [
+    20,
+    20,
+  ]
   assert np.isfinite(log["loss"]).all() and (log["loss"] > 0).all()
   assert run.steps(0) == run.steps(1) == STEPS
 
@@ -106,10 +127,12 @@ def test_a_single_run_tables_params_model_and_probes(single):
   for (key, ens), one in zip(paths, jax.tree_util.tree_leaves(p1)):
     assert one.shape == ens.shape[1:] and one.dtype == ens.dtype == np.float32, key
     np.testing.assert_array_equal(np.asarray(one), np.asarray(ens[1]), err_msg=str(key))
-  assert not np.array_equal(np.asarray(run.params(0, 20)["embed"]["embedding"]),
-                            np.asarray(p1["embed"]["embedding"]))  # the other model
-  assert not np.array_equal(np.asarray(run.params(1, 0)["embed"]["embedding"]),
-                            np.asarray(p1["embed"]["embedding"]))  # an earlier step
+  assert not np.array_equal(
+    np.asarray(run.params(0, 20)["embed"]["embedding"]), np.asarray(p1["embed"]["embedding"])
+  )  # the other model
+  assert not np.array_equal(
+    np.asarray(run.params(1, 0)["embed"]["embedding"]), np.asarray(p1["embed"]["embedding"])
+  )  # an earlier step
 
   probes = run.probes(1)
   saved = Probes.load(os.path.join(single, "probes.npz"))
@@ -124,8 +147,9 @@ def test_a_single_run_tables_params_model_and_probes(single):
   # summation order elsewhere.
   model = run.model(1, 20)
   tokens = probes.repeated
-  ens_logits, ens_internals = jax.jit(jax.vmap(
-      lambda p: Transformer(cfg).apply({"params": p}, tokens, return_internals=True)))(ensemble)
+  ens_logits, ens_internals = jax.jit(
+    jax.vmap(lambda p: Transformer(cfg).apply({"params": p}, tokens, return_internals=True))
+  )(ensemble)
   logits, internals = model(tokens, return_internals=True)
   assert logits.shape == (6, 2 * L, 64) and logits.dtype == np.float32
   np.testing.assert_allclose(logits, np.asarray(ens_logits[1]), rtol=1e-6, atol=1e-6)
@@ -139,6 +163,7 @@ def test_a_single_run_tables_params_model_and_probes(single):
   np.testing.assert_allclose(model(tokens[2]), one_logits, atol=1e-6)
   # The attention patterns give the prefix-matching score the online evaluation logged.
   from ihsweep.metrics import prefix_matching_score
+
   ps = np.asarray(prefix_matching_score(internals["attn"], L))
   logged = metrics.set_index(["cell", "step"]).loc[(1, 20), "ps"]
   np.testing.assert_allclose(ps, np.asarray(logged), rtol=2e-5, atol=1e-6)
@@ -148,8 +173,10 @@ def test_a_single_run_tables_params_model_and_probes(single):
 
 def test_a_sweep_slices_each_cell_from_its_own_group(swept):
   import jax
+
   import ihsweep
   from ihsweep.checkpoint import RunCheckpoints
+
   before = _tree(swept)
   with ihsweep.load_run(swept) as run:
     assert run.kind == "sweep" and run.axes == ["train.batch_size"]
@@ -169,40 +196,75 @@ def test_a_sweep_slices_each_cell_from_its_own_group(swept):
       ens = ckpts.restore_params(10)
       ckpts.close()
       index = [int(c) for c in run.config_of(cell).ensemble.cell_ids].index(cell)
-      for got, want in zip(jax.tree_util.tree_leaves(run.params(cell, 10)),
-                           jax.tree_util.tree_leaves(ens)):
+      for got, want in zip(
+        jax.tree_util.tree_leaves(run.params(cell, 10)), jax.tree_util.tree_leaves(ens)
+      ):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want[index]))
     logits = run.model(3, 10)(run.probes(3).repeated[0])
     assert logits.shape == (run.probes(3).repeated.shape[1], 64) and np.isfinite(logits).all()
   assert _tree(swept) == before  # read-only
 
 
+def test_a_cell_of_a_skipped_group_says_why(swept, tmp_path):
+  import shutil
+
+  import ihsweep
+  from ihsweep import notebook
+
+  work = tmp_path / "sweep"
+  shutil.copytree(swept, work)
+  run = ihsweep.load_run(work)
+  gone = run.group_of(3)
+  shutil.rmtree(work / "groups" / gone)
+  run = ihsweep.load_run(work)
+  kept = run.cells.loc[run.cells["group"] != gone, "cell"].tolist()
+  assert run.cell_ids == kept
+  with pytest.raises(
+    notebook.UnknownCell,
+    match=rf"cell = 3 cannot be read: group {gone} "
+    rf"\(2 cells\) is skipped: cells.csv lists it "
+    rf"as done, but its directory .* is missing; "
+    rf"readable cells: {kept[0]}, {kept[1]}$",
+  ):
+    run.params(3, 10)
+
+
 def test_errors_name_what_is_allowed(single, tmp_path):
   import ihsweep
   from ihsweep import notebook
+
   run = ihsweep.load_run(single)
-  with pytest.raises(notebook.UnknownCell, match=r"cell = 7 is not a model of this run; "
-                                                  r"valid cells: 0, 1"):
+  with pytest.raises(
+    notebook.UnknownCell,
+    match=r"cell = 7 is not a model of this run; "
+    r"valid cells: 0, 1",
+  ):
     run.params(7, 20)
   with pytest.raises(notebook.UnknownCell, match=r"cell = '0'.*cells are 0, 1"):
     run.model("0", 20)
-  with pytest.raises(notebook.StepNotSaved,
-                     match=r"step = 5: cell 0 \(group run\).*saved steps: 0, 1, 2, 3, 4, 6, 8, "
-                           r"11, 16, 20"):
+  with pytest.raises(
+    notebook.StepNotSaved,
+    match=r"step = 5: cell 0 \(group run\).*saved steps: 0, 1, 2, 3, 4, 6, 8, "
+    r"11, 16, 20",
+  ):
     run.params(0, 5)
   with pytest.raises(notebook.StepNotSaved, match="saved steps"):
     run.model(0, 20.0)
   model = run.model(0, 20)
-  for bad, words in [(np.array([1, 64]), r"\[0, 64\) \(model.vocab_size\).*max 64"),
-                     (np.zeros(33, int), "T = 33 is longer than model.max_context = 32"),
-                     (np.zeros(3, float), "integer token ids"),
-                     (np.zeros((1, 1, 3), int), r"shape \[T\] or \[B, T\]")]:
+  for bad, words in [
+    (np.array([1, 64]), r"\[0, 64\) \(model.vocab_size\).*max 64"),
+    (np.zeros(33, int), "T = 33 is longer than model.max_context = 32"),
+    (np.zeros(3, float), "integer token ids"),
+    (np.zeros((1, 1, 3), int), r"shape \[T\] or \[B, T\]"),
+  ]:
     with pytest.raises(ValueError, match=words):
       model(bad)
   with pytest.raises(ValueError, match="data.source = 'markov_chain'.*natural"):
     run.tokenizer()
-  for path, words in [(tmp_path / "missing", "is not a directory"),
-                      (tmp_path, "is not a run directory")]:
+  for path, words in [
+    (tmp_path / "missing", "is not a directory"),
+    (tmp_path, "is not a run directory"),
+  ]:
     with pytest.raises(notebook.NotARun, match=words):
       ihsweep.load_run(path)
   run.close()
@@ -212,6 +274,7 @@ def test_a_run_without_checkpoints_or_probes_says_so(tmp_path):
   import ihsweep
   from ihsweep import notebook
   from ihsweep.runner import write_resolved_config
+
   write_resolved_config(tiny_config(), str(tmp_path))  # a run that has not evaluated or saved
   open(tmp_path / "metrics.jsonl", "w").close()
   run = ihsweep.load_run(tmp_path)
@@ -223,10 +286,12 @@ def test_a_run_without_checkpoints_or_probes_says_so(tmp_path):
 
 
 def test_tokenizer_of_a_natural_text_run(tmp_path):
+  from test_natural import natural_cfg
+
   import ihsweep
   from ihsweep.data import natural
   from ihsweep.runner import write_resolved_config
-  from test_natural import natural_cfg
+
   cfg = natural_cfg(tiny_config, tmp_path)
   corpus = natural.prepare_corpus(cfg.data, 300)  # as training fills the cache
   run_dir = tmp_path / "run"
@@ -236,7 +301,8 @@ def test_tokenizer_of_a_natural_text_run(tmp_path):
   text = "Document 7.\nthe quick brown fox"
   assert tok.encode(text).ids == corpus.tokenizer.encode(text).ids
   assert tok.decode(corpus.train[:50].tolist()) == corpus.tokenizer.decode(
-      corpus.train[:50].tolist())
+    corpus.train[:50].tolist()
+  )
 
 
 def _readme_example() -> str:
@@ -261,6 +327,9 @@ def test_the_readme_example_runs_on_a_tiny_run(single, tmp_path, monkeypatch, ca
   assert namespace["score"].shape == (1, 2) and 0 <= namespace["score"].max() <= 1
   assert namespace["step"] == 20 and isinstance(namespace["ps_max"], pd.DataFrame)
   assert list(namespace["ps_max"].index) == [0, 10, 20]
-  assert re.search(r"layer 0 head \d: prefix matching 0\.\d\d, next token of the repeat "
-                   r"predicted \d+%", out), out
+  assert re.search(
+    r"layer 0 head \d: prefix matching 0\.\d\d, next token of the repeat "
+    r"predicted \d+%",
+    out,
+  ), out
   namespace["run"].close()
