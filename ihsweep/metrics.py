@@ -210,8 +210,9 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
   activations, NaN scores), never a perfect one.
 
   Raises:
-    ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token), or a
-      registered metric that has no ``compute`` function and is not among the values above.
+    ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token); a
+      registered metric whose ``compute`` returns more than a scalar, or that has no ``compute``
+      function and is not among the values above.
   """
   if block_len < MIN_BLOCK:
     raise ValueError(f"block_len = {block_len}: {MIN_BLOCK_REASON}")
@@ -268,6 +269,9 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
   for metric in metric_registry.REGISTRY.values():
     if metric.compute is not None:
       out[metric.name] = jnp.asarray(metric.compute(out), jnp.float32)
+      if out[metric.name].shape:
+        raise ValueError(f"metric {metric.name!r} (ihsweep.metric_registry): compute returned "
+                         f"shape {out[metric.name].shape}; a metric is one scalar per model")
     elif metric.name not in out:
       raise ValueError(f"metric {metric.name!r} (ihsweep.metric_registry) has no compute "
                        f"function and evaluate does not return it; give it compute=fn(out)")

@@ -2,14 +2,18 @@
 registered in one place is computed by the evaluation, written to metrics.jsonl, accepted (and
 range-checked) by the stop rule, kept by the curves and tabulated by the emergence analysis."""
 
+import contextlib
 import dataclasses
+import functools
 import os
+import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
-from test_metrics import _evaluate, induction_circuit
+from test_metrics import CFG, L, _evaluate, _probes, induction_circuit
 
 from analysis import curves as curves_lib
 from analysis import emergence, plots
@@ -18,6 +22,7 @@ from ihsweep import config as config_lib
 from ihsweep import metric_registry, metrics, runner
 from ihsweep import plan as plan_lib
 from ihsweep.config import ConfigError
+from ihsweep.data import probes
 from ihsweep.evaluation import Evaluator
 
 STEPS = np.asarray([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
@@ -87,10 +92,31 @@ def test_a_registered_metric_is_evaluated_written_and_read_by_the_stop_rule(ps_m
   stop.observe(0, [0.05], [False])
   stop.observe(10, [r["ps_mean"] for r in rows], [False])
   assert stop.crossed == [10] and stop.done(20) and not stop.done(19)
+  # A metric is one scalar per model; one that is not is refused when the evaluation is traced.
+  params, reps = induction_circuit(), jnp.asarray(_probes(4))
+  seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)
+  inputs = (reps, seqs, jnp.asarray(probes.recall_positions(np.asarray(seqs))))
+  kwargs = dict(cfg=CFG, block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=4,
+                sequence_batch=4)
+  for name, compute, words in (("ps_all", lambda out: out["ps"], "compute returned shape (2, 2)"),
+                               ("nowhere", None, "has no compute function")):
+    metric = dataclasses.replace(ps_mean, name=name, compute=compute)
+    with pytest.raises(ValueError, match=f"metric '{name}'.*{re.escape(words)}"):
+      with _registered(metric):
+        jax.eval_shape(functools.partial(metrics.evaluate, **kwargs), params, *inputs)
   # The analysis's row for the same evaluation, recomputed from checkpoints.
   group = _FakeGroup(pd.DataFrame({"cell": [0]}))
   row = curves_lib._rows_from_host(host, group, 10)[0]
   assert row["ps_mean"] == pytest.approx(float(out["ps_mean"])) and row["tokens"] == 10 * 8 * 32
+
+
+@contextlib.contextmanager
+def _registered(metric):
+  metric_registry.register(metric)
+  try:
+    yield
+  finally:
+    del metric_registry.REGISTRY[metric.name]
 
 
 def _sweep_config(tiny, **sweep):
