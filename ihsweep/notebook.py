@@ -348,21 +348,13 @@ class Run:
     empty if its run saved none (``checkpoint.params_schedule = 'none'``)."""
     return self._locate(cell)[0].steps()
 
-  def params(self, cell: int, step: int) -> dict:
-    """The params of model ``cell`` after ``step`` updates: the ensemble checkpoint's slice at
-    the cell's index (nested dict of jax arrays on the first local device, storage dtype —
-    float32 unless ``model.param_dtype`` says otherwise — shaped as one
-    ``ihsweep.model.Transformer``'s params, no ensemble axis). The ensemble of the last step
-    read is kept, so other cells of the group at that step cost no second read.
-
-    Raises:
-      UnknownCell: ``cell`` is not a readable model of this run (the message lists the valid ids).
-      StepNotSaved: no params checkpoint at ``step`` (the message lists the saved steps).
-    """
-    import jax
-
+  def _step(self, cell, step) -> tuple[_load.Group, int, int]:
+    """(group, ensemble index, step) with ``step`` checked against the saved ones (None: the
+    last saved)."""
     group, index = self._locate(cell)
     saved = group.steps()
+    if step is None and saved:
+      return group, index, saved[-1]
     if (
       isinstance(step, (bool, np.bool_))
       or not isinstance(step, (int, np.integer))
@@ -378,21 +370,37 @@ class Run:
         f"step = {step!r}: cell {int(cell)} (group {group.id}) has no params "
         f"checkpoint at that update; {why}"
       )
-    step = int(step)
+    return group, index, int(step)
+
+  def params(self, cell: int, step: int | None = None) -> dict:
+    """The params of model ``cell`` after ``step`` updates (default: its last saved step): the
+    ensemble checkpoint's slice at the cell's index (nested dict of jax arrays on the first
+    local device, storage dtype — float32 unless ``model.param_dtype`` says otherwise — shaped
+    as one ``ihsweep.model.Transformer``'s params, no ensemble axis). The ensemble of the last
+    step read is kept, so other cells of the group at that step cost no second read.
+
+    Raises:
+      UnknownCell: ``cell`` is not a readable model of this run (the message lists the valid ids).
+      StepNotSaved: no params checkpoint at ``step`` (the message lists the saved steps).
+    """
+    import jax
+
+    group, index, step = self._step(cell, step)
     if self._ensemble is None or self._ensemble[:2] != (group.id, step):
       self._ensemble = (group.id, step, group.params(step))
     ensemble = self._ensemble[2]
     return jax.tree_util.tree_map(lambda x: x[index], ensemble)
 
-  def model(self, cell: int, step: int) -> Model:
-    """Model ``cell`` after ``step`` updates as a callable (``Model``: tokens ``[T]`` int →
-    logits ``[T, V]`` float32, internals with ``return_internals=True``).
+  def model(self, cell: int, step: int | None = None) -> Model:
+    """Model ``cell`` after ``step`` updates (default: its last saved step) as a callable
+    (``Model``: tokens ``[T]`` int → logits ``[T, V]`` float32, internals with
+    ``return_internals=True``).
 
     Raises:
       UnknownCell, StepNotSaved: as ``params``.
     """
-    params = self.params(cell, step)
-    return Model(int(cell), int(step), self.model_config(cell), params)
+    step = self._step(cell, step)[2]
+    return Model(int(cell), step, self.model_config(cell), self.params(cell, step))
 
   def probes(self, cell: int) -> ModelProbes:
     """The evaluation inputs of model ``cell`` (``ModelProbes``: repeated-token probes int32

@@ -146,6 +146,9 @@ def test_a_single_run_tables_params_model_and_probes(single):
   # about 8 float32 ulps at 1, leaves XLA room to batch the vmapped matmuls in another
   # summation order elsewhere.
   model = run.model(1, 20)
+  assert run.model(1).step == 20  # default: the last saved step
+  for a, b in zip(jax.tree_util.tree_leaves(run.params(1)), jax.tree_util.tree_leaves(p1)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   tokens = probes.repeated
   ens_logits, ens_internals = jax.jit(
     jax.vmap(lambda p: Transformer(cfg).apply({"params": p}, tokens, return_internals=True))
