@@ -42,6 +42,7 @@ def get_config(arg: str = ""):
   c.eval = config.default_eval()  # online metrics; fields in ihsweep.config.default_eval
   c.checkpoint = config.default_checkpoint()  # fields in ihsweep.config.default_checkpoint
   c.sweep = config.default_sweep()  # `ihsweep run`'s grid and budget: ihsweep.config.default_sweep
+  c.log = config.default_log()  # live TensorBoard / W&B writers: ihsweep.config.default_log
 
   for variant in filter(None, arg.split(",")):
     if variant == "tiny":

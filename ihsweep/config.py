@@ -25,7 +25,8 @@ EXECUTION_FIELDS = ("train.steps_per_call", "ensemble.vmap_chunk", "mesh.num_dev
                     "checkpoint.async_save", "checkpoint.state_every_steps",
                     "checkpoint.keep_state", "data.cache_dir", "data.loader",
                     "data.device_budget_mb", "sweep.placement", "sweep.wait_to_take_over",
-                    "sweep.processes_per_worker")
+                    "sweep.processes_per_worker", "log.tensorboard", "log.wandb",
+                    "log.wandb_project", "log.wandb_mode")
 PLACEMENTS = ("worker", "global")
 
 
@@ -101,6 +102,24 @@ def default_sweep():
       processes_per_worker=0))
 
 
+WANDB_MODES = ("offline", "online")
+
+
+def default_log():
+  """The ``log`` section (optional; absent = JSONL only): live metric writers beside the record,
+  ``metrics.jsonl`` and ``train_log.jsonl`` (``ihsweep.sinks``: one scalar per cell and metric,
+  tagged ``cell_{id}/{metric}``, step = updates). Execution fields: they never block a resume.
+
+  tensorboard: TensorBoard event files in each run directory's ``tensorboard/`` (needs
+    tensorboardX: ``pip install 'ihsweep[logging]'``). wandb: a Weights & Biases run per run
+    directory (needs wandb), in project wandb_project; wandb_mode: 'offline' (files under the
+    run directory's ``wandb/``; upload with ``wandb sync``) or 'online'.
+  """
+  import ml_collections
+  return ml_collections.ConfigDict(dict(
+      tensorboard=False, wandb=False, wandb_project="ihsweep", wandb_mode="offline"))
+
+
 class ConfigError(ValueError):
   """A config field has a value that is not allowed."""
 
@@ -137,7 +156,8 @@ def section_fields(section: str) -> tuple[str, ...] | None:
       "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
       "data": data_cfg.keys(), "data.synthetic": data_cfg.synthetic.keys(),
       "mesh": ["num_devices"], "eval": default_eval().keys(),
-      "checkpoint": default_checkpoint().keys(), "sweep": default_sweep().keys()}
+      "checkpoint": default_checkpoint().keys(), "sweep": default_sweep().keys(),
+      "log": default_log().keys()}
   fields["config"] = ["seed"] + [k for k in fields if "." not in k]
   return tuple(sorted(fields[section])) if section in fields else None
 
@@ -334,6 +354,26 @@ def _validate_checkpoint(cfg) -> None:
       raise ConfigError("checkpoint.law_file", cfg.checkpoint.law_file, str(e)) from None
 
 
+def _validate_log(cfg) -> None:
+  """The optional ``log`` section: flags, and the package each chosen writer needs."""
+  import importlib.util
+  if "log" not in cfg:
+    return
+  for name, package in (("tensorboard", "tensorboardX"), ("wandb", "wandb")):
+    value = cfg.log.get(name, False)
+    if not isinstance(value, bool):
+      raise ConfigError(f"log.{name}", value, "True or False")
+    if value and importlib.util.find_spec(package) is None:
+      raise ConfigError(f"log.{name}", value, f"False, or True with {package} installed "
+                        f"(pip install {package}, or pip install 'ihsweep[logging]')")
+  project = cfg.log.get("wandb_project", "ihsweep")
+  if not isinstance(project, str) or not project:
+    raise ConfigError("log.wandb_project", project, "a non-empty string (the W&B project)")
+  mode = cfg.log.get("wandb_mode", "offline")
+  if mode not in WANDB_MODES:
+    raise ConfigError("log.wandb_mode", mode, f"one of {', '.join(map(repr, WANDB_MODES))}")
+
+
 def _kinds(kinds) -> str:
   """``data.READS`` keys in words: "'natural' or 'markov' (transitions 'bigram')"."""
   from ihsweep.data import TRANSITIONS
@@ -490,6 +530,7 @@ def validate(cfg, devices=None) -> None:
 
   _validate_eval(cfg, vocab, source)
   _validate_checkpoint(cfg)
+  _validate_log(cfg)
 
   whole = devices is None and jax.process_count() > 1  # one global mesh
   devices = jax.devices() if devices is None else devices

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from ihsweep import checkpoint, rundir, sharding, train
+from ihsweep import checkpoint, rundir, sharding, sinks, train
 from ihsweep import config as config_lib
 from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
@@ -443,6 +443,7 @@ class _Training:
     self.stopped_early = False
     self.saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
     self.loader = self.bar = self.mfile = self.lfile = None
+    self.writers = sinks.Writers()  # live metric writers (config's log section), lead only
 
   def run(self) -> dict[str, Any]:
     self._build()
@@ -457,8 +458,10 @@ class _Training:
     self.mfile = open(self.metrics_path, "a") if self.lead else None
     self.lfile = open(self.log_path, "a") if self.lead else None
     try:
+      self.writers = sinks.open_writers(self.cfg, self.workdir, self.lead, self.start)
       self._train()
     finally:
+      self.writers.close()
       self.bar.close()
       for f in (self.mfile, self.lfile):
         if f:
@@ -665,6 +668,7 @@ class _Training:
     if self.lead:
       self.mfile.writelines(json.dumps(r) + "\n" for r in rows)
       self.mfile.flush()
+      self.writers.write_scalars(step, sinks.metric_scalars(rows))
     log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
              step, f"{step * self.tokens_per_step:,}", _short(host["ps_max"]),
              _short(host["ar_acc"]), _short(host["val_loss"]),
@@ -684,6 +688,7 @@ class _Training:
     if self.lead:
       self.lfile.write(json.dumps(row) + "\n")
       self.lfile.flush()
+      self.writers.write_scalars(step, sinks.train_scalars(row, train.cell_ids(self.cfg)))
     self.loss_sum += self.last_loss * k
     self.loss_updates += k
     self.bar.update(k)
