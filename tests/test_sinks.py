@@ -73,10 +73,15 @@ def test_tensorboard_scalars_equal_the_jsonl_and_a_resume_logs_each_step_once(ti
   assert not any(t.split("/")[1] in ("seed", "step", "tokens", "diverged", "ps") for t in got)
 
   # A kill after the checkpoint at 20 with rows up to 30 logged: the rerun resumes at 20 (also
-  # under another execution-only log field) and logs 30 again into a new event file that starts
+  # under other values of the log fields) and logs 30 again into a new event file that starts
   # with TensorBoard's purge marker at 21.
   for kind in ("state", "params"):
     shutil.rmtree(os.path.join(workdir, "checkpoints", kind, "30"), ignore_errors=True)
+  with open(os.path.join(workdir, "config.json")) as f:
+    stored = json.load(f)
+  del stored["log"]  # as a run directory made before the log section existed
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(stored, f)
   result = fit(tiny(**RUN, **{"log.wandb_project": "other"}), workdir, progress=False)
   assert result["resumed_from"] == 20
   files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
