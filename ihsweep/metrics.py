@@ -116,8 +116,8 @@ def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: j
   n, p, layers, heads, d = head_out_NxPxLxHxD.shape
   sigma_NxP = jnp.sqrt(resid_final_NxPxD.var(axis=-1) + ln_eps)
   targets_NxP = _probe_targets(tokens_NxT, block_len)
-  direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)) * \
-      (ln_scale_D / sigma_NxP[..., None])
+  direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)[None, None, :]) * \
+      (ln_scale_D[None, None, :] / sigma_NxP[..., None])
   # (h − mean(h)) · w = h · (w − mean(w)): centre the read-out direction instead of each head.
   direction_NxPxD = direction_NxPxD - direction_NxPxD.mean(axis=-1, keepdims=True)
   h_NxPxMxD = head_out_NxPxLxHxD.reshape(n, p, layers * heads, d)

@@ -158,7 +158,7 @@ class Attention(nn.Module):
     scores_GxTxT = jnp.einsum("gqk,gsk->gqs", q_GxTxK, k_GxTxK,
                               preferred_element_type=cfg.accum_dtype) * (1.0 / math.sqrt(k))
     causal_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-    scores_GxTxT = jnp.where(causal_TxT, scores_GxTxT, jnp.finfo(cfg.accum_dtype).min)
+    scores_GxTxT = jnp.where(causal_TxT[None], scores_GxTxT, jnp.finfo(cfg.accum_dtype).min)
     probs_GxTxT = jax.nn.softmax(scores_GxTxT, axis=-1)
     z_GxTxK = jnp.einsum("gqs,gsk->gqk", probs_GxTxT.astype(dtype), v_GxTxK)
     z_BxTxHxK = jnp.transpose(z_GxTxK.reshape(b, h, t, k), (0, 2, 1, 3))
@@ -166,7 +166,8 @@ class Attention(nn.Module):
     w_o_HxKxD = self.param("w_o", nn.initializers.normal(out_std), (h, k, d), pdtype)
     b_o_D = self.param("b_o", nn.initializers.zeros, (d,), pdtype)
     w_o_HxKxD = w_o_HxKxD.astype(dtype)
-    out_BxTxD = jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD) + b_o_D.astype(dtype)
+    out_BxTxD = (jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD)
+                 + b_o_D.astype(dtype)[None, None, :])
     if not return_internals:
       return out_BxTxD, None
     head_out_BxTxHxD = jnp.einsum("bthk,hkd->bthd", z_BxTxHxK, w_o_HxKxD)

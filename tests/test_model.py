@@ -37,7 +37,7 @@ def test_head_outputs_sum_to_attention_output():
   out, internals = Attention(CFG).apply({"params": attn_params}, x, True)
   head_out = internals["head_out"]  # [B, T, H, D]
   assert head_out.shape == (3, 12, 4, CFG.d_model)
-  np.testing.assert_allclose(head_out.sum(2) + attn_params["b_o"], out, atol=1e-5)
+  np.testing.assert_allclose(head_out.sum(2) + attn_params["b_o"][None, None, :], out, atol=1e-5)
   # The model-level internals are the same quantity for layer 0.
   _, full = model.apply({"params": params}, tokens, return_internals=True)
   assert full["head_out"].shape == (2, 3, 12, 4, CFG.d_model)
