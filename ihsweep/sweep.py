@@ -273,12 +273,12 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
            if jax.process_count() > 1 else f"{len(jax.local_devices())} "
            f"{jax.default_backend()} device(s)", workdir)
   ahead = _CompileAhead(plan, workdir)
-  result = None
+  result, trained = None, []
   try:
     for i, phase in enumerate(steps):
       worker = _phase_worker(cfg, plan, phase)
-      result = _work(cfg, plan, workdir, progress, worker, ahead)
-      if len(steps) > 1 and i + 1 < len(steps):
+      result = _work(cfg, plan, workdir, progress, worker, ahead, trained)
+      if jax.process_count() > 1 and i + 1 < len(steps):
         # Every process ends the phase together (the next one forms other workers): it waits
         # on the run directory until the phase's groups are finished, then meets the others;
         # a stop request in any process stops all of them here.
@@ -286,8 +286,20 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         if sharding.any_process(result.interrupted or runner.stop_requested()):
           result.interrupted = True
           break
+      elif jax.process_count() > 1 and not result.interrupted:
+        # The last phase: a process done with its share still waits on the run directory for
+        # the other workers' groups; exiting now would leave it in jax.distributed's shutdown
+        # barrier, which ends every process of the job (the ones still training included)
+        # after its timeout (300 s). Then its result reports the whole sweep.
+        _wait_for_phase(workdir, worker.groups, False)
+        with rundir.claims_lock(workdir):
+          summary = summarize(plan, workdir)
+          rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
+        result = SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
+                             summary=summary, interrupted=runner.stop_requested())
   finally:
     ahead.close()
+  log.info("worker %s: trained %s", rundir.worker_id(), ", ".join(trained) or "no group")
   return result
 
 
@@ -304,10 +316,11 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
 
 
 def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
-          ahead: _CompileAhead) -> SweepResult:
+          ahead: _CompileAhead, trained: list) -> SweepResult:
   """A worker's loop: claim the next of its groups, train it, record it; until none is left.
   In a worker of several processes its lead claims and writes and tells the others which
-  group (``sharding.lead_value``); all of them train it."""
+  group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
+  finished to ``trained`` (every phase's, for the sweep's last log line)."""
   import jax
   from ihsweep import runner, sharding
   me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
@@ -316,7 +329,7 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
   lead = team.leads
   # Inside a jax.distributed job a dead process ends the job: nobody is left to take over.
   wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
-  interrupted, trained, announced = False, [], None
+  interrupted, announced = False, None
   while True:
     if sharding.any_process(runner.stop_requested(), team):
       interrupted = True
@@ -398,7 +411,6 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
   with rundir.claims_lock(workdir):
     summary = summarize(plan, workdir)
     rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
-  log.info("worker %s: trained %s", me, ", ".join(trained) or "no group")
   return SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
                      summary=summary, interrupted=interrupted)
 

@@ -277,3 +277,36 @@ def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
   cfg.train.lr = 0.5
   with pytest.raises(ConfigError, match="train.lr"):
     runner.check_resumable(cfg, str(tmp_path))
+
+
+def test_a_process_done_first_waits_for_the_job(tmp_path):
+  """2 processes × 1 CPU device joined by jax.distributed, process-local workers, one group:
+  the process left with nothing to take waits on the run directory until the group is done,
+  instead of exiting into jax.distributed's shutdown barrier (which, after its 300 s timeout,
+  aborts every process of the job, the one still training included); its last log line and
+  the summary come after the group is done."""
+  import datetime
+  import re
+  import socket
+  flags = FLAGS[:-3] + ["--config.train.num_steps=100", "--grid=train.batch_size=4",
+                        "--grid=train.context_size=8"]
+  work = str(tmp_path / "run")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_ihsweep("run", f"--workdir={work}", *flags, "--config.sweep.processes_per_worker=1",
+                    env=_env(1, IHSWEEP_COORDINATOR=f"localhost:{port}",
+                             IHSWEEP_NUM_PROCESSES="2", IHSWEEP_PROCESS_ID=str(k)))
+           for k in range(2)]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+  status = rundir.read_status(work, "g000")
+  assert status["state"] == "done" and status["step"] == 100, status
+  updated = datetime.datetime.fromisoformat(status["updated"]).astimezone()  # local, as logs
+  done = updated.time().replace(microsecond=0)
+  idle = [out for _, out in results if "trained no group" in out]
+  assert len(idle) == 1, [out[-2000:] for _, out in results]
+  [stamp] = re.findall(r"^(\d\d:\d\d:\d\d) INFO ihsweep: worker \S+: trained no group$", idle[0],
+                       re.M)
+  assert datetime.time.fromisoformat(stamp) >= done, (stamp, done)
+  assert "cells done: 1" in results[0][1]  # process 0's summary, whichever trained the group
