@@ -761,7 +761,7 @@ class NaturalTextSource:
     """int32 tokens ``[B, C + 1]`` for one model, gathered in-graph from ``arrays["tokens"]``."""
     del data_params
     starts_B = window_starts(key, self.n_tokens, self.batch_size, self.context_size)
-    idx_BxCp1 = starts_B[:, None] + jnp.arange(self.context_size + 1, dtype=jnp.int32)
+    idx_BxCp1 = starts_B[:, None] + jnp.arange(self.context_size + 1, dtype=jnp.int32)[None, :]
     return jnp.asarray(arrays["tokens"])[idx_BxCp1].astype(jnp.int32)
 
   def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int
