@@ -10,6 +10,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=4"
                            " --xla_backend_optimization_level=0").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Strict broadcasting: an implicit rank promotion ([B, T, D] + [D]) raises, here and in the CLI
+# subprocesses that inherit the environment, so every broadcast in ihsweep is written out.
+os.environ.setdefault("JAX_NUMPY_RANK_PROMOTION", "raise")
 # One persistent compilation cache for the session, shared with the CLI subprocesses that tests
 # start: most tests compile the same tiny programs again (a fresh jit per run).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
