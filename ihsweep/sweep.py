@@ -221,7 +221,8 @@ def phases(cfg, plan: Plan) -> list:
 
   Raises:
     ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
-      with a group that cannot use all of a worker's devices.
+      with a group that cannot use all of a worker's devices; ``mesh.num_devices`` below a
+      process's device count when a phase has workers spanning processes.
   """
   import jax
   from ihsweep import placement
@@ -233,11 +234,21 @@ def phases(cfg, plan: Plan) -> list:
   if k and n % k:
     raise ConfigError("sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the "
                       f"{n} processes of this job")
+  local = len(jax.local_devices())
   per_process = len(jax.local_devices()[:cfg.mesh.num_devices or None])
   try:
-    return placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
+    steps = placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
   except placement.LayoutError as e:
     raise ConfigError("sweep.processes_per_worker", k, str(e)) from None
+  if per_process < local and any(p.processes_per_worker > 1 for p in steps):
+    # A team's mesh over part of each process's devices ends in mismatched collectives (gloo
+    # aborts the job on CPU); refused before anything is compiled.
+    raise ConfigError("mesh.num_devices", cfg.mesh.num_devices,
+                      f"0 or {local} (all of a process's devices) when workers span processes "
+                      f"(sweep.processes_per_worker = {k}"
+                      f"{' chose phases with teams' if not k else ''}); or "
+                      f"sweep.processes_per_worker = 1 to keep every worker in one process")
+  return steps
 
 
 def _phase_worker(cfg, plan: Plan, phase) -> _Worker:

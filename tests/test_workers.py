@@ -310,3 +310,26 @@ def test_a_process_done_first_waits_for_the_job(tmp_path):
                        re.M)
   assert datetime.time.fromisoformat(stamp) >= done, (stamp, done)
   assert "cells done: 1" in results[0][1]  # process 0's summary, whichever trained the group
+
+
+def test_workers_spanning_processes_refuse_part_of_a_process_devices(tmp_path):
+  """2 processes × 2 CPU devices, workers of 2 processes, ``mesh.num_devices=1``: a team's mesh
+  over one device of each process ended in mismatched collectives (an IndexError in process 1
+  while process 0 waited minutes; gloo aborted both once the mesh took both processes'), so it
+  is refused before anything compiles, naming the field, its value and what is allowed."""
+  import socket
+  work = str(tmp_path / "run")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
+                    "--config.sweep.processes_per_worker=2", "--config.mesh.num_devices=1",
+                    env=_env(2, IHSWEEP_COORDINATOR=f"localhost:{port}",
+                             IHSWEEP_NUM_PROCESSES="2", IHSWEEP_PROCESS_ID=str(k)))
+           for k in range(2)]
+  results = _finish(procs, timeout=120)
+  for rc, out in results:
+    assert rc == 2, out[-3000:]
+    assert ("mesh.num_devices = 1 is not allowed: 0 or 2 (all of a process's devices) when "
+            "workers span processes (sweep.processes_per_worker = 2)") in out, out[-3000:]
+  assert not os.path.exists(os.path.join(work, "groups"))
