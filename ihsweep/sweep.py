@@ -239,7 +239,10 @@ def phases(cfg, plan: Plan) -> list:
   try:
     steps = placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
   except placement.LayoutError as e:
-    raise ConfigError("sweep.processes_per_worker", k, str(e)) from None
+    why = str(e)  # the field and value once: ConfigError names them
+    why = why[len(f"sweep.processes_per_worker={k}: "):] if why.startswith(
+        f"sweep.processes_per_worker={k}: ") else why
+    raise ConfigError("sweep.processes_per_worker", k, why) from None
   if per_process < local and any(p.processes_per_worker > 1 for p in steps):
     # A team's mesh over part of each process's devices ends in mismatched collectives (gloo
     # aborts the job on CPU); refused before anything is compiled.
