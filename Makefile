@@ -32,6 +32,8 @@ demo: $(STAMP)
 	@echo "open $(DEMO_DIR)/analysis/report.html; how the demo was calibrated and what it shows against the study: docs/results.md"
 
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)

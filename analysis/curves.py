@@ -97,8 +97,9 @@ def read_cache(path: str, warnings: list[str] | None = None) -> pd.DataFrame:
       table[col] = pd.to_numeric(table[col], errors="raise").astype(float)
     return table
   except Exception as e:  # pyarrow and pandas raise several kinds for a damaged file
-    warn(warnings, f"the cache {path} cannot be used ({type(e).__name__}: {str(e)[:120]}); "
-                    f"recomputing")
+    warn(
+      warnings, f"the cache {path} cannot be used ({type(e).__name__}: {str(e)[:120]}); recomputing"
+    )
     return pd.DataFrame()
 
 
@@ -109,8 +110,11 @@ def _write_cache(path: str, table: pd.DataFrame, warnings: list[str] | None = No
       table.to_parquet(f, index=False)
     return True
   except Exception as e:  # OSError, or pyarrow refusing a column
-    warn(warnings, f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
-                    f"results are kept in memory only")
+    warn(
+      warnings,
+      f"cannot write the cache {path} ({type(e).__name__}: {str(e)[:120]}); "
+      f"results are kept in memory only",
+    )
     return False
 
 
@@ -137,14 +141,19 @@ def _check_block(group: Group, probes) -> None:
       gives it.
   """
   from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON, block_length
-  cannot = (f"so the probe metrics (prefix-matching score, logit attribution, associative "
-            f"recall) cannot be computed for group {group.id}")
+
+  cannot = (
+    f"so the probe metrics (prefix-matching score, logit attribution, associative "
+    f"recall) cannot be computed for group {group.id}"
+  )
   try:
     if probes is None:
       block_length(group.context_size, int(group.config.eval.get("probe_len", 0)))
     elif probes.block_len < MIN_BLOCK:
-      raise ValueError(f"the run's probes have blocks of L = {probes.block_len} (train."
-                       f"context_size = {group.context_size}): {MIN_BLOCK_REASON}")
+      raise ValueError(
+        f"the run's probes have blocks of L = {probes.block_len} (train."
+        f"context_size = {group.context_size}): {MIN_BLOCK_REASON}"
+      )
   except ValueError as e:
     raise GroupError(f"{e}; {cannot}") from None
 
@@ -153,8 +162,12 @@ def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
   tokens_per_update = group.batch_size * group.context_size
   rows = []
   for i, cell in enumerate(group.cells["cell"]):
-    row = {"group": group.id, "cell": int(cell), "step": int(step),
-           "tokens": int(step) * tokens_per_update}
+    row = {
+      "group": group.id,
+      "cell": int(cell),
+      "step": int(step),
+      "tokens": int(step) * tokens_per_update,
+    }
     row.update({m: float(host[m][i]) for m in metric_registry.names()})
     for name in ("ps", "la", "dla"):
       layer, head = (int(v) for v in host[f"{name}_argmax"][i])
@@ -169,37 +182,55 @@ def _group_probes(group: Group, n_probes: int | None = None, n_sequences: int | 
   probes / held-out sequences per model."""
   probes = group.probes()
   if probes is None:
-    log.warning("group %s has no probes.npz (evaluation was off): making the probes from its "
-                "config's eval section", group.id)
+    log.warning(
+      "group %s has no probes.npz (evaluation was off): making the probes from its "
+      "config's eval section",
+      group.id,
+    )
     try:
       probes = _make_probes(group)
     except Exception as e:  # e.g. a corpus that is not on this machine
-      raise GroupError(f"group {group.id}: no probes.npz, and they cannot be made again from "
-                       f"its config ({type(e).__name__}: {str(e)[:160]})") from None
+      raise GroupError(
+        f"group {group.id}: no probes.npz, and they cannot be made again from "
+        f"its config ({type(e).__name__}: {str(e)[:160]})"
+      ) from None
   return dataclasses.replace(
-      probes, repeated=probes.repeated[:n_probes or None],
-      sequences=probes.sequences[:, :n_sequences or None],
-      recall=probes.recall[:, :n_sequences or None])
+    probes,
+    repeated=probes.repeated[: n_probes or None],
+    sequences=probes.sequences[:, : n_sequences or None],
+    recall=probes.recall[:, : n_sequences or None],
+  )
 
 
 def _make_probes(group: Group):
   import jax
+
   from ihsweep import train
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
+
   cfg = group.config
   mcfg, tcfg = train.model_and_train_config(cfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   n = group.n_models
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n))
-  arrays = None if not getattr(source, "on_device", True) else \
-      jax.tree_util.tree_map(np.asarray, source.arrays())
+  arrays = (
+    None
+    if not getattr(source, "on_device", True)
+    else jax.tree_util.tree_map(np.asarray, source.arrays())
+  )
   return probes_lib.make_probes(source, data_params, arrays, cfg.eval, n, tcfg.context_size)
 
 
-def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = None,
-                   n_sequences: int | None = None, bar=None,
-                   warnings: list[str] | None = None) -> pd.DataFrame:
+def evaluate_group(
+  group: Group,
+  steps: list[int],
+  *,
+  n_probes: int | None = None,
+  n_sequences: int | None = None,
+  bar=None,
+  warnings: list[str] | None = None,
+) -> pd.DataFrame:
   """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
 
   One evaluation program is compiled for the group (``ihsweep.evaluation.Evaluator``: the metric
@@ -214,9 +245,11 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
     (``METRICS``) and ``HEAD_COLUMNS``.
   """
   import jax
+
   from ihsweep import sharding as sharding_lib
   from ihsweep import train
   from ihsweep.evaluation import Evaluator
+
   from .load import device_sharding
 
   if not steps:
@@ -251,8 +284,10 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
       if k + 1 < len(steps):
         future = reader.submit(restore, steps[k + 1])
       if error is not None:
-        msg = (f"group {group.id}: the checkpoint at update {step} cannot be restored "
-               f"({checkpoint.error_text(error)}); skipped")
+        msg = (
+          f"group {group.id}: the checkpoint at update {step} cannot be restored "
+          f"({checkpoint.error_text(error)}); skipped"
+        )
         log.warning("%s", msg)
         warnings.append(msg)
         if bar is not None:
@@ -260,8 +295,10 @@ def evaluate_group(group: Group, steps: list[int], *, n_probes: int | None = Non
         continue
       lead = {x.shape[0] for x in jax.tree_util.tree_leaves(params)}
       if lead != {group.n_models}:
-        raise GroupError(f"group {group.id}: its checkpoints hold {sorted(lead)} models but its "
-                         f"config and cells list {group.n_models}; skipped")
+        raise GroupError(
+          f"group {group.id}: its checkpoints hold {sorted(lead)} models but its "
+          f"config and cells list {group.n_models}; skipped"
+        )
       out = evaluator(params)  # dispatched asynchronously
       if pending is not None:
         collect(pending)
@@ -280,8 +317,9 @@ def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:
   for name in ("ps", "la", "dla"):
     col = f"{name}_argmax"
     if col in online:
-      pairs = online[col].apply(lambda v: v if isinstance(v, list) and len(v) == 2 else
-                                [None, None])
+      pairs = online[col].apply(
+        lambda v: v if isinstance(v, list) and len(v) == 2 else [None, None]
+      )
       online[f"{name}_layer"] = pairs.str[0]
       online[f"{name}_head"] = pairs.str[1]
   keep = ["group", "cell", "step", "tokens", *metric_registry.names(), *HEAD_COLUMNS]
@@ -289,10 +327,16 @@ def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:
   return online
 
 
-def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
-                   n_probes: int | None = DEFAULT_PROBES,
-                   n_sequences: int | None = DEFAULT_SEQUENCES,
-                   out_dir: str | None = None, progress: bool = True) -> pd.DataFrame:
+def compute_curves(
+  run: Run,
+  *,
+  source: str = "auto",
+  cache: bool = True,
+  n_probes: int | None = DEFAULT_PROBES,
+  n_sequences: int | None = DEFAULT_SEQUENCES,
+  out_dir: str | None = None,
+  progress: bool = True,
+) -> pd.DataFrame:
   """The run's metric curves (module docstring), recomputing only checkpoints not yet cached.
 
   Args:
@@ -310,6 +354,7 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
     ValueError: unknown ``source``.
   """
   from tqdm.auto import tqdm
+
   if source not in SOURCES:
     raise ValueError(f"source = {source!r}: allowed {', '.join(SOURCES)}")
   path = _cache_path(run, out_dir)
@@ -321,8 +366,9 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
 
   def matching(table: pd.DataFrame, gid: str) -> pd.Series:
     want_p, want_s = sizes[gid]
-    return ((table["group"] == gid) & (table["n_probes"] == want_p) &
-            (table["n_sequences"] == want_s))
+    return (
+      (table["group"] == gid) & (table["n_probes"] == want_p) & (table["n_sequences"] == want_s)
+    )
 
   def skip(group: Group, error: Exception) -> None:
     warn(run.warnings, f"{error}; the group is skipped")
@@ -349,18 +395,28 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
     todo[group.id] = [s for s in steps if s not in done]
   total = sum(len(v) for v in todo.values())
   if total:
-    log.info("recomputing metrics at %d checkpoint(s) of %d group(s) in %s", total,
-             sum(1 for v in todo.values() if v), run.dir)
+    log.info(
+      "recomputing metrics at %d checkpoint(s) of %d group(s) in %s",
+      total,
+      sum(1 for v in todo.values() if v),
+      run.dir,
+    )
   t0 = time.perf_counter()
-  with tqdm(total=total, disable=not progress or not total, unit="ckpt",
-            desc=f"metrics {run.name}", dynamic_ncols=True) as bar:
+  with tqdm(
+    total=total,
+    disable=not progress or not total,
+    unit="ckpt",
+    desc=f"metrics {run.name}",
+    dynamic_ncols=True,
+  ) as bar:
     for group in run.groups:
       steps = todo.get(group.id)
       if not steps:
         continue
       try:
-        fresh = evaluate_group(group, steps, n_probes=n_probes, n_sequences=n_sequences,
-                               bar=bar, warnings=run.warnings)
+        fresh = evaluate_group(
+          group, steps, n_probes=n_probes, n_sequences=n_sequences, bar=bar, warnings=run.warnings
+        )
       except GroupError as e:
         skip(group, e)
         continue
@@ -384,19 +440,32 @@ def compute_curves(run: Run, *, source: str = "auto", cache: bool = True,
   for g in online_groups:
     rows = _online_rows(g, run.warnings)
     if rows.empty:
-      warn(run.warnings, f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; "
-                          f"skipped")
+      warn(
+        run.warnings, f"group {g.id} has neither params checkpoints nor metrics.jsonl rows; skipped"
+      )
     else:
       online.append(rows.assign(source="online"))
-  table = pd.concat([recomputed, *online], ignore_index=True) if (
-      not recomputed.empty or online) else pd.DataFrame(columns=["group", "cell", "step"])
+  table = (
+    pd.concat([recomputed, *online], ignore_index=True)
+    if (not recomputed.empty or online)
+    else pd.DataFrame(columns=["group", "cell", "step"])
+  )
   return _with_cells(table, run)
 
 
 def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
   """Joins the cells' coordinates and blanks metrics after a model diverged."""
-  cell_cols = ["cell", "seed", *run.axes, "batch_size", "context_size", "n_params",
-               "law_updates", "diverged", "diverged_step"]
+  cell_cols = [
+    "cell",
+    "seed",
+    *run.axes,
+    "batch_size",
+    "context_size",
+    "n_params",
+    "law_updates",
+    "diverged",
+    "diverged_step",
+  ]
   cells = run.cells[[c for c in cell_cols if c in run.cells]]
   out = table.drop(columns=[c for c in cells.columns if c != "cell" and c in table])
   out = out.merge(cells, on="cell", how="left")
@@ -414,6 +483,7 @@ def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:
 def load_curves(runs: list[Run], out_dir: str | None = None, **kwargs) -> pd.DataFrame:
   """``compute_curves`` for several runs, concatenated (the ``run`` column tells them apart);
   each run's cache in ``cache_dir(run, out_dir)`` when ``out_dir`` is given."""
-  tables = [compute_curves(r, out_dir=cache_dir(r, out_dir) if out_dir else None, **kwargs)
-            for r in runs]
+  tables = [
+    compute_curves(r, out_dir=cache_dir(r, out_dir) if out_dir else None, **kwargs) for r in runs
+  ]
   return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()

@@ -57,6 +57,7 @@ class Emergence:
   has not emerged (``censored``), and then ``censor_step`` is its last checkpoint.
   ``step_before``/``step_after``: the checkpoints that bracket the estimate. ``early``/``late``:
   the plateaus, ``jump`` = direction · (late − early) (after the metric's transform)."""
+
   emergence_step: float
   censored: bool
   censor_step: float
@@ -97,8 +98,9 @@ def threshold_crossing(steps: np.ndarray, v: np.ndarray, level: float) -> tuple[
   return float(np.exp(x[i - 1] + t * (x[i] - x[i - 1]))), i
 
 
-def max_slope(steps: np.ndarray, v: np.ndarray, early: float | None = None,
-              late: float | None = None) -> tuple[float, int]:
+def max_slope(
+  steps: np.ndarray, v: np.ndarray, early: float | None = None, late: float | None = None
+) -> tuple[float, int]:
   """``(step, i)``: the geometric midpoint of the checkpoints ``i − 1, i`` with the largest rise
   of an increasing-direction curve per unit log-step. With the plateaus given, only segments
   within the rise are considered — from the last checkpoint at or below 10% of the jump before
@@ -113,7 +115,7 @@ def max_slope(steps: np.ndarray, v: np.ndarray, early: float | None = None,
       hi = int(top[0])
       below = np.nonzero(v[:hi] <= early + 0.1 * (late - early))[0]
       lo = int(below[-1]) + 1 if len(below) else 1
-  i = lo + int(np.argmax(slopes[lo - 1:hi]))
+  i = lo + int(np.argmax(slopes[lo - 1 : hi]))
   return float(np.exp((x[i - 1] + x[i]) / 2)), i
 
 
@@ -121,8 +123,9 @@ def _ramp(x: np.ndarray, b1: float, b2: float) -> np.ndarray:
   return np.clip((x - b1) / max(b2 - b1, 1e-9), 0.0, 1.0)
 
 
-def breakpoint_fit(steps: np.ndarray, v: np.ndarray, grid: int = 96
-                   ) -> tuple[float, float, float, float]:
+def breakpoint_fit(
+  steps: np.ndarray, v: np.ndarray, grid: int = 96
+) -> tuple[float, float, float, float]:
   """Least-squares fit of ``v ≈ a + h · clip((log s − b1) / (b2 − b1), 0, 1)`` (flat, ramp, flat;
   continuous): exhaustive search of (b1, b2) over ``grid`` points spanning the log-steps (a and h
   in closed form for each pair), then ``scipy.optimize.least_squares`` on all four parameters.
@@ -131,6 +134,7 @@ def breakpoint_fit(steps: np.ndarray, v: np.ndarray, grid: int = 96
     ``(centre_step, onset_step, end_step, h)``: exp of (b1 + b2)/2, b1, b2, and the fitted rise.
   """
   from scipy.optimize import least_squares
+
   x = _log(steps)
   cand = np.linspace(x[0], x[-1], grid)
   b1, b2 = np.meshgrid(cand, cand, indexing="ij")
@@ -139,8 +143,9 @@ def breakpoint_fit(steps: np.ndarray, v: np.ndarray, grid: int = 96
   r = np.clip((x[None, :] - b1[:, None]) / (b2 - b1)[:, None], 0.0, 1.0)  # [P, n]
   rm, vm = r.mean(axis=1), v.mean()
   var_r = ((r - rm[:, None]) ** 2).sum(axis=1)
-  h = np.where(var_r > 0, ((r - rm[:, None]) * (v - vm)[None]).sum(axis=1) /
-               np.maximum(var_r, 1e-30), 0.0)
+  h = np.where(
+    var_r > 0, ((r - rm[:, None]) * (v - vm)[None]).sum(axis=1) / np.maximum(var_r, 1e-30), 0.0
+  )
   a = vm - h * rm
   sse = ((a[:, None] + h[:, None] * r - v[None]) ** 2).sum(axis=1)
   best = int(np.argmin(sse))
@@ -149,16 +154,25 @@ def breakpoint_fit(steps: np.ndarray, v: np.ndarray, grid: int = 96
   def resid(p):
     return p[0] + p[1] * _ramp(x, p[2], p[3]) - v
 
-  fit = least_squares(resid, p0, bounds=([-np.inf, -np.inf, x[0], x[0]],
-                                         [np.inf, np.inf, x[-1], x[-1]]))
+  fit = least_squares(
+    resid, p0, bounds=([-np.inf, -np.inf, x[0], x[0]], [np.inf, np.inf, x[-1], x[-1]])
+  )
   p = fit.x if fit.success and fit.cost <= 0.5 * sse[best] + 1e-12 else p0
   lo, hi = sorted((p[2], p[3]))
   return float(np.exp((lo + hi) / 2)), float(np.exp(lo)), float(np.exp(hi)), float(p[1])
 
 
-def emergence_point(steps, values, *, method: str = "threshold", metric: str = "ps_max",
-                    fraction: float = 0.5, level: float | None = None,
-                    min_jump: float | None = None, plateau_points: int = 3) -> Emergence:
+def emergence_point(
+  steps,
+  values,
+  *,
+  method: str = "threshold",
+  metric: str = "ps_max",
+  fraction: float = 0.5,
+  level: float | None = None,
+  min_jump: float | None = None,
+  plateau_points: int = 3,
+) -> Emergence:
   """The emergence point of one curve (module docstring).
 
   Args:
@@ -188,8 +202,11 @@ def emergence_point(steps, values, *, method: str = "threshold", metric: str = "
   v = spec.direction * values  # rises at emergence
   early, late = _plateaus(v, plateau_points)
   jump = late - early
-  threshold = early + fraction * jump if level is None else spec.direction * \
-      float(spec.apply(np.asarray([level]))[0])
+  threshold = (
+    early + fraction * jump
+    if level is None
+    else spec.direction * float(spec.apply(np.asarray([level]))[0])
+  )
   signed = (spec.direction * early, spec.direction * late)
   need = spec.min_jump if min_jump is None else min_jump
   crossing = threshold_crossing(steps, v, threshold)
@@ -205,13 +222,20 @@ def emergence_point(steps, values, *, method: str = "threshold", metric: str = "
     before = steps[i - 1] if i > 0 else steps[0]
     after = steps[min(i, len(steps) - 1)]
     return Emergence(step, False, math.nan, float(before), float(after), *signed, jump, onset)
-  return Emergence(step, False, math.nan, float(steps[max(i - 1, 0)]), float(steps[i]),
-                   *signed, jump)
+  return Emergence(
+    step, False, math.nan, float(steps[max(i - 1, 0)]), float(steps[i]), *signed, jump
+  )
 
 
-def emergence_table(curves: pd.DataFrame, *, metrics=None, methods=METHODS,
-                    fraction: float = 0.5, levels: dict | None = None,
-                    min_jumps: dict | None = None) -> pd.DataFrame:
+def emergence_table(
+  curves: pd.DataFrame,
+  *,
+  metrics=None,
+  methods=METHODS,
+  fraction: float = 0.5,
+  levels: dict | None = None,
+  min_jumps: dict | None = None,
+) -> pd.DataFrame:
   """Emergence points of every cell, metric and method (a long table).
 
   Args:
@@ -229,40 +253,62 @@ def emergence_table(curves: pd.DataFrame, *, metrics=None, methods=METHODS,
     ``n_points``.
   """
   levels, min_jumps = levels or {}, min_jumps or {}
-  metrics = [m for m in (metric_registry.emergence_names() if metrics is None else metrics)
-             if m in curves]
+  metrics = [
+    m for m in (metric_registry.emergence_names() if metrics is None else metrics) if m in curves
+  ]
   if curves.empty or not metrics:
     return pd.DataFrame()
-  per_cell = [c for c in curves.columns if c not in ("step", "tokens", "source") and
-              c not in metric_registry.REGISTRY and not c.endswith(("_layer", "_head"))]
+  per_cell = [
+    c
+    for c in curves.columns
+    if c not in ("step", "tokens", "source")
+    and c not in metric_registry.REGISTRY
+    and not c.endswith(("_layer", "_head"))
+  ]
   rows = []
   for key, cell in curves.groupby(["run", "cell"], sort=True):
     coords = cell.iloc[0][per_cell].to_dict()
     for metric in metrics:
       for method in methods:
-        e = emergence_point(cell["step"].to_numpy(), cell[metric].to_numpy(), method=method,
-                            metric=metric, fraction=fraction, level=levels.get(metric),
-                            min_jump=min_jumps.get(metric))
-        row = dict(coords, metric=metric, method=method, **dataclasses.asdict(e),
-                   n_points=int(cell[metric].notna().sum()))
-        row["emergence_tokens"] = e.emergence_step * coords.get("batch_size", math.nan) * \
-            coords.get("context_size", math.nan)
+        e = emergence_point(
+          cell["step"].to_numpy(),
+          cell[metric].to_numpy(),
+          method=method,
+          metric=metric,
+          fraction=fraction,
+          level=levels.get(metric),
+          min_jump=min_jumps.get(metric),
+        )
+        row = dict(
+          coords,
+          metric=metric,
+          method=method,
+          **dataclasses.asdict(e),
+          n_points=int(cell[metric].notna().sum()),
+        )
+        row["emergence_tokens"] = (
+          e.emergence_step
+          * coords.get("batch_size", math.nan)
+          * coords.get("context_size", math.nan)
+        )
         rows.append(row)
   return pd.DataFrame(rows)
 
 
-def primary(table: pd.DataFrame, metric: str = "ps_max", method: str = "threshold"
-            ) -> pd.DataFrame:
+def primary(table: pd.DataFrame, metric: str = "ps_max", method: str = "threshold") -> pd.DataFrame:
   """One row per cell: the emergence point by one metric and method (the law's input)."""
   sel = table[(table["metric"] == metric) & (table["method"] == method)]
   if sel.empty:
-    raise ValueError(f"no emergence points for metric {metric!r} and method {method!r}; "
-                     f"available: {sorted(set(zip(table['metric'], table['method'])))}")
+    raise ValueError(
+      f"no emergence points for metric {metric!r} and method {method!r}; "
+      f"available: {sorted(set(zip(table['metric'], table['method'])))}"
+    )
   return sel.reset_index(drop=True)
 
 
-def agreement(table: pd.DataFrame, reference: tuple[str, str] = ("ps_max", "threshold")
-              ) -> pd.DataFrame:
+def agreement(
+  table: pd.DataFrame, reference: tuple[str, str] = ("ps_max", "threshold")
+) -> pd.DataFrame:
   """How every (metric, method) agrees with a reference (metric, method) over the same cells.
 
   Returns one row per (metric, method): ``n`` cells, ``emerged`` (how many emerged),
@@ -281,13 +327,21 @@ def agreement(table: pd.DataFrame, reference: tuple[str, str] = ("ps_max", "thre
     both = (~a["censored"]) & (~b["censored"])
     la = np.log10(a.loc[both, "emergence_step"].astype(float).clip(lower=0.5))
     lb = np.log10(b.loc[both, "emergence_step"].astype(float).clip(lower=0.5))
-    r = float(np.corrcoef(la, lb)[0, 1]) if both.sum() >= 3 and la.std() > 0 and lb.std() > 0 \
-        else math.nan
-    rows.append({"metric": metric, "method": method, "n": len(common),
-                 "emerged": int((~a["censored"]).sum()),
-                 "same_status": float((a["censored"] == b["censored"]).mean()) if len(common)
-                 else math.nan,
-                 "both": int(both.sum()),
-                 "median_log10_ratio": float(np.median(la - lb)) if both.any() else math.nan,
-                 "pearson_r": r})
+    r = (
+      float(np.corrcoef(la, lb)[0, 1])
+      if both.sum() >= 3 and la.std() > 0 and lb.std() > 0
+      else math.nan
+    )
+    rows.append(
+      {
+        "metric": metric,
+        "method": method,
+        "n": len(common),
+        "emerged": int((~a["censored"]).sum()),
+        "same_status": float((a["censored"] == b["censored"]).mean()) if len(common) else math.nan,
+        "both": int(both.sum()),
+        "median_log10_ratio": float(np.median(la - lb)) if both.any() else math.nan,
+        "pearson_r": r,
+      }
+    )
   return pd.DataFrame(rows)

@@ -22,10 +22,12 @@ import pandas as pd
 
 FREQUENCY, RELIABILITY = "data.frequency", "data.reliability"
 # Config fields that define Experiment 3's conditions, with their short names.
-FACTORS = {"data.transitions": "transitions",
-           "data.synthetic.entropy_rate_bits": "local_dependency_bits",
-           "data.synthetic.categoriality": "categoriality",
-           "data.synthetic.marginal": "marginal"}
+FACTORS = {
+  "data.transitions": "transitions",
+  "data.synthetic.entropy_rate_bits": "local_dependency_bits",
+  "data.synthetic.categoriality": "categoriality",
+  "data.synthetic.marginal": "marginal",
+}
 
 
 def _rates(points: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -38,8 +40,7 @@ def _rates(points: pd.DataFrame, by: list[str]) -> pd.DataFrame:
   return out.reset_index()
 
 
-def emergence_map(points: pd.DataFrame, x: str = FREQUENCY, y: str = RELIABILITY
-                  ) -> pd.DataFrame:
+def emergence_map(points: pd.DataFrame, x: str = FREQUENCY, y: str = RELIABILITY) -> pd.DataFrame:
   """Per (x, y) grid point: ``n`` cells, ``emerged``, ``rate``, ``median_step`` (NaN if none
   emerged).
 
@@ -52,8 +53,10 @@ def emergence_map(points: pd.DataFrame, x: str = FREQUENCY, y: str = RELIABILITY
   """
   for axis in (x, y):
     if axis not in points:
-      raise ValueError(f"no column {axis!r}: the runs did not vary it (axes present: "
-                       f"{[c for c in points.columns if c.startswith('data.')]})")
+      raise ValueError(
+        f"no column {axis!r}: the runs did not vary it (axes present: "
+        f"{[c for c in points.columns if c.startswith('data.')]})"
+      )
   return _rates(points, [x, y])
 
 
@@ -71,13 +74,15 @@ def _crossings(table: pd.DataFrame, along: str, across: str, rate: float) -> lis
       rows.append({across: value, along: float(a[0]), "bound": "at or below the grid"})
       continue
     t = (rate - r[i - 1]) / (r[i] - r[i - 1])
-    rows.append({across: value, along: float(a[i - 1] + t * (a[i] - a[i - 1])),
-                 "bound": "interpolated"})
+    rows.append(
+      {across: value, along: float(a[i - 1] + t * (a[i] - a[i - 1])), "bound": "interpolated"}
+    )
   return rows
 
 
-def pareto_frontier(emap: pd.DataFrame, x: str = FREQUENCY, y: str = RELIABILITY,
-                    rate: float = 0.5) -> pd.DataFrame:
+def pareto_frontier(
+  emap: pd.DataFrame, x: str = FREQUENCY, y: str = RELIABILITY, rate: float = 0.5
+) -> pd.DataFrame:
   """The frontier of an ``emergence_map``: rows ``(x, y, along, bound)`` where ``along`` says
   which axis was interpolated ('y' for "the least y at this x where the rate reaches ``rate``",
   'x' likewise) and ``bound`` is 'interpolated', 'at or below the grid' (already emerging at the

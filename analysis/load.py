@@ -38,9 +38,24 @@ import pandas as pd
 log = logging.getLogger("analysis")
 
 # cells.csv columns that are not grid axes (ihsweep.rundir.cells_table).
-CELL_COLUMNS = ("cell", "group", "seed", "batch_size", "context_size", "peak_lr", "n_params",
-                "law_updates", "law_tokens", "budget_updates", "budget_tokens", "status",
-                "steps_done", "diverged", "diverged_step", "online_crossing_step")
+CELL_COLUMNS = (
+  "cell",
+  "group",
+  "seed",
+  "batch_size",
+  "context_size",
+  "peak_lr",
+  "n_params",
+  "law_updates",
+  "law_tokens",
+  "budget_updates",
+  "budget_tokens",
+  "status",
+  "steps_done",
+  "diverged",
+  "diverged_step",
+  "online_crossing_step",
+)
 SINGLE_RUN_GROUP = "run"
 
 
@@ -59,6 +74,7 @@ class Group:
   """One ensemble (one compiled program) of a run: its directory, resolved config, cells (rows of
   the cells table in ensemble order) and state ('done', 'running', 'stopped', 'failed',
   'interrupted', 'pending'; 'done' for a single run that finished)."""
+
   id: str
   dir: str
   config: Any
@@ -83,6 +99,7 @@ class Group:
     """The group's ``ihsweep.checkpoint.RunCheckpoints``, opened read-only (None if it has no
     params checkpoints directory)."""
     from ihsweep.checkpoint import RunCheckpoints
+
     if self._ckpts is None and os.path.isdir(os.path.join(self.dir, "checkpoints", "params")):
       self._ckpts = RunCheckpoints(os.path.join(self.dir, "checkpoints"), read_only=True)
     return self._ckpts
@@ -121,9 +138,12 @@ class Group:
           if line.strip():
             bad.append(number)
     if bad:
-      warn(warnings, f"{path}: {len(bad)} damaged line(s) skipped (line(s) "
-                     f"{', '.join(map(str, bad[:10]))}{', …' if len(bad) > 10 else ''}; a write "
-                     f"cut short?)")
+      warn(
+        warnings,
+        f"{path}: {len(bad)} damaged line(s) skipped (line(s) "
+        f"{', '.join(map(str, bad[:10]))}{', …' if len(bad) > 10 else ''}; a write "
+        f"cut short?)",
+      )
     return pd.DataFrame(rows)
 
   def probes(self):
@@ -133,7 +153,9 @@ class Group:
       GroupError: the file exists but cannot be read.
     """
     import zipfile
+
     from ihsweep.data import probes as probes_lib
+
     path = os.path.join(self.dir, "probes.npz")
     if not os.path.exists(path):
       return None
@@ -143,9 +165,11 @@ class Group:
       self._probes = probes_lib.Probes.load(path)
       return self._probes
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-      raise GroupError(f"group {self.id}: {path} cannot be used ({type(e).__name__}: "
-                       f"{str(e)[:240]}); if it is damaged, move it away to have the probes "
-                       f"made again from the config") from None
+      raise GroupError(
+        f"group {self.id}: {path} cannot be used ({type(e).__name__}: "
+        f"{str(e)[:240]}); if it is damaged, move it away to have the probes "
+        f"made again from the config"
+      ) from None
 
   def close(self) -> None:
     if self._ckpts is not None:
@@ -159,6 +183,7 @@ class Run:
   model: cell, group, seed, grid axes, batch_size, context_size, peak_lr, n_params, diverged,
   diverged_step, …), ``axes`` (the grid's config-field columns), readable ``groups`` and the
   ``warnings`` raised while reading."""
+
   dir: str
   kind: str
   config: Any
@@ -260,6 +285,7 @@ def _mark_divergence(cells: pd.DataFrame, group_dir: str, members: list[int]) ->
 def _single_run_state(path: str, cfg) -> str:
   train_log = os.path.join(path, "train_log.jsonl")
   from ihsweep.rundir import last_step as _last_step
+
   step = _last_step(train_log)
   return "done" if step is not None and step >= int(cfg.train.num_steps) else "running"
 
@@ -273,40 +299,50 @@ def load_run(path: str) -> Run:
   """
   path = os.path.abspath(path)
   if not os.path.isdir(path):
-    raise NotARun(f"{path} is not a directory; give a run directory written by `ihsweep run` "
-                  f"or `ihsweep train`")
+    raise NotARun(
+      f"{path} is not a directory; give a run directory written by `ihsweep run` or `ihsweep train`"
+    )
   warnings: list[str] = []
   cells_path = os.path.join(path, "cells.csv")
   config_path = os.path.join(path, "config.json")
   if os.path.exists(cells_path):
     return _load_sweep(path, cells_path, config_path, warnings)
   has_run = os.path.exists(config_path) and (
-      os.path.isdir(os.path.join(path, "checkpoints")) or
-      os.path.exists(os.path.join(path, "metrics.jsonl")))
+    os.path.isdir(os.path.join(path, "checkpoints"))
+    or os.path.exists(os.path.join(path, "metrics.jsonl"))
+  )
   if not has_run:
-    raise NotARun(f"{path} is not a run directory: it has no cells.csv (a sweep, `ihsweep run`) "
-                  f"and no config.json with checkpoints/ or metrics.jsonl (a run, "
-                  f"`ihsweep train`)")
+    raise NotARun(
+      f"{path} is not a run directory: it has no cells.csv (a sweep, `ihsweep run`) "
+      f"and no config.json with checkpoints/ or metrics.jsonl (a run, "
+      f"`ihsweep train`)"
+    )
   from ihsweep import rundir
+
   try:
     cfg = rundir.read_config_json(config_path)
     axes = ["data.frequency", "data.reliability"] if cfg.data.source == "markov" else []
     cells = rundir.config_cells(cfg, SINGLE_RUN_GROUP, axes)
   except Exception as e:  # any damage: missing sections, wrong types, unknown fields
-    raise NotARun(f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: "
-                  f"{str(e)[:160]})") from None
+    raise NotARun(
+      f"{config_path} cannot be read as an ihsweep config ({type(e).__name__}: {str(e)[:160]})"
+    ) from None
   _mark_divergence(cells, path, list(cells["cell"]))
   group = Group(SINGLE_RUN_GROUP, path, cfg, cells, _single_run_state(path, cfg))
   if group.state == "running":
-    warn(warnings, "the run has not reached train.num_steps (still training, or stopped): its "
-                    "curves end at its last complete checkpoint, so its cells may be censored "
-                    "early")
+    warn(
+      warnings,
+      "the run has not reached train.num_steps (still training, or stopped): its "
+      "curves end at its last complete checkpoint, so its cells may be censored "
+      "early",
+    )
   return Run(path, "train", cfg, cells, axes, [group], warnings)
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
   from ihsweep import plan as plan_lib
   from ihsweep import rundir
+
   try:
     cfg = rundir.read_config_json(config_path)
   except (OSError, ValueError) as e:
@@ -316,8 +352,10 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
   cells, why = rundir.read_cells(cells_path, note)
   if cells is None:
     if not os.path.isdir(os.path.join(path, "groups")):
-      raise NotARun(f"{cells_path} cannot be read as a sweep's cells table ({why}); it is "
-                    f"written by `ihsweep run`")
+      raise NotARun(
+        f"{cells_path} cannot be read as a sweep's cells table ({why}); it is "
+        f"written by `ihsweep run`"
+      )
     warn(warnings, f"{cells_path} cannot be read as a sweep's cells table ({why})")
     cells = pd.DataFrame({c: pd.Series(dtype=int) for c in rundir.REQUIRED_CELL_COLUMNS})
     cells["group"] = pd.Series(dtype=object)
@@ -331,9 +369,11 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
   if cells.empty:
     raise NotARun(f"{cells_path}: no usable rows, and no group directory to rebuild them from")
   cells["diverged"] = cells.get("diverged", pd.Series(False, index=cells.index)).map(
-      lambda v: str(v).strip().lower() in ("true", "1", "1.0"))
-  cells["diverged_step"] = cells.get("diverged_step", pd.Series(
-      None, index=cells.index, dtype=object)).astype("Int64")
+    lambda v: str(v).strip().lower() in ("true", "1", "1.0")
+  )
+  cells["diverged_step"] = cells.get(
+    "diverged_step", pd.Series(None, index=cells.index, dtype=object)
+  ).astype("Int64")
   groups = []
   for gid in sorted(cells["group"].unique()):
     members = cells[cells["group"] == gid]
@@ -342,8 +382,11 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     state = rundir.group_state(path, gid, status)
     if not os.path.isdir(gdir):
       listed = str(members["status"].iloc[0]) if "status" in members else "pending"
-      why = (f"it has not started (no directory {gdir})" if listed == "pending" else
-             f"cells.csv lists it as {listed}, but its directory {gdir} is missing")
+      why = (
+        f"it has not started (no directory {gdir})"
+        if listed == "pending"
+        else f"cells.csv lists it as {listed}, but its directory {gdir} is missing"
+      )
       warn(warnings, f"group {gid} ({len(members)} cells) is skipped: {why}")
       continue
     gconfig_path = os.path.join(gdir, "config.json")
@@ -352,18 +395,27 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
       order = [int(c) for c in gcfg.ensemble.get("cell_ids", ())] or list(members["cell"])
       int(gcfg.train.batch_size), int(gcfg.train.context_size), gcfg.model, gcfg.eval
     except Exception as e:  # unreadable, or readable but not an ihsweep config
-      warn(warnings, f"group {gid} is skipped: {gconfig_path} cannot be read as an ihsweep "
-                      f"config ({type(e).__name__}: {str(e)[:120]})")
+      warn(
+        warnings,
+        f"group {gid} is skipped: {gconfig_path} cannot be read as an ihsweep "
+        f"config ({type(e).__name__}: {str(e)[:120]})",
+      )
       continue
     if sorted(order) != sorted(int(c) for c in members["cell"]):
-      warn(warnings, f"group {gid} is skipped: its config's cells {order} do not match "
-                      f"cells.csv's {sorted(members['cell'])}")
+      warn(
+        warnings,
+        f"group {gid} is skipped: its config's cells {order} do not match "
+        f"cells.csv's {sorted(members['cell'])}",
+      )
       continue
     _mark_divergence(cells, gdir, order)  # e.g. a group still running: not in its status yet
     ordered = cells[cells["group"] == gid].set_index("cell").loc[order].reset_index()
     if state in ("running", "stopped", "interrupted", "failed"):
-      warn(warnings, f"group {gid} is {state}: its curves end at its last complete "
-                      f"checkpoint, so its cells may be censored early")
+      warn(
+        warnings,
+        f"group {gid} is {state}: its curves end at its last complete "
+        f"checkpoint, so its cells may be censored early",
+      )
     groups.append(Group(gid, gdir, gcfg, ordered, state))
   return Run(path, "sweep", cfg, cells, axes, groups, warnings)
 
@@ -388,6 +440,7 @@ def load_runs(paths: list[str]) -> list[Run]:
     NotARun: as ``load_run``.
   """
   from ihsweep import rundir
+
   seen, unique = set(), []
   for p in paths:
     key = dir_identity(p) or os.path.realpath(p)
@@ -411,14 +464,18 @@ def load_runs(paths: list[str]) -> list[Run]:
       kept.append(r)
       continue
     sweep_run, gid = owner
-    warn(sweep_run.warnings, f"{r.dir} was given as well, but it is this sweep's group {gid}: "
-                              f"its {len(r.cells)} cells are counted once, as the sweep's")
+    warn(
+      sweep_run.warnings,
+      f"{r.dir} was given as well, but it is this sweep's group {gid}: "
+      f"its {len(r.cells)} cells are counted once, as the sweep's",
+    )
     r.close()
   runs = kept
   parts = [r.dir.strip(os.sep).split(os.sep) for r in runs]
   depth = 1
-  while depth < max(len(p) for p in parts) and len({"/".join(p[-depth:]) for p in parts}) < \
-      len(parts):
+  while depth < max(len(p) for p in parts) and len({"/".join(p[-depth:]) for p in parts}) < len(
+    parts
+  ):
     depth += 1
   for r, p in zip(runs, parts):
     r.name = "/".join(p[-depth:])
@@ -429,8 +486,11 @@ def device_sharding(n_models: int):
   """A sharding that splits a leading ensemble axis of ``n_models`` over as many local devices as
   divide it (the analysis's mesh: one 'ensemble' axis, the 'data' axis of size 1)."""
   import jax
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   from ihsweep import sharding
+
   devices = jax.local_devices()
   e = max(k for k in range(1, len(devices) + 1) if n_models % k == 0)
   mesh = Mesh(np.asarray(devices[:e]).reshape(e, 1), sharding.AXES)

@@ -26,11 +26,28 @@ from ihsweep.rundir import atomic_write_json
 
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"
-FILES = ("report.md", "report.html", "emergence.csv", "curves.csv", "law.json",
-         "agreement.csv", "residuals.csv", "censored_check.csv", "emergence_map.csv",
-         "frontier.csv", "factorial.csv")
-FIGURES = ("curves_ps_max", "curves_ar_acc", "curves_la_max", "law", "emergence_bc",
-           "emergence_map", "factorial")
+FILES = (
+  "report.md",
+  "report.html",
+  "emergence.csv",
+  "curves.csv",
+  "law.json",
+  "agreement.csv",
+  "residuals.csv",
+  "censored_check.csv",
+  "emergence_map.csv",
+  "frontier.csv",
+  "factorial.csv",
+)
+FIGURES = (
+  "curves_ps_max",
+  "curves_ar_acc",
+  "curves_la_max",
+  "law",
+  "emergence_bc",
+  "emergence_map",
+  "factorial",
+)
 NAMES = FILES + tuple(f"figures/{f}.{ext}" for f in FIGURES for ext in ("png", "pdf"))
 
 
@@ -80,8 +97,10 @@ class Outputs:
         # Only the names the report writes count: a manifest cannot make it remove other files.
         self.previous = {k: v for k, v in manifest["files"].items() if k in NAMES}
       except Exception:  # noqa: BLE001 — unreadable, damaged, or someone else's file
-        raise OutputError(f"{self.path} is not a manifest this report wrote (it lists the files "
-                          f"it may replace); move it away, or give another --out") from None
+        raise OutputError(
+          f"{self.path} is not a manifest this report wrote (it lists the files "
+          f"it may replace); move it away, or give another --out"
+        ) from None
     elif legacy:
       self.previous = {name: None for name in NAMES}
 
@@ -99,13 +118,17 @@ class Outputs:
       if not os.path.lexists(path):
         continue
       if name not in self.previous:
-        raise OutputError(f"{path} exists and was not written by this report; it is never "
-                          f"overwritten: move it away, or give another --out")
+        raise OutputError(
+          f"{path} exists and was not written by this report; it is never "
+          f"overwritten: move it away, or give another --out"
+        )
       sha = self.previous[name]
       if not _is_file(path) or (sha is not None and _sha256(path) != sha):
-        raise OutputError(f"{path} was changed since the report wrote it (or is no longer a "
-                          f"plain file); it is never overwritten: move it away, or give "
-                          f"another --out")
+        raise OutputError(
+          f"{path} was changed since the report wrote it (or is no longer a "
+          f"plain file); it is never overwritten: move it away, or give "
+          f"another --out"
+        )
       own.append(path)
     for path in own:
       os.remove(path)
@@ -128,10 +151,14 @@ class Outputs:
   def finish(self) -> None:
     """Records the checksums of the files written (names claimed but not written are
     dropped)."""
-    self.files = {name: _sha256(os.path.join(self.dir, name)) for name in self.files
-                  if _is_file(os.path.join(self.dir, name))}
+    self.files = {
+      name: _sha256(os.path.join(self.dir, name))
+      for name in self.files
+      if _is_file(os.path.join(self.dir, name))
+    }
     self._save()
 
   def _save(self) -> None:
-    atomic_write_json(self.path, {"written_by": WRITTEN_BY, "files": self.files}, indent=1,
-                      sort_keys=True)
+    atomic_write_json(
+      self.path, {"written_by": WRITTEN_BY, "files": self.files}, indent=1, sort_keys=True
+    )

@@ -30,8 +30,10 @@ from ihsweep import metric_registry
 
 def _plt():
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -62,6 +64,7 @@ def log_updates_axis(ax, lo: float, hi: float) -> None:
   """A log x axis over updates [lo, hi] (lo > 0), labelled with plain numbers: decades when the
   range spans more than two of them, else 1, 2, 5 × each decade; minor ticks unlabelled."""
   from matplotlib import ticker
+
   ax.set_xscale("log")
   ax.set_xlim(lo, hi)
   subs = (1.0,) if hi / lo > 100 else (1.0, 2.0, 5.0)
@@ -75,6 +78,7 @@ def number_axis(ax, which: str) -> None:
   axis spans less than two decades its minor ticks at 2 and 5 × a power of 10 are labelled too
   (less than one decade: 2, 3, 4, 5, 6 and 8 ×)."""
   from matplotlib import ticker
+
   axis = ax.xaxis if which == "x" else ax.yaxis
   limits = ax.get_xlim if which == "x" else ax.get_ylim
 
@@ -94,6 +98,7 @@ def grid_axis(ax, which: str, values) -> None:
   """A log axis (``which`` 'x' or 'y') whose ticks are exactly the grid's ``values`` (e.g. B 8,
   16, 32), labelled as plain numbers, with no other tick labels."""
   from matplotlib import ticker
+
   axis = ax.xaxis if which == "x" else ax.yaxis
   (ax.set_xscale if which == "x" else ax.set_yscale)("log")
   values = sorted(float(v) for v in values)
@@ -111,16 +116,26 @@ def panel_keys(curves: pd.DataFrame, axes: list[str]) -> list[str]:
 def _panel_title(key, names) -> str:
   key = key if isinstance(key, tuple) else (key,)
   short = {"batch_size": "B", "context_size": "C"}
-  parts = [f"{short.get(n, n.split('.')[-1])}={v:g}" if isinstance(v, (int, float, np.number))
-           else f"{short.get(n, n.split('.')[-1])}={v}" for n, v in zip(names, key)
-           if n != "run"]
+  parts = [
+    f"{short.get(n, n.split('.')[-1])}={v:g}"
+    if isinstance(v, (int, float, np.number))
+    else f"{short.get(n, n.split('.')[-1])}={v}"
+    for n, v in zip(names, key)
+    if n != "run"
+  ]
   # Wrapped: with many grid axes (Experiment 3 has five) one line overflows into the next panel.
   return textwrap.fill(", ".join(parts), width=48)
 
 
-def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
-                  metric: str = "ps_max", method: str = "threshold", axes: list[str] = (),
-                  max_panels: int = 36):
+def figure_curves(
+  curves: pd.DataFrame,
+  emergence: pd.DataFrame | None,
+  *,
+  metric: str = "ps_max",
+  method: str = "threshold",
+  axes: list[str] = (),
+  max_panels: int = 36,
+):
   """The figure of ``plot_curves`` (a matplotlib Figure; its visible axes are the panels).
 
   Every panel has a log x axis from the first non-zero checkpoint to the last checkpoint of all
@@ -142,14 +157,14 @@ def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
   positive = pd.concat([p for _, p in shown])["step"] if n else pd.Series(dtype=float)
   positive = positive[positive > 0]
   if positive.empty:
-    raise ValueError(f"curves of {metric}: no checkpoint after update 0, nothing to draw on a "
-                     f"log axis of updates")
+    raise ValueError(
+      f"curves of {metric}: no checkpoint after update 0, nothing to draw on a log axis of updates"
+    )
   lo, hi = float(positive.min()), float(positive.max())
   hi = hi if hi > lo else lo * 2
   cols = min(5, math.ceil(math.sqrt(n))) or 1
   rows = math.ceil(n / cols) or 1
-  fig, axs = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False,
-                          sharey=True)
+  fig, axs = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
   points = None
   if emergence is not None and not emergence.empty:
     points = emergence[(emergence["metric"] == metric) & (emergence["method"] == method)]
@@ -165,15 +180,18 @@ def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
         continue
       e = points.loc[(line["run"].iloc[0], cell)]
       if not bool(e["censored"]):
-        y = np.interp(np.log(e["emergence_step"]), np.log(line["step"].to_numpy(float)),
-                      line[metric].to_numpy(float))
-        ax.plot([e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6,
-                clip_on=False)
+        y = np.interp(
+          np.log(e["emergence_step"]),
+          np.log(line["step"].to_numpy(float)),
+          line[metric].to_numpy(float),
+        )
+        ax.plot(
+          [e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6, clip_on=False
+        )
       else:
         last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
         if last is not None:
-          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5,
-                  clip_on=False)
+          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5, clip_on=False)
     log_updates_axis(ax, lo, hi)
     ax.set_title(_panel_title(key, keys) if keys_shown else "", fontsize=8)
     ax.grid(alpha=0.3)
@@ -188,15 +206,24 @@ def figure_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, *,
   if handles:
     axs.flat[0].legend(handles[:8], labels[:8], fontsize=6, loc="best")
   note = f" (first {max_panels} of {len(panels)} grid points)" if len(panels) > max_panels else ""
-  fig.suptitle(f"{metric_registry.label(metric)} per grid point; o = emergence ({method}), "
-               f"x = censored{note}", fontsize=9)
+  fig.suptitle(
+    f"{metric_registry.label(metric)} per grid point; o = emergence ({method}), x = censored{note}",
+    fontsize=9,
+  )
   fig.tight_layout()
   return fig
 
 
-def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: str, *,
-                metric: str = "ps_max", method: str = "threshold", axes: list[str] = (),
-                max_panels: int = 36) -> list[str]:
+def plot_curves(
+  curves: pd.DataFrame,
+  emergence: pd.DataFrame | None,
+  out_base: str,
+  *,
+  metric: str = "ps_max",
+  method: str = "threshold",
+  axes: list[str] = (),
+  max_panels: int = 36,
+) -> list[str]:
   """Metric curves per grid point (``figure_curves``). Returns the PNG and PDF paths.
 
   Args:
@@ -204,8 +231,12 @@ def plot_curves(curves: pd.DataFrame, emergence: pd.DataFrame | None, out_base: 
       (points of ``metric``/``method`` are marked) or None.
     axes: the grid's axis columns (panels are grid points).
   """
-  return _save(figure_curves(curves, emergence, metric=metric, method=method, axes=axes,
-                             max_panels=max_panels), out_base)
+  return _save(
+    figure_curves(
+      curves, emergence, metric=metric, method=method, axes=axes, max_panels=max_panels
+    ),
+    out_base,
+  )
 
 
 # ---------------------------------------------------------------- the law and its band
@@ -254,12 +285,14 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
   predict`` and ``LawFit.predict_interval`` compute it), else of the normal distribution.
   """
   from scipy import stats
+
   law = _law_dict(fit)
   if law.get("gamma") is not None:
     return None
   t_dof = law["cov"].get("t_dof") if isinstance(law.get("cov"), dict) else None
-  z = float(stats.t.ppf(0.5 + level / 2, t_dof) if t_dof and t_dof > 0 else
-            stats.norm.ppf(0.5 + level / 2))
+  z = float(
+    stats.t.ppf(0.5 + level / 2, t_dof) if t_dof and t_dof > 0 else stats.norm.ppf(0.5 + level / 2)
+  )
   b = np.asarray(batch_size, float)
   c = np.asarray(context_size, float)
   b, c = np.broadcast_arrays(b, c)
@@ -273,8 +306,10 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
     var = np.einsum("...i,ij,...j->...", g, cov, g)
     if sigma is not None and np.isfinite(sigma):
       var = var + float(sigma) ** 2
-      how = ("95% prediction band for a cell (the fit's covariance and its scatter "
-             f"σ = {float(sigma):.2f})")
+      how = (
+        "95% prediction band for a cell (the fit's covariance and its scatter "
+        f"σ = {float(sigma):.2f})"
+      )
   else:
     res = getattr(fit, "residuals", None)
     free = [i for i, n in enumerate(_LAW_NAMES) if n not in fixed]
@@ -282,8 +317,14 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
       return None
     if "censored" in res:
       res = res[~res["censored"].astype(bool)]
-    x = np.stack([np.ones(len(res)), -np.log(res["batch_size"].to_numpy(float)),
-                  -np.log(res["context_size"].to_numpy(float))], axis=1)[:, free]
+    x = np.stack(
+      [
+        np.ones(len(res)),
+        -np.log(res["batch_size"].to_numpy(float)),
+        -np.log(res["context_size"].to_numpy(float)),
+      ],
+      axis=1,
+    )[:, free]
     dof = len(res) - len(free)
     if dof <= 0 or np.linalg.matrix_rank(x) < len(free):
       return None
@@ -292,8 +333,7 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
     cov = np.zeros((3, 3))
     cov[np.ix_(free, free)] = cov_free
     var = np.einsum("...i,ij,...j->...", g, cov, g) + s2
-    how = ("95% prediction band (least-squares covariance and residual scatter of the emerged "
-           "cells)")
+    how = "95% prediction band (least-squares covariance and residual scatter of the emerged cells)"
   sd = np.sqrt(np.maximum(var, 0))
   return np.exp(center - z * sd), np.exp(center + z * sd), how
 
@@ -305,6 +345,7 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   from its residual table; censored cells, from ``points`` (rows with ``censored`` true and a
   ``censor_step``), are drawn as open triangles at their last checkpoint (a lower bound)."""
   from .scaling import STUDY
+
   plt = _plt()
   res = fit.residuals
   b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)
@@ -323,13 +364,26 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
   r = getattr(fit, "r", math.nan)
   r_text = "" if r is None or not np.isfinite(r) else f" (r={r:.3f})"
-  ax1.loglog(pred[~cens], obs[~cens], "o", label=f"fitted: ln T={fit.log_T:.2f}, "
-             f"α={fit.alpha:.2f}, β={fit.beta:.2f}{r_text}", alpha=0.8)
-  ax1.loglog(study[~cens], obs[~cens], "s", mfc="none",
-             label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8)
+  ax1.loglog(
+    pred[~cens],
+    obs[~cens],
+    "o",
+    label=f"fitted: ln T={fit.log_T:.2f}, α={fit.alpha:.2f}, β={fit.beta:.2f}{r_text}",
+    alpha=0.8,
+  )
+  ax1.loglog(
+    study[~cens], obs[~cens], "s", mfc="none", label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8
+  )
   if cens.any():
-    ax1.loglog(pred[cens], obs[cens], "^", mfc="none", color="tab:red",
-               label="censored: last checkpoint (fitted law)", alpha=0.8)
+    ax1.loglog(
+      pred[cens],
+      obs[cens],
+      "^",
+      mfc="none",
+      color="tab:red",
+      label="censored: last checkpoint (fitted law)",
+      alpha=0.8,
+    )
   lo = min(obs.min(), pred.min(), study.min()) / 1.5
   hi = max(obs.max(), pred.max(), study.max()) * 1.5
   ax1.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="observed = predicted")
@@ -353,7 +407,7 @@ def figure_law(fit, points: pd.DataFrame | None = None):
     scale = 1.0
     if fit.gamma is not None:
       scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
-    ax2.plot(bs, fit.T * bs ** -fit.alpha * cv ** -fit.beta * scale, "-", color=color, lw=1)
+    ax2.plot(bs, fit.T * bs**-fit.alpha * cv**-fit.beta * scale, "-", color=color, lw=1)
     band = law_band(fit, bs, np.full_like(bs, cv))
     if band is not None:
       ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.15, lw=0)
@@ -367,8 +421,10 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   ax2.grid(alpha=0.3, which="both")
   n_cens = getattr(fit, "n_censored", 0)
   if "MLE" in str(getattr(fit, "method", "")):
-    title = (f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
-             f"censored cells (censored-data maximum likelihood)")
+    title = (
+      f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
+      f"censored cells (censored-data maximum likelihood)"
+    )
   else:
     title = f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
   fig.suptitle(title, fontsize=10)
@@ -391,6 +447,7 @@ def save(fig, out_base: str) -> list[str]:
 
 # ---------------------------------------------------------------- B × C heat map
 
+
 def seed_median(steps, censored, censor_steps) -> tuple[float, bool]:
   """The median emergence update over the seeds of one grid point, a censored seed counting as
   later than its last checkpoint.
@@ -411,7 +468,7 @@ def seed_median(steps, censored, censor_steps) -> tuple[float, bool]:
   at = np.where(censored, np.inf, np.asarray(steps, float))
   order = np.argsort(at, kind="stable")
   n = len(at)
-  mid = order[(n - 1) // 2: n // 2 + 1]  # one (odd n) or two (even n) middle seeds
+  mid = order[(n - 1) // 2 : n // 2 + 1]  # one (odd n) or two (even n) middle seeds
   if censored[mid].any():
     bound = np.where(censored[mid], np.asarray(censor_steps, float)[mid], at[mid])
     return float(bound.mean()), True
@@ -426,15 +483,23 @@ def emergence_grid(points: pd.DataFrame, by: list[str] = ()) -> pd.DataFrame:
   keys = [*by, "batch_size", "context_size"]
   rows = []
   for key, g in points.groupby(keys, sort=True, dropna=False):
-    value, bound = seed_median(g["emergence_step"], g["censored"].astype(bool),
-                               g["censor_step"] if "censor_step" in g else g["emergence_step"])
+    value, bound = seed_median(
+      g["emergence_step"],
+      g["censored"].astype(bool),
+      g["censor_step"] if "censor_step" in g else g["emergence_step"],
+    )
     row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-    row.update(n=len(g), emerged=int((~g["censored"].astype(bool)).sum()),
-               median_updates=value, censored=bound,
-               censor_step=float(g["censor_step"].max()) if "censor_step" in g else math.nan)
+    row.update(
+      n=len(g),
+      emerged=int((~g["censored"].astype(bool)).sum()),
+      median_updates=value,
+      censored=bound,
+      censor_step=float(g["censor_step"].max()) if "censor_step" in g else math.nan,
+    )
     rows.append(row)
-  return pd.DataFrame(rows, columns=[*keys, "n", "emerged", "median_updates", "censored",
-                                     "censor_step"])
+  return pd.DataFrame(
+    rows, columns=[*keys, "n", "emerged", "median_updates", "censored", "censor_step"]
+  )
 
 
 def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panels: int = 12):
@@ -449,11 +514,13 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   """
   need = {"batch_size", "context_size", "emergence_step", "censored"}
   if not need <= set(points):
-    raise ValueError(f"emergence points need columns {sorted(need)}; missing "
-                     f"{sorted(need - set(points))}")
+    raise ValueError(
+      f"emergence points need columns {sorted(need)}; missing {sorted(need - set(points))}"
+    )
   from matplotlib import ticker
   from matplotlib.colors import LogNorm
   from matplotlib.patches import Rectangle
+
   plt = _plt()
   by = [k for k in by if k in points and points[k].nunique(dropna=False) > 1]
   grid = emergence_grid(points, by)
@@ -461,6 +528,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   shown = panels[:max_panels]
   bs = np.sort(grid["batch_size"].unique())
   cs = np.sort(grid["context_size"].unique())
+
   def positive(v):  # log colour scale: a bound of 0 (censored at update 0) gets no colour
     v = np.asarray(v, float)
     return np.where(v > 0, v, np.nan)
@@ -472,15 +540,18 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   cols = min(3, len(shown))
   rows = math.ceil(len(shown) / cols)
   w, h = 0.9 * len(cs) + 1.8, 0.6 * len(bs) + 1.4
-  fig, axs = plt.subplots(rows, cols, figsize=(w * cols + 1, h * rows), squeeze=False,
-                          layout="constrained")
+  fig, axs = plt.subplots(
+    rows, cols, figsize=(w * cols + 1, h * rows), squeeze=False, layout="constrained"
+  )
   cmap = plt.get_cmap("viridis")
   im = None
   for ax, (key, panel) in zip(axs.flat, shown):
-    med = panel.pivot(index="batch_size", columns="context_size",
-                      values="median_updates").reindex(index=bs, columns=cs)
-    im = ax.imshow(positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm,
-                   aspect="auto")
+    med = panel.pivot(index="batch_size", columns="context_size", values="median_updates").reindex(
+      index=bs, columns=cs
+    )
+    im = ax.imshow(
+      positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm, aspect="auto"
+    )
     for _, row in panel.iterrows():
       i = int(np.searchsorted(bs, row["batch_size"]))
       j = int(np.searchsorted(cs, row["context_size"]))
@@ -490,13 +561,22 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
       text = f"{v:,.0f}"
       if bool(row["censored"]):
         text = f"> {v:,.0f}"
-        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
-                               edgecolor="white", lw=0.8, label="censored"))
+        ax.add_patch(
+          Rectangle(
+            (j - 0.5, i - 0.5),
+            1,
+            1,
+            fill=False,
+            hatch="//",
+            edgecolor="white",
+            lw=0.8,
+            label="censored",
+          )
+        )
       if 0 < row["emerged"] < row["n"]:
         text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
       light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
-      ax.text(j, i, text, ha="center", va="center", fontsize=7,
-              color="black" if light else "white")
+      ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
     ax.set_xticks(range(len(cs)), [_number(v) for v in cs])
     ax.set_yticks(range(len(bs)), [_number(v) for v in bs])
     ax.set_xlabel("context size C (tokens per sequence)", fontsize=8)
@@ -504,30 +584,43 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
     key = key if isinstance(key, tuple) else (key,)
     title = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(by, key))
     ax.set_title(textwrap.fill(title, 40), fontsize=8)
-  for ax in list(axs.flat)[len(shown):]:
+  for ax in list(axs.flat)[len(shown) :]:
     ax.set_visible(False)
   if im is not None:
     bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
     bar.set_label("median updates to emergence (log scale)", fontsize=8)
     bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(_number))
-    bar.ax.yaxis.set_minor_formatter(ticker.FuncFormatter(
-        lambda v, _p: _number(v) if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v)))
-        in (2, 3, 5) else ""))
+    bar.ax.yaxis.set_minor_formatter(
+      ticker.FuncFormatter(
+        lambda v, _p: (
+          _number(v)
+          if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5)
+          else ""
+        )
+      )
+    )
   note = f" (first {max_panels} of {len(panels)} panels)" if len(panels) > max_panels else ""
-  fig.suptitle("Median emergence update over seeds; hatched '> s': median censored, later "
-               f"than s{note}", fontsize=9)
+  fig.suptitle(
+    f"Median emergence update over seeds; hatched '> s': median censored, later than s{note}",
+    fontsize=9,
+  )
   return fig
 
 
-def plot_emergence_heatmap(points: pd.DataFrame, out_base: str, by: list[str] = ()
-                           ) -> list[str]:
+def plot_emergence_heatmap(points: pd.DataFrame, out_base: str, by: list[str] = ()) -> list[str]:
   """The B × C heat map of median emergence updates (``figure_emergence_heatmap``). Returns the
   PNG and PDF paths."""
   return _save(figure_emergence_heatmap(points, by), out_base)
 
 
-def plot_emergence_map(emap: pd.DataFrame, frontier: pd.DataFrame | None, out_base: str, *,
-                       x: str = "data.frequency", y: str = "data.reliability") -> list[str]:
+def plot_emergence_map(
+  emap: pd.DataFrame,
+  frontier: pd.DataFrame | None,
+  out_base: str,
+  *,
+  x: str = "data.frequency",
+  y: str = "data.reliability",
+) -> list[str]:
   """Heat map of the emergence rate over the x × y grid, each cell annotated with the rate and
   median emergence step; the frontier (``analysis.frontier.pareto_frontier``) drawn on top."""
   plt = _plt()
@@ -535,19 +628,31 @@ def plot_emergence_map(emap: pd.DataFrame, frontier: pd.DataFrame | None, out_ba
   rate = emap.pivot(index=y, columns=x, values="rate").reindex(index=ys, columns=xs)
   med = emap.pivot(index=y, columns=x, values="median_step").reindex(index=ys, columns=xs)
   fig, ax = plt.subplots(figsize=(1.1 * len(xs) + 2.5, 0.9 * len(ys) + 1.8))
-  im = ax.imshow(rate.to_numpy(float), origin="lower", cmap="magma", vmin=0, vmax=1,
-                 aspect="auto")
+  im = ax.imshow(rate.to_numpy(float), origin="lower", cmap="magma", vmin=0, vmax=1, aspect="auto")
   for i in range(len(ys)):
     for j in range(len(xs)):
       r, s = rate.iat[i, j], med.iat[i, j]
       text = "" if np.isnan(r) else f"{r:.2f}" + ("" if np.isnan(s) else f"\n{s:,.0f}")
-      ax.text(j, i, text, ha="center", va="center", fontsize=7,
-              color="white" if (np.isnan(r) or r < 0.6) else "black")
+      ax.text(
+        j,
+        i,
+        text,
+        ha="center",
+        va="center",
+        fontsize=7,
+        color="white" if (np.isnan(r) or r < 0.6) else "black",
+      )
   if frontier is not None and not frontier.empty:
     f = frontier[(frontier["along"] == "y") & frontier[y].notna()].sort_values(x)
     if len(f):
-      ax.plot(np.interp(f[x], xs, np.arange(len(xs))), np.interp(f[y], ys, np.arange(len(ys))),
-              "c-o", lw=2, ms=4, label="frontier (rate 0.5)")
+      ax.plot(
+        np.interp(f[x], xs, np.arange(len(xs))),
+        np.interp(f[y], ys, np.arange(len(ys))),
+        "c-o",
+        lw=2,
+        ms=4,
+        label="frontier (rate 0.5)",
+      )
       ax.legend(fontsize=7, loc="upper left")
   ax.set_xticks(range(len(xs)), [f"{v:g}" for v in xs])
   ax.set_yticks(range(len(ys)), [f"{v:g}" for v in ys])
@@ -568,10 +673,17 @@ def plot_factorial(table: pd.DataFrame, out_base: str) -> list[str]:
   fig, ax = plt.subplots(figsize=(max(4, 0.7 * len(table) + 1.5), 3.6))
   bars = ax.bar(range(len(table)), table["rate"], color="tab:blue")
   for bar, (_, row) in zip(bars, table.iterrows()):
-    text = f"n={int(row['n'])}" + ("" if pd.isna(row["median_step"]) else
-                                   f"\n{row['median_step']:,.0f}")
-    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.02, text, ha="center",
-            va="bottom", fontsize=7)
+    text = f"n={int(row['n'])}" + (
+      "" if pd.isna(row["median_step"]) else f"\n{row['median_step']:,.0f}"
+    )
+    ax.text(
+      bar.get_x() + bar.get_width() / 2,
+      bar.get_height() + 0.02,
+      text,
+      ha="center",
+      va="bottom",
+      fontsize=7,
+    )
   ax.set_xticks(range(len(table)), labels, rotation=45, ha="right", fontsize=7)
   ax.set_ylim(0, 1.25)
   ax.set_ylabel("emergence rate")

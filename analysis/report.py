@@ -49,18 +49,18 @@ log = logging.getLogger("analysis")
 
 CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
 METHOD_TEXT = {
-    "threshold": "the first crossing of the level {fraction:g} of the way from the early to the "
-                 "late plateau, interpolated in log-updates",
-    "max_slope": "the midpoint, in log-updates, of the checkpoint interval with the steepest rise "
-                 "between the plateaus",
-    "breakpoint": "the centre of the ramp of a flat-ramp-flat piecewise-linear fit in "
-                  "log-updates",
+  "threshold": "the first crossing of the level {fraction:g} of the way from the early to the "
+  "late plateau, interpolated in log-updates",
+  "max_slope": "the midpoint, in log-updates, of the checkpoint interval with the steepest rise "
+  "between the plateaus",
+  "breakpoint": "the centre of the ramp of a flat-ramp-flat piecewise-linear fit in log-updates",
 }
 
 
 @dataclasses.dataclass
 class Options:
   """Report settings (``python -m analysis report --help``)."""
+
   metric: str = "ps_max"
   method: str = "threshold"
   fraction: float = 0.5
@@ -79,8 +79,15 @@ def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
   out = df.copy()
   for c in out.columns:
     if pd.api.types.is_float_dtype(out[c]):
-      out[c] = out[c].map(lambda v: "" if pd.isna(v) else "0" if abs(v) < 1e-9 else
-                          (f"{v:.0f}" if abs(v) >= 10 ** digits else f"{v:.{digits}g}"))
+      out[c] = out[c].map(
+        lambda v: (
+          ""
+          if pd.isna(v)
+          else "0"
+          if abs(v) < 1e-9
+          else (f"{v:.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}")
+        )
+      )
   return out
 
 
@@ -139,20 +146,27 @@ class _Doc:
       elif b[0] == "p":
         body.append(f"<p>{_inline_html(b[1])}</p>")
       elif b[0] == "table":
-        body.append(b[1].to_html(index=False, border=0, classes="t") +
-                    (f"<p class='note'>{html.escape(b[2])}</p>" if b[2] else ""))
+        body.append(
+          b[1].to_html(index=False, border=0, classes="t")
+          + (f"<p class='note'>{html.escape(b[2])}</p>" if b[2] else "")
+        )
       else:
         with open(b[1], "rb") as f:
           data = base64.b64encode(f.read()).decode()
-        body.append(f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(b[2])}'>"
-                    f"<figcaption>{html.escape(b[2])}</figcaption></figure>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-             "table.t{border-collapse:collapse;font-size:13px;margin:.5em 0}"
-             "table.t td,table.t th{border-bottom:1px solid #ddd;padding:2px 8px;"
-             "text-align:right}img{max-width:100%}figcaption,.note{color:#555;font-size:13px}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{style}</style></head><body>\n" + "\n".join(body) +
-            "\n</body></html>\n")
+        body.append(
+          f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(b[2])}'>"
+          f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
+        )
+    style = (
+      "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+      "table.t{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+      "table.t td,table.t th{border-bottom:1px solid #ddd;padding:2px 8px;"
+      "text-align:right}img{max-width:100%}figcaption,.note{color:#555;font-size:13px}"
+    )
+    return (
+      f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+      f"</title><style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
 def _inline_html(text: str) -> str:
@@ -167,8 +181,10 @@ def _sizes(curves: pd.DataFrame) -> str:
     return ""
   p = sorted(curves["n_probes"].dropna().astype(int).unique())
   q = sorted(curves["n_sequences"].dropna().astype(int).unique())
-  return (f"; recomputed on {'/'.join(map(str, p))} repeated-token probes and "
-          f"{'/'.join(map(str, q))} held-out sequences per model")
+  return (
+    f"; recomputed on {'/'.join(map(str, p))} repeated-token probes and "
+    f"{'/'.join(map(str, q))} held-out sequences per model"
+  )
 
 
 def _median_all(cells: pd.DataFrame) -> str:
@@ -179,7 +195,7 @@ def _median_all(cells: pd.DataFrame) -> str:
   steps = np.where(censored, np.inf, cells["emergence_step"].to_numpy(float))
   order = np.argsort(steps, kind="stable")
   n = len(steps)
-  mid = order[(n - 1) // 2: n // 2 + 1]  # one (odd n) or two (even n) middle cells
+  mid = order[(n - 1) // 2 : n // 2 + 1]  # one (odd n) or two (even n) middle cells
   if censored[mid].any():
     bound = np.where(censored[mid], cells["censor_step"].to_numpy(float)[mid], steps[mid])
     return f"> {bound.mean():,.0f}"
@@ -190,12 +206,14 @@ def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
   """Emergence per grid point over seeds: n, emerged, median step and tokens."""
   keys = [k for k in ["run", *axes, "batch_size", "context_size"] if k in points]
   keys = list(dict.fromkeys(keys))
-  g = points.assign(emerged=~points["censored"].astype(bool)).groupby(keys, sort=True,
-                                                                      dropna=False)
-  out = g.agg(n=("cell", "size"), emerged=("emerged", "sum"),
-              median_step=("emergence_step", "median"),
-              median_tokens=("emergence_tokens", "median"),
-              censored_at=("censor_step", "max")).reset_index()
+  g = points.assign(emerged=~points["censored"].astype(bool)).groupby(keys, sort=True, dropna=False)
+  out = g.agg(
+    n=("cell", "size"),
+    emerged=("emerged", "sum"),
+    median_step=("emergence_step", "median"),
+    median_tokens=("emergence_tokens", "median"),
+    censored_at=("censor_step", "max"),
+  ).reset_index()
   all_medians = g.apply(_median_all, include_groups=False).reset_index(drop=True)
   out.insert(out.columns.get_loc("median_step") + 1, "median_all", all_medians)
   if "law_updates" in points:
@@ -223,14 +241,19 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
     inside = os.path.commonpath([real, root]) == root
     if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
-        root, "analysis"):
-      raise OutputError(f"--out {out_dir} is inside the run directory {run.dir}: the report "
-                        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
-                        f"default) — give that or a directory outside the run")
+      root, "analysis"
+    ):
+      raise OutputError(
+        f"--out {out_dir} is inside the run directory {run.dir}: the report "
+        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
+        f"default) — give that or a directory outside the run"
+      )
   error = unwritable(os.path.join(out_dir, "figures"))
   if error is not None:
-    raise OutputError(f"cannot write the report into {out_dir} ({error.strerror or error}); "
-                      f"give a writable directory with --out")
+    raise OutputError(
+      f"cannot write the report into {out_dir} ({error.strerror or error}); "
+      f"give a writable directory with --out"
+    )
   default = {dir_identity(os.path.join(r.dir, "analysis")) for r in runs}
   outs = Outputs(out_dir, legacy=dir_identity(out_dir) in default)
   outs.check_and_clear()
@@ -238,9 +261,15 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   # B and C have their own columns; their axis columns would repeat them.
   axes = [a for a in all_axes if a not in ("train.batch_size", "train.context_size")]
   try:
-    curves = curves_lib.load_curves(runs, out_dir, source=opts.source, cache=opts.cache,
-                                    n_probes=opts.n_probes, n_sequences=opts.n_sequences,
-                                    progress=opts.progress)
+    curves = curves_lib.load_curves(
+      runs,
+      out_dir,
+      source=opts.source,
+      cache=opts.cache,
+      n_probes=opts.n_probes,
+      n_sequences=opts.n_sequences,
+      progress=opts.progress,
+    )
   finally:
     for r in runs:
       r.close()
@@ -250,24 +279,34 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   names = ", ".join(r.dir for r in runs)
   doc.h(1, "Induction-head emergence report")
   summary_at = doc.mark()  # the generated summary goes here once the law is fitted
-  doc.p(f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
-        f"`python -m analysis report`.")
+  doc.p(
+    f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
+    f"`python -m analysis report`."
+  )
   n_cells = sum(len(r.cells) for r in runs)
   n_groups = sum(r.cells["group"].nunique() for r in runs)
   n_read = sum(g.n_models for r in runs for g in r.groups)
   states = pd.Series([g.state for r in runs for g in r.groups]).value_counts().to_dict()
-  doc.p(f"{n_cells} cells (models) in {n_groups} group(s); {n_read} cells read from "
-        f"{sum(len(r.groups) for r in runs)} group(s) "
-        f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
-        f"{', '.join(all_axes) or 'none'}; curves from "
-        f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
-        f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps"
-        f"{_sizes(curves)}).")
-  diverged = [f"{r.name}:{int(c)}" for r in runs if "diverged" in r.cells
-              for c in r.cells.loc[r.cells["diverged"].astype(str) == "True", "cell"]]
+  doc.p(
+    f"{n_cells} cells (models) in {n_groups} group(s); {n_read} cells read from "
+    f"{sum(len(r.groups) for r in runs)} group(s) "
+    f"({', '.join(f'{v} {k}' for k, v in states.items()) or 'none'}); grid axes: "
+    f"{', '.join(all_axes) or 'none'}; curves from "
+    f"{', '.join(sorted(curves['source'].dropna().unique())) if 'source' in curves else 'nothing'}"
+    f" ({curves['step'].nunique() if not curves.empty else 0} distinct steps"
+    f"{_sizes(curves)})."
+  )
+  diverged = [
+    f"{r.name}:{int(c)}"
+    for r in runs
+    if "diverged" in r.cells
+    for c in r.cells.loc[r.cells["diverged"].astype(str) == "True", "cell"]
+  ]
   if diverged:
-    warnings.append(f"{len(diverged)} cell(s) diverged (loss NaN/inf); their curves end where "
-                    f"they diverged: {', '.join(diverged[:20])}")
+    warnings.append(
+      f"{len(diverged)} cell(s) diverged (loss NaN/inf); their curves end where "
+      f"they diverged: {', '.join(diverged[:20])}"
+    )
   if warnings:
     doc.h(2, "Warnings")
     doc.p(" • ".join(warnings))
@@ -279,47 +318,58 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
   written["emergence_csv"] = outs.claim("emergence.csv")
   table.to_csv(written["emergence_csv"], index=False)
-  points = _with_reach(emergence_lib.primary(table, opts.metric, opts.method), curves, runs,
-                       opts.metric)
+  points = _with_reach(
+    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
+  )
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
 
   doc.h(2, "Emergence points")
   n_cens = len(points) - n_emerged
   how = METHOD_TEXT[opts.method].format(fraction=opts.fraction)
-  doc.p(f"Metric {opts.metric}, method {opts.method} ({how}; see analysis/emergence.py). "
-        f"{n_emerged} of {len(points)} cells emerged" + (f"; the other {n_cens} are right-censored at their last checkpoint" if n_cens
-                      else "") +
-        ". Per grid point: `median_step` over the seeds that emerged, `median_all` over all "
-        "seeds with censored ones counted as later than their last checkpoint ('> s': the median "
-        "falls on a censored seed and is only known to exceed s). `emergence.csv` has every cell, metric and method; `curves.csv` every "
-        "curve.")
+  doc.p(
+    f"Metric {opts.metric}, method {opts.method} ({how}; see analysis/emergence.py). "
+    f"{n_emerged} of {len(points)} cells emerged"
+    + (f"; the other {n_cens} are right-censored at their last checkpoint" if n_cens else "")
+    + ". Per grid point: `median_step` over the seeds that emerged, `median_all` over all "
+    "seeds with censored ones counted as later than their last checkpoint ('> s': the median "
+    "falls on a censored seed and is only known to exceed s). `emergence.csv` has every cell, "
+    "metric and method; `curves.csv` every curve."
+  )
   doc.table(_per_point(points, axes))
   if points["batch_size"].nunique() > 1 or points["context_size"].nunique() > 1:
-    paths = plots.plot_emergence_heatmap(points, outs.figure("emergence_bc"),
-                                         by=["run", *axes])
+    paths = plots.plot_emergence_heatmap(points, outs.figure("emergence_bc"), by=["run", *axes])
     written["figures"] += paths
-    doc.figure(paths[0], "Median emergence update over seeds per batch size B × context size C "
-                         f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
-                         "a censored seed, so it is only known to exceed s.")
+    doc.figure(
+      paths[0],
+      "Median emergence update over seeds per batch size B × context size C "
+      f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
+      "a censored seed, so it is only known to exceed s.",
+    )
   if not (curves["step"] > 0).any():
-    doc.p("No curve figures: every curve has only its update-0 point so far (the figures' "
-          "log axis of updates starts at the first checkpoint after 0).")
+    doc.p(
+      "No curve figures: every curve has only its update-0 point so far (the figures' "
+      "log axis of updates starts at the first checkpoint after 0)."
+    )
   for metric in CURVE_FIGURES if (curves["step"] > 0).any() else ():
     if metric in curves and curves[metric].notna().any():
       base = outs.figure(f"curves_{metric}")
-      paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method,
-                                axes=axes)
+      paths = plots.plot_curves(curves, table, base, metric=metric, method=opts.method, axes=axes)
       written["figures"] += paths
-      doc.figure(paths[0], f"{metric_registry.label(metric)} against updates; seeds as lines, "
-                           f"emergence points ({opts.method}) marked o, censored x.")
+      doc.figure(
+        paths[0],
+        f"{metric_registry.label(metric)} against updates; seeds as lines, "
+        f"emergence points ({opts.method}) marked o, censored x.",
+      )
 
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
   agree.to_csv(outs.claim("agreement.csv"), index=False)
-  doc.p(f"Against {opts.metric}/{opts.method}: share of cells with the same status (emerged or "
-        f"censored), and over cells where both emerged the median log10 ratio of the steps "
-        f"(0.30 = twice as late) and the correlation of log-steps.")
+  doc.p(
+    f"Against {opts.metric}/{opts.method}: share of cells with the same status (emerged or "
+    f"censored), and over cells where both emerged the median log10 ratio of the steps "
+    f"(0.30 = twice as late) and the correlation of log-steps."
+  )
   doc.table(agree)
 
   _law_section(doc, points, opts, outs, written)
@@ -327,12 +377,21 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
 
   def summary(d: _Doc) -> None:
     d.h(2, "Summary")
-    for text in summary_lib.summary(points, written["law"], config=runs[0].config, axes=axes,
-                                    law_error=written["law_error"], metric=opts.metric,
-                                    method=opts.method, n_runs=len(runs)):
+    for text in summary_lib.summary(
+      points,
+      written["law"],
+      config=runs[0].config,
+      axes=axes,
+      law_error=written["law_error"],
+      metric=opts.metric,
+      method=opts.method,
+      n_runs=len(runs),
+    ):
       d.p(text)
-    d.p("What the study measured and found, and where ihsweep differs from it: docs/study.md "
-        "in the ihsweep repository.")
+    d.p(
+      "What the study measured and found, and where ihsweep differs from it: docs/study.md "
+      "in the ihsweep repository."
+    )
 
   doc.insert(summary_at, summary)
   return _finish(doc, outs, written, runs)
@@ -344,10 +403,14 @@ def _with_reach(points: pd.DataFrame, curves: pd.DataFrame, runs, metric: str) -
   have = curves[curves[metric].notna()] if metric in curves else curves
   last = have.groupby(["run", "cell"])["step"].max().rename("last_step").reset_index()
   out = points.drop(columns=[c for c in ("last_step",) if c in points]).merge(
-      last, on=["run", "cell"], how="left")
+    last, on=["run", "cell"], how="left"
+  )
   if "budget_updates" not in out:
-    budgets = [r.cells[["cell", "budget_updates"]].assign(run=r.name) for r in runs
-               if "budget_updates" in r.cells]
+    budgets = [
+      r.cells[["cell", "budget_updates"]].assign(run=r.name)
+      for r in runs
+      if "budget_updates" in r.cells
+    ]
     if budgets:
       b = pd.concat(budgets).drop_duplicates(["run", "cell"])
       b["budget_updates"] = pd.to_numeric(b["budget_updates"], errors="coerce")
@@ -368,38 +431,51 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   with open(outs.claim("law.json"), "w") as f:
     json.dump(law, f, indent=2)
   written["law"] = law
-  doc.p(_law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
-        "prints the prediction with its interval.")
+  doc.p(
+    _law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
+    "prints the prediction with its interval."
+  )
   doc.table(_law_table(fit))
   n_emerged = getattr(fit, "n_emerged", 0) or fit.n
   if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
-    doc.p(f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
-          f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
-          f"nothing, and no intervals are given. Treat this law as a description of these "
-          f"cells only.")
+    doc.p(
+      f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
+      f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
+      f"nothing, and no intervals are given. Treat this law as a description of these "
+      f"cells only."
+    )
   check = scaling.censored_check(fit, points)
   if len(check):
     check.to_csv(outs.claim("censored_check.csv"), index=False)
     bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
     censored_fit = _is_censored_fit(fit)
-    doc.p(f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
-          f"the law's median predicts emergence before their last checkpoint, yet they had not "
-          f"emerged" + (
-              " (the censored fit already counts them: with scatter σ some such cells are "
-              "expected)." if censored_fit and bad else
-              " — evidence that the law, fitted without them, predicts too early there."
-              if bad else "."))
+    doc.p(
+      f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
+      f"the law's median predicts emergence before their last checkpoint, yet they had not "
+      f"emerged"
+      + (
+        " (the censored fit already counts them: with scatter σ some such cells are expected)."
+        if censored_fit and bad
+        else " — evidence that the law, fitted without them, predicts too early there."
+        if bad
+        else "."
+      )
+    )
     doc.table(check)
-  doc.p("Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
-        "than the law predicts):")
+  doc.p(
+    "Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
+    "than the law predicts):"
+  )
   doc.table(scaling.compare(fit))
   sizes = points["n_params"].nunique() if "n_params" in points else 0
   if opts.with_params or sizes > 1:
     try:
       gfit = scaling.fit_law(points, with_params=True, n_boot=opts.n_boot, seed=opts.seed)
       lo, hi = gfit.ci.get("gamma", [math.nan, math.nan])
-      doc.p(f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
-            f"{hi:.3f}); the study finds UPT independent of model size (γ = 0).")
+      doc.p(
+        f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
+        f"{hi:.3f}); the study finds UPT independent of model size (γ = 0)."
+      )
     except scaling.FitError as e:
       doc.p(f"Model-size term not fitted: {e}")
   fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
@@ -409,10 +485,14 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   band = getattr(fig, "band_source", None)
   paths = plots.save(fig, outs.figure("law"))
   written["figures"] += paths
-  doc.figure(paths[0], "Observed vs predicted updates to the transition (fitted and study laws), "
-                       "and updates vs batch size per context size with the fitted law"
-                       + (f" and its {band}" if band else "") + "; censored cells as open "
-                       "triangles at their last checkpoint (emergence later than that).")
+  doc.figure(
+    paths[0],
+    "Observed vs predicted updates to the transition (fitted and study laws), "
+    "and updates vs batch size per context size with the fitted law"
+    + (f" and its {band}" if band else "")
+    + "; censored cells as open "
+    "triangles at their last checkpoint (emergence later than that).",
+  )
 
 
 def _is_censored_fit(fit) -> bool:
@@ -424,27 +504,40 @@ def _law_words(fit) -> str:
   a fit without ``method``: least squares on the emerged cells)."""
   n_cens = fit.n_censored
   if _is_censored_fit(fit):
-    text = (f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
-            f"{fit.n_emerged} emerged and {n_cens} censored cell{'' if n_cens == 1 else 's'} "
-            f"(log-normal scatter; a "
-            f"censored cell enters by the probability that it emerges after its last "
-            f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law.")
+    text = (
+      f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
+      f"{fit.n_emerged} emerged and {n_cens} censored cell{'' if n_cens == 1 else 's'} "
+      f"(log-normal scatter; a "
+      f"censored cell enters by the probability that it emerges after its last "
+      f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law."
+    )
     if fit.n_boot:
       grid = getattr(fit, "n_grid_points", 0)
-      text += (f" 95% intervals from {fit.n_boot} bootstrap resamples of the "
-               f"{grid or ''} grid points (all seeds of a point together).").replace("  ", " ")
+      text += (
+        f" 95% intervals from {fit.n_boot} bootstrap resamples of the "
+        f"{grid or ''} grid points (all seeds of a point together)."
+      ).replace("  ", " ")
     if getattr(fit, "emerged_only", None) is not None:
-      text += (" The column `emerged_only` is least squares on the emerged cells alone (the "
-               "fit used before censored cells entered)" +
-               (f"; it leaves the censored cell{'' if n_cens == 1 else 's'} ({n_cens}) out and is "
-                f"biased towards early emergence where censored cells cluster." if n_cens else
-                "; with no censored cell both fits estimate the same law."))
+      text += (
+        " The column `emerged_only` is least squares on the emerged cells alone (the "
+        "fit used before censored cells entered)"
+        + (
+          f"; it leaves the censored cell{'' if n_cens == 1 else 's'} ({n_cens}) out and is "
+          f"biased towards early emergence where censored cells cluster."
+          if n_cens
+          else "; with no censored cell both fits estimate the same law."
+        )
+      )
     return text
-  text = (f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
-          f"({n_cens} censored, excluded); 95% intervals from {fit.n_boot} bootstrap resamples.")
+  text = (
+    f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
+    f"({n_cens} censored, excluded); 95% intervals from {fit.n_boot} bootstrap resamples."
+  )
   if n_cens:
-    text += (f" Caution: leaving the {n_cens} censored cells out biases the law towards early "
-             f"emergence where they cluster.")
+    text += (
+      f" Caution: leaving the {n_cens} censored cells out biases the law towards early "
+      f"emergence where they cluster."
+    )
   return text
 
 
@@ -458,16 +551,23 @@ def _law_table(fit) -> pd.DataFrame:
     names.append("sigma")
   rows = []
   for k in names:
-    row = {"coefficient": k, "estimate": law.get(k, math.nan),
-           "ci_low": ci.get(k, [math.nan] * 2)[0], "ci_high": ci.get(k, [math.nan] * 2)[1]}
+    row = {
+      "coefficient": k,
+      "estimate": law.get(k, math.nan),
+      "ci_low": ci.get(k, [math.nan] * 2)[0],
+      "ci_high": ci.get(k, [math.nan] * 2)[1],
+    }
     if eo is not None:
       row["emerged_only"] = eo.get(k, math.nan)
-    row["study"] = (math.exp(scaling.STUDY["log_T"]) if k == "T" else
-                    scaling.STUDY.get(k, math.nan))
+    row["study"] = math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
     rows.append(row)
   r = law.get("r")
-  row = {"coefficient": "r", "estimate": math.nan if r is None else r, "ci_low": math.nan,
-         "ci_high": math.nan}
+  row = {
+    "coefficient": "r",
+    "estimate": math.nan if r is None else r,
+    "ci_low": math.nan,
+    "ci_high": math.nan,
+  }
   if eo is not None:
     row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
   row["study"] = scaling.STUDY["r"]
@@ -484,8 +584,10 @@ def _frontier_section(doc, points, outs: Outputs, written) -> None:
     emap.to_csv(outs.claim("emergence_map.csv"), index=False)
     front.to_csv(outs.claim("frontier.csv"), index=False)
     doc.table(emap)
-    doc.p("Frontier: the least reliability (along='y') or frequency (along='x') at which half "
-          "the seeds emerge, interpolated between grid values:")
+    doc.p(
+      "Frontier: the least reliability (along='y') or frequency (along='x') at which half "
+      "the seeds emerge, interpolated between grid values:"
+    )
     doc.table(front)
     paths = plots.plot_emergence_map(emap, front, outs.figure("emergence_map"))
     written["figures"] += paths
@@ -506,6 +608,5 @@ def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:
     with atomic_file(path) as f:
       f.write(text)
   outs.finish()
-  written.update(report_md=md, report_html=page,
-                 warnings=[w for r in runs for w in r.warnings])
+  written.update(report_md=md, report_html=page, warnings=[w for r in runs for w in r.warnings])
   return written

@@ -96,6 +96,7 @@ class LawFit:
     emerged_only: the ``LSQ`` fit on the same cells and resamples (None on that fit itself).
     fixed: coefficients held at given values.
   """
+
   log_T: float
   alpha: float
   beta: float
@@ -130,8 +131,11 @@ class LawFit:
     return np.array([getattr(self, n) for n in self.names], float)
 
   def _x(self, batch_size, context_size, n_params=None) -> np.ndarray:
-    cols = [np.ones(np.broadcast(batch_size, context_size).shape), -np.log(batch_size),
-            -np.log(context_size)]
+    cols = [
+      np.ones(np.broadcast(batch_size, context_size).shape),
+      -np.log(batch_size),
+      -np.log(context_size),
+    ]
     if self.gamma is not None:
       if n_params is None:
         raise ValueError("this law has a model-size term (gamma): give n_params")
@@ -143,8 +147,9 @@ class LawFit:
     when γ was fitted), broadcast together."""
     return np.exp(self._x(batch_size, context_size, n_params) @ self.coef)
 
-  def predict_interval(self, batch_size, context_size, n_params=None, *, level: float = 0.95,
-                       cell: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  def predict_interval(
+    self, batch_size, context_size, n_params=None, *, level: float = 0.95, cell: bool = False
+  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(median, lo, hi)`` in updates, arrays broadcast over B, C (, n_params): the predicted
     UPT and its ``level`` interval — of the law's median (the fit's uncertainty), or with
     ``cell`` the prediction interval for one new cell (adds the scatter σ²). On ln UPT:
@@ -157,12 +162,15 @@ class LawFit:
         (0, 1).
     """
     if self.cov is None:
-      raise ValueError("no interval: the fit has no bootstrap (n_boot = 0 or fewer than "
-                       f"{MIN_DOF_FOR_INTERVALS} residual degrees of freedom)")
+      raise ValueError(
+        "no interval: the fit has no bootstrap (n_boot = 0 or fewer than "
+        f"{MIN_DOF_FOR_INTERVALS} residual degrees of freedom)"
+      )
     x = self._x(batch_size, context_size, n_params)
     mean = x @ self.coef
-    half = law_lib.log_half_width(x, self.cov, self.sigma if cell else 0.0, level,
-                                  self.n_grid_points - 1)
+    half = law_lib.log_half_width(
+      x, self.cov, self.sigma if cell else 0.0, level, self.n_grid_points - 1
+    )
     return np.exp(mean), np.exp(mean - half), np.exp(mean + half)
 
   def to_dict(self) -> dict:
@@ -174,24 +182,42 @@ class LawFit:
     G − 1}``, with a bootstrap) and, for the main fit, ``emerged_only``: this dict for the
     least-squares fit (always there: the MLE needs what least squares needs — emerged cells
     that identify the coefficients)."""
-    out = {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
-           "r": None if math.isnan(self.r) else self.r, "n": self.n, "ci": self.ci}
+    out = {
+      "log_T": self.log_T,
+      "T": self.T,
+      "alpha": self.alpha,
+      "beta": self.beta,
+      "r": None if math.isnan(self.r) else self.r,
+      "n": self.n,
+      "ci": self.ci,
+    }
     if self.r_note:
       out["r_note"] = self.r_note
     if self.ci_note:
       out["ci_note"] = self.ci_note
     if self.gamma is not None:
       out["gamma"] = self.gamma
-    out.update(n_emerged=self.n_emerged, n_censored=self.n_censored, n_boot=self.n_boot,
-               dof=self.dof, sigma=self.sigma, method=self.method, units="updates",
-               form="ln UPT = ln T - alpha ln B - beta ln C" +
-               (" + gamma ln n_params" if self.gamma is not None else ""), range=self.range,
-               n_grid_points=self.n_grid_points)
+    out.update(
+      n_emerged=self.n_emerged,
+      n_censored=self.n_censored,
+      n_boot=self.n_boot,
+      dof=self.dof,
+      sigma=self.sigma,
+      method=self.method,
+      units="updates",
+      form="ln UPT = ln T - alpha ln B - beta ln C"
+      + (" + gamma ln n_params" if self.gamma is not None else ""),
+      range=self.range,
+      n_grid_points=self.n_grid_points,
+    )
     if self.fixed:
       out["fixed"] = self.fixed
     if self.cov is not None:
-      out["cov"] = {"names": list(self.names), "matrix": self.cov.tolist(),
-                    "t_dof": self.n_grid_points - 1}
+      out["cov"] = {
+        "names": list(self.names),
+        "matrix": self.cov.tolist(),
+        "t_dof": self.n_grid_points - 1,
+      }
     if self.method == MLE:
       out["emerged_only"] = self.emerged_only.to_dict() if self.emerged_only else None
     return out
@@ -203,8 +229,7 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.nd
   need = ["batch_size", "context_size", "emergence_step"] + (["n_params"] if with_params else [])
   missing = [c for c in need if c not in points]
   if missing:
-    raise FitError(f"emergence points need columns {', '.join(need)}; missing "
-                   f"{', '.join(missing)}")
+    raise FitError(f"emergence points need columns {', '.join(need)}; missing {', '.join(missing)}")
   if points.empty:
     raise FitError("no emergence points (the table has no rows)")
   pts = points.copy()
@@ -213,9 +238,11 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.nd
     text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
     if text.any():
       row = int(np.flatnonzero(text)[0])
-      raise FitError(f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
-                     f"number" + (" (leave emergence_step empty for a censored cell)"
-                                  if c == "emergence_step" else ""))
+      raise FitError(
+        f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
+        f"number"
+        + (" (leave emergence_step empty for a censored cell)" if c == "emergence_step" else "")
+      )
     pts[c] = values.astype(float)
   censored = pts["emergence_step"].isna().to_numpy().copy()
   if "censored" in pts:
@@ -225,22 +252,28 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.nd
   if censored.any():
     if "censor_step" not in pts:
       row = int(np.flatnonzero(censored)[0])
-      raise FitError(f"column censor_step is missing: {_where(pts, row)} is censored (empty "
-                     f"emergence_step or censored true) and enters the fit at its censor_step, "
-                     f"the last update at which it was seen not to have emerged (an analysis "
-                     f"emergence.csv has the column); add it, or drop the censored rows")
+      raise FitError(
+        f"column censor_step is missing: {_where(pts, row)} is censored (empty "
+        f"emergence_step or censored true) and enters the fit at its censor_step, "
+        f"the last update at which it was seen not to have emerged (an analysis "
+        f"emergence.csv has the column); add it, or drop the censored rows"
+      )
     checks += [("censor_step", censored)]
   for c, rows in checks:
     v = pts[c].to_numpy(float)
     bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
     if len(bad) and c == "censor_step" and np.isnan(v[bad[0]]):
-      raise FitError(f"column censor_step: {_where(pts, int(bad[0]))} is censored (empty "
-                     f"emergence_step or censored true) but has no censor_step; give the last "
-                     f"update at which it had not emerged, or drop the row")
+      raise FitError(
+        f"column censor_step: {_where(pts, int(bad[0]))} is censored (empty "
+        f"emergence_step or censored true) but has no censor_step; give the last "
+        f"update at which it had not emerged, or drop the row"
+      )
     if len(bad):
-      what = (" (a censored row's last update without emergence)" if c == "censor_step" else "")
-      raise FitError(f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
-                     f"has {float(v[bad[0]])!r}")
+      what = " (a censored row's last update without emergence)" if c == "censor_step" else ""
+      raise FitError(
+        f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
+        f"has {float(v[bad[0]])!r}"
+      )
   return pts, censored
 
 
@@ -260,6 +293,7 @@ def read_points(path: str) -> pd.DataFrame:
     OSError, ValueError: the file cannot be read as a CSV.
   """
   import csv
+
   points = pd.read_csv(path)
   with open(path, newline="", encoding="utf-8", errors="replace") as f:
     reader, lines, start = csv.reader(f), [], 1
@@ -281,8 +315,19 @@ def _as_bool(column: pd.Series, points: pd.DataFrame | None = None) -> pd.Series
   if column.dtype == bool:
     return column
   text = column.astype(str).str.strip().str.lower()
-  mapping = {"true": True, "1": True, "1.0": True, "yes": True, "false": False, "0": False,
-             "0.0": False, "no": False, "": False, "nan": False, "none": False}
+  mapping = {
+    "true": True,
+    "1": True,
+    "1.0": True,
+    "yes": True,
+    "false": False,
+    "0": False,
+    "0.0": False,
+    "no": False,
+    "": False,
+    "nan": False,
+    "none": False,
+  }
   unknown = ~text.isin(list(mapping))
   if unknown.any():
     row = int(np.flatnonzero(unknown)[0])
@@ -292,8 +337,11 @@ def _as_bool(column: pd.Series, points: pd.DataFrame | None = None) -> pd.Series
 
 
 def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
-  cols = {"log_T": np.ones(len(pts)), "alpha": -np.log(pts["batch_size"].to_numpy(float)),
-          "beta": -np.log(pts["context_size"].to_numpy(float))}
+  cols = {
+    "log_T": np.ones(len(pts)),
+    "alpha": -np.log(pts["batch_size"].to_numpy(float)),
+    "beta": -np.log(pts["context_size"].to_numpy(float)),
+  }
   if "gamma" in names:
     cols["gamma"] = np.log(pts["n_params"].to_numpy(float))
   return np.stack([cols[n] for n in names], axis=1)
@@ -312,8 +360,9 @@ def _log_lik(p: np.ndarray, a: np.ndarray, emerged: np.ndarray, w: np.ndarray) -
   return np.where(tau[:, 0] > 0, out, -np.inf)
 
 
-def _mle(a: np.ndarray, emerged: np.ndarray, w: np.ndarray, p0: np.ndarray,
-         max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
+def _mle(
+  a: np.ndarray, emerged: np.ndarray, w: np.ndarray, p0: np.ndarray, max_iter: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
   """Maximises ``_log_lik`` for each of R weightings at once by Newton's method with
   step-halving (the log-likelihood is concave in (δ, τ): Olsen 1978). Gradient and Hessian are
   analytic: an emerged cell adds ln τ − u²/2 with u = τ v − x·δ = a·p; a censored one adds
@@ -337,7 +386,7 @@ def _mle(a: np.ndarray, emerged: np.ndarray, w: np.ndarray, p0: np.ndarray,
     grad = (w * g) @ a
     grad[:, -1] += n_em / tau
     neg_hess = np.einsum("ri,ij,ik->rjk", w * c, a, a)
-    neg_hess[:, -1, -1] += n_em / tau ** 2
+    neg_hess[:, -1, -1] += n_em / tau**2
     step = np.linalg.solve(neg_hess, grad[..., None])[..., 0]
     decrement = np.einsum("rj,rj->r", grad, step)
     done |= decrement < 1e-10
@@ -365,7 +414,7 @@ def _ols(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nd
   coef = np.linalg.solve(gram, ((w * y) @ x)[..., None])[..., 0]
   resid = y - coef @ x.T
   dof = np.maximum(w.sum(1) - k, 1e-300)
-  return coef, np.sqrt((w * resid ** 2).sum(1) / dof)
+  return coef, np.sqrt((w * resid**2).sum(1) / dof)
 
 
 def _identifiable(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -377,8 +426,9 @@ def _identifiable(x: np.ndarray, w: np.ndarray) -> np.ndarray:
   return full & (used.sum(1) > k)
 
 
-def _fix_hint(x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts: pd.DataFrame,
-              n_censored: int) -> str:
+def _fix_hint(
+  x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts: pd.DataFrame, n_censored: int
+) -> str:
   """A ``--fix`` suggestion for an unidentifiable fit, only where the fit with it succeeds
   (``x_all``: the emerged cells' full design)."""
   varied = {c: int(emerged_pts[c].nunique()) for c in ("batch_size", "context_size")}
@@ -388,15 +438,17 @@ def _fix_hint(x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts:
   elif varied["context_size"] > 1 and varied["batch_size"] <= 1:
     options = [("only C varies: hold alpha fixed", {"alpha": STUDY["alpha"]})]
   elif varied["context_size"] <= 1 and varied["batch_size"] <= 1:
-    options = [("neither B nor C varies: hold both fixed",
-                {"alpha": STUDY["alpha"], "beta": STUDY["beta"]})]
+    options = [
+      ("neither B nor C varies: hold both fixed", {"alpha": STUDY["alpha"], "beta": STUDY["beta"]})
+    ]
   for words, extra in options:
     extra = {k: v for k, v in extra.items() if k not in fixed}
     free = [i for i, n in enumerate(all_names) if n not in fixed and n not in extra]
     if extra and free and _identifiable(x_all[:, free], np.ones((1, len(x_all))))[0]:
       flags = " ".join(f"--fix {k}={v:g}" for k, v in extra.items())
-      return (f" ({words}, e.g. `python -m analysis fit-law --csv DIR/analysis/emergence.csv "
-              f"{flags}`)")
+      return (
+        f" ({words}, e.g. `python -m analysis fit-law --csv DIR/analysis/emergence.csv {flags}`)"
+      )
   if n_censored:
     return f" (train the {n_censored} censored cell(s) longer, or add grid points)"
   return " (add grid points or seeds)"
@@ -408,17 +460,26 @@ def _small_sample_factor(g: int, level: float = 0.95) -> float:
   G − 1 degrees of freedom (the CR1 correction and t(G − 1) critical values for G clusters:
   Cameron & Miller 2015, J. Human Resources 50:317, §VI). G = 36: 1.051; G = 9: 1.25."""
   from scipy import stats
+
   q = (1 + level) / 2
   return math.sqrt(g / (g - 1)) * stats.t.ppf(q, g - 1) / stats.norm.ppf(q)
 
 
-def _percentiles(draws: np.ndarray, names: list[str], estimate: dict, sigmas: np.ndarray,
-                 sigma: float, factor: float) -> dict:
+def _percentiles(
+  draws: np.ndarray,
+  names: list[str],
+  estimate: dict,
+  sigmas: np.ndarray,
+  sigma: float,
+  factor: float,
+) -> dict:
   """95% percentile intervals of each free coefficient, T and σ, their ends moved away from the
   estimate by ``factor`` (``_small_sample_factor``): [e − c(e − lo), e + c(hi − e)]."""
+
   def interval(values, e):
     lo, hi = np.percentile(values, [2.5, 97.5])
     return [float(e - factor * (e - lo)), float(e + factor * (hi - e))]
+
   ci = {n: interval(draws[:, j], estimate[n]) for j, n in enumerate(names)}
   if "log_T" in ci:
     ci["T"] = [math.exp(ci["log_T"][0]), math.exp(ci["log_T"][1])]
@@ -426,8 +487,16 @@ def _percentiles(draws: np.ndarray, names: list[str], estimate: dict, sigmas: np
   return ci
 
 
-def _bootstrap(cluster: np.ndarray, x: np.ndarray, v: np.ndarray, emerged: np.ndarray,
-               a: np.ndarray, p_hat: np.ndarray, n_boot: int, seed: int):
+def _bootstrap(
+  cluster: np.ndarray,
+  x: np.ndarray,
+  v: np.ndarray,
+  emerged: np.ndarray,
+  a: np.ndarray,
+  p_hat: np.ndarray,
+  n_boot: int,
+  seed: int,
+):
   """Cluster bootstrap: each resample draws G grid points with replacement out of G (cell
   weight = times its point was drawn) and refits both fits. Returns the MLE's and the emerged
   least squares' coefficient draws (n_boot, k) and σ draws (n_boot,), fewer if too many
@@ -460,8 +529,10 @@ def _bootstrap(cluster: np.ndarray, x: np.ndarray, v: np.ndarray, emerged: np.nd
 
 def _r(pred: np.ndarray, y: np.ndarray, dof: int) -> tuple[float, str | None]:
   if dof < MIN_DOF_FOR_INTERVALS:
-    return math.nan, (f"not reported: {dof} residual degree(s) of freedom (fewer than "
-                      f"{MIN_DOF_FOR_INTERVALS}); the fit passes (nearly) through its points")
+    return math.nan, (
+      f"not reported: {dof} residual degree(s) of freedom (fewer than "
+      f"{MIN_DOF_FOR_INTERVALS}); the fit passes (nearly) through its points"
+    )
   if not (np.std(pred) > 0 and np.std(y) > 0):
     return math.nan, "not defined: the predicted or observed ln UPT does not vary"
   return float(np.corrcoef(pred, y)[0, 1]), None
@@ -469,13 +540,20 @@ def _r(pred: np.ndarray, y: np.ndarray, dof: int) -> tuple[float, str | None]:
 
 def _range(pts: pd.DataFrame, with_params: bool) -> dict:
   def num(v):
-    return int(v) if float(v).is_integer() and abs(v) < 2 ** 53 else float(v)
+    return int(v) if float(v).is_integer() and abs(v) < 2**53 else float(v)
+
   cols = ("batch_size", "context_size") + (("n_params",) if with_params else ())
   return {c: [num(pts[c].min()), num(pts[c].max())] for c in cols}
 
 
-def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 2000,
-            seed: int = 0, fixed: dict | None = None) -> LawFit:
+def fit_law(
+  points: pd.DataFrame,
+  *,
+  with_params: bool = False,
+  n_boot: int = 2000,
+  seed: int = 0,
+  fixed: dict | None = None,
+) -> LawFit:
   """The emergence law (module docstring) fitted to emergence points: the censored log-normal
   MLE, with the emerged-only least-squares fit under ``emerged_only``.
 
@@ -533,8 +611,10 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
   unknown = set(fixed) - set(all_names)
   if unknown:
-    raise FitError(f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
-                   + ("" if with_params else " (gamma only with the n_params term)"))
+    raise FitError(
+      f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
+      + ("" if with_params else " (gamma only with the n_params term)")
+    )
   for name, value in fixed.items():
     if not math.isfinite(value):
       raise FitError(f"fixed {name} = {value}: must be a finite number")
@@ -549,33 +629,40 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   full = _design(pts, all_names)
   offset = full @ np.array([fixed.get(n, 0.0) for n in all_names])
   x = full[:, free]
-  time = np.where(censored, pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float),
-                  pts["emergence_step"].to_numpy(float))
+  time = np.where(
+    censored,
+    pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float),
+    pts["emergence_step"].to_numpy(float),
+  )
   y = np.log(time)  # ln UPT (emerged) or ln censor_step (censored)
   v = y - offset
   if not _identifiable(x[emerged], np.ones((1, n_em)))[0]:
     varied = {c: int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size")}
     raise FitError(
-        f"{n_em} emerged cell(s) ({n_cens} censored) with distinct values {varied} cannot "
-        f"identify {', '.join(names)}: need more emerged cells than coefficients and at least "
-        f"two values of each varied quantity"
-        + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens))
+      f"{n_em} emerged cell(s) ({n_cens} censored) with distinct values {varied} cannot "
+      f"identify {', '.join(names)}: need more emerged cells than coefficients and at least "
+      f"two values of each varied quantity"
+      + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens)
+    )
   dof = n_em - k
   ones = np.ones((1, len(pts)))
   coef_ls, s_ls = _ols(x[emerged], v[emerged], ones[:, emerged])
   coef_ls, s_ls = coef_ls[0], float(s_ls[0])
-  s0 = math.sqrt(max(s_ls ** 2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
+  s0 = math.sqrt(max(s_ls**2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
   a = np.concatenate([-x, v[:, None]], axis=1)
   p, ok = _mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
   if not ok[0]:
-    raise FitError(f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
-                   f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
-                   f"so the scatter sigma -> 0")
+    raise FitError(
+      f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
+      f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
+      f"so the scatter sigma -> 0"
+    )
   p = p[0]
   coef_ml, s_ml = p[:-1] / p[-1], 1.0 / p[-1]
 
   cluster = pd.MultiIndex.from_frame(
-      pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]).factorize()[0]
+    pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]
+  ).factorize()[0]
   n_groups = int(cluster.max()) + 1
   factor = _small_sample_factor(n_groups) if n_groups > 1 else math.nan
   em_points = len(np.unique(cluster[emerged]))
@@ -583,18 +670,21 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
   if not n_boot:
     ci_note = "no bootstrap (n_boot = 0)"
   elif dof < MIN_DOF_FOR_INTERVALS:
-    ci_note = (f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "
-               f"bootstrap of so few cells mostly redraws the same design")
+    ci_note = (
+      f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "
+      f"bootstrap of so few cells mostly redraws the same design"
+    )
   elif em_points - k < MIN_DOF_FOR_INTERVALS:
-    ci_note = (f"{em_points} grid point(s) with emerged cells for {k} coefficient(s): a "
-               f"bootstrap over grid points needs at least {k + MIN_DOF_FOR_INTERVALS} (with "
-               f"fewer, nearly every resample that identifies the law is the grid itself)")
+    ci_note = (
+      f"{em_points} grid point(s) with emerged cells for {k} coefficient(s): a "
+      f"bootstrap over grid points needs at least {k + MIN_DOF_FOR_INTERVALS} (with "
+      f"fewer, nearly every resample that identifies the law is the grid itself)"
+    )
   else:
     boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
     if not len(boot[0]):
       boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
-  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params")
-          if c in pts]
+  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in pts]
   y_em = y[emerged]
 
   def make(coef, sigma, draws, sigmas, method, n, cells):
@@ -612,16 +702,33 @@ def fit_law(points: pd.DataFrame, *, with_params: bool = False, n_boot: int = 20
       all_draws[:, free] = draws
       ci = _percentiles(draws, names, values, sigmas, sigma, factor)
       cov = np.zeros((len(all_names), len(all_names)))  # fixed coefficients: exactly 0
-      cov[np.ix_(free, free)] = np.atleast_2d(np.cov(draws, rowvar=False)) * n_groups / (
-          n_groups - 1)
-    return LawFit(log_T=values["log_T"], alpha=values["alpha"], beta=values["beta"], r=r,
-                  n=n, ci=ci, residuals=residuals,
-                  gamma=values["gamma"] if with_params else None, n_censored=n_cens,
-                  n_boot=0 if draws is None else len(draws), fixed=fixed, dof=dof,
-                  sigma=float(sigma), method=method, n_emerged=n_em, r_note=r_note,
-                  names=list(all_names), draws=all_draws, cov=cov,
-                  range=_range(pts[cells], with_params), n_grid_points=n_groups,
-                  ci_note=ci_note)
+      cov[np.ix_(free, free)] = (
+        np.atleast_2d(np.cov(draws, rowvar=False)) * n_groups / (n_groups - 1)
+      )
+    return LawFit(
+      log_T=values["log_T"],
+      alpha=values["alpha"],
+      beta=values["beta"],
+      r=r,
+      n=n,
+      ci=ci,
+      residuals=residuals,
+      gamma=values["gamma"] if with_params else None,
+      n_censored=n_cens,
+      n_boot=0 if draws is None else len(draws),
+      fixed=fixed,
+      dof=dof,
+      sigma=float(sigma),
+      method=method,
+      n_emerged=n_em,
+      r_note=r_note,
+      names=list(all_names),
+      draws=all_draws,
+      cov=cov,
+      range=_range(pts[cells], with_params),
+      n_grid_points=n_groups,
+      ci_note=ci_note,
+    )
 
   no = (None, None, None, None)
   ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
@@ -635,9 +742,16 @@ def _score(name, log_T, alpha, beta, b, c, y, free: int) -> dict:
   pred = log_T - alpha * np.log(b) - beta * np.log(c)
   resid = y - pred
   r = float(np.corrcoef(pred, y)[0, 1]) if len(y) > 2 and np.std(pred) > 0 else math.nan
-  return {"law": name, "log_T": float(log_T), "alpha": alpha, "beta": beta,
-          "free_parameters": free, "r": r, "rmse_ln": float(np.sqrt(np.mean(resid ** 2))),
-          "mean_residual_ln": float(np.mean(resid))}
+  return {
+    "law": name,
+    "log_T": float(log_T),
+    "alpha": alpha,
+    "beta": beta,
+    "free_parameters": free,
+    "r": r,
+    "rmse_ln": float(np.sqrt(np.mean(resid**2))),
+    "mean_residual_ln": float(np.mean(resid)),
+  }
 
 
 def compare(fit: LawFit) -> pd.DataFrame:
@@ -652,20 +766,31 @@ def compare(fit: LawFit) -> pd.DataFrame:
   y = np.log(res["observed_updates"].to_numpy(float))
   rows = []
   if fit.gamma is None:
-    rows.append(_score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y,
-                       3 - len(fit.fixed)))
+    rows.append(_score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y, 3 - len(fit.fixed)))
   else:
     pred = np.log(res["predicted_updates"].to_numpy(float))
-    rows.append({"law": "fitted (with gamma)", "log_T": fit.log_T, "alpha": fit.alpha,
-                 "beta": fit.beta, "free_parameters": 4 - len(fit.fixed),
-                 "r": fit.r, "rmse_ln": float(np.sqrt(np.mean((y - pred) ** 2))),
-                 "mean_residual_ln": float(np.mean(y - pred))})
-  rows.append(_score("study v2 (published)", STUDY["log_T"], STUDY["alpha"], STUDY["beta"],
-                     b, c, y, 0))
+    rows.append(
+      {
+        "law": "fitted (with gamma)",
+        "log_T": fit.log_T,
+        "alpha": fit.alpha,
+        "beta": fit.beta,
+        "free_parameters": 4 - len(fit.fixed),
+        "r": fit.r,
+        "rmse_ln": float(np.sqrt(np.mean((y - pred) ** 2))),
+        "mean_residual_ln": float(np.mean(y - pred)),
+      }
+    )
+  rows.append(
+    _score("study v2 (published)", STUDY["log_T"], STUDY["alpha"], STUDY["beta"], b, c, y, 0)
+  )
   log_t_v1 = float(np.mean(y + 0.5 * np.log(b) + 0.5 * np.log(c)))
   rows.append(_score("v1 form sqrt(BC), T fitted", log_t_v1, 0.5, 0.5, b, c, y, 1))
-  rows.append(_score("v1 as published (T = 10^5.7 tokens)", V1_LOG10_T_TOKENS * math.log(10),
-                     0.5, 0.5, b, c, y, 0))
+  rows.append(
+    _score(
+      "v1 as published (T = 10^5.7 tokens)", V1_LOG10_T_TOKENS * math.log(10), 0.5, 0.5, b, c, y, 0
+    )
+  )
   return pd.DataFrame(rows)
 
 
@@ -676,22 +801,29 @@ def censored_check(fit: LawFit, points: pd.DataFrame) -> pd.DataFrame:
   emerges); ``p_not_emerged`` = the fit's probability that such a cell had not emerged by
   ``censor_step``, Φ((ln predicted − ln censor_step) / σ) (the cell's term in the censored
   likelihood; small values are the surprising cells)."""
-  mask = pd.to_numeric(points["emergence_step"], errors="coerce").isna() \
-      if "emergence_step" in points else pd.Series(False, points.index)
+  mask = (
+    pd.to_numeric(points["emergence_step"], errors="coerce").isna()
+    if "emergence_step" in points
+    else pd.Series(False, points.index)
+  )
   if "censored" in points:
     mask |= _as_bool(points["censored"], points)
   cens = points[mask]
-  cols = [c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step")
-          if c in cens]
+  cols = [
+    c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step") if c in cens
+  ]
   out = cens[cols].copy()
   if out.empty or (fit.gamma is not None and "n_params" not in out):
     return out.assign(predicted_updates=[], contradicts=[]) if out.empty else out
   out["predicted_updates"] = fit.predict_updates(
-      out["batch_size"].to_numpy(float), out["context_size"].to_numpy(float),
-      out["n_params"].to_numpy(float) if fit.gamma is not None else None)
+    out["batch_size"].to_numpy(float),
+    out["context_size"].to_numpy(float),
+    out["n_params"].to_numpy(float) if fit.gamma is not None else None,
+  )
   out["contradicts"] = out["predicted_updates"] < out["censor_step"]
   if math.isfinite(fit.sigma) and fit.sigma > 0:
     out["p_not_emerged"] = special.ndtr(
-        np.log(out["predicted_updates"].to_numpy(float) / out["censor_step"].to_numpy(float))
-        / fit.sigma)
+      np.log(out["predicted_updates"].to_numpy(float) / out["censor_step"].to_numpy(float))
+      / fit.sigma
+    )
   return out.reset_index(drop=True)

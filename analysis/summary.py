@@ -42,10 +42,10 @@ STUDY_TOKENS = 1_000_000_000  # training tokens per model in the study's Experim
 ROUGHLY = 0.25
 
 METHOD_WORDS = {
-    "threshold": "the update at which {metric} first crosses halfway between its early and "
-                 "late plateau",
-    "max_slope": "the middle of the steepest rise of {metric}",
-    "breakpoint": "the centre of the ramp of a flat-ramp-flat fit to {metric}",
+  "threshold": "the update at which {metric} first crosses halfway between its early and "
+  "late plateau",
+  "max_slope": "the middle of the steepest rise of {metric}",
+  "breakpoint": "the centre of the ramp of a flat-ramp-flat fit to {metric}",
 }
 
 
@@ -93,17 +93,21 @@ def _big(v: float) -> str:
 
 # ---------------------------------------------------------------- setup
 
+
 def data_words(cfg) -> str:
   """The data source of a run config in words (its ``data`` section)."""
   source = _get(cfg, "data.source", "?")
-  corpus = (_get(cfg, "data.corpus") or _get(cfg, "data.tfds_name") or _get(cfg, "data.files")
-            or "a corpus")
+  corpus = (
+    _get(cfg, "data.corpus") or _get(cfg, "data.tfds_name") or _get(cfg, "data.files") or "a corpus"
+  )
   vocab = _get(cfg, "model.vocab_size")
   if source == "natural":
     return f"natural text ({corpus}, a BPE vocabulary of {_n(vocab)} types)"
   if source == "markov":
-    knobs = (f"induction patterns A B … A → B injected at frequency "
-             f"{_get(cfg, 'data.frequency'):g} and reliability {_get(cfg, 'data.reliability'):g}")
+    knobs = (
+      f"induction patterns A B … A → B injected at frequency "
+      f"{_get(cfg, 'data.frequency'):g} and reliability {_get(cfg, 'data.reliability'):g}"
+    )
     transitions = _get(cfg, "data.transitions", "bigram")
     if transitions == "bigram":
       smoothing = _get(cfg, "data.smoothing", 0.0)
@@ -111,21 +115,28 @@ def data_words(cfg) -> str:
       if vocab and smoothing and smoothing * vocab > 0.1:
         share = smoothing * vocab / (1 + smoothing * vocab)
         mixed = f", each row mixed {share:.0%} with uniform (smoothing {smoothing:g})"
-      return (f"semi-natural Markov data: the bigram statistics of {corpus} over its {_n(vocab)} "
-              f"most frequent types{mixed}, with {knobs}")
+      return (
+        f"semi-natural Markov data: the bigram statistics of {corpus} over its {_n(vocab)} "
+        f"most frequent types{mixed}, with {knobs}"
+      )
     if transitions == "synthetic":
-      return (f"synthetic Markov data (a {_n(vocab)}-type transition matrix optimised to a "
-              f"{_get(cfg, 'data.synthetic.marginal', '?')} marginal, categoriality "
-              f"{_get(cfg, 'data.synthetic.categoriality', '?')}), with {knobs}")
+      return (
+        f"synthetic Markov data (a {_n(vocab)}-type transition matrix optimised to a "
+        f"{_get(cfg, 'data.synthetic.marginal', '?')} marginal, categoriality "
+        f"{_get(cfg, 'data.synthetic.categoriality', '?')}), with {knobs}"
+      )
     if transitions == "iid":
       return f"i.i.d. tokens from a fixed marginal ({_n(vocab)} types), with {knobs}"
     return f"Markov data from a given transition matrix ({_n(vocab)} types), with {knobs}"
   if source == "repeated_blocks":
-    return (f"the classic induction task: uniform random tokens ({_n(vocab)} types) with a "
-            f"repeated block")
+    return (
+      f"the classic induction task: uniform random tokens ({_n(vocab)} types) with a repeated block"
+    )
   if source == "markov_chain":
-    return (f"a fixed sparse Markov chain ({_n(vocab)} types, "
-            f"{_get(cfg, 'data.n_successors', '?')} successors per token)")
+    return (
+      f"a fixed sparse Markov chain ({_n(vocab)} types, "
+      f"{_get(cfg, 'data.n_successors', '?')} successors per token)"
+    )
   if source == "uniform":
     return f"uniform random tokens ({_n(vocab)} types)"
   return f"data source {source!r}"
@@ -135,12 +146,17 @@ def model_words(cfg, points: pd.DataFrame) -> str:
   layers, heads = _get(cfg, "model.n_layers"), _get(cfg, "model.n_heads")
   d, mlp = _get(cfg, "model.d_model"), _get(cfg, "model.d_mlp")
   kind = "attention-only" if mlp == 0 else f"with MLPs (d_mlp {mlp})"
-  text = (f"{layers}-layer {kind} transformers, {heads} head{'s' if heads != 1 else ''} per "
-          f"layer, d_model {d}")
+  text = (
+    f"{layers}-layer {kind} transformers, {heads} head{'s' if heads != 1 else ''} per "
+    f"layer, d_model {d}"
+  )
   if "n_params" in points and points["n_params"].notna().any():
     sizes = sorted(points["n_params"].dropna().astype(int).unique())
-    text += (f" ({sizes[0]:,} parameters)" if len(sizes) == 1 else
-             f" ({len(sizes)} sizes, {sizes[0]:,}–{sizes[-1]:,} parameters)")
+    text += (
+      f" ({sizes[0]:,} parameters)"
+      if len(sizes) == 1
+      else f" ({len(sizes)} sizes, {sizes[0]:,}–{sizes[-1]:,} parameters)"
+    )
   return text
 
 
@@ -151,10 +167,12 @@ def budget_words(cfg, points: pd.DataFrame) -> str:
   law = "the study's law" if not _get(cfg, "sweep.law_file") else "a fitted law"
   mult = _get(cfg, "sweep.law_multiple", 1.0)
   if budget == "emergence":
-    text = (f"each group stopped once every model's online {_get(cfg, 'sweep.stop_metric')} "
-            f"had passed {_get(cfg, 'sweep.stop_threshold'):g} and training had gone on to "
-            f"{_get(cfg, 'sweep.stop_margin'):g}× that update, or at a cap of {mult:g}× "
-            f"{law}'s predicted updates for the cell")
+    text = (
+      f"each group stopped once every model's online {_get(cfg, 'sweep.stop_metric')} "
+      f"had passed {_get(cfg, 'sweep.stop_threshold'):g} and training had gone on to "
+      f"{_get(cfg, 'sweep.stop_margin'):g}× that update, or at a cap of {mult:g}× "
+      f"{law}'s predicted updates for the cell"
+    )
   elif budget == "law":
     text = f"each cell trained for {mult:g}× {law}'s predicted updates"
   elif budget == "tokens":
@@ -168,8 +186,11 @@ def budget_words(cfg, points: pd.DataFrame) -> str:
       break
   if reach is not None:
     lo, hi = reach.min(), reach.max()
-    text += (f" (curves reach update {_n(lo)})" if lo == hi else
-             f" (curves reach updates {_n(lo)}–{_n(hi)})")
+    text += (
+      f" (curves reach update {_n(lo)})"
+      if lo == hi
+      else f" (curves reach updates {_n(lo)}–{_n(hi)})"
+    )
   return text
 
 
@@ -202,10 +223,10 @@ def _by_axis_words(points: pd.DataFrame, axes, max_values: int = 8) -> str:
     values = list(counts)
     if len(values) > max_values:
       continue
-    out.append(f"{a}: " + ", ".join(f"{_show(v)} → {int(g.sum())} of {len(g)}"
-                                    for v, g in values))
-  return ("Emerged models per value of the other grid axes — " + "; ".join(out) + ".") if out \
-      else ""
+    out.append(f"{a}: " + ", ".join(f"{_show(v)} → {int(g.sum())} of {len(g)}" for v, g in values))
+  return (
+    ("Emerged models per value of the other grid axes — " + "; ".join(out) + ".") if out else ""
+  )
 
 
 def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str:
@@ -213,32 +234,42 @@ def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str
   seeds = f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
   others = _other_axes(points, axes)
   if points["batch_size"].nunique() == 1 and points["context_size"].nunique() == 1:
-    grid = (f"B {points['batch_size'].iloc[0]:g} sequences per update and C "
-            f"{points['context_size'].iloc[0]:g} tokens per sequence")
+    grid = (
+      f"B {points['batch_size'].iloc[0]:g} sequences per update and C "
+      f"{points['context_size'].iloc[0]:g} tokens per sequence"
+    )
     varied = " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
     grid += f" throughout, over {varied}" if others else " (one grid point)"
   else:
-    grid = (f"B ∈ {_values(points['batch_size'])} sequences per update × C ∈ "
-            f"{_values(points['context_size'])} tokens per sequence")
+    grid = (
+      f"B ∈ {_values(points['batch_size'])} sequences per update × C ∈ "
+      f"{_values(points['context_size'])} tokens per sequence"
+    )
     if others:
       grid += " × " + " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
   lr = _get(cfg, "train.lr")
   schedule = _get(cfg, "train.schedule", "")
   opt = ""
   if lr is not None:
-    opt = (f"; AdamW, peak learning rate {lr:g}, {schedule} schedule after "
-           f"{_get(cfg, 'train.warmup_frac', 0):.0%} warmup")
+    opt = (
+      f"; AdamW, peak learning rate {lr:g}, {schedule} schedule after "
+      f"{_get(cfg, 'train.warmup_frac', 0):.0%} warmup"
+    )
   runs = f" ({n_runs} run directories; the setup is the first's)" if n_runs > 1 else ""
   words = METHOD_WORDS.get(method, "the emergence point of {metric} by " + method).format(
-      metric=metric_registry.description(metric))
-  return (f"**Setup.** {len(points)} models{runs}: {model_words(cfg, points)}, trained on "
-          f"{data_words(cfg)}{opt}. Grid: {grid}, {seeds} per grid point (the models of a grid "
-          f"point differ only in their seed). Budget: {budget_words(cfg, points)}. A model's "
-          f"emergence point is {words} ({metric}, {method}); a model whose curve never jumps is "
-          f"right-censored at its last checkpoint.")
+    metric=metric_registry.description(metric)
+  )
+  return (
+    f"**Setup.** {len(points)} models{runs}: {model_words(cfg, points)}, trained on "
+    f"{data_words(cfg)}{opt}. Grid: {grid}, {seeds} per grid point (the models of a grid "
+    f"point differ only in their seed). Budget: {budget_words(cfg, points)}. A model's "
+    f"emergence point is {words} ({metric}, {method}); a model whose curve never jumps is "
+    f"right-censored at its last checkpoint."
+  )
 
 
 # ---------------------------------------------------------------- finding
+
 
 def _ci(law: dict, name: str):
   ci = (law.get("ci") or {}).get(name)
@@ -251,29 +282,43 @@ def _interval(lo: float, hi: float) -> str:
   return f"95% interval {lo:.2f} to {hi:.2f}"
 
 
-def _trend(name: str, value: float, ci, var: str, quantity: str, fixed: bool,
-           why_none: str = "") -> tuple[str, int]:
+def _trend(
+  name: str, value: float, ci, var: str, quantity: str, fixed: bool, why_none: str = ""
+) -> tuple[str, int]:
   """A sentence on how UPT moves with ``var`` for exponent ``name`` (UPT ∝ var^−value), and the
   sign decided: +1 falls, −1 rises, 0 no clear dependence, None not decided."""
   sym = {"alpha": "α", "beta": "β"}[name]
   if fixed:
-    return (f"{sym} was held at {value:.2f}, not fitted, so the grid says nothing about "
-            f"{quantity}", None)
+    return (
+      f"{sym} was held at {value:.2f}, not fitted, so the grid says nothing about {quantity}",
+      None,
+    )
   if ci is None:
-    return (f"{sym} = {value:.2f}, without an interval ({why_none or 'too few cells'}), so no "
-            f"direction with {var} is claimed", None)
+    return (
+      f"{sym} = {value:.2f}, without an interval ({why_none or 'too few cells'}), so no "
+      f"direction with {var} is claimed",
+      None,
+    )
   lo, hi = ci
   if lo > 0:
-    saved = 1 - 2 ** -value
-    return (f"emergence comes in fewer updates at larger {var}: UPT ∝ {var}^−{value:.2f} "
-            f"({sym}: {_interval(lo, hi)}), so doubling {var} saves {saved:.0%} of the updates",
-            1)
+    saved = 1 - 2**-value
+    return (
+      f"emergence comes in fewer updates at larger {var}: UPT ∝ {var}^−{value:.2f} "
+      f"({sym}: {_interval(lo, hi)}), so doubling {var} saves {saved:.0%} of the updates",
+      1,
+    )
   if hi < 0:
-    more = 2 ** -value - 1
-    return (f"emergence takes more updates at larger {var}: UPT ∝ {var}^{-value:.2f} ({sym}: "
-            f"{_interval(lo, hi)}), {more:.0%} more per doubling of {var}", -1)
-  return (f"the updates to emergence show no clear dependence on {var} ({sym} = {value:.2f}, "
-          f"{_interval(lo, hi)}, includes 0)", 0)
+    more = 2**-value - 1
+    return (
+      f"emergence takes more updates at larger {var}: UPT ∝ {var}^{-value:.2f} ({sym}: "
+      f"{_interval(lo, hi)}), {more:.0%} more per doubling of {var}",
+      -1,
+    )
+  return (
+    f"the updates to emergence show no clear dependence on {var} ({sym} = {value:.2f}, "
+    f"{_interval(lo, hi)}, includes 0)",
+    0,
+  )
 
 
 def _count_trend(value: float, ci, var: str, what: str) -> tuple[str, str | None]:
@@ -284,77 +329,107 @@ def _count_trend(value: float, ci, var: str, what: str) -> tuple[str, str | None
   lo, hi = ci
   trend = f"{var}^{value:.2f} ({_interval(lo, hi)})"
   if lo <= 0 <= hi:
-    return (f"the {what} to emergence is roughly fixed across {var}: it goes as "
-            f"{var}^{value:.2f} ({_interval(lo, hi)}, which includes 0)", "fixed")
-  per = 2 ** value - 1
+    return (
+      f"the {what} to emergence is roughly fixed across {var}: it goes as "
+      f"{var}^{value:.2f} ({_interval(lo, hi)}, which includes 0)",
+      "fixed",
+    )
+  per = 2**value - 1
   if abs(value) <= ROUGHLY:
-    return (f"the {what} to emergence is roughly fixed across {var}, "
-            f"{'growing' if value > 0 else 'falling'} only slightly: as {trend}, "
-            f"{abs(per):.0%} {'more' if value > 0 else 'fewer'} per doubling of {var}",
-            "fixed")
+    return (
+      f"the {what} to emergence is roughly fixed across {var}, "
+      f"{'growing' if value > 0 else 'falling'} only slightly: as {trend}, "
+      f"{abs(per):.0%} {'more' if value > 0 else 'fewer'} per doubling of {var}",
+      "fixed",
+    )
   if value > 0:
     near = " — about in proportion" if lo <= 1 <= hi else ""
     return f"the {what} to emergence grows with {var}{near}: as {trend}", "grows"
   return f"the {what} to emergence falls with {var}: as {trend}", "falls"
 
 
-def finding_paragraph(points: pd.DataFrame, law: dict | None, law_error: str | None,
-                      keys: list[str], axes=()) -> str:
+def finding_paragraph(
+  points: pd.DataFrame, law: dict | None, law_error: str | None, keys: list[str], axes=()
+) -> str:
   text = _finding(points, law, law_error, keys)
   by_axis = _by_axis_words(points, axes)
   return f"{text} {by_axis}" if by_axis else text
 
 
-def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None,
-             keys: list[str]) -> str:
+def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys: list[str]) -> str:
   emerged = ~points["censored"].astype(bool)
   n, k = len(points), int(emerged.sum())
   parts = [f"**Finding.** {k} of {n} models emerged by their last checkpoint"]
   if k == 0:
     last = points["censor_step"].astype(float)
-    where = (f"update {_n(last.min())}" if last.min() == last.max() else
-             f"updates {_n(last.min())}–{_n(last.max())}")
-    parts[0] += (f"; none did, so every emergence point is only known to lie beyond the last "
-                 f"checkpoint ({where}), and nothing is said here about how emergence moves "
-                 f"with B or C.")
+    where = (
+      f"update {_n(last.min())}"
+      if last.min() == last.max()
+      else f"updates {_n(last.min())}–{_n(last.max())}"
+    )
+    parts[0] += (
+      f"; none did, so every emergence point is only known to lie beyond the last "
+      f"checkpoint ({where}), and nothing is said here about how emergence moves "
+      f"with B or C."
+    )
     return parts[0]
   em = points[emerged]
   steps = em["emergence_step"].astype(float)
   first, last = em.loc[steps.idxmin()], em.loc[steps.idxmax()]
-  parts[0] += (f", between update {_n(steps.min())} (B {first['batch_size']:g}, C "
-               f"{first['context_size']:g}) and {_n(steps.max())} (B {last['batch_size']:g}, "
-               f"C {last['context_size']:g}).")
+  parts[0] += (
+    f", between update {_n(steps.min())} (B {first['batch_size']:g}, C "
+    f"{first['context_size']:g}) and {_n(steps.max())} (B {last['batch_size']:g}, "
+    f"C {last['context_size']:g})."
+  )
   if law is None:
-    parts.append("No law was fitted" + (f" ({law_error.rstrip('.')})" if law_error else "") +
-                 ", so how emergence moves with B and C is not summarised beyond the table "
-                 "below.")
+    parts.append(
+      "No law was fitted"
+      + (f" ({law_error.rstrip('.')})" if law_error else "")
+      + ", so how emergence moves with B and C is not summarised beyond the table "
+      "below."
+    )
     return " ".join(parts)
   fixed = set((law.get("fixed") or {}).keys())
   how = _fit_words(law)
   parts.append(f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}.")
   why = law.get("ci_note") or ("no bootstrap" if law.get("n_boot") == 0 else "")
-  a_text, a_sign = _trend("alpha", law["alpha"], _ci(law, "alpha"), "B",
-                          "how emergence moves with B", "alpha" in fixed, why)
-  b_text, b_sign = _trend("beta", law["beta"], _ci(law, "beta"), "C",
-                          "how emergence moves with C", "beta" in fixed, why)
+  a_text, a_sign = _trend(
+    "alpha",
+    law["alpha"],
+    _ci(law, "alpha"),
+    "B",
+    "how emergence moves with B",
+    "alpha" in fixed,
+    why,
+  )
+  b_text, b_sign = _trend(
+    "beta", law["beta"], _ci(law, "beta"), "C", "how emergence moves with C", "beta" in fixed, why
+  )
   a_ci, b_ci = _ci(law, "alpha"), _ci(law, "beta")
   seq = tok_c = (None, None)
   sentences = [f"Batch size: {a_text}"]
   if a_ci is not None and "alpha" not in fixed:
-    seq = _count_trend(1 - law["alpha"], (1 - a_ci[1], 1 - a_ci[0]), "B",
-                       "number of sequences (UPT·B; tokens at a given C)")
+    seq = _count_trend(
+      1 - law["alpha"],
+      (1 - a_ci[1], 1 - a_ci[0]),
+      "B",
+      "number of sequences (UPT·B; tokens at a given C)",
+    )
     sentences.append(seq[0])
   sentences.append(f"Context size: {b_text}")
   if b_ci is not None and "beta" not in fixed:
-    tok_c = _count_trend(1 - law["beta"], (1 - b_ci[1], 1 - b_ci[0]), "C",
-                         "number of tokens (UPT·B·C; at a given B)")
+    tok_c = _count_trend(
+      1 - law["beta"], (1 - b_ci[1], 1 - b_ci[0]), "C", "number of tokens (UPT·B·C; at a given B)"
+    )
     sentences.append(tok_c[0])
   parts.append(" ".join(_sentence(t) for t in sentences if t))
   if seq[1] == "fixed" and b_sign == 0:
-    seqs = (em["emergence_step"].astype(float) * em["batch_size"].astype(float))
-    parts.append(f"Together: over this grid, induction heads formed after a roughly fixed "
-                 f"number of sequences, whatever B and C (UPT·B of the emerged models: median "
-                 f"{_n(seqs.median())}, range {_span(seqs.min(), seqs.max())}).")
+    seqs = em["emergence_step"].astype(float) * em["batch_size"].astype(float)
+    parts.append(
+      f"Together: over this grid, induction heads formed after a roughly fixed "
+      f"number of sequences, whatever B and C (UPT·B of the emerged models: median "
+      f"{_n(seqs.median())}, range {_span(seqs.min(), seqs.max())})."
+    )
   return " ".join(parts)
 
 
@@ -369,13 +444,17 @@ def _fit_words(law: dict) -> str:
   n_cens = int(law.get("n_censored") or 0)
   n_em = int(law.get("n_emerged") or (law.get("n", 0) if "MLE" not in method else 0))
   if "MLE" in method or "censored" in method:
-    return (f"by maximum likelihood to {n_em} emerged and {_models(n_cens, 'censored model')} (a "
-            f"censored model counts by the chance that it emerges after its last checkpoint)")
-  return (f"by least squares to the {law.get('n', n_em)} emerged models"
-          + (f" ({n_cens} censored left out)" if n_cens else ""))
+    return (
+      f"by maximum likelihood to {n_em} emerged and {_models(n_cens, 'censored model')} (a "
+      f"censored model counts by the chance that it emerges after its last checkpoint)"
+    )
+  return f"by least squares to the {law.get('n', n_em)} emerged models" + (
+    f" ({n_cens} censored left out)" if n_cens else ""
+  )
 
 
 # ---------------------------------------------------------------- against the study
+
 
 def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
   parts = ["**Against the study.**"]
@@ -388,42 +467,58 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
       if fixed:
         inside.append(f"{sym} was fixed at {law[name]:.2f}")
       elif ci is None:
-        inside.append(f"{sym} = {law[name]:.2f} against the study's {study:.2f} (no interval to "
-                      f"compare with)")
+        inside.append(
+          f"{sym} = {law[name]:.2f} against the study's {study:.2f} (no interval to compare with)"
+        )
       else:
         where = "inside" if ci[0] <= study <= ci[1] else "outside"
-        inside.append(f"{sym} = {law[name]:.2f} ({_interval(*ci)}) against the study's "
-                      f"{study:.2f}, {where} the interval")
-    parts.append("The study's law has ln T = 13.26, α = 0.37, β = 0.62 (UPT falls with both, "
-                 "more with C); here " + "; ".join(inside) + f"; ln T = {law['log_T']:.2f}.")
+        inside.append(
+          f"{sym} = {law[name]:.2f} ({_interval(*ci)}) against the study's "
+          f"{study:.2f}, {where} the interval"
+        )
+    parts.append(
+      "The study's law has ln T = 13.26, α = 0.37, β = 0.62 (UPT falls with both, "
+      "more with C); here " + "; ".join(inside) + f"; ln T = {law['log_T']:.2f}."
+    )
   em = points[~points["censored"].astype(bool)]
   if len(em):
     b, c = em["batch_size"].astype(float), em["context_size"].astype(float)
     pred = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
     ratio = float(np.exp(np.mean(np.log(pred / em["emergence_step"].astype(float)))))
-    side = (f"{ratio:.1f}× later than these models did" if ratio >= 1 else
-            f"{1 / ratio:.1f}× earlier than these models did")
-    parts.append(f"Scored on the {len(em)} emerged models, the study's law predicts "
-                 f"{_span(pred.min(), pred.max())} updates, on average (geometric mean) "
-                 f"{side}.")
+    side = (
+      f"{ratio:.1f}× later than these models did"
+      if ratio >= 1
+      else f"{1 / ratio:.1f}× earlier than these models did"
+    )
+    parts.append(
+      f"Scored on the {len(em)} emerged models, the study's law predicts "
+      f"{_span(pred.min(), pred.max())} updates, on average (geometric mean) "
+      f"{side}."
+    )
   cens = points[points["censored"].astype(bool) & points["censor_step"].notna()]
   if len(cens):
     b, c = cens["batch_size"].astype(float), cens["context_size"].astype(float)
     pred = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
     past = int((cens["censor_step"].astype(float) >= pred).sum())
     if past:
-      parts.append(f"{past} of the {_models(len(cens), 'censored model')} trained past the "
-                   f"update the study's law predicts for it without emerging.")
+      parts.append(
+        f"{past} of the {_models(len(cens), 'censored model')} trained past the "
+        f"update the study's law predicts for it without emerging."
+      )
     else:
       last = _span(cens["censor_step"].min(), cens["censor_step"].max())
       if len(cens) == 1:
-        parts.append(f"The censored model had not reached the update the study's law predicts "
-                     f"for it ({_span(pred.min(), pred.max())}; its last checkpoint {last}), so "
-                     f"its not emerging does not contradict it.")
+        parts.append(
+          f"The censored model had not reached the update the study's law predicts "
+          f"for it ({_span(pred.min(), pred.max())}; its last checkpoint {last}), so "
+          f"its not emerging does not contradict it."
+        )
       else:
-        parts.append(f"None of the {len(cens)} censored models reached the update the study's "
-                     f"law predicts for it ({_span(pred.min(), pred.max())}; their last "
-                     f"checkpoints {last}), so their not emerging does not contradict it.")
+        parts.append(
+          f"None of the {len(cens)} censored models reached the update the study's "
+          f"law predicts for it ({_span(pred.min(), pred.max())}; their last "
+          f"checkpoints {last}), so their not emerging does not contradict it."
+        )
   parts.append(_scale_words(points, cfg))
   return " ".join(parts)
 
@@ -433,30 +528,43 @@ def _scale_words(points: pd.DataFrame, cfg) -> str:
   this run's."""
   source = _get(cfg, "data.source", "?")
   if source == "natural":
-    data = ("natural text here too, but another corpus and tokenizer "
-            f"({_get(cfg, 'data.corpus') or _get(cfg, 'data.tfds_name') or 'a corpus'}) than "
-            f"the study's Common Crawl text")
+    data = (
+      "natural text here too, but another corpus and tokenizer "
+      f"({_get(cfg, 'data.corpus') or _get(cfg, 'data.tfds_name') or 'a corpus'}) than "
+      f"the study's Common Crawl text"
+    )
   else:
-    data = (f"{data_words(cfg).split(':')[0].split(' (')[0]} here against the study's natural "
-            f"web text (Common Crawl)")
+    data = (
+      f"{data_words(cfg).split(':')[0].split(' (')[0]} here against the study's natural "
+      f"web text (Common Crawl)"
+    )
   size = ""
   if "n_params" in points and points["n_params"].notna().any():
     ours = float(points["n_params"].dropna().astype(float).max())
-    size = (f"; models of {_big(ours)} parameters against the study's about "
-            f"{_big(STUDY_N_PARAMS)} (2 layers, d_model 768, with MLPs), "
-            f"{STUDY_N_PARAMS / ours:,.0f}× larger")
+    size = (
+      f"; models of {_big(ours)} parameters against the study's about "
+      f"{_big(STUDY_N_PARAMS)} (2 layers, d_model 768, with MLPs), "
+      f"{STUDY_N_PARAMS / ours:,.0f}× larger"
+    )
   tokens = ""
   if "last_step" in points and points["last_step"].notna().any():
-    t = (points["last_step"].astype(float) * points["batch_size"].astype(float) *
-         points["context_size"].astype(float))
-    tokens = (f"; at most {_big(t.max())} training tokens per model here against "
-              f"{_big(STUDY_TOKENS)} there")
-  return (f"This comparison crosses data and scale — {data}{size}{tokens} — so a difference "
-          f"says how this setting departs from the study's, not that either law is wrong, and a "
-          f"match would not confirm the study's law on natural text.")
+    t = (
+      points["last_step"].astype(float)
+      * points["batch_size"].astype(float)
+      * points["context_size"].astype(float)
+    )
+    tokens = (
+      f"; at most {_big(t.max())} training tokens per model here against {_big(STUDY_TOKENS)} there"
+    )
+  return (
+    f"This comparison crosses data and scale — {data}{size}{tokens} — so a difference "
+    f"says how this setting departs from the study's, not that either law is wrong, and a "
+    f"match would not confirm the study's law on natural text."
+  )
 
 
 # ---------------------------------------------------------------- limitations
+
 
 def limitations_paragraph(points: pd.DataFrame, law: dict | None, cfg, keys) -> str:
   items = []
@@ -464,59 +572,86 @@ def limitations_paragraph(points: pd.DataFrame, law: dict | None, cfg, keys) -> 
   n_c = int(cens.sum())
   if n_c:
     where = points[cens].groupby(["batch_size", "context_size"]).size()
-    spots = ", ".join(f"B {b:g}/C {c:g}" + (f" ({m})" if m > 1 else "")
-                      for (b, c), m in where.items())
+    spots = ", ".join(
+      f"B {b:g}/C {c:g}" + (f" ({m})" if m > 1 else "") for (b, c), m in where.items()
+    )
     treated = ""
     if law is not None:
       method = str(law.get("method") or "")
       if "MLE" in method or "censored" in method:
         eo = law.get("emerged_only") or {}
         them = "it" if n_c == 1 else "them"
-        treated = (f" The law counts {them} as censored; fitted to the emerged models alone it "
-                   f"would give α = {eo['alpha']:.2f}, β = {eo['beta']:.2f}."
-                   if "alpha" in eo else f" The law counts {them} as censored.")
+        treated = (
+          f" The law counts {them} as censored; fitted to the emerged models alone it "
+          f"would give α = {eo['alpha']:.2f}, β = {eo['beta']:.2f}."
+          if "alpha" in eo
+          else f" The law counts {them} as censored."
+        )
       else:
-        treated = (" The law leaves censored models out, which biases it towards early "
-                   "emergence where they cluster.")
-    items.append(f"{n_c} of {len(points)} models had not emerged by their last checkpoint "
-                 f"(censored; {spots}): " + ("its emergence point is a lower bound." if n_c == 1
-                                             else "their emergence points are lower bounds.")
-                 + treated)
+        treated = (
+          " The law leaves censored models out, which biases it towards early "
+          "emergence where they cluster."
+        )
+    items.append(
+      f"{n_c} of {len(points)} models had not emerged by their last checkpoint "
+      f"(censored; {spots}): "
+      + (
+        "its emergence point is a lower bound."
+        if n_c == 1
+        else "their emergence points are lower bounds."
+      )
+      + treated
+    )
   else:
     items.append("No model was censored.")
   lo, hi = _seeds(points, keys)
   if hi <= 1:
-    items.append("One seed per grid point: seed-to-seed scatter is not measured, and each "
-                 "emergence point is one model's.")
+    items.append(
+      "One seed per grid point: seed-to-seed scatter is not measured, and each "
+      "emergence point is one model's."
+    )
   else:
     em = points[~cens]
-    spread = em.groupby(keys)["emergence_step"].agg(
-        lambda s: float(s.max() / s.min()) if len(s) > 1 else math.nan).dropna()
+    spread = (
+      em.groupby(keys)["emergence_step"]
+      .agg(lambda s: float(s.max() / s.min()) if len(s) > 1 else math.nan)
+      .dropna()
+    )
     seeds = f"{lo}" if lo == hi else f"{lo}–{hi}"
     text = f"{seeds} seeds per grid point"
     if len(spread):
-      text += (f"; seeds of a grid point emerged up to {spread.max():.2f}× apart (median "
-               f"{spread.median():.2f}×)")
+      text += (
+        f"; seeds of a grid point emerged up to {spread.max():.2f}× apart (median "
+        f"{spread.median():.2f}×)"
+      )
     if law is not None and law.get("sigma") is not None and np.isfinite(law["sigma"]):
-      text += (f"; the scatter of models about the law is σ = {law['sigma']:.2f} in ln UPT (a "
-               f"typical model within {math.exp(law['sigma']):.2f}× of it)")
+      text += (
+        f"; the scatter of models about the law is σ = {law['sigma']:.2f} in ln UPT (a "
+        f"typical model within {math.exp(law['sigma']):.2f}× of it)"
+      )
     items.append(text + ".")
   items.append(_resolution_words(points))
   probe = _probe_words(points, cfg)
   if probe:
     items.append(probe)
   if "n_params" in points and points["n_params"].nunique() == 1:
-    items.append("One model size, so the study's finding that the emergence point does not "
-                 "depend on model size is not tested.")
+    items.append(
+      "One model size, so the study's finding that the emergence point does not "
+      "depend on model size is not tested."
+    )
   if law is not None:
     dof = law.get("dof")
     if dof is not None and dof < 3:
-      items.append(f"The law has {dof} residual degree(s) of freedom: it passes (nearly) "
-                   f"through its points and describes these models only.")
-    items.append(f"The fitted law describes B {points['batch_size'].min():g}–"
-                 f"{points['batch_size'].max():g} and C {points['context_size'].min():g}–"
-                 f"{points['context_size'].max():g} on this data; outside that range it is an "
-                 f"extrapolation.")
+      items.append(
+        f"The law has {dof} residual degree(s) of freedom: it passes (nearly) "
+        f"through its points and describes these models only."
+      )
+    items.append(
+      f"The fitted law describes B {points['batch_size'].min():g}–"
+      f"{points['batch_size'].max():g} and C {points['context_size'].min():g}–"
+      f"{points['context_size'].max():g} on this data; outside that range it is an "
+      f"extrapolation."
+    )
   return "**Limitations.** " + " ".join(i for i in items if i)
 
 
@@ -531,11 +666,13 @@ def _resolution_words(points: pd.DataFrame) -> str:
   if not ok.any():
     return ""
   gap, factor = (after - before)[ok], (after / before)[ok]
-  return (f"Checkpoint resolution: the checkpoints around the emergence points lie "
-          f"{_span(gap.min(), gap.max())} updates apart (a factor {factor.median():.2f} "
-          f"between neighbours, median; at most {factor.max():.2f}); each point is interpolated "
-          f"between them, so differences between models much smaller than that spacing are not "
-          f"resolved.")
+  return (
+    f"Checkpoint resolution: the checkpoints around the emergence points lie "
+    f"{_span(gap.min(), gap.max())} updates apart (a factor {factor.median():.2f} "
+    f"between neighbours, median; at most {factor.max():.2f}); each point is interpolated "
+    f"between them, so differences between models much smaller than that spacing are not "
+    f"resolved."
+  )
 
 
 def _probe_length(context_size: int, probe_len) -> int | None:
@@ -543,6 +680,7 @@ def _probe_length(context_size: int, probe_len) -> int | None:
   decides it (the study's min(50, C/2) unless ``eval.probe_len`` fixes it); None if refused."""
   try:
     from ihsweep.data.probes import block_length
+
     return int(block_length(int(context_size), probe_len))
   except Exception:  # an L the probes refuse (< 3), or a block_length of another signature
     if not probe_len:
@@ -562,15 +700,26 @@ def _probe_words(points: pd.DataFrame, cfg) -> str:
     return ""
   if len(set(lengths)) == 1:
     return f"Probes of one block length L = {lengths[0]} at every C."
-  return (f"The probes' block length follows C (L = {', '.join(map(str, lengths))} at C = "
-          f"{', '.join(map(str, cs))}), so the measured effect of C includes the probe's.")
+  return (
+    f"The probes' block length follows C (L = {', '.join(map(str, lengths))} at C = "
+    f"{', '.join(map(str, cs))}), so the measured effect of C includes the probe's."
+  )
 
 
 # ---------------------------------------------------------------- all together
 
-def summary(points: pd.DataFrame, law: dict | None = None, *, config=None, axes=(),
-            law_error: str | None = None, metric: str = "ps_max", method: str = "threshold",
-            n_runs: int = 1) -> list[str]:
+
+def summary(
+  points: pd.DataFrame,
+  law: dict | None = None,
+  *,
+  config=None,
+  axes=(),
+  law_error: str | None = None,
+  metric: str = "ps_max",
+  method: str = "threshold",
+  n_runs: int = 1,
+) -> list[str]:
   """The report's opening paragraphs (Markdown; bold lead words), from the report's tables.
 
   Args:
@@ -596,15 +745,19 @@ def summary(points: pd.DataFrame, law: dict | None = None, *, config=None, axes=
   need = {"batch_size", "context_size", "emergence_step", "censored"}
   if points is None or points.empty or not need <= set(points):
     missing = sorted(need - set(points if points is not None else []))
-    raise ValueError(f"summary needs one row per model with {sorted(need)}"
-                     + (f"; missing {missing}" if missing else "; got no rows"))
+    raise ValueError(
+      f"summary needs one row per model with {sorted(need)}"
+      + (f"; missing {missing}" if missing else "; got no rows")
+    )
   points = points.copy()
   if "censor_step" not in points:
     points["censor_step"] = math.nan
   cfg = config if config is not None else {}
   keys = [k for k in ("run", *axes, "batch_size", "context_size") if k in points]
   keys = list(dict.fromkeys(keys))
-  return [setup_paragraph(points, cfg, keys, list(axes), metric, method, n_runs),
-          finding_paragraph(points, law, law_error, keys, list(axes)),
-          study_paragraph(points, law, cfg),
-          limitations_paragraph(points, law, cfg, keys)]
+  return [
+    setup_paragraph(points, cfg, keys, list(axes), metric, method, n_runs),
+    finding_paragraph(points, law, law_error, keys, list(axes)),
+    study_paragraph(points, law, cfg),
+    limitations_paragraph(points, law, cfg, keys),
+  ]

@@ -38,10 +38,26 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 WORKLOADS = {
-    "reference": dict(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096,
-                      max_context=128, batch_size=16, context_size=128),
-    "tiny": dict(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=512, max_context=64,
-                 batch_size=8, context_size=64),
+  "reference": dict(
+    n_layers=2,
+    n_heads=4,
+    d_model=128,
+    d_mlp=512,
+    vocab_size=4096,
+    max_context=128,
+    batch_size=16,
+    context_size=128,
+  ),
+  "tiny": dict(
+    n_layers=2,
+    n_heads=4,
+    d_model=64,
+    d_mlp=256,
+    vocab_size=512,
+    max_context=64,
+    batch_size=8,
+    context_size=64,
+  ),
 }
 
 
@@ -53,39 +69,51 @@ def build_run(workdir: str, workload: str, n_models: int, n_checkpoints: int) ->
   from ihsweep.data import probes as probes_lib
   from ihsweep.model import Transformer
   from ihsweep.runner import cell_metadata, write_resolved_config
+
   w = WORKLOADS[workload]
   cfg = configs.default.get_config()
-  cfg.model.update(n_layers=w["n_layers"], n_heads=w["n_heads"], d_model=w["d_model"],
-                   d_mlp=w["d_mlp"], vocab_size=w["vocab_size"], max_context=w["max_context"])
+  cfg.model.update(
+    n_layers=w["n_layers"],
+    n_heads=w["n_heads"],
+    d_model=w["d_model"],
+    d_mlp=w["d_mlp"],
+    vocab_size=w["vocab_size"],
+    max_context=w["max_context"],
+  )
   steps, k = {0}, 0
   while len(steps) < n_checkpoints:  # log-spaced, 2 per octave, as checkpoint.params_steps
     steps.add(int(round(2 ** (k / 2))))
     k += 1
   steps = sorted(steps)
-  cfg.train.update(batch_size=w["batch_size"], context_size=w["context_size"],
-                   num_steps=steps[-1])
+  cfg.train.update(batch_size=w["batch_size"], context_size=w["context_size"], num_steps=steps[-1])
   cfg.ensemble.size = n_models
   cfg.data.source = "uniform"
   write_resolved_config(cfg, workdir)
   mcfg, tcfg = train.model_and_train_config(cfg)
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("ensemble", "data"))
-  state = train.make_init_fn(Transformer(mcfg), tcfg, mesh)(
-      np.arange(n_models, dtype=np.int32))
+  state = train.make_init_fn(Transformer(mcfg), tcfg, mesh)(np.arange(n_models, dtype=np.int32))
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
-  probes = probes_lib.make_probes(source, data_params,
-                                  jax.tree_util.tree_map(np.asarray, source.arrays()),
-                                  cfg.eval, n_models, tcfg.context_size)
+  probes = probes_lib.make_probes(
+    source,
+    data_params,
+    jax.tree_util.tree_map(np.asarray, source.arrays()),
+    cfg.eval,
+    n_models,
+    tcfg.context_size,
+  )
   probes.save(os.path.join(workdir, "probes.npz"))
   n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params)) // n_models
-  ckpts = checkpoint.RunCheckpoints(os.path.join(workdir, "checkpoints"),
-                                    cell_metadata(cfg, mcfg, tcfg, source, n_params),
-                                    read_only=False)
+  ckpts = checkpoint.RunCheckpoints(
+    os.path.join(workdir, "checkpoints"),
+    cell_metadata(cfg, mcfg, tcfg, source, n_params),
+    read_only=False,
+  )
   rng = np.random.default_rng(0)
   for step in steps:
     params = jax.tree_util.tree_map(
-        lambda x: np.asarray(x) + 1e-3 * rng.standard_normal(x.shape).astype(x.dtype),
-        state.params)
+      lambda x: np.asarray(x) + 1e-3 * rng.standard_normal(x.shape).astype(x.dtype), state.params
+    )
     ckpts.save_params(step, params)
   ckpts.close()
   with open(os.path.join(workdir, "train_log.jsonl"), "w") as f:
@@ -99,16 +127,21 @@ def main(argv=None) -> int:
   p.add_argument("--checkpoints", type=int, default=30)
   p.add_argument("--workload", choices=sorted(WORKLOADS), default="reference")
   p.add_argument("--keep", help="build the run directory here and keep it")
-  p.add_argument("--probes", default=None, help="probes per checkpoint ('all' or N; default: "
-                 "the analysis default)")
+  p.add_argument(
+    "--probes",
+    default=None,
+    help="probes per checkpoint ('all' or N; default: the analysis default)",
+  )
   p.add_argument("--sequences", default=None, help="held-out sequences ('all' or N)")
   args = p.parse_args(argv)
   import logging
+
   logging.basicConfig(level=logging.WARNING)
   logging.getLogger("absl").setLevel(logging.ERROR)
   from analysis import curves as curves_lib
   from analysis import report
   from analysis.load import load_run
+
   with tempfile.TemporaryDirectory(prefix="ihsweep-bench-analysis-") as tmp:
     workdir = args.keep or os.path.join(tmp, "run")
     t0 = time.perf_counter()
@@ -127,17 +160,26 @@ def main(argv=None) -> int:
     warm = time.perf_counter() - t0
     run = load_run(workdir)
     t0 = time.perf_counter()
-    table = curves_lib.compute_curves(run, cache=False, progress=False,
-                                      n_probes=opts.n_probes, n_sequences=opts.n_sequences)
+    table = curves_lib.compute_curves(
+      run, cache=False, progress=False, n_probes=opts.n_probes, n_sequences=opts.n_sequences
+    )
     curves_s = time.perf_counter() - t0
     run.close()
-  result = {"workload": args.workload, "E": args.E, "checkpoints": args.checkpoints,
-            "devices": len(jax.local_devices()), "backend": jax.default_backend(),
-            "build_s": round(build_s, 2), "cold_s": round(cold, 2), "warm_s": round(warm, 2),
-            "curves_s": round(curves_s, 2),
-            "per_checkpoint_s": round(curves_s / args.checkpoints, 3), "rows": len(table),
-            "n_probes": int(table["n_probes"].iloc[0]),
-            "n_sequences": int(table["n_sequences"].iloc[0])}
+  result = {
+    "workload": args.workload,
+    "E": args.E,
+    "checkpoints": args.checkpoints,
+    "devices": len(jax.local_devices()),
+    "backend": jax.default_backend(),
+    "build_s": round(build_s, 2),
+    "cold_s": round(cold, 2),
+    "warm_s": round(warm, 2),
+    "curves_s": round(curves_s, 2),
+    "per_checkpoint_s": round(curves_s / args.checkpoints, 3),
+    "rows": len(table),
+    "n_probes": int(table["n_probes"].iloc[0]),
+    "n_sequences": int(table["n_sequences"].iloc[0]),
+  }
   print(json.dumps(result))
   return 0
 

@@ -3,7 +3,8 @@ start-up, and the share of worker time not spent in training calls.
 
   python benchmarks/sweep_overhead.py [--config configs/demo.py] [--workers 1,2]
       [--updates N] [--grid FIELD=V1,V2 ...] [--set FIELD=VALUE ...] [--json]
-      [--cache_dir DIR | --no_cache] [--law FILE] [--gpus 0] [--cpu_devices N] [--workdir BASE] [--keep] [--plan]
+      [--cache_dir DIR | --no_cache] [--law FILE] [--gpus 0] [--cpu_devices N]
+      [--workdir BASE] [--keep] [--plan]
       [-- more `ihsweep run` flags]
 
 Each entry of ``--workers`` is one sweep from scratch into its own run directory
@@ -76,8 +77,11 @@ def cache_env(cache_dir: str, off: bool = False) -> dict:
   otherwise keep JAX's, which skip programs compiled in under a second); ``off``: no cache."""
   if off:
     return {"JAX_ENABLE_COMPILATION_CACHE": "false"}
-  return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  return {
+    "JAX_COMPILATION_CACHE_DIR": cache_dir,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+  }
 
 
 def devices_per_worker(args, workers: int) -> int:
@@ -96,22 +100,32 @@ def predict(args, workers: int, base: str) -> dict:
   cache = tempfile.mkdtemp(prefix="plan_cache_", dir=base)
   env = {**os.environ, **cache_env(cache), "XLA_FLAGS": xla}
   flags = [f for f in run_flags(args) if f != "--noprogress"]
-  cmd = [*os.environ.get("IHSWEEP", f"{sys.executable} -m ihsweep.cli").split(), "plan",
-         f"--config={args.config}", *flags, f"--devices={workers * per}",
-         f"--devices_per_worker={per}", "--json"] + ([f"--law={args.law}"] if args.law else [])
+  cmd = [
+    *os.environ.get("IHSWEEP", f"{sys.executable} -m ihsweep.cli").split(),
+    "plan",
+    f"--config={args.config}",
+    *flags,
+    f"--devices={workers * per}",
+    f"--devices_per_worker={per}",
+    "--json",
+  ] + ([f"--law={args.law}"] if args.law else [])
   try:
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=args.timeout)
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
   except subprocess.TimeoutExpired:
     r = subprocess.CompletedProcess(cmd, "timeout", "", f"timed out after {args.timeout} s")
   shutil.rmtree(cache, ignore_errors=True)
   try:
     plan = json.loads(r.stdout.strip().splitlines()[-1])
-    return {"plan_makespan_s": round(plan["makespan_s"], 2),
-            "plan_utilisation": round(plan["utilisation"], 3)}
+    return {
+      "plan_makespan_s": round(plan["makespan_s"], 2),
+      "plan_utilisation": round(plan["utilisation"], 3),
+    }
   except (IndexError, KeyError, TypeError, ValueError):
-    return {"plan_makespan_s": None, "plan_utilisation": None,
-            "plan_failed": (r.stderr or r.stdout)[-300:]}
+    return {
+      "plan_makespan_s": None,
+      "plan_utilisation": None,
+      "plan_failed": (r.stderr or r.stdout)[-300:],
+    }
 
 
 def stop(launcher: subprocess.Popen) -> str:
@@ -136,12 +150,26 @@ def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
     env["IHSWEEP_CPU_DEVICES"] = str(args.cpu_devices)
   if args.gpus:
     env["IHSWEEP_GPUS"] = args.gpus
-  cmd = ["bash", LAUNCHER, str(workers), "--independent", f"--config={args.config}",
-         f"--workdir={workdir}", *run_flags(args)]
+  cmd = [
+    "bash",
+    LAUNCHER,
+    str(workers),
+    "--independent",
+    f"--config={args.config}",
+    f"--workdir={workdir}",
+    *run_flags(args),
+  ]
   start = time.perf_counter()
   # Its own process group: at the timeout the launcher and its workers are ended together.
-  launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  launcher = subprocess.Popen(
+    cmd,
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
   try:
     out, _ = launcher.communicate(timeout=args.timeout)
     status = launcher.returncode
@@ -150,8 +178,13 @@ def run_sweep(args, workers: int, workdir: str, cache_dir: str) -> dict:
   except BaseException:  # SIGTERM or Ctrl-C of this script: no workers left behind
     stop(launcher)
     raise
-  return {"workers": workers, "wall_s": round(time.perf_counter() - start, 2),
-          "exit_status": status, "workdir": workdir, "output_tail": out[-2000:]}
+  return {
+    "workers": workers,
+    "wall_s": round(time.perf_counter() - start, 2),
+    "exit_status": status,
+    "workdir": workdir,
+    "output_tail": out[-2000:],
+  }
 
 
 def group_rows(workdir: str) -> list[dict]:
@@ -176,10 +209,18 @@ def group_rows(workdir: str) -> list[dict]:
     except (OSError, ValueError):
       status = {}
     t = status.get("timings") or {}
-    rows.append({"group": g, "state": status.get("state", "pending"),
-                 "worker": ", ".join(claims.get(g, [])) or None, "claims": len(claims.get(g, [])),
-                 "setup_s": t.get("setup_s"), "train_s": t.get("train_s"),
-                 "total_s": t.get("total_s"), "error": (status.get("error") or "")[:300] or None})
+    rows.append(
+      {
+        "group": g,
+        "state": status.get("state", "pending"),
+        "worker": ", ".join(claims.get(g, [])) or None,
+        "claims": len(claims.get(g, [])),
+        "setup_s": t.get("setup_s"),
+        "train_s": t.get("train_s"),
+        "total_s": t.get("total_s"),
+        "error": (status.get("error") or "")[:300] or None,
+      }
+    )
   return rows
 
 
@@ -188,12 +229,21 @@ def summarise(run: dict, rows: list[dict]) -> dict:
   w, wall = run["workers"], run["wall_s"]
   timed = rows and all(r["train_s"] is not None for r in rows)
   total = lambda key: round(sum(r[key] or 0.0 for r in rows), 2) if timed else None
-  run.update(groups=len(rows), done=sum(r["state"] == "done" for r in rows),
-             setup_s=total("setup_s"), train_s=total("train_s"), group_total_s=total("total_s"))
+  run.update(
+    groups=len(rows),
+    done=sum(r["state"] == "done" for r in rows),
+    setup_s=total("setup_s"),
+    train_s=total("train_s"),
+    group_total_s=total("total_s"),
+  )
   if timed:
     busy = run["train_s"] / (w * wall)
-    run.update(busy=round(busy, 3), overhead_s=round(w * wall - run["train_s"], 2),
-               overhead=round(1 - busy, 3), outside_s=round(w * wall - run["group_total_s"], 2))
+    run.update(
+      busy=round(busy, 3),
+      overhead_s=round(w * wall - run["train_s"], 2),
+      overhead=round(1 - busy, 3),
+      outside_s=round(w * wall - run["group_total_s"], 2),
+    )
   else:
     run.update(busy=None, overhead_s=None, overhead=None, outside_s=None)
   return run
@@ -202,28 +252,48 @@ def summarise(run: dict, rows: list[dict]) -> dict:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--config", default="configs/demo.py", help="sweep config (FILE[:ARG])")
-  p.add_argument("--workers", default="1,2",
-                 help="comma-separated worker counts, one sweep each, in this order")
-  p.add_argument("--updates", type=int, default=0,
-                 help="a fixed budget of N updates per group (sweep.budget=updates)")
+  p.add_argument(
+    "--workers", default="1,2", help="comma-separated worker counts, one sweep each, in this order"
+  )
+  p.add_argument(
+    "--updates",
+    type=int,
+    default=0,
+    help="a fixed budget of N updates per group (sweep.budget=updates)",
+  )
   p.add_argument("--grid", action="append", default=[], help="FIELD=V1,V2 (as ihsweep run)")
   p.add_argument("--set", action="append", default=[], help="FIELD=VALUE (--config.FIELD)")
-  p.add_argument("--cache_dir", default="",
-                 help="JAX persistent compilation cache for every sweep (default: a new empty "
-                      "one per sweep)")
-  p.add_argument("--no_cache", action="store_true",
-                 help="no persistent compilation cache (and so no compiling ahead): 'before'")
+  p.add_argument(
+    "--cache_dir",
+    default="",
+    help="JAX persistent compilation cache for every sweep (default: a new empty one per sweep)",
+  )
+  p.add_argument(
+    "--no_cache",
+    action="store_true",
+    help="no persistent compilation cache (and so no compiling ahead): 'before'",
+  )
   p.add_argument("--law", default="", help="--law for ihsweep plan (with --plan)")
   p.add_argument("--gpus", default="", help="IHSWEEP_GPUS for the launcher, e.g. 0")
-  p.add_argument("--cpu_devices", type=int, default=0,
-                 help="CPU devices per worker (default: the launcher's cores / W)")
-  p.add_argument("--workdir", default="", help="base directory of the run directories "
-                                              "(default: a temporary one, removed after)")
+  p.add_argument(
+    "--cpu_devices",
+    type=int,
+    default=0,
+    help="CPU devices per worker (default: the launcher's cores / W)",
+  )
+  p.add_argument(
+    "--workdir",
+    default="",
+    help="base directory of the run directories (default: a temporary one, removed after)",
+  )
   p.add_argument("--keep", action="store_true", help="keep the run directories")
   p.add_argument("--timeout", type=float, default=3600, help="seconds per sweep")
-  p.add_argument("--plan", action="store_true",
-                 help="also ihsweep plan's predicted makespan for each W (CPU workers; "
-                      "measures a step and the start-up of each group shape here)")
+  p.add_argument(
+    "--plan",
+    action="store_true",
+    help="also ihsweep plan's predicted makespan for each W (CPU workers; "
+    "measures a step and the start-up of each group shape here)",
+  )
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("extra", nargs="*", help="after --: more ihsweep run flags")
   args = p.parse_args(argv)
@@ -256,15 +326,23 @@ def main(argv=None) -> int:
       groups += [{"workers": w, "run": i, **r} for r in rows]
       if run["exit_status"] != 0:
         errors = sorted({r["error"] for r in rows if r["error"]})
-        notes.append(f"sweep {i} ({w} worker(s)) ended with status {run['exit_status']}; "
-                     + (f"group errors: {'; '.join(errors)}" if errors else
-                        f"its output ends: {run['output_tail'][-300:]!r}"))
+        notes.append(
+          f"sweep {i} ({w} worker(s)) ended with status {run['exit_status']}; "
+          + (
+            f"group errors: {'; '.join(errors)}"
+            if errors
+            else f"its output ends: {run['output_tail'][-300:]!r}"
+          )
+        )
       if rows and run["train_s"] is None:
-        notes.append(f"sweep {i}: groups without timings in status.json (unfinished, or an "
-                     f"ihsweep that does not record them): no overhead")
+        notes.append(
+          f"sweep {i}: groups without timings in status.json (unfinished, or an "
+          f"ihsweep that does not record them): no overhead"
+        )
       if not args.json:
-        print(f"sweep {i}: {w} worker(s), {run['wall_s']} s, exit {run['exit_status']}",
-              file=sys.stderr)
+        print(
+          f"sweep {i}: {w} worker(s), {run['wall_s']} s, exit {run['exit_status']}", file=sys.stderr
+        )
   finally:
     if not (args.keep or args.workdir):
       shutil.rmtree(base, ignore_errors=True)
@@ -272,20 +350,42 @@ def main(argv=None) -> int:
   for run in runs:
     run["speedup"] = round(base_wall / run["wall_s"], 2) if run["wall_s"] else None
     del run["output_tail"]
-  out = {"config": args.config, "flags": run_flags(args), "cache": "off" if args.no_cache else
-         args.cache_dir or "empty per sweep", "runs": runs, "groups": groups, "notes": notes}
+  out = {
+    "config": args.config,
+    "flags": run_flags(args),
+    "cache": "off" if args.no_cache else args.cache_dir or "empty per sweep",
+    "runs": runs,
+    "groups": groups,
+    "notes": notes,
+  }
   if args.json:
     print(json.dumps(out))
   else:
-    cols = ["workers", "wall_s", "speedup", "groups", "done", "setup_s", "train_s",
-            "group_total_s", "outside_s", "busy", "overhead_s", "overhead", "exit_status"]
+    cols = [
+      "workers",
+      "wall_s",
+      "speedup",
+      "groups",
+      "done",
+      "setup_s",
+      "train_s",
+      "group_total_s",
+      "outside_s",
+      "busy",
+      "overhead_s",
+      "overhead",
+      "exit_status",
+    ]
     if args.plan:
       cols[3:3] = ["plan_makespan_s", "plan_error"]
     print(pd.DataFrame(runs).reindex(columns=cols).to_string(index=False))
     if groups:
       print()
-      print(pd.DataFrame(groups)[["workers", "group", "state", "worker", "claims", "setup_s",
-                                  "train_s", "total_s"]].to_string(index=False))
+      print(
+        pd.DataFrame(groups)[
+          ["workers", "group", "state", "worker", "claims", "setup_s", "train_s", "total_s"]
+        ].to_string(index=False)
+      )
     for note in notes:
       print("note:", note)
   return 0 if all(r["exit_status"] == 0 for r in runs) else 1

@@ -47,14 +47,20 @@ import numpy as np
 from ihsweep import data as data_lib
 from ihsweep import sharding, train
 from ihsweep.data.builtin import UniformSource
-from ihsweep.runner import HostLoader
 from ihsweep.model import ModelConfig, Transformer, flops_per_token
+from ihsweep.runner import HostLoader
 
 WORKLOADS = {
-    "reference": dict(model=dict(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096,
-                                 max_context=128), batch_size=16, context_size=128),
-    "tiny": dict(model=dict(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=512,
-                            max_context=64), batch_size=8, context_size=64),
+  "reference": dict(
+    model=dict(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096, max_context=128),
+    batch_size=16,
+    context_size=128,
+  ),
+  "tiny": dict(
+    model=dict(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=512, max_context=64),
+    batch_size=8,
+    context_size=64,
+  ),
 }
 
 
@@ -84,19 +90,32 @@ def _source(data: str, loader: str, mcfg: ModelConfig, tcfg: train.TrainConfig):
   return data_lib.make_source(data_cfg, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
 
 
-def _build(workload: str, n_models: int, steps_per_call: int, total_steps: int, data: str,
-           loader: str, devices=None):
+def _build(
+  workload: str,
+  n_models: int,
+  steps_per_call: int,
+  total_steps: int,
+  data: str,
+  loader: str,
+  devices=None,
+):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
-  tcfg = train.TrainConfig(batch_size=w["batch_size"], context_size=w["context_size"],
-                           num_steps=total_steps, steps_per_call=steps_per_call, lr=1e-3)
+  tcfg = train.TrainConfig(
+    batch_size=w["batch_size"],
+    context_size=w["context_size"],
+    num_steps=total_steps,
+    steps_per_call=steps_per_call,
+    lr=1e-3,
+  )
   model = Transformer(mcfg)
   source = _source(data, loader, mcfg, tcfg)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
   host_fed = not getattr(source, "on_device", True)
-  step = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample, mesh,
-                                      steps_per_call)
+  step = train.make_ensemble_train_fn(
+    model, tcfg, None if host_fed else source.sample, mesh, steps_per_call
+  )
   hp = train.HParams(peak_lr=jnp.full((n_models,), tcfg.lr), data=source.data_params(n_models))
 
   def feed(state, n_calls):
@@ -123,6 +142,7 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
 
   def compiled(state, hp, data):
     return exe(state, hp, data) if n_active is None else exe(state, hp, data, n_active)
+
   compile_s = time.perf_counter() - t0
   states = []
   for state, hp, next_data in programs:
@@ -143,6 +163,7 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
 def _data_only_program(sample, steps_per_call: int):
   """Only the in-graph data of an ensemble call (``train.sample_ensemble_batches``): its time
   over the ensemble call's is the share of step time spent generating data."""
+
   def generate(state, hp, arrays):
     batches = train.sample_ensemble_batches(sample, state, hp, arrays, steps_per_call)
     return state.replace(step=state.step + steps_per_call), {"checksum": batches.sum()}
@@ -150,8 +171,9 @@ def _data_only_program(sample, steps_per_call: int):
   return jax.jit(generate, donate_argnums=0)
 
 
-def eval_overhead(workload: str, n_models: int, updates: int, steps_per_call: int, rounds: int,
-                  every: int) -> dict:
+def eval_overhead(
+  workload: str, n_models: int, updates: int, steps_per_call: int, rounds: int, every: int
+) -> dict:
   """Seconds per online evaluation of the ensemble (``runner.Evaluator`` at the default
   ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
   import ml_collections
@@ -159,16 +181,16 @@ def eval_overhead(workload: str, n_models: int, updates: int, steps_per_call: in
   from ihsweep import config as config_lib
   from ihsweep.data import probes as probes_lib
   from ihsweep.runner import Evaluator
-  mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, steps_per_call, updates,
-                                                    "uniform", "device")
+
+  mcfg, tcfg, init, step, hp, feed, source = _build(
+    workload, n_models, steps_per_call, updates, "uniform", "device"
+  )
   state = init(jnp.arange(n_models, dtype=jnp.int32))
-  _, times = _time_programs(step, [(state, hp, feed(state, 0))], updates // steps_per_call,
-                            rounds)
+  _, times = _time_programs(step, [(state, hp, feed(state, 0))], updates // steps_per_call, rounds)
   cfg = ml_collections.ConfigDict({"eval": config_lib.default_eval()})
   mesh = sharding.make_mesh(n_models, tcfg.batch_size)
   arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
-  probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models,
-                                  tcfg.context_size)
+  probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models, tcfg.context_size)
   evaluator = Evaluator(cfg, mcfg, probes, mesh)
   params = init(jnp.arange(n_models, dtype=jnp.int32)).params
   jax.block_until_ready(evaluator(params))  # compile
@@ -178,15 +200,29 @@ def eval_overhead(workload: str, n_models: int, updates: int, steps_per_call: in
     jax.block_until_ready(evaluator(params))
     eval_times.append(time.perf_counter() - t0)
   eval_s, train_s = min(eval_times), min(times) * every / updates
-  return {"mode": "eval", "E": n_models, "eval_s": round(eval_s, 3),
-          "train_s": round(train_s, 3), "every_steps": every,
-          "overhead": round(eval_s / train_s, 4), "n_probes": cfg.eval.n_probes,
-          "n_sequences": cfg.eval.n_sequences}
+  return {
+    "mode": "eval",
+    "E": n_models,
+    "eval_s": round(eval_s, 3),
+    "train_s": round(train_s, 3),
+    "every_steps": every,
+    "overhead": round(eval_s / train_s, 4),
+    "n_probes": cfg.eval.n_probes,
+    "n_sequences": cfg.eval.n_sequences,
+  }
 
 
-def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_call: int,
-             rounds: int, peak_gflops: float, data: str = "uniform",
-             loader: str = "device") -> dict:
+def run_mode(
+  mode: str,
+  workload: str,
+  n_models: int,
+  updates: int,
+  steps_per_call: int,
+  rounds: int,
+  peak_gflops: float,
+  data: str = "uniform",
+  loader: str = "device",
+) -> dict:
   """``updates`` per model per round. ensemble: one program, ``steps_per_call`` updates per
   call. sequential: E single-model programs, one update per call (a plain per-step loop).
   sequential_scan: E single-model programs, ``steps_per_call`` updates per call. data_only: the
@@ -197,8 +233,7 @@ def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_ca
   calls_needed = 2 + n_calls * rounds  # compile + warm-up + timed
   if mode in ("ensemble", "data_only"):
     # Placed as `ihsweep train` places it: over every device.
-    mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, k, updates, data,
-                                                      loader)
+    mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, k, updates, data, loader)
     state = init(seeds)
     programs = [(state, hp, feed(state, calls_needed))]
     if mode == "data_only":
@@ -208,21 +243,31 @@ def run_mode(mode: str, workload: str, n_models: int, updates: int, steps_per_ca
   else:  # what one writes without ihsweep: one model at a time on one device
     if loader == "host":
       raise SystemExit("--loader host is measured in ensemble mode only")
-    mcfg, tcfg, init, step, hp, feed, _ = _build(workload, 1, k, updates, data, loader,
-                                                 devices=jax.devices()[:1])
+    mcfg, tcfg, init, step, hp, feed, _ = _build(
+      workload, 1, k, updates, data, loader, devices=jax.devices()[:1]
+    )
     programs = []
     for i in range(n_models):
-      state = init(seeds[i:i + 1])
+      state = init(seeds[i : i + 1])
       programs.append((state, hp, feed(state, calls_needed)))
   compile_s, times = _time_programs(step, programs, n_calls, rounds)
   tokens = n_models * updates * train.tokens_per_update(tcfg)
   best, median = tokens / min(times), tokens / float(np.median(times))
   flops = best * flops_per_token(mcfg, tcfg.context_size)
-  return {"mode": mode, "E": n_models, "tokens_per_s": round(best, 1),
-          "model_flops_per_s": round(flops, 1), "mfu": round(flops / (peak_gflops * 1e9), 4),
-          "compile_s": round(compile_s, 2), "tokens_per_s_median": round(median, 1),
-          "steps_per_call": k, "updates_per_round": updates, "rounds": rounds, "data": data,
-          "loader": loader if data == "natural" else "in-graph"}
+  return {
+    "mode": mode,
+    "E": n_models,
+    "tokens_per_s": round(best, 1),
+    "model_flops_per_s": round(flops, 1),
+    "mfu": round(flops / (peak_gflops * 1e9), 4),
+    "compile_s": round(compile_s, 2),
+    "tokens_per_s_median": round(median, 1),
+    "steps_per_call": k,
+    "updates_per_round": updates,
+    "rounds": rounds,
+    "data": data,
+    "loader": loader if data == "natural" else "in-graph",
+  }
 
 
 def main(argv=None) -> int:
@@ -233,17 +278,37 @@ def main(argv=None) -> int:
   p.add_argument("--modes", default="ensemble,sequential,sequential_scan")
   p.add_argument("--steps_per_call", type=int, default=10)
   p.add_argument("--updates", type=int, default=10, help="timed updates per model per round")
-  p.add_argument("--rounds", type=int, default=3,
-                 help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median")
-  p.add_argument("--data", choices=("uniform", "natural", "markov"), default="uniform",
-                 help="uniform random tokens, python-docs windows, or Markov sequences from the "
-                      "python-docs bigrams (fetch the corpus first)")
-  p.add_argument("--loader", choices=("device", "host"), default="device",
-                 help="natural: token array on device (in-graph windows) or host loader")
-  p.add_argument("--eval_every", type=int, default=100,
-                 help="eval mode: updates between evaluations (ihsweep's default 100)")
-  p.add_argument("--cpu_devices", type=int, default=None,
-                 help="XLA CPU devices (default: one per core, as `ihsweep` uses)")
+  p.add_argument(
+    "--rounds",
+    type=int,
+    default=3,
+    help="timed rounds; tokens_per_s is the best, tokens_per_s_median the median",
+  )
+  p.add_argument(
+    "--data",
+    choices=("uniform", "natural", "markov"),
+    default="uniform",
+    help="uniform random tokens, python-docs windows, or Markov sequences from the "
+    "python-docs bigrams (fetch the corpus first)",
+  )
+  p.add_argument(
+    "--loader",
+    choices=("device", "host"),
+    default="device",
+    help="natural: token array on device (in-graph windows) or host loader",
+  )
+  p.add_argument(
+    "--eval_every",
+    type=int,
+    default=100,
+    help="eval mode: updates between evaluations (ihsweep's default 100)",
+  )
+  p.add_argument(
+    "--cpu_devices",
+    type=int,
+    default=None,
+    help="XLA CPU devices (default: one per core, as `ihsweep` uses)",
+  )
   args = p.parse_args(argv)
   sharding.use_one_cpu_device_per_core(args.cpu_devices)
   peak = matmul_peak_gflops()
@@ -251,16 +316,33 @@ def main(argv=None) -> int:
   for n in [int(x) for x in args.E.split(",")]:
     for mode in args.modes.split(","):
       if mode == "eval":
-        results.append(eval_overhead(args.workload, n, args.updates, args.steps_per_call,
-                                     args.rounds, args.eval_every))
+        results.append(
+          eval_overhead(
+            args.workload, n, args.updates, args.steps_per_call, args.rounds, args.eval_every
+          )
+        )
         continue
-      r = run_mode(mode, args.workload, n, args.updates, args.steps_per_call, args.rounds, peak,
-                   args.data, args.loader)
+      r = run_mode(
+        mode,
+        args.workload,
+        n,
+        args.updates,
+        args.steps_per_call,
+        args.rounds,
+        peak,
+        args.data,
+        args.loader,
+      )
       results.append(r)
       if not args.json:
         print(r, file=sys.stderr)
-  out = {"workload": args.workload, "matmul_peak_gflops": round(peak, 1),
-         "backend": jax.default_backend(), "devices": len(jax.devices()), "results": results}
+  out = {
+    "workload": args.workload,
+    "matmul_peak_gflops": round(peak, 1),
+    "backend": jax.default_backend(),
+    "devices": len(jax.devices()),
+    "results": results,
+  }
   print(json.dumps(out) if args.json else json.dumps(out, indent=1))
   return 0
 

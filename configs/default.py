@@ -20,20 +20,44 @@ def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.seed = 0  # model i of the ensemble uses seed + i
 
-  c.model = ml_collections.ConfigDict(dict(
-      n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096, max_context=128,
-      pos_encoding="learned", tie_embeddings=True, dtype="auto", param_dtype="float32"))
+  c.model = ml_collections.ConfigDict(
+    dict(
+      n_layers=2,
+      n_heads=4,
+      d_model=128,
+      d_mlp=512,
+      vocab_size=4096,
+      max_context=128,
+      pos_encoding="learned",
+      tie_embeddings=True,
+      dtype="auto",
+      param_dtype="float32",
+    )
+  )
 
-  c.train = ml_collections.ConfigDict(dict(
-      batch_size=16, context_size=128, num_steps=200, steps_per_call=50,
-      lr=1e-3, schedule="cosine", warmup_frac=0.01, b1=0.9, b2=0.999, eps=1e-8,
-      weight_decay=0.0, grad_clip=1.0))
+  c.train = ml_collections.ConfigDict(
+    dict(
+      batch_size=16,
+      context_size=128,
+      num_steps=200,
+      steps_per_call=50,
+      lr=1e-3,
+      schedule="cosine",
+      warmup_frac=0.01,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      weight_decay=0.0,
+      grad_clip=1.0,
+    )
+  )
 
   # seeds: per-model seeds (empty = seed + i); cell_ids: ids in logs (empty = 0…E-1; a sweep
   # sets both); vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU,
   # cache-sized on CPU)
-  c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), seeds=(), cell_ids=(),
-                                              vmap_chunk=0))
+  c.ensemble = ml_collections.ConfigDict(
+    dict(size=4, peak_lrs=(), seeds=(), cell_ids=(), vmap_chunk=0)
+  )
 
   c.data = data.default_config()  # every field documented in ihsweep.data.default_config
   c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
@@ -51,6 +75,8 @@ def get_config(arg: str = ""):
     elif variant == "python_docs":
       c.data.update(source="natural", corpus="python-docs")
     else:
-      raise ValueError(f"configs/default.py: unknown variant {variant!r}; allowed: 'tiny', "
-                       f"'python_docs', or both comma-separated")
+      raise ValueError(
+        f"configs/default.py: unknown variant {variant!r}; allowed: 'tiny', "
+        f"'python_docs', or both comma-separated"
+      )
   return c

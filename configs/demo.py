@@ -44,21 +44,45 @@ from configs import default
 
 def get_config(arg: str = ""):
   if arg:
-    raise ValueError(f"configs/demo.py takes no argument (got {arg!r}); change the grid with "
-                     f"--grid=train.batch_size=8,16 or --config.sweep.* flags")
+    raise ValueError(
+      f"configs/demo.py takes no argument (got {arg!r}); change the grid with "
+      f"--grid=train.batch_size=8,16 or --config.sweep.* flags"
+    )
   c = default.get_config()
-  c.model.update(n_layers=2, n_heads=1, d_model=64, d_mlp=0, vocab_size=256, max_context=64,
-                 tie_embeddings=False)
-  c.train.update(batch_size=16, context_size=64, num_steps=4000, steps_per_call=50, lr=1e-3,
-                 schedule="constant", warmup_frac=0.01)
+  c.model.update(
+    n_layers=2, n_heads=1, d_model=64, d_mlp=0, vocab_size=256, max_context=64, tie_embeddings=False
+  )
+  c.train.update(
+    batch_size=16,
+    context_size=64,
+    num_steps=4000,
+    steps_per_call=50,
+    lr=1e-3,
+    schedule="constant",
+    warmup_frac=0.01,
+  )
   c.ensemble.update(size=2)
-  c.data.update(source="markov", transitions="bigram", corpus="python-docs", frequency=1.0,
-                reliability=1.0, smoothing=0.004)
+  c.data.update(
+    source="markov",
+    transitions="bigram",
+    corpus="python-docs",
+    frequency=1.0,
+    reliability=1.0,
+    smoothing=0.004,
+  )
   c.eval.update(every_steps=100)
-  c.checkpoint.update(params_schedule="log", points_per_octave=4, law_points_per_octave=0,
-                      state_every_steps=1000)
-  c.sweep.grid = ml_collections.ConfigDict(dict(train=ml_collections.ConfigDict(dict(
-      batch_size=(8, 16, 32), context_size=(16, 32, 64)))))
-  c.sweep.update(seeds=2, budget="emergence", law_multiple=0.25, stop_metric="ps_max",
-                 stop_threshold=0.3, stop_margin=2.0)
+  c.checkpoint.update(
+    params_schedule="log", points_per_octave=4, law_points_per_octave=0, state_every_steps=1000
+  )
+  c.sweep.grid = ml_collections.ConfigDict(
+    dict(train=ml_collections.ConfigDict(dict(batch_size=(8, 16, 32), context_size=(16, 32, 64))))
+  )
+  c.sweep.update(
+    seeds=2,
+    budget="emergence",
+    law_multiple=0.25,
+    stop_metric="ps_max",
+    stop_threshold=0.3,
+    stop_margin=2.0,
+  )
   return c

@@ -51,8 +51,10 @@ def _options(arg: str) -> dict:
   allowed = {"scale": ("study", "cpu"), "models": ("1", "3")}
   for key, value in opts.items() if len(opts) == len(items) else [("", "")]:
     if key not in allowed or value not in allowed[key]:
-      raise ValueError(f"{__name__}: argument {arg!r}; allowed: scale=study|cpu, models=1|3 "
-                       f"(models=3 only at scale=study)")
+      raise ValueError(
+        f"{__name__}: argument {arg!r}; allowed: scale=study|cpu, models=1|3 "
+        f"(models=3 only at scale=study)"
+      )
   return {"scale": opts.get("scale", "study"), "models": int(opts.get("models", "1"))}
 
 
@@ -62,29 +64,51 @@ def get_config(arg: str = ""):
   c.data.update(source="natural")
   grid = ml_collections.ConfigDict()
   if opts["scale"] == "cpu":
-    c.model.update(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=2048,
-                   max_context=128, tie_embeddings=False)
+    c.model.update(
+      n_layers=2,
+      n_heads=4,
+      d_model=128,
+      d_mlp=512,
+      vocab_size=2048,
+      max_context=128,
+      tie_embeddings=False,
+    )
     c.train.update(lr=1e-3, schedule="constant", warmup_frac=0.01, steps_per_call=50)
     c.data.update(corpus="python-docs")
     c.eval.update(every_tokens=65_536, probe_top_k=512)
     c.checkpoint.update(params_schedule="log", points_per_octave=2, law_points_per_octave=0)
-    grid.train = ml_collections.ConfigDict(dict(batch_size=(8, 16, 32),
-                                                context_size=(32, 64, 128)))
+    grid.train = ml_collections.ConfigDict(dict(batch_size=(8, 16, 32), context_size=(32, 64, 128)))
     c.sweep.update(budget="tokens", tokens=1_000_000, seeds=2)
   else:
-    c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=50_257,
-                   max_context=1024, tie_embeddings=True)
+    c.model.update(
+      n_layers=2,
+      n_heads=8,
+      d_model=768,
+      d_mlp=3072,
+      vocab_size=50_257,
+      max_context=1024,
+      tie_embeddings=True,
+    )
     c.train.update(lr=2.5e-4, schedule="cosine", warmup_frac=0.01, steps_per_call=100)
     c.data.update(tfds_name="c4/en", max_documents=2_500_000)  # ≈ 1B tokens
     c.eval.update(every_steps=0, every_tokens=1_000_000)
     c.checkpoint.update(params_schedule="study")
-    grid.train = ml_collections.ConfigDict(dict(batch_size=(8, 16, 32, 64, 128),
-                                                context_size=(64, 128, 256, 512, 1024)))
+    grid.train = ml_collections.ConfigDict(
+      dict(batch_size=(8, 16, 32, 64, 128), context_size=(64, 128, 256, 512, 1024))
+    )
     c.sweep.update(budget="tokens", tokens=1_000_000_000, seeds=2)
     if opts["models"] == 3:
-      c.sweep.zip = ml_collections.ConfigDict(dict(model=ml_collections.ConfigDict(dict(
-          n_heads=tuple(s[0] for s in MODEL_SIZES), d_model=tuple(s[1] for s in MODEL_SIZES),
-          d_mlp=tuple(s[2] for s in MODEL_SIZES)))))
+      c.sweep.zip = ml_collections.ConfigDict(
+        dict(
+          model=ml_collections.ConfigDict(
+            dict(
+              n_heads=tuple(s[0] for s in MODEL_SIZES),
+              d_model=tuple(s[1] for s in MODEL_SIZES),
+              d_mlp=tuple(s[2] for s in MODEL_SIZES),
+            )
+          )
+        )
+      )
   if opts["scale"] == "cpu" and opts["models"] != 1:
     raise ValueError(f"{__name__}: models=3 is a study-scale option")
   c.sweep.grid = grid

@@ -43,8 +43,9 @@ def _parse(arg: str) -> str:
   opts = dict(kv for kv in items if len(kv) == 2)
   scale = opts.get("scale", "study")
   if scale not in ("study", "cpu") or set(opts) - {"scale"} or len(opts) < len(items):
-    raise ValueError(f"{__name__}: argument {arg!r}; allowed: 'scale=study' (default) or "
-                     f"'scale=cpu'")
+    raise ValueError(
+      f"{__name__}: argument {arg!r}; allowed: 'scale=study' (default) or 'scale=cpu'"
+    )
   return scale
 
 
@@ -59,10 +60,23 @@ def markov_base(scale: str, cpu_updates: int):
     c.sweep.update(budget="updates")
     return c
   c = default.get_config()
-  c.model.update(n_layers=2, n_heads=8, d_model=768, d_mlp=3072, vocab_size=10_000,
-                 max_context=64, tie_embeddings=True)
-  c.train.update(batch_size=32, context_size=64, lr=2.5e-4, schedule="cosine",
-                 warmup_frac=0.01, steps_per_call=100)
+  c.model.update(
+    n_layers=2,
+    n_heads=8,
+    d_model=768,
+    d_mlp=3072,
+    vocab_size=10_000,
+    max_context=64,
+    tie_embeddings=True,
+  )
+  c.train.update(
+    batch_size=32,
+    context_size=64,
+    lr=2.5e-4,
+    schedule="cosine",
+    warmup_frac=0.01,
+    steps_per_call=100,
+  )
   c.eval.update(every_steps=0, every_tokens=1_000_000)
   c.checkpoint.update(params_schedule="study")
   c.sweep.update(budget="tokens", tokens=100_000_000)
@@ -75,10 +89,16 @@ def get_config(arg: str = ""):
   if scale == "cpu":
     levels, seeds = CPU_LEVELS, 1
   else:
-    c.data.update(source="markov", transitions="bigram", tfds_name="c4/en",
-                  max_documents=250_000, smoothing=1e-6)
+    c.data.update(
+      source="markov",
+      transitions="bigram",
+      tfds_name="c4/en",
+      max_documents=250_000,
+      smoothing=1e-6,
+    )
     levels, seeds = STUDY_LEVELS, 2
-  c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
-      frequency=levels, reliability=levels))))
+  c.sweep.grid = ml_collections.ConfigDict(
+    dict(data=ml_collections.ConfigDict(dict(frequency=levels, reliability=levels)))
+  )
   c.sweep.seeds = seeds
   return c

@@ -19,15 +19,16 @@ B = 32 (our choice), GPT-2-style 2 layers, 8 heads, d_model 768 with MLPs, AdamW
 2.5e-4, cosine, 1% warmup, 100M tokens per model; frequency ∈ {0.3, 0.9} × reliability ∈ {0.5,
 0.9} × 2 seeds:
 
-  launch/local_multiprocess.sh 8 --config=configs/exp3_synthetic.py --workdir=runs/exp3  # or SLURM / TPU
+  # or SLURM / TPU (launch/)
+  launch/local_multiprocess.sh 8 --config=configs/exp3_synthetic.py --workdir=runs/exp3
   python -m analysis report runs/exp3
 
-CPU scale (``configs/exp3_synthetic.py:scale=cpu``, ~35 min on 2 cores; 6 of its 9 groups took 24): V = 256, entropy rate
-5 bits (a Zipf marginal over 256 ids has only 6.2 bits of entropy, so the study's 6.2 would
-leave it no local dependency; at 6 bits the optimisation misses its target for Zipf), 8 groups
-of 32 ids, the demo's model (2-layer attention-only, d_model 64) at B = 16,
-C = 64, constant lr 1e-3, frequency × reliability ∈ {0.5, 1.0}², one seed, 2,000 updates.
-Results: docs/results.md.
+CPU scale (``configs/exp3_synthetic.py:scale=cpu``, ~35 min on 2 cores; 6 of its 9 groups took 24):
+V = 256, entropy rate 5 bits (a Zipf marginal over 256 ids has only 6.2 bits of entropy, so the
+study's 6.2 would leave it no local dependency; at 6 bits the optimisation misses its target for
+Zipf), 8 groups of 32 ids, the demo's model (2-layer attention-only, d_model 64) at B = 16, C = 64,
+constant lr 1e-3, frequency × reliability ∈ {0.5, 1.0}², one seed, 2,000 updates. Results:
+docs/results.md.
 
   ihsweep run --config=configs/exp3_synthetic.py:scale=cpu --workdir=runs/exp3_cpu
 """
@@ -47,13 +48,29 @@ def get_config(arg: str = ""):
   else:
     frequencies, reliabilities, seeds = (0.3, 0.9), (0.5, 0.9), 2
   # corpus and smoothing back to their defaults: only bigram transitions read them
-  c.data.update(source="markov", transitions="synthetic", corpus="",
-                smoothing=data.default_config().smoothing)
-  c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
-      frequency=frequencies, reliability=reliabilities,
-      synthetic=ml_collections.ConfigDict(dict(marginal=("uniform", "gaussian", "zipf")))))))
-  c.sweep.zip = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(dict(
-      transitions=("synthetic", "synthetic", "iid"),
-      synthetic=ml_collections.ConfigDict(dict(categoriality=("high", "low", "none")))))))
+  c.data.update(
+    source="markov", transitions="synthetic", corpus="", smoothing=data.default_config().smoothing
+  )
+  c.sweep.grid = ml_collections.ConfigDict(
+    dict(
+      data=ml_collections.ConfigDict(
+        dict(
+          frequency=frequencies,
+          reliability=reliabilities,
+          synthetic=ml_collections.ConfigDict(dict(marginal=("uniform", "gaussian", "zipf"))),
+        )
+      )
+    )
+  )
+  c.sweep.zip = ml_collections.ConfigDict(
+    dict(
+      data=ml_collections.ConfigDict(
+        dict(
+          transitions=("synthetic", "synthetic", "iid"),
+          synthetic=ml_collections.ConfigDict(dict(categoriality=("high", "low", "none"))),
+        )
+      )
+    )
+  )
   c.sweep.seeds = seeds
   return c

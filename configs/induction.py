@@ -27,10 +27,18 @@ from configs import default
 def get_config(arg: str = ""):
   del arg
   c = default.get_config()
-  c.model.update(n_layers=2, n_heads=1, d_model=64, d_mlp=0, vocab_size=64, max_context=64,
-                 tie_embeddings=False)
-  c.train.update(batch_size=16, context_size=64, num_steps=2000, steps_per_call=50, lr=1e-3,
-                 schedule="constant", warmup_frac=0.01)
+  c.model.update(
+    n_layers=2, n_heads=1, d_model=64, d_mlp=0, vocab_size=64, max_context=64, tie_embeddings=False
+  )
+  c.train.update(
+    batch_size=16,
+    context_size=64,
+    num_steps=2000,
+    steps_per_call=50,
+    lr=1e-3,
+    schedule="constant",
+    warmup_frac=0.01,
+  )
   c.ensemble = ml_collections.ConfigDict(dict(size=4, peak_lrs=(), vmap_chunk=0))
   c.data.update(source="repeated_blocks", block_min=4, block_max=0)
   c.eval.update(every_steps=100)

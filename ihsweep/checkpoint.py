@@ -58,12 +58,18 @@ class DiskFull(Exception):
 
   def __init__(self, directory: str, detail: str = ""):
     self.directory = directory
-    super().__init__(f"no space left on device writing {directory}{f' ({detail})' if detail else ''}"
-                     f"; free space and rerun the same command to resume")
+    super().__init__(
+      f"no space left on device writing {directory}{f' ({detail})' if detail else ''}"
+      f"; free space and rerun the same command to resume"
+    )
 
 
-_NO_SPACE = ("No space left on device", "Disk quota exceeded", "os_error_code='28'",
-             "os_error_code='122'")
+_NO_SPACE = (
+  "No space left on device",
+  "Disk quota exceeded",
+  "os_error_code='28'",
+  "os_error_code='122'",
+)
 
 
 def disk_full_cause(error: BaseException) -> BaseException | None:
@@ -74,12 +80,15 @@ def disk_full_cause(error: BaseException) -> BaseException | None:
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if isinstance(error, DiskFull) or (
-        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or (
-        isinstance(error, ValueError) and any(m in str(error) for m in _NO_SPACE)):
+    if (
+      isinstance(error, DiskFull)
+      or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
+      or (isinstance(error, ValueError) and any(m in str(error) for m in _NO_SPACE))
+    ):
       return error
     error = error.__cause__ or error.__context__
   return None
+
 
 def _jsonable(x):
   if isinstance(x, dict):
@@ -123,8 +132,7 @@ def _quiet_abandoned_io() -> None:
     text = str(unraisable.exc_value)
     code = getattr(unraisable.object, "cr_code", None)  # a coroutine never awaited
     orbax_io = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-    if not (orbax_io or "Event loop is closed" in text or
-            "Python is likely shutting down" in text):
+    if not (orbax_io or "Event loop is closed" in text or "Python is likely shutting down" in text):
       default(unraisable)
 
   hook.ihsweep = True
@@ -180,8 +188,9 @@ class _ProcessLocalArrayHandler(ocp.type_handlers.ArrayHandler):
   serialize = _seeing_one_process(ocp.type_handlers.ArrayHandler.serialize)
 
 
-def _process_local_handler(processes: ocp.options.MultiprocessingOptions,
-                           arrays: type = None) -> ocp.StandardCheckpointHandler:
+def _process_local_handler(
+  processes: ocp.options.MultiprocessingOptions, arrays: type = None
+) -> ocp.StandardCheckpointHandler:
   """A ``StandardCheckpointHandler`` over ``processes`` whose jax.Arrays go through
   ``arrays(primary_host=processes.primary_host)``: ``_ProcessLocalArrayHandler`` (default; this
   process alone), or orbax's ``ArrayHandler`` for a team of several processes (whose primary
@@ -192,14 +201,21 @@ def _process_local_handler(processes: ocp.options.MultiprocessingOptions,
   handler = ocp.StandardCheckpointHandler(multiprocessing_options=processes)
   scalar = ocp.type_handlers.ScalarHandler()
   registry = ocp.type_handlers.create_type_handler_registry(
-      (int, scalar), (float, scalar), (np.number, scalar),
-      (np.ndarray, ocp.type_handlers.NumpyHandler()),
-      (jax.Array, arrays(primary_host=processes.primary_host)))
+    (int, scalar),
+    (float, scalar),
+    (np.number, scalar),
+    (np.ndarray, ocp.type_handlers.NumpyHandler()),
+    (jax.Array, arrays(primary_host=processes.primary_host)),
+  )
   # StandardCheckpointHandler takes no type-handler registry; its work is done by this
   # PyTreeCheckpointHandler (``_impl``), made as its __init__ makes it but with the registry.
   handler._impl = ocp.PyTreeCheckpointHandler(
-      save_concurrent_gb=96, restore_concurrent_gb=96, use_ocdbt=True,
-      multiprocessing_options=processes, type_handler_registry=registry)
+    save_concurrent_gb=96,
+    restore_concurrent_gb=96,
+    use_ocdbt=True,
+    multiprocessing_options=processes,
+    type_handler_registry=registry,
+  )
   return handler
 
 
@@ -228,9 +244,17 @@ class RunCheckpoints:
       barriers the other processes never join.
   """
 
-  def __init__(self, directory: str, metadata: dict | None = None, *, keep_state: int = 2,
-               async_save: bool = True, read_only: bool = True, local: bool = False,
-               processes: tuple[int, ...] | None = None):
+  def __init__(
+    self,
+    directory: str,
+    metadata: dict | None = None,
+    *,
+    keep_state: int = 2,
+    async_save: bool = True,
+    read_only: bool = True,
+    local: bool = False,
+    processes: tuple[int, ...] | None = None,
+  ):
     _quiet_abandoned_io()
     self.read_only = read_only
     self.directory = os.path.abspath(directory)
@@ -239,8 +263,7 @@ class RunCheckpoints:
     if processes is not None and len(processes) == 1 and n > 1:
       local = True
     alone = local and n > 1
-    some = (None if alone or processes is None or len(processes) == n
-            else tuple(sorted(processes)))
+    some = None if alone or processes is None or len(processes) == n else tuple(sorted(processes))
 
     def manager(name, keep):
       path = os.path.join(self.directory, name)
@@ -250,8 +273,10 @@ class RunCheckpoints:
         # share one); with this process the only active one, orbax skips its barriers anyway.
         where = hashlib.sha1(path.encode()).hexdigest()[:12]
         processes = ocp.options.MultiprocessingOptions(
-            primary_host=me, active_processes={me},
-            barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{me}")
+          primary_host=me,
+          active_processes={me},
+          barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{me}",
+        )
         handler = _process_local_handler(processes)
         # Step directories created before save returns: orbax's asynchronous creation signals
         # completion through keys of the job's coordination service named by a per-process
@@ -264,8 +289,10 @@ class RunCheckpoints:
       elif some:
         where = hashlib.sha1(path.encode()).hexdigest()[:12]
         processes = ocp.options.MultiprocessingOptions(
-            primary_host=some[0], active_processes=set(some),
-            barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{some[0]}")
+          primary_host=some[0],
+          active_processes=set(some),
+          barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{some[0]}",
+        )
         handler = _process_local_handler(processes, ocp.type_handlers.ArrayHandler)
         asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
         if not read_only:  # orbax refuses create=True with active_processes
@@ -276,10 +303,14 @@ class RunCheckpoints:
         processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"ihsweep-{name}")
         handler, asynchronous = ocp.StandardCheckpointHandler(), None
       options = ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=not read_only and not alone and not some,
-          cleanup_tmp_directories=not read_only, read_only=read_only,
-          enable_async_checkpointing=async_save and not read_only,
-          multiprocessing_options=processes, async_options=asynchronous)
+        max_to_keep=keep,
+        create=not read_only and not alone and not some,
+        cleanup_tmp_directories=not read_only,
+        read_only=read_only,
+        enable_async_checkpointing=async_save and not read_only,
+        multiprocessing_options=processes,
+        async_options=asynchronous,
+      )
       # The handler named up front, so that a manager opened only to read (analysis) knows
       # the item's metadata (shapes, dtypes) before any save or restore.
       return ocp.CheckpointManager(path, options=options, item_handlers={name: handler})
@@ -301,12 +332,15 @@ class RunCheckpoints:
         return step, self.restore_state(step, like)
       except Exception as e:  # orbax raises many kinds (NOT_FOUND, KeyError, ValueError…)
         errors.append(f"{step}: {error_text(e, 200)}")
-        log.warning("full-state checkpoint %d cannot be restored (%s); trying an older one",
-                    step, errors[-1])
+        log.warning(
+          "full-state checkpoint %d cannot be restored (%s); trying an older one", step, errors[-1]
+        )
     if steps:
-      raise CheckpointError(f"no full-state checkpoint in {self.directory}/state can be "
-                            f"restored ({'; '.join(errors)}); move the directory away to start "
-                            f"again")
+      raise CheckpointError(
+        f"no full-state checkpoint in {self.directory}/state can be "
+        f"restored ({'; '.join(errors)}); move the directory away to start "
+        f"again"
+      )
     return None, like
 
   def params_steps_saved(self) -> list[int]:
@@ -318,9 +352,11 @@ class RunCheckpoints:
 
   def _save(self, manager, name: str, step: int, tree: Any, extra: dict | None) -> bool:
     if self.read_only:
-      raise ValueError(f"{self.directory} was opened read-only (RunCheckpoints' default, so "
-                       f"that reading never disturbs a live run): open it with "
-                       f"read_only=False to save")
+      raise ValueError(
+        f"{self.directory} was opened read-only (RunCheckpoints' default, so "
+        f"that reading never disturbs a live run): open it with "
+        f"read_only=False to save"
+      )
     # A step already on disk is kept: a resumed run reaching it again computes the same values.
     if step in manager.all_steps():
       return False
@@ -329,10 +365,14 @@ class RunCheckpoints:
     need = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
     free = shutil.disk_usage(self.directory).free
     if free < need:
-      raise DiskFull(self.directory, f"{need / 2**20:,.1f} MiB to write, {free / 2**20:,.1f} "
-                     f"MiB free")
-    return manager.save(step, args=ocp.args.Composite(**{name: ocp.args.StandardSave(tree)}),
-                        custom_metadata={**self.metadata, "step": step, **(extra or {})})
+      raise DiskFull(
+        self.directory, f"{need / 2**20:,.1f} MiB to write, {free / 2**20:,.1f} MiB free"
+      )
+    return manager.save(
+      step,
+      args=ocp.args.Composite(**{name: ocp.args.StandardSave(tree)}),
+      custom_metadata={**self.metadata, "step": step, **(extra or {})},
+    )
 
   @staticmethod
   def _restore(manager, name: str, step: int, abstract: Any) -> Any:
@@ -368,7 +408,8 @@ class RunCheckpoints:
       where = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
       meta = self._params.item_metadata(step)["params"]
       abstract = jax.tree_util.tree_map(
-          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=where), meta)
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=where), meta
+      )
     else:
       abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
     return self._restore(self._params, "params", step, abstract)
@@ -387,8 +428,10 @@ class RunCheckpoints:
     steps = sorted(manager.all_steps())
     if step not in steps:
       shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
-      raise CheckpointError(f"no {kind} checkpoint at update {step} in {self.directory}/{kind}; "
-                            f"saved: {shown or 'none'}")
+      raise CheckpointError(
+        f"no {kind} checkpoint at update {step} in {self.directory}/{kind}; "
+        f"saved: {shown or 'none'}"
+      )
 
   def wait(self) -> None:
     """Blocks until every asynchronous write has been committed."""

@@ -31,70 +31,113 @@ from absl import flags
 from ml_collections import config_flags
 
 COMMANDS = {
-    "run": "run a sweep: the config's sweep.grid × seeds, one ensemble per group of equal shapes",
-    "status": "per-group state of a sweep's run directory (done, running, pending, failed)",
-    "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
-    "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
-    "predict": "updates and tokens until induction heads form, by the emergence law",
-    "plan": "a sweep's schedule, makespan and device utilisation on N devices (no training)",
+  "run": "run a sweep: the config's sweep.grid × seeds, one ensemble per group of equal shapes",
+  "status": "per-group state of a sweep's run directory (done, running, pending, failed)",
+  "train": "train one ensemble (config sections model/train/ensemble/data/mesh)",
+  "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
+  "predict": "updates and tokens until induction heads form, by the emergence law",
+  "plan": "a sweep's schedule, makespan and device utilisation on N devices (no training)",
 }
 
 # The analysis package's commands (its own argparse flags: `ihsweep report --help`), reached from
 # any directory through its installed name, ihsweep_analysis (the analysis/ folder).
 ANALYSIS_COMMANDS = {
-    "report": "curves, emergence points, law fit, figures and report.md/.html from run dirs",
-    "fit-law": "fit the emergence law to a CSV of emergence points (one JSON object)",
+  "report": "curves, emergence points, law fit, figures and report.md/.html from run dirs",
+  "fit-law": "fit the emergence law to a CSV of emergence points (one JSON object)",
 }
 
 FLAGS = flags.FLAGS
 DEFAULT_HOST = 8  # placement.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
 _ARGV: list[str] = []  # the command line --config.X overrides are read from (main sets it)
-config_flags.DEFINE_config_file("config", None, "config file (configs/*.py), FILE[:ARG]",
-                                lock_config=True, sys_argv=_ARGV)
+config_flags.DEFINE_config_file(
+  "config", None, "config file (configs/*.py), FILE[:ARG]", lock_config=True, sys_argv=_ARGV
+)
 flags.DEFINE_string("workdir", None, "run directory (created if missing)")
 flags.DEFINE_bool("progress", True, "show a progress bar")
 flags.DEFINE_integer("batch_size", None, "predict: batch size B (sequences per update)")
 flags.DEFINE_integer("context_size", None, "predict: context size C (tokens per sequence)")
-flags.DEFINE_string("law", None, "predict, plan: a law JSON with log_T (or T), alpha, beta; "
-                    "default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62 (plan: the "
-                    "sweep's law); plan: where an 'emergence' budget stops each group; predict: "
-                    "a law from `python -m analysis fit-law` also gives 95% intervals and warns "
-                    "outside the B and C it was fitted on")
-flags.DEFINE_multi_string("grid", [], "run, plan: a sweep axis FIELD=V1,V2,... (repeatable; "
-                          "adds to or replaces the config's sweep.grid), e.g. "
-                          "--grid=train.batch_size=8,16")
-flags.DEFINE_multi_string("zip", [], "run, plan: a zipped sweep axis FIELD=V1,V2,... (zip axes "
-                          "vary together)")
+flags.DEFINE_string(
+  "law",
+  None,
+  "predict, plan: a law JSON with log_T (or T), alpha, beta; "
+  "default: the study's ln T = 13.26, alpha = 0.37, beta = 0.62 (plan: the "
+  "sweep's law); plan: where an 'emergence' budget stops each group; predict: "
+  "a law from `python -m analysis fit-law` also gives 95% intervals and warns "
+  "outside the B and C it was fitted on",
+)
+flags.DEFINE_multi_string(
+  "grid",
+  [],
+  "run, plan: a sweep axis FIELD=V1,V2,... (repeatable; "
+  "adds to or replaces the config's sweep.grid), e.g. "
+  "--grid=train.batch_size=8,16",
+)
+flags.DEFINE_multi_string(
+  "zip", [], "run, plan: a zipped sweep axis FIELD=V1,V2,... (zip axes vary together)"
+)
 flags.DEFINE_bool("json", False, "predict, plan: print one JSON object")
 flags.DEFINE_integer("devices", None, "plan: N, the devices the sweep runs on")
-flags.DEFINE_integer("devices_per_worker", None, "plan: D, devices per worker (one process "
-                     "each); default: chosen (--flops_per_s) or this machine's devices")
-flags.DEFINE_integer("devices_per_host", None, "plan: the most devices one worker (one "
-                     "process, one host) can have, with --flops_per_s; default 8")
-flags.DEFINE_float("flops_per_s", None, "plan: sustained FLOP/s per device (e.g. 4e14: an H100 "
-                   "at 40% MFU in bf16); default: measure on this machine")
-flags.DEFINE_string("cache_dir", None, "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
-                    "or ~/.cache/ihsweep; training reads config.data.cache_dir)")
+flags.DEFINE_integer(
+  "devices_per_worker",
+  None,
+  "plan: D, devices per worker (one process "
+  "each); default: chosen (--flops_per_s) or this machine's devices",
+)
+flags.DEFINE_integer(
+  "devices_per_host",
+  None,
+  "plan: the most devices one worker (one "
+  "process, one host) can have, with --flops_per_s; default 8",
+)
+flags.DEFINE_float(
+  "flops_per_s",
+  None,
+  "plan: sustained FLOP/s per device (e.g. 4e14: an H100 "
+  "at 40% MFU in bf16); default: measure on this machine",
+)
+flags.DEFINE_string(
+  "cache_dir",
+  None,
+  "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
+  "or ~/.cache/ihsweep; training reads config.data.cache_dir)",
+)
 
 
 # The flags each command takes (corpus: per subcommand); anything else is refused before parsing.
 COMMAND_FLAGS = {
-    "run": ("config", "workdir", "progress", "grid", "zip"),
-    "status": ("workdir",),
-    "train": ("config", "workdir", "progress"),
-    "corpus fetch": ("cache_dir",),
-    "corpus prepare": ("config",),
-    "predict": ("batch_size", "context_size", "law", "json"),
-    "plan": ("config", "grid", "zip", "devices", "devices_per_worker", "devices_per_host",
-             "flops_per_s", "law", "json"),
+  "run": ("config", "workdir", "progress", "grid", "zip"),
+  "status": ("workdir",),
+  "train": ("config", "workdir", "progress"),
+  "corpus fetch": ("cache_dir",),
+  "corpus prepare": ("config",),
+  "predict": ("batch_size", "context_size", "law", "json"),
+  "plan": (
+    "config",
+    "grid",
+    "zip",
+    "devices",
+    "devices_per_worker",
+    "devices_per_host",
+    "flops_per_s",
+    "law",
+    "json",
+  ),
 }
 FLAG_FORMS = {
-    "config": "--config=FILE[:VARIANT] --config.SECTION.FIELD=VALUE", "workdir": "--workdir=DIR",
-    "progress": "--[no]progress", "grid": "--grid=FIELD=V1,V2,...", "zip": "--zip=FIELD=V1,V2,...",
-    "batch_size": "--batch_size=B", "context_size": "--context_size=C", "law": "--law=FILE",
-    "json": "--[no]json", "cache_dir": "--cache_dir=DIR", "devices": "--devices=N",
-    "devices_per_worker": "--devices_per_worker=D", "devices_per_host": "--devices_per_host=H",
-    "flops_per_s": "--flops_per_s=F",
+  "config": "--config=FILE[:VARIANT] --config.SECTION.FIELD=VALUE",
+  "workdir": "--workdir=DIR",
+  "progress": "--[no]progress",
+  "grid": "--grid=FIELD=V1,V2,...",
+  "zip": "--zip=FIELD=V1,V2,...",
+  "batch_size": "--batch_size=B",
+  "context_size": "--context_size=C",
+  "law": "--law=FILE",
+  "json": "--[no]json",
+  "cache_dir": "--cache_dir=DIR",
+  "devices": "--devices=N",
+  "devices_per_worker": "--devices_per_worker=D",
+  "devices_per_host": "--devices_per_host=H",
+  "flops_per_s": "--flops_per_s=F",
 }
 
 
@@ -106,9 +149,10 @@ def _command_flags(key: str) -> dict[str, tuple[str, ...]]:
 def _flag_list(key: str) -> str:
   """The flags of a command (``run``) or subcommand (``corpus fetch``) as the user types them;
   ``corpus``: those of each subcommand."""
-  return "; ".join((k[len(key) + 1:] + ": " if k != key else "")
-                   + ", ".join(FLAG_FORMS[name] for name in names)
-                   for k, names in _command_flags(key).items())
+  return "; ".join(
+    (k[len(key) + 1 :] + ": " if k != key else "") + ", ".join(FLAG_FORMS[name] for name in names)
+    for k, names in _command_flags(key).items()
+  )
 
 
 def _split_args(args):
@@ -128,8 +172,12 @@ def _split_args(args):
       continue
     name, value = m.groups()
     flag = name.split(".", 1)[0]
-    if flag not in FLAGS and flag.startswith("no") and flag[2:] in FLAGS and (
-        FLAGS[flag[2:]].boolean or "." in name):  # --noprogress, --noconfig.a.b
+    if (
+      flag not in FLAGS
+      and flag.startswith("no")
+      and flag[2:] in FLAGS
+      and (FLAGS[flag[2:]].boolean or "." in name)
+    ):  # --noprogress, --noconfig.a.b
       flag = flag[2:]
     elif value is None and "." not in name and flag in FLAGS and not FLAGS[flag].boolean:
       value, i = (args[i], i + 1) if i < len(args) else (None, i)
@@ -142,8 +190,11 @@ def _check_flags(command: str, found, positional) -> str | None:
   not take, with its flags; a flag that takes one value given twice with different values
   (``--grid``/``--zip`` are repeatable, and a later ``--config.X`` overrides an earlier one, as
   in absl); or a --config file that does not exist. None when they suit."""
-  key = f"corpus {positional[0]}" if command == "corpus" and positional[:1] in (
-      ["fetch"], ["prepare"]) else command
+  key = (
+    f"corpus {positional[0]}"
+    if command == "corpus" and positional[:1] in (["fetch"], ["prepare"])
+    else command
+  )
   allowed = sum(_command_flags(key).values(), ())
   for name, flag, _ in found:
     if flag not in allowed:
@@ -156,8 +207,9 @@ def _check_flags(command: str, found, positional) -> str | None:
       continue
     typed = f"--{name}" + (f"={value}" if value is not None else "")
     if given.setdefault(flag, typed) != typed:
-      return (f"--{flag} is given twice with different values ({given[flag]} and {typed}): "
-              f"give it once")
+      return (
+        f"--{flag} is given twice with different values ({given[flag]} and {typed}): give it once"
+      )
   path = _config_arg(found).split(":", 1)[0]
   if path == "" and any(flag == "config" and "." not in name for name, flag, _ in found):
     return "--config= is empty: give a config file, e.g. --config=configs/default.py"
@@ -194,11 +246,15 @@ def _bad_override(found) -> str | None:
         close = difflib.get_close_matches(part, fields, n=1)
         hint = f"; did you mean {'.'.join(done + close)}?" if close else ""
         has = f"{here} has: {', '.join(fields)}" if fields else f"{here} has no fields"
-        axis = (" (an override --config.sweep.grid.X only changes an axis the config file "
-                "defines; add an axis with --grid=FIELD=V1,V2,...)"
-                if done[:2] in (["sweep", "grid"], ["sweep", "zip"]) else "")
-        return (f"--config.{path}: the config has no field {'.'.join(done + [part])}{hint} "
-                f"({has}){axis}")
+        axis = (
+          " (an override --config.sweep.grid.X only changes an axis the config file "
+          "defines; add an axis with --grid=FIELD=V1,V2,...)"
+          if done[:2] in (["sweep", "grid"], ["sweep", "zip"])
+          else ""
+        )
+        return (
+          f"--config.{path}: the config has no field {'.'.join(done + [part])}{hint} ({has}){axis}"
+        )
       node, done = node[part], done + [part]
   return None
 
@@ -234,10 +290,16 @@ def _bad_input(e: Exception) -> int:
   raised before or while training; exit code 2."""
   from ihsweep.checkpoint import CheckpointError
   from ihsweep.config import ConfigError, WorkdirError
+
   if isinstance(e, WorkdirError):  # a flag, not a config field: "--workdir=DIR ..."
     return _fail(str(e))
-  kind = ("invalid config" if isinstance(e, ConfigError)
-          else "checkpoint" if isinstance(e, CheckpointError) else "data")
+  kind = (
+    "invalid config"
+    if isinstance(e, ConfigError)
+    else "checkpoint"
+    if isinstance(e, CheckpointError)
+    else "data"
+  )
   return _fail(f"{kind}: {e}")
 
 
@@ -247,6 +309,7 @@ def _train(argv):
   from ihsweep import rundir
   from ihsweep.data.errors import DataError
   from ihsweep.runner import Interrupted, fit
+
   cfg, failed = _config_and_workdir("train")
   if failed is not None:
     return failed
@@ -272,11 +335,13 @@ def _train(argv):
 def _run(argv):
   del argv
   import jax
+
   from ihsweep import plan as plan_lib
   from ihsweep import sweep
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.law import LawError
+
   cfg, failed = _config_and_workdir("run")
   if failed is not None:
     return failed
@@ -285,8 +350,10 @@ def _run(argv):
     plan_lib.add_axes(cfg, FLAGS.zip, "zip")
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except sweep.GroupFailed as e:
-    _fail(f"{e} (process {jax.process_index()}); details in its status.json; rerun the command "
-          f"to retry it")
+    _fail(
+      f"{e} (process {jax.process_index()}); details in its status.json; rerun the command "
+      f"to retry it"
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # not jax.distributed's shutdown barrier: a peer may be gone
@@ -298,12 +365,17 @@ def _run(argv):
   if jax.process_index() == 0:
     print(sweep.format_summary(result.summary))
   if result.interrupted:
-    print(f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",
-          file=sys.stderr)
+    print(
+      f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",
+      file=sys.stderr,
+    )
     return 143
   if failed_groups:
-    print(f"ihsweep: groups {', '.join(failed_groups)} failed (errors in their status.json; "
-          f"`ihsweep status --workdir={FLAGS.workdir}`); rerun to retry them", file=sys.stderr)
+    print(
+      f"ihsweep: groups {', '.join(failed_groups)} failed (errors in their status.json; "
+      f"`ihsweep status --workdir={FLAGS.workdir}`); rerun to retry them",
+      file=sys.stderr,
+    )
     return 1
   return 0
 
@@ -311,6 +383,7 @@ def _run(argv):
 def _status(argv):
   del argv
   from ihsweep import rundir, sweep
+
   if not FLAGS.workdir:
     return _fail("status needs --workdir=DIR (a sweep's run directory)")
   try:
@@ -322,12 +395,16 @@ def _status(argv):
     except OSError:
       kind = group = None
     if group:
-      return _fail(f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: its "
-                   f"status is in `ihsweep status --workdir={group[0]}`")
+      return _fail(
+        f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: its "
+        f"status is in `ihsweep status --workdir={group[0]}`"
+      )
     if kind == "train":
-      return _fail(f"--workdir={workdir} holds an ihsweep train run, not a sweep: its progress "
-                   f"is in train_log.jsonl and metrics.jsonl (python -m analysis report "
-                   f"{workdir} reads it)")
+      return _fail(
+        f"--workdir={workdir} holds an ihsweep train run, not a sweep: its progress "
+        f"is in train_log.jsonl and metrics.jsonl (python -m analysis report "
+        f"{workdir} reads it)"
+      )
     return _fail(str(e))
   return 0
 
@@ -338,6 +415,7 @@ def _predict(argv):
   median and the 95% prediction interval for one cell (``Law.interval``); a warning (stderr, and
   ``warnings`` in --json) for a B or C outside the law's fitted ``range``."""
   from ihsweep.law import Law, LawError
+
   if len(argv) > 1:
     return _fail(f"predict takes flags only, got {' '.join(argv[1:])!r}")
   if FLAGS.batch_size is None or FLAGS.context_size is None:
@@ -355,75 +433,107 @@ def _predict(argv):
   warnings = law.range_warnings(b, c)
   note = None
   if median is None:
-    note = ("the study's law is published without intervals" if not FLAGS.law else
-            f"{FLAGS.law} stores no coefficient covariance ('cov': laws written by `python -m "
-            f"analysis fit-law` before intervals were stored, or with too few cells for them)")
+    note = (
+      "the study's law is published without intervals"
+      if not FLAGS.law
+      else f"{FLAGS.law} stores no coefficient covariance ('cov': laws written by `python -m "
+      f"analysis fit-law` before intervals were stored, or with too few cells for them)"
+    )
   for w in warnings:
     print(f"ihsweep: warning: {w}", file=sys.stderr)
   bc = float(b) * float(c)
   if FLAGS.json:
+
     def span(pair, **extra):
-      return None if pair is None else {"level": 0.95, "updates": list(pair),
-                                        "tokens": [pair[0] * bc, pair[1] * bc], **extra}
-    out = {"batch_size": b, "context_size": c, "updates": updates, "tokens": tokens,
-           "interval": span(median), "prediction_interval": span(cell, sigma=law.sigma),
-           "warnings": warnings, "law": law.to_dict()}
+      return (
+        None
+        if pair is None
+        else {"level": 0.95, "updates": list(pair), "tokens": [pair[0] * bc, pair[1] * bc], **extra}
+      )
+
+    out = {
+      "batch_size": b,
+      "context_size": c,
+      "updates": updates,
+      "tokens": tokens,
+      "interval": span(median),
+      "prediction_interval": span(cell, sigma=law.sigma),
+      "warnings": warnings,
+      "law": law.to_dict(),
+    }
     if note:
       out["interval_note"] = note
     print(json.dumps(out))
     return 0
-  print(f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
-        f"= {_count(tokens, 1e6, 'M')} tokens")
+  print(
+    f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
+    f"= {_count(tokens, 1e6, 'M')} tokens"
+  )
   sigma = f"sigma = {law.sigma or 0:.2f}"
-  for pair, words in ((median, "95% interval of the law's median"),
-                      (cell, f"95% prediction interval for one cell ({sigma})")):
+  for pair, words in (
+    (median, "95% interval of the law's median"),
+    (cell, f"95% prediction interval for one cell ({sigma})"),
+  ):
     if pair is not None:
-      print(f"  {words}: {_count(pair[0])}–{_count(pair[1])} updates = "
-            f"{_count(pair[0] * bc, 1e6, 'M')}–{_count(pair[1] * bc, 1e6, 'M')} tokens")
+      print(
+        f"  {words}: {_count(pair[0])}–{_count(pair[1])} updates = "
+        f"{_count(pair[0] * bc, 1e6, 'M')}–{_count(pair[1] * bc, 1e6, 'M')} tokens"
+      )
   if note:
     print(f"  no interval: {note}")
-  print(f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
-        f"(T = {_count(law.T)}); {law.source}")
+  print(
+    f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
+    f"(T = {_count(law.T)}); {law.source}"
+  )
   return 0
 
 
 def _plan_flags() -> str | None:
   """Why ``plan``'s numeric flags do not fit together (one line), or None."""
-  n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host,
-                FLAGS.flops_per_s)
+  n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host, FLAGS.flops_per_s)
   if n is None:
     return "plan needs --config=FILE and --devices=N (the devices the sweep runs on)"
   if n < 1:
     return f"--devices={n} is not allowed: an integer >= 1 (the devices the sweep runs on)"
   if f is not None and not (math.isfinite(f) and f > 0):
-    return (f"--flops_per_s={f:g} is not allowed: a finite number > 0 (sustained FLOP/s per "
-            f"device, e.g. 4e14), or leave it out to measure on this machine")
+    return (
+      f"--flops_per_s={f:g} is not allowed: a finite number > 0 (sustained FLOP/s per "
+      f"device, e.g. 4e14), or leave it out to measure on this machine"
+    )
   if h is not None and f is None:
-    return (f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
-            f"this machine's, whose devices are its host's")
+    return (
+      f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
+      f"this machine's, whose devices are its host's"
+    )
   if h is not None and h < 1:
     return f"--devices_per_host={h} is not allowed: an integer >= 1"
   if d is not None:
     divisors = [k for k in range(1, n + 1) if n % k == 0]
     if d < 1 or n % d:
-      return (f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
-              f"({', '.join(map(str, divisors))}): the workers share the devices equally")
+      return (
+        f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
+        f"({', '.join(map(str, divisors))}): the workers share the devices equally"
+      )
     host = h or DEFAULT_HOST
     if f is not None and d > host and d % host:
-      return (f"--devices_per_worker={d} is not allowed: at most --devices_per_host={host} "
-              f"(a worker of one process), or a multiple of it (a worker spanning hosts, "
-              f"inside one jax.distributed job)")
+      return (
+        f"--devices_per_worker={d} is not allowed: at most --devices_per_host={host} "
+        f"(a worker of one process), or a multiple of it (a worker spanning hosts, "
+        f"inside one jax.distributed job)"
+      )
   return None
 
 
 def _plan(argv):
   del argv
   import jax
+
   from ihsweep import placement
   from ihsweep import plan as plan_lib
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.law import Law, LawError
+
   cfg, failed = _load_config()
   if failed is not None:
     return failed
@@ -437,17 +547,24 @@ def _plan(argv):
   if FLAGS.flops_per_s is None and FLAGS.devices_per_worker:
     local = len(jax.local_devices())
     if FLAGS.devices_per_worker > local:
-      return _fail(f"--devices_per_worker={FLAGS.devices_per_worker} is not allowed without "
-                   f"--flops_per_s: at most this machine's {local} device(s), on which times "
-                   f"are measured")
+      return _fail(
+        f"--devices_per_worker={FLAGS.devices_per_worker} is not allowed without "
+        f"--flops_per_s: at most this machine's {local} device(s), on which times "
+        f"are measured"
+      )
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else None
     plan_lib.add_axes(cfg, FLAGS.grid, "grid")
     plan_lib.add_axes(cfg, FLAGS.zip, "zip")
     prediction = placement.predict(
-        cfg, FLAGS.devices, devices_per_worker=FLAGS.devices_per_worker,
-        devices_per_host=FLAGS.devices_per_host, flops_per_s=FLAGS.flops_per_s, law=law,
-        log=lambda line: print(line, file=sys.stderr, flush=True))
+      cfg,
+      FLAGS.devices,
+      devices_per_worker=FLAGS.devices_per_worker,
+      devices_per_host=FLAGS.devices_per_host,
+      flops_per_s=FLAGS.flops_per_s,
+      law=law,
+      log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
   except (ConfigError, DataError) as e:
     return _bad_input(e)
   except LawError as e:
@@ -470,37 +587,46 @@ def _count(x: float, per: float = 1.0, unit: str = "") -> str:
 def _corpus(argv):
   from ihsweep.data import natural
   from ihsweep.data.errors import DataError
+
   args = argv[1:]
   try:
     if args[:1] == ["fetch"] and len(args) == 2:
       path = natural.fetch_corpus(args[1], FLAGS.cache_dir)
-      print(f"fetched {args[1]} into {path}; train on it with "
-            f"--config.data.source=natural --config.data.corpus={args[1]}")
+      print(
+        f"fetched {args[1]} into {path}; train on it with "
+        f"--config.data.source=natural --config.data.corpus={args[1]}"
+      )
       return 0
     if args == ["prepare"]:
       return _corpus_prepare()
   except DataError as e:
     return _fail(str(e))
-  return _fail("usage: ihsweep corpus fetch NAME [--cache_dir=DIR] | ihsweep corpus prepare "
-               f"--config=FILE (corpora: {', '.join(natural.CORPORA)})")
+  return _fail(
+    "usage: ihsweep corpus fetch NAME [--cache_dir=DIR] | ihsweep corpus prepare "
+    f"--config=FILE (corpora: {', '.join(natural.CORPORA)})"
+  )
 
 
 def _corpus_prepare():
   from ihsweep import config as config_lib
   from ihsweep.data import natural
+
   cfg, failed = _load_config()
   if failed is not None:
     return failed
   if cfg is None:
     return _fail("corpus prepare needs --config=FILE")
   from ihsweep.data import bigram_corpus_tokens
+
   if cfg.data.source == "natural":
     vocab, field = cfg.model.vocab_size, "model.vocab_size"
   elif cfg.data.source == "markov" and cfg.data.transitions == "bigram":
     vocab, field = bigram_corpus_tokens(cfg.data, cfg.model.vocab_size)
   else:
-    return _fail(f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural' "
-                 f"or 'markov' with data.transitions = 'bigram'")
+    return _fail(
+      f"config.data.source = {cfg.data.source!r}: corpus prepare needs 'natural' "
+      f"or 'markov' with data.transitions = 'bigram'"
+    )
   try:
     config_lib.validate(cfg)
     corpus = natural.prepare_corpus(cfg.data, vocab, field)
@@ -511,7 +637,7 @@ def _corpus_prepare():
 
 
 COMMAND_HELP = {
-    "run": """usage: ihsweep run --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
+  "run": """usage: ihsweep run --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
                    [--config.SECTION.FIELD=VALUE ...]
 
   Trains every cell of the config's sweep section (grid × zip × seeds; no section: one grid
@@ -526,12 +652,12 @@ COMMAND_HELP = {
   --zip=FIELD=V1,V2,...    an axis of values varied together with the other --zip axes
   --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
   --config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/config.py default_sweep)""",
-    "status": """usage: ihsweep status --workdir=DIR
+  "status": """usage: ihsweep status --workdir=DIR
 
   Reads a sweep's run directory (cells.csv, groups/*/status.json, train logs) and prints each
   group's state — done, running, pending, failed, interrupted — with its progress and diverged
   cells. Touches nothing.""",
-    "train": """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
+  "train": """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
                      [--config.SECTION.FIELD=VALUE ...]
 
   --config     an ml_collections config file with get_config(), e.g. configs/default.py;
@@ -541,7 +667,7 @@ COMMAND_HELP = {
   --progress   progress bar (default on; --noprogress turns it off)
   --config.SECTION.FIELD=VALUE overrides any field; the fields are listed in the README and in
                configs/default.py and ihsweep/data/__init__.py (default_config).""",
-    "corpus": """usage: ihsweep corpus fetch NAME [--cache_dir=DIR]
+  "corpus": """usage: ihsweep corpus fetch NAME [--cache_dir=DIR]
        ihsweep corpus prepare --config=FILE[:VARIANT] [--config.data.FIELD=VALUE ...]
 
   fetch NAME   download an embedded corpus into the cache (NAME: python-docs, the Python
@@ -550,14 +676,14 @@ COMMAND_HELP = {
                before a sweep) and print its counts as JSON
   --cache_dir  fetch: the cache (default $IHSWEEP_CACHE or ~/.cache/ihsweep); training and
                prepare read config.data.cache_dir""",
-    "predict": """usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
+  "predict": """usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]
 
   Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form.
   --law        a law JSON {"log_T": ..., "alpha": ..., "beta": ...} (or "T" for log_T; other
                keys ignored, but a fitted "gamma" (model size) is refused); default: the
                study's ln T = 13.26, alpha = 0.37, beta = 0.62
   --json       one JSON object: batch_size, context_size, updates, tokens, law""",
-    "plan": """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
+  "plan": """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
                     [--flops_per_s=F [--devices_per_host=H]] [--law=FILE] [--json]
                     [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
                     [--config.SECTION.FIELD=VALUE ...]
@@ -614,8 +740,11 @@ def _config_file_error(e: BaseException, config_arg: str) -> str | None:
     if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == here:
       found = f"{path} line {e.lineno}: {type(e).__name__}: {e.msg}"
     else:
-      lines = [f.lineno for f in traceback.extract_tb(e.__traceback__)
-               if os.path.abspath(f.filename) == here]
+      lines = [
+        f.lineno
+        for f in traceback.extract_tb(e.__traceback__)
+        if os.path.abspath(f.filename) == here
+      ]
       if lines:
         found = f"{path} line {lines[-1]}: {type(e).__name__}: {_one_line(e)}"
     e = e.__cause__ or e.__context__
@@ -642,10 +771,13 @@ def _config_load_failed(e: Exception, found=()) -> int:
   while root.__cause__ is not None or root.__context__ is not None:
     root = root.__cause__ or root.__context__
   if isinstance(root, AttributeError) and getattr(root, "name", None) == "get_config":
-    return _fail(f"{path} has no get_config() (a config file is Python defining get_config(), "
-                 f"e.g. configs/default.py)")
-  msg = (_one_line(root) if root is e
-         else f"{_one_line(e)} ({type(root).__name__}: {_one_line(root)})")
+    return _fail(
+      f"{path} has no get_config() (a config file is Python defining get_config(), "
+      f"e.g. configs/default.py)"
+    )
+  msg = (
+    _one_line(root) if root is e else f"{_one_line(e)} ({type(root).__name__}: {_one_line(root)})"
+  )
   return _fail(f"cannot load the config: {path + ': ' if path else ''}{msg}")
 
 
@@ -662,9 +794,11 @@ def _analysis(argv) -> int:
   except ModuleNotFoundError as e:
     if e.name != "ihsweep_analysis":
       raise
-    return _fail(f"{argv[1]}: the analysis package (ihsweep_analysis) is not installed: "
-                 f"`pip install -e .` in the repository installs it, or run `python -m analysis "
-                 f"{argv[1]}` from the repository")
+    return _fail(
+      f"{argv[1]}: the analysis package (ihsweep_analysis) is not installed: "
+      f"`pip install -e .` in the repository installs it, or run `python -m analysis "
+      f"{argv[1]}` from the repository"
+    )
   return analysis_main(argv[1:], prog="ihsweep")
 
 
@@ -698,13 +832,21 @@ def main(argv=None) -> int:
   if problem is not None:
     return _fail(problem)
   from ihsweep.sharding import initialize_distributed, use_one_cpu_device_per_core
+
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                      datefmt="%H:%M:%S")
+  logging.basicConfig(
+    level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+  )
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
-  handler = {"run": _run, "status": _status, "train": _train, "corpus": _corpus,
-             "predict": _predict, "plan": _plan}[command]
+  handler = {
+    "run": _run,
+    "status": _status,
+    "train": _train,
+    "corpus": _corpus,
+    "predict": _predict,
+    "plan": _plan,
+  }[command]
   _config_imports_siblings(_config_arg(found))
   try:  # parse here, not in app.run, so that a bad config file or override is one line
     _ARGV[:] = [f"{argv[0]} {command}"] + args
@@ -720,22 +862,27 @@ def main(argv=None) -> int:
     FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
   if command in ("run", "train", "status", "plan") and len(rest) > 1:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
-    return _fail(f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that "
-                 f"contain spaces)")
+    return _fail(
+      f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that contain spaces)"
+    )
   if command in ("run", "train", "plan"):
     from ihsweep import compile_cache
+
     compile_cache.enable()  # a rerun or the next group of equal shapes compiles nothing again
   if command in ("run", "train"):
     from ihsweep.runner import install_stop_handlers
+
     initialize_distributed()
     install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit
   try:
     return int(handler(rest) or 0)
   except Exception as e:  # a full disk anywhere (checkpoints, logs, a sweep's tables): one line
     from ihsweep.checkpoint import DiskFull, disk_full_cause
+
     if disk_full_cause(e) is not None:
-      print(f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}",
-            file=sys.stderr)
+      print(
+        f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}", file=sys.stderr
+      )
       return DiskFull.EXIT_CODE
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
@@ -743,10 +890,15 @@ def main(argv=None) -> int:
     # Device memory: the model, B × C or the evaluation's probes do not fit. Exit at once:
     # orbax's background threads would otherwise wait minutes for the save that failed.
     first = text.splitlines()[0][:200]
-    print(f"ihsweep: out of device memory ({first}); lower train.batch_size, "
-          f"train.context_size, the model size or eval.n_probes (the run directory keeps its last "
-          f"complete checkpoint: rerun to resume)", file=sys.stderr, flush=True)
+    print(
+      f"ihsweep: out of device memory ({first}); lower train.batch_size, "
+      f"train.context_size, the model size or eval.n_probes (the run directory keeps its last "
+      f"complete checkpoint: rerun to resume)",
+      file=sys.stderr,
+      flush=True,
+    )
     os._exit(1)
+
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -27,6 +27,7 @@ def default_dir() -> str:
   """``$IHSWEEP_CACHE/xla`` (``~/.cache/ihsweep/xla`` without ``$IHSWEEP_CACHE``; ihsweep's
   cache root, ``data.natural.default_cache_dir``)."""
   from ihsweep.data.natural import default_cache_dir
+
   return os.path.join(default_cache_dir(), "xla")
 
 

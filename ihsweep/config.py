@@ -21,12 +21,24 @@ from ihsweep.sharding import MeshError, mesh_shape, usable_devices
 SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 # Fields that change how a run executes but not the models it trains (the same batches and
 # updates; results equal up to float rounding): a sweep axis over one would train copies.
-EXECUTION_FIELDS = ("train.steps_per_call", "ensemble.vmap_chunk", "mesh.num_devices",
-                    "checkpoint.async_save", "checkpoint.state_every_steps",
-                    "checkpoint.keep_state", "data.cache_dir", "data.loader",
-                    "data.device_budget_mb", "sweep.placement", "sweep.wait_to_take_over",
-                    "sweep.processes_per_worker", "log.tensorboard", "log.wandb",
-                    "log.wandb_project", "log.wandb_mode")
+EXECUTION_FIELDS = (
+  "train.steps_per_call",
+  "ensemble.vmap_chunk",
+  "mesh.num_devices",
+  "checkpoint.async_save",
+  "checkpoint.state_every_steps",
+  "checkpoint.keep_state",
+  "data.cache_dir",
+  "data.loader",
+  "data.device_budget_mb",
+  "sweep.placement",
+  "sweep.wait_to_take_over",
+  "sweep.processes_per_worker",
+  "log.tensorboard",
+  "log.wandb",
+  "log.wandb_project",
+  "log.wandb_mode",
+)
 PLACEMENTS = ("worker", "global")
 
 
@@ -43,9 +55,20 @@ def default_eval():
   icl_early / icl_late: positions of the ICL score (0 = C/10 and C − 1).
   """
   import ml_collections
-  return ml_collections.ConfigDict(dict(
-      every_steps=100, every_tokens=0, n_probes=100, probe_len=0, probe_top_k=0, probe_seed=0,
-      n_sequences=32, icl_early=0, icl_late=0))
+
+  return ml_collections.ConfigDict(
+    dict(
+      every_steps=100,
+      every_tokens=0,
+      n_probes=100,
+      probe_len=0,
+      probe_top_k=0,
+      probe_seed=0,
+      n_sequences=32,
+      icl_early=0,
+      icl_late=0,
+    )
+  )
 
 
 def default_checkpoint():
@@ -59,9 +82,19 @@ def default_checkpoint():
     keep_state: how many to keep; async_save: write in the background.
   """
   import ml_collections
-  return ml_collections.ConfigDict(dict(
-      params_schedule="log", points_per_octave=2, law_window=4.0, law_points_per_octave=8,
-      law_file="", state_every_steps=500, keep_state=2, async_save=True))
+
+  return ml_collections.ConfigDict(
+    dict(
+      params_schedule="log",
+      points_per_octave=2,
+      law_window=4.0,
+      law_points_per_octave=8,
+      law_file="",
+      state_every_steps=500,
+      keep_state=2,
+      async_save=True,
+    )
+  )
 
 
 def default_sweep():
@@ -95,11 +128,24 @@ def default_sweep():
     consecutive processes.
   """
   import ml_collections
-  return ml_collections.ConfigDict(dict(
-      grid=ml_collections.ConfigDict(), zip=ml_collections.ConfigDict(), seeds=0,
-      budget="updates", tokens=0, law_multiple=3.0, law_file="", stop_metric="ps_max",
-      stop_threshold=0.4, stop_margin=2.0, placement="worker", wait_to_take_over=True,
-      processes_per_worker=0))
+
+  return ml_collections.ConfigDict(
+    dict(
+      grid=ml_collections.ConfigDict(),
+      zip=ml_collections.ConfigDict(),
+      seeds=0,
+      budget="updates",
+      tokens=0,
+      law_multiple=3.0,
+      law_file="",
+      stop_metric="ps_max",
+      stop_threshold=0.4,
+      stop_margin=2.0,
+      placement="worker",
+      wait_to_take_over=True,
+      processes_per_worker=0,
+    )
+  )
 
 
 WANDB_MODES = ("offline", "online")
@@ -116,8 +162,10 @@ def default_log():
     run directory's ``wandb/``; upload with ``wandb sync``) or 'online'.
   """
   import ml_collections
-  return ml_collections.ConfigDict(dict(
-      tensorboard=False, wandb=False, wandb_project="ihsweep", wandb_mode="offline"))
+
+  return ml_collections.ConfigDict(
+    dict(tensorboard=False, wandb=False, wandb_project="ihsweep", wandb_mode="offline")
+  )
 
 
 class ConfigError(ValueError):
@@ -149,15 +197,20 @@ def section_fields(section: str) -> tuple[str, ...] | None:
   ``"config"``; ``data.synthetic`` for that sub-section); None for a section whose keys are
   free (``sweep.grid``, ``sweep.zip``: axes named by field paths) or unknown."""
   from ihsweep import data, model, train
+
   data_cfg = data.default_config()
   fields = {
-      "model": [f.name for f in dataclasses.fields(model.ModelConfig)],
-      "train": [f.name for f in dataclasses.fields(train.TrainConfig)],
-      "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
-      "data": data_cfg.keys(), "data.synthetic": data_cfg.synthetic.keys(),
-      "mesh": ["num_devices"], "eval": default_eval().keys(),
-      "checkpoint": default_checkpoint().keys(), "sweep": default_sweep().keys(),
-      "log": default_log().keys()}
+    "model": [f.name for f in dataclasses.fields(model.ModelConfig)],
+    "train": [f.name for f in dataclasses.fields(train.TrainConfig)],
+    "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
+    "data": data_cfg.keys(),
+    "data.synthetic": data_cfg.synthetic.keys(),
+    "mesh": ["num_devices"],
+    "eval": default_eval().keys(),
+    "checkpoint": default_checkpoint().keys(),
+    "sweep": default_sweep().keys(),
+    "log": default_log().keys(),
+  }
   fields["config"] = ["seed"] + [k for k in fields if "." not in k]
   return tuple(sorted(fields[section])) if section in fields else None
 
@@ -166,6 +219,7 @@ def _check_known_fields(cfg, section: str = "config") -> None:
   """Refuses a key no code reads (a typo such as ``train.batchsize``, which would otherwise be
   ignored and stored in config.json), naming it, the section's fields and the closest one."""
   import difflib
+
   fields = section_fields(section)
   if fields is None:
     return
@@ -174,20 +228,24 @@ def _check_known_fields(cfg, section: str = "config") -> None:
     if key not in fields:
       close = difflib.get_close_matches(key, fields, n=1)
       hint = f"; did you mean {parent}{close[0]}?" if close else ""
-      raise ConfigError(parent + key, cfg[key],
-                        f"no such field{hint} ({parent[:-1] or 'the config'} has: "
-                        f"{', '.join(fields)})")
+      raise ConfigError(
+        parent + key,
+        cfg[key],
+        f"no such field{hint} ({parent[:-1] or 'the config'} has: {', '.join(fields)})",
+      )
     if hasattr(cfg[key], "keys"):
       _check_known_fields(cfg[key], parent + key)
 
 
-def _int(cfg, section: str, name: str, lo: int | None = None, hi: int | None = None,
-         hint: str = "") -> int:
+def _int(
+  cfg, section: str, name: str, lo: int | None = None, hi: int | None = None, hint: str = ""
+) -> int:
   return _check_int(f"{section}.{name}", cfg[section][name], lo, hi, hint)
 
 
-def _check_int(field: str, value, lo: int | None = None, hi: int | None = None,
-               hint: str = "") -> int:
+def _check_int(
+  field: str, value, lo: int | None = None, hi: int | None = None, hint: str = ""
+) -> int:
   if isinstance(value, bool) or not isinstance(value, Integral):
     raise ConfigError(field, value, "an integer")
   if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -196,8 +254,16 @@ def _check_int(field: str, value, lo: int | None = None, hi: int | None = None,
   return int(value)
 
 
-def _real(cfg, section: str, name: str, lo: float, hi: float = math.inf, *,
-          lo_open: bool = False, hi_open: bool = True) -> float:
+def _real(
+  cfg,
+  section: str,
+  name: str,
+  lo: float,
+  hi: float = math.inf,
+  *,
+  lo_open: bool = False,
+  hi_open: bool = True,
+) -> float:
   value = cfg[section][name]
   field = f"{section}.{name}"
   _check_real(field, value, lo, hi, lo_open, hi_open)
@@ -224,6 +290,7 @@ def _choice(cfg, section: str, name: str, allowed) -> str:
 def _check_tokenizer(path: str, mtime: float, vocab: int, vocab_field: str) -> None:
   """``natural.load_tokenizer``'s checks, once per file version (a sweep validates each group)."""
   from ihsweep.data import natural
+
   del mtime  # part of the cache key only
   natural.load_tokenizer(path, vocab, vocab_field)
 
@@ -232,21 +299,32 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   """Cheap checks of a natural-text data section; the corpus itself is read (and its length
   checked) when the source is built, still before compiling."""
   from ihsweep.data import LOADERS, natural
+
   _choice(cfg, "data", "loader", LOADERS)
   _real(cfg, "data", "device_budget_mb", 0.0)
   _real(cfg, "data", "val_fraction", 0.0, 1.0)
   _int(cfg, "data", "split_seed", 0)
   _int(cfg, "data", "max_documents", 0, hint=" (0 = all)")
-  for name in ("corpus", "files", "tfds_name", "tfds_split", "tfds_data_dir", "text_field",
-               "tokenizer", "cache_dir"):
+  for name in (
+    "corpus",
+    "files",
+    "tfds_name",
+    "tfds_split",
+    "tfds_data_dir",
+    "text_field",
+    "tokenizer",
+    "cache_dir",
+  ):
     if not isinstance(cfg.data[name], str):
       raise ConfigError(f"data.{name}", cfg.data[name], "a string")
   tokenizer = cfg.data.tokenizer
   if tokenizer == "bpe":
     if vocab < natural.BYTE_LEVEL_MIN_VOCAB:
-      raise ConfigError(vocab_field, vocab,
-                        f">= {natural.BYTE_LEVEL_MIN_VOCAB} for a byte-level BPE (256 bytes + "
-                        f"{natural.EOT})")
+      raise ConfigError(
+        vocab_field,
+        vocab,
+        f">= {natural.BYTE_LEVEL_MIN_VOCAB} for a byte-level BPE (256 bytes + {natural.EOT})",
+      )
   elif not os.path.isfile(os.path.expanduser(tokenizer)):
     raise ConfigError("data.tokenizer", tokenizer, "'bpe' or the path of a tokenizer.json")
   else:  # its vocabulary must fit the model's (checked before the probes' block length)
@@ -259,35 +337,52 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
   """The markov source's knobs and transitions (a user matrix and synthetic targets are checked
   in full when the source is built, before compiling)."""
   from ihsweep.data import TRANSITIONS
+
   kind = _choice(cfg, "data", "transitions", TRANSITIONS)
   for name, plural in (("frequency", "frequencies"), ("reliability", "reliabilities")):
     _real(cfg, "data", name, 0.0, 1.0, hi_open=False)
     values = cfg.data[plural]
     if values and len(values) != n_models:
-      raise ConfigError(f"data.{plural}", values, f"empty (all models use data.{name}) or one "
-                        f"value per model (ensemble.size = {n_models})")
+      raise ConfigError(
+        f"data.{plural}",
+        values,
+        f"empty (all models use data.{name}) or one value per model (ensemble.size = {n_models})",
+      )
     for i, v in enumerate(values):
       _check_real(f"data.{plural}[{i}]", v, 0.0, 1.0, False, False)
   _real(cfg, "data", "smoothing", 0.0)
   _int(cfg, "data", "tokenizer_vocab", 0, hint=" (0 = 2 · model.vocab_size)")
   context = cfg.train.context_size
   if vocab < context + 1:
-    raise ConfigError("model.vocab_size", vocab,
-                      f">= train.context_size + 1 = {context + 1} for data.source = 'markov': a "
-                      f"sequence must be able to hold C + 1 distinct tokens (first-half draws "
-                      f"exclude every earlier token)")
+    raise ConfigError(
+      "model.vocab_size",
+      vocab,
+      f">= train.context_size + 1 = {context + 1} for data.source = 'markov': a "
+      f"sequence must be able to hold C + 1 distinct tokens (first-half draws "
+      f"exclude every earlier token)",
+    )
   if kind == "file" and not os.path.isfile(os.path.expanduser(cfg.data.matrix_file)):
-    raise ConfigError("data.matrix_file", cfg.data.matrix_file,
-                      "the path of a [V, V] .npy transition matrix (data.transitions = 'file')")
+    raise ConfigError(
+      "data.matrix_file",
+      cfg.data.matrix_file,
+      "the path of a [V, V] .npy transition matrix (data.transitions = 'file')",
+    )
   if kind in ("synthetic", "iid"):
     from ihsweep.data import synthetic
+
     syn = cfg.data.synthetic
     if syn.marginal not in synthetic.MARGINALS:
-      raise ConfigError("data.synthetic.marginal", syn.marginal,
-                        f"one of {', '.join(map(repr, synthetic.MARGINALS))}")
+      raise ConfigError(
+        "data.synthetic.marginal",
+        syn.marginal,
+        f"one of {', '.join(map(repr, synthetic.MARGINALS))}",
+      )
     if syn.categoriality not in synthetic.CATEGORIALITY:
-      raise ConfigError("data.synthetic.categoriality", syn.categoriality,
-                        f"one of {', '.join(map(repr, synthetic.CATEGORIALITY))}")
+      raise ConfigError(
+        "data.synthetic.categoriality",
+        syn.categoriality,
+        f"one of {', '.join(map(repr, synthetic.CATEGORIALITY))}",
+      )
     sub = {"data.synthetic": syn}
     _int(sub, "data.synthetic", "iterations", 1)
     _int(sub, "data.synthetic", "power_iterations", 1)
@@ -304,40 +399,64 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
   _int(cfg, "eval", "n_sequences", 1, 100_000)
   _int(cfg, "eval", "probe_seed", 0)
   context = cfg.train.context_size
-  probe_len = _int(cfg, "eval", "probe_len", 0, context // 2,
-                   hint=f" (0 = min(50, C/2); two copies must fit in C = {context})")
+  probe_len = _int(
+    cfg,
+    "eval",
+    "probe_len",
+    0,
+    context // 2,
+    hint=f" (0 = min(50, C/2); two copies must fit in C = {context})",
+  )
   from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, block_length
+
   if 0 < probe_len < MIN_BLOCK:  # even with evaluation off: the analysis makes probes from it
-    raise ConfigError("eval.probe_len", probe_len,
-                      f"0 (= min(50, C/2)) or >= {MIN_BLOCK}: {MIN_BLOCK_REASON}")
+    raise ConfigError(
+      "eval.probe_len", probe_len, f"0 (= min(50, C/2)) or >= {MIN_BLOCK}: {MIN_BLOCK_REASON}"
+    )
   top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
   from ihsweep.metrics import icl_positions
+
   early, late = icl_positions(
-      context, _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)"),
-      _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)"))
+    context,
+    _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)"),
+    _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)"),
+  )
   if not every:  # no metric computed while training: any C trains (loss curves only)
     return
   if not probe_len and min(MAX_BLOCK, context // 2) < MIN_BLOCK:
-    raise ConfigError("train.context_size", context,
-                      f">= {2 * MIN_BLOCK} when evaluating, or eval.every_steps = 0: the probes "
-                      f"hold a block of L = min(50, C/2) tokens twice, and {MIN_BLOCK_REASON}")
+    raise ConfigError(
+      "train.context_size",
+      context,
+      f">= {2 * MIN_BLOCK} when evaluating, or eval.every_steps = 0: the probes "
+      f"hold a block of L = min(50, C/2) tokens twice, and {MIN_BLOCK_REASON}",
+    )
   block = block_length(context, probe_len)
   usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
   if top_k and not block <= top_k <= usable:
-    raise ConfigError("eval.probe_top_k", top_k,
-                      f"0 or in [{block}, {usable}]: a probe block holds L = {block} distinct "
-                      f"ids drawn from the K most frequent")
+    raise ConfigError(
+      "eval.probe_top_k",
+      top_k,
+      f"0 or in [{block}, {usable}]: a probe block holds L = {block} distinct "
+      f"ids drawn from the K most frequent",
+    )
   if not top_k and usable < block:
-    raise ConfigError("eval.probe_len", probe_len,
-                      f"a block of at most {usable} distinct ids (model.vocab_size = {vocab})")
+    raise ConfigError(
+      "eval.probe_len",
+      probe_len,
+      f"a block of at most {usable} distinct ids (model.vocab_size = {vocab})",
+    )
   if early >= late:
-    raise ConfigError("eval.icl_early", cfg.eval.icl_early,
-                      f"a position before eval.icl_late (resolved: early {early} >= late {late})")
+    raise ConfigError(
+      "eval.icl_early",
+      cfg.eval.icl_early,
+      f"a position before eval.icl_late (resolved: early {early} >= late {late})",
+    )
 
 
 def _validate_checkpoint(cfg) -> None:
-  from ihsweep.schedule import PARAMS_SCHEDULES
   from ihsweep.law import Law, LawError
+  from ihsweep.schedule import PARAMS_SCHEDULES
+
   _choice(cfg, "checkpoint", "params_schedule", PARAMS_SCHEDULES)
   _int(cfg, "checkpoint", "points_per_octave", 1, 64)
   _int(cfg, "checkpoint", "law_points_per_octave", 0, 64, hint=" (0 = no extra density)")
@@ -349,7 +468,8 @@ def _validate_checkpoint(cfg) -> None:
   if cfg.checkpoint.law_file:
     try:
       Law.from_json(os.path.expanduser(cfg.checkpoint.law_file)).updates(
-          cfg.train.batch_size, cfg.train.context_size)
+        cfg.train.batch_size, cfg.train.context_size
+      )
     except LawError as e:
       raise ConfigError("checkpoint.law_file", cfg.checkpoint.law_file, str(e)) from None
 
@@ -357,6 +477,7 @@ def _validate_checkpoint(cfg) -> None:
 def _validate_log(cfg) -> None:
   """The optional ``log`` section: flags, and the package each chosen writer needs."""
   import importlib.util
+
   if "log" not in cfg:
     return
   for name, package in (("tensorboard", "tensorboardX"), ("wandb", "wandb")):
@@ -364,8 +485,12 @@ def _validate_log(cfg) -> None:
     if not isinstance(value, bool):
       raise ConfigError(f"log.{name}", value, "True or False")
     if value and importlib.util.find_spec(package) is None:
-      raise ConfigError(f"log.{name}", value, f"False, or True with {package} installed "
-                        f"(pip install {package}, or pip install 'ihsweep[logging]')")
+      raise ConfigError(
+        f"log.{name}",
+        value,
+        f"False, or True with {package} installed "
+        f"(pip install {package}, or pip install 'ihsweep[logging]')",
+      )
   project = cfg.log.get("wandb_project", "ihsweep")
   if not isinstance(project, str) or not project:
     raise ConfigError("log.wandb_project", project, "a non-empty string (the W&B project)")
@@ -377,11 +502,18 @@ def _validate_log(cfg) -> None:
 def _kinds(kinds) -> str:
   """``data.READS`` keys in words: "'natural' or 'markov' (transitions 'bigram')"."""
   from ihsweep.data import TRANSITIONS
+
   markov = [k.split("/")[1] for k in kinds if k.startswith("markov/")]
   words = [repr(k) for k in kinds if not k.startswith("markov/")]
   if markov:
-    words.append("'markov'" + ("" if len(markov) == len(TRANSITIONS) else
-                               f" (transitions {' or '.join(map(repr, markov))})"))
+    words.append(
+      "'markov'"
+      + (
+        ""
+        if len(markov) == len(TRANSITIONS)
+        else f" (transitions {' or '.join(map(repr, markov))})"
+      )
+    )
   return " or ".join(words)
 
 
@@ -389,6 +521,7 @@ def _check_unread_data(data_cfg) -> None:
   """A data field the chosen source does not read must keep its default: any other value would
   change nothing (``data.READS``)."""
   from ihsweep import data
+
   defaults = data.default_config()
   kind = data.source_kind(data_cfg)
   for name in data.unread_fields(data_cfg):
@@ -401,12 +534,18 @@ def _check_unread_data(data_cfg) -> None:
     elif value == default:
       continue
     source, *transitions = data.readers(name)[0].split("/")
-    hint = (f"--config.data.transitions={transitions[0]}" if source == data_cfg.source else
-            f"--config.data.source={source}")
-    raise ConfigError(field, value,
-                      f"its default {default!r} with data.source = {_kinds([kind])}, which does "
-                      f"not read it (only data.source = {_kinds(data.readers(name))} does: "
-                      f"e.g. {hint})")
+    hint = (
+      f"--config.data.transitions={transitions[0]}"
+      if source == data_cfg.source
+      else f"--config.data.source={source}"
+    )
+    raise ConfigError(
+      field,
+      value,
+      f"its default {default!r} with data.source = {_kinds([kind])}, which does "
+      f"not read it (only data.source = {_kinds(data.readers(name))} does: "
+      f"e.g. {hint})",
+    )
 
 
 def _check_distinct_models(cfg, size: int, source: str) -> None:
@@ -418,18 +557,22 @@ def _check_distinct_models(cfg, size: int, source: str) -> None:
   per_model = {"ensemble.peak_lrs": tuple(cfg.ensemble.peak_lrs) or (cfg.train.lr,) * size}
   if source == "markov":
     per_model["data.frequencies"] = tuple(cfg.data.frequencies) or (cfg.data.frequency,) * size
-    per_model["data.reliabilities"] = (tuple(cfg.data.reliabilities)
-                                       or (cfg.data.reliability,) * size)
+    per_model["data.reliabilities"] = (
+      tuple(cfg.data.reliabilities) or (cfg.data.reliability,) * size
+    )
   models = list(zip(seeds, *per_model.values()))
   for i, model in enumerate(models):
     j = models.index(model)
     if j < i:
       same = [f for f, v in per_model.items() if len(set(v)) > 1]
-      raise ConfigError("ensemble.seeds", seeds,
-                        f"distinct seeds, or models sharing a seed that differ in a per-model "
-                        f"value: models {j} and {i} both have seed {seeds[i]}"
-                        + (f" and the same {' and '.join(same)}" if same else "")
-                        + ", so they would train the same model twice")
+      raise ConfigError(
+        "ensemble.seeds",
+        seeds,
+        f"distinct seeds, or models sharing a seed that differ in a per-model "
+        f"value: models {j} and {i} both have seed {seeds[i]}"
+        + (f" and the same {' and '.join(same)}" if same else "")
+        + ", so they would train the same model twice",
+      )
 
 
 def validate(cfg, devices=None) -> None:
@@ -449,24 +592,34 @@ def validate(cfg, devices=None) -> None:
   d_model = _int(cfg, "model", "d_model", 1)
   if d_model % n_heads:
     divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
-    raise ConfigError("model.n_heads", n_heads,
-                      f"a divisor of model.d_model = {d_model}: one of {divisors}")
+    raise ConfigError(
+      "model.n_heads", n_heads, f"a divisor of model.d_model = {d_model}: one of {divisors}"
+    )
   del n_layers
   _int(cfg, "model", "d_mlp", 0, hint=" (0 = attention-only)")
   vocab = _int(cfg, "model", "vocab_size", 2)
   max_context = _int(cfg, "model", "max_context", 1)
   pos = _choice(cfg, "model", "pos_encoding", POS_ENCODINGS)
   if pos == "rotary" and (d_model // n_heads) % 2:
-    raise ConfigError("model.n_heads", n_heads,
-                      f"rotary needs an even head size; d_model / n_heads = {d_model // n_heads}")
+    raise ConfigError(
+      "model.n_heads",
+      n_heads,
+      f"rotary needs an even head size; d_model / n_heads = {d_model // n_heads}",
+    )
   _choice(cfg, "model", "dtype", DTYPES)
   _choice(cfg, "model", "param_dtype", ("float32", "bfloat16"))
   if not isinstance(cfg.model.tie_embeddings, bool):
     raise ConfigError("model.tie_embeddings", cfg.model.tie_embeddings, "True or False")
 
   batch = _int(cfg, "train", "batch_size", 1)
-  _int(cfg, "train", "context_size", 1, max_context,
-       hint=f" (at most model.max_context = {max_context})")
+  _int(
+    cfg,
+    "train",
+    "context_size",
+    1,
+    max_context,
+    hint=f" (at most model.max_context = {max_context})",
+  )
   _int(cfg, "train", "num_steps", 1, INT32_MAX, hint=" (updates; the update counter is int32)")
   _int(cfg, "train", "steps_per_call", 1)
   _real(cfg, "train", "lr", 0.0, lo_open=True)
@@ -482,45 +635,64 @@ def validate(cfg, devices=None) -> None:
   peak_lrs = cfg.ensemble.peak_lrs
   if peak_lrs:
     if len(peak_lrs) != size:
-      raise ConfigError("ensemble.peak_lrs", peak_lrs,
-                        f"empty (all models use train.lr) or one value per model "
-                        f"(ensemble.size = {size})")
+      raise ConfigError(
+        "ensemble.peak_lrs",
+        peak_lrs,
+        f"empty (all models use train.lr) or one value per model (ensemble.size = {size})",
+      )
     for i, lr in enumerate(peak_lrs):
       _check_real(f"ensemble.peak_lrs[{i}]", lr, 0.0, math.inf, True, True)
   for name in ("seeds", "cell_ids"):
     values = cfg.ensemble.get(name, ())
     if values and len(values) != size:
-      raise ConfigError(f"ensemble.{name}", values, f"empty or one value per model "
-                        f"(ensemble.size = {size})")
+      raise ConfigError(
+        f"ensemble.{name}", values, f"empty or one value per model (ensemble.size = {size})"
+      )
     for i, v in enumerate(values):
-      _check_int(f"ensemble.{name}[{i}]", v, 0, INT32_MAX if name == "seeds" else None,
-                 " (seeds are int32)" if name == "seeds" else "")
+      _check_int(
+        f"ensemble.{name}[{i}]",
+        v,
+        0,
+        INT32_MAX if name == "seeds" else None,
+        " (seeds are int32)" if name == "seeds" else "",
+      )
     if name == "cell_ids" and len(set(values)) != len(values):
       raise ConfigError("ensemble.cell_ids", values, "distinct ids")
   seed = _check_int("seed", cfg.seed, 0, INT32_MAX, " (seeds are int32)")
   if not cfg.ensemble.get("seeds") and seed + size - 1 > INT32_MAX:
-    raise ConfigError("seed", seed, f"an integer in [0, {INT32_MAX - size + 1}]: the models use "
-                      f"seeds seed … seed + ensemble.size - 1 = {seed + size - 1}, and seeds are "
-                      f"int32, at most 2^31 - 1 = {INT32_MAX}")
+    raise ConfigError(
+      "seed",
+      seed,
+      f"an integer in [0, {INT32_MAX - size + 1}]: the models use "
+      f"seeds seed … seed + ensemble.size - 1 = {seed + size - 1}, and seeds are "
+      f"int32, at most 2^31 - 1 = {INT32_MAX}",
+    )
 
   source = _choice(cfg, "data", "source", SOURCES)
   if source == "markov_chain":
-    _int(cfg, "data", "n_successors", 1, vocab,
-         hint=f" (at most model.vocab_size = {vocab})")
+    _int(cfg, "data", "n_successors", 1, vocab, hint=f" (at most model.vocab_size = {vocab})")
     _int(cfg, "data", "chain_seed", 0)
   if source == "repeated_blocks":
     longest = (cfg.train.context_size + 1) // 2
-    block_min = _int(cfg, "data", "block_min", 1, longest,
-                     hint=f" (a block must fit twice in C + 1 = {cfg.train.context_size + 1})")
+    block_min = _int(
+      cfg,
+      "data",
+      "block_min",
+      1,
+      longest,
+      hint=f" (a block must fit twice in C + 1 = {cfg.train.context_size + 1})",
+    )
     _int(cfg, "data", "block_max", 0, longest, hint=" (0 = (C + 1) // 2)")
     if cfg.data.block_max and cfg.data.block_max < block_min:
-      raise ConfigError("data.block_max", cfg.data.block_max,
-                        f"0 or >= data.block_min = {block_min}")
+      raise ConfigError(
+        "data.block_max", cfg.data.block_max, f"0 or >= data.block_min = {block_min}"
+      )
   text = source == "natural" or (source == "markov" and cfg.data.transitions == "bigram")
   if source == "markov":
     _validate_markov(cfg, vocab, size)
   if text:
     from ihsweep.data import bigram_corpus_tokens
+
     if source == "natural":
       _validate_natural(cfg, vocab, "model.vocab_size")
     else:
@@ -535,8 +707,14 @@ def validate(cfg, devices=None) -> None:
   whole = devices is None and jax.process_count() > 1  # one global mesh
   devices = jax.devices() if devices is None else devices
   n_avail = len(devices)
-  n_dev = _int(cfg, "mesh", "num_devices", 0, n_avail,
-               hint=f" (0 = as many of the {n_avail} available devices as the ensemble can use)")
+  n_dev = _int(
+    cfg,
+    "mesh",
+    "num_devices",
+    0,
+    n_avail,
+    hint=f" (0 = as many of the {n_avail} available devices as the ensemble can use)",
+  )
   if not n_dev and not whole:  # a small ensemble runs on part of the devices
     n_dev = len(usable_devices(size, batch, devices))
   try:
@@ -546,6 +724,9 @@ def validate(cfg, devices=None) -> None:
   chunk = _int(cfg, "ensemble", "vmap_chunk", 0, hint=" (0 = auto)")
   local = size // n_ens
   if chunk and local % chunk:
-    raise ConfigError("ensemble.vmap_chunk", chunk,
-                      f"0 (auto) or a divisor of the {local} models per device "
-                      f"(E = {size} over an ensemble mesh axis of {n_ens})")
+    raise ConfigError(
+      "ensemble.vmap_chunk",
+      chunk,
+      f"0 (auto) or a divisor of the {local} models per device "
+      f"(E = {size} over an ensemble mesh axis of {n_ens})",
+    )

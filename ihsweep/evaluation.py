@@ -51,9 +51,14 @@ class Evaluator:
     context = cp1 - 1
     early, late = metrics_lib.icl_positions(context, cfg.eval.icl_early, cfg.eval.icl_late)
     self.fn = metrics_lib.make_eval_fn(
-        mcfg, block_len=block_len, icl_early=early, icl_late=late,
-        probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
-        sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size), out_sharding=ens_sh)
+      mcfg,
+      block_len=block_len,
+      icl_early=early,
+      icl_late=late,
+      probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
+      sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size),
+      out_sharding=ens_sh,
+    )
 
   def __call__(self, params) -> dict:
     return self.fn(params, *self.inputs)
@@ -64,8 +69,9 @@ class Evaluator:
     return self.fn.lower(params, *self.inputs)
 
   @staticmethod
-  def rows(host: dict, step: int, tokens_per_step: int, cfg, train_loss,
-           diverged_at=None) -> list[dict]:
+  def rows(
+    host: dict, step: int, tokens_per_step: int, cfg, train_loss, diverged_at=None
+  ) -> list[dict]:
     """One ``metrics.jsonl`` row per model: ``cell`` (its id: ``ensemble.cell_ids``, default
     the index in the ensemble), ``seed``, ``step``, ``tokens``, ``train_loss`` (mean over the
     updates since the previous evaluation; null at step 0), ``val_loss``, ``ps``/``la``/``dla``
@@ -78,8 +84,13 @@ class Evaluator:
     diverged_at = np.full(n_models, -1) if diverged_at is None else np.asarray(diverged_at)
     out = []
     for i in range(n_models):
-      row = {"cell": ids[i], "seed": seeds[i], "step": step, "tokens": step * tokens_per_step,
-             "train_loss": None if train_loss is None else json_value(train_loss[i])}
+      row = {
+        "cell": ids[i],
+        "seed": seeds[i],
+        "step": step,
+        "tokens": step * tokens_per_step,
+        "train_loss": None if train_loss is None else json_value(train_loss[i]),
+      }
       bad = diverged_at[i] >= 0
       row.update({k: None if bad else json_value(v[i]) for k, v in sorted(host.items())})
       row["diverged"] = bool(bad)
@@ -97,9 +108,11 @@ def abstract_probes(cfg, mesh) -> tuple:
   ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
   e, c, s = cfg.ensemble.size, cfg.train.context_size, cfg.eval.n_sequences
   block = probes_lib.block_length(c, cfg.eval.probe_len)
-  return (jax.ShapeDtypeStruct((cfg.eval.n_probes, 2 * block), np.int32, sharding=repl),
-          jax.ShapeDtypeStruct((e, s, c + 1), np.int32, sharding=ens_sh),
-          jax.ShapeDtypeStruct((e, s, c), np.bool_, sharding=ens_sh))
+  return (
+    jax.ShapeDtypeStruct((cfg.eval.n_probes, 2 * block), np.int32, sharding=repl),
+    jax.ShapeDtypeStruct((e, s, c + 1), np.int32, sharding=ens_sh),
+    jax.ShapeDtypeStruct((e, s, c), np.bool_, sharding=ens_sh),
+  )
 
 
 class EmergenceStop:
@@ -131,11 +144,15 @@ class EmergenceStop:
     above = [i for i, v in enumerate(values) if finite[i] and v >= self.threshold]
     if self.first and above:
       log.warning(
-          "sweep.stop_threshold = %g is already reached before emergence: %s at update %d is "
-          "%s for model(s) %s; those crossings are not counted (a model must first be seen "
-          "below the threshold); raise sweep.stop_threshold above this baseline", self.threshold,
-          self.metric, step, ", ".join(f"{values[i]:.4f}" for i in above),
-          ", ".join(map(str, above)))
+        "sweep.stop_threshold = %g is already reached before emergence: %s at update %d is "
+        "%s for model(s) %s; those crossings are not counted (a model must first be seen "
+        "below the threshold); raise sweep.stop_threshold above this baseline",
+        self.threshold,
+        self.metric,
+        step,
+        ", ".join(f"{values[i]:.4f}" for i in above),
+        ", ".join(map(str, above)),
+      )
     self.first = False
     for i, v in enumerate(values):
       if not finite[i]:
@@ -146,8 +163,9 @@ class EmergenceStop:
         self.crossed[i] = step
 
   def done(self, step: int) -> bool:
-    return all(d or (c is not None and step >= self.margin * c)
-               for c, d in zip(self.crossed, self.diverged))
+    return all(
+      d or (c is not None and step >= self.margin * c) for c, d in zip(self.crossed, self.diverged)
+    )
 
 
 def replay(stop_rule: EmergenceStop, rows: list[dict], metric: str) -> None:
@@ -158,5 +176,6 @@ def replay(stop_rule: EmergenceStop, rows: list[dict], metric: str) -> None:
     by_step.setdefault(r["step"], []).append(r)
   for step in sorted(by_step):
     group = by_step[step]
-    stop_rule.observe(step, [r.get(metric) for r in group],
-                      [bool(r.get("diverged")) for r in group])
+    stop_rule.observe(
+      step, [r.get(metric) for r in group], [bool(r.get("diverged")) for r in group]
+    )

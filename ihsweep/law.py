@@ -26,7 +26,6 @@ import math
 import statistics
 from numbers import Real
 
-
 MAX_LOG_UPDATES = 100  # e^100 updates: a prediction past this is a broken law, not a plan
 MAX_LOG_T = 700  # T = e^log_T must be a float (e^709.8 overflows); the study's ln T is 13.26
 
@@ -52,18 +51,20 @@ def log_half_width(x, cov, sigma: float = 0.0, level: float = 0.95, t_dof: float
     ValueError: level outside (0, 1), or t_dof not positive.
   """
   import numpy as np
+
   if not 0 < level < 1:
     raise ValueError(f"level = {level!r}: need a number in (0, 1)")
   if t_dof is None:
     q = statistics.NormalDist().inv_cdf((1 + level) / 2)
   elif t_dof > 0:
     from scipy import stats
+
     q = float(stats.t.ppf((1 + level) / 2, t_dof))
   else:
     raise ValueError(f"t_dof = {t_dof!r}: need a positive number")
   x = np.asarray(x, float)
   var = np.einsum("...i,ij,...j->...", x, np.asarray(cov, float), x)
-  return q * np.sqrt(np.maximum(var, 0.0) + sigma ** 2)
+  return q * np.sqrt(np.maximum(var, 0.0) + sigma**2)
 
 
 def _finite(v) -> bool:
@@ -105,15 +106,18 @@ class Law:
       if not _finite(v):
         raise LawError(f"{key} = {_show(v)}: need a finite number")
     if abs(self.log_T) > MAX_LOG_T:
-      raise LawError(f"log_T = {self.log_T:.4g}: need |log_T| <= {MAX_LOG_T} (T = e^log_T "
-                     f"must be a float; the study's ln T = 13.26)")
+      raise LawError(
+        f"log_T = {self.log_T:.4g}: need |log_T| <= {MAX_LOG_T} (T = e^log_T "
+        f"must be a float; the study's ln T = 13.26)"
+      )
 
   @property
   def T(self) -> float:
     return math.exp(self.log_T)
 
-  def interval(self, batch_size: float, context_size: float, *, level: float = 0.95,
-               cell: bool = False) -> tuple[float, float]:
+  def interval(
+    self, batch_size: float, context_size: float, *, level: float = 0.95, cell: bool = False
+  ) -> tuple[float, float]:
     """``(lo, hi)`` updates: the ``level`` interval of the predicted median UPT (the law's own
     uncertainty), or with ``cell`` the prediction interval for one cell (adds ``sigma``²):
     exp(ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²))), x = (1, −ln B, −ln C) (``log_half_width``). Times
@@ -124,8 +128,9 @@ class Law:
     """
     median = self.updates(batch_size, context_size)
     if self.cov is None or (cell and self.sigma is None):
-      raise LawError(f"{self.source}: no interval (the law stores no "
-                     f"{'cov' if self.cov is None else 'sigma'})")
+      raise LawError(
+        f"{self.source}: no interval (the law stores no {'cov' if self.cov is None else 'sigma'})"
+      )
     x = (1.0, -math.log(batch_size), -math.log(context_size))
     half = float(log_half_width(x, self.cov, self.sigma if cell else 0.0, level, self.t_dof))
     return median * math.exp(-half), median * math.exp(half)
@@ -135,8 +140,10 @@ class Law:
     outside the law's fitted range: fitted on C 16–64; 1024 is 16× beyond"; [] inside it or
     when the range is not known."""
     out = []
-    for name, v, span in (("B", batch_size, self.batch_range),
-                          ("C", context_size, self.context_range)):
+    for name, v, span in (
+      ("B", batch_size, self.batch_range),
+      ("C", context_size, self.context_range),
+    ):
       if span is None or not _finite(v) or v <= 0:
         continue
       lo, hi = span
@@ -146,8 +153,9 @@ class Law:
         where = f"{v:g} is {lo / v:.3g}× below"
       else:
         continue
-      out.append(f"{name} = {v:g} is outside the law's fitted range: fitted on {name} "
-                 f"{lo:g}–{hi:g}; {where}")
+      out.append(
+        f"{name} = {v:g} is outside the law's fitted range: fitted on {name} {lo:g}–{hi:g}; {where}"
+      )
     return out
 
   def updates(self, batch_size: float, context_size: float) -> float:
@@ -162,11 +170,18 @@ class Law:
         raise LawError(f"{name} = {_show(v)}: the law needs a positive finite number")
     log_upt = self.log_T - self.alpha * math.log(batch_size) - self.beta * math.log(context_size)
     if not 0 <= log_upt <= MAX_LOG_UPDATES:  # NaN too (inf - inf)
-      bound = (f"more than e^{MAX_LOG_UPDATES}" if log_upt > 0 else
-               "fewer than one update" if log_upt < 0 else "not a number")
-      raise LawError(f"the law (log_T = {self.log_T:.4g}, alpha = {self.alpha:.4g}, beta = "
-                     f"{self.beta:.4g}) predicts e^{log_upt:.4g} updates for B = {batch_size:g}, "
-                     f"C = {context_size:g}: outside any run ({bound})")
+      bound = (
+        f"more than e^{MAX_LOG_UPDATES}"
+        if log_upt > 0
+        else "fewer than one update"
+        if log_upt < 0
+        else "not a number"
+      )
+      raise LawError(
+        f"the law (log_T = {self.log_T:.4g}, alpha = {self.alpha:.4g}, beta = "
+        f"{self.beta:.4g}) predicts e^{log_upt:.4g} updates for B = {batch_size:g}, "
+        f"C = {context_size:g}: outside any run ({bound})"
+      )
     return math.exp(log_upt)
 
   def tokens(self, batch_size: float, context_size: float) -> float:
@@ -177,21 +192,33 @@ class Law:
     """
     tokens = self.updates(batch_size, context_size) * float(batch_size) * float(context_size)
     if not math.isfinite(tokens):
-      raise LawError(f"B = {batch_size:g}, C = {context_size:g}: the predicted tokens overflow a "
-                     f"float")
+      raise LawError(
+        f"B = {batch_size:g}, C = {context_size:g}: the predicted tokens overflow a float"
+      )
     return tokens
 
   def to_dict(self) -> dict:
-    out = {"log_T": self.log_T, "T": self.T, "alpha": self.alpha, "beta": self.beta,
-           "source": self.source}
+    out = {
+      "log_T": self.log_T,
+      "T": self.T,
+      "alpha": self.alpha,
+      "beta": self.beta,
+      "source": self.source,
+    }
     if self.sigma is not None:
       out["sigma"] = self.sigma
     if self.cov is not None:
-      out["cov"] = {"names": ["log_T", "alpha", "beta"], "matrix": [list(r) for r in self.cov],
-                    "t_dof": self.t_dof}
+      out["cov"] = {
+        "names": ["log_T", "alpha", "beta"],
+        "matrix": [list(r) for r in self.cov],
+        "t_dof": self.t_dof,
+      }
     if self.batch_range is not None or self.context_range is not None:
-      out["range"] = {k: list(v) for k, v in (("batch_size", self.batch_range),
-                                              ("context_size", self.context_range)) if v}
+      out["range"] = {
+        k: list(v)
+        for k, v in (("batch_size", self.batch_range), ("context_size", self.context_range))
+        if v
+      }
     return out
 
   @classmethod
@@ -224,24 +251,31 @@ class Law:
         raise LawError(f"law file {path}: T = {_show(t)} must be a positive finite number")
       if "log_T" not in obj:
         obj = {**obj, "log_T": math.log(t)}
-      elif _finite(obj["log_T"]) and not math.isclose(math.log(t), obj["log_T"],
-                                                      rel_tol=1e-6, abs_tol=1e-9):
-        raise LawError(f"law file {path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
-                       f"(ln T = {math.log(t):.6g}); give one of them")
+      elif _finite(obj["log_T"]) and not math.isclose(
+        math.log(t), obj["log_T"], rel_tol=1e-6, abs_tol=1e-9
+      ):
+        raise LawError(
+          f"law file {path}: T = {t!r} and log_T = {obj['log_T']!r} disagree "
+          f"(ln T = {math.log(t):.6g}); give one of them"
+        )
     values = {}
     for key in ("log_T", "alpha", "beta"):
       if key not in obj:
-        raise LawError(f"law file {path}: missing field {key!r}"
-                       + (" (or 'T')" if key == "log_T" else "")
-                       + "; a law JSON needs log_T (or T), alpha and beta")
+        raise LawError(
+          f"law file {path}: missing field {key!r}"
+          + (" (or 'T')" if key == "log_T" else "")
+          + "; a law JSON needs log_T (or T), alpha and beta"
+        )
       v = obj[key]
       if not _finite(v):
         raise LawError(f"law file {path}: field {key!r} = {_show(v)}; need a finite number")
       values[key] = float(v)
     if obj.get("gamma") is not None:
-      raise LawError(f"law file {path}: gamma = {obj['gamma']!r}: this law also depends on the "
-                     f"model size (ln UPT + gamma ln n_params); predictions here take B and C "
-                     f"only: fit it without gamma")
+      raise LawError(
+        f"law file {path}: gamma = {obj['gamma']!r}: this law also depends on the "
+        f"model size (ln UPT + gamma ln n_params); predictions here take B and C "
+        f"only: fit it without gamma"
+      )
     try:
       values.update(_uncertainty(obj))
     except LawError as e:
@@ -271,17 +305,25 @@ def _uncertainty(obj: dict) -> dict:
     want = ["log_T", "alpha", "beta"]
     names = cov.get("names") if isinstance(cov, dict) else None
     matrix = cov.get("matrix") if isinstance(cov, dict) else None
-    if (not isinstance(names, list) or not all(n in names for n in want)
-        or not isinstance(matrix, list) or len(matrix) != len(names)
-        or not all(isinstance(row, list) and len(row) == len(names) for row in matrix)):
-      raise LawError('cov: need {"names": [...] with log_T, alpha, beta, "matrix": a square list '
-                     'of lists, one row per name}')
+    if (
+      not isinstance(names, list)
+      or not all(n in names for n in want)
+      or not isinstance(matrix, list)
+      or len(matrix) != len(names)
+      or not all(isinstance(row, list) and len(row) == len(names) for row in matrix)
+    ):
+      raise LawError(
+        'cov: need {"names": [...] with log_T, alpha, beta, "matrix": a square list '
+        "of lists, one row per name}"
+      )
     idx = [names.index(n) for n in want]
     sub = tuple(tuple(matrix[i][j] for j in idx) for i in idx)
     bad = [v for row in sub for v in row if not _finite(v)]
     if bad or any(sub[i][i] < 0 for i in range(3)):
-      raise LawError(f"cov: {_show(bad[0]) if bad else 'a negative variance'}: need finite "
-                     f"numbers and variances >= 0")
+      raise LawError(
+        f"cov: {_show(bad[0]) if bad else 'a negative variance'}: need finite "
+        f"numbers and variances >= 0"
+      )
     out["cov"] = tuple(tuple(float(v) for v in row) for row in sub)
     t_dof = cov.get("t_dof")
     if t_dof is not None:
@@ -296,8 +338,12 @@ def _uncertainty(obj: dict) -> dict:
       v = span.get(key)
       if v is None:
         continue
-      if (not isinstance(v, list) or len(v) != 2 or not all(_finite(e) for e in v)
-          or not 0 < v[0] <= v[1]):
+      if (
+        not isinstance(v, list)
+        or len(v) != 2
+        or not all(_finite(e) for e in v)
+        or not 0 < v[0] <= v[1]
+      ):
         raise LawError(f"range.{key} = {_show(v)}: need [min, max] with 0 < min <= max")
       out[field] = (float(v[0]), float(v[1]))
   return out

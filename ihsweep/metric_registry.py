@@ -31,11 +31,39 @@ import numpy as np
 TRANSFORMS = ("none", "log1p10")
 # Keys of evaluate's outputs and of the curves/metrics.jsonl rows that are not metrics: a
 # metric may not take one of these names.
-RESERVED = frozenset({
-    "ps", "la", "dla", "ps_argmax", "la_argmax", "dla_argmax", "ar_data_n", "run", "group",
-    "cell", "seed", "step", "tokens", "train_loss", "diverged", "diverged_step", "source",
-    "n_probes", "n_sequences", "batch_size", "context_size", "n_params", "law_updates",
-    "ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head"})
+RESERVED = frozenset(
+  {
+    "ps",
+    "la",
+    "dla",
+    "ps_argmax",
+    "la_argmax",
+    "dla_argmax",
+    "ar_data_n",
+    "run",
+    "group",
+    "cell",
+    "seed",
+    "step",
+    "tokens",
+    "train_loss",
+    "diverged",
+    "diverged_step",
+    "source",
+    "n_probes",
+    "n_sequences",
+    "batch_size",
+    "context_size",
+    "n_params",
+    "law_updates",
+    "ps_layer",
+    "ps_head",
+    "la_layer",
+    "la_head",
+    "dla_layer",
+    "dla_head",
+  }
+)
 
 
 def uniform_ps(block_len: int) -> float:
@@ -54,6 +82,7 @@ class StopRule:
   already reaches, as a function of the probes' block length L (``ihsweep.data.probes.
   block_length``), or None when unknown; a threshold at or below it is refused per group,
   the error naming ``untrained_text`` (e.g. 'the ps_max of uniform attention')."""
+
   lo: float = -math.inf
   hi: float = math.inf
   lo_open: bool = False
@@ -91,6 +120,7 @@ class Metric:
   Raises:
     ValueError: a field out of its allowed values (named in the message).
   """
+
   name: str
   description: str
   units: str
@@ -105,20 +135,27 @@ class Metric:
   def __post_init__(self):
     def bad(field, value, allowed):
       raise ValueError(f"Metric {self.name!r}: {field} = {value!r}; allowed: {allowed}")
+
     if not isinstance(self.name, str) or not self.name.isidentifier():
       bad("name", self.name, "an identifier (it becomes a column and a JSON key)")
     if self.name in RESERVED:
       bad("name", self.name, f"not one of the reserved keys {sorted(RESERVED)}")
     if self.direction not in (1, -1):
       bad("direction", self.direction, "+1 (rises at emergence) or -1 (falls)")
-    if not (isinstance(self.min_jump, (int, float)) and math.isfinite(self.min_jump)
-            and self.min_jump >= 0):
+    if not (
+      isinstance(self.min_jump, (int, float))
+      and math.isfinite(self.min_jump)
+      and self.min_jump >= 0
+    ):
       bad("min_jump", self.min_jump, "a finite number >= 0")
     if self.transform not in TRANSFORMS:
       bad("transform", self.transform, ", ".join(TRANSFORMS))
     if self.stop is not None and self.direction != 1:
-      bad("stop", self.stop, "None for a falling metric (the stop rule waits for a rise to "
-                             "the threshold)")
+      bad(
+        "stop",
+        self.stop,
+        "None for a falling metric (the stop rule waits for a rise to the threshold)",
+      )
 
   def apply(self, values) -> np.ndarray:
     """``values`` as float64 in the units ``min_jump`` is given in (after ``transform``)."""
@@ -129,6 +166,7 @@ class Metric:
 def _best_head(scores: str) -> Callable[[Mapping[str, Any]], Any]:
   def best(out):
     return out[scores].max()
+
   best.__doc__ = f"max over (layer, head) of ``{scores}``"
   return best
 
@@ -137,34 +175,87 @@ def _best_head(scores: str) -> Callable[[Mapping[str, Any]], Any]:
 # project: ps_max ~0.02-0.1 before, 0.6-0.9 after; ar_acc ~1/V before; DLA 0 → several nats.
 # The ICL score (loss late in the context minus early) falls by ~1 nat with ordinary learning
 # on the induction task even where no induction head forms; the transition takes it down 3-4.
-REGISTRY: dict[str, Metric] = {m.name: m for m in (
-    Metric("ps_max", "the best head's prefix-matching score",
-           "attention probability in [0, 1]", "prefix-matching score (best head)", +1, 0.2,
-           emergence=True, compute=_best_head("ps"),
-           stop=dataclasses.replace(UNIT_INTERVAL, untrained=uniform_ps,
-                                    untrained_text="the ps_max of uniform attention")),
-    Metric("la_max", "the best head's logit attribution", "share in [0, 1]",
-           "logit attribution, study (best head)", +1, 0.1, emergence=True,
-           compute=_best_head("la"), stop=UNIT_INTERVAL),
-    Metric("dla_max", "the best head's direct logit attribution", "nats of logit",
-           "direct logit attribution (best head, nats)", +1, 1.0, emergence=True,
-           compute=_best_head("dla"), stop=StopRule()),
-    Metric("ar_acc", "associative-recall accuracy on the probes",
-           "share of positions in [0, 1]", "associative recall accuracy (probes)", +1, 0.2,
-           emergence=True, stop=UNIT_INTERVAL),
-    Metric("ar_rank", "the mean rank of the correct token on the probes",
-           "rank among V (0 = top)", "associative recall mean rank (probes)", -1, 0.5,
-           transform="log1p10"),
-    Metric("ar_data_acc", "associative-recall accuracy on prompts from the data",
-           "share of positions in [0, 1]", "associative recall accuracy (data)", +1, 0.2,
-           stop=UNIT_INTERVAL),
-    Metric("ar_data_rank", "the mean rank of the correct token on prompts from the data",
-           "rank among V (0 = top)", "associative recall mean rank (data)", -1, 0.5,
-           transform="log1p10"),
+REGISTRY: dict[str, Metric] = {
+  m.name: m
+  for m in (
+    Metric(
+      "ps_max",
+      "the best head's prefix-matching score",
+      "attention probability in [0, 1]",
+      "prefix-matching score (best head)",
+      +1,
+      0.2,
+      emergence=True,
+      compute=_best_head("ps"),
+      stop=dataclasses.replace(
+        UNIT_INTERVAL, untrained=uniform_ps, untrained_text="the ps_max of uniform attention"
+      ),
+    ),
+    Metric(
+      "la_max",
+      "the best head's logit attribution",
+      "share in [0, 1]",
+      "logit attribution, study (best head)",
+      +1,
+      0.1,
+      emergence=True,
+      compute=_best_head("la"),
+      stop=UNIT_INTERVAL,
+    ),
+    Metric(
+      "dla_max",
+      "the best head's direct logit attribution",
+      "nats of logit",
+      "direct logit attribution (best head, nats)",
+      +1,
+      1.0,
+      emergence=True,
+      compute=_best_head("dla"),
+      stop=StopRule(),
+    ),
+    Metric(
+      "ar_acc",
+      "associative-recall accuracy on the probes",
+      "share of positions in [0, 1]",
+      "associative recall accuracy (probes)",
+      +1,
+      0.2,
+      emergence=True,
+      stop=UNIT_INTERVAL,
+    ),
+    Metric(
+      "ar_rank",
+      "the mean rank of the correct token on the probes",
+      "rank among V (0 = top)",
+      "associative recall mean rank (probes)",
+      -1,
+      0.5,
+      transform="log1p10",
+    ),
+    Metric(
+      "ar_data_acc",
+      "associative-recall accuracy on prompts from the data",
+      "share of positions in [0, 1]",
+      "associative recall accuracy (data)",
+      +1,
+      0.2,
+      stop=UNIT_INTERVAL,
+    ),
+    Metric(
+      "ar_data_rank",
+      "the mean rank of the correct token on prompts from the data",
+      "rank among V (0 = top)",
+      "associative recall mean rank (data)",
+      -1,
+      0.5,
+      transform="log1p10",
+    ),
     Metric("icl_score", "the ICL score", "nats", "ICL score (nats)", -1, 1.5, emergence=True),
-    Metric("val_loss", "the validation loss", "nats/token", "validation loss (nats/token)",
-           -1, 0.2),
-)}
+    Metric(
+      "val_loss", "the validation loss", "nats/token", "validation loss (nats/token)", -1, 0.2
+    ),
+  )
+}
 
 
 def register(metric: Metric, *, replace: bool = False) -> Metric:
@@ -175,8 +266,7 @@ def register(metric: Metric, *, replace: bool = False) -> Metric:
     ValueError: a metric of that name is registered and ``replace`` is False.
   """
   if metric.name in REGISTRY and not replace:
-    raise ValueError(f"metric {metric.name!r} is already registered (replace=True to "
-                     f"redefine it)")
+    raise ValueError(f"metric {metric.name!r} is already registered (replace=True to redefine it)")
   REGISTRY[metric.name] = metric
   return metric
 

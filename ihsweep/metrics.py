@@ -67,8 +67,9 @@ def _probe_targets(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
   return tokens_NxT[:, _target_entries(block_len)]
 
 
-def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
-                      tokens_NxT: jax.Array, block_len: int) -> jax.Array:
+def logit_attribution(
+  head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array, block_len: int
+) -> jax.Array:
   """The study's logit attribution per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
   At second-block position i (``L ≤ i ≤ 2L − 1``), the head's output ``z_h W_O^h`` (no bias, no
@@ -87,8 +88,9 @@ def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
   n, p, layers, heads, d = head_out_NxPxLxHxD.shape
   w_NxDxJ = jnp.swapaxes(unembed_DxV[:, tokens_NxT[:, :block_len]], 0, 1)  # block's vectors
   # (position, layer, head) flattened: one matrix product per probe.
-  proj = jnp.einsum("nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d),
-                    w_NxDxJ).reshape(n, p, layers * heads, block_len)
+  proj = jnp.einsum(
+    "nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d), w_NxDxJ
+  ).reshape(n, p, layers * heads, block_len)
   above_NxPxMxJ = jax.nn.relu(proj - proj.mean(axis=-1, keepdims=True))
   target_PxJ = jax.nn.one_hot(_target_entries(block_len), block_len, dtype=above_NxPxMxJ.dtype)
   target = jnp.einsum("npmj,pj->npm", above_NxPxMxJ, target_PxJ)
@@ -97,9 +99,15 @@ def logit_attribution(head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array,
   return la.mean(axis=(0, 1)).reshape(layers, heads)
 
 
-def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: jax.Array,
-                             ln_scale_D: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array,
-                             block_len: int, ln_eps: float) -> jax.Array:
+def direct_logit_attribution(
+  head_out_NxPxLxHxD: jax.Array,
+  resid_final_NxPxD: jax.Array,
+  ln_scale_D: jax.Array,
+  unembed_DxV: jax.Array,
+  tokens_NxT: jax.Array,
+  block_len: int,
+  ln_eps: float,
+) -> jax.Array:
   """Standard direct logit attribution per (layer, head), float32 ``[n_layers, n_heads]``
   (nats of logit).
 
@@ -116,8 +124,9 @@ def direct_logit_attribution(head_out_NxPxLxHxD: jax.Array, resid_final_NxPxD: j
   n, p, layers, heads, d = head_out_NxPxLxHxD.shape
   sigma_NxP = jnp.sqrt(resid_final_NxPxD.var(axis=-1) + ln_eps)
   targets_NxP = _probe_targets(tokens_NxT, block_len)
-  direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)[None, None, :]) * \
-      (ln_scale_D[None, None, :] / sigma_NxP[..., None])
+  direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)[None, None, :]) * (
+    ln_scale_D[None, None, :] / sigma_NxP[..., None]
+  )
   # (h − mean(h)) · w = h · (w − mean(w)): centre the read-out direction instead of each head.
   direction_NxPxD = direction_NxPxD - direction_NxPxD.mean(axis=-1, keepdims=True)
   h_NxPxMxD = head_out_NxPxLxHxD.reshape(n, p, layers * heads, d)
@@ -159,8 +168,7 @@ def _microbatches(x: jax.Array, size: int) -> jax.Array:
   return x.reshape((x.shape[0] // size, size) + x.shape[1:])
 
 
-def head_outputs(params, cfg: ModelConfig, z_LxNxTxHxK: jax.Array, pos: jax.Array
-                 ) -> jax.Array:
+def head_outputs(params, cfg: ModelConfig, z_LxNxTxHxK: jax.Array, pos: jax.Array) -> jax.Array:
   """Each head's write into the residual stream, ``z_h W_O^h`` (no bias), at positions ``pos``:
   float32 ``[N, P, n_layers, H, d_model]`` from the mixed values ``z`` (``Transformer``
   internals). Computed per head as plain matrix products (fast under the ensemble vmap on CPU),
@@ -169,8 +177,7 @@ def head_outputs(params, cfg: ModelConfig, z_LxNxTxHxK: jax.Array, pos: jax.Arra
   layers = []
   for layer in range(cfg.n_layers):
     w_HxKxD = params[f"block_{layer}"]["attn"]["w_o"].astype(jnp.float32)
-    layers.append(jnp.stack([z[layer, :, :, h] @ w_HxKxD[h] for h in range(cfg.n_heads)],
-                            axis=2))
+    layers.append(jnp.stack([z[layer, :, :, h] @ w_HxKxD[h] for h in range(cfg.n_heads)], axis=2))
   return jnp.stack(layers, axis=2)
 
 
@@ -178,14 +185,25 @@ def _final_logits(params, cfg: ModelConfig, resid_NxPxD: jax.Array) -> jax.Array
   """float32 logits ``[N, P, V]`` from residual-stream vectors, exactly as ``Transformer`` maps
   its last residual (final LayerNorm, then the unembedding in the compute dtype)."""
   x = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=jnp.float32).apply(
-      {"params": params["ln_f"]}, resid_NxPxD)
+    {"params": params["ln_f"]}, resid_NxPxD
+  )
   w_DxV = unembedding_matrix(params, cfg).astype(cfg.compute_dtype)
   return jnp.einsum("npd,dv->npv", x.astype(cfg.compute_dtype), w_DxV).astype(jnp.float32)
 
 
-def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_SxC: jax.Array, *,
-             cfg: ModelConfig, block_len: int, icl_early: int, icl_late: int,
-             probe_batch: int, sequence_batch: int) -> dict:
+def evaluate(
+  params,
+  probes_NxT: jax.Array,
+  sequences_SxCp1: jax.Array,
+  recall_SxC: jax.Array,
+  *,
+  cfg: ModelConfig,
+  block_len: int,
+  icl_early: int,
+  icl_late: int,
+  probe_batch: int,
+  sequence_batch: int,
+) -> dict:
   """All metrics of ONE model (vmap it for an ensemble).
 
   Args:
@@ -226,70 +244,101 @@ def evaluate(params, probes_NxT: jax.Array, sequences_SxCp1: jax.Array, recall_S
     # Logits only where recall is scored (the model's own final LayerNorm and unembedding; XLA
     # drops the unused full [N, 2L, V] logits): half the probes' unembedding work.
     resid_NxPxD = internals["resid_final"][:, pos]
-    ranks = recall_ranks(_final_logits(params, cfg, resid_NxPxD),
-                         _probe_targets(tokens_NxT, block_len))
+    ranks = recall_ranks(
+      _final_logits(params, cfg, resid_NxPxD), _probe_targets(tokens_NxT, block_len)
+    )
     head_out = head_outputs(params, cfg, internals["z"], pos)
     return {
-        "ps": prefix_matching_score(internals["attn"], block_len),
-        "la": logit_attribution(head_out, unembed_DxV, tokens_NxT, block_len),
-        "dla": direct_logit_attribution(head_out, resid_NxPxD,
-                                        ln_scale_D, unembed_DxV, tokens_NxT, block_len,
-                                        cfg.ln_eps),
-        "ar_acc": _hits(ranks).mean(),
-        "ar_rank": ranks.mean()}
+      "ps": prefix_matching_score(internals["attn"], block_len),
+      "la": logit_attribution(head_out, unembed_DxV, tokens_NxT, block_len),
+      "dla": direct_logit_attribution(
+        head_out, resid_NxPxD, ln_scale_D, unembed_DxV, tokens_NxT, block_len, cfg.ln_eps
+      ),
+      "ar_acc": _hits(ranks).mean(),
+      "ar_rank": ranks.mean(),
+    }
 
   def sequence_sums(args):
     seq_SxCp1, recall_SxC = args
     inputs, targets = seq_SxCp1[:, :-1], seq_SxCp1[:, 1:]
     logits = model.apply({"params": params}, inputs)
-    nll_SxC = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(
-        logits, targets[..., None], axis=-1)[..., 0]
+    nll_SxC = (
+      jax.nn.logsumexp(logits, axis=-1)
+      - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    )
     ranks = recall_ranks(logits, targets)
-    return {"loss_C": nll_SxC.sum(axis=0),
-            "ar_hits": jnp.sum(jnp.where(recall_SxC, _hits(ranks), 0.0)),
-            "ar_rank": jnp.sum(jnp.where(recall_SxC, ranks, 0), dtype=jnp.float32),
-            "ar_n": jnp.sum(recall_SxC, dtype=jnp.int32)}
+    return {
+      "loss_C": nll_SxC.sum(axis=0),
+      "ar_hits": jnp.sum(jnp.where(recall_SxC, _hits(ranks), 0.0)),
+      "ar_rank": jnp.sum(jnp.where(recall_SxC, ranks, 0), dtype=jnp.float32),
+      "ar_n": jnp.sum(recall_SxC, dtype=jnp.int32),
+    }
 
   # Equal micro-batches: the mean of per-batch means is the overall mean.
-  p = jax.tree_util.tree_map(lambda x: x.mean(axis=0),
-                             jax.lax.map(probe_sums, _microbatches(probes_NxT, probe_batch)))
-  s = jax.tree_util.tree_map(lambda x: x.sum(axis=0), jax.lax.map(
-      sequence_sums, (_microbatches(sequences_SxCp1, sequence_batch),
-                      _microbatches(recall_SxC, sequence_batch))))
+  p = jax.tree_util.tree_map(
+    lambda x: x.mean(axis=0), jax.lax.map(probe_sums, _microbatches(probes_NxT, probe_batch))
+  )
+  s = jax.tree_util.tree_map(
+    lambda x: x.sum(axis=0),
+    jax.lax.map(
+      sequence_sums,
+      (_microbatches(sequences_SxCp1, sequence_batch), _microbatches(recall_SxC, sequence_batch)),
+    ),
+  )
   loss_C = s["loss_C"] / sequences_SxCp1.shape[0]
   n = s["ar_n"]
   n_f = jnp.maximum(n, 1).astype(jnp.float32)
   out = dict(p)
   out.update(
-      ar_data_acc=jnp.where(n > 0, s["ar_hits"] / n_f, jnp.nan),
-      ar_data_rank=jnp.where(n > 0, s["ar_rank"] / n_f, jnp.nan),
-      ar_data_n=n, val_loss=loss_C.mean(), icl_score=icl_score(loss_C, icl_early, icl_late))
+    ar_data_acc=jnp.where(n > 0, s["ar_hits"] / n_f, jnp.nan),
+    ar_data_rank=jnp.where(n > 0, s["ar_rank"] / n_f, jnp.nan),
+    ar_data_n=n,
+    val_loss=loss_C.mean(),
+    icl_score=icl_score(loss_C, icl_early, icl_late),
+  )
   for name in ("ps", "la", "dla"):
     out[f"{name}_argmax"] = _argmax_2d(out[name])
   for metric in metric_registry.REGISTRY.values():
     if metric.compute is not None:
       out[metric.name] = jnp.asarray(metric.compute(out), jnp.float32)
       if out[metric.name].shape:
-        raise ValueError(f"metric {metric.name!r} (ihsweep.metric_registry): compute returned "
-                         f"shape {out[metric.name].shape}; a metric is one scalar per model")
+        raise ValueError(
+          f"metric {metric.name!r} (ihsweep.metric_registry): compute returned "
+          f"shape {out[metric.name].shape}; a metric is one scalar per model"
+        )
     elif metric.name not in out:
-      raise ValueError(f"metric {metric.name!r} (ihsweep.metric_registry) has no compute "
-                       f"function and evaluate does not return it; give it compute=fn(out)")
+      raise ValueError(
+        f"metric {metric.name!r} (ihsweep.metric_registry) has no compute "
+        f"function and evaluate does not return it; give it compute=fn(out)"
+      )
   return out
 
 
-def make_eval_fn(cfg: ModelConfig, *, block_len: int, icl_early: int, icl_late: int,
-                 probe_batch: int, sequence_batch: int, out_sharding=None) -> Callable:
+def make_eval_fn(
+  cfg: ModelConfig,
+  *,
+  block_len: int,
+  icl_early: int,
+  icl_late: int,
+  probe_batch: int,
+  sequence_batch: int,
+  out_sharding=None,
+) -> Callable:
   """``fn(params_E, probes, sequences_E, recall_E) -> dict`` of ``[E, ...]`` arrays: ``evaluate``
   vmapped over the ensemble's leading axis (probes shared), jitted once."""
-  one = functools.partial(evaluate, cfg=cfg, block_len=block_len, icl_early=icl_early,
-                          icl_late=icl_late, probe_batch=probe_batch,
-                          sequence_batch=sequence_batch)
+  one = functools.partial(
+    evaluate,
+    cfg=cfg,
+    block_len=block_len,
+    icl_early=icl_early,
+    icl_late=icl_late,
+    probe_batch=probe_batch,
+    sequence_batch=sequence_batch,
+  )
   return jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0)), out_shardings=out_sharding)
 
 
-def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int = 16 << 20
-               ) -> int:
+def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int = 16 << 20) -> int:
   """The largest divisor of ``n`` whose float32 logits ``[m, T, V]`` fit ``budget_bytes``
   (at least 1); ``T`` = ``tokens_per_item``.
 
@@ -299,7 +348,9 @@ def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int 
   """
   for name, value in (("tokens_per_item", tokens_per_item), ("vocab_size", vocab_size)):
     if value < 1:
-      raise ValueError(f"metrics.microbatch: {name} = {value}; must be >= 1 (items of at least "
-                       f"one token over a vocabulary of at least one id)")
+      raise ValueError(
+        f"metrics.microbatch: {name} = {value}; must be >= 1 (items of at least "
+        f"one token over a vocabulary of at least one id)"
+      )
   fits = max(1, budget_bytes // (tokens_per_item * vocab_size * 4))
   return max(m for m in range(1, n + 1) if n % m == 0 and m <= fits)

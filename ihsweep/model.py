@@ -84,7 +84,8 @@ class ModelConfig:
 
   @property
   def accum_dtype(self) -> jnp.dtype:
-    """LayerNorm, softmax, logits and the residual stream: float32, or float64 in a float64 model."""
+    """LayerNorm, softmax, logits and the residual stream: float32 (float64 in a float64
+    model)."""
     return jnp.promote_types(self.compute_dtype, jnp.float32)
 
 
@@ -141,22 +142,29 @@ class Attention(nn.Module):
     dtype, pdtype = cfg.compute_dtype, cfg.storage_dtype
     out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
     qkv_BxTx3xHxK = nn.DenseGeneral(
-        (3, h, k), kernel_init=nn.initializers.normal(INIT_STD), dtype=dtype,
-        param_dtype=pdtype, name="qkv")(x_BxTxD)
+      (3, h, k),
+      kernel_init=nn.initializers.normal(INIT_STD),
+      dtype=dtype,
+      param_dtype=pdtype,
+      name="qkv",
+    )(x_BxTxD)
     t = x_BxTxD.shape[1]
     if cfg.pos_encoding == "rotary":
       pos_T = jnp.arange(t)
-      qk_BxTx2xHxK = jnp.stack([rotary(qkv_BxTx3xHxK[:, :, i], pos_T, cfg.rotary_base)
-                                for i in range(2)], axis=2)
+      qk_BxTx2xHxK = jnp.stack(
+        [rotary(qkv_BxTx3xHxK[:, :, i], pos_T, cfg.rotary_base) for i in range(2)], axis=2
+      )
       qkv_BxTx3xHxK = jnp.concatenate([qk_BxTx2xHxK, qkv_BxTx3xHxK[:, :, 2:]], axis=2)
     # Heads-major layout with (batch, head) flattened into one batch dimension, so that both
     # attention matmuls are plain batched GEMMs also under the ensemble vmap (on CPU, XLA ran
     # the token-major einsums, and dots with three batch dimensions, far below matmul peak).
     b = x_BxTxD.shape[0]
     q_GxTxK, k_GxTxK, v_GxTxK = jnp.transpose(qkv_BxTx3xHxK, (2, 0, 3, 1, 4)).reshape(
-        3, b * h, t, k)
-    scores_GxTxT = jnp.einsum("gqk,gsk->gqs", q_GxTxK, k_GxTxK,
-                              preferred_element_type=cfg.accum_dtype) * (1.0 / math.sqrt(k))
+      3, b * h, t, k
+    )
+    scores_GxTxT = jnp.einsum(
+      "gqk,gsk->gqs", q_GxTxK, k_GxTxK, preferred_element_type=cfg.accum_dtype
+    ) * (1.0 / math.sqrt(k))
     causal_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
     scores_GxTxT = jnp.where(causal_TxT[None], scores_GxTxT, jnp.finfo(cfg.accum_dtype).min)
     probs_GxTxT = jax.nn.softmax(scores_GxTxT, axis=-1)
@@ -166,13 +174,17 @@ class Attention(nn.Module):
     w_o_HxKxD = self.param("w_o", nn.initializers.normal(out_std), (h, k, d), pdtype)
     b_o_D = self.param("b_o", nn.initializers.zeros, (d,), pdtype)
     w_o_HxKxD = w_o_HxKxD.astype(dtype)
-    out_BxTxD = (jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD)
-                 + b_o_D.astype(dtype)[None, None, :])
+    out_BxTxD = (
+      jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD) + b_o_D.astype(dtype)[None, None, :]
+    )
     if not return_internals:
       return out_BxTxD, None
     head_out_BxTxHxD = jnp.einsum("bthk,hkd->bthd", z_BxTxHxK, w_o_HxKxD)
-    return out_BxTxD, {"attn": probs_BxHxTxT, "head_out": head_out_BxTxHxD.astype(cfg.accum_dtype),
-                       "z": z_BxTxHxK.astype(cfg.accum_dtype)}
+    return out_BxTxD, {
+      "attn": probs_BxHxTxT,
+      "head_out": head_out_BxTxHxD.astype(cfg.accum_dtype),
+      "z": z_BxTxHxK.astype(cfg.accum_dtype),
+    }
 
 
 class Block(nn.Module):
@@ -184,18 +196,30 @@ class Block(nn.Module):
   def __call__(self, x_BxTxD, return_internals: bool):
     cfg = self.cfg
     dtype, pdtype = cfg.compute_dtype, cfg.storage_dtype
-    ln = lambda name: nn.LayerNorm(epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype,
-                                   name=name)
+    ln = lambda name: nn.LayerNorm(
+      epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype, name=name
+    )
     attn_out, internals = Attention(cfg, name="attn")(
-        ln("ln_1")(x_BxTxD).astype(dtype), return_internals)
+      ln("ln_1")(x_BxTxD).astype(dtype), return_internals
+    )
     x_BxTxD = x_BxTxD + attn_out.astype(x_BxTxD.dtype)
     if cfg.d_mlp > 0:
       out_std = INIT_STD / math.sqrt(2 * cfg.n_layers)
-      hid = nn.Dense(cfg.d_mlp, kernel_init=nn.initializers.normal(INIT_STD), dtype=dtype,
-                     param_dtype=pdtype, name="mlp_in")(ln("ln_2")(x_BxTxD).astype(dtype))
+      hid = nn.Dense(
+        cfg.d_mlp,
+        kernel_init=nn.initializers.normal(INIT_STD),
+        dtype=dtype,
+        param_dtype=pdtype,
+        name="mlp_in",
+      )(ln("ln_2")(x_BxTxD).astype(dtype))
       hid = jax.nn.gelu(hid, approximate=True)  # GPT-2's "gelu_new"
-      mlp_out = nn.Dense(cfg.d_model, kernel_init=nn.initializers.normal(out_std), dtype=dtype,
-                         param_dtype=pdtype, name="mlp_out")(hid)
+      mlp_out = nn.Dense(
+        cfg.d_model,
+        kernel_init=nn.initializers.normal(out_std),
+        dtype=dtype,
+        param_dtype=pdtype,
+        name="mlp_out",
+      )(hid)
       x_BxTxD = x_BxTxD + mlp_out.astype(x_BxTxD.dtype)
     return x_BxTxD, internals
 
@@ -227,39 +251,49 @@ class Transformer(nn.Module):
     cfg = self.cfg
     dtype, pdtype = cfg.compute_dtype, cfg.storage_dtype
     t = tokens_BxT.shape[1]
-    embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=nn.initializers.normal(INIT_STD),
-                     dtype=dtype, param_dtype=pdtype, name="embed")
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.d_model,
+      embedding_init=nn.initializers.normal(INIT_STD),
+      dtype=dtype,
+      param_dtype=pdtype,
+      name="embed",
+    )
     x_BxTxD = embed(tokens_BxT).astype(cfg.accum_dtype)
     if cfg.pos_encoding == "learned":
-      pos_CxD = self.param("pos_embed", nn.initializers.normal(INIT_STD),
-                           (cfg.max_context, cfg.d_model), pdtype)
+      pos_CxD = self.param(
+        "pos_embed", nn.initializers.normal(INIT_STD), (cfg.max_context, cfg.d_model), pdtype
+      )
       x_BxTxD = x_BxTxD + pos_CxD[None, :t].astype(cfg.accum_dtype)
     per_layer = []
     for i in range(cfg.n_layers):
       x_BxTxD, internals = Block(cfg, name=f"block_{i}")(x_BxTxD, return_internals)
       per_layer.append(internals)
     resid_BxTxD = x_BxTxD
-    x_BxTxD = nn.LayerNorm(epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype,
-                           name="ln_f")(x_BxTxD)
+    x_BxTxD = nn.LayerNorm(
+      epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype, name="ln_f"
+    )(x_BxTxD)
     if cfg.tie_embeddings:
       w_VxD = embed.embedding
     else:
-      w_VxD = self.param("unembed", nn.initializers.normal(INIT_STD),
-                         (cfg.vocab_size, cfg.d_model), pdtype)
+      w_VxD = self.param(
+        "unembed", nn.initializers.normal(INIT_STD), (cfg.vocab_size, cfg.d_model), pdtype
+      )
     w_VxD = w_VxD.astype(dtype)
     if targets_BxT is not None:
       b, t, d = x_BxTxD.shape
-      return unembed_cross_entropy(x_BxTxD.astype(dtype).reshape(b * t, d), w_VxD,
-                                   targets_BxT.reshape(b * t))
+      return unembed_cross_entropy(
+        x_BxTxD.astype(dtype).reshape(b * t, d), w_VxD, targets_BxT.reshape(b * t)
+      )
     logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD.astype(dtype), w_VxD)
     logits_BxTxV = logits_BxTxV.astype(cfg.accum_dtype)
     if not return_internals:
       return logits_BxTxV
     return logits_BxTxV, {
-        "attn": jnp.stack([p["attn"] for p in per_layer]),
-        "head_out": jnp.stack([p["head_out"] for p in per_layer]),
-        "z": jnp.stack([p["z"] for p in per_layer]),
-        "resid_final": resid_BxTxD,
+      "attn": jnp.stack([p["attn"] for p in per_layer]),
+      "head_out": jnp.stack([p["head_out"] for p in per_layer]),
+      "z": jnp.stack([p["z"] for p in per_layer]),
+      "resid_final": resid_BxTxD,
     }
 
 

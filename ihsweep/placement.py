@@ -45,6 +45,7 @@ from typing import Any
 
 from ihsweep import sharding
 
+
 class LayoutError(ValueError):
   """Devices per worker that do not fit the devices (not a divisor of N, over a host and not
   whole processes), a team size that does not divide the processes, or a team some group
@@ -131,11 +132,17 @@ class Schedule:
     return None if span is None else busy_share(self.slots, self.n_devices, span)
 
   def to_json(self) -> dict:
-    return {"rule": self.rule, "n_devices": self.n_devices,
-            "devices_per_worker": self.devices_per_worker, "n_workers": self.n_workers,
-            "refused": self.refused, "unpredicted": self.unpredicted,
-            "makespan_s": self.makespan_s, "utilisation": self.utilisation,
-            "schedule": [dataclasses.asdict(s) for s in self.slots]}
+    return {
+      "rule": self.rule,
+      "n_devices": self.n_devices,
+      "devices_per_worker": self.devices_per_worker,
+      "n_workers": self.n_workers,
+      "refused": self.refused,
+      "unpredicted": self.unpredicted,
+      "makespan_s": self.makespan_s,
+      "utilisation": self.utilisation,
+      "schedule": [dataclasses.asdict(s) for s in self.slots],
+    }
 
 
 def simulate(entries, n_devices: int, devices_per_worker: int, rule: str = "worker") -> Schedule:
@@ -176,14 +183,19 @@ def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> in
     return devices_per_worker
   except sharding.MeshError:
     pass
-  return len(sharding.usable_devices(n_models, batch_size,
-                                     list(range(min(devices_per_worker, n_models * batch_size)))))
+  return len(
+    sharding.usable_devices(
+      n_models, batch_size, list(range(min(devices_per_worker, n_models * batch_size)))
+    )
+  )
 
 
 def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:
   """The new rule: W = N / D workers, each group on m = ``group_devices`` of its worker."""
-  entries = [_entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
-             for job in jobs]
+  entries = [
+    _entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
+    for job in jobs
+  ]
   return simulate(entries, n_devices, devices_per_worker, "worker")
 
 
@@ -198,10 +210,15 @@ def global_schedule(jobs, model, n_devices: int) -> Schedule:
       refused.append((job, e))
   if refused:
     job, e = refused[0]
-    return Schedule("global", n_devices, n_devices, [],
-                    refused=f"{len(refused)} of {len(jobs)} groups cannot use all {n_devices} "
-                            f"devices, e.g. group {job.id} (E = {job.n_models}, B = "
-                            f"{job.batch_size}): {e}")
+    return Schedule(
+      "global",
+      n_devices,
+      n_devices,
+      [],
+      refused=f"{len(refused)} of {len(jobs)} groups cannot use all {n_devices} "
+      f"devices, e.g. group {job.id} (E = {job.n_models}, B = "
+      f"{job.batch_size}): {e}",
+    )
   why = model.cannot_time(n_devices)
   if why:
     return Schedule("global", n_devices, n_devices, [], unpredicted=why)
@@ -223,8 +240,10 @@ def choose_layout(schedules: list[Schedule]) -> Schedule:
   if not timed:
     return schedules[0]
   best = min(s.makespan_s for s in timed)
-  return min((s for s in timed if s.makespan_s <= best * (1 + LAYOUT_TIE)),
-             key=lambda s: s.devices_per_worker)
+  return min(
+    (s for s in timed if s.makespan_s <= best * (1 + LAYOUT_TIE)),
+    key=lambda s: s.devices_per_worker,
+  )
 
 
 # ---- phases: one jax.distributed job, teams of processes whose size changes between phases ----
@@ -271,10 +290,15 @@ class Phase:
     return busy_share(self.slots, self.n_devices, self.makespan_s)
 
   def to_json(self) -> dict:
-    return {"processes_per_worker": self.processes_per_worker,
-            "devices_per_worker": self.devices_per_worker, "n_workers": self.n_workers,
-            "groups": list(self.groups), "start_s": self.start_s, "end_s": self.end_s,
-            "utilisation": self.utilisation}
+    return {
+      "processes_per_worker": self.processes_per_worker,
+      "devices_per_worker": self.devices_per_worker,
+      "n_workers": self.n_workers,
+      "groups": list(self.groups),
+      "start_s": self.start_s,
+      "end_s": self.end_s,
+      "utilisation": self.utilisation,
+    }
 
 
 @dataclasses.dataclass
@@ -316,47 +340,65 @@ def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=
   which ``plan_phases`` ensures). Returns ``Phase``\\ s with slots, start and end; a slot's
   ``worker`` is its team within the phase and ``phase`` the phase's index."""
   from ihsweep import timing
+
   model = model or timing.FlopsModel(1.0)
   by_id = {j.id: j for j in jobs}
   n_devices = n_processes * devices_per_process
   out, at = [], 0.0
   for index, phase in enumerate(phases):
-    p, groups = ((phase.processes_per_worker, phase.groups)
-                 if isinstance(phase, Phase) else phase)
-    out.append(_timed_phase([by_id[g] for g in groups], model, n_devices,
-                            p * devices_per_process, p, at, index))
+    p, groups = (phase.processes_per_worker, phase.groups) if isinstance(phase, Phase) else phase
+    out.append(
+      _timed_phase(
+        [by_id[g] for g in groups], model, n_devices, p * devices_per_process, p, at, index
+      )
+    )
     at = out[-1].end_s
   return out
 
 
-def _timed_phase(jobs, model, n_devices, devices_per_worker, processes_per_worker, start_s,
-                 index) -> Phase:
-  entries = [_entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
-             for job in jobs]
+def _timed_phase(
+  jobs, model, n_devices, devices_per_worker, processes_per_worker, start_s, index
+) -> Phase:
+  entries = [
+    _entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
+    for job in jobs
+  ]
   s = simulate(entries, n_devices, devices_per_worker)
-  slots = [dataclasses.replace(x, start_s=start_s + x.start_s, end_s=start_s + x.end_s,
-                               phase=index) for x in s.slots]
-  return Phase(processes_per_worker=processes_per_worker, groups=tuple(j.id for j in jobs),
-               devices_per_worker=devices_per_worker, n_workers=n_devices // devices_per_worker,
-               n_devices=n_devices, slots=slots, start_s=start_s,
-               end_s=max((x.end_s for x in slots), default=start_s))
+  slots = [
+    dataclasses.replace(x, start_s=start_s + x.start_s, end_s=start_s + x.end_s, phase=index)
+    for x in s.slots
+  ]
+  return Phase(
+    processes_per_worker=processes_per_worker,
+    groups=tuple(j.id for j in jobs),
+    devices_per_worker=devices_per_worker,
+    n_workers=n_devices // devices_per_worker,
+    n_devices=n_devices,
+    slots=slots,
+    start_s=start_s,
+    end_s=max((x.end_s for x in slots), default=start_s),
+  )
 
 
 def _check_processes(n_processes, devices_per_process, processes_per_worker) -> None:
-  for name, value, low in (("n_processes", n_processes, 1),
-                           ("devices_per_process", devices_per_process, 1),
-                           ("processes_per_worker", processes_per_worker, 0)):
+  for name, value, low in (
+    ("n_processes", n_processes, 1),
+    ("devices_per_process", devices_per_process, 1),
+    ("processes_per_worker", processes_per_worker, 0),
+  ):
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
       raise LayoutError(f"{name}={value!r} is not allowed: an integer >= {low}")
   if processes_per_worker and n_processes % processes_per_worker:
     raise LayoutError(
-        f"sweep.processes_per_worker={processes_per_worker} is not allowed on {n_processes} "
-        f"processes: 0 (phases chosen) or a divisor of the process count "
-        f"({', '.join(map(str, divisors(n_processes)))})")
+      f"sweep.processes_per_worker={processes_per_worker} is not allowed on {n_processes} "
+      f"processes: 0 (phases chosen) or a divisor of the process count "
+      f"({', '.join(map(str, divisors(n_processes)))})"
+    )
 
 
-def plan_phases(jobs, n_processes: int, devices_per_process: int, processes_per_worker: int = 0,
-                *, model=None) -> list[Phase]:
+def plan_phases(
+  jobs, n_processes: int, devices_per_process: int, processes_per_worker: int = 0, *, model=None
+) -> list[Phase]:
   """The phases a sweep inside one jax.distributed job runs in: pure and deterministic, so that
   every process computes the same phases from the same jobs.
 
@@ -390,6 +432,7 @@ def plan_phases(jobs, n_processes: int, devices_per_process: int, processes_per_
       team sizes every group fills).
   """
   from ihsweep import timing
+
   _check_processes(n_processes, devices_per_process, processes_per_worker)
   model = model or timing.FlopsModel(1.0)
   jobs = list(jobs)
@@ -400,15 +443,15 @@ def plan_phases(jobs, n_processes: int, devices_per_process: int, processes_per_
     k = processes_per_worker
     short = [j for j in jobs if k > 1 and not fills(j, k * d)]
     if short:
-      allowed = [p for p in divisors(n_processes)
-                 if p == 1 or all(fills(j, p * d) for j in jobs)]
+      allowed = [p for p in divisors(n_processes) if p == 1 or all(fills(j, p * d) for j in jobs)]
       names = ", ".join(f"{j.id} (E = {j.n_models}, B = {j.batch_size})" for j in short[:5])
       raise LayoutError(
-          f"sweep.processes_per_worker={k}: {len(short)} of {len(jobs)} groups cannot use all "
-          f"{k * d} devices of a team of {k} processes × {d} (a mesh needs a divisor e of "
-          f"them dividing E with the rest dividing B; at most E · B): {names}"
-          f"{', …' if len(short) > 5 else ''}; allowed: 0 (phases chosen) or "
-          f"{', '.join(map(str, allowed))}")
+        f"sweep.processes_per_worker={k}: {len(short)} of {len(jobs)} groups cannot use all "
+        f"{k * d} devices of a team of {k} processes × {d} (a mesh needs a divisor e of "
+        f"them dividing E with the rest dividing B; at most E · B): {names}"
+        f"{', …' if len(short) > 5 else ''}; allowed: 0 (phases chosen) or "
+        f"{', '.join(map(str, allowed))}"
+      )
     return time_phases(jobs, [(k, tuple(j.id for j in jobs))], n_processes, d, model)
   sizes = [p for p in divisors(n_processes) if p == 1 or model.cannot_time(p * d) is None]
   runs = _cut_search(jobs, sizes, n_processes, d, model)
@@ -427,20 +470,23 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
   key = [(largest[i], jobs[i].n_models * jobs[i].batch_size) for i in range(len(jobs))]
   order = sorted(range(len(jobs)), key=lambda i: (*key[i], jobs[i].cost_flops, i))
   n, inf = len(order), math.inf
-  if len(sizes) * n ** 3 <= SEARCH_WORK:
+  if len(sizes) * n**3 <= SEARCH_WORK:
     cuts_at = list(range(n + 1))
   else:
     m = max(16, math.isqrt(int(SEARCH_WORK // (len(sizes) * n))))
-    cuts_at = sorted({round(k * n / m) for k in range(m + 1)} |
-                     {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]})
+    cuts_at = sorted(
+      {round(k * n / m) for k in range(m + 1)}
+      | {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]}
+    )
   at_cut = set(cuts_at)
   # span[p][i, j]: the makespan of ordered groups i … j − 1 on the P / p teams of p processes
   # (absent where one of them does not fill a team), list-scheduled in plan order
   span = {}
   for p in sizes:
     teams, devices = n_processes // p, p * d
-    entries = [_entry(job, model, group_devices(job.n_models, job.batch_size, devices))
-               for job in jobs]  # plan order
+    entries = [
+      _entry(job, model, group_devices(job.n_models, job.batch_size, devices)) for job in jobs
+    ]  # plan order
     table = span[p] = {}
     for i in cuts_at[:-1]:
       longest, members = 0.0, []
@@ -451,8 +497,9 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
         bisect.insort(members, k)
         longest = max(longest, entries[k][2] + entries[k][3])
         if j in at_cut:
-          table[i, j] = (longest if j - i <= teams else
-                         _makespan([entries[m] for m in members], teams))
+          table[i, j] = (
+            longest if j - i <= teams else _makespan([entries[m] for m in members], teams)
+          )
   suffixes = {}
 
   def suffix(tail):  # {i: (the best makespan of groups i … n − 1 on runs of tail, its cuts)}
@@ -462,10 +509,14 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
         suffixes[tail] = {i: (table.get((i, n), inf), ()) for i in cuts_at[:-1]}
       else:
         rest = suffix(tail[1:])
-        suffixes[tail] = {i: min(((table.get((i, c), inf) + rest[c][0], (c, *rest[c][1]))
-                                  for c in cuts_at if i < c < n), key=lambda x: x[0],
-                                 default=(inf, ()))
-                          for i in cuts_at[:-1]}
+        suffixes[tail] = {
+          i: min(
+            ((table.get((i, c), inf) + rest[c][0], (c, *rest[c][1])) for c in cuts_at if i < c < n),
+            key=lambda x: x[0],
+            default=(inf, ()),
+          )
+          for i in cuts_at[:-1]
+        }
     return suffixes[tail]
 
   best = []  # (makespan, team sizes, cuts)
@@ -475,17 +526,26 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
         total, cuts = span[seq[0]].get((0, n), inf), ()
       else:
         rest = suffix(seq[1:])
-        total, cuts = min(((span[seq[0]].get((0, c), inf) + rest[c][0], (c, *rest[c][1]))
-                           for c in cuts_at if 0 < c < n), key=lambda x: x[0],
-                          default=(inf, ()))
+        total, cuts = min(
+          (
+            (span[seq[0]].get((0, c), inf) + rest[c][0], (c, *rest[c][1]))
+            for c in cuts_at
+            if 0 < c < n
+          ),
+          key=lambda x: x[0],
+          default=(inf, ()),
+        )
       if total < inf:
         best.append((total, seq, cuts))
   top = min(t for t, _, _ in best)
-  _, seq, cuts = min((b for b in best if b[0] <= top * (1 + PHASE_TIE)),
-                     key=lambda b: (len(b[1]), tuple(reversed(b[1])), b[0], b[2]))
+  _, seq, cuts = min(
+    (b for b in best if b[0] <= top * (1 + PHASE_TIE)),
+    key=lambda b: (len(b[1]), tuple(reversed(b[1])), b[0], b[2]),
+  )
   bounds = (0, *cuts, n)
-  return [(p, [jobs[order[i]].id for i in range(bounds[k], bounds[k + 1])])
-          for k, p in enumerate(seq)]
+  return [
+    (p, [jobs[order[i]].id for i in range(bounds[k], bounds[k + 1])]) for k, p in enumerate(seq)
+  ]
 
 
 def _makespan(entries, teams: int) -> float:
@@ -505,6 +565,7 @@ def _makespan(entries, teams: int) -> float:
 
 # ---- updates: the budget, or where an 'emergence' budget stops ----
 
+
 def predicted_updates(cfg, group, law=None) -> tuple[int, str]:
   """``(updates, why)`` for a planned group. Budgets other than 'emergence' train the whole
   budget. 'emergence': the group stops at the first evaluation step at or after
@@ -515,6 +576,7 @@ def predicted_updates(cfg, group, law=None) -> tuple[int, str]:
   if sweep.budget != "emergence":
     return cap, group.cap_reason
   from ihsweep import schedule as schedule_lib
+
   every = schedule_lib.eval_interval(group.cfg)
   b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
   upt = law.updates(b, c) if law is not None else group.law_updates
@@ -530,12 +592,20 @@ def jobs_from_plan(cfg, plan, law=None) -> list[Job]:
   jobs = []
   for g in plan.groups:
     updates, _ = predicted_updates(cfg, g, law)
-    jobs.append(Job(id=g.id, n_models=int(g.cfg.ensemble.size),
-                    batch_size=int(g.cfg.train.batch_size),
-                    context_size=int(g.cfg.train.context_size), updates=updates,
-                    flops_per_update=g.cost_flops / max(g.num_steps, 1),
-                    cells=tuple(c.id for c in g.cells), cap_updates=int(g.num_steps),
-                    n_params=int(g.n_params), cfg=g.cfg))
+    jobs.append(
+      Job(
+        id=g.id,
+        n_models=int(g.cfg.ensemble.size),
+        batch_size=int(g.cfg.train.batch_size),
+        context_size=int(g.cfg.train.context_size),
+        updates=updates,
+        flops_per_update=g.cost_flops / max(g.num_steps, 1),
+        cells=tuple(c.id for c in g.cells),
+        cap_updates=int(g.num_steps),
+        n_params=int(g.n_params),
+        cfg=g.cfg,
+      )
+    )
   return jobs
 
 
@@ -548,6 +618,7 @@ def data_unchecked():
   from unittest import mock
 
   from ihsweep.data import natural
+
   with mock.patch.object(natural, "document_source", lambda data_cfg: None):
     yield
 
@@ -565,6 +636,7 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   """
   from ihsweep import config as config_lib
   from ihsweep import plan as plan_lib
+
   cfg = copy.deepcopy(cfg)
   with cfg.unlocked():
     if "sweep" not in cfg:
@@ -580,6 +652,7 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
 
 # ---- one prediction: both rules, the layouts, and how it reads ----
 
+
 def processes_of(n_devices: int, devices_per_host: int) -> tuple[int, int]:
   """``(P, d)``: N devices as P processes (hosts) of d devices: d = one host's devices where
   they divide N, else the largest divisor of N up to a host (N smaller than a host: one
@@ -588,8 +661,9 @@ def processes_of(n_devices: int, devices_per_host: int) -> tuple[int, int]:
   return n_devices // d, d
 
 
-def layout_schedule(jobs, model, n_devices: int, devices_per_worker: int,
-                    devices_per_process: int) -> Schedule:
+def layout_schedule(
+  jobs, model, n_devices: int, devices_per_worker: int, devices_per_process: int
+) -> Schedule:
   """One phase of N / D workers of D devices (``worker_schedule``). D up to a process's
   devices: a group may use part of its worker; D a multiple of them (a worker of D / d
   processes): refused unless every group's mesh uses all D (``fills``)."""
@@ -597,10 +671,15 @@ def layout_schedule(jobs, model, n_devices: int, devices_per_worker: int,
     short = [j for j in jobs if not fills(j, devices_per_worker)]
     if short:
       j = short[0]
-      return Schedule("worker", n_devices, devices_per_worker, [],
-                      refused=f"{len(short)} of {len(jobs)} groups cannot use all "
-                              f"{devices_per_worker} devices, e.g. group {j.id} (E = "
-                              f"{j.n_models}, B = {j.batch_size})")
+      return Schedule(
+        "worker",
+        n_devices,
+        devices_per_worker,
+        [],
+        refused=f"{len(short)} of {len(jobs)} groups cannot use all "
+        f"{devices_per_worker} devices, e.g. group {j.id} (E = "
+        f"{j.n_models}, B = {j.batch_size})",
+      )
   why = model.cannot_time(devices_per_worker)
   if why:
     return Schedule("worker", n_devices, devices_per_worker, [], unpredicted=why)
@@ -638,39 +717,70 @@ class Prediction:
       slot = self.slot(job)
       m = slot.devices
       times = self.model.seconds(job, m)
-      row = {"group": job.id, "cells": list(job.cells), "n_models": job.n_models,
-             "batch_size": job.batch_size, "context_size": job.context_size,
-             "updates": job.updates, "cap_updates": job.cap_updates,
-             "cost_flops": job.cost_flops, "n_params": job.n_params, "phase": slot.phase,
-             "devices_per_worker": phases[slot.phase].devices_per_worker, "devices": m,
-             "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
-             "seconds": times["total_s"], "times": times}
+      row = {
+        "group": job.id,
+        "cells": list(job.cells),
+        "n_models": job.n_models,
+        "batch_size": job.batch_size,
+        "context_size": job.context_size,
+        "updates": job.updates,
+        "cap_updates": job.cap_updates,
+        "cost_flops": job.cost_flops,
+        "n_params": job.n_params,
+        "phase": slot.phase,
+        "devices_per_worker": phases[slot.phase].devices_per_worker,
+        "devices": m,
+        "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
+        "seconds": times["total_s"],
+        "times": times,
+      }
       if self.global_.makespan_s is not None:
         row["global_seconds"] = self.model.seconds(job, self.n_devices)["total_s"]
       rows.append(row)
     one = phases[0] if len(phases) == 1 else None
-    return {"n_devices": self.n_devices, "n_processes": self.n_processes,
-            "devices_per_process": self.devices_per_process, "budget": self.budget,
-            "n_cells": self.n_cells, "n_groups": len(self.jobs),
-            "throughput": self.model.to_json(), "updates_note": self.updates_note,
-            "groups": rows, "phases_reason": self.phases_reason,
-            "phases": [p.to_json() for p in phases],
-            "devices_per_worker": one.devices_per_worker if one else None,
-            "n_workers": one.n_workers if one else None,
-            "schedule": [dataclasses.asdict(s) for s in self.phased.slots],
-            "makespan_s": self.phased.makespan_s, "utilisation": self.phased.utilisation,
-            "layouts": [{"devices_per_worker": s.devices_per_worker, "n_workers": s.n_workers,
-                         "processes_per_worker": max(1, s.devices_per_worker //
-                                                     self.devices_per_process),
-                         "makespan_s": s.makespan_s, "utilisation": s.utilisation,
-                         "refused": s.refused, "best": s is self.layout}
-                        for s in self.layouts],
-            "global": self.global_.to_json()}
+    return {
+      "n_devices": self.n_devices,
+      "n_processes": self.n_processes,
+      "devices_per_process": self.devices_per_process,
+      "budget": self.budget,
+      "n_cells": self.n_cells,
+      "n_groups": len(self.jobs),
+      "throughput": self.model.to_json(),
+      "updates_note": self.updates_note,
+      "groups": rows,
+      "phases_reason": self.phases_reason,
+      "phases": [p.to_json() for p in phases],
+      "devices_per_worker": one.devices_per_worker if one else None,
+      "n_workers": one.n_workers if one else None,
+      "schedule": [dataclasses.asdict(s) for s in self.phased.slots],
+      "makespan_s": self.phased.makespan_s,
+      "utilisation": self.phased.utilisation,
+      "layouts": [
+        {
+          "devices_per_worker": s.devices_per_worker,
+          "n_workers": s.n_workers,
+          "processes_per_worker": max(1, s.devices_per_worker // self.devices_per_process),
+          "makespan_s": s.makespan_s,
+          "utilisation": s.utilisation,
+          "refused": s.refused,
+          "best": s is self.layout,
+        }
+        for s in self.layouts
+      ],
+      "global": self.global_.to_json(),
+    }
 
 
-def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
-            devices_per_host: int | None = None, flops_per_s: float | None = None, law=None,
-            log=lambda line: None) -> Prediction:
+def predict(
+  cfg,
+  n_devices: int,
+  *,
+  devices_per_worker: int | None = None,
+  devices_per_host: int | None = None,
+  flops_per_s: float | None = None,
+  law=None,
+  log=lambda line: None,
+) -> Prediction:
   """Plans ``cfg``'s sweep on ``n_devices`` under both rules. With ``flops_per_s`` the time is
   FLOPs-based (``timing.FlopsModel``; data is not read); without, measured on this machine
   (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
@@ -693,12 +803,14 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
     ConfigError, DataError, LawError: as ``plan.make_plan``.
   """
   from ihsweep import timing
+
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   if flops_per_s is not None:
     model = timing.FlopsModel(flops_per_s)
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
   else:
     import jax
+
     local = jax.local_devices()
     model = timing.MeasuredModel(jobs, local, log=log)
     host = len(local)
@@ -708,23 +820,36 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
   fixed = devices_per_worker or configured
   if fixed:
     source = "--devices_per_worker" if devices_per_worker else "the config's mesh.num_devices"
-    multiple = (devices_per_worker and fixed > per_process and not fixed % per_process and
-                not n_processes % (fixed // per_process))
+    multiple = (
+      devices_per_worker
+      and fixed > per_process
+      and not fixed % per_process
+      and not n_processes % (fixed // per_process)
+    )
     if not multiple and (n_devices % fixed or fixed > host):
-      more = (f", or a multiple of a process's {per_process} dividing N (workers of several "
-              f"processes)" if devices_per_worker else "")
-      raise LayoutError(f"{fixed} devices per worker ({source}): need a divisor of N = "
-                        f"{n_devices} of at most {host} (one host's devices){more}")
+      more = (
+        f", or a multiple of a process's {per_process} dividing N (workers of several processes)"
+        if devices_per_worker
+        else ""
+      )
+      raise LayoutError(
+        f"{fixed} devices per worker ({source}): need a divisor of N = "
+        f"{n_devices} of at most {host} (one host's devices){more}"
+      )
     sizes = [fixed]
     if multiple:
       refused = layout_schedule(jobs, model, n_devices, fixed, per_process).refused
       if refused:
         allowed = [k for k in candidate_layouts(n_devices, per_process)] + [
-            p * per_process for p in divisors(n_processes)
-            if p > 1 and all(fills(j, p * per_process) for j in jobs)]
-        raise LayoutError(f"{fixed} devices per worker ({source}, workers of "
-                          f"{fixed // per_process} processes × {per_process}): {refused}; "
-                          f"allowed: {', '.join(map(str, allowed))}")
+          p * per_process
+          for p in divisors(n_processes)
+          if p > 1 and all(fills(j, p * per_process) for j in jobs)
+        ]
+        raise LayoutError(
+          f"{fixed} devices per worker ({source}, workers of "
+          f"{fixed // per_process} processes × {per_process}): {refused}; "
+          f"allowed: {', '.join(map(str, allowed))}"
+        )
       phases = plan_phases(jobs, n_processes, per_process, fixed // per_process, model=model)
     else:
       phases = [_timed_phase(jobs, model, n_devices, fixed, 1, 0.0, 0)]
@@ -732,35 +857,48 @@ def predict(cfg, n_devices: int, *, devices_per_worker: int | None = None,
   else:
     if flops_per_s is not None:
       sizes = candidate_layouts(n_devices, per_process) + [
-          p * per_process for p in divisors(n_processes) if p > 1]
+        p * per_process for p in divisors(n_processes) if p > 1
+      ]
     else:
       sizes = [per_process]
     relative = flops_per_s is not None  # the runtime chooses on relative FLOPs
-    phases = plan_phases(jobs, n_processes, per_process, teams,
-                         model=None if relative else model)
+    phases = plan_phases(jobs, n_processes, per_process, teams, model=None if relative else model)
     if relative:
       phases = time_phases(jobs, phases, n_processes, per_process, model)
-    reason = (f"the config's sweep.processes_per_worker={teams}: one phase of teams of "
-              f"{teams} process(es)" if teams else
-              f"chosen (sweep.processes_per_worker=0): at most {MAX_PHASES} phases of teams "
-              f"of p processes (p dividing P = {n_processes}, ascending; p > 1 only for groups "
-              f"whose mesh uses all p × {per_process} devices), the shortest makespan; within "
-              f"{PHASE_TIE:.0%} of it, the fewest phases, then the smallest teams")
+    reason = (
+      f"the config's sweep.processes_per_worker={teams}: one phase of teams of {teams} process(es)"
+      if teams
+      else f"chosen (sweep.processes_per_worker=0): at most {MAX_PHASES} phases of teams "
+      f"of p processes (p dividing P = {n_processes}, ascending; p > 1 only for groups "
+      f"whose mesh uses all p × {per_process} devices), the shortest makespan; within "
+      f"{PHASE_TIE:.0%} of it, the fewest phases, then the smallest teams"
+    )
   layouts = [layout_schedule(jobs, model, n_devices, d, per_process) for d in sizes]
   note = ""
   if plan.budget == "emergence":
     sweep = cfg.sweep
     source = law.source if law is not None else "the sweep's law (sweep.law_file or the study's)"
-    note = (f"'emergence' budget: a group is predicted to stop at {sweep.stop_margin:g} × the "
-            f"evaluation where the law ({source}) puts its transition, capped by its budget "
-            f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
-            f"an earlier run) to predict the stops")
-  return Prediction(n_devices=n_devices, budget=plan.budget, n_cells=len(plan.cells), jobs=jobs,
-                    model=model, phased=PhasedSchedule(n_devices, phases),
-                    phases_reason=reason, layouts=layouts, layout=choose_layout(layouts),
-                    global_=global_schedule(jobs, model, n_devices),
-                    n_processes=n_processes, devices_per_process=per_process,
-                    updates_note=note)
+    note = (
+      f"'emergence' budget: a group is predicted to stop at {sweep.stop_margin:g} × the "
+      f"evaluation where the law ({source}) puts its transition, capped by its budget "
+      f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
+      f"an earlier run) to predict the stops"
+    )
+  return Prediction(
+    n_devices=n_devices,
+    budget=plan.budget,
+    n_cells=len(plan.cells),
+    jobs=jobs,
+    model=model,
+    phased=PhasedSchedule(n_devices, phases),
+    phases_reason=reason,
+    layouts=layouts,
+    layout=choose_layout(layouts),
+    global_=global_schedule(jobs, model, n_devices),
+    n_processes=n_processes,
+    devices_per_process=per_process,
+    updates_note=note,
+  )
 
 
 def duration(seconds: float | None) -> str:
@@ -780,6 +918,7 @@ def _percent(x: float | None) -> str:
 def group_list(ids) -> str:
   """``g000–g004, g007``: group ids with runs of consecutive numbers shortened."""
   import re
+
   nums = [re.fullmatch(r"g(\d+)", i) for i in ids]
   if not all(nums):
     return ", ".join(ids)
@@ -795,65 +934,98 @@ def group_list(ids) -> str:
 
 def _layout_name(devices_per_worker: int, n_workers: int, per_process: int) -> str:
   teams = devices_per_worker // per_process
-  return (f"{n_workers} × {devices_per_worker}" +
-          (f" ({teams} processes each)" if devices_per_worker > per_process else ""))
+  return f"{n_workers} × {devices_per_worker}" + (
+    f" ({teams} processes each)" if devices_per_worker > per_process else ""
+  )
 
 
 def format_text(p: Prediction) -> str:
   """The plan as ``ihsweep plan`` prints it."""
   from ihsweep.plan import ranges
+
   phased, g, phases, d = p.phased, p.global_, p.phased.phases, p.devices_per_process
-  lines = [f"{p.n_cells} cells in {len(p.jobs)} groups (budget '{p.budget}') on N = "
-           f"{p.n_devices} devices: {p.n_processes} process(es) × {d}",
-           f"throughput: {p.model.describe()}"]
+  lines = [
+    f"{p.n_cells} cells in {len(p.jobs)} groups (budget '{p.budget}') on N = "
+    f"{p.n_devices} devices: {p.n_processes} process(es) × {d}",
+    f"throughput: {p.model.describe()}",
+  ]
   if p.updates_note:
     lines.append(f"updates: {p.updates_note}")
-  lines += ["", f"{'group':6} {'cells':>9} {'E':>3} {'B':>5} {'C':>5} {'updates':>10} "
-            f"{'(cap)':>10} {'FLOPs':>9} {'phase':>5}  {'devices (e×d)':>13} {'time':>9}  "
-            f"{'global':>9}"]
+  lines += [
+    "",
+    f"{'group':6} {'cells':>9} {'E':>3} {'B':>5} {'C':>5} {'updates':>10} "
+    f"{'(cap)':>10} {'FLOPs':>9} {'phase':>5}  {'devices (e×d)':>13} {'time':>9}  "
+    f"{'global':>9}",
+  ]
   for job in p.jobs:
     slot = p.slot(job)
     m = slot.devices
     e, dd = sharding.mesh_shape(job.n_models, job.batch_size, m)
-    on_all = (duration(p.model.seconds(job, p.n_devices)["total_s"])
-              if g.makespan_s is not None else "—")
-    lines.append(f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
-                 f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
-                 f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g} {slot.phase + 1:>5}  "
-                 f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
-                 f"{on_all:>9}")
+    on_all = (
+      duration(p.model.seconds(job, p.n_devices)["total_s"]) if g.makespan_s is not None else "—"
+    )
+    lines.append(
+      f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
+      f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
+      f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g} {slot.phase + 1:>5}  "
+      f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
+      f"{on_all:>9}"
+    )
   lines += ["", "one-phase layouts (workers × devices each):"]
   for s in p.layouts:
     name = _layout_name(s.devices_per_worker, s.n_workers, d)
     mark = "  <- best" if s is p.layout and len(p.layouts) > 1 else ""
-    lines.append(f"  {name:<28} " + (
-        f"refused: {s.refused}" if s.refused else
-        f"not predicted: {s.unpredicted}" if s.unpredicted else
-        f"makespan {duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}"))
-  lines += ["", f"phases, new rule: {p.phases_reason}",
-            f"  {'phase':>5}  {'workers × devices':<28} {'groups':>6} {'start':>9} {'end':>9} "
-            f"{'utilisation':>11}  groups"]
+    lines.append(
+      f"  {name:<28} "
+      + (
+        f"refused: {s.refused}"
+        if s.refused
+        else f"not predicted: {s.unpredicted}"
+        if s.unpredicted
+        else f"makespan {duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}"
+      )
+    )
+  lines += [
+    "",
+    f"phases, new rule: {p.phases_reason}",
+    f"  {'phase':>5}  {'workers × devices':<28} {'groups':>6} {'start':>9} {'end':>9} "
+    f"{'utilisation':>11}  groups",
+  ]
   for k, ph in enumerate(phases):
     name = _layout_name(ph.devices_per_worker, ph.n_workers, d)
-    lines.append(f"  {k + 1:>5}  {name:<28} {len(ph.groups):>6} {duration(ph.start_s):>9} "
-                 f"{duration(ph.end_s):>9} {_percent(ph.utilisation):>11}  "
-                 f"{group_list(ph.groups)}")
-  lines += ["", "schedule, new rule (in each phase the groups most expensive first, each to "
-            "the worker free first; a phase starts when the previous one ends):",
-            f"  {'phase':>5} {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}"]
+    lines.append(
+      f"  {k + 1:>5}  {name:<28} {len(ph.groups):>6} {duration(ph.start_s):>9} "
+      f"{duration(ph.end_s):>9} {_percent(ph.utilisation):>11}  "
+      f"{group_list(ph.groups)}"
+    )
+  lines += [
+    "",
+    "schedule, new rule (in each phase the groups most expensive first, each to "
+    "the worker free first; a phase starts when the previous one ends):",
+    f"  {'phase':>5} {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}",
+  ]
   for s in sorted(phased.slots, key=lambda s: (s.phase, s.start_s, s.worker)):
-    lines.append(f"  {s.phase + 1:>5} {s.worker:>6}  {s.group:6} {s.devices:>7} "
-                 f"{duration(s.start_s):>9} {duration(s.end_s):>9}")
-  today = (f"refused: {g.refused}" if g.refused else
-           f"not predicted: {g.unpredicted}" if g.unpredicted else
-           f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}")
+    lines.append(
+      f"  {s.phase + 1:>5} {s.worker:>6}  {s.group:6} {s.devices:>7} "
+      f"{duration(s.start_s):>9} {duration(s.end_s):>9}"
+    )
+  today = (
+    f"refused: {g.refused}"
+    if g.refused
+    else f"not predicted: {g.unpredicted}"
+    if g.unpredicted
+    else f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}"
+  )
   shape = ", then ".join(_layout_name(ph.devices_per_worker, ph.n_workers, d) for ph in phases)
   best = p.layout
-  lines += ["", f"new rule (sweep.placement=worker, {len(phases)} phase(s): {shape}): "
-            f"makespan {duration(phased.makespan_s)}, utilisation "
-            f"{_percent(phased.utilisation)}",
-            f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
-            f": makespan {duration(best.makespan_s)}, utilisation "
-            f"{_percent(best.utilisation)}",
-            f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}"]
+  lines += [
+    "",
+    f"new rule (sweep.placement=worker, {len(phases)} phase(s): {shape}): "
+    f"makespan {duration(phased.makespan_s)}, utilisation "
+    f"{_percent(phased.utilisation)}",
+    f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
+    f": makespan {duration(best.makespan_s)}, utilisation "
+    f"{_percent(best.utilisation)}",
+    f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}",
+  ]
   return "\n".join(lines)

@@ -30,11 +30,23 @@ from ihsweep.metric_registry import uniform_ps  # noqa: F401  (its old home; rea
 
 BUDGETS = ("updates", "tokens", "law", "emergence")
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
-VALUE_FIELDS = {"seed": "ensemble.seeds", "train.lr": "ensemble.peak_lrs",
-                "data.frequency": "data.frequencies", "data.reliability": "data.reliabilities"}
+VALUE_FIELDS = {
+  "seed": "ensemble.seeds",
+  "train.lr": "ensemble.peak_lrs",
+  "data.frequency": "data.frequencies",
+  "data.reliability": "data.reliabilities",
+}
 # Fields a sweep sets itself (not grid axes).
-PLANNER_FIELDS = ("seed", "ensemble.size", "ensemble.seeds", "ensemble.cell_ids", "ensemble.peak_lrs",
-                  "data.frequencies", "data.reliabilities", "train.num_steps")
+PLANNER_FIELDS = (
+  "seed",
+  "ensemble.size",
+  "ensemble.seeds",
+  "ensemble.cell_ids",
+  "ensemble.peak_lrs",
+  "data.frequencies",
+  "data.reliabilities",
+  "train.num_steps",
+)
 
 
 @dataclasses.dataclass
@@ -87,8 +99,9 @@ def _set(cfg, path: str, value, sweep_field: str) -> None:
   try:
     node[name] = value
   except (TypeError, ValueError, KeyError) as e:
-    raise ConfigError(sweep_field, value,
-                      f"a value {path} can hold ({type(e).__name__}: {e})") from None
+    raise ConfigError(
+      sweep_field, value, f"a value {path} can hold ({type(e).__name__}: {e})"
+    ) from None
 
 
 def _leaves(node, prefix: str = "") -> list[tuple[str, Any]]:
@@ -114,28 +127,42 @@ def _axis_values(section: str, path: str, values, distinct: bool = True) -> list
   if len(values) == 0:
     raise ConfigError(field, values, "a non-empty tuple of values (an empty axis has no cells)")
   if distinct and len({_key(v) for v in values}) != len(values):
-    raise ConfigError(field, values, "distinct values (a repeated value trains the same cells "
-                      "twice; use sweep.seeds for replicates)")
+    raise ConfigError(
+      field,
+      values,
+      "distinct values (a repeated value trains the same cells "
+      "twice; use sweep.seeds for replicates)",
+    )
   return list(values)
 
 
 def _check_axis_field(cfg, section: str, path: str) -> None:
   field = f"sweep.{section}.{path}"
   if path.startswith("sweep.") or path in PLANNER_FIELDS:
-    raise ConfigError(field, "(axis)", "an axis over any config field except the sweep section "
-                      "and the fields the planner sets: " + ", ".join(PLANNER_FIELDS) +
-                      " (vary seeds with sweep.seeds, learning rates with sweep.grid.train.lr)")
+    raise ConfigError(
+      field,
+      "(axis)",
+      "an axis over any config field except the sweep section "
+      "and the fields the planner sets: "
+      + ", ".join(PLANNER_FIELDS)
+      + " (vary seeds with sweep.seeds, learning rates with sweep.grid.train.lr)",
+    )
   try:
     value = get_field(cfg, path)
   except (KeyError, AttributeError):
-    raise ConfigError(field, "(axis)", f"an existing config field ({path} is not one; see "
-                      f"configs/default.py)") from None
+    raise ConfigError(
+      field, "(axis)", f"an existing config field ({path} is not one; see configs/default.py)"
+    ) from None
   if hasattr(value, "keys"):
     raise ConfigError(field, "(axis)", f"a field, not the section {path}")
   if path in config_lib.EXECUTION_FIELDS:
-    raise ConfigError(field, "(axis)", f"an axis over a field that changes the trained models; "
-                      f"{path} only changes how a run executes (so do "
-                      f"{', '.join(config_lib.EXECUTION_FIELDS)}): its cells would be copies")
+    raise ConfigError(
+      field,
+      "(axis)",
+      f"an axis over a field that changes the trained models; "
+      f"{path} only changes how a run executes (so do "
+      f"{', '.join(config_lib.EXECUTION_FIELDS)}): its cells would be copies",
+    )
 
 
 def grid_points(cfg) -> tuple[list[str], list[dict]]:
@@ -157,24 +184,33 @@ def grid_points(cfg) -> tuple[list[str], list[dict]]:
   both = {p for p, _ in grid} & {p for p, _ in zipped}
   if both:
     path = sorted(both)[0]
-    raise ConfigError(f"sweep.zip.{path}", get_field(sweep.zip, path),
-                      "an axis of sweep.grid or sweep.zip, not both")
+    raise ConfigError(
+      f"sweep.zip.{path}",
+      get_field(sweep.zip, path),
+      "an axis of sweep.grid or sweep.zip, not both",
+    )
   factors = [[{p: v} for v in values] for p, values in grid]
   if zipped:
     n = len(zipped[0][1])
     for path, values in zipped:
       if len(values) != n:
-        raise ConfigError(f"sweep.zip.{path}", tuple(values),
-                          f"{n} values, as many as sweep.zip.{zipped[0][0]} (zipped axes vary "
-                          f"together)")
+        raise ConfigError(
+          f"sweep.zip.{path}",
+          tuple(values),
+          f"{n} values, as many as sweep.zip.{zipped[0][0]} (zipped axes vary together)",
+        )
     zip_points = [{p: values[i] for p, values in zipped} for i in range(n)]
     if len({_key(p) for p in zip_points}) != n:
-      raise ConfigError("sweep.zip", {p: tuple(v) for p, v in zipped},
-                        "distinct points (zipped axes whose tuples repeat a combination train "
-                        "the same cells twice; use sweep.seeds for replicates)")
+      raise ConfigError(
+        "sweep.zip",
+        {p: tuple(v) for p, v in zipped},
+        "distinct points (zipped axes whose tuples repeat a combination train "
+        "the same cells twice; use sweep.seeds for replicates)",
+      )
     factors.append(zip_points)
-  points = [{k: v for part in combo for k, v in part.items()}
-            for combo in itertools.product(*factors)]
+  points = [
+    {k: v for part in combo for k, v in part.items()} for combo in itertools.product(*factors)
+  ]
   return [p for p, _ in grid] + [p for p, _ in zipped], points
 
 
@@ -188,6 +224,7 @@ def _validate_sweep(cfg, n_devices: int) -> None:
     config_lib._real(sub, "sweep", "law_multiple", 0.0, lo_open=True)
     if cfg.sweep.law_file:
       from ihsweep.law import Law, LawError
+
       try:
         Law.from_json(os.path.expanduser(cfg.sweep.law_file))
       except LawError as e:
@@ -196,30 +233,47 @@ def _validate_sweep(cfg, n_devices: int) -> None:
     # The metrics that may stop a group, and their thresholds: ihsweep.metric_registry.
     metric = config_lib._choice(sub, "sweep", "stop_metric", metric_registry.stop_names())
     rule = metric_registry.get(metric).stop
-    config_lib._real(sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open,
-                     hi_open=rule.hi_open)
+    config_lib._real(
+      sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open, hi_open=rule.hi_open
+    )
     config_lib._real(sub, "sweep", "stop_margin", 1.0)
     if not cfg.eval.every_steps and not cfg.eval.every_tokens:
-      raise ConfigError("eval.every_steps", cfg.eval.every_steps,
-                        "> 0 for sweep.budget = 'emergence' (the stop rule reads the online "
-                        "metrics)")
-  for field in ("ensemble.peak_lrs", "ensemble.seeds", "ensemble.cell_ids", "data.frequencies",
-                "data.reliabilities"):
+      raise ConfigError(
+        "eval.every_steps",
+        cfg.eval.every_steps,
+        "> 0 for sweep.budget = 'emergence' (the stop rule reads the online metrics)",
+      )
+  for field in (
+    "ensemble.peak_lrs",
+    "ensemble.seeds",
+    "ensemble.cell_ids",
+    "data.frequencies",
+    "data.reliabilities",
+  ):
     section, name = field.split(".")
     value = cfg[section].get(name, ())
     if value:
-      raise ConfigError(field, value, "empty in a sweep: the planner fills it per group (vary "
-                        "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)")
+      raise ConfigError(
+        field,
+        value,
+        "empty in a sweep: the planner fills it per group (vary "
+        "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)",
+      )
   import jax
+
   placement = config_lib._choice(sub, "sweep", "placement", config_lib.PLACEMENTS)
   if not isinstance(cfg.sweep.wait_to_take_over, bool):
     raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
   config_lib._int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
-  if (placement == "global" and jax.process_count() > 1
-      and cfg.mesh.num_devices not in (0, n_devices)):
-    raise ConfigError("mesh.num_devices", cfg.mesh.num_devices,
-                      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
-                      f"sweep.placement = 'global': every group runs on the global mesh")
+  if (
+    placement == "global" and jax.process_count() > 1 and cfg.mesh.num_devices not in (0, n_devices)
+  ):
+    raise ConfigError(
+      "mesh.num_devices",
+      cfg.mesh.num_devices,
+      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
+      f"sweep.placement = 'global': every group runs on the global mesh",
+    )
 
 
 def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, str]:
@@ -239,6 +293,7 @@ def _model_key(cell_cfg) -> str:
   """What decides the model a cell trains: its config without execution-only fields and the
   data fields its source does not read."""
   from ihsweep.data import unread_fields
+
   d = json.loads(cell_cfg.to_json_best_effort())
   for path in config_lib.EXECUTION_FIELDS:
     section, name = path.split(".")
@@ -252,6 +307,7 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
   """Two cells that would train the same model (values equal once cast to the field's type, or
   an axis over a field the cell's data source does not read) are refused, naming the axis."""
   from ihsweep.data import readers, source_kind, unread_fields
+
   first: dict[str, Cell] = {}
   for cell in cells:
     other = first.setdefault(_model_key(cell.cfg), cell)
@@ -261,15 +317,19 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
     a, b = other.coords[path], cell.coords[path]
     name = path.split(".")[1] if path.startswith("data.") else ""
     if name in unread_fields(cell.cfg.data):
-      why = (f"data.source = {config_lib._kinds([source_kind(cell.cfg.data)])} does not read "
-             f"{path}; only data.source = {config_lib._kinds(readers(name))} does")
+      why = (
+        f"data.source = {config_lib._kinds([source_kind(cell.cfg.data)])} does not read "
+        f"{path}; only data.source = {config_lib._kinds(readers(name))} does"
+      )
     else:
-      why = (f"{a!r} and {b!r} are the same value {get_field(cell.cfg, path)!r} once {path} "
-             f"holds it")
+      why = f"{a!r} and {b!r} are the same value {get_field(cell.cfg, path)!r} once {path} holds it"
     section = _section(cfg, path)
-    raise ConfigError(f"sweep.{section}.{path}", tuple(get_field(cfg.sweep[section], path)),
-                      f"values that train different models: cells {other.id} and {cell.id} "
-                      f"would be the same model ({why})")
+    raise ConfigError(
+      f"sweep.{section}.{path}",
+      tuple(get_field(cfg.sweep[section], path)),
+      f"values that train different models: cells {other.id} and {cell.id} "
+      f"would be the same model ({why})",
+    )
 
 
 def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
@@ -277,6 +337,7 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   metric's ``StopRule.untrained`` level for this group's probes, e.g. ps_max of uniform
   attention) would stop the group at update 0."""
   from ihsweep.data.probes import block_length
+
   if cfg.sweep.budget != "emergence":
     return
   rule = metric_registry.get(cfg.sweep.stop_metric).stop
@@ -286,10 +347,13 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   block = block_length(context, int(group.cfg.eval.probe_len))
   base = rule.untrained(block)
   if cfg.sweep.stop_threshold <= base:
-    raise ConfigError("sweep.stop_threshold", cfg.sweep.stop_threshold,
-                      f"above {base:.4f}, {rule.untrained_text} on probe blocks of "
-                      f"L = {block} (C = {context}): an untrained model reaches it, so the "
-                      f"group would stop at update 0 [{where}]")
+    raise ConfigError(
+      "sweep.stop_threshold",
+      cfg.sweep.stop_threshold,
+      f"above {base:.4f}, {rule.untrained_text} on probe blocks of "
+      f"L = {block} (C = {context}): an untrained model reaches it, so the "
+      f"group would stop at update 0 [{where}]",
+    )
 
 
 def _group_key(cell_cfg) -> str:
@@ -306,9 +370,14 @@ def _group_key(cell_cfg) -> str:
 def n_params(mcfg, context_size: int) -> int:
   import jax
   import jax.numpy as jnp
+
   from ihsweep.model import Transformer
-  shapes = jax.eval_shape(lambda: Transformer(mcfg).init(
-      jax.random.PRNGKey(0), jnp.zeros((1, context_size), jnp.int32))["params"])
+
+  shapes = jax.eval_shape(
+    lambda: Transformer(mcfg).init(jax.random.PRNGKey(0), jnp.zeros((1, context_size), jnp.int32))[
+      "params"
+    ]
+  )
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
 
@@ -322,8 +391,10 @@ def make_plan(cfg) -> Plan:
     DataError: data that cannot be found (e.g. a missing corpus), as ``config.validate``.
   """
   import jax
+
   from ihsweep import model as model_lib
   from ihsweep.law import Law
+
   if "sweep" not in cfg:
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():
@@ -364,8 +435,16 @@ def make_plan(cfg) -> Plan:
         g.data.frequencies = tuple(float(m.cfg.data.frequency) for m in members)
         g.data.reliabilities = tuple(float(m.cfg.data.reliability) for m in members)
       g.seed = members[0].seed
-    group = Group(id="", cells=members, cfg=g, num_steps=0, cap_reason="", cost_flops=0.0,
-                  law_updates=0.0, n_params=0)
+    group = Group(
+      id="",
+      cells=members,
+      cfg=g,
+      num_steps=0,
+      cap_reason="",
+      cost_flops=0.0,
+      law_updates=0.0,
+      n_params=0,
+    )
     _validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
     _check_stop_threshold(cfg, group, where(group))
     b, c_size = int(g.train.batch_size), int(g.train.context_size)
@@ -374,8 +453,9 @@ def make_plan(cfg) -> Plan:
     with g.unlocked():
       g.train.num_steps = group.num_steps
     mcfg = model_lib.ModelConfig.from_config(g.model)
-    group.cost_flops = (len(members) * group.num_steps * b * c_size
-                        * model_lib.flops_per_token(mcfg, c_size))
+    group.cost_flops = (
+      len(members) * group.num_steps * b * c_size * model_lib.flops_per_token(mcfg, c_size)
+    )
     group.n_params = n_params(mcfg, c_size)
     groups.append(group)
   groups.sort(key=lambda g: (-g.cost_flops, g.cells[0].id))
@@ -399,36 +479,44 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
   """``config.validate`` of a group's run config; an error in a field the grid sets is reported
   under the sweep field, with the group's cells."""
   try:
-    config_lib.validate(group.cfg, None if sweep_cfg.sweep.placement == "global"
-                        else _worker_devices(group.cfg))
+    config_lib.validate(
+      group.cfg, None if sweep_cfg.sweep.placement == "global" else _worker_devices(group.cfg)
+    )
   except ConfigError as e:
     field = e.field.split("[")[0]
     reverse = {v: k for k, v in VALUE_FIELDS.items()}
     field = reverse.get(field, field)
     place = where(group)
     if field in axes:
-      raise ConfigError(f"sweep.{_section(sweep_cfg, field)}.{field}", e.value,
-                        f"{e.allowed} [{place}]") from None
+      raise ConfigError(
+        f"sweep.{_section(sweep_cfg, field)}.{field}", e.value, f"{e.allowed} [{place}]"
+      ) from None
     if e.field == "mesh.num_devices" and sweep_cfg.sweep.placement == "global":
       import jax
+
       raise ConfigError(
-          "mesh.num_devices", e.value,
-          f"{e.allowed} [{place}; every group runs on all {len(jax.devices())} devices of "
-          f"{jax.process_count()} process(es), so it must be able to use them all: a group uses "
-          f"at most E · B devices; use fewer processes or devices, or more seeds]") from None
+        "mesh.num_devices",
+        e.value,
+        f"{e.allowed} [{place}; every group runs on all {len(jax.devices())} devices of "
+        f"{jax.process_count()} process(es), so it must be able to use them all: a group uses "
+        f"at most E · B devices; use fewer processes or devices, or more seeds]",
+      ) from None
     raise ConfigError(e.field, e.value, f"{e.allowed} [{place}]") from None
 
 
 def _worker_devices(cfg) -> list:
   """The devices of the worker that will train a group (``sweep`` module: placement 'worker')."""
   import jax
-  return jax.local_devices()[:cfg.mesh.num_devices or None]
+
+  return jax.local_devices()[: cfg.mesh.num_devices or None]
 
 
 def where(group: Group) -> str:
-  return (f"the group of cells {ranges([c.id for c in group.cells])}: B = "
-          f"{group.cfg.train.batch_size}, C = {group.cfg.train.context_size}, E = "
-          f"{group.cfg.ensemble.size} models")
+  return (
+    f"the group of cells {ranges([c.id for c in group.cells])}: B = "
+    f"{group.cfg.train.batch_size}, C = {group.cfg.train.context_size}, E = "
+    f"{group.cfg.ensemble.size} models"
+  )
 
 
 def ranges(ids: list[int]) -> str:
@@ -453,7 +541,9 @@ def add_axes(cfg, specs, section: str = "grid"):
       infinity (no config field allows them).
   """
   import ast
+
   import ml_collections
+
   if not specs:
     return cfg
   seen = set()
@@ -464,19 +554,30 @@ def add_axes(cfg, specs, section: str = "grid"):
       path, sep, text = spec.partition("=")
       path = path.strip()
       if path in seen:
-        raise ConfigError(f"sweep.{section}.{path}", spec, "one --grid/--zip flag per field "
-                          "(give all its values in one: FIELD=V1,V2,...)")
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          "one --grid/--zip flag per field (give all its values in one: FIELD=V1,V2,...)",
+        )
       seen.add(path)
       if not sep or not path:
-        raise ConfigError(f"sweep.{section}", spec, "FIELD=V1,V2,... (e.g. "
-                          "--grid=train.batch_size=8,16)")
+        raise ConfigError(
+          f"sweep.{section}", spec, "FIELD=V1,V2,... (e.g. --grid=train.batch_size=8,16)"
+        )
       items = [item.strip() for item in text.split(",")]
       if not any(items):
-        raise ConfigError(f"sweep.{section}.{path}", spec, f"at least one value: the axis has "
-                          f"none (FIELD=V1,V2,..., e.g. --grid={path}=V1,V2)")
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          f"at least one value: the axis has none (FIELD=V1,V2,..., e.g. --grid={path}=V1,V2)",
+        )
       if not all(items):
-        raise ConfigError(f"sweep.{section}.{path}", spec, "a value between every two commas "
-                          f"(value {items.index('') + 1} of {len(items)} is empty)")
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          "a value between every two commas "
+          f"(value {items.index('') + 1} of {len(items)} is empty)",
+        )
       values = []
       for item in items:
         try:
@@ -484,9 +585,14 @@ def add_axes(cfg, specs, section: str = "grid"):
         except (ValueError, SyntaxError):
           value = item
         if item.lower().lstrip("+-") in ("nan", "inf", "infinity") or (
-            isinstance(value, float) and not math.isfinite(value)):
-          raise ConfigError(f"sweep.{section}.{path}", item, f"a finite number (or another value "
-                            f"{path} can hold): NaN and infinity are not allowed for any field")
+          isinstance(value, float) and not math.isfinite(value)
+        ):
+          raise ConfigError(
+            f"sweep.{section}.{path}",
+            item,
+            f"a finite number (or another value "
+            f"{path} can hold): NaN and infinity are not allowed for any field",
+          )
         values.append(value)
       node = cfg.sweep[section]
       *parents, name = path.split(".")

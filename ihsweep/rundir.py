@@ -41,8 +41,11 @@ def _theirs(workdir: str) -> list[str]:
   ``logs/process_<k>.log`` or ``logs/worker_<k>.log`` before the processes start)."""
   names = [n for n in os.listdir(workdir) if not n.startswith(_OURS)]
   logs = os.path.join(workdir, "logs")
-  if "logs" in names and os.path.isdir(logs) and all(
-      re.fullmatch(r"(process|worker)_\d+\.log", n) for n in os.listdir(logs)):
+  if (
+    "logs" in names
+    and os.path.isdir(logs)
+    and all(re.fullmatch(r"(process|worker)_\d+\.log", n) for n in os.listdir(logs))
+  ):
     names.remove("logs")
   return sorted(names)
 
@@ -119,41 +122,54 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
   """
   if os.path.islink(workdir) and not os.path.exists(workdir):
     raise config_lib.WorkdirError(
-        workdir, "an existing target", f"--workdir={workdir} is a symbolic link to "
-        f"{os.readlink(workdir)}, which does not exist: create that directory, or give another "
-        f"--workdir")
+      workdir,
+      "an existing target",
+      f"--workdir={workdir} is a symbolic link to "
+      f"{os.readlink(workdir)}, which does not exist: create that directory, or give another "
+      f"--workdir",
+    )
   try:
     found = run_kind(workdir)
     group = sweep_group(workdir) if kind != "train" else None  # "train": the sweep's own fit
   except OSError as e:  # a file, a path through a file, an unreadable directory
-    raise config_lib.WorkdirError(workdir, f"a directory this process can read and write "
-                                  f"({e.strerror or e})") from None
+    raise config_lib.WorkdirError(
+      workdir, f"a directory this process can read and write ({e.strerror or e})"
+    ) from None
   if group:
     raise config_lib.WorkdirError(
-        workdir, "no group directory of a sweep",
-        f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: resume it with "
-        f"`ihsweep run --workdir={group[0]}`")
+      workdir,
+      "no group directory of a sweep",
+      f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: resume it with "
+      f"`ihsweep run --workdir={group[0]}`",
+    )
   if found is None or (kind and found not in ("empty", kind)):
     names = _theirs(workdir)
-    what = {"train": "an `ihsweep train` run (use `ihsweep train` with it)",
-            "sweep": "a sweep of `ihsweep run` (use `ihsweep run` with it)"}.get(found) or (
-        f"files of its own ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and no "
-        f"ihsweep run")
+    what = {
+      "train": "an `ihsweep train` run (use `ihsweep train` with it)",
+      "sweep": "a sweep of `ihsweep run` (use `ihsweep run` with it)",
+    }.get(found) or (
+      f"files of its own ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and no "
+      f"ihsweep run"
+    )
     runs = {"train": "an earlier train run", "sweep": "an earlier sweep"}.get(kind, "a run")
     raise config_lib.WorkdirError(
-        workdir, f"a new or empty directory, or one that holds {runs} to resume; it "
-        f"holds {what}; nothing was changed: use a new --workdir")
+      workdir,
+      f"a new or empty directory, or one that holds {runs} to resume; it "
+      f"holds {what}; nothing was changed: use a new --workdir",
+    )
   if kind is None or (jax.process_index() != 0 and not local):
     return
   path = os.path.join(workdir, RUN_MARKER)
   try:
     os.makedirs(workdir, exist_ok=True)
     if not os.path.exists(path):
-      atomic_write_json(path, {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-                        indent=None)
+      atomic_write_json(
+        path, {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=None
+      )
   except OSError as e:
-    raise config_lib.WorkdirError(workdir, f"a directory this process can write "
-                                  f"({e.strerror or e})") from None
+    raise config_lib.WorkdirError(
+      workdir, f"a directory this process can write ({e.strerror or e})"
+    ) from None
 
 
 @contextlib.contextmanager
@@ -178,8 +194,10 @@ def workdir_lock(workdir: str, local: bool = False):
     holder = f.read().strip() or "another process"
     f.close()
     raise config_lib.WorkdirError(
-        workdir, f"a directory no other run is using (in use by {holder}); wait for "
-        f"that run or stop it (its progress: ihsweep status)") from None
+      workdir,
+      f"a directory no other run is using (in use by {holder}); wait for "
+      f"that run or stop it (its progress: ihsweep status)",
+    ) from None
   try:
     f.seek(0)
     f.truncate()
@@ -220,9 +238,13 @@ def write_status(workdir: str, group_id: str, **fields) -> dict:
   """Replaces a group's ``status.json`` atomically (``state`` plus ``fields``)."""
   path = os.path.join(group_dir(workdir, group_id), "status.json")
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  status = {"group": group_id, **fields,
-            "host": socket.gethostname(), "pid": os.getpid(),
-            "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  status = {
+    "group": group_id,
+    **fields,
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "updated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  }
   atomic_write_json(path, status)
   return status
 
@@ -236,6 +258,7 @@ def cells_table(plan, workdir: str | None = None):
   (the first online evaluation at which ``sweep.stop_metric`` reached ``sweep.stop_threshold``:
   a coarse marker; the analysis package fits emergence points from the checkpoints)."""
   import pandas as pd
+
   rows = []
   for group in plan.groups:
     status = read_status(workdir, group.id) if workdir else {"state": "pending"}
@@ -244,14 +267,23 @@ def cells_table(plan, workdir: str | None = None):
     for cell in group.cells:
       row = {"cell": cell.id, "group": group.id, "seed": cell.seed}
       row.update({axis: cell.coords[axis] for axis in plan.axes})
-      row.update({"batch_size": b, "context_size": c, "peak_lr": float(cell.cfg.train.lr),
-                  "n_params": group.n_params, "law_updates": round(group.law_updates, 1),
-                  "law_tokens": round(group.law_updates * b * c),
-                  "budget_updates": group.num_steps, "budget_tokens": group.num_steps * b * c,
-                  "status": status["state"], "steps_done": status.get("step", 0),
-                  "diverged": str(cell.id) in diverged,
-                  "diverged_step": diverged.get(str(cell.id)),
-                  "online_crossing_step": status.get("crossed", {}).get(str(cell.id))})
+      row.update(
+        {
+          "batch_size": b,
+          "context_size": c,
+          "peak_lr": float(cell.cfg.train.lr),
+          "n_params": group.n_params,
+          "law_updates": round(group.law_updates, 1),
+          "law_tokens": round(group.law_updates * b * c),
+          "budget_updates": group.num_steps,
+          "budget_tokens": group.num_steps * b * c,
+          "status": status["state"],
+          "steps_done": status.get("step", 0),
+          "diverged": str(cell.id) in diverged,
+          "diverged_step": diverged.get(str(cell.id)),
+          "online_crossing_step": status.get("crossed", {}).get(str(cell.id)),
+        }
+      )
       rows.append(row)
   table = pd.DataFrame(rows).sort_values("cell").reset_index(drop=True)
   for col in ("diverged_step", "online_crossing_step"):  # integers with gaps, not floats
@@ -281,6 +313,7 @@ def read_config_json(path: str):
     OSError / ValueError: unreadable, or not JSON.
   """
   import ml_collections
+
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
 
@@ -291,6 +324,7 @@ def read_cells(path: str, note: Callable[[str], None]):
   and so is a last line without its newline (a write cut short: its last value may be cut
   too); ``note`` is called with one line saying which."""
   import pandas as pd
+
   try:
     with open(path, "rb") as f:
       size = f.seek(0, os.SEEK_END)
@@ -308,8 +342,10 @@ def read_cells(path: str, note: Callable[[str], None]):
   if cut and len(cells):
     bad.iloc[-1] = True
   if bad.any():
-    note(f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file lines) are "
-         f"cut short or have missing or non-numeric {', '.join(required)} or group; skipped")
+    note(
+      f"cells.csv rows {[int(i) + 2 for i in np.flatnonzero(bad)][:10]} (file lines) are "
+      f"cut short or have missing or non-numeric {', '.join(required)} or group; skipped"
+    )
     cells = cells[~bad].copy()
   for col in required:
     cells[col] = pd.to_numeric(cells[col]).astype(int)
@@ -326,12 +362,22 @@ def config_cells(cfg, group_id: str, axes=()):
     Exception: a config that is not an ihsweep config (missing sections, wrong types).
   """
   import pandas as pd
+
   from ihsweep import train
+
   ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
   n = int(cfg.ensemble.size)
-  rows = [{"cell": int(ids[i]), "group": group_id, "seed": int(seeds[i]),
-           "batch_size": int(cfg.train.batch_size), "context_size": int(cfg.train.context_size),
-           "peak_lr": float(lrs[i])} for i in range(n)]
+  rows = [
+    {
+      "cell": int(ids[i]),
+      "group": group_id,
+      "seed": int(seeds[i]),
+      "batch_size": int(cfg.train.batch_size),
+      "context_size": int(cfg.train.context_size),
+      "peak_lr": float(lrs[i]),
+    }
+    for i in range(n)
+  ]
   cells = pd.DataFrame(rows)
   for axis in axes:
     try:
@@ -353,6 +399,7 @@ def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
   and status.json (state, steps, divergence); sorted by cell. ``note`` is called with one line
   per group that cannot be rebuilt and one naming the rebuilt cells."""
   import pandas as pd
+
   root = os.path.join(workdir, "groups")
   names = sorted(os.listdir(root)) if os.path.isdir(root) else []
   listed = set(int(c) for c in cells["cell"])
@@ -366,8 +413,10 @@ def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
       rows = config_cells(gcfg, gid, axes).assign(budget_updates=int(gcfg.train.num_steps))
     except Exception as e:  # no config, or not an ihsweep one
       if gid not in set(cells["group"]):
-        note(f"group {gid} is skipped: cells.csv has no rows for it, and its config.json "
-             f"cannot be read to rebuild them ({type(e).__name__}: {str(e)[:100]})")
+        note(
+          f"group {gid} is skipped: cells.csv has no rows for it, and its config.json "
+          f"cannot be read to rebuild them ({type(e).__name__}: {str(e)[:100]})"
+        )
       continue
     rows = rows[~rows["cell"].isin(listed)].copy()
     if rows.empty:
@@ -380,9 +429,11 @@ def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
     found.append(rows)
   if found:
     new = pd.concat(found, ignore_index=True)
-    note(f"cells.csv lacks {len(new)} cell(s) of group(s) {', '.join(new['group'].unique())} "
-         f"whose directories exist (cut short?); their rows are rebuilt from each group's "
-         f"config.json and status.json")
+    note(
+      f"cells.csv lacks {len(new)} cell(s) of group(s) {', '.join(new['group'].unique())} "
+      f"whose directories exist (cut short?); their rows are rebuilt from each group's "
+      f"config.json and status.json"
+    )
     cells = pd.concat([cells, new], ignore_index=True).sort_values("cell", kind="stable")
   return cells.reset_index(drop=True)
 
@@ -404,8 +455,9 @@ def check_workdir(workdir: str, kind: str | None = None) -> None:
       f.write("ok")
     os.remove(probe)
   except OSError as e:
-    raise config_lib.WorkdirError(workdir, f"a directory this process can write "
-                                  f"({e.strerror or e})") from None
+    raise config_lib.WorkdirError(
+      workdir, f"a directory this process can write ({e.strerror or e})"
+    ) from None
 
 
 @contextlib.contextmanager
@@ -415,6 +467,7 @@ def atomic_file(path: str, mode: str = "w"):
   raises): a reader, a concurrent writer or a kill never sees half a file. The temporary name
   keeps ``path``'s extension (``np.savez`` and parquet writers look at it)."""
   import threading
+
   root, ext = os.path.splitext(path)
   tmp = f"{root}.{os.getpid()}-{threading.get_ident()}.tmp{ext}"
   try:
@@ -558,8 +611,13 @@ def group_state(workdir: str, group_id: str, status: dict) -> str:
 
 
 def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
-  row = {"time": round(time.time(), 3), "event": event, "group": group_id,
-         "worker": worker_id(), **fields}
+  row = {
+    "time": round(time.time(), 3),
+    "event": event,
+    "group": group_id,
+    "worker": worker_id(),
+    **fields,
+  }
   with open(os.path.join(workdir, CLAIMS_LOG), "a") as f:
     f.write(json.dumps(row) + "\n")
 
@@ -577,16 +635,31 @@ def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
   if old is not None and not claim_is_stale(old):
     return None
   now = time.time()
-  _write_claim(workdir, group_id, {
-      "group": group_id, "worker": worker_id(), "host": socket.gethostname(),
-      "pid": os.getpid(), "process": jax.process_index(), "devices": devices,
+  _write_claim(
+    workdir,
+    group_id,
+    {
+      "group": group_id,
+      "worker": worker_id(),
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "process": jax.process_index(),
+      "devices": devices,
       "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "heartbeat": now})
+      "heartbeat": now,
+    },
+  )
   if old is None:
     _log_claim(workdir, "claimed", group_id, devices=devices)
     return "claimed"
-  _log_claim(workdir, "taken over", group_id, devices=devices, previous=old.get("worker"),
-             previous_heartbeat=old.get("heartbeat"))
+  _log_claim(
+    workdir,
+    "taken over",
+    group_id,
+    devices=devices,
+    previous=old.get("worker"),
+    previous_heartbeat=old.get("heartbeat"),
+  )
   return "taken over"
 
 
@@ -619,11 +692,11 @@ class ClaimHeartbeat:
 
   def __init__(self, workdir: str, group_id: str):
     import threading
+
     self.workdir, self.group_id = workdir, group_id
     self.lost = threading.Event()
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, name=f"ihsweep-claim-{group_id}",
-                                    daemon=True)
+    self._thread = threading.Thread(target=self._run, name=f"ihsweep-claim-{group_id}", daemon=True)
 
   def _run(self) -> None:
     while not self._stop.wait(claim_heartbeat_s()):
@@ -633,8 +706,10 @@ class ClaimHeartbeat:
           return
       except OSError as e:  # a filesystem hiccup: the next beat tries again
         import logging
-        logging.getLogger("ihsweep").warning("could not refresh the claim on %s: %s",
-                                             self.group_id, e)
+
+        logging.getLogger("ihsweep").warning(
+          "could not refresh the claim on %s: %s", self.group_id, e
+        )
 
   def __enter__(self):
     self._thread.start()

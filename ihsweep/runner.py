@@ -27,6 +27,7 @@ from ihsweep import config as config_lib
 from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
+
 # EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
 # ihsweep.evaluation.
 from ihsweep.evaluation import EmergenceStop, Evaluator, json_value, replay
@@ -81,18 +82,21 @@ def check_resumable(cfg, workdir: str) -> None:
       old = _flatten(json.load(f))
   except (OSError, ValueError) as e:
     raise config_lib.WorkdirError(
-        workdir, f"a run directory whose config.json can be read to check the resumed "
-        f"config ({e}); its checkpoints cannot be verified: use a new --workdir") from None
+      workdir,
+      f"a run directory whose config.json can be read to check the resumed "
+      f"config ({e}); its checkpoints cannot be verified: use a new --workdir",
+    ) from None
   new = _flatten(_jsonable(cfg))
   for field in sorted(set(old) | set(new)):
-    free = any(field == f or (f.endswith(".") and field.startswith(f))
-               for f in RESUME_FREE_FIELDS)
+    free = any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUME_FREE_FIELDS)
     if free or old.get(field) == new.get(field):
       continue
     raise config_lib.ConfigError(
-        field, new.get(field, "(missing)"),
-        f"{old.get(field, '(missing)')!r}, as in the run being resumed in {workdir} (it has "
-        f"checkpoints); use a new --workdir to train with a different value")
+      field,
+      new.get(field, "(missing)"),
+      f"{old.get(field, '(missing)')!r}, as in the run being resumed in {workdir} (it has "
+      f"checkpoints); use a new --workdir to train with a different value",
+    )
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -130,10 +134,16 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
     cell = {"cell": ids[i], "seed": seeds[i], "peak_lr": float(lrs[i])}
     cell.update({k: float(v[i]) for k, v in knobs.items()})
     cells.append(cell)
-  return {"cells": cells, "model": dataclasses.asdict(mcfg), "n_params": n_params,
-          "batch_size": tcfg.batch_size, "context_size": tcfg.context_size,
-          "tokens_per_update": train.tokens_per_update(tcfg), "num_steps": tcfg.num_steps,
-          "data_source": cfg.data.source}
+  return {
+    "cells": cells,
+    "model": dataclasses.asdict(mcfg),
+    "n_params": n_params,
+    "batch_size": tcfg.batch_size,
+    "context_size": tcfg.context_size,
+    "tokens_per_update": train.tokens_per_update(tcfg),
+    "num_steps": tcfg.num_steps,
+    "data_source": cfg.data.source,
+  }
 
 
 def _fault_injection(step: int, workdir: str, fault: str) -> None:
@@ -146,15 +156,21 @@ def _fault_injection(step: int, workdir: str, fault: str) -> None:
   env = os.environ
   at = env.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
   only, group = env.get("IHSWEEP_FAULT_PROCESS"), env.get("IHSWEEP_FAULT_GROUP")
-  if not (at and int(at) == step and (not only or int(only) == jax.process_index())
-          and (not group or os.path.basename(os.path.normpath(workdir)) == group)):
+  if not (
+    at
+    and int(at) == step
+    and (not only or int(only) == jax.process_index())
+    and (not group or os.path.basename(os.path.normpath(workdir)) == group)
+  ):
     return
   if fault == "KILL":
     os.kill(os.getpid(), signal.SIGKILL)
   tmp = os.path.join(workdir, "checkpoints", "state", f"{step}.orbax-checkpoint-tmp")
-  raise ValueError(f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
-                   f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
-                   f"No space left on device [os_error_code='28'] (IHSWEEP_FAULT_DISK_FULL)")
+  raise ValueError(
+    f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
+    f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
+    f"No space left on device [os_error_code='28'] (IHSWEEP_FAULT_DISK_FULL)"
+  )
 
 
 _STOP_REQUESTED = threading.Event()
@@ -173,12 +189,18 @@ def request_stop(signum=None, frame=None) -> None:
   if _STOP_SIGNALS[0] == 1:
     log.warning("stop requested (%s): checkpointing after the current call", name)
   elif _STOP_SIGNALS[0] == 2:
-    log.warning("already stopping: saving a checkpoint (%s once more exits at once, losing the "
-                "updates since the last complete checkpoint)", name)
+    log.warning(
+      "already stopping: saving a checkpoint (%s once more exits at once, losing the "
+      "updates since the last complete checkpoint)",
+      name,
+    )
   elif signum:
-    print(f"ihsweep: forced exit on a third stop request ({name}): the updates since the last "
-          f"complete full-state checkpoint are lost; rerun the same command to resume from it",
-          file=sys.stderr, flush=True)
+    print(
+      f"ihsweep: forced exit on a third stop request ({name}): the updates since the last "
+      f"complete full-state checkpoint are lost; rerun the same command to resume from it",
+      file=sys.stderr,
+      flush=True,
+    )
     os._exit(128 + signum)
   _STOP_REQUESTED.set()
 
@@ -199,8 +221,10 @@ class Interrupted(Exception):
 
   def __init__(self, workdir: str, step: int):
     self.workdir, self.step = workdir, step
-    super().__init__(f"stopped at update {step} on request; state saved in {workdir}; rerun "
-                     f"the same command to resume")
+    super().__init__(
+      f"stopped at update {step} on request; state saved in {workdir}; rerun "
+      f"the same command to resume"
+    )
 
 
 def group_devices(cfg, devices=None, local: bool = False) -> list:
@@ -215,7 +239,7 @@ def group_devices(cfg, devices=None, local: bool = False) -> list:
     devices = jax.local_devices() if local else jax.devices()
   devices = list(devices)
   if cfg.mesh.num_devices or whole:
-    return devices[:cfg.mesh.num_devices or None]
+    return devices[: cfg.mesh.num_devices or None]
   return sharding.usable_devices(cfg.ensemble.size, cfg.train.batch_size, devices)
 
 
@@ -241,15 +265,17 @@ class _Group:
     self.n_models = cfg.ensemble.size
     self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
     self.model = Transformer(self.mcfg)
-    self.source = make_source(cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size,
-                              self.tcfg.context_size)
+    self.source = make_source(
+      cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
+    )
     self.host_fed = not getattr(self.source, "on_device", True)
     self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
 
   def hparams(self) -> train.HParams:
     """Per-model peak learning rates and data knobs (numpy, leading axis E)."""
-    return train.HParams(peak_lr=np.asarray(train.peak_lrs(self.cfg), np.float32),
-                         data=self.data_params)
+    return train.HParams(
+      peak_lr=np.asarray(train.peak_lrs(self.cfg), np.float32), data=self.data_params
+    )
 
   def init_fn(self):
     """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``)."""
@@ -260,8 +286,13 @@ class _Group:
     every call length up to ``train.steps_per_call``, the short last call included."""
     tcfg = self.tcfg
     return train.make_ensemble_train_fn(
-        self.model, tcfg, None if self.host_fed else self.source.sample, self.mesh,
-        min(tcfg.steps_per_call, tcfg.num_steps), self.cfg.ensemble.vmap_chunk)
+      self.model,
+      tcfg,
+      None if self.host_fed else self.source.sample,
+      self.mesh,
+      min(tcfg.steps_per_call, tcfg.num_steps),
+      self.cfg.ensemble.vmap_chunk,
+    )
 
   def abstract_data(self):
     """The train program's ``data`` argument as ``jax.ShapeDtypeStruct``: the source's shared
@@ -270,8 +301,12 @@ class _Group:
     if self.host_fed:  # one tiny gather for the corpus's dtype
       keys = np.zeros((self.n_models, 2), np.uint32)
       dtype = np.asarray(self.source.host_batches(keys, 0, 1)).dtype
-      shape = (self.n_models, min(tcfg.steps_per_call, tcfg.num_steps), tcfg.batch_size,
-               tcfg.context_size + 1)
+      shape = (
+        self.n_models,
+        min(tcfg.steps_per_call, tcfg.num_steps),
+        tcfg.batch_size,
+        tcfg.context_size + 1,
+      )
       return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
     return _abstract(self.source.arrays(), sharding.replicated(self.mesh))
 
@@ -280,8 +315,11 @@ def _abstract(tree, where):
   """``jax.ShapeDtypeStruct`` of each numpy leaf of ``tree`` as ``jax.device_put(tree, where)``
   would place it (the dtype JAX gives it: float64 becomes float32 without x64)."""
   return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(
-          np.asarray(x).dtype), sharding=where), tree)
+    lambda x: jax.ShapeDtypeStruct(
+      np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype), sharding=where
+    ),
+    tree,
+  )
 
 
 def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
@@ -321,8 +359,10 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
   init = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32))
   compile_("init", init)
   state = init.out_info  # TrainState of ShapeDtypeStruct, with the ensemble sharding
-  compile_("train", group.train_program().lower(state, _abstract(group.hparams(), ens_sh),
-                                                group.abstract_data()))
+  compile_(
+    "train",
+    group.train_program().lower(state, _abstract(group.hparams(), ens_sh), group.abstract_data()),
+  )
   if schedule_lib.eval_interval(cfg):
     compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))
     if not hasattr(group.source, "validation_windows"):
@@ -331,16 +371,27 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
       # (E · eval.n_sequences sequences, discarded).
       start = time.perf_counter()
       probes_lib.held_out_sequences(
-          group.source, group.data_params, jax.tree_util.tree_map(np.asarray,
-                                                                  group.source.arrays()),
-          cfg.eval.probe_seed, cfg.eval.n_sequences, group.n_models)
+        group.source,
+        group.data_params,
+        jax.tree_util.tree_map(np.asarray, group.source.arrays()),
+        cfg.eval.probe_seed,
+        cfg.eval.n_sequences,
+        group.n_models,
+      )
       seconds["probes"] = time.perf_counter() - start
   return seconds
 
 
-def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
-        stop_rule: EmergenceStop | None = None, devices=None,
-        local: bool = False) -> dict[str, Any]:
+def fit(
+  cfg,
+  workdir: str,
+  *,
+  progress: bool = True,
+  desc: str | None = None,
+  stop_rule: EmergenceStop | None = None,
+  devices=None,
+  local: bool = False,
+) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
 
@@ -388,8 +439,16 @@ def fit(cfg, workdir: str, *, progress: bool = True, desc: str | None = None,
   _quiet_failed_writes()
   try:
     with rundir.workdir_lock(workdir, here):
-      return _Training(cfg, workdir, progress=progress, desc=desc, stop_rule=stop_rule,
-                       devices=devices, team=team, started=started).run()
+      return _Training(
+        cfg,
+        workdir,
+        progress=progress,
+        desc=desc,
+        stop_rule=stop_rule,
+        devices=devices,
+        team=team,
+        started=started,
+      ).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
       raise
@@ -406,8 +465,10 @@ def _quiet_failed_writes() -> None:
 
   def keep(record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    return not (checkpoint.disk_full_cause(error) or
-                any(m in record.getMessage() for m in checkpoint._NO_SPACE))
+    return not (
+      checkpoint.disk_full_cause(error)
+      or any(m in record.getMessage() for m in checkpoint._NO_SPACE)
+    )
 
   keep.ihsweep_disk_full = True
   absl.addFilter(keep)
@@ -420,9 +481,18 @@ class _Training:
   each followed by the evaluations and checkpoints due at its last update. Logging trails the
   devices by one call: call i's metrics are read (``_drain``) after call i + 1 is dispatched."""
 
-  def __init__(self, cfg, workdir: str, *, progress: bool, desc: str | None,
-               stop_rule: EmergenceStop | None, devices: list, team: sharding.Team,
-               started: float):
+  def __init__(
+    self,
+    cfg,
+    workdir: str,
+    *,
+    progress: bool,
+    desc: str | None,
+    stop_rule: EmergenceStop | None,
+    devices: list,
+    team: sharding.Team,
+    started: float,
+  ):
     self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
     self.started, self.first_call_t = started, None  # perf_counter at fit's entry, first call
     self.progress, self.desc = progress, desc
@@ -451,10 +521,17 @@ class _Training:
     self._make_evaluator()
     self._line_up_logs()
     tcfg = self.tcfg
-    self.loader = (HostLoader(self.source, self.state, self.mesh, tcfg.steps_per_call)
-                   if self.host_fed else None)
-    self.bar = tqdm(total=tcfg.num_steps, initial=self.done, disable=not self.progress,
-                    unit="upd", dynamic_ncols=True, desc=self.desc)
+    self.loader = (
+      HostLoader(self.source, self.state, self.mesh, tcfg.steps_per_call) if self.host_fed else None
+    )
+    self.bar = tqdm(
+      total=tcfg.num_steps,
+      initial=self.done,
+      disable=not self.progress,
+      unit="upd",
+      dynamic_ncols=True,
+      desc=self.desc,
+    )
     self.mfile = open(self.metrics_path, "a") if self.lead else None
     self.lfile = open(self.log_path, "a") if self.lead else None
     try:
@@ -470,8 +547,11 @@ class _Training:
         self.loader.close()
       self.ckpts.close()  # waits for asynchronous writes
     if self.stopped_early:
-      log.info("every model past its transition by the margin: stopped at update %d of %d",
-               self.done, tcfg.num_steps)
+      log.info(
+        "every model past its transition by the margin: stopped at update %d of %d",
+        self.done,
+        tcfg.num_steps,
+      )
     return self._result()
 
   # ------------------------------------------------------------------------------------------
@@ -481,8 +561,11 @@ class _Training:
     """Mesh, model, data source, hyper-parameters, config.json, initial state."""
     cfg, tcfg = self.cfg, self.tcfg
     self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
-    if any(os.path.isdir(os.path.join(self.ckpt_dir, kind)) and
-           os.listdir(os.path.join(self.ckpt_dir, kind)) for kind in ("params", "state")):
+    if any(
+      os.path.isdir(os.path.join(self.ckpt_dir, kind))
+      and os.listdir(os.path.join(self.ckpt_dir, kind))
+      for kind in ("params", "state")
+    ):
       check_resumable(cfg, self.workdir)  # also params-only: saved steps are never overwritten
     self.group = group = _Group(cfg, self.devices)
     self.mesh, self.model, self.source = group.mesh, group.model, group.source
@@ -494,12 +577,23 @@ class _Training:
       write_resolved_config(cfg, self.workdir)
     where = ""
     if jax.process_count() > 1:
-      where = (f" of process {jax.process_index()} (process-local)" if self.team.alone else
-               f" in {jax.process_count()} processes" if self.team.is_everyone else
-               f" in processes {', '.join(map(str, self.team.processes))}")
-    log.info("mesh %s over %d %s device(s)%s; E=%d B=%d C=%d", dict(self.mesh.shape),
-             len(self.devices), jax.default_backend(), where, self.n_models, tcfg.batch_size,
-             tcfg.context_size)
+      where = (
+        f" of process {jax.process_index()} (process-local)"
+        if self.team.alone
+        else f" in {jax.process_count()} processes"
+        if self.team.is_everyone
+        else f" in processes {', '.join(map(str, self.team.processes))}"
+      )
+    log.info(
+      "mesh %s over %d %s device(s)%s; E=%d B=%d C=%d",
+      dict(self.mesh.shape),
+      len(self.devices),
+      jax.default_backend(),
+      where,
+      self.n_models,
+      tcfg.batch_size,
+      tcfg.context_size,
+    )
     self.state = group.init_fn()(np.asarray(train.model_seeds(cfg), np.int32))
 
   def _restore(self) -> None:
@@ -508,17 +602,23 @@ class _Training:
     cfg, tcfg = self.cfg, self.tcfg
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(self.state.params)) // self.n_models
     self.ckpts = checkpoint.RunCheckpoints(
-        self.ckpt_dir, cell_metadata(cfg, self.mcfg, tcfg, self.source, n_params),
-        keep_state=cfg.checkpoint.keep_state, async_save=cfg.checkpoint.async_save,
-        read_only=False, processes=self.team.processes)
+      self.ckpt_dir,
+      cell_metadata(cfg, self.mcfg, tcfg, self.source, n_params),
+      keep_state=cfg.checkpoint.keep_state,
+      async_save=cfg.checkpoint.async_save,
+      read_only=False,
+      processes=self.team.processes,
+    )
     self.start, self.state = self.ckpts.restore_latest_state(self.state)
     if self.start is not None:
       log.info("resuming from the full-state checkpoint at update %d", self.start)
     self.done = self.start or 0
-    self.host_arrays = (None if self.host_fed else
-                        jax.tree_util.tree_map(np.asarray, self.source.arrays()))
-    self.arrays = (None if self.host_fed else
-                   jax.device_put(self.host_arrays, sharding.replicated(self.mesh)))
+    self.host_arrays = (
+      None if self.host_fed else jax.tree_util.tree_map(np.asarray, self.source.arrays())
+    )
+    self.arrays = (
+      None if self.host_fed else jax.device_put(self.host_arrays, sharding.replicated(self.mesh))
+    )
     # Evaluation and checkpoint schedules; every one of their steps ends a host call.
     self.schedule = schedule_lib.RunSchedule.from_config(cfg)
     self.calls = self.schedule.calls(self.done)
@@ -533,17 +633,30 @@ class _Training:
       try:
         probes = probes_lib.Probes.load(self.probes_path)
       except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        log.warning("%s is unreadable (%s): making the probes again from eval.probe_seed",
-                    self.probes_path, e)
+        log.warning(
+          "%s is unreadable (%s): making the probes again from eval.probe_seed", self.probes_path, e
+        )
     if probes is None:  # from host values, so that every process computes the same probes
-      probes = probes_lib.make_probes(self.source, self.data_params, self.host_arrays,
-                                      self.cfg.eval, self.n_models, self.tcfg.context_size)
+      probes = probes_lib.make_probes(
+        self.source,
+        self.data_params,
+        self.host_arrays,
+        self.cfg.eval,
+        self.n_models,
+        self.tcfg.context_size,
+      )
       if self.lead:
         probes.save(self.probes_path)
-    log.info("eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
-             "sequences per model (%d associative-recall prompts in model 0's)",
-             every, len(probes.repeated), probes.block_len, probes.candidates,
-             probes.sequences.shape[1], int(probes.recall[0].sum()))
+    log.info(
+      "eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
+      "sequences per model (%d associative-recall prompts in model 0's)",
+      every,
+      len(probes.repeated),
+      probes.block_len,
+      probes.candidates,
+      probes.sequences.shape[1],
+      int(probes.recall[0].sum()),
+    )
     self.evaluator = Evaluator(self.cfg, self.mcfg, probes, self.mesh)
 
   def _line_up_logs(self) -> None:
@@ -574,8 +687,9 @@ class _Training:
         _rewrite_jsonl(self.metrics_path, rows)
     last_eval = 0  # the last evaluation logged: at `done` if its rows were, else the one before
     if every and done:
-      last_eval = (done if self.evaluated and self.schedule.eval_due(done)
-                   else self.schedule.last_eval(done))
+      last_eval = (
+        done if self.evaluated and self.schedule.eval_due(done) else self.schedule.last_eval(done)
+      )
     for r in train_rows:
       if r["step"] > last_eval:
         self.loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
@@ -625,8 +739,7 @@ class _Training:
 
   def _evaluation(self, step: int) -> tuple:
     # diverged_at copied: the state is donated to the next call before this is drained.
-    return ("eval", step, (self.evaluator(self.state.params), jnp.copy(self.state.diverged_at)),
-            0)
+    return ("eval", step, (self.evaluator(self.state.params), jnp.copy(self.state.diverged_at)), 0)
 
   def _after_step(self, step: int, pending: list, earlier: list, final: bool = False) -> None:
     """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
@@ -637,7 +750,8 @@ class _Training:
       pending.append(self._evaluation(step))
     extra = {"tokens": step * self.tokens_per_step}
     if (self.schedule.params_due(step) or (final and self.stopped_early)) and (
-        step not in self.saved["params"]):
+      step not in self.saved["params"]
+    ):
       self.ckpts.save_params(step, self.state.params, extra)
       self.saved["params"].add(step)
     if (self.schedule.state_due(step) or final) and step not in self.saved["state"]:
@@ -661,18 +775,22 @@ class _Training:
 
   def _log_evaluation(self, step: int, host: dict, diverged_at: np.ndarray) -> None:
     train_loss = self.loss_sum / self.loss_updates if self.loss_updates else None
-    rows = self.evaluator.rows(host, step, self.tokens_per_step, self.cfg, train_loss,
-                               diverged_at)
+    rows = self.evaluator.rows(host, step, self.tokens_per_step, self.cfg, train_loss, diverged_at)
     if self.stop_rule is not None:
       self.stop_rule.observe(step, [r[self.stop_rule.metric] for r in rows], diverged_at >= 0)
     if self.lead:
       self.mfile.writelines(json.dumps(r) + "\n" for r in rows)
       self.mfile.flush()
       self.writers.write_scalars(step, sinks.metric_scalars(rows))
-    log.info("eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
-             step, f"{step * self.tokens_per_step:,}", _short(host["ps_max"]),
-             _short(host["ar_acc"]), _short(host["val_loss"]),
-             f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "")
+    log.info(
+      "eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+      step,
+      f"{step * self.tokens_per_step:,}",
+      _short(host["ps_max"]),
+      _short(host["ar_acc"]),
+      _short(host["val_loss"]),
+      f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "",
+    )
     self.loss_sum, self.loss_updates = np.zeros(self.n_models), 0
 
   def _log_call(self, step: int, host: dict, k: int) -> None:
@@ -682,9 +800,13 @@ class _Training:
     else:
       self.tokens_since_first += k * self.n_models * self.tokens_per_step
     self.last_loss = host["loss"][:k].mean(axis=0)
-    row = {"step": step, "tokens": step * self.tokens_per_step, "updates": k,
-           "loss": json_value(self.last_loss),
-           "grad_norm": json_value(host["grad_norm"][:k].mean(axis=0))}
+    row = {
+      "step": step,
+      "tokens": step * self.tokens_per_step,
+      "updates": k,
+      "loss": json_value(self.last_loss),
+      "grad_norm": json_value(host["grad_norm"][:k].mean(axis=0)),
+    }
     if self.lead:
       self.lfile.write(json.dumps(row) + "\n")
       self.lfile.flush()
@@ -694,24 +816,33 @@ class _Training:
     self.bar.update(k)
     elapsed = now - self.first_drain_t
     finite = self.last_loss[np.isfinite(self.last_loss)]
-    self.bar.set_postfix(loss=f"{finite.mean():.4f}" if finite.size else "nan",
-                         tok_s=f"{self.tokens_since_first / elapsed:,.0f}" if elapsed else "-")
+    self.bar.set_postfix(
+      loss=f"{finite.mean():.4f}" if finite.size else "nan",
+      tok_s=f"{self.tokens_since_first / elapsed:,.0f}" if elapsed else "-",
+    )
 
   def _result(self) -> dict[str, Any]:
     num_steps, stop_rule = self.tcfg.num_steps, self.stop_rule
     end = time.perf_counter()
     elapsed = end - self.first_drain_t if self.first_drain_t else 0.0
     first = self.first_call_t or end
-    return {"state": self.state, "losses": self.last_loss, "resumed_from": self.start,
-            "step": self.done,
-            "stopped_early": self.stopped_early or (stop_rule is not None and
-                                                    self.done < num_steps),
-            "diverged_at": np.asarray(sharding.to_host(self.state.diverged_at)),
-            "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
-            "tokens_per_s": (self.tokens_since_first / elapsed if self.tokens_since_first
-                             else float("nan")),
-            "timings": {"setup_s": first - self.started, "train_s": end - first,
-                        "total_s": end - self.started}}
+    return {
+      "state": self.state,
+      "losses": self.last_loss,
+      "resumed_from": self.start,
+      "step": self.done,
+      "stopped_early": self.stopped_early or (stop_rule is not None and self.done < num_steps),
+      "diverged_at": np.asarray(sharding.to_host(self.state.diverged_at)),
+      "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
+      "tokens_per_s": (
+        self.tokens_since_first / elapsed if self.tokens_since_first else float("nan")
+      ),
+      "timings": {
+        "setup_s": first - self.started,
+        "train_s": end - first,
+        "total_s": end - self.started,
+      },
+    }
 
 
 class HostLoader:
@@ -722,6 +853,7 @@ class HostLoader:
 
   def __init__(self, source, state: train.TrainState, mesh, steps_per_call: int):
     import concurrent.futures
+
     self._source = source
     self._k = steps_per_call
     self._keys = sharding.to_host(state.data_key)  # [E, 2], fixed for the run

@@ -24,9 +24,12 @@ PARAMS_SCHEDULES = ("log", "study", "none")
 
 # The study's checkpoints (docs/study.md): 0.25M, 0.5M, 1–10M every 1M, 20–100M every 10M,
 # 200M–1B every 100M tokens.
-STUDY_TOKENS = ([250_000, 500_000] + [m * 1_000_000 for m in range(1, 11)]
-                + [m * 10_000_000 for m in range(2, 11)]
-                + [m * 100_000_000 for m in range(2, 11)])
+STUDY_TOKENS = (
+  [250_000, 500_000]
+  + [m * 1_000_000 for m in range(1, 11)]
+  + [m * 10_000_000 for m in range(2, 11)]
+  + [m * 100_000_000 for m in range(2, 11)]
+)
 
 
 def eval_interval(cfg) -> int:
@@ -44,9 +47,16 @@ def eval_due(step: int, every: int, num_steps: int) -> bool:
   return bool(every) and (step % every == 0 or step == num_steps)
 
 
-def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log",
-                 points_per_octave: int = 2, law_updates: float | None = None,
-                 law_window: float = 4.0, law_points_per_octave: int = 8) -> list[int]:
+def params_steps(
+  num_steps: int,
+  tokens_per_update: int,
+  *,
+  schedule: str = "log",
+  points_per_octave: int = 2,
+  law_updates: float | None = None,
+  law_window: float = 4.0,
+  law_points_per_octave: int = 8,
+) -> list[int]:
   """Updates after which params are saved, sorted, always including 0 and ``num_steps``.
 
   ``log``: tokens log-spaced from one update's ``B · C`` tokens on — update counts
@@ -66,13 +76,15 @@ def params_steps(num_steps: int, tokens_per_update: int, *, schedule: str = "log
     steps |= {int(round(2 ** (k / points_per_octave))) for k in range(top + 1)}
     if law_updates is not None and law_points_per_octave > 0:
       half = math.floor(math.log2(law_window) * law_points_per_octave)
-      steps |= {int(round(law_updates * 2 ** (k / law_points_per_octave)))
-                for k in range(-half, half + 1)}
+      steps |= {
+        int(round(law_updates * 2 ** (k / law_points_per_octave))) for k in range(-half, half + 1)
+      }
   elif schedule == "study":
     steps |= {max(1, int(round(t / tokens_per_update))) for t in STUDY_TOKENS}
   elif schedule != "none":
-    raise ValueError(f"checkpoint.params_schedule = {schedule!r}: allowed "
-                     f"{', '.join(PARAMS_SCHEDULES)}")
+    raise ValueError(
+      f"checkpoint.params_schedule = {schedule!r}: allowed {', '.join(PARAMS_SCHEDULES)}"
+    )
   return sorted(s for s in steps if 0 <= s <= num_steps)
 
 
@@ -120,17 +132,26 @@ class RunSchedule:
       LawError: a law file that cannot be read.
     """
     from ihsweep.law import Law
+
     ck, tr = cfg.checkpoint, cfg.train
     law_file = os.path.expanduser(ck.law_file)
     law = Law.from_json(law_file) if law_file else Law()
     params = params_steps(
-        tr.num_steps, tr.batch_size * tr.context_size, schedule=ck.params_schedule,
-        points_per_octave=ck.points_per_octave,
-        law_updates=law.updates(tr.batch_size, tr.context_size), law_window=ck.law_window,
-        law_points_per_octave=ck.law_points_per_octave)
-    return cls(num_steps=tr.num_steps, steps_per_call=tr.steps_per_call,
-               eval_every=eval_interval(cfg), state_every=ck.state_every_steps,
-               params=frozenset(params))
+      tr.num_steps,
+      tr.batch_size * tr.context_size,
+      schedule=ck.params_schedule,
+      points_per_octave=ck.points_per_octave,
+      law_updates=law.updates(tr.batch_size, tr.context_size),
+      law_window=ck.law_window,
+      law_points_per_octave=ck.law_points_per_octave,
+    )
+    return cls(
+      num_steps=tr.num_steps,
+      steps_per_call=tr.steps_per_call,
+      eval_every=eval_interval(cfg),
+      state_every=ck.state_every_steps,
+      params=frozenset(params),
+    )
 
   def eval_due(self, step: int) -> bool:
     return eval_due(step, self.eval_every, self.num_steps)
@@ -150,7 +171,9 @@ class RunSchedule:
     evaluation and checkpoint step after ``done``."""
     # Evaluation and full-state steps after `done` as lazy ranges: an interval of a few updates
     # in a long run lists no steps beyond those the calls end at.
-    later = [range(done // n * n + n, self.num_steps, n)
-             for n in (self.eval_every, self.state_every) if n]
-    return calls(self.num_steps, self.steps_per_call, done,
-                 stops=itertools.chain(self.params, *later))
+    later = [
+      range(done // n * n + n, self.num_steps, n) for n in (self.eval_every, self.state_every) if n
+    ]
+    return calls(
+      self.num_steps, self.steps_per_call, done, stops=itertools.chain(self.params, *later)
+    )

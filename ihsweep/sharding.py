@@ -24,7 +24,8 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES = ("ensemble", "data")
 
@@ -44,9 +45,10 @@ def mesh_shape(n_models: int, batch_size: int, n_devices: int) -> tuple[int, int
     if n_models % e == 0 and batch_size % (n_devices // e) == 0:
       return e, n_devices // e
   raise MeshError(
-      f"cannot use all {n_devices} devices for ensemble size E = {n_models} and batch size "
-      f"B = {batch_size}: need a divisor e of {n_devices} with e dividing E and {n_devices}/e "
-      f"dividing B; change E or B, or set mesh.num_devices to a count that fits")
+    f"cannot use all {n_devices} devices for ensemble size E = {n_models} and batch size "
+    f"B = {batch_size}: need a divisor e of {n_devices} with e dividing E and {n_devices}/e "
+    f"dividing B; change E or B, or set mesh.num_devices to a count that fits"
+  )
 
 
 def usable_devices(n_models: int, batch_size: int, devices) -> list:
@@ -172,14 +174,18 @@ def _team_reduce(values: np.ndarray, team: Team, op) -> np.ndarray:
   key = (op, team.processes)
   if key not in _TEAM_REDUCERS:  # one compiled program per team and op (called every host call)
     mesh = Mesh(np.array(team.devices()), ("p",))
-    _TEAM_REDUCERS[key] = (mesh, jax.jit(lambda x: op(x, axis=0),
-                                         out_shardings=NamedSharding(mesh, P())))
+    _TEAM_REDUCERS[key] = (
+      mesh,
+      jax.jit(lambda x: op(x, axis=0), out_shardings=NamedSharding(mesh, P())),
+    )
   mesh, reduce = _TEAM_REDUCERS[key]
   values = np.asarray(values, np.int32)[None]
   me = team.processes.index(jax.process_index())
   rows = jax.make_array_from_single_device_arrays(
-      (len(team.processes), values.shape[1]), NamedSharding(mesh, P("p")),
-      [jax.device_put(values, team.devices()[me])])
+    (len(team.processes), values.shape[1]),
+    NamedSharding(mesh, P("p")),
+    [jax.device_put(values, team.devices()[me])],
+  )
   return np.asarray(reduce(rows).addressable_data(0))
 
 
@@ -200,14 +206,16 @@ def to_host(tree):
   spread = [x for x in leaves if not getattr(x, "is_fully_addressable", True)]
   if all(Team.of(x.sharding.device_set).is_everyone for x in spread):
     from jax.experimental import multihost_utils
-    return jax.tree_util.tree_map(np.asarray,
-                                  multihost_utils.process_allgather(tree, tiled=True))
+
+    return jax.tree_util.tree_map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
   mesh = spread[0].sharding.mesh
   if mesh not in _REPLICATORS:  # one program per team mesh (jit caches it per tree structure)
     _REPLICATORS[mesh] = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))
   whole = _REPLICATORS[mesh](tree)
-  return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0))
-                                if isinstance(x, jax.Array) else np.asarray(x), whole)
+  return jax.tree_util.tree_map(
+    lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x),
+    whole,
+  )
 
 
 def any_process(flag: bool, team: Team | None = None) -> bool:
@@ -219,8 +227,10 @@ def any_process(flag: bool, team: Team | None = None) -> bool:
     return bool(flag)
   if team.is_everyone:
     from jax.experimental import multihost_utils
+
     return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
   import jax.numpy as jnp
+
   return bool(_team_reduce(np.asarray([int(bool(flag))]), team, jnp.max)[0])
 
 
@@ -231,6 +241,7 @@ def lead_value(value: int, team: Team | None = None) -> int:
   if len(team.processes) == 1:
     return int(value)
   import jax.numpy as jnp
+
   if value < -1:
     raise ValueError(f"lead_value sends ints >= -1, got {value}")
   return int(_team_reduce(np.asarray([value if team.leads else -2]), team, jnp.max)[0])
@@ -244,6 +255,7 @@ def barrier(name: str, team: Team | None = None) -> None:
     return
   if team.is_everyone:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)
   else:
     any_process(False, team)  # a collective over the team returns once all have joined
@@ -265,8 +277,11 @@ def initialize_distributed() -> int:
   """
   env = os.environ
   if env.get("IHSWEEP_COORDINATOR"):
-    args = (env["IHSWEEP_COORDINATOR"], _env_number("IHSWEEP_NUM_PROCESSES", int, 1),
-            _env_number("IHSWEEP_PROCESS_ID", int, 0))
+    args = (
+      env["IHSWEEP_COORDINATOR"],
+      _env_number("IHSWEEP_NUM_PROCESSES", int, 1),
+      _env_number("IHSWEEP_PROCESS_ID", int, 0),
+    )
   elif env.get("IHSWEEP_DISTRIBUTED", "") not in ("", "0"):
     args = ()
   else:
@@ -276,7 +291,8 @@ def initialize_distributed() -> int:
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
   # the status to it), so it is given twice our bound.
   jax.distributed.initialize(
-      *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1))
+    *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1)
+  )
   if jax.process_count() > 1:
     _Watchdog(heartbeat).start()
   return jax.process_count()
@@ -325,6 +341,7 @@ class _Watchdog:
 
   def __init__(self, heartbeat: float):
     from jax._src import distributed  # the runtime client (orbax uses it the same way)
+
     self.client = distributed.global_state.client
     self.heartbeat = heartbeat
     self.interval = max(0.2, min(heartbeat / 5, 5.0))
@@ -378,14 +395,20 @@ class _Watchdog:
   def _lost(self, who: str) -> None:
     if self.stop.is_set():  # exiting normally
       return
-    reason = (f"{who}: no heartbeat for IHSWEEP_HEARTBEAT_S = {self.heartbeat:g} s (stopped, "
-              f"hung or unreachable)")
+    reason = (
+      f"{who}: no heartbeat for IHSWEEP_HEARTBEAT_S = {self.heartbeat:g} s (stopped, "
+      f"hung or unreachable)"
+    )
     for action in list(_PEER_LOST_ACTIONS):
       try:
         action(reason)
       except Exception as e:  # noqa: BLE001 — the exit below must happen
         print(f"ihsweep: could not record the failure: {type(e).__name__}: {e}", file=sys.stderr)
-    print(f"ihsweep: process {self.me} ends: {reason}; rerun the command to resume from the "
-          f"last checkpoint", file=sys.stderr, flush=True)
+    print(
+      f"ihsweep: process {self.me} ends: {reason}; rerun the command to resume from the "
+      f"last checkpoint",
+      file=sys.stderr,
+      flush=True,
+    )
     sys.stdout.flush()
     os._exit(1)  # the main thread may be blocked in a collective with the silent process

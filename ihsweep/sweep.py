@@ -52,6 +52,7 @@ from ihsweep.rundir import group_dir, read_status, write_cells, write_status
 
 log = logging.getLogger("ihsweep")
 
+
 class GroupFailed(RuntimeError):
   """A group raised under several processes (recorded in its status.json); the sweep ends."""
 
@@ -80,6 +81,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
       workdir; a workdir holding a sweep with a different config).
   """
   from ihsweep import sharding
+
   plan = make_plan(cfg)
   rundir.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
@@ -92,9 +94,12 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
 
 def _common(group) -> dict:
   """The status fields every state of a group records."""
-  return {"cells": [c.id for c in group.cells], "num_steps": group.num_steps,
-          "batch_size": int(group.cfg.train.batch_size),
-          "context_size": int(group.cfg.train.context_size)}
+  return {
+    "cells": [c.id for c in group.cells],
+    "num_steps": group.num_steps,
+    "batch_size": int(group.cfg.train.batch_size),
+    "context_size": int(group.cfg.train.context_size),
+  }
 
 
 def _done_status(group, out: dict, common: dict) -> dict:
@@ -102,33 +107,52 @@ def _done_status(group, out: dict, common: dict) -> dict:
   diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
   crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
   if diverged:
-    log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id,
-                ", ".join(diverged))
+    log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id, ", ".join(diverged))
   timings = {k: round(float(v), 3) for k, v in (out.get("timings") or {}).items()}
-  return dict(state="done", **common, step=out["step"], stopped_early=out["stopped_early"],
-              diverged=diverged, resumed_from=out["resumed_from"], crossed=crossed,
-              **({"timings": timings} if timings else {}))
+  return dict(
+    state="done",
+    **common,
+    step=out["step"],
+    stopped_early=out["stopped_early"],
+    diverged=diverged,
+    resumed_from=out["resumed_from"],
+    crossed=crossed,
+    **({"timings": timings} if timings else {}),
+  )
 
 
 def _stop_rule(cfg, group):
   from ihsweep import runner
+
   if cfg.sweep.budget != "emergence":
     return None
-  return runner.EmergenceStop(cfg.sweep.stop_metric, cfg.sweep.stop_threshold,
-                              cfg.sweep.stop_margin, len(group.cells))
+  return runner.EmergenceStop(
+    cfg.sweep.stop_metric, cfg.sweep.stop_threshold, cfg.sweep.stop_margin, len(group.cells)
+  )
 
 
 def _describe(group, i: int, n: int, common: dict) -> None:
-  log.info("group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
-           "transition near update %s", group.id, i + 1, n, plan_lib.ranges(common["cells"]),
-           len(group.cells), common["batch_size"], common["context_size"],
-           f"{group.num_steps:,}", group.cap_reason, f"{group.law_updates:,.0f}")
+  log.info(
+    "group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
+    "transition near update %s",
+    group.id,
+    i + 1,
+    n,
+    plan_lib.ranges(common["cells"]),
+    len(group.cells),
+    common["batch_size"],
+    common["context_size"],
+    f"{group.num_steps:,}",
+    group.cap_reason,
+    f"{group.law_updates:,.0f}",
+  )
 
 
 def _prepare(cfg, plan: Plan, workdir: str) -> None:
   """Writes config.json and cells.csv, or checks that a sweep already there has the same
   config (under the claims lock: workers may start together)."""
   from ihsweep import runner
+
   with rundir.claims_lock(workdir):
     if os.path.exists(os.path.join(workdir, "cells.csv")):
       runner.check_resumable(cfg, workdir)
@@ -145,7 +169,8 @@ def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
     for group in groups:
       status = read_status(workdir, group.id)
       if status["state"] == "done" or (
-          status["state"] == "failed" and float(status.get("failed_at", 0)) >= since):
+        status["state"] == "failed" and float(status.get("failed_at", 0)) >= since
+      ):
         continue
       event = rundir.try_claim(workdir, group.id, devices)
       if event:
@@ -161,7 +186,9 @@ class _CompileAhead:
 
   def __init__(self, plan: Plan, workdir: str):
     import concurrent.futures
+
     from ihsweep import compile_cache
+
     self.plan, self.workdir = plan, workdir
     self.on = compile_cache.enabled()
     self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
@@ -173,19 +200,21 @@ class _CompileAhead:
     serves equal shapes)."""
     if not self.on or group not in groups:
       return
-    for later in groups[groups.index(group) + 1:]:
+    for later in groups[groups.index(group) + 1 :]:
       if later.id in self.pending:
         return
-      if (read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
-          and rundir.read_claim(self.workdir, later.id) is None):
+      if (
+        read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
+        and rundir.read_claim(self.workdir, later.id) is None
+      ):
         self.pending[later.id] = self.pool.submit(self._compile, later, devices, local)
         return
 
   def _compile(self, group, devices: list, local: bool) -> None:
     from ihsweep import runner
+
     try:
-      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, devices, local),
-                                  local)
+      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, devices, local), local)
       log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
     except Exception as e:  # noqa: BLE001 — its fit reports any real error
       log.debug("compiling group %s ahead failed: %s", group.id, e)
@@ -225,32 +254,41 @@ def phases(cfg, plan: Plan) -> list:
       process's device count when a phase has workers spanning processes.
   """
   import jax
+
   from ihsweep import placement
   from ihsweep.config import ConfigError
+
   n = jax.process_count()
   k = int(cfg.sweep.processes_per_worker)
   if n == 1:
     return [placement.Phase(1, tuple(g.id for g in plan.groups))]
   if k and n % k:
-    raise ConfigError("sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the "
-                      f"{n} processes of this job")
+    raise ConfigError(
+      "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
+    )
   local = len(jax.local_devices())
-  per_process = len(jax.local_devices()[:cfg.mesh.num_devices or None])
+  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
   try:
     steps = placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
   except placement.LayoutError as e:
     why = str(e)  # the field and value once: ConfigError names them
-    why = why[len(f"sweep.processes_per_worker={k}: "):] if why.startswith(
-        f"sweep.processes_per_worker={k}: ") else why
+    why = (
+      why[len(f"sweep.processes_per_worker={k}: ") :]
+      if why.startswith(f"sweep.processes_per_worker={k}: ")
+      else why
+    )
     raise ConfigError("sweep.processes_per_worker", k, why) from None
   if per_process < local and any(p.processes_per_worker > 1 for p in steps):
     # A team's mesh over part of each process's devices ends in mismatched collectives (gloo
     # aborts the job on CPU); refused before anything is compiled.
-    raise ConfigError("mesh.num_devices", cfg.mesh.num_devices,
-                      f"0 or {local} (all of a process's devices) when workers span processes "
-                      f"(sweep.processes_per_worker = {k}"
-                      f"{' chose phases with teams' if not k else ''}); or "
-                      f"sweep.processes_per_worker = 1 to keep every worker in one process")
+    raise ConfigError(
+      "mesh.num_devices",
+      cfg.mesh.num_devices,
+      f"0 or {local} (all of a process's devices) when workers span processes "
+      f"(sweep.processes_per_worker = {k}"
+      f"{' chose phases with teams' if not k else ''}); or "
+      f"sweep.processes_per_worker = 1 to keep every worker in one process",
+    )
   return steps
 
 
@@ -258,17 +296,20 @@ def _phase_worker(cfg, plan: Plan, phase) -> _Worker:
   """This process's worker in ``phase``: the team of ``processes_per_worker`` consecutive
   processes it belongs to, their devices, and the phase's groups."""
   import jax
+
   from ihsweep import sharding
+
   k = int(phase.processes_per_worker)
   wanted = set(phase.groups)
   groups = [g for g in plan.groups if g.id in wanted]
   if k == 1:
-    devices = jax.local_devices()[:cfg.mesh.num_devices or None]
-    return _Worker(devices, sharding.Team((jax.process_index(),)), groups,
-                   local=jax.process_count() > 1)
+    devices = jax.local_devices()[: cfg.mesh.num_devices or None]
+    return _Worker(
+      devices, sharding.Team((jax.process_index(),)), groups, local=jax.process_count() > 1
+    )
   first = jax.process_index() // k * k
   team = sharding.Team(tuple(range(first, first + k)))
-  per_process = len(jax.local_devices()[:cfg.mesh.num_devices or None])
+  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
   devices = []
   for p in team.processes:
     devices += [d for d in jax.devices() if d.process_index == p][:per_process]
@@ -277,15 +318,25 @@ def _phase_worker(cfg, plan: Plan, phase) -> _Worker:
 
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
+
   from ihsweep import runner, sharding
+
   steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
-  log.info("sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
-           len(plan.cells), len(plan.groups), plan.budget, rundir.worker_id(),
-           "; ".join(f"phase {i + 1}: {len(p.groups)} group(s) on workers of "
-                     f"{p.processes_per_worker} process(es)" for i, p in enumerate(steps))
-           if jax.process_count() > 1 else f"{len(jax.local_devices())} "
-           f"{jax.default_backend()} device(s)", workdir)
+  log.info(
+    "sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
+    len(plan.cells),
+    len(plan.groups),
+    plan.budget,
+    rundir.worker_id(),
+    "; ".join(
+      f"phase {i + 1}: {len(p.groups)} group(s) on workers of {p.processes_per_worker} process(es)"
+      for i, p in enumerate(steps)
+    )
+    if jax.process_count() > 1
+    else f"{len(jax.local_devices())} {jax.default_backend()} device(s)",
+    workdir,
+  )
   ahead = _CompileAhead(plan, workdir)
   result, trained = None, []
   try:
@@ -309,8 +360,11 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         with rundir.claims_lock(workdir):
           summary = summarize(plan, workdir)
           rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
-        result = SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
-                             summary=summary, interrupted=runner.stop_requested())
+        result = SweepResult(
+          groups={g.id: read_status(workdir, g.id) for g in plan.groups},
+          summary=summary,
+          interrupted=runner.stop_requested(),
+        )
   finally:
     ahead.close()
   log.info("worker %s: trained %s", rundir.worker_id(), ", ".join(trained) or "no group")
@@ -322,6 +376,7 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
   another worker), or this process is asked to stop: a process that finished its share of a
   phase waits on the run directory, not inside a collective, while the others train."""
   from ihsweep import runner
+
   while not (interrupted or runner.stop_requested()):
     states = [read_status(workdir, g.id)["state"] for g in groups]
     if "interrupted" in states or all(s in ("done", "failed") for s in states):
@@ -329,14 +384,23 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
     time.sleep(min(rundir.claim_heartbeat_s(), 2.0))
 
 
-def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
-          ahead: _CompileAhead, trained: list) -> SweepResult:
+def _work(
+  cfg,
+  plan: Plan,
+  workdir: str,
+  progress: bool,
+  worker: _Worker,
+  ahead: _CompileAhead,
+  trained: list,
+) -> SweepResult:
   """A worker's loop: claim the next of its groups, train it, record it; until none is left.
   In a worker of several processes its lead claims and writes and tells the others which
   group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
   finished to ``trained`` (every phase's, for the sweep's last log line)."""
   import jax
+
   from ihsweep import runner, sharding
+
   me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
   team, devices = worker.team, worker.devices
   several = len(team.processes) > 1
@@ -350,8 +414,7 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
       break
     group, event, waiting = None, None, []
     if lead:
-      group, event, waiting = _next_group(worker.groups, workdir, since,
-                                          [str(d) for d in devices])
+      group, event, waiting = _next_group(worker.groups, workdir, since, [str(d) for d in devices])
     if several:
       index = sharding.lead_value(plan.groups.index(group) if group else -1, team)
       group = plan.groups[index] if index >= 0 else None
@@ -359,8 +422,11 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
       if not waiting or not wait:
         break
       if announced != waiting:
-        log.info("nothing left to take: waiting while other workers hold %s (to take over any "
-                 "whose worker dies)", ", ".join(waiting))
+        log.info(
+          "nothing left to take: waiting while other workers hold %s (to take over any "
+          "whose worker dies)",
+          ", ".join(waiting),
+        )
         announced = waiting
       time.sleep(rundir.claim_heartbeat_s())
       continue
@@ -369,8 +435,11 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
     attempts = int(read_status(workdir, group.id).get("attempts", 0)) + 1
     common["attempts"] = attempts
     if event == "taken over":
-      log.warning("group %s: taken over from a worker that stopped answering (claims.jsonl); "
-                  "resuming from its last checkpoint", group.id)
+      log.warning(
+        "group %s: taken over from a worker that stopped answering (claims.jsonl); "
+        "resuming from its last checkpoint",
+        group.id,
+      )
     group_devices = runner.group_devices(group.cfg, devices, worker.local)
     common["devices"] = len(group_devices)
     if several:
@@ -379,20 +448,28 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
       write_status(workdir, group.id, state="running", **common, worker=me)
       write_cells(plan, workdir)
     _describe(group, plan.groups.index(group), n, common)
-    desc = (f"{group.id} B={common['batch_size']} C={common['context_size']} "
-            f"E={len(group.cells)}")
+    desc = f"{group.id} B={common['batch_size']} C={common['context_size']} E={len(group.cells)}"
     state = "failed"
     try:
       ahead.wait_for(group)
       ahead.after(group, worker.groups, devices, worker.local)
-      with (rundir.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat()) as beat:
-        out = runner.fit(group.cfg, group_dir(workdir, group.id), progress=progress, desc=desc,
-                         stop_rule=_stop_rule(cfg, group), devices=group_devices,
-                         local=worker.local)
+      with rundir.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat:
+        out = runner.fit(
+          group.cfg,
+          group_dir(workdir, group.id),
+          progress=progress,
+          desc=desc,
+          stop_rule=_stop_rule(cfg, group),
+          devices=group_devices,
+          local=worker.local,
+        )
       if beat.lost.is_set():
-        log.error("group %s: this worker's claim was taken over while it trained (it stopped "
-                  "answering for over %gs); its results are left to the new worker", group.id,
-                  rundir.claim_stale_s())
+        log.error(
+          "group %s: this worker's claim was taken over while it trained (it stopped "
+          "answering for over %gs); its results are left to the new worker",
+          group.id,
+          rundir.claim_stale_s(),
+        )
         state = "lost"
         continue
       if lead:
@@ -408,9 +485,16 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
       raise
     except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
       log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
-      write_status(workdir, group.id, state="failed", **common, worker=me,
-                   error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(),
-                   failed_at=time.time())
+      write_status(
+        workdir,
+        group.id,
+        state="failed",
+        **common,
+        worker=me,
+        error=f"{type(e).__name__}: {e}",
+        traceback=traceback.format_exc(),
+        failed_at=time.time(),
+      )
       if several:
         # The team's other processes may wait for this one inside the group's collectives,
         # so they cannot agree to skip it: end the sweep (a rerun retries).
@@ -425,8 +509,11 @@ def _work(cfg, plan: Plan, workdir: str, progress: bool, worker: _Worker,
   with rundir.claims_lock(workdir):
     summary = summarize(plan, workdir)
     rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
-  return SweepResult(groups={g.id: read_status(workdir, g.id) for g in plan.groups},
-                     summary=summary, interrupted=interrupted)
+  return SweepResult(
+    groups={g.id: read_status(workdir, g.id) for g in plan.groups},
+    summary=summary,
+    interrupted=interrupted,
+  )
 
 
 class _NoHeartbeat:
@@ -434,6 +521,7 @@ class _NoHeartbeat:
 
   def __enter__(self):
     import threading
+
     self.lost = threading.Event()
     return self
 
@@ -443,7 +531,9 @@ class _NoHeartbeat:
 
 def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
+
   from ihsweep import runner, sharding
+
   lead = jax.process_index() == 0
   if os.path.exists(os.path.join(workdir, "cells.csv")):
     runner.check_resumable(cfg, workdir)
@@ -453,9 +543,15 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     runner.write_resolved_config(cfg, workdir)
     write_cells(plan, workdir)
   n = len(plan.groups)
-  log.info("sweep: %d cells in %d groups (%s budget) on %d device(s) in %d process(es); "
-           "cells.csv in %s", len(plan.cells), n, plan.budget, len(jax.devices()),
-           jax.process_count(), workdir)
+  log.info(
+    "sweep: %d cells in %d groups (%s budget) on %d device(s) in %d process(es); cells.csv in %s",
+    len(plan.cells),
+    n,
+    plan.budget,
+    len(jax.devices()),
+    jax.process_count(),
+    workdir,
+  )
   interrupted = False
   for i, group in enumerate(plan.groups):
     gdir = group_dir(workdir, group.id)
@@ -472,16 +568,25 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
       write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
       write_cells(plan, workdir)
     _describe(group, i, n, common)
-    desc = (f"p{jax.process_index()} {group.id} {i + 1}/{n} B={group.cfg.train.batch_size} "
-            f"C={group.cfg.train.context_size} E={len(group.cells)}")
+    desc = (
+      f"p{jax.process_index()} {group.id} {i + 1}/{n} B={group.cfg.train.batch_size} "
+      f"C={group.cfg.train.context_size} E={len(group.cells)}"
+    )
     try:  # a peer that stops answering ends this process: the group is then marked failed
-      with sharding.when_peer_lost(lambda reason: write_status(
-          workdir, group.id, state="failed", **common, error=reason, process=jax.process_index())):
-        out = runner.fit(group.cfg, gdir, progress=progress, desc=desc,
-                         stop_rule=_stop_rule(cfg, group))
+      with sharding.when_peer_lost(
+        lambda reason: write_status(
+          workdir, group.id, state="failed", **common, error=reason, process=jax.process_index()
+        )
+      ):
+        out = runner.fit(
+          group.cfg, gdir, progress=progress, desc=desc, stop_rule=_stop_rule(cfg, group)
+        )
     except runner.Interrupted as e:
-      states[group.id] = write_status(workdir, group.id, state="interrupted", step=e.step,
-                                      **common) if lead else {"state": "interrupted"}
+      states[group.id] = (
+        write_status(workdir, group.id, state="interrupted", step=e.step, **common)
+        if lead
+        else {"state": "interrupted"}
+      )
       interrupted = True
       if lead:
         write_cells(plan, workdir)
@@ -491,8 +596,14 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     except Exception as e:  # noqa: BLE001 — recorded, and the sweep goes on
       log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
       states[group.id] = write_status(
-          workdir, group.id, state="failed", **common, error=f"{type(e).__name__}: {e}",
-          traceback=traceback.format_exc(), process=jax.process_index())
+        workdir,
+        group.id,
+        state="failed",
+        **common,
+        error=f"{type(e).__name__}: {e}",
+        traceback=traceback.format_exc(),
+        process=jax.process_index(),
+      )
       if jax.process_count() > 1:
         # The other processes may wait for this one inside the group's collectives, so they
         # cannot agree to skip it: end the sweep (the launcher stops the rest; a rerun retries).
@@ -522,30 +633,53 @@ def summarize(plan: Plan, workdir: str) -> dict:
     if status["state"] == "done":
       used_tokens += e * step * b * c
     totals[status["state"]] += e
-    groups.append({"group": group.id, "state": status["state"], "cells": e, "batch_size": b,
-                   "context_size": c, "budget_updates": group.num_steps, "step": step,
-                   "stopped_early": status.get("stopped_early", False),
-                   "diverged": status.get("diverged", {}), "error": status.get("error")})
-  done_budget = sum(g["cells"] * g["budget_updates"] * g["batch_size"] * g["context_size"]
-                    for g in groups if g["state"] == "done")
-  return {"cells": len(plan.cells), "groups": groups, "cells_by_state": totals,
-          "diverged_cells": sum(len(g["diverged"]) for g in groups),
-          "budget": plan.budget, "budget_tokens": budget_tokens,
-          "done_budget_tokens": done_budget, "trained_tokens_done_groups": used_tokens,
-          "saved_fraction": (1 - used_tokens / done_budget) if done_budget else 0.0}
+    groups.append(
+      {
+        "group": group.id,
+        "state": status["state"],
+        "cells": e,
+        "batch_size": b,
+        "context_size": c,
+        "budget_updates": group.num_steps,
+        "step": step,
+        "stopped_early": status.get("stopped_early", False),
+        "diverged": status.get("diverged", {}),
+        "error": status.get("error"),
+      }
+    )
+  done_budget = sum(
+    g["cells"] * g["budget_updates"] * g["batch_size"] * g["context_size"]
+    for g in groups
+    if g["state"] == "done"
+  )
+  return {
+    "cells": len(plan.cells),
+    "groups": groups,
+    "cells_by_state": totals,
+    "diverged_cells": sum(len(g["diverged"]) for g in groups),
+    "budget": plan.budget,
+    "budget_tokens": budget_tokens,
+    "done_budget_tokens": done_budget,
+    "trained_tokens_done_groups": used_tokens,
+    "saved_fraction": (1 - used_tokens / done_budget) if done_budget else 0.0,
+  }
 
 
 def format_summary(summary: dict) -> str:
   """The lines ``ihsweep run`` prints at the end."""
   by = summary["cells_by_state"]
-  lines = [f"sweep: {summary['cells']} cells in {len(summary['groups'])} groups; cells "
-           + ", ".join(f"{s}: {n}" for s, n in by.items() if n)]
+  lines = [
+    f"sweep: {summary['cells']} cells in {len(summary['groups'])} groups; cells "
+    + ", ".join(f"{s}: {n}" for s, n in by.items() if n)
+  ]
   if summary["diverged_cells"]:
     lines.append(f"diverged cells (loss NaN/inf, frozen): {summary['diverged_cells']}")
   if summary["budget"] == "emergence" and summary["done_budget_tokens"]:
-    lines.append(f"early stops saved {summary['saved_fraction']:.1%} of the finished groups' "
-                 f"budget ({summary['done_budget_tokens'] - summary['trained_tokens_done_groups']:,}"
-                 f" of {summary['done_budget_tokens']:,} tokens)")
+    lines.append(
+      f"early stops saved {summary['saved_fraction']:.1%} of the finished groups' "
+      f"budget ({summary['done_budget_tokens'] - summary['trained_tokens_done_groups']:,}"
+      f" of {summary['done_budget_tokens']:,} tokens)"
+    )
   for g in summary["groups"]:
     if g["state"] == "failed":
       lines.append(f"  {g['group']} failed: {g['error']}")
@@ -571,16 +705,22 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
     NotASweep: no cells.csv in ``workdir``, or neither readable rows nor group directories.
   """
   import pandas as pd
+
   path = os.path.join(workdir, "cells.csv")
   found: list[str] = []
   cells, why = rundir.read_cells(path, found.append)
-  if cells is None and not (os.path.exists(path) and os.path.isdir(os.path.join(workdir,
-                                                                              "groups"))):
-    raise NotASweep(f"{workdir} is not a sweep run directory (no readable cells.csv: {why}); "
-                    f"`ihsweep run --config=FILE --workdir={workdir}` makes one")
+  if cells is None and not (
+    os.path.exists(path) and os.path.isdir(os.path.join(workdir, "groups"))
+  ):
+    raise NotASweep(
+      f"{workdir} is not a sweep run directory (no readable cells.csv: {why}); "
+      f"`ihsweep run --config=FILE --workdir={workdir}` makes one"
+    )
   if cells is None:
     found.append(f"it cannot be read as a cells table ({why})")
-    cells = pd.DataFrame({c: pd.Series(dtype=int) for c in (*rundir.REQUIRED_CELL_COLUMNS, "group")})
+    cells = pd.DataFrame(
+      {c: pd.Series(dtype=int) for c in (*rundir.REQUIRED_CELL_COLUMNS, "group")}
+    )
   cells = rundir.recover_cells(workdir, cells, (), found.append)
   if found and notes is not None:
     notes.append(f"{path} is damaged or cut short: {'; '.join(found)}")
@@ -593,17 +733,26 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
     claim = rundir.read_claim(workdir, gid)
     step = rundir.last_step(os.path.join(group_dir(workdir, gid), "train_log.jsonl"))
     first = members.iloc[0]
-    budget = pd.to_numeric(members.get("budget_updates", pd.Series(dtype=float)),
-                           errors="coerce").max()
-    rows.append({"group": gid, "state": state, "cells": len(members),
-                 "B": int(first["batch_size"]), "C": int(first["context_size"]),
-                 "step": status.get("step", step) if state == "done" else (step or 0),
-                 "budget": int(status.get("num_steps", 0) if pd.isna(budget) else budget),
-                 "stopped_early": bool(status.get("stopped_early", False)),
-                 "diverged": sorted(int(c) for c in status.get("diverged", {})),
-                 "error": status.get("error"), "unreadable": status.get("unreadable", False),
-                 "worker": (claim or status).get("worker"),
-                 "reported_s_ago": (time.time() - float(claim["heartbeat"])) if claim else None})
+    budget = pd.to_numeric(
+      members.get("budget_updates", pd.Series(dtype=float)), errors="coerce"
+    ).max()
+    rows.append(
+      {
+        "group": gid,
+        "state": state,
+        "cells": len(members),
+        "B": int(first["batch_size"]),
+        "C": int(first["context_size"]),
+        "step": status.get("step", step) if state == "done" else (step or 0),
+        "budget": int(status.get("num_steps", 0) if pd.isna(budget) else budget),
+        "stopped_early": bool(status.get("stopped_early", False)),
+        "diverged": sorted(int(c) for c in status.get("diverged", {})),
+        "error": status.get("error"),
+        "unreadable": status.get("unreadable", False),
+        "worker": (claim or status).get("worker"),
+        "reported_s_ago": (time.time() - float(claim["heartbeat"])) if claim else None,
+      }
+    )
   return rows
 
 
@@ -613,8 +762,9 @@ def format_status(workdir: str) -> str:
   notes: list[str] = []
   rows = status_rows(workdir, notes)
   lines = [f"warning: {n}" for n in notes]
-  lines.append(f"{'group':6s} {'state':11s} {'cells':>5s} {'B':>5s} {'C':>6s} "
-               f"{'updates':>17s}  notes")
+  lines.append(
+    f"{'group':6s} {'state':11s} {'cells':>5s} {'B':>5s} {'C':>6s} {'updates':>17s}  notes"
+  )
   counts: dict[str, int] = {}
   for r in rows:
     counts[r["state"]] = counts.get(r["state"], 0) + r["cells"]
@@ -627,13 +777,16 @@ def format_status(workdir: str) -> str:
       notes.append("its worker is gone: a waiting worker or a rerun takes it over")
     elif r["state"] == "running" and r["worker"]:
       seen = r["reported_s_ago"]
-      notes.append(f"worker {r['worker']}" + (f", last report {seen:.0f} s ago"
-                                              if seen is not None else ""))
+      notes.append(
+        f"worker {r['worker']}" + (f", last report {seen:.0f} s ago" if seen is not None else "")
+      )
     if r["unreadable"]:
       notes.append("status.json unreadable: a rerun resumes it from its checkpoints")
     if r["error"]:
       notes.append(r["error"].splitlines()[0][:120])
-    lines.append(f"{r['group']:6s} {r['state']:11s} {r['cells']:5d} {r['B']:5d} {r['C']:6d} "
-                 f"{r['step']:>8,d}/{r['budget']:<8,d}  {'; '.join(notes)}")
+    lines.append(
+      f"{r['group']:6s} {r['state']:11s} {r['cells']:5d} {r['B']:5d} {r['C']:6d} "
+      f"{r['step']:>8,d}/{r['budget']:<8,d}  {'; '.join(notes)}"
+    )
   lines.append("cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
   return "\n".join(lines)

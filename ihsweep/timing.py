@@ -25,6 +25,7 @@ from typing import Callable
 
 from ihsweep import sharding
 
+
 class FlopsModel:
   """t = cost / (m · F): ``flops_per_s`` F sustained per device, perfect data-parallel scaling
   inside a worker, no start-up, no communication."""
@@ -40,14 +41,18 @@ class FlopsModel:
     return {"total_s": train_s, "startup_s": 0.0, "train_s": train_s}
 
   def describe(self) -> str:
-    return (f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices "
-            f"takes cost / (m · F): perfect data-parallel scaling inside a worker, no start-up "
-            f"(compilation), no communication")
+    return (
+      f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices "
+      f"takes cost / (m · F): perfect data-parallel scaling inside a worker, no start-up "
+      f"(compilation), no communication"
+    )
 
   def to_json(self) -> dict:
-    return {"model": "flops", "flops_per_s": self.flops_per_s,
-            "assumes": "perfect data-parallel scaling inside a worker; no start-up; no "
-                       "communication"}
+    return {
+      "model": "flops",
+      "flops_per_s": self.flops_per_s,
+      "assumes": "perfect data-parallel scaling inside a worker; no start-up; no communication",
+    }
 
 
 @dataclasses.dataclass
@@ -76,12 +81,15 @@ def _eval_work(job) -> float:
   ``Measured.eval_s`` between groups."""
   from ihsweep import model as model_lib
   from ihsweep.data.probes import block_length
+
   cfg = job.cfg
   block = block_length(job.context_size, int(cfg.eval.probe_len))
-  tokens = job.n_models * (cfg.eval.n_probes * 2 * block + cfg.eval.n_sequences *
-                           (job.context_size + 1))
-  return tokens * model_lib.flops_per_token(model_lib.ModelConfig.from_config(cfg.model),
-                                            job.context_size)
+  tokens = job.n_models * (
+    cfg.eval.n_probes * 2 * block + cfg.eval.n_sequences * (job.context_size + 1)
+  )
+  return tokens * model_lib.flops_per_token(
+    model_lib.ModelConfig.from_config(cfg.model), job.context_size
+  )
 
 
 def _median(xs) -> float:
@@ -109,6 +117,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   from ihsweep.data import probes as probes_lib
   from ihsweep.evaluation import Evaluator
   from ihsweep.model import Transformer
+
   t0 = time.perf_counter()
   mcfg, tcfg = train.model_and_train_config(cfg)
   n_models = int(cfg.ensemble.size)
@@ -117,8 +126,10 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   host_fed = not getattr(source, "on_device", True)
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
-  hp = jax.device_put(train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32),
-                                    data=data_params), sharding.ensemble_sharding(mesh))
+  hp = jax.device_put(
+    train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=data_params),
+    sharding.ensemble_sharding(mesh),
+  )
   state = train.make_init_fn(model, tcfg, mesh)(np.asarray(train.model_seeds(cfg), np.int32))
   k = min(tcfg.steps_per_call, tcfg.num_steps)
   host_arrays = None if host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
@@ -129,11 +140,13 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     data = jax.device_put(host_arrays, sharding.replicated(mesh))
   evaluator = None
   if schedule_lib.eval_interval(cfg):
-    probes = probes_lib.make_probes(source, data_params, host_arrays, cfg.eval, n_models,
-                                    tcfg.context_size)
+    probes = probes_lib.make_probes(
+      source, data_params, host_arrays, cfg.eval, n_models, tcfg.context_size
+    )
     evaluator = Evaluator(cfg, mcfg, probes, mesh)
-  program = train.make_ensemble_train_fn(model, tcfg, None if host_fed else source.sample, mesh,
-                                         k, cfg.ensemble.vmap_chunk)
+  program = train.make_ensemble_train_fn(
+    model, tcfg, None if host_fed else source.sample, mesh, k, cfg.ensemble.vmap_chunk
+  )
   t = time.perf_counter()
   exe = program.lower(state, hp, data).compile()
   if evaluator is not None:
@@ -156,11 +169,19 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   one = [timed(lambda: call(1)) for _ in range(repeats)]
   update_s = max(0.0, (_median(full) - _median(one)) / (k - 1)) if k > 1 else 0.0
   call_s = max(0.0, _median(one) - update_s)
-  eval_s = _median([timed(lambda: evaluator(state.params)) for _ in range(repeats)]) \
-      if evaluator is not None else 0.0
+  eval_s = (
+    _median([timed(lambda: evaluator(state.params)) for _ in range(repeats)])
+    if evaluator is not None
+    else 0.0
+  )
   with tempfile.TemporaryDirectory(prefix="ihsweep-plan-") as tmp:
-    ckpts = checkpoint.RunCheckpoints(tmp, {}, keep_state=cfg.checkpoint.keep_state,
-                                      async_save=cfg.checkpoint.async_save, read_only=False)
+    ckpts = checkpoint.RunCheckpoints(
+      tmp,
+      {},
+      keep_state=cfg.checkpoint.keep_state,
+      async_save=cfg.checkpoint.async_save,
+      read_only=False,
+    )
     t = time.perf_counter()
     for step in range(1, repeats + 1):
       ckpts.save_params(step, state.params)
@@ -171,9 +192,16 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     ckpts.wait()
     state_save_s = time.perf_counter() - t
     ckpts.close()
-  return dict(devices=len(devices), startup_s=startup_s, compile_s=compile_s, call_s=call_s,
-              update_s=update_s,
-              eval_s=eval_s, params_save_s=params_save_s, state_save_s=state_save_s)
+  return dict(
+    devices=len(devices),
+    startup_s=startup_s,
+    compile_s=compile_s,
+    call_s=call_s,
+    update_s=update_s,
+    eval_s=eval_s,
+    params_save_s=params_save_s,
+    state_save_s=state_save_s,
+  )
 
 
 def representative(jobs: list, limit: int = 3) -> list:
@@ -201,8 +229,14 @@ class MeasuredModel:
     measure: ``measure_group`` (replaceable in tests); log: progress lines (``print``-like).
   """
 
-  def __init__(self, jobs: list, devices, measure: Callable = measure_group,
-               log: Callable = lambda line: None, subset: list | None = None):
+  def __init__(
+    self,
+    jobs: list,
+    devices,
+    measure: Callable = measure_group,
+    log: Callable = lambda line: None,
+    subset: list | None = None,
+  ):
     self.jobs = jobs
     self.devices = list(devices)
     self.subset = subset if subset is not None else representative(jobs)
@@ -218,8 +252,10 @@ class MeasuredModel:
 
   def cannot_time(self, n_devices: int) -> str | None:
     if n_devices > len(self.devices):
-      return (f"a mesh of {n_devices} devices spans more than this machine's "
-              f"{len(self.devices)}, on which times are measured (give --flops_per_s)")
+      return (
+        f"a mesh of {n_devices} devices spans more than this machine's "
+        f"{len(self.devices)}, on which times are measured (give --flops_per_s)"
+      )
     return None
 
   def _ensure(self, devices: int) -> None:
@@ -230,8 +266,10 @@ class MeasuredModel:
         sharding.mesh_shape(job.n_models, job.batch_size, devices)
       except sharding.MeshError:
         continue  # this group never runs on that many devices
-      self._log(f"measuring group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = "
-                f"{job.context_size}) on {devices} device(s) ...")
+      self._log(
+        f"measuring group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = "
+        f"{job.context_size}) on {devices} device(s) ..."
+      )
       t, cpu = time.perf_counter(), time.process_time()
       fields = self._measure(job.cfg, self.devices[:devices])
       self.measure_s += time.perf_counter() - t
@@ -246,17 +284,22 @@ class MeasuredModel:
       self.subset = self.subset + [job]
       self._ensure(devices)
       done = [job]
-    ref = min(done, key=lambda j: (abs(math.log(j.flops_per_update / job.flops_per_update)),
-                                   j.id != job.id))
+    ref = min(
+      done, key=lambda j: (abs(math.log(j.flops_per_update / job.flops_per_update)), j.id != job.id)
+    )
     return ref, self.measured[(ref.id, devices)]
 
   def seconds(self, job, devices: int) -> dict:
     from ihsweep import schedule as schedule_lib
+
     ref, m = self.reference(job, devices)
     k = min(int(job.cfg.train.steps_per_call), job.cap_updates or job.updates)
     update_s = m.update_s * job.flops_per_update / ref.flops_per_update
-    call_s = m.call_s * (job.n_models * job.batch_size * job.context_size) / (
-        ref.n_models * ref.batch_size * ref.context_size)
+    call_s = (
+      m.call_s
+      * (job.n_models * job.batch_size * job.context_size)
+      / (ref.n_models * ref.batch_size * ref.context_size)
+    )
     eval_s = m.eval_s * (_eval_work(job) / _eval_work(ref) if m.eval_s else 1.0)
     size = job.n_params / ref.n_params if ref.n_params else 1.0
     cfg = copy.deepcopy(job.cfg)
@@ -281,17 +324,27 @@ class MeasuredModel:
     # devices train (sweep: compile ahead): only its first group waits for them. On a CPU the
     # compiler takes the cores the training uses: nothing is hidden.
     hidden = m.compile_s if self.hides_compile else 0.0
-    return {"total_s": total, "startup_s": m.startup_s, "hidden_s": hidden, "train_s": train_s,
-            "eval_s": eval_total, "checkpoint_s": save_s, "calls": len(lengths),
-            "evaluations": n_evals, "checkpoints": n_params + n_states,
-            "measured": ref.id == job.id, "scaled_from": None if ref.id == job.id else ref.id,
-            "steps_per_call": k}
+    return {
+      "total_s": total,
+      "startup_s": m.startup_s,
+      "hidden_s": hidden,
+      "train_s": train_s,
+      "eval_s": eval_total,
+      "checkpoint_s": save_s,
+      "calls": len(lengths),
+      "evaluations": n_evals,
+      "checkpoints": n_params + n_states,
+      "measured": ref.id == job.id,
+      "scaled_from": None if ref.id == job.id else ref.id,
+      "steps_per_call": k,
+    }
 
   def cpu_share(self) -> float | None:
     """The share of this machine's cores this process used while measuring (process CPU
     time / (wall time × cores)): well below what training alone takes, other load was running
     and the measured times are inflated by it."""
     import os
+
     cores = len(os.sched_getaffinity(0))
     return self.cpu_s / (self.measure_s * cores) if self.measure_s > 0 else None
 
@@ -300,29 +353,43 @@ class MeasuredModel:
     if len(self.subset) == len(self.jobs):
       which = f"every group ({ids})"
     else:
-      which = (f"groups {ids} (the largest, median and smallest FLOPs per update; the others "
-               f"scaled from the nearest of them: updates by FLOPs per update, calls by tokens "
-               f"per call, evaluations by their work)")
-    overlap = ("compiled ahead behind the previous group's training, so only a worker's first "
-               "group waits for its compilation" if self.hides_compile else
-               "on the critical path: a worker compiles its next group while it trains, but on "
-               "a CPU the compiler takes the cores the training uses")
+      which = (
+        f"groups {ids} (the largest, median and smallest FLOPs per update; the others "
+        f"scaled from the nearest of them: updates by FLOPs per update, calls by tokens "
+        f"per call, evaluations by their work)"
+      )
+    overlap = (
+      "compiled ahead behind the previous group's training, so only a worker's first "
+      "group waits for its compilation"
+      if self.hides_compile
+      else "on the critical path: a worker compiles its next group while it trains, but on "
+      "a CPU the compiler takes the cores the training uses"
+    )
     share = self.cpu_share()
-    load = (f"; while measuring, this process used {share:.0%} of the machine's cores (other "
-            f"load on the machine slows the measured times and a run alike)"
-            if share is not None else "")
-    return (f"measured on this machine ({len(self.devices)} "
-            f"{self.devices[0].platform if self.devices else ''} device(s)) with the trainer's "
-            f"programs: {which}; "
-            f"a group's time = start-up (source, init, probes, compiling the training and "
-            f"evaluation programs; {overlap}) + its host calls (a + b · k each) + "
-            f"evaluations + checkpoints, one group at a time on this machine (workers sharing "
-            f"its cores slow each other: not modelled){load}")
+    load = (
+      f"; while measuring, this process used {share:.0%} of the machine's cores (other "
+      f"load on the machine slows the measured times and a run alike)"
+      if share is not None
+      else ""
+    )
+    return (
+      f"measured on this machine ({len(self.devices)} "
+      f"{self.devices[0].platform if self.devices else ''} device(s)) with the trainer's "
+      f"programs: {which}; "
+      f"a group's time = start-up (source, init, probes, compiling the training and "
+      f"evaluation programs; {overlap}) + its host calls (a + b · k each) + "
+      f"evaluations + checkpoints, one group at a time on this machine (workers sharing "
+      f"its cores slow each other: not modelled){load}"
+    )
 
   def to_json(self) -> dict:
-    return {"model": "measured", "devices": len(self.devices),
-            "platform": self.devices[0].platform if self.devices else None,
-            "measured_groups": [j.id for j in self.subset], "measure_s": self.measure_s,
-            "cpu_share": self.cpu_share(),
-            "measurements": [dataclasses.asdict(m) for m in self.measured.values()],
-            "assumes": "start-up on the critical path; one group at a time per machine"}
+    return {
+      "model": "measured",
+      "devices": len(self.devices),
+      "platform": self.devices[0].platform if self.devices else None,
+      "measured_groups": [j.id for j in self.subset],
+      "measure_s": self.measure_s,
+      "cpu_share": self.cpu_share(),
+      "measurements": [dataclasses.asdict(m) for m in self.measured.values()],
+      "assumes": "start-up on the critical path; one group at a time per machine",
+    }

@@ -33,18 +33,18 @@ class TrainConfig:
   gradients clipped to global norm 1.0 (HF Trainer's default).
   """
 
-  batch_size: int = 16          # B, sequences per update
-  context_size: int = 128       # C, tokens per sequence
-  num_steps: int = 1000         # updates; the schedule's horizon
-  steps_per_call: int = 50      # K, most updates per host call (one device loop)
-  lr: float = 2.5e-4            # peak learning rate (per model: HParams.peak_lr)
-  schedule: str = "cosine"      # cosine | constant | inverse_sqrt
-  warmup_frac: float = 0.01     # linear warmup over this fraction of num_steps
+  batch_size: int = 16  # B, sequences per update
+  context_size: int = 128  # C, tokens per sequence
+  num_steps: int = 1000  # updates; the schedule's horizon
+  steps_per_call: int = 50  # K, most updates per host call (one device loop)
+  lr: float = 2.5e-4  # peak learning rate (per model: HParams.peak_lr)
+  schedule: str = "cosine"  # cosine | constant | inverse_sqrt
+  warmup_frac: float = 0.01  # linear warmup over this fraction of num_steps
   b1: float = 0.9
   b2: float = 0.999
   eps: float = 1e-8
-  weight_decay: float = 0.0     # decoupled, on matrices only (not biases, LayerNorm, embeddings)
-  grad_clip: float = 1.0        # global-norm clip; 0 disables
+  weight_decay: float = 0.0  # decoupled, on matrices only (not biases, LayerNorm, embeddings)
+  grad_clip: float = 1.0  # global-norm clip; 0 disables
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
@@ -92,12 +92,14 @@ def schedule_shape(tcfg: TrainConfig) -> optax.Schedule:
     if warmup == 0:  # optax logs a warning for a zero-length warmup
       return optax.cosine_decay_schedule(1.0, max(tcfg.num_steps, 1), alpha=0.0)
     return optax.warmup_cosine_decay_schedule(
-        0.0, 1.0, warmup_steps=warmup, decay_steps=max(tcfg.num_steps, warmup + 1), end_value=0.0)
+      0.0, 1.0, warmup_steps=warmup, decay_steps=max(tcfg.num_steps, warmup + 1), end_value=0.0
+    )
   if tcfg.schedule == "constant":
     if warmup == 0:
       return optax.constant_schedule(1.0)
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)], [warmup])
+      [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)], [warmup]
+    )
   if tcfg.schedule == "inverse_sqrt":
     w = max(warmup, 1)
     return lambda step: jnp.minimum(step / w, jnp.sqrt(w / jnp.maximum(step, 1)))
@@ -106,7 +108,8 @@ def schedule_shape(tcfg: TrainConfig) -> optax.Schedule:
 
 def _decay_mask(params):
   return jax.tree_util.tree_map_with_path(
-      lambda path, p: p.ndim >= 2 and "embed" not in jax.tree_util.keystr(path), params)
+    lambda path, p: p.ndim >= 2 and "embed" not in jax.tree_util.keystr(path), params
+  )
 
 
 def make_optimizer(tcfg: TrainConfig, peak_lr) -> optax.GradientTransformation:
@@ -114,8 +117,14 @@ def make_optimizer(tcfg: TrainConfig, peak_lr) -> optax.GradientTransformation:
   clipping. ``peak_lr`` may be a traced per-model value: the optimizer state's structure does
   not depend on it, so one state layout serves every learning rate of the ensemble."""
   shape = schedule_shape(tcfg)
-  adamw = optax.adamw(lambda step: peak_lr * shape(step), b1=tcfg.b1, b2=tcfg.b2, eps=tcfg.eps,
-                      weight_decay=tcfg.weight_decay, mask=_decay_mask)
+  adamw = optax.adamw(
+    lambda step: peak_lr * shape(step),
+    b1=tcfg.b1,
+    b2=tcfg.b2,
+    eps=tcfg.eps,
+    weight_decay=tcfg.weight_decay,
+    mask=_decay_mask,
+  )
   if tcfg.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(tcfg.grad_clip), adamw)
   return adamw
@@ -130,9 +139,13 @@ def init_state(seed, model: Transformer, tcfg: TrainConfig) -> TrainState:
   dummy_1xC = jnp.zeros((1, tcfg.context_size), jnp.int32)
   params = model.init(jax.random.fold_in(root, 0), dummy_1xC)["params"]
   opt_state = make_optimizer(tcfg, 1.0).init(params)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
-                    data_key=jax.random.fold_in(root, 1),
-                    diverged_at=jnp.full((), -1, jnp.int32))
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=opt_state,
+    data_key=jax.random.fold_in(root, 1),
+    diverged_at=jnp.full((), -1, jnp.int32),
+  )
 
 
 def next_token_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Array:
@@ -144,8 +157,9 @@ def next_token_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Arra
   return jnp.mean(logz_BxT - target_logit_BxT)
 
 
-def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
-               model: Transformer, tcfg: TrainConfig) -> tuple[TrainState, dict]:
+def train_step(
+  state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *, model: Transformer, tcfg: TrainConfig
+) -> tuple[TrainState, dict]:
   """One AdamW update of ONE model on int32 tokens ``[B, C + 1]``.
 
   Returns the new state and float32 scalars ``loss`` (nats/token, before the update) and
@@ -168,19 +182,25 @@ def train_step(state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *,
   ok = healthy & jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
   new_state = state.replace(
-      step=state.step + 1, params=keep(params, state.params),
-      opt_state=keep(opt_state, state.opt_state),
-      diverged_at=jnp.where(healthy & ~ok, state.step, state.diverged_at))
-  return new_state, {"loss": jnp.where(ok, loss, jnp.nan),
-                     "grad_norm": jnp.where(ok, grad_norm, jnp.nan)}
+    step=state.step + 1,
+    params=keep(params, state.params),
+    opt_state=keep(opt_state, state.opt_state),
+    diverged_at=jnp.where(healthy & ~ok, state.step, state.diverged_at),
+  )
+  return new_state, {
+    "loss": jnp.where(ok, loss, jnp.nan),
+    "grad_norm": jnp.where(ok, grad_norm, jnp.nan),
+  }
 
 
-def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, arrays: Any,
-                            n_steps: int) -> jax.Array:
+def sample_ensemble_batches(
+  sample: Callable, state: TrainState, hp: HParams, arrays: Any, n_steps: int
+) -> jax.Array:
   """Each model's batches for its next ``n_steps`` updates, from its own key: int32
   ``[E, n_steps, B, C + 1]``; update t of model e uses ``fold_in(data_key_e, t)``, so a resumed
   run or a different ``steps_per_call`` draws the same batches (``data.keys.step_keys``).
   ``arrays`` (the source's shared device arrays, e.g. a token array) is not vmapped."""
+
   def one_model(data_key, step, data_params):
     keys_Kx2 = step_keys(data_key, step, n_steps)
     return jax.vmap(sample, in_axes=(0, None, None))(keys_Kx2, data_params, arrays)
@@ -190,12 +210,15 @@ def sample_ensemble_batches(sample: Callable, state: TrainState, hp: HParams, ar
 
 def make_init_fn(model: Transformer, tcfg: TrainConfig, mesh: Mesh) -> Callable:
   """``init(seeds_E int32) -> TrainState`` with leading axis E, sharded over the mesh."""
-  return jax.jit(jax.vmap(functools.partial(init_state, model=model, tcfg=tcfg)),
-                 out_shardings=sharding.ensemble_sharding(mesh))
+  return jax.jit(
+    jax.vmap(functools.partial(init_state, model=model, tcfg=tcfg)),
+    out_shardings=sharding.ensemble_sharding(mesh),
+  )
 
 
-def auto_vmap_chunk(local_models: int, tcfg: TrainConfig, vocab_size: int,
-                    backend: str | None = None) -> int:
+def auto_vmap_chunk(
+  local_models: int, tcfg: TrainConfig, vocab_size: int, backend: str | None = None
+) -> int:
   """How many models one vmapped step trains at once on each device (``ensemble.vmap_chunk``
   = 0). Accelerators: all of them. CPU: the largest divisor of ``local_models`` whose logits
   (c · B · C · V float32) fit in 2 MiB, at least 1 — on CPU the step is bound by cache misses
@@ -209,22 +232,28 @@ def auto_vmap_chunk(local_models: int, tcfg: TrainConfig, vocab_size: int,
   return max(c for c in range(1, local_models + 1) if local_models % c == 0 and c <= fits)
 
 
-def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callable | None,
-                           mesh: Mesh, n_steps: int, vmap_chunk: int = 0) -> Callable:
+def make_ensemble_train_fn(
+  model: Transformer,
+  tcfg: TrainConfig,
+  sample: Callable | None,
+  mesh: Mesh,
+  n_steps: int,
+  vmap_chunk: int = 0,
+) -> Callable:
   """The compiled ensemble program: ``fn(state, hp, data, n_active=None) -> (state, metrics)``.
 
   Runs ``n_active`` (default and at most ``n_steps``) updates of every model in one device loop
   (no host sync inside); one compilation serves every ``n_active``. ``state`` is donated.
-  ``metrics`` holds float32 (``ModelConfig.accum_dtype``) ``[n_steps, E]`` arrays ``loss`` and ``grad_norm``, zero after the
-  first ``n_active`` rows.
+  ``metrics`` holds float32 (``ModelConfig.accum_dtype``) ``[n_steps, E]`` arrays ``loss`` and
+  ``grad_norm``, zero after the first ``n_active`` rows.
 
   Data, two ways:
     * in-graph (``sample`` given): ``sample(key, data_params, arrays) -> [B, C + 1]`` is called
       inside the step and ``data`` is the source's shared arrays (a pytree replicated on every
       device, e.g. a corpus's tokens; ``{}`` for generated data);
     * host-fed (``sample=None``): ``data`` is the batches themselves, integer
-      ``[E, n_steps, B, C + 1]`` (rows past ``n_active`` unused) (sharded over 'ensemble' and 'data'), for corpora too large
-      for device memory.
+      ``[E, n_steps, B, C + 1]`` (rows past ``n_active`` unused; sharded over 'ensemble' and
+      'data'), for corpora too large for device memory.
 
   ``vmap_chunk`` c (0 = ``auto_vmap_chunk``): each device vmaps ``train_step`` over c of its
   models at a time and loops (``lax.map``, inside the same program) over its E_local / c chunks,
@@ -269,6 +298,7 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
     n_chunks = local // c
     if n_chunks == 1:
       return k_updates(state, hp, batches, n_active)
+
     # [E] = [devices, chunks, c] -> [chunks, devices * c]: the loop runs over chunks while
     # every chunk keeps one slice per device (its sharding over 'ensemble' is unchanged).
     def split(x):
@@ -287,9 +317,12 @@ def make_ensemble_train_fn(model: Transformer, tcfg: TrainConfig, sample: Callab
 
   ens_sh = sharding.ensemble_sharding(mesh)
   data_sh = host_sh if host_fed else sharding.replicated(mesh)
-  compiled = jax.jit(train_call,
-                     in_shardings=(ens_sh, ens_sh, data_sh, sharding.replicated(mesh)),
-                     out_shardings=(ens_sh, sharding.per_step_sharding(mesh)), donate_argnums=0)
+  compiled = jax.jit(
+    train_call,
+    in_shardings=(ens_sh, ens_sh, data_sh, sharding.replicated(mesh)),
+    out_shardings=(ens_sh, sharding.per_step_sharding(mesh)),
+    donate_argnums=0,
+  )
 
   def fn(state, hp, data, n_active: int | None = None):
     return compiled(state, hp, data, jnp.int32(n_steps if n_active is None else n_active))
@@ -326,4 +359,3 @@ def cell_ids(cfg) -> list[int]:
 def tokens_per_update(tcfg: TrainConfig) -> int:
   """Tokens one model consumes per update: B · C (targets, not counting the +1 input token)."""
   return tcfg.batch_size * tcfg.context_size
-

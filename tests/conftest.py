@@ -6,9 +6,10 @@ import os
 # compile at the default level, ~5 s at -O0, while it runs for milliseconds); the compute-heavy
 # synthetic-matrix tests get slower, the suite as a whole faster (test_markov + test_train:
 # 315 s vs 347 s).
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=4"
-                           " --xla_backend_optimization_level=0").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+  " --xla_backend_optimization_level=0"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Strict broadcasting: an implicit rank promotion ([B, T, D] + [D]) raises, here and in the CLI
 # subprocesses that inherit the environment, so every broadcast in ihsweep is written out.
@@ -19,6 +20,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import atexit
   import shutil
   import tempfile
+
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ihsweep-test-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -32,8 +34,9 @@ import configs.default  # noqa: E402
 def tiny_config(**overrides):
   """configs/default.py shrunk so that a compile takes ~1 s: V 64, d 32, B 8, C 32."""
   c = configs.default.get_config()
-  c.model.update(n_layers=2, n_heads=2, d_model=32, d_mlp=64, vocab_size=64, max_context=32,
-                 dtype="float32")
+  c.model.update(
+    n_layers=2, n_heads=2, d_model=32, d_mlp=64, vocab_size=64, max_context=32, dtype="float32"
+  )
   c.train.update(batch_size=8, context_size=32, num_steps=20, steps_per_call=10, lr=3e-3)
   c.ensemble.size = 2
   c.eval.every_steps = 0  # tests of evaluation and checkpoints turn these back on

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import __main__ as cli
 from analysis import curves as curves_lib
 from analysis import emergence, frontier, scaling
-from analysis import __main__ as cli
 from analysis.load import NotARun, load_run
 from ihsweep import schedule
 
@@ -23,6 +23,7 @@ STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1,
 
 
 # ---------------------------------------------------------------- emergence points (known answers)
+
 
 @pytest.mark.parametrize("method", emergence.METHODS)
 def test_a_step_curve_yields_its_step(method):
@@ -81,9 +82,19 @@ def _synthetic_curves(steps_by_cell: dict, extra=None) -> pd.DataFrame:
   for cell, step in steps_by_cell.items():
     for s in STEPS:
       jumped = step is not None and s >= step
-      rows.append({"run": "r", "cell": cell, "seed": cell % 2, "batch_size": 8,
-                   "context_size": 32, "step": int(s), "ps_max": 0.8 if jumped else 0.02,
-                   "ar_acc": 0.9 if jumped else 0.01, **(extra or {}).get(cell, {})})
+      rows.append(
+        {
+          "run": "r",
+          "cell": cell,
+          "seed": cell % 2,
+          "batch_size": 8,
+          "context_size": 32,
+          "step": int(s),
+          "ps_max": 0.8 if jumped else 0.02,
+          "ar_acc": 0.9 if jumped else 0.01,
+          **(extra or {}).get(cell, {}),
+        }
+      )
   return pd.DataFrame(rows)
 
 
@@ -104,15 +115,16 @@ def test_emergence_table_and_agreement():
 
 # ---------------------------------------------------------------- the law (known answers)
 
-def _law_points(sigma=0.1, seed=0, log_t=13.26, alpha=0.37, beta=0.62, gamma=0.0,
-                n_params=None):
+
+def _law_points(sigma=0.1, seed=0, log_t=13.26, alpha=0.37, beta=0.62, gamma=0.0, n_params=None):
   rng = np.random.default_rng(seed)
   rows = []
   for b in (4, 8, 16, 32, 64):
     for c in (64, 128, 256, 512, 1024):
       n = 1e6 if n_params is None else float(rng.choice(n_params))
       upt = math.exp(log_t + gamma * math.log(n) + sigma * rng.standard_normal()) / (
-          b ** alpha * c ** beta)
+        b**alpha * c**beta
+      )
       rows.append({"batch_size": b, "context_size": c, "emergence_step": upt, "n_params": n})
   return pd.DataFrame(rows)
 
@@ -121,9 +133,13 @@ def test_median_over_all_seeds_bounds_a_censored_median():
   from analysis.report import _median_all
 
   def cells(*seeds):  # (emergence_step or None if censored, censor_step)
-    return pd.DataFrame({"censored": [e is None for e, _ in seeds],
-                         "emergence_step": [np.nan if e is None else e for e, _ in seeds],
-                         "censor_step": [c for _, c in seeds]})
+    return pd.DataFrame(
+      {
+        "censored": [e is None for e, _ in seeds],
+        "emergence_step": [np.nan if e is None else e for e, _ in seeds],
+        "censor_step": [c for _, c in seeds],
+      }
+    )
 
   assert _median_all(cells((394, 1200), (581, 1200))) == "488"
   # One of two seeds censored at 1,200: the median exceeds (394 + 1,200) / 2, not 1,200.
@@ -151,15 +167,17 @@ def test_law_fit_recovers_the_exponents_with_covering_intervals():
 
 
 def test_law_fit_model_size_fixed_coefficients_and_errors():
-  sized = scaling.fit_law(_law_points(gamma=0.2, n_params=[1e5, 1e6, 1e7]), with_params=True,
-                          n_boot=300)
+  sized = scaling.fit_law(
+    _law_points(gamma=0.2, n_params=[1e5, 1e6, 1e7]), with_params=True, n_boot=300
+  )
   assert abs(sized.gamma - 0.2) < 0.05 and sized.ci["gamma"][0] <= 0.2 <= sized.ci["gamma"][1]
   flat = scaling.fit_law(_law_points(n_params=[1e5, 1e6, 1e7]), with_params=True, n_boot=300)
   assert flat.ci["gamma"][0] <= 0.0 <= flat.ci["gamma"][1]  # no dependence on model size
   one_b = _law_points()
   one_b = one_b[one_b["batch_size"] == 8]
-  with pytest.raises(scaling.FitError, match="cannot identify log_T, alpha, beta.*only C "
-                     "varies: hold alpha fixed"):
+  with pytest.raises(
+    scaling.FitError, match="cannot identify log_T, alpha, beta.*only C varies: hold alpha fixed"
+  ):
     scaling.fit_law(one_b)
   one_c = _law_points()
   with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed"):
@@ -192,9 +210,22 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   assert abs(law["alpha"] - 0.37) <= 0.05 and law["n"] == 25 and len(law["ci"]["beta"]) == 2
   path = tmp_path / "law.json"
   path.write_text(json.dumps(law))
-  out = subprocess.run([sys.executable, "-m", "ihsweep.cli", "predict", "--batch_size=8",
-                        "--context_size=1024", f"--law={path}", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "ihsweep.cli",
+      "predict",
+      "--batch_size=8",
+      "--context_size=1024",
+      f"--law={path}",
+      "--json",
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stderr
   predicted = json.loads(out.stdout)["updates"]
   assert predicted == pytest.approx(law["T"] / (8 ** law["alpha"] * 1024 ** law["beta"]))
@@ -202,8 +233,10 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   bad.write_text("batch_size,context_size\n8,32\n")
   assert cli.main(["fit-law", "--csv", str(bad)]) == 2
   assert "missing emergence_step" in capsys.readouterr().err
-  for fix, message in (("gamma=0.1", "gamma only with the n_params term"),
-                       ("alpha=nan", "must be a finite number")):
+  for fix, message in (
+    ("gamma=0.1", "gamma only with the n_params term"),
+    ("alpha=nan", "must be a finite number"),
+  ):
     assert cli.main(["fit-law", "--csv", str(csv), "--fix", fix]) == 2
     assert message in capsys.readouterr().err
   text = _law_points().astype({"emergence_step": object})
@@ -220,10 +253,11 @@ def test_empty_flag_values_are_refused(tmp_path, capsys):
   run = tmp_path / "run"
   run.mkdir()
   for argv, message in (
-      (["report", str(run), "--out=", "--no-progress"], "--out= is empty"),
-      (["report", "", "--no-progress"], "an empty DIR"),
-      (["fit-law", "--csv="], "--csv= is empty"),
-      (["fit-law", f"--csv={csv}", "--metric="], "--metric= is empty")):
+    (["report", str(run), "--out=", "--no-progress"], "--out= is empty"),
+    (["report", "", "--no-progress"], "an empty DIR"),
+    (["fit-law", "--csv="], "--csv= is empty"),
+    (["fit-law", f"--csv={csv}", "--metric="], "--metric= is empty"),
+  ):
     assert cli.main(argv) == 2, argv
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, (argv, err)
@@ -235,11 +269,14 @@ def test_a_coefficient_fixed_twice_is_refused(tmp_path, capsys):
   _law_points().to_csv(csv, index=False)
   assert cli.main(["fit-law", "--csv", str(csv), "--fix", "alpha=0.3", "--fix", "alpha=0.5"]) == 2
   err = capsys.readouterr().err
-  assert err == "python -m analysis: --fix 'alpha=0.5': alpha is already fixed (--fix " \
-      "alpha=0.3); give each coefficient once\n"
+  assert (
+    err == "python -m analysis: --fix 'alpha=0.5': alpha is already fixed (--fix "
+    "alpha=0.3); give each coefficient once\n"
+  )
 
 
 # ---------------------------------------------------------------- frontier and factorial
+
 
 def test_pareto_frontier_and_factorial():
   rows = []
@@ -247,8 +284,14 @@ def test_pareto_frontier_and_factorial():
     for r in (0.2, 0.4, 0.6, 0.8):
       for seed in range(4):
         emerged = f + 2 * r + 0.1 * seed >= 1.25  # more sensitive to reliability
-        rows.append({"data.frequency": f, "data.reliability": r, "censored": not emerged,
-                     "emergence_step": 100.0 / (f * r) if emerged else np.nan})
+        rows.append(
+          {
+            "data.frequency": f,
+            "data.reliability": r,
+            "censored": not emerged,
+            "emergence_step": 100.0 / (f * r) if emerged else np.nan,
+          }
+        )
   points = pd.DataFrame(rows)
   emap = frontier.emergence_map(points)
   assert len(emap) == 16
@@ -269,12 +312,23 @@ def test_pareto_frontier_and_factorial():
       for marg in ("zipf", "uniform"):
         for seed in range(2):
           emerged = ld == "synthetic" and (marg == "zipf" or seed == 0)
-          conds.append({"data.transitions": ld, "data.synthetic.categoriality": cat,
-                        "data.synthetic.marginal": marg, "censored": not emerged,
-                        "emergence_step": 1000.0 if emerged else np.nan})
+          conds.append(
+            {
+              "data.transitions": ld,
+              "data.synthetic.categoriality": cat,
+              "data.synthetic.marginal": marg,
+              "censored": not emerged,
+              "emergence_step": 1000.0 if emerged else np.nan,
+            }
+          )
   fact = frontier.factorial_table(pd.DataFrame(conds))
-  assert len(fact) == 8 and set(fact.columns) >= {"local_dependency", "categoriality",
-                                                   "marginal", "rate", "median_step"}
+  assert len(fact) == 8 and set(fact.columns) >= {
+    "local_dependency",
+    "categoriality",
+    "marginal",
+    "rate",
+    "median_step",
+  }
   assert (fact[fact["local_dependency"] == "none"]["rate"] == 0).all()
   zipf = fact[(fact["local_dependency"] == "yes") & (fact["marginal"] == "zipf")]
   assert (zipf["rate"] == 1).all() and (zipf["median_step"] == 1000).all()
@@ -282,24 +336,36 @@ def test_pareto_frontier_and_factorial():
 
 # ---------------------------------------------------------------- real checkpoints
 
-ONE_LAYER = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 40,
-             "train.steps_per_call": 10, "train.lr": 1e-2, "eval.every_steps": 20,
-             "eval.n_probes": 10, "eval.n_sequences": 8, "checkpoint.params_schedule": "log",
-             "checkpoint.law_points_per_octave": 0, "checkpoint.state_every_steps": 0}
+ONE_LAYER = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.num_steps": 40,
+  "train.steps_per_call": 10,
+  "train.lr": 1e-2,
+  "eval.every_steps": 20,
+  "eval.n_probes": 10,
+  "eval.n_sequences": 8,
+  "checkpoint.params_schedule": "log",
+  "checkpoint.law_points_per_octave": 0,
+  "checkpoint.state_every_steps": 0,
+}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """One small `ihsweep train` run: 2 models, params checkpoints at 0, 1, 2, 3, 4, 6, … 40."""
   from conftest import tiny_config
+
   from ihsweep.runner import fit
+
   workdir = str(tmp_path_factory.mktemp("analysis") / "run")
   fit(tiny_config(**ONE_LAYER), workdir, progress=False)
   return workdir
 
 
-def test_curves_from_checkpoints_equal_the_online_metrics_and_are_cached(trained, tmp_path,
-                                                                         monkeypatch):
+def test_curves_from_checkpoints_equal_the_online_metrics_and_are_cached(
+  trained, tmp_path, monkeypatch
+):
   workdir = str(tmp_path / "run")
   shutil.copytree(trained, workdir)
   run = load_run(workdir)
@@ -307,38 +373,55 @@ def test_curves_from_checkpoints_equal_the_online_metrics_and_are_cached(trained
   assert run.groups[0].steps() == [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 40]
   table = curves_lib.compute_curves(run, n_probes=None, n_sequences=None, progress=False)
   assert len(table) == 2 * 12 and (table["source"] == "checkpoint").all()
-  assert set(table.columns) >= {"run", "cell", "seed", "batch_size", "context_size", "step",
-                                "tokens", *curves_lib.METRICS, "ps_layer", "ps_head"}
+  assert set(table.columns) >= {
+    "run",
+    "cell",
+    "seed",
+    "batch_size",
+    "context_size",
+    "step",
+    "tokens",
+    *curves_lib.METRICS,
+    "ps_layer",
+    "ps_head",
+  }
   online = run.groups[0].online_metrics().set_index(["cell", "step"])
-  both = table.set_index(["cell", "step"]).loc[online.index.intersection(
-      table.set_index(["cell", "step"]).index)]
+  both = table.set_index(["cell", "step"]).loc[
+    online.index.intersection(table.set_index(["cell", "step"]).index)
+  ]
   assert sorted({s for _, s in both.index}) == [0, 40]  # evaluated online and checkpointed
   for metric in ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "val_loss", "icl_score"):
-    np.testing.assert_allclose(both[metric], online.loc[both.index, metric], rtol=2e-5,
-                               atol=1e-6, err_msg=metric)
+    np.testing.assert_allclose(
+      both[metric], online.loc[both.index, metric], rtol=2e-5, atol=1e-6, err_msg=metric
+    )
   assert os.path.exists(os.path.join(workdir, "analysis", "curves.parquet"))
 
   def boom(*a, **k):
     raise AssertionError("the cache should have made this unnecessary")
 
   monkeypatch.setattr(curves_lib, "evaluate_group", boom)
-  again = curves_lib.compute_curves(load_run(workdir), n_probes=None, n_sequences=None,
-                                    progress=False)
+  again = curves_lib.compute_curves(
+    load_run(workdir), n_probes=None, n_sequences=None, progress=False
+  )
   pd.testing.assert_frame_equal(again, table)
   monkeypatch.undo()
   # Other probe counts are recomputed (and differ a little); online-only reading needs no
   # checkpoints.
-  subset = curves_lib.compute_curves(load_run(workdir), n_probes=4, n_sequences=2,
-                                     progress=False)
+  subset = curves_lib.compute_curves(load_run(workdir), n_probes=4, n_sequences=2, progress=False)
   assert (subset["n_probes"] == 4).all() and len(subset) == len(table)
   assert not np.allclose(subset["ps_max"], table["ps_max"])
   monkeypatch.setattr(curves_lib, "evaluate_group", boom)  # both settings are cached now
-  pd.testing.assert_frame_equal(curves_lib.compute_curves(
-      load_run(workdir), n_probes=None, n_sequences=None, progress=False), table)
+  pd.testing.assert_frame_equal(
+    curves_lib.compute_curves(load_run(workdir), n_probes=None, n_sequences=None, progress=False),
+    table,
+  )
   monkeypatch.undo()
   online_only = curves_lib.compute_curves(load_run(workdir), source="online", progress=False)
-  assert (online_only["source"] == "online").all() and sorted(online_only["step"].unique()) == \
-      [0, 20, 40]
+  assert (online_only["source"] == "online").all() and sorted(online_only["step"].unique()) == [
+    0,
+    20,
+    40,
+  ]
 
 
 def _fake_sweep(trained: str, root) -> str:
@@ -352,9 +435,20 @@ def _fake_sweep(trained: str, root) -> str:
   for g, (b, c) in enumerate([(8, 32), (8, 16), (4, 32), (4, 16)]):
     for i in range(2):
       diverged = g == 0 and i == 1  # marked as diverged at update 8: no metrics from 8 on
-      rows.append({"cell": 2 * g + i, "group": f"g00{g}", "seed": i, "batch_size": b,
-                   "context_size": c, "peak_lr": 1e-2, "n_params": 1000, "status": "done",
-                   "diverged": diverged, "diverged_step": 8 if diverged else None})
+      rows.append(
+        {
+          "cell": 2 * g + i,
+          "group": f"g00{g}",
+          "seed": i,
+          "batch_size": b,
+          "context_size": c,
+          "peak_lr": 1e-2,
+          "n_params": 1000,
+          "status": "done",
+          "diverged": diverged,
+          "diverged_step": 8 if diverged else None,
+        }
+      )
   pd.DataFrame(rows).to_csv(sweep / "cells.csv", index=False)
   for g, state in (("g000", "done"), ("g002", "running"), ("g003", "done")):
     shutil.copytree(trained, groups / g, ignore=shutil.ignore_patterns("analysis"))
@@ -373,13 +467,15 @@ def _fake_sweep(trained: str, root) -> str:
 
 def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   from analysis import report
+
   sweep = _fake_sweep(trained, tmp_path)
   single = str(tmp_path / "single")  # a plain `ihsweep train` run beside the sweep
   shutil.copytree(trained, single)
   out = report.report([sweep, single, sweep], None, report.Options(progress=False, n_boot=50))
   warnings = " ".join(out["warnings"])
-  assert "group g001 (2 cells) is skipped: cells.csv lists it as done, but its directory" in \
-      warnings
+  assert (
+    "group g001 (2 cells) is skipped: cells.csv lists it as done, but its directory" in warnings
+  )
   assert "group g003: " in warnings and "probes.npz cannot be used" in warnings
   assert "1 cell(s) diverged" in " ".join(open(out["report_md"]).read().split())
   assert "group g002 is running" in warnings
@@ -422,13 +518,35 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
 
 def test_cli_prints_the_fitted_law_beside_the_study():
   from analysis.__main__ import _law_lines
-  law = {"log_T": 9.674, "alpha": 0.842, "beta": -0.074, "r": 0.943, "n": 18, "n_censored": 2,
-         "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.218, 0.086]}}
+
+  law = {
+    "log_T": 9.674,
+    "alpha": 0.842,
+    "beta": -0.074,
+    "r": 0.943,
+    "n": 18,
+    "n_censored": 2,
+    "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.218, 0.086]},
+  }
   header, columns, fitted, study = _law_lines(law, "runs/demo/analysis").splitlines()
   assert header.endswith("-> runs/demo/analysis/law.json")
   assert columns.split() == ["ln", "T", "alpha", "(B)", "beta", "(C)", "r", "cells"]
-  assert fitted.split() == ["fitted", "9.67", "[8.95,", "10.31]", "0.84", "[0.68,", "0.98]",
-                            "-0.07", "[-0.22,", "0.09]", "0.94", "18", "(+2", "censored)"]
+  assert fitted.split() == [
+    "fitted",
+    "9.67",
+    "[8.95,",
+    "10.31]",
+    "0.84",
+    "[0.68,",
+    "0.98]",
+    "-0.07",
+    "[-0.22,",
+    "0.09]",
+    "0.94",
+    "18",
+    "(+2",
+    "censored)",
+  ]
   assert study.split() == ["study", "13.26", "0.37", "0.62", "0.98"]
   no_ci = _law_lines({**law, "ci": {}, "n_censored": 0}, "out").splitlines()[2]
   assert "[" not in no_ci and no_ci.split()[-1] == "18"
@@ -437,13 +555,19 @@ def test_cli_prints_the_fitted_law_beside_the_study():
 def _sums(root) -> dict:
   """SHA-256 of every file under ``root``, by path relative to it."""
   import hashlib
-  return {os.path.relpath(os.path.join(d, f), root):
-          hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
-          for d, _, files in os.walk(root) for f in files}
+
+  return {
+    os.path.relpath(os.path.join(d, f), root): hashlib.sha256(
+      open(os.path.join(d, f), "rb").read()
+    ).hexdigest()
+    for d, _, files in os.walk(root)
+    for f in files
+  }
 
 
 def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
   from analysis import report
+
   opts = report.Options(progress=False, n_boot=0, source="online")
   run = str(tmp_path / "run")
   shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
@@ -459,6 +583,7 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
   assert f"{docs}/report.md exists and was not written by this report" in err
   assert _sums(docs) == before
   from analysis import outputs
+
   # Other files of the user's survive a report and its rerun; the rerun replaces the report's
   # own outputs and removes those it no longer writes.
   (docs / "report.md").unlink()
@@ -467,8 +592,9 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
   mine = _sums(docs)
   out = report.report([run], str(docs), opts)
   manifest = json.loads((docs / outputs.MANIFEST).read_text())
-  assert {"report.md", "report.html", "curves.csv", "figures/curves_ps_max.png"} <= \
-      set(manifest["files"])
+  assert {"report.md", "report.html", "curves.csv", "figures/curves_ps_max.png"} <= set(
+    manifest["files"]
+  )
   assert "notes.md" not in manifest["files"] and "figures/mine.png" not in manifest["files"]
   stale = docs / "law.json"  # as if an earlier report had fitted a law
   stale.write_text("{}")
@@ -491,6 +617,7 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
 
 def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
   from analysis.load import load_runs
+
   sweep = _fake_sweep(trained, tmp_path)
   os.symlink(os.path.join(sweep, "groups", "g000"), tmp_path / "link")
   runs = load_runs([sweep, os.path.join(sweep, "groups", "g000"), str(tmp_path / "link")])
@@ -502,14 +629,16 @@ def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
 
 def test_damaged_lines_of_metrics_jsonl_are_reported(trained, tmp_path):
   from analysis import report
+
   run = str(tmp_path / "run")
   shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
   path = os.path.join(run, "metrics.jsonl")
   lines = open(path).read().splitlines(keepends=True)
   lines[1] = lines[1][:20] + "\n"  # a hand edit gone wrong
   open(path, "w").write("".join(lines[:-1]) + lines[-1][:30])  # and a write cut short
-  out = report.report([run], str(tmp_path / "out"),
-                      report.Options(progress=False, n_boot=0, source="online"))
+  out = report.report(
+    [run], str(tmp_path / "out"), report.Options(progress=False, n_boot=0, source="online")
+  )
   warning = f"{path}: 2 damaged line(s) skipped (line(s) 2, {len(lines)}; a write cut short?)"
   assert warning in out["warnings"]
   assert warning in open(out["report_md"]).read()
@@ -532,8 +661,10 @@ def test_a_truncated_cells_table_is_rebuilt_from_the_groups(trained, tmp_path):
   warnings = " ".join(run.warnings)
   assert "cells.csv rows [6] (file lines) are cut short" in warnings
   assert "cells.csv lacks 4 cell(s) of group(s) g002, g003" in warnings
-  assert "group g004 is skipped: cells.csv has no rows for it, and its config.json cannot be " \
-      "read" in warnings
+  assert (
+    "group g004 is skipped: cells.csv has no rows for it, and its config.json cannot be "
+    "read" in warnings
+  )
   assert sorted(run.cells["cell"]) == [0, 1, 2, 3, 4, 5, 6, 7]
   assert [g.id for g in run.groups] == ["g000", "g002", "g003"]
   rebuilt = run.cells.set_index("cell").loc[[4, 5, 6, 7]]
@@ -556,9 +687,13 @@ def test_a_damaged_checkpoint_is_one_warning_not_a_traceback_storm(trained, tmp_
   data = run / "checkpoints" / "params" / "4" / "params" / "ocdbt.process_0" / "d"
   for f in data.iterdir():
     os.truncate(f, 7)
-  out = subprocess.run([sys.executable, "-m", "analysis", "report", str(run), "--no-progress"],
-                       capture_output=True, text=True, timeout=600,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run(
+    [sys.executable, "-m", "analysis", "report", str(run), "--no-progress"],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "the checkpoint at update 4 cannot be restored" in out.stderr
   assert "TensorStore details" not in out.stderr
@@ -570,10 +705,26 @@ def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_pat
   shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
   before = _sums(run)
   for inside in (run / "checkpoints", run / "checkpoints" / "new", run):
-    assert cli.main(["report", str(run), "--out", str(inside), "--source", "online",
-                     "--no-progress"]) == 2
+    assert (
+      cli.main(["report", str(run), "--out", str(inside), "--source", "online", "--no-progress"])
+      == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is inside the run directory" in err, err
   assert _sums(run) == before and not (run / "checkpoints" / "new").exists()
-  assert cli.main(["report", str(run), "--out", str(run / "analysis"), "--source", "online",
-                   "--no-progress", "--n-boot", "0"]) == 0
+  assert (
+    cli.main(
+      [
+        "report",
+        str(run),
+        "--out",
+        str(run / "analysis"),
+        "--source",
+        "online",
+        "--no-progress",
+        "--n-boot",
+        "0",
+      ]
+    )
+    == 0
+  )

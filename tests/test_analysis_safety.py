@@ -14,20 +14,38 @@ from analysis import curves as curves_lib
 from analysis import report
 from analysis.load import load_run
 
-FAST = {"model.n_layers": 1, "model.d_mlp": 0, "train.steps_per_call": 5,
-        "checkpoint.params_schedule": "log", "checkpoint.law_points_per_octave": 0,
-        "checkpoint.state_every_steps": 0}
+FAST = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.steps_per_call": 5,
+  "checkpoint.params_schedule": "log",
+  "checkpoint.law_points_per_octave": 0,
+  "checkpoint.state_every_steps": 0,
+}
 
 
 @pytest.fixture(scope="module")
 def diverged_run(tmp_path_factory):
   """An `ihsweep train` run of 2 models over 20 updates; model 1 (lr 1e30) diverges early."""
   from conftest import tiny_config
+
   from ihsweep.runner import fit
+
   workdir = str(tmp_path_factory.mktemp("diverged") / "run")
-  fit(tiny_config(**FAST, **{"train.num_steps": 20, "eval.every_steps": 10, "eval.n_probes": 4,
-                             "eval.n_sequences": 4, "ensemble.peak_lrs": (1e-2, 1e30)}),
-      workdir, progress=False)
+  fit(
+    tiny_config(
+      **FAST,
+      **{
+        "train.num_steps": 20,
+        "eval.every_steps": 10,
+        "eval.n_probes": 4,
+        "eval.n_sequences": 4,
+        "ensemble.peak_lrs": (1e-2, 1e30),
+      },
+    ),
+    workdir,
+    progress=False,
+  )
   return workdir
 
 
@@ -39,15 +57,15 @@ def test_a_diverged_model_of_a_single_run_reads_as_diverged(diverged_run, tmp_pa
   run = load_run(diverged_run)
   assert list(run.cells["diverged"]) == [False, True]
   assert pd.isna(run.cells["diverged_step"][0]) and run.cells["diverged_step"][1] == step
-  table = curves_lib.compute_curves(run, n_probes=4, n_sequences=2, cache=False,
-                                    progress=False)
+  table = curves_lib.compute_curves(run, n_probes=4, n_sequences=2, cache=False, progress=False)
   one = table[table["cell"] == 1]
   assert (one["step"] >= step).any()
   assert one[one["step"] >= step][list(curves_lib.METRICS)].isna().all().all()
   assert one[one["step"] < step]["ps_max"].notna().all()
   assert table[table["cell"] == 0]["ar_acc"].notna().all()
-  out = report.report([diverged_run], str(tmp_path / "out"),
-                      report.Options(progress=False, n_boot=0, source="online"))
+  out = report.report(
+    [diverged_run], str(tmp_path / "out"), report.Options(progress=False, n_boot=0, source="online")
+  )
   assert "1 cell(s) diverged (loss NaN/inf)" in open(out["report_md"]).read()
   # Without the evaluations (eval off): the training log's NaN loss tells, at the start of the
   # host call (5 updates) in which it diverged.
@@ -61,10 +79,13 @@ def test_a_diverged_model_of_a_single_run_reads_as_diverged(diverged_run, tmp_pa
 
 def test_a_run_too_short_for_probes_is_skipped_with_the_reason(tmp_path):
   from conftest import tiny_config
+
   from ihsweep.runner import fit
+
   workdir = str(tmp_path / "c1")
-  fit(tiny_config(**FAST, **{"train.context_size": 1, "train.num_steps": 4}), workdir,
-      progress=False)
+  fit(
+    tiny_config(**FAST, **{"train.context_size": 1, "train.num_steps": 4}), workdir, progress=False
+  )
   assert os.listdir(os.path.join(workdir, "checkpoints", "params"))
   out = report.report([workdir], str(tmp_path / "out"), report.Options(progress=False, n_boot=0))
   warnings = " ".join(out["warnings"])

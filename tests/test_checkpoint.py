@@ -16,21 +16,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, config as config_lib, runner, schedule
+from ihsweep import checkpoint, runner, schedule
+from ihsweep import config as config_lib
 from ihsweep.runner import fit, write_resolved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer: compiling the evaluation dominates this file's runs.
-RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 60, "train.steps_per_call": 10, "train.lr": 1e-2,
-       "eval.every_steps": 10, "eval.n_probes": 10, "eval.n_sequences": 8,
-       "checkpoint.state_every_steps": 20, "checkpoint.params_schedule": "none"}
+RUN = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.num_steps": 60,
+  "train.steps_per_call": 10,
+  "train.lr": 1e-2,
+  "eval.every_steps": 10,
+  "eval.n_probes": 10,
+  "eval.n_sequences": 8,
+  "checkpoint.state_every_steps": 20,
+  "checkpoint.params_schedule": "none",
+}
 
 
 def test_params_schedules():
   steps = schedule.params_steps(1000, 512, points_per_octave=1)
   assert steps == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
-  dense = schedule.params_steps(1000, 512, points_per_octave=1, law_updates=100.0,
-                                  law_window=2.0, law_points_per_octave=4)
+  dense = schedule.params_steps(
+    1000, 512, points_per_octave=1, law_updates=100.0, law_window=2.0, law_points_per_octave=4
+  )
   assert {50, 59, 71, 84, 100, 119, 141, 168, 200} <= set(dense)
   study = schedule.params_steps(10**6, 1000, schedule="study")
   assert study[:5] == [0, 250, 500, 1000, 2000] and study[-2:] == [900_000, 10**6]
@@ -42,8 +53,15 @@ def test_params_schedules():
 def test_run_schedule_ends_a_call_at_every_evaluation_and_checkpoint(tiny):
   """RunSchedule: evaluation every 8 updates (every_tokens 2048 / (B·C = 256)), full state every
   12, params at 0, 5, 30; calls of at most 10 updates ending at each of them."""
-  cfg = tiny(**{"train.num_steps": 30, "train.steps_per_call": 10, "eval.every_tokens": 2048,
-                "checkpoint.state_every_steps": 12, "checkpoint.params_schedule": "none"})
+  cfg = tiny(
+    **{
+      "train.num_steps": 30,
+      "train.steps_per_call": 10,
+      "eval.every_tokens": 2048,
+      "checkpoint.state_every_steps": 12,
+      "checkpoint.params_schedule": "none",
+    }
+  )
   run = schedule.RunSchedule.from_config(cfg)
   assert run.eval_every == 8 and run.params == {0, 30}
   run = dataclasses.replace(run, params=frozenset({0, 5, 30}))
@@ -58,6 +76,7 @@ def test_the_longest_run_lists_no_steps():
   """At the int32 bound of train.num_steps with a full-state checkpoint every update, whether
   an update is saved is arithmetic (a list of its steps would take tens of GB)."""
   import tracemalloc
+
   last = config_lib.INT32_MAX
   tracemalloc.start()
   try:
@@ -76,11 +95,28 @@ def _values(rows):
   return [{k: v for k, v in r.items()} for r in rows]
 
 
-TINY_FLAGS = {"model.n_layers": 2, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64,
-              "model.vocab_size": 64, "model.max_context": 32, "model.dtype": "float32",
-              "train.batch_size": 8, "train.context_size": 32, "ensemble.size": 2, **RUN}
-CMD = [sys.executable, "-m", "ihsweep.cli", "train", "--config=configs/default.py",
-       "--noprogress", *_overrides(TINY_FLAGS)]  # the tiny(**RUN) run as a command
+TINY_FLAGS = {
+  "model.n_layers": 2,
+  "model.n_heads": 2,
+  "model.d_model": 32,
+  "model.d_mlp": 64,
+  "model.vocab_size": 64,
+  "model.max_context": 32,
+  "model.dtype": "float32",
+  "train.batch_size": 8,
+  "train.context_size": 32,
+  "ensemble.size": 2,
+  **RUN,
+}
+CMD = [
+  sys.executable,
+  "-m",
+  "ihsweep.cli",
+  "train",
+  "--config=configs/default.py",
+  "--noprogress",
+  *_overrides(TINY_FLAGS),
+]  # the tiny(**RUN) run as a command
 
 
 def _assert_same_run(ref, run):
@@ -88,7 +124,9 @@ def _assert_same_run(ref, run):
   rows = {}
   for name, d in (("ref", ref), ("run", run)):
     rows[name] = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-  assert [(r["step"], r["cell"]) for r in rows["run"]] == [(r["step"], r["cell"]) for r in rows["ref"]]
+  assert [(r["step"], r["cell"]) for r in rows["run"]] == [
+    (r["step"], r["cell"]) for r in rows["ref"]
+  ]
   for a, b in zip(rows["ref"], rows["run"]):
     assert a.keys() == b.keys()
     for k in a:
@@ -96,7 +134,9 @@ def _assert_same_run(ref, run):
         assert b[k] is None, k
       else:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=f"{k} at {a['step']}")
-  params = [checkpoint.RunCheckpoints(str(d / "checkpoints")).restore_params(60) for d in (ref, run)]
+  params = [
+    checkpoint.RunCheckpoints(str(d / "checkpoints")).restore_params(60) for d in (ref, run)
+  ]
   for x, y in zip(jax.tree_util.tree_leaves(params[0]), jax.tree_util.tree_leaves(params[1])):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-6, atol=1e-7)
 
@@ -107,9 +147,14 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   env = dict(os.environ)  # the same 4 fake CPU devices as this process
   # Synchronous saves: the kill lands right after state/40 is complete, so the resume starts
   # there and every row up to 40 must already be on disk (checkpoint.* may change on resume).
-  killed = subprocess.run(cmd + ["--config.checkpoint.async_save=False"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env={**env, "IHSWEEP_FAULT_KILL_AT_STEP": "40"})
+  killed = subprocess.run(
+    cmd + ["--config.checkpoint.async_save=False"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**env, "IHSWEEP_FAULT_KILL_AT_STEP": "40"},
+  )
   assert killed.returncode == -9, killed.stderr
   resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert resumed.returncode == 0, resumed.stderr
@@ -131,13 +176,20 @@ def test_full_disk_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp
   # The injected failure is the error orbax raises on a full disk (tried on a 2 MB tmpfs): a
   # ValueError from tensorstore, RESOURCE_EXHAUSTED ... [os_error_code='28'].
   cmd = CMD + [f"--workdir={tmp_path / 'run'}"]
-  full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "IHSWEEP_FAULT_DISK_FULL_AT_STEP": "40"})
+  full = subprocess.run(
+    cmd,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, "IHSWEEP_FAULT_DISK_FULL_AT_STEP": "40"},
+  )
   assert full.returncode == checkpoint.DiskFull.EXIT_CODE == 75, full.stderr
   assert "Traceback" not in full.stderr and "Event loop" not in full.stderr, full.stderr
   assert full.stderr.strip().splitlines()[-1] == (
-      f"ihsweep: no space left on device writing {tmp_path / 'run'}; free space and rerun the "
-      f"same command to resume")
+    f"ihsweep: no space left on device writing {tmp_path / 'run'}; free space and rerun the "
+    f"same command to resume"
+  )
   resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr
   assert "resuming from the full-state checkpoint at update 20" in resumed.stderr
@@ -148,17 +200,26 @@ def test_full_disk_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp
 def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch):
   ckpts = checkpoint.RunCheckpoints(str(tmp_path), {}, async_save=False, read_only=False)
   state = {"w": jnp.ones((1000,), jnp.float32)}  # 4,000 bytes
-  monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(
-      10**9, 10**9 - 3999, 3999))
-  with pytest.raises(checkpoint.DiskFull, match=r"no space left on device writing .*free space "
-                     r"and rerun the same command to resume"):
+  monkeypatch.setattr(
+    checkpoint.shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(10**9, 10**9 - 3999, 3999)
+  )
+  with pytest.raises(
+    checkpoint.DiskFull,
+    match=r"no space left on device writing .*free space "
+    r"and rerun the same command to resume",
+  ):
     ckpts.save_state(10, state)
   assert os.listdir(tmp_path / "state") == []  # orbax never started: no temporary directory
   monkeypatch.undo()
   assert ckpts.save_state(10, state)
-  for error in (OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EDQUOT, "quota"),
-                ValueError("RESOURCE_EXHAUSTED: Error writing local file ... No space left on "
-                           "device [os_error_code='28']")):
+  for error in (
+    OSError(errno.ENOSPC, "No space left on device"),
+    OSError(errno.EDQUOT, "quota"),
+    ValueError(
+      "RESOURCE_EXHAUSTED: Error writing local file ... No space left on "
+      "device [os_error_code='28']"
+    ),
+  ):
     try:
       raise RuntimeError("wrapped") from error
     except RuntimeError as e:
@@ -202,8 +263,9 @@ def test_a_step_that_was_not_saved_is_named_with_the_saved_ones(tmp_path):
   writer.close()
   reader = checkpoint.RunCheckpoints(str(tmp_path))
   np.testing.assert_array_equal(reader.restore_params(724)["w"], params["w"])
-  with pytest.raises(checkpoint.CheckpointError,
-                     match=r"no params checkpoint at update 800 .*saved: 0, 724, 1024$"):
+  with pytest.raises(
+    checkpoint.CheckpointError, match=r"no params checkpoint at update 800 .*saved: 0, 724, 1024$"
+  ):
     reader.restore_params(800)
   with pytest.raises(checkpoint.CheckpointError, match="no params checkpoint at update 800"):
     reader.step_metadata(800)
@@ -223,8 +285,9 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   with pytest.raises(config_lib.ConfigError, match="train.num_steps"):
     fit(tiny(**{**RUN, "train.num_steps": 80}), str(tmp_path), progress=False)
   # Fields that only choose what is saved or how work is split may change.
-  runner.check_resumable(tiny(**{**RUN, "checkpoint.state_every_steps": 5,
-                                 "train.steps_per_call": 7}), str(tmp_path))
+  runner.check_resumable(
+    tiny(**{**RUN, "checkpoint.state_every_steps": 5, "train.steps_per_call": 7}), str(tmp_path)
+  )
   os.remove(tmp_path / "config.json")
   with pytest.raises(config_lib.ConfigError, match="config.json can be read"):
     fit(cfg, str(tmp_path), progress=False)
@@ -232,8 +295,7 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
 
 def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path):
   state = {"w": jnp.arange(6.0), "step": jnp.zeros((), jnp.int32)}
-  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False,
-                                    read_only=False)
+  ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False, read_only=False)
   ckpts.save_state(10, state)
   ckpts.save_state(20, {"w": state["w"] + 1, "step": state["step"] + 20})
   ckpts.close()

@@ -12,12 +12,21 @@ import pytest
 from ihsweep import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_mlp=64",
-        "--config.model.vocab_size=64", "--config.model.max_context=32",
-        "--config.train.batch_size=8", "--config.train.context_size=32",
-        "--config.train.num_steps=30", "--config.train.steps_per_call=10",
-        "--config.train.lr=3e-3", "--config.ensemble.size=2", "--config.eval.every_steps=0",
-        "--config.checkpoint.params_schedule=none"]
+TINY = [
+  "--config.model.d_model=32",
+  "--config.model.n_heads=2",
+  "--config.model.d_mlp=64",
+  "--config.model.vocab_size=64",
+  "--config.model.max_context=32",
+  "--config.train.batch_size=8",
+  "--config.train.context_size=32",
+  "--config.train.num_steps=30",
+  "--config.train.steps_per_call=10",
+  "--config.train.lr=3e-3",
+  "--config.ensemble.size=2",
+  "--config.eval.every_steps=0",
+  "--config.checkpoint.params_schedule=none",
+]
 
 
 def _ihsweep(*args):
@@ -25,15 +34,24 @@ def _ihsweep(*args):
   cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
   # XLA_FLAGS without a device count, so that the CLI picks one device per core itself.
   env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
-  return subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=300)
+  return subprocess.run(
+    cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
 
 
 def test_train_command_writes_config_and_metrics(tmp_path):
   work = tmp_path / "run"
-  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={work}", "--noprogress",
-               *TINY, "--config.ensemble.peak_lrs=(1e-3, 3e-3)", "--config.eval.every_steps=15",
-               "--config.eval.n_probes=10", "--config.eval.n_sequences=8")
+  r = _ihsweep(
+    "train",
+    "--config=configs/default.py",
+    f"--workdir={work}",
+    "--noprogress",
+    *TINY,
+    "--config.ensemble.peak_lrs=(1e-3, 3e-3)",
+    "--config.eval.every_steps=15",
+    "--config.eval.n_probes=10",
+    "--config.eval.n_sequences=8",
+  )
   assert r.returncode == 0, r.stderr
   assert "final loss per model" in r.stdout
   resolved = json.loads((work / "config.json").read_text())
@@ -51,8 +69,9 @@ def test_train_command_writes_config_and_metrics(tmp_path):
 
 
 def test_bad_override_is_reported(tmp_path):
-  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/x",
-               "--config.model.n_heads=3")
+  r = _ihsweep(
+    "train", "--config=configs/default.py", f"--workdir={tmp_path}/x", "--config.model.n_heads=3"
+  )
   assert r.returncode == 2
   assert "config.model.n_heads = 3" in r.stderr and "divisor" in r.stderr
   assert not (tmp_path / "x").exists()
@@ -65,21 +84,35 @@ def test_usage_lists_commands():
   assert r.returncode == 2 and "unknown command" in r.stderr
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--config=configs/default.py", "--config.train.lrr=1"],
-     ["--config.train.lrr: the config has no field train.lrr; did you mean train.lr?",
-      "train has: b1, b2, batch_size"]),
-    (["--config=configs/default.py", "--config.trainn.lr=1"],
-     ["no field trainn; did you mean train?"]),
+@pytest.mark.parametrize(
+  "args,words",
+  [
+    (
+      ["--config=configs/default.py", "--config.train.lrr=1"],
+      [
+        "--config.train.lrr: the config has no field train.lrr; did you mean train.lr?",
+        "train has: b1, b2, batch_size",
+      ],
+    ),
+    (
+      ["--config=configs/default.py", "--config.trainn.lr=1"],
+      ["no field trainn; did you mean train?"],
+    ),
     (["--config=configs/default.py", "--config.train.lr.x=1"], ["train.lr is a float"]),
-    (["--config", "configs/default.py", "--config.sweep.grid.train.batch_size=(8,16)"],
-     ["no field sweep.grid.train (sweep.grid has no fields)", "add an axis with --grid"]),
-    (["--config=configs/nope.py"], ["ihsweep: cannot load the config: configs/nope.py: no such file\n"]),
+    (
+      ["--config", "configs/default.py", "--config.sweep.grid.train.batch_size=(8,16)"],
+      ["no field sweep.grid.train (sweep.grid has no fields)", "add an axis with --grid"],
+    ),
+    (
+      ["--config=configs/nope.py"],
+      ["ihsweep: cannot load the config: configs/nope.py: no such file\n"],
+    ),
     (["--config="], ["--config= is empty"]),
     (["--config=configs/default.py:nope"], ["unknown variant 'nope'"]),
     (["--config=configs/default.py", "--config.train.batch_size=abc"], ["batch_size=abc"]),
     (["--config=configs/default.py", "stray", "words"], ["takes flags only", "'stray words'"]),
-])
+  ],
+)
 def test_bad_config_files_and_fields_get_one_line(tmp_path, args, words):
   r = _ihsweep("train", f"--workdir={tmp_path}/x", *args)
   assert r.returncode == 2, r.stderr
@@ -98,12 +131,24 @@ def test_workdir_that_is_a_file(tmp_path):
 
 def test_train_on_local_text_files_then_prepare_hits_the_cache(tmp_path):
   from test_natural import write_corpus
+
   files = write_corpus(str(tmp_path / "text"))
-  data = ["--config.data.source=natural", f"--config.data.files={files}",
-          f"--config.data.cache_dir={tmp_path / 'cache'}", "--config.model.vocab_size=300"]
-  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path / 'run'}",
-               "--noprogress", *TINY, *data, "--config.train.num_steps=4",
-               "--config.train.steps_per_call=2")
+  data = [
+    "--config.data.source=natural",
+    f"--config.data.files={files}",
+    f"--config.data.cache_dir={tmp_path / 'cache'}",
+    "--config.model.vocab_size=300",
+  ]
+  r = _ihsweep(
+    "train",
+    "--config=configs/default.py",
+    f"--workdir={tmp_path / 'run'}",
+    "--noprogress",
+    *TINY,
+    *data,
+    "--config.train.num_steps=4",
+    "--config.train.steps_per_call=2",
+  )
   assert r.returncode == 0, r.stderr
   assert "on device, windows gathered in-graph" in r.stderr and "cache built" in r.stderr
   rows = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
@@ -117,32 +162,64 @@ def test_train_on_local_text_files_then_prepare_hits_the_cache(tmp_path):
 def test_corpus_command_usage_and_bad_data(tmp_path):
   r = _ihsweep("corpus", "frobnicate")
   assert r.returncode == 2 and "ihsweep corpus fetch NAME" in r.stderr
-  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={tmp_path}/x",
-               "--config.data.source=natural", f"--config.data.files={tmp_path}/none/*.txt",
-               "--config.model.vocab_size=300")
+  r = _ihsweep(
+    "train",
+    "--config=configs/default.py",
+    f"--workdir={tmp_path}/x",
+    "--config.data.source=natural",
+    f"--config.data.files={tmp_path}/none/*.txt",
+    "--config.model.vocab_size=300",
+  )
   assert r.returncode == 2 and "matches no file" in r.stderr
   assert len(r.stderr.strip().splitlines()) == 1
 
 
 # The flags each command (corpus: subcommand) takes, each as a user would give it, and the
 # words that start each command.
-OWN_FLAGS = {"run": ("config", "workdir", "progress", "grid", "zip"), "status": ("workdir",),
-             "train": ("config", "workdir", "progress"), "corpus fetch": ("cache_dir",),
-             "corpus prepare": ("config",),
-             "predict": ("batch_size", "context_size", "law", "json"),
-             "plan": ("config", "grid", "zip", "devices", "devices_per_worker",
-                      "devices_per_host", "flops_per_s", "law", "json")}
-FLAG_ARGS = {"config": "--config=configs/default.py", "workdir": "--workdir={tmp}/w",
-             "progress": "--noprogress", "grid": "--grid=train.batch_size=4,8",
-             "zip": "--zip=train.lr=1e-3,3e-3", "batch_size": "--batch_size=32",
-             "context_size": "--context_size=64", "law": "--law={tmp}/law.json", "json": "--json",
-             "cache_dir": "--cache_dir={tmp}/cache", "devices": "--devices=8",
-             "devices_per_worker": "--devices_per_worker=2",
-             "devices_per_host": "--devices_per_host=8", "flops_per_s": "--flops_per_s=4e14"}
-COMMAND_WORDS = {"run": ["run"], "status": ["status"], "train": ["train"],
-                 "corpus fetch": ["corpus", "fetch", "python-docs"],
-                 "corpus prepare": ["corpus", "prepare"], "predict": ["predict"],
-                 "plan": ["plan"]}
+OWN_FLAGS = {
+  "run": ("config", "workdir", "progress", "grid", "zip"),
+  "status": ("workdir",),
+  "train": ("config", "workdir", "progress"),
+  "corpus fetch": ("cache_dir",),
+  "corpus prepare": ("config",),
+  "predict": ("batch_size", "context_size", "law", "json"),
+  "plan": (
+    "config",
+    "grid",
+    "zip",
+    "devices",
+    "devices_per_worker",
+    "devices_per_host",
+    "flops_per_s",
+    "law",
+    "json",
+  ),
+}
+FLAG_ARGS = {
+  "config": "--config=configs/default.py",
+  "workdir": "--workdir={tmp}/w",
+  "progress": "--noprogress",
+  "grid": "--grid=train.batch_size=4,8",
+  "zip": "--zip=train.lr=1e-3,3e-3",
+  "batch_size": "--batch_size=32",
+  "context_size": "--context_size=64",
+  "law": "--law={tmp}/law.json",
+  "json": "--json",
+  "cache_dir": "--cache_dir={tmp}/cache",
+  "devices": "--devices=8",
+  "devices_per_worker": "--devices_per_worker=2",
+  "devices_per_host": "--devices_per_host=8",
+  "flops_per_s": "--flops_per_s=4e14",
+}
+COMMAND_WORDS = {
+  "run": ["run"],
+  "status": ["status"],
+  "train": ["train"],
+  "corpus fetch": ["corpus", "fetch", "python-docs"],
+  "corpus prepare": ["corpus", "prepare"],
+  "predict": ["predict"],
+  "plan": ["plan"],
+}
 
 
 def test_flag_table_covers_every_flag_and_the_help():
@@ -168,24 +245,45 @@ def test_each_command_refuses_the_flags_of_the_others(tmp_path, capsys, key):
   assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("args,flag,key", [
-    (["train", "--config=configs/default.py", "--workdir={tmp}/w", "--grid=train.batch_size=4,8"],
-     "--grid", "train"),
-    (["train", "--config=configs/default.py", "--workdir={tmp}/w", "--batch_size=32"],
-     "--batch_size", "train"),
-    (["predict", "--batch_size=8", "--context_size=64", "--workdir={tmp}/w"], "--workdir",
-     "predict"),
-    (["train", "--config", "configs/default.py", "--workdir", "{tmp}/w", "--batch_size", "32"],
-     "--batch_size", "train"),  # absl's two-word form
+@pytest.mark.parametrize(
+  "args,flag,key",
+  [
+    (
+      ["train", "--config=configs/default.py", "--workdir={tmp}/w", "--grid=train.batch_size=4,8"],
+      "--grid",
+      "train",
+    ),
+    (
+      ["train", "--config=configs/default.py", "--workdir={tmp}/w", "--batch_size=32"],
+      "--batch_size",
+      "train",
+    ),
+    (
+      ["predict", "--batch_size=8", "--context_size=64", "--workdir={tmp}/w"],
+      "--workdir",
+      "predict",
+    ),
+    (
+      ["train", "--config", "configs/default.py", "--workdir", "{tmp}/w", "--batch_size", "32"],
+      "--batch_size",
+      "train",
+    ),  # absl's two-word form
     (["status", "--workdir={tmp}", "--noprogress"], "--noprogress", "status"),
-    (["predict", "--batch_size=8", "--context_size=64", "--noconfig.train.x"], "--noconfig.train.x",
-     "predict"),
-    (["predict", "--batch_size=8", "--context_size=64", "--config.train.lr=1"],
-     "--config.train.lr", "predict"),
+    (
+      ["predict", "--batch_size=8", "--context_size=64", "--noconfig.train.x"],
+      "--noconfig.train.x",
+      "predict",
+    ),
+    (
+      ["predict", "--batch_size=8", "--context_size=64", "--config.train.lr=1"],
+      "--config.train.lr",
+      "predict",
+    ),
     (["run", "--flagfile={tmp}/flags", "--workdir={tmp}/w"], "--batch_size", "run"),
     (["train", "--work_dir={tmp}/w"], "--work_dir", "train"),
     (["corpus", "frobnicate", "--json"], "--json", "corpus"),
-])
+  ],
+)
 def test_foreign_flags_from_the_command_line(tmp_path, args, flag, key):
   (tmp_path / "flags").write_text("--config=configs/default.py\n--batch_size=32\n")
   tiny = TINY if key in ("run", "train") else []  # were the flag accepted, a short run
@@ -200,14 +298,39 @@ def test_foreign_flags_from_the_command_line(tmp_path, args, flag, key):
 
 def test_a_one_value_flag_given_twice_with_different_values_is_refused(tmp_path):
   for args, words in (
-      (["predict", "--batch_size=8", "--context_size=64", "--law=a.json", "--law=b.json"],
-       "--law is given twice with different values (--law=a.json and --law=b.json)"),
-      (["train", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}",
-        f"--workdir={tmp_path / 'b'}"], "--workdir is given twice"),
-      (["train", "--config=configs/default.py", f"--workdir={tmp_path / 'a'}", "--progress",
-        "--noprogress"], "--progress is given twice"),
-      (["run", "--config=configs/default.py", "--config=configs/induction.py",
-        f"--workdir={tmp_path / 'a'}"], "--config is given twice")):
+    (
+      ["predict", "--batch_size=8", "--context_size=64", "--law=a.json", "--law=b.json"],
+      "--law is given twice with different values (--law=a.json and --law=b.json)",
+    ),
+    (
+      [
+        "train",
+        "--config=configs/default.py",
+        f"--workdir={tmp_path / 'a'}",
+        f"--workdir={tmp_path / 'b'}",
+      ],
+      "--workdir is given twice",
+    ),
+    (
+      [
+        "train",
+        "--config=configs/default.py",
+        f"--workdir={tmp_path / 'a'}",
+        "--progress",
+        "--noprogress",
+      ],
+      "--progress is given twice",
+    ),
+    (
+      [
+        "run",
+        "--config=configs/default.py",
+        "--config=configs/induction.py",
+        f"--workdir={tmp_path / 'a'}",
+      ],
+      "--config is given twice",
+    ),
+  ):
     r = _ihsweep(*args)
     assert r.returncode == 2 and r.stderr == f"ihsweep: {r.stderr[9:]}", r.stderr
     assert words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
@@ -233,9 +356,18 @@ def test_each_command_takes_its_own_flags(tmp_path):
   assert r.returncode == 2 and "is not a sweep run directory" in r.stderr
   # run: --grid and --zip reach the planner, which budgets by a law predicting < 1 update
   law.write_text(json.dumps({"log_T": -200.0, "alpha": 0.37, "beta": 0.62}))
-  r = _ihsweep("run", "--config", "configs/default.py", f"--workdir={tmp_path / 'w'}",
-               "--noprogress", "--grid", "train.batch_size=4,8", "--zip=train.lr=1e-3,3e-3",
-               "--config.sweep.budget=law", f"--config.sweep.law_file={law}")
+  r = _ihsweep(
+    "run",
+    "--config",
+    "configs/default.py",
+    f"--workdir={tmp_path / 'w'}",
+    "--noprogress",
+    "--grid",
+    "train.batch_size=4,8",
+    "--zip=train.lr=1e-3,3e-3",
+    "--config.sweep.budget=law",
+    f"--config.sweep.law_file={law}",
+  )
   assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
   assert "sweep.budget = 'law': the law (log_T = -200" in r.stderr
   assert "B = 4, C = 128" in r.stderr and "fewer than one update" in r.stderr
@@ -252,20 +384,30 @@ def test_train_refuses_a_workdir_it_cannot_use_before_compiling(tmp_path, workdi
     else:
       (tmp_path / "ro").mkdir(mode=0o500)
       workdir = str(tmp_path / "ro" / "run")
-  r = _ihsweep("train", "--config=configs/default.py", f"--workdir={workdir.format(tmp=tmp_path)}",
-               "--noprogress", *TINY)
+  r = _ihsweep(
+    "train",
+    "--config=configs/default.py",
+    f"--workdir={workdir.format(tmp=tmp_path)}",
+    "--noprogress",
+    *TINY,
+  )
   assert r.returncode == 2, r.stderr
   assert r.stderr.startswith("ihsweep: ") and "workdir" in r.stderr
   assert len(r.stderr.splitlines()) == 1, r.stderr  # no log line: nothing was built or compiled
   assert sorted(os.listdir(tmp_path)) == ["a_file"] + (["ro"] if "ro" in workdir else [])
 
 
-@pytest.mark.parametrize("law,words", [
+@pytest.mark.parametrize(
+  "law,words",
+  [
     ({"log_T": 1e308, "alpha": 0.37, "beta": 0.62}, ["log_T = 1e+308: need |log_T| <= 700"]),
     ({"log_T": 13.26, "alpha": 1e308, "beta": 0.0}, ["e^-inf updates", "fewer than one update"]),
-    ({"log_T": 99.0, "alpha": 0.0, "beta": 0.0}, ["9.89e+42 updates = 4.05e+46 tokens",
-                                                  "(T = 9.89e+42)"]),
-])
+    (
+      {"log_T": 99.0, "alpha": 0.0, "beta": 0.0},
+      ["9.89e+42 updates = 4.05e+46 tokens", "(T = 9.89e+42)"],
+    ),
+  ],
+)
 def test_predict_with_a_law_far_outside_any_run(tmp_path, law, words):
   (tmp_path / "law.json").write_text(json.dumps(law))
   r = _ihsweep("predict", "--batch_size=64", "--context_size=64", f"--law={tmp_path}/law.json")
@@ -278,18 +420,33 @@ def test_predict_with_a_law_far_outside_any_run(tmp_path, law, words):
     assert w in out
 
 
-@pytest.mark.parametrize("name,text,words", [
+@pytest.mark.parametrize(
+  "name,text,words",
+  [
     ("s.py", "def get_config(:\n", ["{f} line 1: SyntaxError: invalid syntax"]),
-    ("n.py", "x = 1\ndef get_config():\n  return undefined_name\n",
-     ["{f} line 3: NameError: name 'undefined_name' is not defined"]),
+    (
+      "n.py",
+      "x = 1\ndef get_config():\n  return undefined_name\n",
+      ["{f} line 3: NameError: name 'undefined_name' is not defined"],
+    ),
     ("z.py", "x = 1 / 0\n", ["{f} line 1: ZeroDivisionError: division by zero"]),
-    ("o.py", "def get_config():\n  return open('/nonexistent/x')\n",
-     ["{f} line 2: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'"]),
+    (
+      "o.py",
+      "def get_config():\n  return open('/nonexistent/x')\n",
+      ["{f} line 2: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'"],
+    ),
     ("t.py", "def get_config():\n  raise TypeError('no')\n", ["{f} line 2: TypeError: no"]),
-    ("nog.py", "X = 1\n", ["ihsweep: {f} has no get_config() (a config file is Python defining "
-                           "get_config(), e.g. configs/default.py)\n"]),
+    (
+      "nog.py",
+      "X = 1\n",
+      [
+        "ihsweep: {f} has no get_config() (a config file is Python defining "
+        "get_config(), e.g. configs/default.py)\n"
+      ],
+    ),
     ("cfg.json", '{"seed": 0}\n', ["ihsweep: {f} has no get_config()"]),
-])
+  ],
+)
 def test_a_config_file_that_fails_to_load_gets_one_line(tmp_path, name, text, words):
   f = tmp_path / name
   f.write_text(text)
@@ -304,22 +461,36 @@ def test_a_config_file_that_fails_to_load_gets_one_line(tmp_path, name, text, wo
 
 def test_an_unknown_field_set_in_a_config_file_is_refused(tmp_path):
   f = tmp_path / "typo.py"
-  f.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom configs import default\n\n"
-               f"def get_config():\n  c = default.get_config('tiny')\n  c.train.batchsize = 32\n"
-               f"  return c\n")
+  f.write_text(
+    f"import sys\nsys.path.insert(0, {ROOT!r})\nfrom configs import default\n\n"
+    f"def get_config():\n  c = default.get_config('tiny')\n  c.train.batchsize = 32\n"
+    f"  return c\n"
+  )
   r = _ihsweep("train", f"--config={f}", f"--workdir={tmp_path}/x")
   assert r.returncode == 2, r.stderr
-  assert r.stderr.startswith("ihsweep: invalid config: config.train.batchsize = 32 is not "
-                             "allowed: no such field; did you mean train.batch_size?"), r.stderr
+  assert r.stderr.startswith(
+    "ihsweep: invalid config: config.train.batchsize = 32 is not "
+    "allowed: no such field; did you mean train.batch_size?"
+  ), r.stderr
   assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
 def _ihsweep_home(home, cwd, *args):
   """``ihsweep`` run in ``cwd`` with HOME = ``home``."""
-  env = {**os.environ, "HOME": str(home), "XLA_FLAGS": "--xla_backend_optimization_level=0",
-         "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "ihsweep.cli", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=300)
+  env = {
+    **os.environ,
+    "HOME": str(home),
+    "XLA_FLAGS": "--xla_backend_optimization_level=0",
+    "JAX_PLATFORMS": "cpu",
+  }
+  return subprocess.run(
+    [sys.executable, "-m", "ihsweep.cli", *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_a_workdir_under_home_is_expanded(tmp_path):
@@ -327,9 +498,15 @@ def test_a_workdir_under_home_is_expanded(tmp_path):
   mine = tmp_path / "mine"
   mine.mkdir()
   (mine / "notes.txt").write_text("my own")
-  r = _ihsweep_home(tmp_path, tmp_path / "cwd", "train",
-                    f"--config={ROOT}/configs/default.py", "--workdir=~/mine", "--noprogress",
-                    *TINY)
+  r = _ihsweep_home(
+    tmp_path,
+    tmp_path / "cwd",
+    "train",
+    f"--config={ROOT}/configs/default.py",
+    "--workdir=~/mine",
+    "--noprogress",
+    *TINY,
+  )
   assert r.returncode == 2, r.stderr
   assert r.stderr.startswith(f"ihsweep: --workdir={mine} is not allowed: "), r.stderr
   r = _ihsweep_home(tmp_path, tmp_path / "cwd", "status", "--workdir=~/mine")
@@ -340,6 +517,7 @@ def test_a_workdir_under_home_is_expanded(tmp_path):
 def _fake_runs(tmp_path):
   """A sweep with one group directory, and a train run, as their markers make them."""
   from ihsweep import rundir
+
   runs = {"sweep": tmp_path / "sweep", "train": tmp_path / "train"}
   for kind, d in runs.items():
     rundir.claim_workdir(str(d), kind)
@@ -351,16 +529,20 @@ def _fake_runs(tmp_path):
 
 def test_a_sweeps_group_directory_is_refused_naming_the_sweep(tmp_path):
   sweep_dir, group, _ = _fake_runs(tmp_path)
-  expected = (f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: resume it "
-              f"with `ihsweep run --workdir={sweep_dir}`\n")
+  expected = (
+    f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: resume it "
+    f"with `ihsweep run --workdir={sweep_dir}`\n"
+  )
   for command in ("train", "run"):
-    r = _ihsweep(command, "--config=configs/default.py", f"--workdir={group}", "--noprogress",
-                 *TINY)
+    r = _ihsweep(
+      command, "--config=configs/default.py", f"--workdir={group}", "--noprogress", *TINY
+    )
     assert r.returncode == 2 and r.stderr == expected, r.stderr
   r = _ihsweep("status", f"--workdir={group}")
   assert r.returncode == 2 and r.stderr == (
-      f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: its status is in "
-      f"`ihsweep status --workdir={sweep_dir}`\n"), r.stderr
+    f"ihsweep: --workdir={group} is group g000 of the sweep in {sweep_dir}: its status is in "
+    f"`ihsweep status --workdir={sweep_dir}`\n"
+  ), r.stderr
   assert sorted(os.listdir(group)) == ["status.json"]
 
 
@@ -368,8 +550,8 @@ def test_status_of_a_train_run_says_where_its_progress_is(tmp_path):
   _, _, train_dir = _fake_runs(tmp_path)
   r = _ihsweep("status", f"--workdir={train_dir}")
   assert r.returncode == 2 and r.stderr == (
-      f"ihsweep: --workdir={train_dir} holds an ihsweep train run, not a sweep: its progress is "
-      f"in train_log.jsonl and metrics.jsonl (python -m analysis report {train_dir} reads it)\n"
+    f"ihsweep: --workdir={train_dir} holds an ihsweep train run, not a sweep: its progress is "
+    f"in train_log.jsonl and metrics.jsonl (python -m analysis report {train_dir} reads it)\n"
   ), r.stderr
 
 
@@ -384,21 +566,37 @@ def test_out_of_device_memory_is_one_line_and_exits_at_once(tmp_path, monkeypatc
   monkeypatch.setattr(runner, "fit", too_big)
   monkeypatch.setattr(cli.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
   with pytest.raises(SystemExit) as exit_:
-    cli.main(["ihsweep", "train", "--config=configs/default.py:tiny",
-              f"--workdir={tmp_path / 'w'}", "--noprogress"])
+    cli.main(
+      [
+        "ihsweep",
+        "train",
+        "--config=configs/default.py:tiny",
+        f"--workdir={tmp_path / 'w'}",
+        "--noprogress",
+      ]
+    )
   assert exit_.value.code == 1
   err = [line for line in capsys.readouterr().err.splitlines() if " INFO " not in line]
-  assert err == ["ihsweep: out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating "
-                 "17677012668608 bytes.); lower train.batch_size, train.context_size, the model "
-                 "size or eval.n_probes (the run directory keeps its last complete checkpoint: "
-                 "rerun to resume)"]
+  assert err == [
+    "ihsweep: out of device memory (RESOURCE_EXHAUSTED: Out of memory allocating "
+    "17677012668608 bytes.); lower train.batch_size, train.context_size, the model "
+    "size or eval.n_probes (the run directory keeps its last complete checkpoint: "
+    "rerun to resume)"
+  ]
 
 
 def test_plan_command_predicts_without_training(tmp_path):
   # study scale (C4, absent here) from a given FLOP/s: two groups on 4 workers of 2 devices
-  r = _ihsweep("plan", "--config=configs/exp1_natural.py", "--devices=8",
-               "--devices_per_worker=2", "--flops_per_s=1e14", "--grid=train.batch_size=8,16",
-               "--grid=train.context_size=64", "--json")
+  r = _ihsweep(
+    "plan",
+    "--config=configs/exp1_natural.py",
+    "--devices=8",
+    "--devices_per_worker=2",
+    "--flops_per_s=1e14",
+    "--grid=train.batch_size=8,16",
+    "--grid=train.context_size=64",
+    "--json",
+  )
   assert r.returncode == 0, r.stderr
   p = json.loads(r.stdout)
   assert sorted(g["batch_size"] for g in p["groups"]) == [8, 16]  # 1B tokens each: equal cost
@@ -407,7 +605,13 @@ def test_plan_command_predicts_without_training(tmp_path):
   assert [(s["worker"], s["start_s"]) for s in p["schedule"]] == [(0, 0), (1, 0)]
   assert p["utilisation"] == pytest.approx(2 / 4, rel=0.01)  # 2 of 4 workers busy, equal work
   assert p["global"]["refused"] is None and p["global"]["utilisation"] == pytest.approx(1.0)
-  r = _ihsweep("plan", "--config=configs/exp1_natural.py", "--devices=6",
-               "--devices_per_worker=4", "--flops_per_s=1e14")
-  assert r.returncode == 2 and r.stderr.startswith("ihsweep: --devices_per_worker=4 is not "
-                                                   "allowed: a divisor of --devices=6 (1, 2, 3, 6)")
+  r = _ihsweep(
+    "plan",
+    "--config=configs/exp1_natural.py",
+    "--devices=6",
+    "--devices_per_worker=4",
+    "--flops_per_s=1e14",
+  )
+  assert r.returncode == 2 and r.stderr.startswith(
+    "ihsweep: --devices_per_worker=4 is not allowed: a divisor of --devices=6 (1, 2, 3, 6)"
+  )

@@ -4,7 +4,9 @@ from ihsweep import runner
 from ihsweep.config import ConfigError, validate
 
 
-@pytest.mark.parametrize("field,value,words", [
+@pytest.mark.parametrize(
+  "field,value,words",
+  [
     ("model.n_heads", 3, ["model.n_heads = 3", "divisor of model.d_model = 32"]),
     ("train.lr", -1e-3, ["train.lr = -0.001", "(0.0, inf)"]),
     ("train.context_size", 64, ["train.context_size = 64", "model.max_context = 32"]),
@@ -17,7 +19,8 @@ from ihsweep.config import ConfigError, validate
     ("ensemble.peak_lrs", (1e-3,), ["ensemble.peak_lrs = (0.001,)", "ensemble.size = 2"]),
     ("mesh.num_devices", 9, ["mesh.num_devices = 9", "[0, 4]"]),
     ("ensemble.vmap_chunk", 3, ["ensemble.vmap_chunk = 3", "a divisor of the 1 models per device"]),
-])
+  ],
+)
 def test_invalid_config_fails_before_compiling(tiny, tmp_path, no_compile, field, value, words):
   cfg = tiny()
   section, name = field.split(".")
@@ -37,7 +40,9 @@ def _assert_refused(cfg, tmp_path, field, words):
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides,field,words", [
+@pytest.mark.parametrize(
+  "overrides,field,words",
+  [
     ({"eval.probe_len": 17}, "eval.probe_len", ["eval.probe_len = 17", "[0, 16]"]),
     ({"eval.probe_top_k": 8}, "eval.probe_top_k", ["0 or in [16, 64]", "L = 16"]),
     ({"eval.icl_early": 20, "eval.icl_late": 10}, "eval.icl_early", ["early 20 >= late 10"]),
@@ -48,15 +53,26 @@ def _assert_refused(cfg, tmp_path, field, words):
     ({"checkpoint.params_schedule": "daily"}, "checkpoint.params_schedule", ["'log', 'study'"]),
     ({"checkpoint.law_window": 0.5}, "checkpoint.law_window", ["[1.0, inf)"]),
     ({"checkpoint.keep_state": 0}, "checkpoint.keep_state", [">= 1"]),
-    ({"checkpoint.law_file": "/nonexistent/law.json"}, "checkpoint.law_file",
-     ["cannot read a JSON law"]),
-    ({"data.source": "repeated_blocks", "data.block_min": 17}, "data.block_min",
-     ["[1, 16]", "fit twice"]),
-    ({"data.source": "repeated_blocks", "data.block_min": 8, "data.block_max": 5},
-     "data.block_max", [">= data.block_min = 8"]),
-])
-def test_invalid_eval_checkpoint_and_source_fields(tiny, tmp_path, no_compile, overrides, field,
-                                                   words):
+    (
+      {"checkpoint.law_file": "/nonexistent/law.json"},
+      "checkpoint.law_file",
+      ["cannot read a JSON law"],
+    ),
+    (
+      {"data.source": "repeated_blocks", "data.block_min": 17},
+      "data.block_min",
+      ["[1, 16]", "fit twice"],
+    ),
+    (
+      {"data.source": "repeated_blocks", "data.block_min": 8, "data.block_max": 5},
+      "data.block_max",
+      [">= data.block_min = 8"],
+    ),
+  ],
+)
+def test_invalid_eval_checkpoint_and_source_fields(
+  tiny, tmp_path, no_compile, overrides, field, words
+):
   cfg = tiny(**{"eval.every_steps": 10, **overrides})
   _assert_refused(cfg, tmp_path, field, words)
 
@@ -79,28 +95,47 @@ def test_a_mesh_that_would_idle_devices_is_refused_only_where_asked_for(tiny):
 
 def test_default_configs_are_valid():
   import configs.default
+
   validate(configs.default.get_config())
   validate(configs.default.get_config("tiny"))
   import configs.induction
+
   validate(configs.induction.get_config())
   with pytest.raises(ValueError, match="unknown variant"):
     configs.default.get_config("huge")
 
 
-@pytest.mark.parametrize("overrides,field,words", [
-    ({"data.frequency": 1.5}, "data.frequency",
-     ["data.frequency = 1.5", "its default 0.5", "'markov_chain', which does not read it",
-      "only data.source = 'markov'"]),
+@pytest.mark.parametrize(
+  "overrides,field,words",
+  [
+    (
+      {"data.frequency": 1.5},
+      "data.frequency",
+      [
+        "data.frequency = 1.5",
+        "its default 0.5",
+        "'markov_chain', which does not read it",
+        "only data.source = 'markov'",
+      ],
+    ),
     ({"data.smoothing": 0.1}, "data.smoothing", ["'markov' (transitions 'bigram')"]),
-    ({"data.source": "markov", "data.transitions": "iid", "data.smoothing": 0.1},
-     "data.smoothing", ["'markov' (transitions 'iid')", "--config.data.transitions=bigram"]),
-    ({"data.source": "uniform", "data.n_successors": 8}, "data.n_successors",
-     ["'uniform'", "only data.source = 'markov_chain'"]),
+    (
+      {"data.source": "markov", "data.transitions": "iid", "data.smoothing": 0.1},
+      "data.smoothing",
+      ["'markov' (transitions 'iid')", "--config.data.transitions=bigram"],
+    ),
+    (
+      {"data.source": "uniform", "data.n_successors": 8},
+      "data.n_successors",
+      ["'uniform'", "only data.source = 'markov_chain'"],
+    ),
     ({"data.synthetic.n_groups": 8}, "data.synthetic.n_groups", ["its default 50"]),
     ({"data.files": "/tmp/*.txt"}, "data.files", ["--config.data.source=natural"]),
-])
-def test_fields_the_source_does_not_read_keep_their_defaults(tiny, tmp_path, no_compile,
-                                                             overrides, field, words):
+  ],
+)
+def test_fields_the_source_does_not_read_keep_their_defaults(
+  tiny, tmp_path, no_compile, overrides, field, words
+):
   cfg = tiny(**overrides)
   with pytest.raises(ConfigError) as err:
     runner.fit(cfg, str(tmp_path / "run"), progress=False)
@@ -121,8 +156,15 @@ def test_models_that_would_be_identical_are_refused(tiny, tmp_path, no_compile):
     validate(cfg)
   cfg.ensemble.peak_lrs = (1e-3, 2e-3, 1e-3)  # same seed, different lrs: different models
   validate(cfg)
-  cfg = tiny(**{"data.source": "markov", "data.transitions": "iid", "ensemble.seeds": (5, 5),
-                "data.frequencies": (0.5, 0.5), "data.reliabilities": (0.2, 0.2)})
+  cfg = tiny(
+    **{
+      "data.source": "markov",
+      "data.transitions": "iid",
+      "ensemble.seeds": (5, 5),
+      "data.frequencies": (0.5, 0.5),
+      "data.reliabilities": (0.2, 0.2),
+    }
+  )
   with pytest.raises(ConfigError, match="models 0 and 1 both have seed 5"):
     validate(cfg)
   cfg.data.reliabilities = (0.2, 0.9)
@@ -132,16 +174,28 @@ def test_models_that_would_be_identical_are_refused(tiny, tmp_path, no_compile):
 INT32_MAX = 2**31 - 1
 
 
-@pytest.mark.parametrize("overrides,field,words", [
-    ({"seed": INT32_MAX}, "seed",
-     ["config.seed = 2147483647", "[0, 2147483646]", "seed + ensemble.size - 1 = 2147483648"]),
+@pytest.mark.parametrize(
+  "overrides,field,words",
+  [
+    (
+      {"seed": INT32_MAX},
+      "seed",
+      ["config.seed = 2147483647", "[0, 2147483646]", "seed + ensemble.size - 1 = 2147483648"],
+    ),
     ({"seed": 2**31, "ensemble.size": 1}, "seed", ["config.seed = 2147483648", "[0, 2147483647]"]),
-    ({"ensemble.seeds": (0, 2**31)}, "ensemble.seeds[1]",
-     ["config.ensemble.seeds[1] = 2147483648", "[0, 2147483647] (seeds are int32)"]),
-    ({"train.num_steps": 99999999999999999999}, "train.num_steps",
-     ["config.train.num_steps = 99999999999999999999", "[1, 2147483647]", "int32"]),
+    (
+      {"ensemble.seeds": (0, 2**31)},
+      "ensemble.seeds[1]",
+      ["config.ensemble.seeds[1] = 2147483648", "[0, 2147483647] (seeds are int32)"],
+    ),
+    (
+      {"train.num_steps": 99999999999999999999},
+      "train.num_steps",
+      ["config.train.num_steps = 99999999999999999999", "[1, 2147483647]", "int32"],
+    ),
     ({"train.num_steps": 2**31}, "train.num_steps", ["[1, 2147483647]"]),
-])
+  ],
+)
 def test_seeds_and_updates_must_fit_int32(tiny, tmp_path, no_compile, overrides, field, words):
   with pytest.raises(ConfigError) as err:
     runner.fit(tiny(**overrides), str(tmp_path / "run"), progress=False)
@@ -158,25 +212,38 @@ def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
 
 def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
   from ihsweep import plan as plan_lib
+
   cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
-  with pytest.raises(ConfigError, match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
-                     r"allowed: an integer in \[0, 2147483647\]"):
+  with pytest.raises(
+    ConfigError,
+    match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
+    r"allowed: an integer in \[0, 2147483647\]",
+  ):
     plan_lib.make_plan(cfg)
   cfg.sweep.seeds = 1
   assert [c.seed for c in plan_lib.make_plan(cfg).cells] == [INT32_MAX]
 
 
-@pytest.mark.parametrize("path,value,field,words", [
-    ("train.batchsize", 32, "train.batchsize",
-     ["config.train.batchsize = 32 is not allowed: no such field; did you mean train.batch_size?",
-      "(train has: b1, b2, batch_size, context_size,"]),
+@pytest.mark.parametrize(
+  "path,value,field,words",
+  [
+    (
+      "train.batchsize",
+      32,
+      "train.batchsize",
+      [
+        "config.train.batchsize = 32 is not allowed: no such field; did you mean train.batch_size?",
+        "(train has: b1, b2, batch_size, context_size,",
+      ],
+    ),
     ("train.foo", 1, "train.foo", ["no such field (train has: b1,"]),
     ("seeds", 3, "seeds", ["did you mean seed?", "(the config has: checkpoint, data,"]),
     ("data.synthetic.lrr", 0.1, "data.synthetic.lrr", ["did you mean data.synthetic.lr?"]),
     ("eval.every_step", 5, "eval.every_step", ["did you mean eval.every_steps?"]),
     ("ensemble.seed", (1, 2), "ensemble.seed", ["did you mean ensemble.seeds?"]),
     ("model.rotary", True, "model.rotary", ["did you mean model.rotary_base?"]),
-])
+  ],
+)
 def test_unknown_fields_are_refused(tiny, tmp_path, no_compile, path, value, field, words):
   cfg = tiny()
   *parents, name = path.split(".")

@@ -10,13 +10,13 @@ from ihsweep import plan as plan_lib
 
 # (config, argument) → (cells, groups, models per group)
 EXPECTED = {
-    ("demo", ""): (18, 9, 2),
-    ("exp1_natural", ""): (50, 25, 2),
-    ("exp1_natural", "scale=cpu"): (18, 9, 2),
-    ("exp2_seminatural", ""): (98, 1, 98),
-    ("exp2_seminatural", "scale=cpu"): (16, 1, 16),
-    ("exp3_synthetic", ""): (72, 9, 8),
-    ("exp3_synthetic", "scale=cpu"): (36, 9, 4),
+  ("demo", ""): (18, 9, 2),
+  ("exp1_natural", ""): (50, 25, 2),
+  ("exp1_natural", "scale=cpu"): (18, 9, 2),
+  ("exp2_seminatural", ""): (98, 1, 98),
+  ("exp2_seminatural", "scale=cpu"): (16, 1, 16),
+  ("exp3_synthetic", ""): (72, 9, 8),
+  ("exp3_synthetic", "scale=cpu"): (36, 9, 4),
 }
 
 
@@ -53,11 +53,19 @@ def test_demo_grid_and_budget():
   assert cfg.sweep.budget == "emergence" and cfg.sweep.seeds == 2
 
 
-@pytest.mark.parametrize("name, arg", [("exp1_natural", "scale=gpu"), ("exp1_natural", "x=1"),
-                                       ("exp1_natural", "scale=cpu,models=3"),
-                                       ("exp2_seminatural", "scale=tpu"),
-                                       ("exp2_seminatural", "bogus"), ("exp1_natural", "cpu"),
-                                       ("exp3_synthetic", "models=3"), ("demo", "cpu")])
+@pytest.mark.parametrize(
+  "name, arg",
+  [
+    ("exp1_natural", "scale=gpu"),
+    ("exp1_natural", "x=1"),
+    ("exp1_natural", "scale=cpu,models=3"),
+    ("exp2_seminatural", "scale=tpu"),
+    ("exp2_seminatural", "bogus"),
+    ("exp1_natural", "cpu"),
+    ("exp3_synthetic", "models=3"),
+    ("demo", "cpu"),
+  ],
+)
 def test_bad_config_arguments_are_refused(name, arg):
   with pytest.raises(ValueError, match="allowed|no argument|study-scale"):
     importlib.import_module(f"configs.{name}").get_config(arg)

@@ -41,16 +41,22 @@ def test_uniform_source_and_keys():
 
 def test_repeated_blocks_repeat_one_block_from_a_random_offset():
   from ihsweep.data.builtin import RepeatedBlocksSource
-  src = RepeatedBlocksSource(vocab_size=1000, batch_size=64, context_size=40, block_min=3,
-                             block_max=8)
+
+  src = RepeatedBlocksSource(
+    vocab_size=1000, batch_size=64, context_size=40, block_min=3, block_max=8
+  )
   seqs = np.asarray(src.sample(jax.random.PRNGKey(0), {}, {}))
   assert seqs.shape == (64, 41) and seqs.dtype == np.int32
   periods, starts = set(), set()
   for s in seqs:  # V = 1000: chance repeats are rare, so the period is the smallest shift
-    found = [(st, l) for l in range(3, 9) for st in range(0, 41 - 2 * l + 1)
-             if (s[st + l:] == s[st:41 - l]).all()]
+    found = [
+      (st, period)
+      for period in range(3, 9)
+      for st in range(0, 41 - 2 * period + 1)
+      if (s[st + period :] == s[st : 41 - period]).all()
+    ]
     assert found, s
-    st, l = min(found)
-    periods.add(l)
+    st, period = min(found)
+    periods.add(period)
     starts.add(st)
   assert periods == set(range(3, 9)) and len(starts) > 10  # lengths and offsets both vary

@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(cmd, cwd):
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what is installed
-  return subprocess.run(cmd, cwd=cwd, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True,
-                        text=True, timeout=300)
+  return subprocess.run(
+    cmd, cwd=cwd, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=300
+  )
 
 
 def _ihsweep():
@@ -38,8 +39,9 @@ def test_every_package_folder_is_installed_and_analysis_under_its_own_name():
         rel = os.path.relpath(here, os.path.join(ROOT, folder))
         found.add(name + ("" if rel == "." else "." + rel.replace(os.sep, ".")))
   assert sorted(setup["packages"]) == sorted(found), (
-      "pyproject.toml [tool.setuptools] packages must list every package folder "
-      f"(a wheel leaves the others out): listed {setup['packages']}, found {sorted(found)}")
+    "pyproject.toml [tool.setuptools] packages must list every package folder "
+    f"(a wheel leaves the others out): listed {setup['packages']}, found {sorted(found)}"
+  )
   assert setup["package-dir"] == {"ihsweep_analysis": "analysis"}
   assert not any(p == "analysis" or p.startswith("analysis.") for p in setup["packages"])
 
@@ -70,13 +72,13 @@ def test_analysis_commands_work_from_any_directory_and_analysis_does_not_clash(t
   assert r.returncode != 0 or not os.path.realpath(r.stdout.strip()).startswith(ROOT), r.stdout
   # ... while ihsweep_analysis is: the repository's analysis/ folder (editable install, as
   # `make` does) or its copy in site-packages (a wheel)
-  r = _run([sys.executable, "-c", "import ihsweep_analysis.load as m; print(m.__file__)"],
-           tmp_path)
+  r = _run([sys.executable, "-c", "import ihsweep_analysis.load as m; print(m.__file__)"], tmp_path)
   assert r.returncode == 0, r.stderr
   path = os.path.realpath(r.stdout.strip())
-  assert path in (os.path.join(os.path.realpath(ROOT), "analysis", "load.py"),
-                  os.path.join(os.path.dirname(os.path.dirname(path)), "ihsweep_analysis",
-                               "load.py")), path
+  assert path in (
+    os.path.join(os.path.realpath(ROOT), "analysis", "load.py"),
+    os.path.join(os.path.dirname(os.path.dirname(path)), "ihsweep_analysis", "load.py"),
+  ), path
 
 
 def test_python_m_analysis_still_works_from_the_repository():

@@ -25,13 +25,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5
 # One group of E = 2 (one model per process), small enough to compile in seconds, with far more
 # updates than a test waits for: the launch is still training when the signal arrives.
-TINY = ["--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.d_model=16",
-        "--config.model.n_heads=1", "--config.model.vocab_size=32", "--config.model.max_context=16",
-        "--config.model.dtype=float32", "--config.train.batch_size=8",
-        "--config.train.context_size=16", "--config.train.num_steps=1000000",
-        "--config.train.steps_per_call=10", "--config.eval.every_steps=0",
-        "--config.checkpoint.params_schedule=none", "--config.checkpoint.state_every_steps=0",
-        "--config.ensemble.size=2", "--config.sweep.seeds=2"]
+TINY = [
+  "--config.model.n_layers=1",
+  "--config.model.d_mlp=0",
+  "--config.model.d_model=16",
+  "--config.model.n_heads=1",
+  "--config.model.vocab_size=32",
+  "--config.model.max_context=16",
+  "--config.model.dtype=float32",
+  "--config.train.batch_size=8",
+  "--config.train.context_size=16",
+  "--config.train.num_steps=1000000",
+  "--config.train.steps_per_call=10",
+  "--config.eval.every_steps=0",
+  "--config.checkpoint.params_schedule=none",
+  "--config.checkpoint.state_every_steps=0",
+  "--config.ensemble.size=2",
+  "--config.sweep.seeds=2",
+]
 # The joined failure tests: placement 'global', both processes train the group together, so one's
 # failure reaches the other (with process-local groups, the default, only the worker holding the
 # group trains it).
@@ -44,14 +55,32 @@ CRASH = re.compile(r"^F\d{4} |Aborted|Check fail|stack trace|terminate called|Tr
 def _launch_and_signal(workdir, process: int, sig: int):
   """Starts two processes, sends ``sig`` to ``process`` once both train, and returns
   ``(exit status, launcher output, seconds from the signal to the launcher's exit)``."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1 "
-                      "--xla_backend_optimization_level=0",
-         "IHSWEEP_HEARTBEAT_S": str(HEARTBEAT_S), "IHSWEEP_GRACE_S": str(GRACE_S)}
-  cmd = ["bash", os.path.join(ROOT, "launch", "local_multiprocess.sh"), "2",
-         "--config=configs/default.py", f"--workdir={workdir}", "--noprogress", *FLAGS]
-  launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+    "IHSWEEP_HEARTBEAT_S": str(HEARTBEAT_S),
+    "IHSWEEP_GRACE_S": str(GRACE_S),
+  }
+  cmd = [
+    "bash",
+    os.path.join(ROOT, "launch", "local_multiprocess.sh"),
+    "2",
+    "--config=configs/default.py",
+    f"--workdir={workdir}",
+    "--noprogress",
+    *FLAGS,
+  ]
+  launcher = subprocess.Popen(
+    cmd,
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    start_new_session=True,
+  )
   try:
     log = os.path.join(workdir, "groups", "g000", "train_log.jsonl")
     deadline = time.time() + 240
@@ -117,19 +146,38 @@ def test_stopped_process_ends_the_others_with_one_line(tmp_path, stopped):
   assert not CRASH.search(out + logs), CRASH.findall(out + logs)
   status = rundir.read_status(str(work), "g000")
   assert status["state"] == "failed" and "stopped answering" in status["error"], status
-  assert "failed" in next(l for l in sweep.format_status(str(work)).splitlines() if "g000" in l)
+  assert "failed" in next(
+    line for line in sweep.format_status(str(work)).splitlines() if "g000" in line
+  )
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "inf"])
 def test_bad_heartbeat_is_one_line(tmp_path, value):
-  env = {**os.environ, "IHSWEEP_COORDINATOR": "localhost:1", "IHSWEEP_NUM_PROCESSES": "2",
-         "IHSWEEP_PROCESS_ID": "0", "IHSWEEP_HEARTBEAT_S": value}
-  r = subprocess.run([sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
-                      f"--workdir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=120)
+  env = {
+    **os.environ,
+    "IHSWEEP_COORDINATOR": "localhost:1",
+    "IHSWEEP_NUM_PROCESSES": "2",
+    "IHSWEEP_PROCESS_ID": "0",
+    "IHSWEEP_HEARTBEAT_S": value,
+  }
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "ihsweep.cli",
+      "run",
+      "--config=configs/default.py",
+      f"--workdir={tmp_path / 'run'}",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 2 and r.stderr.strip() == (
-      f"ihsweep: IHSWEEP_HEARTBEAT_S={value!r} is not allowed: a finite number of seconds > 0"), (
-      r.stderr[-2000:])
+    f"ihsweep: IHSWEEP_HEARTBEAT_S={value!r} is not allowed: a finite number of seconds > 0"
+  ), r.stderr[-2000:]
   assert not (tmp_path / "run").exists()
 
 
@@ -161,14 +209,23 @@ echo "done $CUDA_VISIBLE_DEVICES"
 def _clean_env(**extra) -> dict:
   """This environment without what the launchers read (IHSWEEP*, XLA_*, SLURM_*, GPUs; nproc
   also reads OMP_*), plus ``extra``."""
-  keep = {k: v for k, v in os.environ.items()
-          if not k.startswith(("IHSWEEP", "XLA_", "SLURM_", "OMP_", "CUDA_VISIBLE_DEVICES"))}
+  keep = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("IHSWEEP", "XLA_", "SLURM_", "OMP_", "CUDA_VISIBLE_DEVICES"))
+  }
   return {**keep, "IHSWEEP": "ihsweep", **extra}
 
 
 def _dry(script: str, *args, **env) -> subprocess.CompletedProcess:
-  return subprocess.run(["bash", os.path.join(LAUNCH, script), *args, "--dry-run"], cwd=ROOT,
-                        env=_clean_env(**env), capture_output=True, text=True, timeout=60)
+  return subprocess.run(
+    ["bash", os.path.join(LAUNCH, script), *args, "--dry-run"],
+    cwd=ROOT,
+    env=_clean_env(**env),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
 
 
 def _lines(r: subprocess.CompletedProcess) -> list[str]:
@@ -185,23 +242,47 @@ def _split(line: str) -> tuple[dict, str]:
 
 def test_independent_workers_dry_run_no_coordinator_cores_split():
   per = max(len(os.sched_getaffinity(0)) // 3, 1)  # what nproc counts
-  assert _lines(_dry("local_multiprocess.sh", "3", "--independent", *ARGS)) == [
-      f"XLA_FLAGS=--xla_force_host_platform_device_count={per} {RUN}"] * 3
+  assert (
+    _lines(_dry("local_multiprocess.sh", "3", "--independent", *ARGS))
+    == [f"XLA_FLAGS=--xla_force_host_platform_device_count={per} {RUN}"] * 3
+  )
   # Inherited variables that would make a worker join a job are removed from its environment.
-  lines = _lines(_dry("local_multiprocess.sh", "2", *ARGS, "--independent",
-                      IHSWEEP_COORDINATOR="host:1", IHSWEEP_DISTRIBUTED="1",
-                      IHSWEEP_CPU_DEVICES="2", XLA_FLAGS="--xla_cpu_foo=1"))
-  assert lines == ["env -u IHSWEEP_COORDINATOR -u IHSWEEP_DISTRIBUTED XLA_FLAGS=--xla_cpu_foo=1"
-                   f"\\ --xla_force_host_platform_device_count=2 {RUN}"] * 2
+  lines = _lines(
+    _dry(
+      "local_multiprocess.sh",
+      "2",
+      *ARGS,
+      "--independent",
+      IHSWEEP_COORDINATOR="host:1",
+      IHSWEEP_DISTRIBUTED="1",
+      IHSWEEP_CPU_DEVICES="2",
+      XLA_FLAGS="--xla_cpu_foo=1",
+    )
+  )
+  assert (
+    lines
+    == [
+      "env -u IHSWEEP_COORDINATOR -u IHSWEEP_DISTRIBUTED XLA_FLAGS=--xla_cpu_foo=1"
+      f"\\ --xla_force_host_platform_device_count=2 {RUN}"
+    ]
+    * 2
+  )
 
 
-@pytest.mark.parametrize("n, gpus, fraction, want", [
+@pytest.mark.parametrize(
+  "n, gpus, fraction, want",
+  [
     (2, "0,1", None, [("0", None), ("1", None)]),  # one worker per GPU: JAX's defaults
-    (5, "0,1", None, [("0", "0.300"), ("1", "0.450"), ("0", "0.300"), ("1", "0.450"),
-                      ("0", "0.300")]),  # 3 share GPU 0, 2 share GPU 1
+    (
+      5,
+      "0,1",
+      None,
+      [("0", "0.300"), ("1", "0.450"), ("0", "0.300"), ("1", "0.450"), ("0", "0.300")],
+    ),  # 3 share GPU 0, 2 share GPU 1
     (4, "GPU-4f2a", None, [("GPU-4f2a", "0.225")] * 4),
     (2, "7", "0.4", [("7", "0.4")] * 2),  # a fraction set by the caller is kept
-])
+  ],
+)
 def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, fraction, want):
   env = {"IHSWEEP_GPUS": gpus}
   if fraction:
@@ -218,8 +299,9 @@ def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, frac
 
 
 def test_joined_processes_one_gpu_each_and_never_two_on_one():
-  lines = _lines(_dry("local_multiprocess.sh", "2", *ARGS, IHSWEEP_GPUS="3,5",
-                      IHSWEEP_PORT="12345"))
+  lines = _lines(
+    _dry("local_multiprocess.sh", "2", *ARGS, IHSWEEP_GPUS="3,5", IHSWEEP_PORT="12345")
+  )
   for k, (line, gpu) in enumerate(zip(lines, ("3", "5"))):
     variables, command = _split(line)
     assert command == RUN
@@ -242,11 +324,23 @@ def _fake_launch(tmp_path, n: int, *flags, term: bool = False, **env):
   fake.write_text(FAKE)
   work = tmp_path / "run"
   launcher = subprocess.Popen(
-      ["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), str(n), *flags,
-       f"--workdir={work}", "--noprogress"], cwd=ROOT, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True, start_new_session=True,
-      env=_clean_env(IHSWEEP=f"bash {fake}", IHSWEEP_GPUS=",".join(map(str, range(n))),
-                     IHSWEEP_PORT="1", **env))
+    [
+      "bash",
+      os.path.join(LAUNCH, "local_multiprocess.sh"),
+      str(n),
+      *flags,
+      f"--workdir={work}",
+      "--noprogress",
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    start_new_session=True,
+    env=_clean_env(
+      IHSWEEP=f"bash {fake}", IHSWEEP_GPUS=",".join(map(str, range(n))), IHSWEEP_PORT="1", **env
+    ),
+  )
   logs = work / "logs"
   try:
     if term:
@@ -266,18 +360,20 @@ def _fake_launch(tmp_path, n: int, *flags, term: bool = False, **env):
 
 
 def test_independent_worker_killed_does_not_stop_the_others(tmp_path):
-  rc, out, own, logs = _fake_launch(tmp_path, 3, "--independent", FAKE_1="kill",
-                                    IHSWEEP_COORDINATOR="localhost:9")
+  rc, out, own, logs = _fake_launch(
+    tmp_path, 3, "--independent", FAKE_1="kill", IHSWEEP_COORDINATOR="localhost:9"
+  )
   work = tmp_path / "run"
   assert rc == 137, (own, logs)
   assert own == [
-      f"local_multiprocess.sh: 3 independent workers on {work}: worker 0 here, worker k in "
-      f"{work}/logs/worker_k.log; `ihsweep status --workdir={work}` shows who holds which group",
-      f"local_multiprocess.sh: worker 1 of 3 ended with status 137 (128 + 9: SIGKILL) (log: "
-      f"{work}/logs/worker_1.log); the others go on",
-      f"local_multiprocess.sh: exit status 137 (worker 1 of 3); 2 of 3 workers exited with "
-      f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
-      f"--workdir={work}`)"]
+    f"local_multiprocess.sh: 3 independent workers on {work}: worker 0 here, worker k in "
+    f"{work}/logs/worker_k.log; `ihsweep status --workdir={work}` shows who holds which group",
+    f"local_multiprocess.sh: worker 1 of 3 ended with status 137 (128 + 9: SIGKILL) (log: "
+    f"{work}/logs/worker_1.log); the others go on",
+    f"local_multiprocess.sh: exit status 137 (worker 1 of 3); 2 of 3 workers exited with "
+    f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
+    f"--workdir={work}`)",
+  ]
   # The others ran to their end; worker 0 also on the terminal; no worker saw a coordinator.
   assert sorted(logs) == [0, 1, 2]
   for k in (0, 2):
@@ -295,19 +391,21 @@ def test_independent_worker_left_stopped_is_killed_after_the_others(tmp_path):
   work = tmp_path / "run"
   assert rc == 3, (own, logs)  # the first failure's status, not the killed one's
   assert own[1:] == [
-      f"local_multiprocess.sh: worker 2 of 3 exited with status 3 (log: "
-      f"{work}/logs/worker_2.log); the others go on",
-      "local_multiprocess.sh: stopped (SIGSTOP?) and not answering after the others ended: "
-      "worker 1 of 3, killed",
-      f"local_multiprocess.sh: exit status 3 (worker 2 of 3); 1 of 3 workers exited with "
-      f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
-      f"--workdir={work}`)"]
+    f"local_multiprocess.sh: worker 2 of 3 exited with status 3 (log: "
+    f"{work}/logs/worker_2.log); the others go on",
+    "local_multiprocess.sh: stopped (SIGSTOP?) and not answering after the others ended: "
+    "worker 1 of 3, killed",
+    f"local_multiprocess.sh: exit status 3 (worker 2 of 3); 1 of 3 workers exited with "
+    f"status 0; rerun the same command to finish any group left unfinished (`ihsweep status "
+    f"--workdir={work}`)",
+  ]
   assert logs[0].rstrip().endswith("done 0") and "done 1" not in logs[1]
 
 
 def test_independent_sigterm_reaches_every_worker_and_is_the_status(tmp_path):
-  rc, _, own, logs = _fake_launch(tmp_path, 2, "--independent", term=True, FAKE_0="slow",
-                                  FAKE_1="slow")
+  rc, _, own, logs = _fake_launch(
+    tmp_path, 2, "--independent", term=True, FAKE_0="slow", FAKE_1="slow"
+  )
   assert rc == 143
   assert len(own) == 1 and "2 independent workers" in own[0]  # no failure lines: it was asked
   for k in (0, 1):
@@ -318,32 +416,40 @@ def test_joined_failure_stops_the_others(tmp_path):
   rc, _, own, logs = _fake_launch(tmp_path, 2, FAKE_0="slow", FAKE_1="fail")
   work = tmp_path / "run"
   assert rc == 3
-  assert own == [f"local_multiprocess.sh: process 1 of 2 exited with status 3 (log: "
-                 f"{work}/logs/process_1.log); stopping the others"]
+  assert own == [
+    f"local_multiprocess.sh: process 1 of 2 exited with status 3 (log: "
+    f"{work}/logs/process_1.log); stopping the others"
+  ]
   assert "coordinator=localhost:1 " in logs[0] and logs[0].rstrip().endswith("term 0")
 
 
 def test_slurm_array_dry_runs_and_header():
   assert _lines(_dry("slurm_array.sbatch", *ARGS)) == [
-      "srun --ntasks=1 ihsweep run --noprogress --config=configs/exp.py "
-      "--workdir=/shared/runs/x --grid=seed=0\\,1"]
+    "srun --ntasks=1 ihsweep run --noprogress --config=configs/exp.py "
+    "--workdir=/shared/runs/x --grid=seed=0\\,1"
+  ]
   assert _lines(_dry("slurm_array.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
-      "srun --ntasks=1 --cpus-per-task=8 ihsweep run --noprogress --config=configs/exp.py "
-      "--workdir=/shared/runs/x --grid=seed=0\\,1"]
-  assert _lines(_dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="4",
-                     SLURM_ARRAY_TASK_ID="3")) == [
-      "XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.225 "
-      "IHSWEEP_LOG_PREFIX=task3_worker_ srun --ntasks=1 launch/local_multiprocess.sh 4 "
-      "--independent --noprogress --config=configs/exp.py --workdir=/shared/runs/x "
-      "--grid=seed=0\\,1"]
+    "srun --ntasks=1 --cpus-per-task=8 ihsweep run --noprogress --config=configs/exp.py "
+    "--workdir=/shared/runs/x --grid=seed=0\\,1"
+  ]
+  assert _lines(
+    _dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="4", SLURM_ARRAY_TASK_ID="3")
+  ) == [
+    "XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.225 "
+    "IHSWEEP_LOG_PREFIX=task3_worker_ srun --ntasks=1 launch/local_multiprocess.sh 4 "
+    "--independent --noprogress --config=configs/exp.py --workdir=/shared/runs/x "
+    "--grid=seed=0\\,1"
+  ]
   r = _dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="0")
   assert r.returncode == 2 and "IHSWEEP_WORKERS_PER_GPU=0 is not allowed" in r.stderr
   text = open(os.path.join(LAUNCH, "slurm_array.sbatch")).read()
   sbatch = re.findall(r"^#SBATCH (\S+)", text, re.M)
   for option in ("--array=0-7", "--gres=gpu:1", "--signal=TERM@120", "--requeue"):
     assert option in sbatch, sbatch
-  assert ("sbatch --array=0-63 launch/slurm_array.sbatch --config=configs/exp1_natural.py \\\n"
-          "#       --workdir=/shared/exp1 --config.data.tfds_data_dir=$TFDS") in text
+  assert (
+    "sbatch --array=0-63 launch/slurm_array.sbatch --config=configs/exp1_natural.py \\\n"
+    "#       --workdir=/shared/exp1 --config.data.tfds_data_dir=$TFDS"
+  ) in text
   subprocess.run(["bash", "-n", os.path.join(LAUNCH, "slurm_array.sbatch")], check=True)
 
 
@@ -359,17 +465,30 @@ def test_slurm_array_task_environment(tmp_path, per_gpu):
   fake = tmp_path / "fake_ihsweep.sh"
   fake.write_text(FAKE)
   work = tmp_path / "run"
-  env = _clean_env(PATH=f"{bin_dir}:{os.environ['PATH']}", IHSWEEP=f"bash {fake}",
-                   IHSWEEP_WORKERS_PER_GPU=str(per_gpu), SLURM_ARRAY_TASK_ID="3",
-                   SLURM_CPUS_PER_TASK="8", CUDA_VISIBLE_DEVICES="5", IHSWEEP_DISTRIBUTED="1",
-                   IHSWEEP_COORDINATOR="node1:1234")
-  r = subprocess.run(["bash", os.path.join(LAUNCH, "slurm_array.sbatch"), "--config=c.py",
-                      f"--workdir={work}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                     timeout=60)
+  env = _clean_env(
+    PATH=f"{bin_dir}:{os.environ['PATH']}",
+    IHSWEEP=f"bash {fake}",
+    IHSWEEP_WORKERS_PER_GPU=str(per_gpu),
+    SLURM_ARRAY_TASK_ID="3",
+    SLURM_CPUS_PER_TASK="8",
+    CUDA_VISIBLE_DEVICES="5",
+    IHSWEEP_DISTRIBUTED="1",
+    IHSWEEP_COORDINATOR="node1:1234",
+  )
+  r = subprocess.run(
+    ["bash", os.path.join(LAUNCH, "slurm_array.sbatch"), "--config=c.py", f"--workdir={work}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert r.returncode == 0, r.stderr
   fraction, preallocate = ("unset", "unset") if per_gpu == 1 else ("0.450", "false")
-  want = (f"start 5 ok coordinator=unset distributed=unset fraction={fraction} "
-          f"preallocate={preallocate} args: run --noprogress --config=c.py --workdir={work}")
+  want = (
+    f"start 5 ok coordinator=unset distributed=unset fraction={fraction} "
+    f"preallocate={preallocate} args: run --noprogress --config=c.py --workdir={work}"
+  )
   if per_gpu == 1:
     assert r.stdout.splitlines() == [want, "done 5"]
   else:
@@ -381,27 +500,50 @@ def test_slurm_array_task_environment(tmp_path, per_gpu):
 
 def test_joined_launchers_dry_runs():
   assert _lines(_dry("slurm.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
-      "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 ihsweep run "
-      "--noprogress --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
-  assert _lines(_dry("tpu_pod.sh", "my-tpu", "us-central2-b", *ARGS,
-                     "--config.sweep.placement=global")) == [
-      'gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all '
-      '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
-      '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 '
-      '--config.sweep.placement=global "']
+    "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 ihsweep run "
+    "--noprogress --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+  ]
+  assert _lines(
+    _dry("tpu_pod.sh", "my-tpu", "us-central2-b", *ARGS, "--config.sweep.placement=global")
+  ) == [
+    "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
+    '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
+    "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "
+    '--config.sweep.placement=global "'
+  ]
 
 
 # --------------------------------------------------------------------- a real independent sweep
 
+
 def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
   work = tmp_path / "run"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
-         "IHSWEEP_CPU_DEVICES": "1", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
-  r = subprocess.run(["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
-                      "--independent", "--config=configs/default.py", f"--workdir={work}",
-                      "--noprogress", *TINY, "--config.train.num_steps=20",
-                      "--grid=train.batch_size=4,8"], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+    "IHSWEEP_CPU_DEVICES": "1",
+    "XLA_FLAGS": "--xla_backend_optimization_level=0",
+  }
+  r = subprocess.run(
+    [
+      "bash",
+      os.path.join(LAUNCH, "local_multiprocess.sh"),
+      "2",
+      "--independent",
+      "--config=configs/default.py",
+      f"--workdir={work}",
+      "--noprogress",
+      *TINY,
+      "--config.train.num_steps=20",
+      "--grid=train.batch_size=4,8",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + _logs(work)[-3000:]
   assert sorted(os.listdir(work / "logs")) == ["worker_0.log", "worker_1.log"]
   claimed = {}

@@ -14,18 +14,23 @@ def _law_file(tmp_path, text):
   return str(f)
 
 
-@pytest.mark.parametrize("text,words", [
+@pytest.mark.parametrize(
+  "text,words",
+  [
     ('{"log_T": 1e308, "alpha": 0.37, "beta": 0.62}', ["log_T = 1e+308", "<= 700"]),
     ('{"T": 1e308, "alpha": 0.37, "beta": 0.62}', ["log_T = 709.2"]),
     ('{"log_T": NaN, "alpha": 0.37, "beta": 0.62}', ["'log_T' = nan", "finite"]),
     ('{"log_T": 13, "alpha": Infinity, "beta": 0.62}', ["'alpha' = inf", "finite"]),
     ('{"log_T": 13, "alpha": "0.37", "beta": 0.62}', ["'alpha' = '0.37'", "finite"]),
     ('{"log_T": 13, "alpha": 0.37, "beta": true}', ["'beta' = True", "finite"]),
-    ('{"log_T": 1' + "0" * 400 + ', "alpha": 0.37, "beta": 0.62}',
-     ["'log_T' = an integer of 401 digits"]),
+    (
+      '{"log_T": 1' + "0" * 400 + ', "alpha": 0.37, "beta": 0.62}',
+      ["'log_T' = an integer of 401 digits"],
+    ),
     ('{"T": 1' + "0" * 400 + ', "alpha": 0.37, "beta": 0.62}', ["T = an integer of 401 digits"]),
     ('{"log_T": 10, "alpha": 0.3, "beta": 0.6, "gamma": 0.2}', ["gamma = 0.2", "model size"]),
-])
+  ],
+)
 def test_law_files_outside_the_domain_are_refused_in_one_short_line(tmp_path, text, words):
   with pytest.raises(LawError) as e:
     Law.from_json(_law_file(tmp_path, text))
@@ -36,18 +41,22 @@ def test_law_files_outside_the_domain_are_refused_in_one_short_line(tmp_path, te
 
 
 def test_negative_exponents_and_a_null_gamma_are_a_law(tmp_path):
-  law = Law.from_json(_law_file(tmp_path, json.dumps(
-      {"log_T": 10.0, "alpha": -0.3, "beta": -0.6, "gamma": None})))
+  law = Law.from_json(
+    _law_file(tmp_path, json.dumps({"log_T": 10.0, "alpha": -0.3, "beta": -0.6, "gamma": None}))
+  )
   assert law.updates(8, 64) == pytest.approx(math.exp(10 + 0.3 * math.log(8) + 0.6 * math.log(64)))
 
 
-@pytest.mark.parametrize("law,b,c,words", [
+@pytest.mark.parametrize(
+  "law,b,c,words",
+  [
     (Law(log_T=13.26, alpha=1e308, beta=0.0), 8, 64, ["e^-inf updates", "fewer than one update"]),
     (Law(log_T=100.0, alpha=0.0, beta=-1.0), 8, 64, ["e^104.2 updates", "more than e^100"]),
     (Law(), 10**15, 10**15, ["e^-20.93 updates", "fewer than one update"]),
     (Law(), 10**400, 64, ["batch_size = an integer of 401 digits", "positive finite"]),
     (Law(), 8, math.nan, ["context_size = nan", "positive finite"]),
-])
+  ],
+)
 def test_predictions_outside_any_run_are_refused(law, b, c, words):
   with pytest.raises(LawError) as e:
     law.tokens(b, c)

@@ -19,8 +19,9 @@ def random_chain(vocab=200, concentration=0.1, seed=0):
 
 
 def source_for(p, batch=300, context=64, freqs=(0.5,), rels=(0.5,)):
-  return markov.MarkovSource(p, markov.stationary_distribution(p), batch, context, tuple(freqs),
-                             tuple(rels))
+  return markov.MarkovSource(
+    p, markov.stationary_distribution(p), batch, context, tuple(freqs), tuple(rels)
+  )
 
 
 GRID = [(f, r) for r in (0.2, 0.5, 0.9) for f in (0.2, 0.5, 0.8)]
@@ -56,7 +57,7 @@ def test_knobs_match_the_documented_procedure(grid_sequences):
 def test_second_half_never_repeats_the_previous_token(grid_sequences):
   *_, tokens = grid_sequences
   half = tokens.shape[-1] // 2
-  assert not np.any(tokens[..., half:] == tokens[..., half - 1:-1])
+  assert not np.any(tokens[..., half:] == tokens[..., half - 1 : -1])
 
 
 def test_vmapped_generation_equals_one_model_at_a_time(grid_sequences):
@@ -71,8 +72,9 @@ def test_draws_follow_the_bigram_rows():
   the first half (few exclusions) successor frequencies match P."""
   p = random_chain(vocab=20, concentration=0.5, seed=3)
   src = source_for(p, batch=4000, context=4, freqs=(0.0,), rels=(0.0,))
-  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(1),
-                                          {"frequency": 0.0, "reliability": 0.0}, src.arrays()))
+  tokens = np.asarray(
+    jax.jit(src.sample)(jax.random.PRNGKey(1), {"frequency": 0.0, "reliability": 0.0}, src.arrays())
+  )
   a, b = tokens[:, 0], tokens[:, 1]  # x_1 ~ P[x_0] without x_0
   for tok in np.unique(a)[:5]:
     nxt = b[a == tok]
@@ -117,6 +119,7 @@ def test_bigram_transitions_from_a_corpus(tmp_path):
 
 def _data_cfg(tmp_path, **fields):
   from ihsweep.data import default_config
+
   cfg = default_config()
   cfg.update(source="markov", cache_dir=str(tmp_path / "cache"), **fields)
   return cfg
@@ -126,8 +129,14 @@ def _data_cfg(tmp_path, **fields):
 @pytest.mark.parametrize("categoriality", ["high", "low"])
 def test_synthetic_matrices_reach_their_targets(marginal, categoriality):
   # V = 200 keeps each case at ~4 s here (V = 500 took ~18 s; its results are in the README).
-  spec = synthetic.SyntheticSpec(vocab_size=200, marginal=marginal, categoriality=categoriality,
-                                 n_groups=10, entropy_rate_bits=5.0, iterations=1500)
+  spec = synthetic.SyntheticSpec(
+    vocab_size=200,
+    marginal=marginal,
+    categoriality=categoriality,
+    n_groups=10,
+    entropy_rate_bits=5.0,
+    iterations=1500,
+  )
   p, report = synthetic.optimise_matrix(spec)  # raises if a target is missed
   got = report["achieved"]
   assert got["marginal_kl"] < 0.02
@@ -142,50 +151,77 @@ def test_synthetic_matrices_reach_their_targets(marginal, categoriality):
 
 def test_iid_control_has_no_mutual_information(tmp_path):
   for marginal in synthetic.MARGINALS:
-    spec = synthetic.SyntheticSpec(vocab_size=500, marginal=marginal, categoriality="none",
-                                   entropy_rate_bits=0.0)
+    spec = synthetic.SyntheticSpec(
+      vocab_size=500, marginal=marginal, categoriality="none", entropy_rate_bits=0.0
+    )
     p, report = synthetic.optimise_matrix(spec)
     assert report["achieved"]["mutual_information_nats"] < 1e-6
     assert report["achieved"]["marginal_kl"] < 1e-9
 
 
 def test_unreachable_targets_are_refused_with_achieved_vs_asked():
-  spec = synthetic.SyntheticSpec(vocab_size=100, marginal="zipf", n_groups=10,
-                                 entropy_rate_bits=7.0)
-  with pytest.raises(markov.MarkovError,
-                     match=r"asked 7.0 bits.*at most H\(marginal\) = 5\.310 bits"):
+  spec = synthetic.SyntheticSpec(
+    vocab_size=100, marginal="zipf", n_groups=10, entropy_rate_bits=7.0
+  )
+  with pytest.raises(
+    markov.MarkovError, match=r"asked 7.0 bits.*at most H\(marginal\) = 5\.310 bits"
+  ):
     synthetic.check_spec(spec)
-  spec = synthetic.SyntheticSpec(vocab_size=100, marginal="uniform", n_groups=10,
-                                 entropy_rate_bits=3.0, within_high=0.95, across=0.0,
-                                 iterations=100)
-  with pytest.raises(markov.MarkovError, match=r"did not reach its targets after 100 "
-                                               r"iterations: .*achieved \d\.\d+.*, asked "):
+  spec = synthetic.SyntheticSpec(
+    vocab_size=100,
+    marginal="uniform",
+    n_groups=10,
+    entropy_rate_bits=3.0,
+    within_high=0.95,
+    across=0.0,
+    iterations=100,
+  )
+  with pytest.raises(
+    markov.MarkovError,
+    match=r"did not reach its targets after 100 "
+    r"iterations: .*achieved \d\.\d+.*, asked ",
+  ):
     synthetic.optimise_matrix(spec)
 
 
 def test_synthetic_matrix_cache_round_trip(tmp_path):
-  spec = synthetic.SyntheticSpec(vocab_size=60, marginal="zipf", n_groups=6,
-                                 entropy_rate_bits=3.0, iterations=800)
+  spec = synthetic.SyntheticSpec(
+    vocab_size=60, marginal="zipf", n_groups=6, entropy_rate_bits=3.0, iterations=800
+  )
   p1, r1 = synthetic.cached_matrix(spec, str(tmp_path))
   p2, r2 = synthetic.cached_matrix(spec, str(tmp_path))
   assert r1["cache"] == "built" and r2["cache"] == "hit"
   np.testing.assert_allclose(p2, p1, atol=1e-6)
 
 
-@pytest.mark.parametrize("overrides,message", [
+@pytest.mark.parametrize(
+  "overrides,message",
+  [
     ({"data.frequency": 1.5}, "data.frequency"),
     ({"data.reliabilities": (0.5, -0.1)}, r"data.reliabilities\[1\]"),
     ({"data.frequencies": (0.1, 0.2, 0.3)}, "one value per model"),
     ({"data.transitions": "file", "data.matrix_file": "/nonexistent.npy"}, "data.matrix_file"),
     ({"data.transitions": "file", "data.matrix_file": "NEGATIVE"}, "is negative"),
     ({"data.transitions": "file", "data.matrix_file": "ROWSUM"}, "sums to"),
-    ({"data.transitions": "synthetic", "data.synthetic.entropy_rate_bits": 9.0,
-      "data.synthetic.n_groups": 8}, "at most H"),
+    (
+      {
+        "data.transitions": "synthetic",
+        "data.synthetic.entropy_rate_bits": 9.0,
+        "data.synthetic.n_groups": 8,
+      },
+      "at most H",
+    ),
     ({"data.transitions": "synthetic", "data.synthetic.marginal": "cauchy"}, "marginal"),
-    ({"data.transitions": "synthetic", "data.synthetic.n_groups": 64,
-      "data.synthetic.entropy_rate_bits": 3.0},
-     r"n_groups = 64: groups of one id .* at most model.vocab_size / 2 = 32"),
-])
+    (
+      {
+        "data.transitions": "synthetic",
+        "data.synthetic.n_groups": 64,
+        "data.synthetic.entropy_rate_bits": 3.0,
+      },
+      r"n_groups = 64: groups of one id .* at most model.vocab_size / 2 = 32",
+    ),
+  ],
+)
 def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, overrides, message):
   p = random_chain(vocab=64, seed=1)
   bad = {"NEGATIVE": p.copy(), "ROWSUM": p * 0.9}
@@ -193,8 +229,14 @@ def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, ove
   for name, matrix in bad.items():
     np.save(tmp_path / f"{name}.npy", matrix)
   overrides = {k: str(tmp_path / f"{v}.npy") if v in bad else v for k, v in overrides.items()}
-  cfg = tiny(**{"data.source": "markov", "data.transitions": "iid",
-                "data.cache_dir": str(tmp_path / "cache"), **overrides})
+  cfg = tiny(
+    **{
+      "data.source": "markov",
+      "data.transitions": "iid",
+      "data.cache_dir": str(tmp_path / "cache"),
+      **overrides,
+    }
+  )
   with pytest.raises((config_lib.ConfigError, markov.MarkovError), match=message):
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -203,9 +245,17 @@ def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, ove
 def test_training_on_a_user_matrix_with_per_model_knobs(tiny, tmp_path):
   p = random_chain(vocab=64, concentration=0.05, seed=2)
   np.save(tmp_path / "p.npy", p)
-  cfg = tiny(**{"data.source": "markov", "data.transitions": "file",
-                "data.matrix_file": str(tmp_path / "p.npy"), "data.frequencies": (0.2, 0.8),
-                "data.reliabilities": (1.0, 0.5), "train.num_steps": 40, "train.lr": 1e-2})
+  cfg = tiny(
+    **{
+      "data.source": "markov",
+      "data.transitions": "file",
+      "data.matrix_file": str(tmp_path / "p.npy"),
+      "data.frequencies": (0.2, 0.8),
+      "data.reliabilities": (1.0, 0.5),
+      "train.num_steps": 40,
+      "train.lr": 1e-2,
+    }
+  )
   out = fit(cfg, str(tmp_path / "run"), progress=False)
   assert np.all(out["losses"] < np.log(64) - 0.5)
   src = make_source(cfg.data, 64, 8, 32)
@@ -221,8 +271,9 @@ def test_near_deterministic_rows_keep_the_exclusion_rules():
   p[np.arange(vocab), rng.integers(0, vocab, vocab)] = 0.0
   p[np.arange(vocab), rng.integers(0, vocab, vocab)] += 1 - p.sum(axis=1)
   src = source_for(markov.check_transition_matrix(p), batch=60, context=64)
-  tokens = np.asarray(jax.jit(src.sample)(jax.random.PRNGKey(0),
-                                          {"frequency": 0.5, "reliability": 0.5}, src.arrays()))
+  tokens = np.asarray(
+    jax.jit(src.sample)(jax.random.PRNGKey(0), {"frequency": 0.5, "reliability": 0.5}, src.arrays())
+  )
   m = markov.measure(tokens, 0.5, 0.5)
   assert m["first_half_gap_repeats"] == 0
   assert abs(m["measured_frequency"] - m["implied_frequency"]) < 0.05
@@ -236,12 +287,14 @@ def test_stationary_distribution_of_a_periodic_chain():
 def test_non_numeric_and_diverged_matrices_are_refused(tmp_path):
   with pytest.raises(markov.MarkovError, match="real-valued"):
     markov.check_transition_matrix(np.array([["a", "b"], ["c", "d"]]))
-  spec = synthetic.SyntheticSpec(vocab_size=60, n_groups=6, entropy_rate_bits=3.0,
-                                 weight_entropy=float("nan"))
+  spec = synthetic.SyntheticSpec(
+    vocab_size=60, n_groups=6, entropy_rate_bits=3.0, weight_entropy=float("nan")
+  )
   with pytest.raises(markov.MarkovError, match="weight_entropy"):
     synthetic.check_spec(spec)
-  spec = synthetic.SyntheticSpec(vocab_size=60, n_groups=6, entropy_rate_bits=3.0,
-                                 tol_similarity=float("nan"), iterations=2)
+  spec = synthetic.SyntheticSpec(
+    vocab_size=60, n_groups=6, entropy_rate_bits=3.0, tol_similarity=float("nan"), iterations=2
+  )
   with pytest.raises(markov.MarkovError, match="tol_similarity"):
     synthetic.optimise_matrix(spec)
 

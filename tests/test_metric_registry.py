@@ -34,41 +34,74 @@ def ps_mean(monkeypatch):
   every (layer, head), computed from evaluate's ``ps``; it may stop a group, with ps_max's
   rules (a threshold in (0, 1], above uniform attention's level)."""
   metric = metric_registry.Metric(
-      "ps_mean", "the mean prefix-matching score over heads", "attention probability in [0, 1]",
-      "prefix-matching score (mean over heads)", +1, 0.05, emergence=True,
-      stop=dataclasses.replace(metric_registry.UNIT_INTERVAL, untrained=metric_registry.uniform_ps,
-                               untrained_text="the ps_mean of uniform attention"),
-      compute=lambda out: out["ps"].mean())
+    "ps_mean",
+    "the mean prefix-matching score over heads",
+    "attention probability in [0, 1]",
+    "prefix-matching score (mean over heads)",
+    +1,
+    0.05,
+    emergence=True,
+    stop=dataclasses.replace(
+      metric_registry.UNIT_INTERVAL,
+      untrained=metric_registry.uniform_ps,
+      untrained_text="the ps_mean of uniform attention",
+    ),
+    compute=lambda out: out["ps"].mean(),
+  )
   monkeypatch.setitem(metric_registry.REGISTRY, "ps_mean", metric)
   return metric
 
 
 def test_the_registry_holds_the_metrics_and_rules_that_were_spread_over_four_files():
   reg = metric_registry.REGISTRY
-  assert {n: reg[n].min_jump for n in ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")} \
-      == {"ps_max": 0.2, "la_max": 0.1, "dla_max": 1.0, "ar_acc": 0.2, "icl_score": 1.5}
-  assert [reg[n].direction for n in ("ps_max", "ar_rank", "icl_score", "val_loss")] == \
-      [1, -1, -1, -1]
+  assert {n: reg[n].min_jump for n in ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")} == {
+    "ps_max": 0.2,
+    "la_max": 0.1,
+    "dla_max": 1.0,
+    "ar_acc": 0.2,
+    "icl_score": 1.5,
+  }
+  assert [reg[n].direction for n in ("ps_max", "ar_rank", "icl_score", "val_loss")] == [
+    1,
+    -1,
+    -1,
+    -1,
+  ]
   assert reg["ar_rank"].transform == "log1p10"
   np.testing.assert_allclose(reg["ar_rank"].apply([9.0, 99.0]), [1.0, 2.0])
   # The lists the metrics module, the planner and the analysis each held before.
   assert metric_registry.stop_names() == ("ps_max", "la_max", "dla_max", "ar_acc", "ar_data_acc")
   assert emergence.DEFAULT_METRICS == ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")
-  assert set(curves_lib.METRICS) == set(metrics.SUMMARY_KEYS) == {
-      "ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "ar_data_rank",
-      "icl_score", "val_loss"}
+  assert (
+    set(curves_lib.METRICS)
+    == set(metrics.SUMMARY_KEYS)
+    == {
+      "ps_max",
+      "la_max",
+      "dla_max",
+      "ar_acc",
+      "ar_rank",
+      "ar_data_acc",
+      "ar_data_rank",
+      "icl_score",
+      "val_loss",
+    }
+  )
   assert reg["ps_max"].stop.untrained(16) == pytest.approx(0.0424, abs=5e-5)
   assert plots.LABELS["dla_max"] == "direct logit attribution (best head, nats)"
 
 
-@pytest.mark.parametrize("change, words", [
+@pytest.mark.parametrize(
+  "change, words",
+  [
     ({"direction": 0}, "direction = 0"),
     ({"min_jump": -1.0}, "min_jump = -1.0"),
     ({"transform": "log"}, "transform = 'log'; allowed: none, log1p10"),
     ({"name": "ps"}, "name = 'ps'; allowed: not one of the reserved keys"),
     ({"name": "ps max"}, "an identifier"),
     ({"direction": -1}, "None for a falling metric"),
-])
+  ],
+)
 def test_a_bad_metric_is_refused_naming_the_field(ps_mean, change, words):
   with pytest.raises(ValueError, match="Metric '") as e:
     dataclasses.replace(ps_mean, **change)
@@ -96,10 +129,13 @@ def test_a_registered_metric_is_evaluated_written_and_read_by_the_stop_rule(ps_m
   params, reps = induction_circuit(), jnp.asarray(_probes(4))
   seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)
   inputs = (reps, seqs, jnp.asarray(probes.recall_positions(np.asarray(seqs))))
-  kwargs = dict(cfg=CFG, block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=4,
-                sequence_batch=4)
-  for name, compute, words in (("ps_all", lambda out: out["ps"], "compute returned shape (2, 2)"),
-                               ("nowhere", None, "has no compute function")):
+  kwargs = dict(
+    cfg=CFG, block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=4, sequence_batch=4
+  )
+  for name, compute, words in (
+    ("ps_all", lambda out: out["ps"], "compute returned shape (2, 2)"),
+    ("nowhere", None, "has no compute function"),
+  ):
     metric = dataclasses.replace(ps_mean, name=name, compute=compute)
     with pytest.raises(ValueError, match=f"metric '{name}'.*{re.escape(words)}"):
       with _registered(metric):
@@ -131,10 +167,11 @@ def test_the_stop_rule_accepts_a_registered_metric_with_its_rules(ps_mean, tiny,
   plan = plan_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=0.3))
   assert len(plan.groups) == 1 and plan.budget == "emergence"
   # C = 32: probe blocks of L = 16, where uniform attention scores 0.0424 (the untrained level).
-  for threshold, words in ((0.04, "above 0.0424, the ps_mean of uniform attention on probe "
-                                   "blocks of L = 16 (C = 32)"),
-                           (0.0, "a finite number in (0.0, 1.0]"),
-                           (1.5, "a finite number in (0.0, 1.0]")):
+  for threshold, words in (
+    (0.04, "above 0.0424, the ps_mean of uniform attention on probe blocks of L = 16 (C = 32)"),
+    (0.0, "a finite number in (0.0, 1.0]"),
+    (1.5, "a finite number in (0.0, 1.0]"),
+  ):
     with pytest.raises(ConfigError) as e:
       plan_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=threshold))
     assert e.value.field == "sweep.stop_threshold" and words in str(e.value), e.value
@@ -159,15 +196,31 @@ class _FakeGroup:
 def test_the_curves_keep_a_registered_metric(ps_mean, tmp_path):
   assert "ps_mean" in curves_lib.METRICS
   # Online rows keep it; a model's values from the update it diverged at are masked.
-  online = pd.DataFrame({"cell": [0, 0, 1, 1], "step": [0, 10, 0, 10],
-                         "tokens": [0, 2560, 0, 2560], "ps_max": [0.1, 0.9, 0.1, 0.2],
-                         "ps_mean": [0.04, 0.3, 0.05, 0.07], "train_loss": [None, 1, None, 2],
-                         "ps_argmax": [[0, 1]] * 4})
+  online = pd.DataFrame(
+    {
+      "cell": [0, 0, 1, 1],
+      "step": [0, 10, 0, 10],
+      "tokens": [0, 2560, 0, 2560],
+      "ps_max": [0.1, 0.9, 0.1, 0.2],
+      "ps_mean": [0.04, 0.3, 0.05, 0.07],
+      "train_loss": [None, 1, None, 2],
+      "ps_argmax": [[0, 1]] * 4,
+    }
+  )
   rows = curves_lib._online_rows(_FakeGroup(pd.DataFrame({"cell": [0, 1]}), online), [])
   assert list(rows["ps_mean"]) == [0.04, 0.3, 0.05, 0.07] and "train_loss" not in rows
-  run = _FakeRun(pd.DataFrame({"cell": [0, 1], "seed": [0, 1], "batch_size": [8, 8],
-                               "context_size": [32, 32], "diverged": [False, True],
-                               "diverged_step": [np.nan, 10]}))
+  run = _FakeRun(
+    pd.DataFrame(
+      {
+        "cell": [0, 1],
+        "seed": [0, 1],
+        "batch_size": [8, 8],
+        "context_size": [32, 32],
+        "diverged": [False, True],
+        "diverged_step": [np.nan, 10],
+      }
+    )
+  )
   table = curves_lib._with_cells(rows.assign(source="online"), run)
   assert table["ps_mean"].dtype == float
   assert np.isnan(table.loc[3, "ps_mean"]) and table.loc[1, "ps_mean"] == 0.3
@@ -193,12 +246,22 @@ class _FakeRun:
 
 def test_the_emergence_table_reads_a_registered_metric_and_its_min_jump(ps_mean):
   from conftest import tiny_config
+
   rows = []
   for cell, (before, after) in enumerate(((0.03, 0.25), (0.03, 0.06))):
     for s in STEPS:
-      rows.append({"run": "r", "cell": cell, "seed": cell, "batch_size": 8, "context_size": 32,
-                   "step": int(s), "ps_max": 0.8 if s >= 64 else 0.02,
-                   "ps_mean": after if s >= 64 else before})
+      rows.append(
+        {
+          "run": "r",
+          "cell": cell,
+          "seed": cell,
+          "batch_size": 8,
+          "context_size": 32,
+          "step": int(s),
+          "ps_max": 0.8 if s >= 64 else 0.02,
+          "ps_mean": after if s >= 64 else before,
+        }
+      )
   table = emergence.emergence_table(pd.DataFrame(rows))  # the default metrics
   assert set(table["metric"]) == {"ps_max", "ps_mean"}
   assert "ps_mean" not in table.columns  # a metric, not a cell coordinate
@@ -209,12 +272,13 @@ def test_the_emergence_table_reads_a_registered_metric_and_its_min_jump(ps_mean)
   assert mean["jump"][1] == pytest.approx(0.03)
   # With its minimum jump overridden, cell 1's curve emerges halfway (in log-updates) between
   # the checkpoints 32 and 64 that bracket the midpoint between its plateaus.
-  assert emergence.emergence_point(STEPS, np.where(STEPS >= 64, 0.06, 0.03), metric="ps_mean",
-                                   min_jump=0.01).emergence_step == pytest.approx(
-      np.sqrt(32 * 64))
+  assert emergence.emergence_point(
+    STEPS, np.where(STEPS >= 64, 0.06, 0.03), metric="ps_mean", min_jump=0.01
+  ).emergence_step == pytest.approx(np.sqrt(32 * 64))
   assert emergence.SPECS["ps_mean"] is ps_mean
   assert plots.LABELS["ps_mean"] == "prefix-matching score (mean over heads)"
   assert metric_registry.description("ps_mean") == "the mean prefix-matching score over heads"
-  text = summary_lib.setup_paragraph(mean, tiny_config(), ["run", "batch_size", "context_size"],
-                                     [], "ps_mean", "threshold", 1)
+  text = summary_lib.setup_paragraph(
+    mean, tiny_config(), ["run", "batch_size", "context_size"], [], "ps_mean", "threshold", 1
+  )
   assert "the update at which the mean prefix-matching score over heads first crosses" in text

@@ -14,8 +14,9 @@ from ihsweep.model import ModelConfig, Transformer
 
 V, C, D = 32, 32, 128
 TOK, POS, PREV, OUT = 0, 32, 64, 96  # residual subspaces of the hand-built model
-CFG = ModelConfig(n_layers=2, n_heads=2, d_model=D, d_mlp=0, vocab_size=V, max_context=C,
-                  tie_embeddings=False)
+CFG = ModelConfig(
+  n_layers=2, n_heads=2, d_model=D, d_mlp=0, vocab_size=V, max_context=C, tie_embeddings=False
+)
 L = probes.block_length(C)
 
 
@@ -60,8 +61,18 @@ def _evaluate(params, n=20, cfg=CFG):
   reps = jnp.asarray(_probes(n))
   seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)  # [N, 2L + 1]: a sequence per probe
   recall = jnp.asarray(probes.recall_positions(np.asarray(seqs)))
-  return metrics.evaluate(params, reps, seqs, recall, cfg=cfg, block_len=L, icl_early=3,
-                          icl_late=2 * L - 1, probe_batch=5, sequence_batch=4)
+  return metrics.evaluate(
+    params,
+    reps,
+    seqs,
+    recall,
+    cfg=cfg,
+    block_len=L,
+    icl_early=3,
+    icl_late=2 * L - 1,
+    probe_batch=5,
+    sequence_batch=4,
+  )
 
 
 def test_hand_built_induction_head_scores_known_answers():
@@ -102,8 +113,9 @@ def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
       proj = heads[n, i] @ w_DxV[:, toks[n, :L]]  # [layers, H, L]
       above = np.maximum(proj - proj.mean(-1, keepdims=True), 0)
       la.append(above[..., list(toks[n, :L]).index(target)] / above.sum(-1))
-      direction = (w_DxV[:, target] - w_DxV.mean(1)) * gamma / np.sqrt(
-          resid[n, i].var() + cfg.ln_eps)
+      direction = (
+        (w_DxV[:, target] - w_DxV.mean(1)) * gamma / np.sqrt(resid[n, i].var() + cfg.ln_eps)
+      )
       h = heads[n, i] - heads[n, i].mean(-1, keepdims=True)
       dla.append(h @ direction)
   return np.mean(rank), np.mean(la, axis=0), np.mean(dla, axis=0)
@@ -112,8 +124,9 @@ def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
 def test_probe_metrics_average_all_L_positions_with_the_block_first_token_last():
   """LA, DLA and AR over i = L … 2L − 1 (docs/study.md, "Scores"), the last position's target
   being tokens[0]; dropping that position, or scoring it against any other token, moves them."""
-  cfg = ModelConfig(n_layers=2, n_heads=2, d_model=64, d_mlp=128, vocab_size=V, max_context=C,
-                    tie_embeddings=False)
+  cfg = ModelConfig(
+    n_layers=2, n_heads=2, d_model=64, d_mlp=128, vocab_size=V, max_context=C, tie_embeddings=False
+  )
   params = Transformer(cfg).init(jax.random.PRNGKey(3), jnp.zeros((1, C), jnp.int32))["params"]
   reps = jnp.asarray(_probes())
   out = _evaluate(params, cfg=cfg)
@@ -132,7 +145,7 @@ def test_last_position_target_is_the_block_first_token():
   positions has LA = 1; writing anything else at the last position lowers LA and DLA there."""
   tokens = jnp.asarray(_probes(4))
   w_DxV = jnp.eye(D, V)  # token t's unembedding vector: unit vector t
-  targets = np.asarray(tokens[:, 1:L + 1])  # tokens[i − L + 1] for i = L … 2L − 1
+  targets = np.asarray(tokens[:, 1 : L + 1])  # tokens[i − L + 1] for i = L … 2L − 1
   assert (targets[:, -1] == np.asarray(tokens[:, 0])).all()
   head = w_DxV.T[targets][:, :, None, None, :]  # [N, L, 1 layer, 1 head, D]
   la = metrics.logit_attribution(head, w_DxV, tokens, L)
@@ -141,18 +154,30 @@ def test_last_position_target_is_the_block_first_token():
   dla = metrics.direct_logit_attribution(head, resid, jnp.ones(D), w_DxV, tokens, L, 1e-5)
   wrong = head.at[:, -1].set(w_DxV.T[np.asarray(tokens[:, 1])][:, None, None, :])
   assert float(metrics.logit_attribution(wrong, w_DxV, tokens, L)[0, 0]) == pytest.approx(
-      (L - 1) / L, rel=1e-6)
-  assert float(metrics.direct_logit_attribution(wrong, resid, jnp.ones(D), w_DxV, tokens, L,
-                                                1e-5)[0, 0]) < float(dla[0, 0]) - 0.01
+    (L - 1) / L, rel=1e-6
+  )
+  assert (
+    float(metrics.direct_logit_attribution(wrong, resid, jnp.ones(D), w_DxV, tokens, L, 1e-5)[0, 0])
+    < float(dla[0, 0]) - 0.01
+  )
 
 
 def test_diverged_model_reads_nan_not_perfect_recall():
   import configs.default
   from ihsweep.runner import Evaluator
+
   nan = jax.tree_util.tree_map(lambda x: x * jnp.nan, induction_circuit())
   out = jax.tree_util.tree_map(np.asarray, _evaluate(nan))
-  for key in ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank", "ar_data_acc", "ar_data_rank",
-              "val_loss"):
+  for key in (
+    "ps_max",
+    "la_max",
+    "dla_max",
+    "ar_acc",
+    "ar_rank",
+    "ar_data_acc",
+    "ar_data_rank",
+    "val_loss",
+  ):
     assert np.isnan(out[key]), (key, out[key])
   # One NaN or inf in the unembedding of one token: no rank is defined anywhere.
   for bad in (np.nan, np.inf):
@@ -160,8 +185,9 @@ def test_diverged_model_reads_nan_not_perfect_recall():
     params["unembed"] = params["unembed"].at[5, OUT + 5].set(bad)
     out = _evaluate(params)
     assert np.isnan(out["ar_acc"]) and np.isnan(out["ar_data_acc"]), bad
-  ranks = metrics.recall_ranks(jnp.array([[[0.0, 1.0, jnp.nan], [2.0, 1.0, 0.0],
-                                           [0.0, jnp.inf, 1.0]]]), jnp.array([[1, 0, 1]]))
+  ranks = metrics.recall_ranks(
+    jnp.array([[[0.0, 1.0, jnp.nan], [2.0, 1.0, 0.0], [0.0, jnp.inf, 1.0]]]), jnp.array([[1, 0, 1]])
+  )
   np.testing.assert_array_equal(ranks, [[np.nan, 0, np.nan]])
   # metrics.jsonl rows (NaN → null): a diverged model never reads as a perfect one.
   host = {k: np.asarray(v)[None] for k, v in _evaluate(nan).items()}
@@ -173,10 +199,15 @@ def test_diverged_model_reads_nan_not_perfect_recall():
 
 def test_probe_blocks_shorter_than_three_are_refused(tiny):
   from ihsweep.config import ConfigError, validate
+
   for overrides, field, words in [
-      ({"train.context_size": 5}, "train.context_size", ["= 5", ">= 6 when evaluating",
-                                                         "previous token"]),
-      ({"eval.probe_len": 2}, "eval.probe_len", ["= 2", "or >= 3", "previous token"])]:
+    (
+      {"train.context_size": 5},
+      "train.context_size",
+      ["= 5", ">= 6 when evaluating", "previous token"],
+    ),
+    ({"eval.probe_len": 2}, "eval.probe_len", ["= 2", "or >= 3", "previous token"]),
+  ]:
     with pytest.raises(ConfigError) as err:
       validate(tiny(**{"eval.every_steps": 10, **overrides}))
     assert err.value.field == field and all(w in str(err.value) for w in words), str(err.value)
@@ -190,9 +221,18 @@ def test_probe_blocks_shorter_than_three_are_refused(tiny):
     with pytest.raises(ValueError, match="L = 2 .*previous token"):
       probes.block_length(*args)
   with pytest.raises(ValueError, match="block_len = 2"):
-    metrics.evaluate(induction_circuit(), jnp.zeros((1, 4), jnp.int32),
-                     jnp.zeros((1, 5), jnp.int32), jnp.zeros((1, 4), bool), cfg=CFG, block_len=2,
-                     icl_early=1, icl_late=3, probe_batch=1, sequence_batch=1)
+    metrics.evaluate(
+      induction_circuit(),
+      jnp.zeros((1, 4), jnp.int32),
+      jnp.zeros((1, 5), jnp.int32),
+      jnp.zeros((1, 4), bool),
+      cfg=CFG,
+      block_len=2,
+      icl_early=1,
+      icl_late=3,
+      probe_batch=1,
+      sequence_batch=1,
+    )
 
 
 def test_microbatch_refuses_empty_items():
@@ -203,7 +243,9 @@ def test_microbatch_refuses_empty_items():
 
 def test_special_tokens_of_a_user_tokenizer_never_appear_in_probes(tiny, tmp_path):
   from tokenizers import Tokenizer, models, pre_tokenizers
+
   from ihsweep.data import natural
+
   words = ["<|endoftext|>", "the", "head", "copies", "a", "token", "after", "its", "prefix"]
   tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="the"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -211,8 +253,16 @@ def test_special_tokens_of_a_user_tokenizer_never_appear_in_probes(tiny, tmp_pat
   tok.add_tokens(["induction"])  # id 11: an added token that is text
   rng = np.random.default_rng(0)
   train = rng.integers(1, 12, 5000).astype(np.uint16)
-  corpus = natural.TokenizedCorpus(train=train, val=train[:500], tokenizer=tok, eot_id=0,
-                                   vocab_size=16, path="", cache_hit=False, meta={})
+  corpus = natural.TokenizedCorpus(
+    train=train,
+    val=train[:500],
+    tokenizer=tok,
+    eot_id=0,
+    vocab_size=16,
+    path="",
+    cache_hit=False,
+    meta={},
+  )
   source = natural.NaturalTextSource(corpus, batch_size=8, context_size=32, on_device=False)
   special = [tok.token_to_id(t) for t in ("<|endoftext|>", "<pad>", "<bos>")]
   assert probes.special_token_ids(source) == tuple(special) == (0, 9, 10)
@@ -236,15 +286,18 @@ def test_uniform_attention_scores_mean_inverse_position():
 
 def test_fresh_model_scores_low_and_vmap_equals_one_by_one():
   cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=V, max_context=C)
-  params = [Transformer(cfg).init(jax.random.PRNGKey(s), jnp.zeros((1, C), jnp.int32))["params"]
-            for s in (1, 2)]
+  params = [
+    Transformer(cfg).init(jax.random.PRNGKey(s), jnp.zeros((1, C), jnp.int32))["params"]
+    for s in (1, 2)
+  ]
   one = [_evaluate(p, cfg=cfg) for p in params]
   assert all(float(o["ps_max"]) < 0.1 for o in one)
   reps = jnp.asarray(_probes())
   seqs = jnp.stack([jnp.concatenate([reps, reps[:, :1]], axis=1)] * 2)
   recall = jnp.asarray(np.stack([probes.recall_positions(np.asarray(s)) for s in seqs]))
-  fn = metrics.make_eval_fn(cfg, block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=20,
-                            sequence_batch=20)
+  fn = metrics.make_eval_fn(
+    cfg, block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=20, sequence_batch=20
+  )
   stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)
   ens = fn(stacked, reps, seqs, recall)
   for i in range(2):
@@ -253,8 +306,9 @@ def test_fresh_model_scores_low_and_vmap_equals_one_by_one():
 
 
 def test_repeated_token_probes_and_candidates():
-  ids = probes.probe_candidates(10, special_ids=(0,), top_k=4,
-                                counts=np.array([99, 1, 5, 5, 7, 0, 3, 8, 2, 0]))
+  ids = probes.probe_candidates(
+    10, special_ids=(0,), top_k=4, counts=np.array([99, 1, 5, 5, 7, 0, 3, 8, 2, 0])
+  )
   assert list(ids) == [2, 3, 4, 7]  # most frequent, the special id 0 excluded, tie by id
   reps = probes.repeated_token_probes(3, 50, 6, np.arange(1, 40))
   assert reps.shape == (50, 12) and reps.dtype == np.int32

@@ -65,8 +65,7 @@ def test_fused_loss_and_gradient_match_plain_cross_entropy(tie):
 
 
 def test_gpt2_initialisation():
-  cfg = ModelConfig(n_layers=4, n_heads=4, d_model=256, d_mlp=1024, vocab_size=2048,
-                    max_context=64)
+  cfg = ModelConfig(n_layers=4, n_heads=4, d_model=256, d_mlp=1024, vocab_size=2048, max_context=64)
   _, params, _ = _init(cfg)
   assert np.std(params["embed"]["embedding"]) == pytest.approx(0.02, rel=0.05)
   assert np.std(params["block_0"]["attn"]["qkv"]["kernel"]) == pytest.approx(0.02, rel=0.05)
@@ -92,7 +91,6 @@ def test_bfloat16_compute_keeps_float32_logits():
 
 
 def test_flops_formula_reference_workload():
-  cfg = ModelConfig(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096,
-                    max_context=128)
+  cfg = ModelConfig(n_layers=2, n_heads=4, d_model=128, d_mlp=512, vocab_size=4096, max_context=128)
   assert matmul_params(cfg) == 2 * (4 * 128**2 + 2 * 128 * 512) + 128 * 4096
   assert flops_per_token(cfg, 128) == 6 * 917504 + 12 * 2 * 128 * 128

@@ -13,9 +13,11 @@ from ihsweep import config as config_lib
 from ihsweep.data import make_source, natural
 from ihsweep.runner import fit
 
-WORDS = ("the induction head copies a token after the previous occurrence of its prefix while "
-         "models learn bigram statistics first then attend back to match patterns in context "
-         "über naïve café — λ x: x² 日本語").split()
+WORDS = (
+  "the induction head copies a token after the previous occurrence of its prefix while "
+  "models learn bigram statistics first then attend back to match patterns in context "
+  "über naïve café — λ x: x² 日本語"
+).split()
 
 
 def write_corpus(root, n_docs=40, words_per_doc=300, seed=0):
@@ -32,15 +34,24 @@ def write_corpus(root, n_docs=40, words_per_doc=300, seed=0):
 
 def natural_cfg(tiny, tmp_path, **overrides):
   glob_ = write_corpus(str(tmp_path / "text"))
-  base = {"data.source": "natural", "data.files": glob_, "data.cache_dir": str(tmp_path / "cache"),
-          "data.val_fraction": 0.2, "model.vocab_size": 300}
+  base = {
+    "data.source": "natural",
+    "data.files": glob_,
+    "data.cache_dir": str(tmp_path / "cache"),
+    "data.val_fraction": 0.2,
+    "model.vocab_size": 300,
+  }
   base.update(overrides)
   return tiny(**base)
 
 
 def test_bpe_round_trip_and_special_ids(tmp_path):
-  docs = ["Hello wörld, 日本語 and emoji 🙂\ttabs\n  indented",
-          "the quick brown fox " * 20, "ünïcödé " * 30, "x = [i**2 for i in range(10)]\n" * 5]
+  docs = [
+    "Hello wörld, 日本語 and emoji 🙂\ttabs\n  indented",
+    "the quick brown fox " * 20,
+    "ünïcödé " * 30,
+    "x = [i**2 for i in range(10)]\n" * 5,
+  ]
   tok = natural.train_bpe(iter(docs * 3), 280)
   assert tok.get_vocab_size() == 280
   assert tok.token_to_id(natural.EOT) == 0
@@ -96,7 +107,7 @@ def test_windows_lie_inside_the_training_split(tiny, tmp_path):
     all_starts.append(starts)
     assert windows.shape == (64, 33) and windows.dtype == np.int32
     for w, s in zip(windows, starts):
-      np.testing.assert_array_equal(w, train_ids[s:s + 33])
+      np.testing.assert_array_equal(w, train_ids[s : s + 33])
   starts = np.concatenate(all_starts)
   assert starts.min() >= 0 and starts.max() <= n - 33
   assert starts.max() > n - 33 - n // 10  # the whole range is reachable, not a prefix
@@ -123,7 +134,7 @@ def test_host_fed_training_equals_in_graph_training(tiny, tmp_path):
     cfg = natural_cfg(tiny, tmp_path, **common, **{"data.loader": loader})
     out[loader] = fit(cfg, str(tmp_path / loader), progress=False)
   np.testing.assert_allclose(out["host"]["losses"], out["device"]["losses"], rtol=1e-5)
-  rows = [json.loads(l) for l in open(tmp_path / "host" / "train_log.jsonl")]
+  rows = [json.loads(line) for line in open(tmp_path / "host" / "train_log.jsonl")]
   assert [r["step"] for r in rows] == [3, 6]
 
 
@@ -145,17 +156,18 @@ def test_bigram_and_unigram_counts_equal_a_direct_count():
   assert dense.sum() == len(tokens) - 1
   for (a, b), c in direct.items():
     assert dense[a, b] == c
-  np.testing.assert_array_equal(natural.unigram_counts(tokens, 20),
-                                np.bincount(tokens, minlength=20))
+  np.testing.assert_array_equal(
+    natural.unigram_counts(tokens, 20), np.bincount(tokens, minlength=20)
+  )
 
 
 def test_file_formats(tmp_path):
   (tmp_path / "a.html").write_text(
-      "<html><head><title>t</title><style>p{}</style></head><body><h1>Title</h1>"
-      "<p>Fish &amp; chips</p><script>var x=1;</script><p>end</p></body></html>")
+    "<html><head><title>t</title><style>p{}</style></head><body><h1>Title</h1>"
+    "<p>Fish &amp; chips</p><script>var x=1;</script><p>end</p></body></html>"
+  )
   assert natural.strip_html((tmp_path / "a.html").read_text()) == "Title\n\nFish & chips\n\nend"
-  assert list(natural.read_documents(str(tmp_path / "a.html"))) == [
-      "Title\n\nFish & chips\n\nend"]
+  assert list(natural.read_documents(str(tmp_path / "a.html"))) == ["Title\n\nFish & chips\n\nend"]
   (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n')
   assert list(natural.read_documents(str(tmp_path / "b.jsonl"))) == ["one", "two"]
   pd.DataFrame({"body": ["x y", "", "z"]}).to_parquet(tmp_path / "c.parquet")
@@ -169,8 +181,15 @@ def test_file_formats(tmp_path):
 
 def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
-  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 260,
-                "data.cache_dir": str(tmp_path), "data.val_fraction": 0.1})
+  cfg = tiny(
+    **{
+      "data.source": "natural",
+      "data.tfds_name": "lm1b",
+      "model.vocab_size": 260,
+      "data.cache_dir": str(tmp_path),
+      "data.val_fraction": 0.1,
+    }
+  )
   with tfds.testing.mock_data(num_examples=60, policy=tfds.testing.MockPolicy.USE_CODE):
     config_lib.validate(cfg)
     corpus = natural.prepare_corpus(cfg.data, 260)
@@ -179,17 +198,24 @@ def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
   assert corpus.meta["kind"] == "tfds"
   assert corpus.meta["train_documents"] + corpus.meta["val_documents"] == 60
   ids = np.asarray(corpus.train)
-  first = corpus.tokenizer.decode(ids[:np.flatnonzero(ids == corpus.eot_id)[0]].tolist())
+  first = corpus.tokenizer.decode(ids[: np.flatnonzero(ids == corpus.eot_id)[0]].tolist())
   assert first in texts
 
 
 def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
-  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "no_such_corpus_xyz",
-                "model.vocab_size": 300})
+  cfg = tiny(
+    **{"data.source": "natural", "data.tfds_name": "no_such_corpus_xyz", "model.vocab_size": 300}
+  )
   with pytest.raises(natural.CorpusError, match="TFDS cannot load this dataset"):
     config_lib.validate(cfg)
-  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 300,
-                "data.tfds_data_dir": str(tmp_path)})
+  cfg = tiny(
+    **{
+      "data.source": "natural",
+      "data.tfds_name": "lm1b",
+      "model.vocab_size": 300,
+      "data.tfds_data_dir": str(tmp_path),
+    }
+  )
   with pytest.raises(natural.CorpusError, match="not prepared"):
     config_lib.validate(cfg)
 
@@ -201,8 +227,15 @@ def test_offline_tfds_download_says_so_and_names_the_prepared_copy(tiny, tmp_pat
     raise ConnectionError("[Errno -3] Temporary failure in name resolution")
 
   monkeypatch.setattr(tfds, "data_source", offline)
-  cfg = tiny(**{"data.source": "natural", "data.tfds_name": "lm1b", "model.vocab_size": 300,
-                "data.tfds_data_dir": str(tmp_path), "data.tfds_download": True})
+  cfg = tiny(
+    **{
+      "data.source": "natural",
+      "data.tfds_name": "lm1b",
+      "model.vocab_size": 300,
+      "data.tfds_data_dir": str(tmp_path),
+      "data.tfds_download": True,
+    }
+  )
   with pytest.raises(natural.CorpusError) as err:
     config_lib.validate(cfg)
   assert "'lm1b' could not be downloaded and prepared" in str(err.value)
@@ -213,8 +246,15 @@ def test_offline_tfds_download_says_so_and_names_the_prepared_copy(tiny, tmp_pat
 def test_tokenizer_larger_than_the_model_vocabulary_is_named(tiny, tmp_path, no_compile):
   tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
   tok.save(str(tmp_path / "tok.json"))
-  cfg = natural_cfg(tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"),
-                                       "model.vocab_size": 16, "eval.every_steps": 10})
+  cfg = natural_cfg(
+    tiny,
+    tmp_path,
+    **{
+      "data.tokenizer": str(tmp_path / "tok.json"),
+      "model.vocab_size": 16,
+      "eval.every_steps": 10,
+    },
+  )
   with pytest.raises(natural.CorpusError) as err:
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert err.value.field == "model.vocab_size"
@@ -232,37 +272,69 @@ def _bad_inputs(tmp_path):
   (tmp_path / "small" / "x.txt").write_text("abc abd abe " * 200)
   (tmp_path / "afile").write_text("")
   return {
-      "empty glob": ({"data.files": str(tmp_path / "none" / "*.txt")}, "matches no file"),
-      "binary": ({"data.files": str(tmp_path / "bin" / "*")}, "binary file"),
-      "not utf-8": ({"data.files": str(tmp_path / "latin1" / "*")}, "not UTF-8"),
-      "short": ({"data.files": str(tmp_path / "short" / "*"), "model.vocab_size": 257},
-                "fewer than train.context_size"),
-      "vocab unreachable": ({"data.files": str(tmp_path / "small" / "*"),
-                             "model.vocab_size": 4096}, "only supports"),
-      "vocab below bytes": ({"data.files": str(tmp_path / "small" / "*"),
-                             "model.vocab_size": 64}, "model.vocab_size"),
-      "no document source": ({}, "exactly one of"),
-      "two document sources": ({"data.files": str(tmp_path / "small" / "*"),
-                                "data.corpus": "python-docs"}, "exactly one of"),
-      "corpus not fetched": ({"data.corpus": "python-docs"}, "ihsweep corpus fetch"),
-      "cache dir is a file": ({"data.corpus": "python-docs",
-                               "data.cache_dir": str(tmp_path / "afile")},
-                              r"data.cache_dir = '.*afile' is not a directory"),
-      "bad tokenizer path": ({"data.files": str(tmp_path / "small" / "*"),
-                              "data.tokenizer": str(tmp_path / "nope.json")}, "tokenizer.json"),
-      "bad loader": ({"data.files": str(tmp_path / "small" / "*"), "data.loader": "disk"},
-                     "data.loader"),
+    "empty glob": ({"data.files": str(tmp_path / "none" / "*.txt")}, "matches no file"),
+    "binary": ({"data.files": str(tmp_path / "bin" / "*")}, "binary file"),
+    "not utf-8": ({"data.files": str(tmp_path / "latin1" / "*")}, "not UTF-8"),
+    "short": (
+      {"data.files": str(tmp_path / "short" / "*"), "model.vocab_size": 257},
+      "fewer than train.context_size",
+    ),
+    "vocab unreachable": (
+      {"data.files": str(tmp_path / "small" / "*"), "model.vocab_size": 4096},
+      "only supports",
+    ),
+    "vocab below bytes": (
+      {"data.files": str(tmp_path / "small" / "*"), "model.vocab_size": 64},
+      "model.vocab_size",
+    ),
+    "no document source": ({}, "exactly one of"),
+    "two document sources": (
+      {"data.files": str(tmp_path / "small" / "*"), "data.corpus": "python-docs"},
+      "exactly one of",
+    ),
+    "corpus not fetched": ({"data.corpus": "python-docs"}, "ihsweep corpus fetch"),
+    "cache dir is a file": (
+      {"data.corpus": "python-docs", "data.cache_dir": str(tmp_path / "afile")},
+      r"data.cache_dir = '.*afile' is not a directory",
+    ),
+    "bad tokenizer path": (
+      {"data.files": str(tmp_path / "small" / "*"), "data.tokenizer": str(tmp_path / "nope.json")},
+      "tokenizer.json",
+    ),
+    "bad loader": (
+      {"data.files": str(tmp_path / "small" / "*"), "data.loader": "disk"},
+      "data.loader",
+    ),
   }
 
 
-@pytest.mark.parametrize("case", ["empty glob", "binary", "not utf-8", "short",
-                                  "vocab unreachable", "vocab below bytes", "no document source",
-                                  "two document sources", "corpus not fetched",
-                                  "cache dir is a file", "bad tokenizer path", "bad loader"])
+@pytest.mark.parametrize(
+  "case",
+  [
+    "empty glob",
+    "binary",
+    "not utf-8",
+    "short",
+    "vocab unreachable",
+    "vocab below bytes",
+    "no document source",
+    "two document sources",
+    "corpus not fetched",
+    "cache dir is a file",
+    "bad tokenizer path",
+    "bad loader",
+  ],
+)
 def test_bad_inputs_fail_before_compiling(tiny, tmp_path, no_compile, case):
   overrides, message = _bad_inputs(tmp_path)[case]
-  cfg = tiny(**{"data.source": "natural", "data.cache_dir": str(tmp_path / "cache"),
-                "model.vocab_size": 300, **overrides})
+  cfg = tiny(
+    **{
+      "data.source": "natural",
+      "data.cache_dir": str(tmp_path / "cache"),
+      "model.vocab_size": 300,
+      **overrides,
+    }
+  )
   with pytest.raises((natural.CorpusError, config_lib.ConfigError), match=message):
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -286,8 +358,9 @@ def test_unreadable_file_is_named(tmp_path, monkeypatch):
 def test_loaded_tokenizer_json(tiny, tmp_path):
   tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
   tok.save(str(tmp_path / "tok.json"))
-  cfg = natural_cfg(tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"),
-                                       "model.vocab_size": 300})  # padded model vocabulary
+  cfg = natural_cfg(
+    tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"), "model.vocab_size": 300}
+  )  # padded model vocabulary
   corpus = natural.prepare_corpus(cfg.data, 300)
   assert corpus.meta["tokenizer_vocab"] == 270 and int(np.max(corpus.train)) < 270
   with pytest.raises(natural.CorpusError, match="smaller than the tokenizer"):
@@ -310,8 +383,9 @@ def test_html5_without_head_end_tag_keeps_its_body():
 
 def test_jsonl_line_separators_inside_strings_are_text(tmp_path):
   path = tmp_path / "a.jsonl"
-  path.write_text(json.dumps({"text": "one\u2028two\x85three"}, ensure_ascii=False) + "\n",
-                  encoding="utf-8")
+  path.write_text(
+    json.dumps({"text": "one\u2028two\x85three"}, ensure_ascii=False) + "\n", encoding="utf-8"
+  )
   assert list(natural.read_documents(str(path))) == ["one\u2028two\x85three"]
 
 
@@ -336,6 +410,7 @@ def test_symlinks_and_overlapping_globs_read_each_file_once(tmp_path):
 
 def test_tokenizer_ids_beyond_the_model_vocabulary_are_refused(tmp_path):
   from tokenizers import Tokenizer, models, pre_tokenizers
+
   tok = Tokenizer(models.WordLevel({natural.EOT: 0, "[UNK]": 1, "x": 5000}, unk_token="[UNK]"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   tok.save(str(tmp_path / "sparse.json"))
@@ -360,6 +435,7 @@ def test_unusable_cache_dir_and_damaged_cache(tiny, tmp_path, caplog):
 def test_leftovers_of_killed_builds_are_removed(tmp_path):
   import socket
   import subprocess
+
   dead = subprocess.Popen(["true"])
   dead.wait()
   host = socket.gethostname()
@@ -380,6 +456,7 @@ def test_corpus_fields_need_the_natural_source(tiny):
 
 def test_probes_of_a_corpus_use_its_validation_split_and_frequent_tokens(tiny, tmp_path):
   from ihsweep.data import probes
+
   cfg = natural_cfg(tiny, tmp_path, **{"eval.probe_top_k": 40, "eval.n_sequences": 6})
   src = make_source(cfg.data, 300, 8, 32)
   p = probes.make_probes(src, {}, None, cfg.eval, 2, 32)
@@ -387,8 +464,8 @@ def test_probes_of_a_corpus_use_its_validation_split_and_frequent_tokens(tiny, t
   assert p.sequences.shape == (2, 6, 33)
   np.testing.assert_array_equal(p.sequences[0], p.sequences[1])  # no per-model data knobs
   for seq in p.sequences[0]:  # every window is a slice of the validation split
-    starts = np.flatnonzero(val[:len(val) - 32] == seq[0])
-    assert any((val[s:s + 33] == seq).all() for s in starts)
+    starts = np.flatnonzero(val[: len(val) - 32] == seq[0])
+    assert any((val[s : s + 33] == seq).all() for s in starts)
   top = set(np.argsort(-src.token_counts(), kind="stable")[:41].tolist()) - {src.corpus.eot_id}
   assert set(np.unique(p.repeated)) <= top and src.corpus.eot_id not in p.repeated
   assert "40 most frequent ids (training split)" in p.candidates

@@ -11,16 +11,23 @@ import time
 import jax
 import ml_collections
 import pytest
-
 from conftest import tiny_config
+
 from ihsweep import cli, placement, sharding, timing
 from ihsweep import schedule as schedule_lib
 from ihsweep.law import Law
 
 
 def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
-  return placement.Job(id=name, n_models=e, batch_size=b, context_size=c, updates=updates,
-                       flops_per_update=flops_per_update, **kw)
+  return placement.Job(
+    id=name,
+    n_models=e,
+    batch_size=b,
+    context_size=c,
+    updates=updates,
+    flops_per_update=flops_per_update,
+    **kw,
+  )
 
 
 def test_four_equal_groups_on_two_workers_fill_them():
@@ -28,7 +35,11 @@ def test_four_equal_groups_on_two_workers_fill_them():
   s = placement.simulate([(f"g{i}", 1, t) for i in range(4)], n_devices=2, devices_per_worker=1)
   assert s.n_workers == 2
   assert [(x.group, x.worker, x.start_s, x.end_s) for x in s.slots] == [
-      ("g0", 0, 0, t), ("g1", 1, 0, t), ("g2", 0, t, 2 * t), ("g3", 1, t, 2 * t)]
+    ("g0", 0, 0, t),
+    ("g1", 1, 0, t),
+    ("g2", 0, t, 2 * t),
+    ("g3", 1, t, 2 * t),
+  ]
   assert s.makespan_s == 2 * t and s.utilisation == 1.0
 
 
@@ -41,7 +52,11 @@ def test_a_worker_that_finishes_takes_the_next_group():
   # plan order: one long group, then three short ones; the second worker takes all three
   s = placement.simulate([("g0", 1, 3.0), ("g1", 1, 1.0), ("g2", 1, 1.0), ("g3", 1, 1.0)], 2, 1)
   assert [(x.group, x.worker, x.start_s) for x in s.slots] == [
-      ("g0", 0, 0), ("g1", 1, 0), ("g2", 1, 1.0), ("g3", 1, 2.0)]
+    ("g0", 0, 0),
+    ("g1", 1, 0),
+    ("g2", 1, 1.0),
+    ("g3", 1, 2.0),
+  ]
   assert s.makespan_s == 3.0 and s.utilisation == 1.0
 
 
@@ -53,9 +68,9 @@ def test_a_group_that_uses_half_a_worker_leaves_the_other_half_idle():
   assert [(x.devices, x.end_s) for x in s.slots] == [(2, 40 / (2 * 10.0))]
   assert s.utilisation == pytest.approx(0.5)
   # beside it a group that fills its worker: 2 + 4 busy of 8 device-seconds per second
-  s = placement.worker_schedule([job("g0", e=1, b=2, updates=80), job("g1", e=2, b=8,
-                                                                      updates=160)],
-                                model, 8, 4)
+  s = placement.worker_schedule(
+    [job("g0", e=1, b=2, updates=80), job("g1", e=2, b=8, updates=160)], model, 8, 4
+  )
   assert [(x.worker, x.devices, x.end_s) for x in s.slots] == [(0, 2, 4.0), (1, 4, 4.0)]
   assert s.utilisation == pytest.approx(6 / 8)
 
@@ -65,8 +80,21 @@ def test_time_is_cost_over_devices_times_flops():
   assert timing.FlopsModel(1e12).seconds(j, 4)["total_s"] == pytest.approx(3e12 / 4e12)
 
 
-@pytest.mark.parametrize("e,b,n", [(2, 8, 8), (2, 8, 16), (2, 8, 32), (2, 16, 64), (3, 6, 4),
-                                   (4, 4, 16), (1, 1, 1), (1, 3, 2), (6, 2, 12), (2, 2, 3)])
+@pytest.mark.parametrize(
+  "e,b,n",
+  [
+    (2, 8, 8),
+    (2, 8, 16),
+    (2, 8, 32),
+    (2, 16, 64),
+    (3, 6, 4),
+    (4, 4, 16),
+    (1, 1, 1),
+    (1, 3, 2),
+    (6, 2, 12),
+    (2, 2, 3),
+  ],
+)
 def test_todays_rule_is_refused_exactly_when_the_mesh_is(e, b, n):
   jobs = [job("g0", e=2, b=64, updates=10), job("g1", e=e, b=b, updates=30)]
   try:
@@ -79,7 +107,9 @@ def test_todays_rule_is_refused_exactly_when_the_mesh_is(e, b, n):
   assert (s.refused is None) == fits
   if fits:  # one group after another on all n devices
     assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
-        (n, 0, 10 / n), (n, 10 / n, 40 / n)]
+      (n, 0, 10 / n),
+      (n, 10 / n, 40 / n),
+    ]
     assert s.utilisation == pytest.approx(1.0) and s.makespan_s == pytest.approx(40 / n)
   else:
     assert s.slots == [] and s.makespan_s is None and s.utilisation is None
@@ -105,8 +135,8 @@ def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
   assert layouts[0].utilisation == pytest.approx(60 / (4 * 24))
 
 
-
 # ---- phases: teams of processes inside one jax.distributed job ----
+
 
 def _phases(phases):
   return [(p.processes_per_worker, p.devices_per_worker, p.n_workers, p.groups) for p in phases]
@@ -115,13 +145,13 @@ def _phases(phases):
 def test_small_groups_share_processes_then_one_big_group_takes_all_of_them():
   # 4 processes of 1 device; four groups of E = B = 1 (one device at most) and one of E = 4:
   # all 5 alone on processes take 2 rounds (8), phases 4 + 1 = 5 = 20 device-s / 4 devices
-  jobs = [job("big", e=4, b=1, updates=4)] + [job(f"s{i}", e=1, b=1, updates=4)
-                                               for i in range(4)]
+  jobs = [job("big", e=4, b=1, updates=4)] + [job(f"s{i}", e=1, b=1, updates=4) for i in range(4)]
   phases = placement.plan_phases(jobs, n_processes=4, devices_per_process=1)
   assert _phases(phases) == [(1, 1, 4, ("s0", "s1", "s2", "s3")), (4, 4, 1, ("big",))]
   assert [(p.start_s, p.end_s) for p in phases] == [(0, 4), (4, 5)]
-  assert [(s.group, s.phase, s.worker, s.devices, s.start_s, s.end_s)
-          for s in phases[1].slots] == [("big", 1, 0, 4, 4, 5)]
+  assert [(s.group, s.phase, s.worker, s.devices, s.start_s, s.end_s) for s in phases[1].slots] == [
+    ("big", 1, 0, 4, 4, 5)
+  ]
   whole = placement.PhasedSchedule(4, phases)
   assert whole.makespan_s == 5 and whole.utilisation == 1.0
   # one phase on processes alone: 2 rounds of 4 s
@@ -147,14 +177,18 @@ def test_a_fixed_team_size_refuses_groups_that_cannot_fill_a_team():
   with pytest.raises(placement.LayoutError) as e:
     placement.plan_phases(jobs, 4, 2, processes_per_worker=2)  # teams of 4 devices
   assert str(e.value) == (
-      "sweep.processes_per_worker=2: 1 of 3 groups cannot use all 4 devices of a team of 2 "
-      "processes × 2 (a mesh needs a divisor e of them dividing E with the rest dividing B; "
-      "at most E · B): g1 (E = 1, B = 2); allowed: 0 (phases chosen) or 1")
+    "sweep.processes_per_worker=2: 1 of 3 groups cannot use all 4 devices of a team of 2 "
+    "processes × 2 (a mesh needs a divisor e of them dividing E with the rest dividing B; "
+    "at most E · B): g1 (E = 1, B = 2); allowed: 0 (phases chosen) or 1"
+  )
   phases = placement.plan_phases(jobs, 4, 2, processes_per_worker=1)  # g1 on 2 of 2: fine
   assert [s.devices for s in phases[0].slots] == [2, 2, 2]
-  with pytest.raises(placement.LayoutError, match=r"sweep.processes_per_worker=3 is not allowed "
-                     r"on 4 processes: 0 \(phases chosen\) or a divisor of the process count "
-                     r"\(1, 2, 4\)"):
+  with pytest.raises(
+    placement.LayoutError,
+    match=r"sweep.processes_per_worker=3 is not allowed "
+    r"on 4 processes: 0 \(phases chosen\) or a divisor of the process count "
+    r"\(1, 2, 4\)",
+  ):
     placement.plan_phases(jobs, 4, 2, processes_per_worker=3)
   with pytest.raises(placement.LayoutError, match="n_processes=0 is not allowed"):
     placement.plan_phases(jobs, 0, 2)
@@ -175,15 +209,19 @@ def test_the_search_is_bounded_for_many_groups():
 @pytest.fixture(scope="module")
 def exp1_jobs():
   from configs import exp1_natural
+
   _, jobs = placement.make_jobs(exp1_natural.get_config(""), check_data=False)
   return jobs
 
 
-@pytest.mark.parametrize("n,phases,utilisation", [
+@pytest.mark.parametrize(
+  "n,phases,utilisation",
+  [
     (8, [(1, 25)], 1.0),
     (64, [(1, 24), (8, 1)], 0.9958),
     (256, [(2, 16), (8, 8), (32, 1)], 0.9737),
-])
+  ],
+)
 def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisation):
   # 25 near-equal groups of E = 2, B 8–128: 16 or 32 workers of one host idle 22–25% of the
   # time (README); teams of several hosts for the groups that fill them do not
@@ -211,35 +249,52 @@ def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisa
   assert timed[-1].end_s == pytest.approx(got[-1].end_s / 4e14)
 
 
-
 def test_a_worker_of_several_hosts_is_one_phase_and_refused_where_a_group_cannot_fill_it():
   from configs import exp1_natural
+
   cfg = exp1_natural.get_config("")
   p = placement.predict(cfg, 64, devices_per_worker=16, flops_per_s=4e14)
-  assert [(x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
-          for x in p.phased.phases] == [(2, 16, 4, 25)]
+  assert [
+    (x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
+    for x in p.phased.phases
+  ] == [(2, 16, 4, 25)]
   assert p.phased.utilisation == pytest.approx(0.8963, abs=5e-5)
   with pytest.raises(placement.LayoutError) as e:  # B = 8, E = 2: 16 devices at most
     placement.predict(cfg, 64, devices_per_worker=32, flops_per_s=4e14)
   assert str(e.value) == (
-      "32 devices per worker (--devices_per_worker, workers of 4 processes × 8): 5 of 25 groups "
-      "cannot use all 32 devices, e.g. group g004 (E = 2, B = 8); allowed: 1, 2, 4, 8, 16")
+    "32 devices per worker (--devices_per_worker, workers of 4 processes × 8): 5 of 25 groups "
+    "cannot use all 32 devices, e.g. group g004 (E = 2, B = 8); allowed: 1, 2, 4, 8, 16"
+  )
 
 
 def test_measured_times_on_one_machine_give_one_phase_of_processes(monkeypatch):
   # measured, the N devices are processes of this machine's 4: teams of several are not timed
-  pieces = dict(startup_s=1.0, compile_s=0.5, call_s=0.0, update_s=0.01, eval_s=0.0,
-                params_save_s=0.0, state_save_s=0.0)
-  monkeypatch.setattr(timing, "MeasuredModel", functools.partial(
-      timing.MeasuredModel, measure=lambda cfg, devices: dict(devices=len(devices), **pieces)))
+  pieces = dict(
+    startup_s=1.0,
+    compile_s=0.5,
+    call_s=0.0,
+    update_s=0.01,
+    eval_s=0.0,
+    params_save_s=0.0,
+    state_save_s=0.0,
+  )
+  monkeypatch.setattr(
+    timing,
+    "MeasuredModel",
+    functools.partial(
+      timing.MeasuredModel, measure=lambda cfg, devices: dict(devices=len(devices), **pieces)
+    ),
+  )
   cfg = tiny_config(**{"train.num_steps": 100})
   with cfg.unlocked():
     cfg.sweep.grid.train = ml_collections.ConfigDict({"batch_size": (8, 16, 32)})
   for n, procs, workers in [(4, 1, 1), (8, 2, 2)]:
     p = placement.predict(cfg, n)
     assert (p.n_processes, p.devices_per_process) == (procs, 4)
-    assert [(x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
-            for x in p.phased.phases] == [(1, 4, workers, 3)]
+    assert [
+      (x.processes_per_worker, x.devices_per_worker, x.n_workers, len(x.groups))
+      for x in p.phased.phases
+    ] == [(1, 4, workers, 3)]
     assert [s.devices_per_worker for s in p.layouts] == [4]
   # one worker: 3 groups of 1 s start-up + 100 updates of 0.01 s, one after another
   assert p.global_.unpredicted and placement.predict(cfg, 4).phased.makespan_s == pytest.approx(6)
@@ -254,15 +309,14 @@ class _Group:
 
 
 def test_an_emergence_budget_is_predicted_to_stop_at_the_margin():
-  cfg = tiny_config(**{"eval.every_steps": 100, "train.batch_size": 8,
-                       "train.context_size": 32})
+  cfg = tiny_config(**{"eval.every_steps": 100, "train.batch_size": 8, "train.context_size": 32})
   with cfg.unlocked():
     cfg.sweep.update(budget="emergence", stop_margin=2.0)
   # the law puts the transition at 1,234 updates: seen at the evaluation at 1,300; stop 2,600
   group = _Group(cfg, num_steps=10_000, law_updates=1234.0)
   assert placement.predicted_updates(cfg, group)[0] == 2600
   assert placement.predicted_updates(cfg, _Group(cfg, 2000, 1234.0))[0] == 2000  # the cap
-  law = Law(log_T=math.log(150 * 8 ** 0.5 * 32 ** 0.5), alpha=0.5, beta=0.5)  # 150 updates
+  law = Law(log_T=math.log(150 * 8**0.5 * 32**0.5), alpha=0.5, beta=0.5)  # 150 updates
   assert placement.predicted_updates(cfg, group, law)[0] == 400
   with cfg.unlocked():
     cfg.sweep.budget = "updates"
@@ -276,17 +330,36 @@ def _jobs_with_configs(n=3):
     g = copy.deepcopy(cfg)
     g.train.batch_size, g.train.context_size = b, c
     from ihsweep import model as model_lib
+
     fpt = model_lib.flops_per_token(model_lib.ModelConfig.from_config(g.model), c)
-    jobs.append(placement.Job(id=f"g{i:03d}", n_models=2, batch_size=b, context_size=c,
-                              updates=100, cap_updates=100, flops_per_update=2 * b * c * fpt,
-                              n_params=1000, cfg=g))
+    jobs.append(
+      placement.Job(
+        id=f"g{i:03d}",
+        n_models=2,
+        batch_size=b,
+        context_size=c,
+        updates=100,
+        cap_updates=100,
+        flops_per_update=2 * b * c * fpt,
+        n_params=1000,
+        cfg=g,
+      )
+    )
   return jobs
 
 
 def test_measured_time_follows_the_runs_schedule():
   jobs = _jobs_with_configs(1)
-  pieces = dict(devices=2, startup_s=7.0, compile_s=5.0, call_s=0.5, update_s=0.01, eval_s=0.25,
-                params_save_s=0.125, state_save_s=1.0)
+  pieces = dict(
+    devices=2,
+    startup_s=7.0,
+    compile_s=5.0,
+    call_s=0.5,
+    update_s=0.01,
+    eval_s=0.25,
+    params_save_s=0.125,
+    state_save_s=1.0,
+  )
   model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=lambda cfg, devices: pieces)
   t = model.seconds(jobs[0], 2)
   run = schedule_lib.RunSchedule.from_config(jobs[0].cfg)
@@ -308,8 +381,16 @@ def test_on_an_accelerator_only_a_workers_first_group_waits_for_its_compilation(
   s = placement.simulate([("g0", 1, 4.0, 3.0), ("g1", 1, 4.0, 3.0), ("g2", 1, 4.0, 3.0)], 2, 1)
   assert [(x.worker, x.start_s, x.end_s) for x in s.slots] == [(0, 0, 7), (1, 0, 7), (0, 7, 11)]
   jobs = _jobs_with_configs(3)
-  pieces = dict(devices=1, startup_s=6.0, compile_s=5.0, call_s=0.0, update_s=0.0, eval_s=0.0,
-                params_save_s=0.0, state_save_s=0.0)
+  pieces = dict(
+    devices=1,
+    startup_s=6.0,
+    compile_s=5.0,
+    call_s=0.0,
+    update_s=0.0,
+    eval_s=0.0,
+    params_save_s=0.0,
+    state_save_s=0.0,
+  )
   model = timing.MeasuredModel(jobs, [_Accelerator()], measure=lambda cfg, devices: pieces)
   assert model.hides_compile and model.seconds(jobs[0], 1)["hidden_s"] == 5.0
   s = placement.worker_schedule(jobs, model, 1, 1)  # one worker: 6 s, then 1 s, 1 s
@@ -322,12 +403,18 @@ def test_unmeasured_groups_are_scaled_from_the_nearest_measured_one():
 
   def fake(cfg, devices):
     calls.append(int(cfg.train.batch_size))
-    return dict(devices=len(devices), startup_s=2.0, compile_s=1.0, call_s=0.1, update_s=0.01,
-                eval_s=0.0,
-                params_save_s=0.0, state_save_s=0.0)
+    return dict(
+      devices=len(devices),
+      startup_s=2.0,
+      compile_s=1.0,
+      call_s=0.1,
+      update_s=0.01,
+      eval_s=0.0,
+      params_save_s=0.0,
+      state_save_s=0.0,
+    )
 
-  model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=fake,
-                               subset=[jobs[0], jobs[2]])
+  model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=fake, subset=[jobs[0], jobs[2]])
   t = model.seconds(jobs[1], 2)  # B = 16: scaled from g000 (B = 8, the same C)
   assert t["scaled_from"] == "g000" and not t["measured"]
   ratio = jobs[1].flops_per_update / jobs[0].flops_per_update
@@ -356,31 +443,61 @@ def _plan(capsys, *args):
 
 def test_plan_json_at_study_scale_without_the_corpus(capsys):
   # exp1 at study scale reads C4, absent here: a plan from a FLOP/s needs no data
-  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=64",
-                         "--flops_per_s=4e14", "--json")
+  code, out, err = _plan(
+    capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14", "--json"
+  )
   assert code == 0, err
   p = json.loads(out)
-  assert {"groups", "schedule", "makespan_s", "utilisation", "layouts", "global",
-          "devices_per_worker", "n_workers", "throughput"} <= set(p)
+  assert {
+    "groups",
+    "schedule",
+    "makespan_s",
+    "utilisation",
+    "layouts",
+    "global",
+    "devices_per_worker",
+    "n_workers",
+    "throughput",
+  } <= set(p)
   assert len(p["groups"]) == 25 and len(p["schedule"]) == 25
   g = p["groups"][0]
-  assert {"group", "cells", "batch_size", "context_size", "updates", "cost_flops", "devices",
-          "mesh", "seconds"} <= set(g)
+  assert {
+    "group",
+    "cells",
+    "batch_size",
+    "context_size",
+    "updates",
+    "cost_flops",
+    "devices",
+    "mesh",
+    "seconds",
+  } <= set(g)
   assert g["seconds"] == pytest.approx(g["cost_flops"] / (g["devices"] * 4e14))
   assert 0 < p["utilisation"] <= 1
   assert p["makespan_s"] == pytest.approx(max(s["end_s"] for s in p["schedule"]))
   # one-phase layouts: one host's divisors, then workers of 2, 4, 8 processes (hosts)
-  assert [(x["devices_per_worker"], x["processes_per_worker"], x["refused"] is None)
-          for x in p["layouts"]] == [(1, 1, True), (2, 1, True), (4, 1, True), (8, 1, True),
-                                     (16, 2, True), (32, 4, False), (64, 8, False)]
+  assert [
+    (x["devices_per_worker"], x["processes_per_worker"], x["refused"] is None) for x in p["layouts"]
+  ] == [
+    (1, 1, True),
+    (2, 1, True),
+    (4, 1, True),
+    (8, 1, True),
+    (16, 2, True),
+    (32, 4, False),
+    (64, 8, False),
+  ]
   assert [x["devices_per_worker"] for x in p["layouts"] if x["best"]] == [16]
   assert max(x["utilisation"] or 0 for x in p["layouts"]) == pytest.approx(0.8963, abs=5e-5)
   # the new rule: 24 groups on the 8 hosts alone, then the most expensive on all of them
   assert (p["n_processes"], p["devices_per_process"]) == (8, 8)
-  assert [(x["processes_per_worker"], x["devices_per_worker"], x["n_workers"], len(x["groups"]))
-          for x in p["phases"]] == [(1, 8, 8, 24), (8, 64, 1, 1)]
-  assert p["phases"][1]["groups"] == ["g000"] and p["utilisation"] == pytest.approx(0.9958,
-                                                                                    abs=5e-5)
+  assert [
+    (x["processes_per_worker"], x["devices_per_worker"], x["n_workers"], len(x["groups"]))
+    for x in p["phases"]
+  ] == [(1, 8, 8, 24), (8, 64, 1, 1)]
+  assert p["phases"][1]["groups"] == ["g000"] and p["utilisation"] == pytest.approx(
+    0.9958, abs=5e-5
+  )
   assert p["phases"][0]["end_s"] == p["phases"][1]["start_s"]
   assert p["makespan_s"] == pytest.approx(p["phases"][1]["end_s"])
   assert p["n_workers"] is None and p["devices_per_worker"] is None  # two phases
@@ -389,8 +506,14 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
   assert p["global"]["utilisation"] is None and p["global"]["makespan_s"] is None
   assert p["throughput"]["model"] == "flops"
   # on 8 devices today's rule runs: every group on all 8, one after another
-  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=8",
-                         "--flops_per_s=4e14", "--devices_per_worker=2", "--json")
+  code, out, err = _plan(
+    capsys,
+    "--config=configs/exp1_natural.py",
+    "--devices=8",
+    "--flops_per_s=4e14",
+    "--devices_per_worker=2",
+    "--json",
+  )
   p = json.loads(out)
   assert p["global"]["refused"] is None and p["global"]["utilisation"] == pytest.approx(1.0)
   assert p["n_workers"] == 4 and p["layouts"][0]["devices_per_worker"] == 2
@@ -400,41 +523,61 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
 
 
 def test_plan_text_says_what_it_assumes(capsys):
-  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=8",
-                         "--flops_per_s=4e14")
+  code, out, err = _plan(
+    capsys, "--config=configs/exp1_natural.py", "--devices=8", "--flops_per_s=4e14"
+  )
   assert code == 0, err
   assert "perfect data-parallel scaling" in out and "no start-up" in out
   assert "today's rule (sweep.placement=global, one mesh of 8): makespan" in out
   assert "<- best" in out
-  assert "new rule (sweep.placement=worker, 1 phase(s): 1 × 8): makespan 1.4 h, " \
-         "utilisation 100.0%" in out
-  code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", "--devices=256",
-                         "--flops_per_s=4e14")
+  assert (
+    "new rule (sweep.placement=worker, 1 phase(s): 1 × 8): makespan 1.4 h, "
+    "utilisation 100.0%" in out
+  )
+  code, out, err = _plan(
+    capsys, "--config=configs/exp1_natural.py", "--devices=256", "--flops_per_s=4e14"
+  )
   assert code == 0, err
-  assert ("new rule (sweep.placement=worker, 3 phase(s): 16 × 16 (2 processes each), then "
-          "4 × 64 (8 processes each), then 1 × 256 (32 processes each)): makespan 2.7 min, "
-          "utilisation 97.4%") in out
-  assert "best one-phase layout, 16 × 16 (2 processes each): makespan 3.4 min, utilisation " \
-         "78.6%" in out
+  assert (
+    "new rule (sweep.placement=worker, 3 phase(s): 16 × 16 (2 processes each), then "
+    "4 × 64 (8 processes each), then 1 × 256 (32 processes each)): makespan 2.7 min, "
+    "utilisation 97.4%"
+  ) in out
+  assert (
+    "best one-phase layout, 16 × 16 (2 processes each): makespan 3.4 min, utilisation 78.6%" in out
+  )
 
 
-@pytest.mark.parametrize("args,words", [
+@pytest.mark.parametrize(
+  "args,words",
+  [
     (["--devices=0"], "--devices=0 is not allowed: an integer >= 1"),
-    (["--devices=8", "--devices_per_worker=3", "--flops_per_s=1e12"],
-     "--devices_per_worker=3 is not allowed: a divisor of --devices=8 (1, 2, 4, 8)"),
+    (
+      ["--devices=8", "--devices_per_worker=3", "--flops_per_s=1e12"],
+      "--devices_per_worker=3 is not allowed: a divisor of --devices=8 (1, 2, 4, 8)",
+    ),
     (["--devices=8", "--flops_per_s=0"], "--flops_per_s=0 is not allowed: a finite number > 0"),
     (["--devices=8", "--flops_per_s=-5e13"], "--flops_per_s=-5e+13 is not allowed"),
-    (["--devices=24", "--devices_per_worker=12", "--flops_per_s=1e12"],
-     "--devices_per_worker=12 is not allowed: at most --devices_per_host=8 (a worker of one "
-     "process), or a multiple of it"),
-    (["--devices=8", "--devices_per_host=0", "--flops_per_s=1e12"],
-     "--devices_per_host=0 is not allowed: an integer >= 1"),
-    (["--devices=8", "--devices_per_host=4"], "--devices_per_host=4 is not allowed without "
-     "--flops_per_s"),
-    (["--devices=8", "--devices_per_worker=8"], "--devices_per_worker=8 is not allowed without "
-     "--flops_per_s: at most this machine's"),
+    (
+      ["--devices=24", "--devices_per_worker=12", "--flops_per_s=1e12"],
+      "--devices_per_worker=12 is not allowed: at most --devices_per_host=8 (a worker of one "
+      "process), or a multiple of it",
+    ),
+    (
+      ["--devices=8", "--devices_per_host=0", "--flops_per_s=1e12"],
+      "--devices_per_host=0 is not allowed: an integer >= 1",
+    ),
+    (
+      ["--devices=8", "--devices_per_host=4"],
+      "--devices_per_host=4 is not allowed without --flops_per_s",
+    ),
+    (
+      ["--devices=8", "--devices_per_worker=8"],
+      "--devices_per_worker=8 is not allowed without --flops_per_s: at most this machine's",
+    ),
     ([], "plan needs --config=FILE and --devices=N"),
-])
+  ],
+)
 def test_plan_flags_are_checked_in_one_line(capsys, args, words):
   code, out, err = _plan(capsys, "--config=configs/exp1_natural.py", *args)
   assert code == 2 and out == ""

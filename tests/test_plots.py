@@ -17,12 +17,22 @@ def _curves() -> pd.DataFrame:
   """Two grid points with different checkpoints: B 8 at 0, 1, 2, 4, … 1024; B 32 at 0, 4, 8, …
   4096 (a longer run); ps_max rises as a sigmoid in log-updates."""
   rows = []
-  for cell, (b, steps) in enumerate([(8, [0] + [2 ** k for k in range(11)]),
-                                     (32, [0] + [2 ** k for k in range(2, 13)])]):
+  for cell, (b, steps) in enumerate(
+    [(8, [0] + [2**k for k in range(11)]), (32, [0] + [2**k for k in range(2, 13)])]
+  ):
     for s in steps:
       x = math.log(max(s, 0.5)) - math.log(200)
-      rows.append({"run": "r", "cell": cell, "seed": 0, "batch_size": b, "context_size": 32,
-                   "step": s, "ps_max": 0.02 + 0.8 / (1 + math.exp(-3 * x))})
+      rows.append(
+        {
+          "run": "r",
+          "cell": cell,
+          "seed": 0,
+          "batch_size": b,
+          "context_size": 32,
+          "step": s,
+          "ps_max": 0.02 + 0.8 / (1 + math.exp(-3 * x)),
+        }
+      )
   return pd.DataFrame(rows)
 
 
@@ -36,11 +46,21 @@ def _points(censored=((8, 64, 1),), seeds=2, alpha=0.8, beta=0.0, scatter=0.05, 
       for s in range(seeds):
         t = math.exp(10 - alpha * math.log(b) - beta * math.log(c) + rng.normal(0, scatter))
         cens = (b, c, s) in censored
-        rows.append({"run": "r", "cell": cell, "seed": s, "batch_size": b, "context_size": c,
-                     "emergence_step": math.nan if cens else t, "censored": cens,
-                     "censor_step": 5000.0 if cens else math.nan,
-                     "step_before": t / 1.19, "step_after": t * 1.19,
-                     "emergence_tokens": t * b * c})
+        rows.append(
+          {
+            "run": "r",
+            "cell": cell,
+            "seed": s,
+            "batch_size": b,
+            "context_size": c,
+            "emergence_step": math.nan if cens else t,
+            "censored": cens,
+            "censor_step": 5000.0 if cens else math.nan,
+            "step_before": t / 1.19,
+            "step_after": t * 1.19,
+            "emergence_tokens": t * b * c,
+          }
+        )
         cell += 1
   return pd.DataFrame(rows)
 
@@ -100,28 +120,32 @@ def test_law_band_without_a_covariance_is_rebuilt_from_the_residuals():
   # alpha and beta fixed: only ln T is free, so Var(ln T) = s²/n and the prediction band for a
   # cell is ± z·s·sqrt(1 + 1/n), s² = Σ r² / (n − 1)
   r = np.array([0.1, -0.1, 0.2, -0.2])
-  res = pd.DataFrame({"batch_size": [8, 16, 32, 8], "context_size": [16, 16, 32, 64],
-                      "residual_ln": r})
+  res = pd.DataFrame(
+    {"batch_size": [8, 16, 32, 8], "context_size": [16, 16, 32, 64], "residual_ln": r}
+  )
   fit = _LeastSquaresFit(res, {"alpha": 0.8, "beta": 0.0})
   lo, hi, how = plots.law_band(fit, [16.0], [32.0])
-  s = math.sqrt((r ** 2).sum() / 3)
+  s = math.sqrt((r**2).sum() / 3)
   center = 10.0 - 0.8 * math.log(16)
   assert math.log(hi[0]) - center == pytest.approx(1.959964 * s * math.sqrt(1 + 1 / 4), rel=1e-5)
-  assert math.log(lo[0]) - center == pytest.approx(-1.959964 * s * math.sqrt(1 + 1 / 4),
-                                                   rel=1e-5)
+  assert math.log(lo[0]) - center == pytest.approx(-1.959964 * s * math.sqrt(1 + 1 / 4), rel=1e-5)
   assert "least-squares" in how
   # no residual degrees of freedom: no band
-  assert plots.law_band(_LeastSquaresFit(res.iloc[:1], {"alpha": 0.8, "beta": 0.0}),
-                        [16.0], [32.0]) is None
+  assert (
+    plots.law_band(_LeastSquaresFit(res.iloc[:1], {"alpha": 0.8, "beta": 0.0}), [16.0], [32.0])
+    is None
+  )
 
 
 def test_law_band_from_a_covariance_and_scatter_is_the_normal_band():
   fit = scaling.fit_law(_points(censored=()), n_boot=0)
   law = fit.to_dict()
   law.pop("sigma", None)  # first the band of the law itself
-  law["cov"] = {"log_T": {"log_T": 0.01, "alpha": 0.0, "beta": 0.0},
-                "alpha": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0},
-                "beta": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0}}
+  law["cov"] = {
+    "log_T": {"log_T": 0.01, "alpha": 0.0, "beta": 0.0},
+    "alpha": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0},
+    "beta": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0},
+  }
   lo, hi, how = plots.law_band(law, [8.0], [16.0])
   z = 1.959964
   center = law["log_T"] - law["alpha"] * math.log(8) - law["beta"] * math.log(16)
@@ -133,8 +157,7 @@ def test_law_band_from_a_covariance_and_scatter_is_the_normal_band():
   assert math.log(hi[0]) - center == pytest.approx(z * math.sqrt(0.01 + 0.09), rel=1e-5)
   assert "prediction" in how
   # a matrix with its names gives the same band as the nested form
-  law["cov"] = {"names": ["log_T", "alpha", "beta"],
-                "matrix": [[0.01, 0, 0], [0, 0, 0], [0, 0, 0]]}
+  law["cov"] = {"names": ["log_T", "alpha", "beta"], "matrix": [[0.01, 0, 0], [0, 0, 0], [0, 0, 0]]}
   assert plots.law_band(law, [8.0], [16.0])[1][0] == pytest.approx(hi[0])
 
 
@@ -143,8 +166,9 @@ def test_seed_median_bounds_a_censored_median():
   # one seed emerged at 100, the other censored at 500: the median exceeds (100 + 500) / 2
   assert plots.seed_median([100.0, math.nan], [False, True], [math.nan, 500.0]) == (300.0, True)
   # 3 seeds, one censored: the median is the middle emerged one
-  assert plots.seed_median([100.0, 200.0, math.nan], [False, False, True],
-                           [math.nan, math.nan, 900.0]) == (200.0, False)
+  assert plots.seed_median(
+    [100.0, 200.0, math.nan], [False, False, True], [math.nan, math.nan, 900.0]
+  ) == (200.0, False)
 
 
 def test_heatmap_of_b_by_c_marks_censored_grid_points(tmp_path):
@@ -157,8 +181,7 @@ def test_heatmap_of_b_by_c_marks_censored_grid_points(tmp_path):
   assert len(hatched) == 2  # B 8 / C 64 (both seeds censored) and B 16 / C 64 (one of two)
   corners = sorted((p.get_x() + 0.5, p.get_y() + 0.5) for p in hatched)
   assert corners == [(2.0, 0.0), (2.0, 1.0)]  # column C 64, rows B 8 and B 16
-  texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text()
-           for t in ax.texts}
+  texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in ax.texts}
   assert texts[(2, 0)] == "> 5,000"  # both censored at 5,000
   assert texts[(2, 1)].startswith("> ") and "1/2 seeds" in texts[(2, 1)]
   assert not texts[(0, 0)].startswith(">")

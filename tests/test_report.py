@@ -26,25 +26,43 @@ def _points(alpha=0.84, beta=-0.07, censored=(), seeds=2, scatter=0.05, seed=0):
       for s in range(seeds):
         t = math.exp(9.67 - alpha * math.log(b) - beta * math.log(c) + rng.normal(0, scatter))
         cens = (b, c, s) in censored
-        rows.append({"run": "demo", "cell": cell, "seed": s, "batch_size": b,
-                     "context_size": c, "n_params": 70_528,
-                     "emergence_step": math.nan if cens else t, "censored": cens,
-                     "censor_step": 5000.0 if cens else math.nan,
-                     "step_before": t * 2 ** -0.125, "step_after": t * 2 ** 0.125,
-                     "last_step": 5000.0 if cens else 2 * t})
+        rows.append(
+          {
+            "run": "demo",
+            "cell": cell,
+            "seed": s,
+            "batch_size": b,
+            "context_size": c,
+            "n_params": 70_528,
+            "emergence_step": math.nan if cens else t,
+            "censored": cens,
+            "censor_step": 5000.0 if cens else math.nan,
+            "step_before": t * 2**-0.125,
+            "step_after": t * 2**0.125,
+            "last_step": 5000.0 if cens else 2 * t,
+          }
+        )
         cell += 1
   return pd.DataFrame(rows)
 
 
 def _law(alpha, alpha_ci, beta, beta_ci, **extra):
-  law = {"log_T": 9.67, "alpha": alpha, "beta": beta, "n": 18, "n_censored": 0, "dof": 15,
-         "ci": {"log_T": [9.0, 10.3], "alpha": list(alpha_ci), "beta": list(beta_ci)}}
+  law = {
+    "log_T": 9.67,
+    "alpha": alpha,
+    "beta": beta,
+    "n": 18,
+    "n_censored": 0,
+    "dof": 15,
+    "ci": {"log_T": [9.0, 10.3], "alpha": list(alpha_ci), "beta": list(beta_ci)},
+  }
   law.update(extra)
   return law
 
 
 def _config(**changes):
   import configs.demo
+
   cfg = configs.demo.get_config()
   for path, value in changes.items():
     section, name = path.split(".")
@@ -57,87 +75,131 @@ def _text(paragraphs) -> str:
 
 
 def test_setup_words_come_from_the_config_and_the_grid():
-  setup, *_ = summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)),
-                              config=_config())
+  setup, *_ = summary.summary(
+    _points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)), config=_config()
+  )
   setup = " ".join(setup.split())
-  assert setup.startswith("**Setup.** 18 models: 2-layer attention-only transformers, 1 head "
-                          "per layer, d_model 64 (70,528 parameters)")
-  assert "semi-natural Markov data: the bigram statistics of python-docs over its 256 most " \
-         "frequent types" in setup
+  assert setup.startswith(
+    "**Setup.** 18 models: 2-layer attention-only transformers, 1 head "
+    "per layer, d_model 64 (70,528 parameters)"
+  )
+  assert (
+    "semi-natural Markov data: the bigram statistics of python-docs over its 256 most "
+    "frequent types" in setup
+  )
   assert "frequency 1 and reliability 1" in setup
-  assert "B ∈ {8, 16, 32} sequences per update × C ∈ {16, 32, 64} tokens per sequence, 2 " \
-         "seeds per grid point" in setup
-  assert "stopped once every model's online ps_max had passed 0.3 and training had gone on " \
-         "to 2× that update, or at a cap of 0.25× the study's law's predicted updates" in setup
+  assert (
+    "B ∈ {8, 16, 32} sequences per update × C ∈ {16, 32, 64} tokens per sequence, 2 "
+    "seeds per grid point" in setup
+  )
+  assert (
+    "stopped once every model's online ps_max had passed 0.3 and training had gone on "
+    "to 2× that update, or at a cap of 0.25× the study's law's predicted updates" in setup
+  )
   assert "prefix-matching score first crosses halfway" in setup
   # another config, other words: natural text, a fixed update budget, 3 seeds
-  other = _config(**{"data.source": "natural", "sweep.budget": "updates",
-                     "train.num_steps": 3000})
+  other = _config(**{"data.source": "natural", "sweep.budget": "updates", "train.num_steps": 3000})
   setup = summary.summary(_points(seeds=3), None, config=other)[0]
   assert "natural text (python-docs, a BPE vocabulary of 256 types)" in setup
   assert "each cell trained for 3,000 updates" in setup and "3 seeds per grid point" in setup
 
 
 def test_emergence_falls_with_b_only_where_alphas_interval_excludes_0():
-  falls = _text(summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)),
-                                config=_config()))
+  falls = _text(
+    summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)), config=_config())
+  )
   assert "emergence comes in fewer updates at larger B" in falls
   assert "doubling B saves 44% of the updates" in falls
   # α's interval includes 0: no direction with B is claimed
-  flat = _text(summary.summary(_points(alpha=0.05),
-                               _law(0.05, (-0.2, 0.3), -0.07, (-0.22, 0.09)), config=_config()))
+  flat = _text(
+    summary.summary(
+      _points(alpha=0.05), _law(0.05, (-0.2, 0.3), -0.07, (-0.22, 0.09)), config=_config()
+    )
+  )
   assert "fewer updates at larger B" not in flat and "more updates at larger B" not in flat
   assert "no clear dependence on B (α = 0.05, 95% interval -0.20 to 0.30, includes 0)" in flat
   # ... and then the sequences grow with B (B^0.95), not "roughly fixed"
-  assert "number of sequences (UPT·B; tokens at a given C) to emergence grows with B — about " \
-         "in proportion" in flat
+  assert (
+    "number of sequences (UPT·B; tokens at a given C) to emergence grows with B — about "
+    "in proportion" in flat
+  )
   assert "roughly fixed number of sequences" not in flat
   # no interval at all: no direction either
-  none = _text(summary.summary(_points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {}},
-                               config=_config()))
+  none = _text(
+    summary.summary(_points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {}}, config=_config())
+  )
   assert "fewer updates" not in none and "α = 0.84, without an interval (too few cells)" in none
-  note = _text(summary.summary(_points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {},
-                                           "n_boot": 0}, config=_config()))
+  note = _text(
+    summary.summary(
+      _points(), {**_law(0.84, (0, 0), -0.07, (0, 0)), "ci": {}, "n_boot": 0}, config=_config()
+    )
+  )
   assert "α = 0.84, without an interval (no bootstrap), so no direction with B" in note
   # a fixed alpha says nothing about B
-  fixed = _text(summary.summary(_points(), {**_law(0.37, (0, 0), -0.07, (-0.22, 0.09)),
-                                            "ci": {"beta": [-0.22, 0.09]},
-                                            "fixed": {"alpha": 0.37}}, config=_config()))
+  fixed = _text(
+    summary.summary(
+      _points(),
+      {
+        **_law(0.37, (0, 0), -0.07, (-0.22, 0.09)),
+        "ci": {"beta": [-0.22, 0.09]},
+        "fixed": {"alpha": 0.37},
+      },
+      config=_config(),
+    )
+  )
   assert "α was held at 0.37, not fitted" in fixed and "fewer updates at larger B" not in fixed
 
 
 def test_a_roughly_fixed_number_of_sequences_only_when_the_numbers_say_so():
-  demo = _text(summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)),
-                               config=_config()))
-  assert "to emergence is roughly fixed across B, growing only slightly: as B^0.16 (95% " \
-         "interval 0.02 to 0.32), 12% more per doubling of B" in demo
+  demo = _text(
+    summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)), config=_config())
+  )
+  assert (
+    "to emergence is roughly fixed across B, growing only slightly: as B^0.16 (95% "
+    "interval 0.02 to 0.32), 12% more per doubling of B" in demo
+  )
   assert "the updates to emergence show no clear dependence on C" in demo
-  assert "tokens (UPT·B·C; at a given B) to emergence grows with C — about in proportion: as " \
-         "C^1.07" in demo
-  assert "induction heads formed after a roughly fixed number of sequences, whatever B and C" \
-      in demo
+  assert (
+    "tokens (UPT·B·C; at a given B) to emergence grows with C — about in proportion: as "
+    "C^1.07" in demo
+  )
+  assert (
+    "induction heads formed after a roughly fixed number of sequences, whatever B and C" in demo
+  )
   # α's interval includes 1: the sequences' exponent 1 − α includes 0
-  one = _text(summary.summary(_points(alpha=0.95), _law(0.95, (0.8, 1.1), -0.07, (-0.22, 0.09)),
-                              config=_config()))
-  assert "to emergence is roughly fixed across B: it goes as B^0.05 (95% interval -0.10 to " \
-         "0.20, which includes 0)" in one
+  one = _text(
+    summary.summary(
+      _points(alpha=0.95), _law(0.95, (0.8, 1.1), -0.07, (-0.22, 0.09)), config=_config()
+    )
+  )
+  assert (
+    "to emergence is roughly fixed across B: it goes as B^0.05 (95% interval -0.10 to "
+    "0.20, which includes 0)" in one
+  )
   # the study's exponents: updates fall with B and C; sequences and tokens grow
-  study = _text(summary.summary(_points(alpha=0.37, beta=0.62),
-                                _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()))
+  study = _text(
+    summary.summary(
+      _points(alpha=0.37, beta=0.62), _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()
+    )
+  )
   assert "fewer updates at larger B" in study and "fewer updates at larger C" in study
   assert "roughly fixed" not in study
   assert "grows with B: as B^0.63" in study and "grows with C: as C^0.38" in study
 
 
 def test_the_comparison_with_the_study_crosses_data_and_scale():
-  text = _text(summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)),
-                               config=_config()))
-  assert "α = 0.84 (95% interval 0.68 to 0.98) against the study's 0.37, outside the " \
-         "interval" in text
+  text = _text(
+    summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)), config=_config())
+  )
+  assert (
+    "α = 0.84 (95% interval 0.68 to 0.98) against the study's 0.37, outside the interval" in text
+  )
   assert "β = -0.07 (95% interval -0.22 to 0.09) against the study's 0.62, outside" in text
-  assert "This comparison crosses data and scale — semi-natural Markov data here against the " \
-         "study's natural web text (Common Crawl); models of 70.5k parameters against the " \
-         "study's about 53.6M (2 layers, d_model 768, with MLPs), 759× larger" in text
+  assert (
+    "This comparison crosses data and scale — semi-natural Markov data here against the "
+    "study's natural web text (Common Crawl); models of 70.5k parameters against the "
+    "study's about 53.6M (2 layers, d_model 768, with MLPs), 759× larger" in text
+  )
   # the study's law scored on the emerged models: e^13.26 / (8^0.37 · 16^0.62) = 47,648 at the
   # slowest cell; they emerged ~10× earlier
   assert "the study's law predicts 12,078–47,648 updates" in text
@@ -145,47 +207,73 @@ def test_the_comparison_with_the_study_crosses_data_and_scale():
   pts = _points()
   pred = np.exp(13.26 - 0.37 * np.log(pts["batch_size"]) - 0.62 * np.log(pts["context_size"]))
   assert ratio == pytest.approx(np.exp(np.mean(np.log(pred / pts["emergence_step"]))), abs=0.05)
-  inside = _text(summary.summary(_points(alpha=0.37, beta=0.62),
-                                 _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()))
+  inside = _text(
+    summary.summary(
+      _points(alpha=0.37, beta=0.62), _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()
+    )
+  )
   assert "against the study's 0.37, inside the interval" in inside
 
 
 def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
   cens = _points(censored=((8, 64, 0), (8, 64, 1), (16, 64, 1)))
-  mle = _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3), method="censored log-normal MLE",
-             n_emerged=15, n_censored=3, sigma=0.12,
-             emerged_only={"alpha": 0.7, "beta": -0.05})
+  mle = _law(
+    0.8,
+    (0.6, 1.0),
+    0.1,
+    (-0.1, 0.3),
+    method="censored log-normal MLE",
+    n_emerged=15,
+    n_censored=3,
+    sigma=0.12,
+    emerged_only={"alpha": 0.7, "beta": -0.05},
+  )
   text = _text(summary.summary(cens, mle, config=_config()))
   assert "15 of 18 models emerged by their last checkpoint" in text
   assert "fitted by maximum likelihood to 15 emerged and 3 censored models" in text
-  assert "3 of 18 models had not emerged by their last checkpoint (censored; B 8/C 64 (2), " \
-         "B 16/C 64): their emergence points are lower bounds" in text
+  assert (
+    "3 of 18 models had not emerged by their last checkpoint (censored; B 8/C 64 (2), "
+    "B 16/C 64): their emergence points are lower bounds" in text
+  )
   assert "fitted to the emerged models alone it would give α = 0.70, β = -0.05" in text
   assert "σ = 0.12 in ln UPT (a typical model within 1.13× of it)" in text
   assert "a factor 1.19 between neighbours" in text  # 2^(1/4): checkpoints 4 per octave
   assert "The probes' block length follows C (L = 8, 16, 32 at C = 16, 32, 64)" in text
   assert "One model size" in text
   # least squares on emerged cells: the bias is named
-  lsq = _text(summary.summary(cens, _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3), n_censored=3),
-                              config=_config()))
+  lsq = _text(
+    summary.summary(cens, _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3), n_censored=3), config=_config())
+  )
   assert "by least squares to the 18 emerged models (3 censored left out)" in lsq
   assert "leaves censored models out, which biases it towards early emergence" in lsq
   # fixed probes, one seed, none censored
-  one = _text(summary.summary(_points(seeds=1), _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3)),
-                              config=_config(**{"eval.probe_len": 8})))
+  one = _text(
+    summary.summary(
+      _points(seeds=1),
+      _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3)),
+      config=_config(**{"eval.probe_len": 8}),
+    )
+  )
   assert "No model was censored" in one and "One seed per grid point" in one
   assert "one block length L = 8 at every C" in one and "follows C" not in one
 
 
 def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
   pts = _points(censored=[(b, c, s) for b in B_GRID for c in C_GRID for s in (0, 1)])
-  text = _text(summary.summary(pts, None, config=_config(),
-                               law_error="0 emerged cell(s) cannot identify log_T"))
-  assert "0 of 18 models emerged" in text and "nothing is said here about how emergence moves " \
-      "with B or C" in text
-  assert "None of the 18 censored models reached the update the study's law predicts for it " \
-         "(12,078–47,648; their last checkpoints 5,000), so their not emerging does not " \
-         "contradict it" in text
+  text = _text(
+    summary.summary(
+      pts, None, config=_config(), law_error="0 emerged cell(s) cannot identify log_T"
+    )
+  )
+  assert (
+    "0 of 18 models emerged" in text
+    and "nothing is said here about how emergence moves with B or C" in text
+  )
+  assert (
+    "None of the 18 censored models reached the update the study's law predicts for it "
+    "(12,078–47,648; their last checkpoints 5,000), so their not emerging does not "
+    "contradict it" in text
+  )
   for claim in ("fewer updates", "more updates", "roughly fixed", "grows with", "outside the"):
     assert claim not in text
   some = _text(summary.summary(_points(), None, config=_config(), law_error="bad grid"))
@@ -196,17 +284,21 @@ def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
 
 # ---------------------------------------------------------------- the report that opens with it
 
+
 def _sigmoid_sweep(root, last: int = 4096) -> str:
   """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
   C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
   UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096)."""
-  import configs.induction
   import ml_collections
+
+  import configs.induction
   from ihsweep import plan as plan_lib
   from ihsweep import rundir, runner
+
   cfg = configs.induction.get_config()
-  cfg.sweep.grid = ml_collections.ConfigDict({"train": ml_collections.ConfigDict(
-      {"batch_size": (8, 16, 32), "context_size": (32, 64)})})
+  cfg.sweep.grid = ml_collections.ConfigDict(
+    {"train": ml_collections.ConfigDict({"batch_size": (8, 16, 32), "context_size": (32, 64)})}
+  )
   cfg.sweep.update(seeds=2, budget="updates")
   cfg.train.num_steps = 4096
   workdir = str(root / "sweep")
@@ -227,17 +319,21 @@ def _sigmoid_sweep(root, last: int = 4096) -> str:
         never = (b, c) == (8, 64) and seed % 2 == 1
         for s in steps:
           x = 0.0 if never else 1 / (1 + (upt / max(s, 0.5)) ** 6)
-          f.write(json.dumps({"step": s, "cell": int(cell), "tokens": s * b * c,
-                              "ps_max": 0.02 + 0.8 * x}) + "\n")
+          f.write(
+            json.dumps(
+              {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
+            )
+            + "\n"
+          )
     rundir.write_status(workdir, group.id, state="done")
   return workdir
 
 
 def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_path):
   from analysis import report
+
   sweep = _sigmoid_sweep(tmp_path)
-  out = report.report([sweep], None, report.Options(progress=False, n_boot=200,
-                                                    source="online"))
+  out = report.report([sweep], None, report.Options(progress=False, n_boot=200, source="online"))
   md = open(out["report_md"]).read()
   lines = md.splitlines()
   assert lines[0] == "# Induction-head emergence report" and lines[2] == "## Summary"
@@ -252,8 +348,7 @@ def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_pat
   assert md.index("## Summary") < md.index("## Emergence points") < md.index("## Emergence law")
   assert "figures/emergence_bc.png" in md
   for ext in ("png", "pdf"):
-    assert os.path.getsize(os.path.join(sweep, "analysis", "figures",
-                                        f"emergence_bc.{ext}")) > 1000
+    assert os.path.getsize(os.path.join(sweep, "analysis", "figures", f"emergence_bc.{ext}")) > 1000
   page = open(out["report_html"]).read()
   assert "<b>Setup.</b>" in page and "**" not in page
   law = json.load(open(os.path.join(sweep, "analysis", "law.json")))
@@ -262,6 +357,7 @@ def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_pat
 
 def test_a_sweep_evaluated_only_at_update_0_gets_words_and_no_curve_figure(tmp_path):
   from analysis import report
+
   sweep = _sigmoid_sweep(tmp_path, last=0)
   out = report.report([sweep], None, report.Options(progress=False, n_boot=0, source="online"))
   md = " ".join(open(out["report_md"]).read().split())
@@ -275,16 +371,35 @@ def test_a_frequency_by_reliability_grid_gets_counts_per_value_and_no_b_or_c_cla
   for i, (f, r) in enumerate([(f, r) for f in (0.5, 1.0) for r in (0.5, 1.0)]):
     for s in range(2):
       emerged = r == 1.0 and (f == 1.0 or s == 0)
-      rows.append({"run": "exp2", "cell": 2 * i + s, "seed": s, "batch_size": 16,
-                   "context_size": 64, "data.frequency": f, "data.reliability": r,
-                   "emergence_step": 1500.0 if emerged else math.nan, "censored": not emerged,
-                   "censor_step": math.nan if emerged else 3000.0})
+      rows.append(
+        {
+          "run": "exp2",
+          "cell": 2 * i + s,
+          "seed": s,
+          "batch_size": 16,
+          "context_size": 64,
+          "data.frequency": f,
+          "data.reliability": r,
+          "emergence_step": 1500.0 if emerged else math.nan,
+          "censored": not emerged,
+          "censor_step": math.nan if emerged else 3000.0,
+        }
+      )
   pts = pd.DataFrame(rows)
-  text = _text(summary.summary(pts, None, config=_config(),
-                               axes=["data.frequency", "data.reliability"],
-                               law_error="one batch size and one context size"))
-  assert "B 16 sequences per update and C 64 tokens per sequence throughout, over " \
-         "data.frequency ∈ {0.5, 1} × data.reliability ∈ {0.5, 1}" in text
-  assert "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → " \
-         "3 of 4" in text
+  text = _text(
+    summary.summary(
+      pts,
+      None,
+      config=_config(),
+      axes=["data.frequency", "data.reliability"],
+      law_error="one batch size and one context size",
+    )
+  )
+  assert (
+    "B 16 sequences per update and C 64 tokens per sequence throughout, over "
+    "data.frequency ∈ {0.5, 1} × data.reliability ∈ {0.5, 1}" in text
+  )
+  assert (
+    "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → 3 of 4" in text
+  )
   assert "fewer updates" not in text and "No law was fitted (one batch size" in text

@@ -15,11 +15,19 @@ from ihsweep import checkpoint, rundir, runner, sweep
 from ihsweep.config import ConfigError, WorkdirError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_FLAGS = ["--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.d_model=32",
-              "--config.model.n_heads=2", "--config.model.vocab_size=64",
-              "--config.model.max_context=32", "--config.model.dtype=float32",
-              "--config.train.batch_size=8", "--config.train.context_size=32",
-              "--config.ensemble.size=2", "--config.checkpoint.params_schedule=none"]
+TINY_FLAGS = [
+  "--config.model.n_layers=1",
+  "--config.model.d_mlp=0",
+  "--config.model.d_model=32",
+  "--config.model.n_heads=2",
+  "--config.model.vocab_size=64",
+  "--config.model.max_context=32",
+  "--config.model.dtype=float32",
+  "--config.train.batch_size=8",
+  "--config.train.context_size=32",
+  "--config.ensemble.size=2",
+  "--config.checkpoint.params_schedule=none",
+]
 
 
 def _snapshot(d) -> dict:
@@ -45,9 +53,12 @@ def _users_dir(tmp_path):
 def test_a_users_directory_is_refused_untouched(tiny, tmp_path, no_compile):
   d = _users_dir(tmp_path)
   before = _snapshot(d)
-  with pytest.raises(WorkdirError, match=rf"^--workdir={re.escape(str(d))} is not allowed: .* "
-                     r"holds files of its own \(config.json, metrics.jsonl, notes, \.\.\.\) and "
-                     r"no ihsweep run; nothing was changed: use a new --workdir"):
+  with pytest.raises(
+    WorkdirError,
+    match=rf"^--workdir={re.escape(str(d))} is not allowed: .* "
+    r"holds files of its own \(config.json, metrics.jsonl, notes, \.\.\.\) and "
+    r"no ihsweep run; nothing was changed: use a new --workdir",
+  ):
     runner.fit(tiny(), str(d), progress=False)
   with pytest.raises(ConfigError, match="holds files of its own .* and no ihsweep run"):
     sweep.run(tiny(), str(d), progress=False)
@@ -64,9 +75,22 @@ def test_the_commands_refuse_a_users_directory_in_one_line(tmp_path):
   d = _users_dir(tmp_path)
   before = _snapshot(d)
   for command in ("train", "run"):
-    r = subprocess.run([sys.executable, "-m", "ihsweep.cli", command, "--config=configs/default.py",
-                        f"--workdir={d}", "--noprogress", *TINY_FLAGS], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "ihsweep.cli",
+        command,
+        "--config=configs/default.py",
+        f"--workdir={d}",
+        "--noprogress",
+        *TINY_FLAGS,
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
     assert len(lines) == 1, r.stderr  # --workdir is a flag, not a config field:
@@ -79,13 +103,28 @@ def test_a_symbolic_link_to_nothing_is_named(tmp_path):
   link = tmp_path / "link"
   link.symlink_to(tmp_path / "nowhere" / "x")
   for command in ("train", "run"):
-    r = subprocess.run([sys.executable, "-m", "ihsweep.cli", command, "--config=configs/default.py",
-                        f"--workdir={link}", "--noprogress", *TINY_FLAGS], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "ihsweep.cli",
+        command,
+        "--config=configs/default.py",
+        f"--workdir={link}",
+        "--noprogress",
+        *TINY_FLAGS,
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert lines[0] == (f"ihsweep: --workdir={link} is a symbolic link to {tmp_path}/nowhere/x, "
-                        f"which does not exist: create that directory, or give another --workdir")
+    assert lines[0] == (
+      f"ihsweep: --workdir={link} is a symbolic link to {tmp_path}/nowhere/x, "
+      f"which does not exist: create that directory, or give another --workdir"
+    )
   assert not (tmp_path / "nowhere").exists()
 
 
@@ -100,14 +139,24 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
   (old_train / "checkpoints").mkdir()
   (old_sweep / "cells.csv").write_text("cell,group\n0,g000\n")
   assert [rundir.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
-      "train", "sweep", "train", "sweep"]
+    "train",
+    "sweep",
+    "train",
+    "sweep",
+  ]
   for d in (train_dir, old_train):
-    with pytest.raises(ConfigError, match=r"an earlier sweep to resume; it holds an `ihsweep "
-                       r"train` run \(use `ihsweep train` with it\)"):
+    with pytest.raises(
+      ConfigError,
+      match=r"an earlier sweep to resume; it holds an `ihsweep "
+      r"train` run \(use `ihsweep train` with it\)",
+    ):
       sweep.run(tiny(), str(d), progress=False)
   for d in (sweep_dir, old_sweep):
-    with pytest.raises(ConfigError, match=r"an earlier train run to resume; it holds a sweep of "
-                       r"`ihsweep run` \(use `ihsweep run` with it\)"):
+    with pytest.raises(
+      ConfigError,
+      match=r"an earlier train run to resume; it holds a sweep of "
+      r"`ihsweep run` \(use `ihsweep run` with it\)",
+    ):
       runner.fit(tiny(), str(d), progress=False)
   # A sweep's group directory, before its first update, holds the sweep's status.json only.
   group = tmp_path / "s" / "groups" / "g000"
@@ -153,12 +202,21 @@ sys.exit(cli.main(["ihsweep"] + sys.argv[1:]))
 
 def test_a_second_ctrl_c_waits_for_the_checkpoint(tmp_path):
   work = tmp_path / "run"
-  cmd = [sys.executable, "-c", SLOW_FINAL_SAVE, "train", "--config=configs/default.py",
-         f"--workdir={work}", "--noprogress", *TINY_FLAGS, "--config.train.num_steps=2000",
-         "--config.train.steps_per_call=5", "--config.eval.every_steps=0",
-         "--config.checkpoint.state_every_steps=10000"]
-  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  cmd = [
+    sys.executable,
+    "-c",
+    SLOW_FINAL_SAVE,
+    "train",
+    "--config=configs/default.py",
+    f"--workdir={work}",
+    "--noprogress",
+    *TINY_FLAGS,
+    "--config.train.num_steps=2000",
+    "--config.train.steps_per_call=5",
+    "--config.eval.every_steps=0",
+    "--config.checkpoint.state_every_steps=10000",
+  ]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   log = work / "train_log.jsonl"
   deadline = time.time() + 240
   while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):
@@ -190,5 +248,6 @@ def test_a_third_stop_request_exits_at_once_saying_what_is_lost(monkeypatch, cap
   runner.request_stop(signal.SIGINT)
   assert exits == [130]
   assert capsys.readouterr().err.strip() == (
-      "ihsweep: forced exit on a third stop request (SIGINT): the updates since the last "
-      "complete full-state checkpoint are lost; rerun the same command to resume from it")
+    "ihsweep: forced exit on a third stop request (SIGINT): the updates since the last "
+    "complete full-state checkpoint are lost; rerun the same command to resume from it"
+  )

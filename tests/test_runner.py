@@ -15,20 +15,29 @@ from ihsweep import checkpoint, runner, sharding
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
 # state every 10, params at 0 and 20.
-RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.steps_per_call": 10,
-       "eval.every_steps": 10, "eval.n_probes": 8, "eval.n_sequences": 4,
-       "checkpoint.state_every_steps": 10}
+RUN = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.num_steps": 20,
+  "train.steps_per_call": 10,
+  "eval.every_steps": 10,
+  "eval.n_probes": 8,
+  "eval.n_sequences": 4,
+  "checkpoint.state_every_steps": 10,
+}
 
 
-@pytest.mark.parametrize("n_models,batch,n_devices,expect", [
-    (2, 8, 4, 4),   # (ensemble 2, data 2): all
-    (1, 1, 4, 1),   # one model, one sequence: one device
-    (3, 6, 4, 3),   # 4 cannot split E = 3, B = 6; 3 can (3, 1)
-    (2, 3, 4, 3),   # 4: e | 2 and 4 / e | 3 fails; 3: (1, 3)
-    (8, 8, 2, 2),   # fewer devices than the ensemble could use
-])
-def test_usable_devices_is_the_longest_prefix_the_mesh_accepts(n_models, batch, n_devices,
-                                                               expect):
+@pytest.mark.parametrize(
+  "n_models,batch,n_devices,expect",
+  [
+    (2, 8, 4, 4),  # (ensemble 2, data 2): all
+    (1, 1, 4, 1),  # one model, one sequence: one device
+    (3, 6, 4, 3),  # 4 cannot split E = 3, B = 6; 3 can (3, 1)
+    (2, 3, 4, 3),  # 4: e | 2 and 4 / e | 3 fails; 3: (1, 3)
+    (8, 8, 2, 2),  # fewer devices than the ensemble could use
+  ],
+)
+def test_usable_devices_is_the_longest_prefix_the_mesh_accepts(n_models, batch, n_devices, expect):
   devices = jax.devices()[:n_devices]
   got = sharding.usable_devices(n_models, batch, devices)
   assert got == devices[:expect]
@@ -41,11 +50,13 @@ def test_usable_devices_is_the_longest_prefix_the_mesh_accepts(n_models, batch, 
 
 def test_group_devices(tiny):
   devices = jax.devices()
-  assert runner.group_devices(tiny(**{"ensemble.size": 2})) == devices       # (2, 2)
+  assert runner.group_devices(tiny(**{"ensemble.size": 2})) == devices  # (2, 2)
   assert runner.group_devices(tiny(**{"ensemble.size": 3, "train.batch_size": 6})) == devices[:3]
   assert runner.group_devices(tiny(**{"mesh.num_devices": 2})) == devices[:2]
-  assert runner.group_devices(tiny(**{"ensemble.size": 1, "train.batch_size": 1}),
-                              devices[2:]) == devices[2:3]
+  assert (
+    runner.group_devices(tiny(**{"ensemble.size": 1, "train.batch_size": 1}), devices[2:])
+    == devices[2:3]
+  )
   assert runner.group_devices(tiny(), local=True) == jax.local_devices()
 
 
@@ -100,13 +111,25 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
   for p, o in enumerate(overrides):
     runner.fit(tiny(**o), str(tmp_path / f"ref{p}"), progress=False, devices=jax.devices()[:2])
   flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "CHILD_XLA_FLAGS": flags,
-         "IHSWEEP_COORDINATOR": f"localhost:{_free_port()}", "IHSWEEP_NUM_PROCESSES": "2",
-         "IHSWEEP_HEARTBEAT_S": "20"}
-  procs = [subprocess.Popen(
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "CHILD_XLA_FLAGS": flags,
+    "IHSWEEP_COORDINATOR": f"localhost:{_free_port()}",
+    "IHSWEEP_NUM_PROCESSES": "2",
+    "IHSWEEP_HEARTBEAT_S": "20",
+  }
+  procs = [
+    subprocess.Popen(
       [sys.executable, "-c", CHILD, ROOT, json.dumps(overrides), str(tmp_path / "group%d")],
-      cwd=ROOT, env={**env, "IHSWEEP_PROCESS_ID": str(p)}, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True) for p in range(2)]
+      cwd=ROOT,
+      env={**env, "IHSWEEP_PROCESS_ID": str(p)},
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for p in range(2)
+  ]
   results = []
   for proc in procs:
     text, _ = proc.communicate(timeout=600)
@@ -123,14 +146,17 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
     want = checkpoint.RunCheckpoints(os.path.join(ref, "checkpoints"))
     assert got.params_steps_saved() == [0, 20] and got.latest_state_step() == 20
     assert got.step_metadata(20)["cells"] == want.step_metadata(20)["cells"]
-    for a, b in zip(jax.tree_util.tree_leaves(got.restore_params(20)),
-                    jax.tree_util.tree_leaves(want.restore_params(20))):
+    for a, b in zip(
+      jax.tree_util.tree_leaves(got.restore_params(20)),
+      jax.tree_util.tree_leaves(want.restore_params(20)),
+    ):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     got.close()
     want.close()
   # The two groups are different models (their seeds and learning rates differ).
-  assert _read(str(tmp_path / "group0"), "train_log.jsonl") != \
-      _read(str(tmp_path / "group1"), "train_log.jsonl")
+  assert _read(str(tmp_path / "group0"), "train_log.jsonl") != _read(
+    str(tmp_path / "group1"), "train_log.jsonl"
+  )
 
 
 # Run in a fresh process with an empty persistent cache in $IHSWEEP_CACHE/xla: precompile a
@@ -186,30 +212,56 @@ def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
   none of them (each is a persistent-cache hit), while a fit of other shapes without
   ``precompile`` compiles its own (misses: the logging sees compilations). The same for a
   corpus fed from the host."""
-  env = {**os.environ, "IHSWEEP_CACHE": str(tmp_path / "cache"),
-         "JAX_COMPILATION_CACHE_DIR": ""}  # no cache chosen by the user (conftest's is off)
+  env = {
+    **os.environ,
+    "IHSWEEP_CACHE": str(tmp_path / "cache"),
+    "JAX_COMPILATION_CACHE_DIR": "",
+  }  # no cache chosen by the user (conftest's is off)
   from test_natural import write_corpus
+
   files = write_corpus(str(tmp_path / "text"))
-  r = subprocess.run([sys.executable, "-c", CACHE_CHILD, ROOT, json.dumps(RUN),
-                      str(tmp_path / "runs"), files, str(tmp_path / "corpora")], cwd=ROOT,
-                     env=env, capture_output=True, text=True, timeout=600)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      CACHE_CHILD,
+      ROOT,
+      json.dumps(RUN),
+      str(tmp_path / "runs"),
+      files,
+      str(tmp_path / "corpora"),
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   out = json.loads(r.stdout.split("RESULT ")[-1])
   assert out["path"] == str(tmp_path / "cache" / "xla") and os.listdir(out["path"])
   assert set(out["seconds"]) == {"init", "train", "eval", "probes"}
-  programs = {"init": "jit_init_state", "train": "jit_train_call", "eval": "jit_evaluate",
-              "probes": "jit_one_model"}  # the markov_chain sampler of held-out sequences
-  pre, fit_, control = ([tuple(e) for e in out["phases"][k]]
-                        for k in ("precompile", "fit", "control"))
+  programs = {
+    "init": "jit_init_state",
+    "train": "jit_train_call",
+    "eval": "jit_evaluate",
+    "probes": "jit_one_model",
+  }  # the markov_chain sampler of held-out sequences
+  pre, fit_, control = (
+    [tuple(e) for e in out["phases"][k]] for k in ("precompile", "fit", "control")
+  )
   for name in programs.values():
-    assert ("miss", name) in pre, (name, pre)        # compiled by precompile
-    assert ("hit", name) in fit_, (name, fit_)        # loaded by fit
-    assert ("miss", name) not in fit_, (name, fit_)   # not compiled again
+    assert ("miss", name) in pre, (name, pre)  # compiled by precompile
+    assert ("hit", name) in fit_, (name, fit_)  # loaded by fit
+    assert ("miss", name) not in fit_, (name, fit_)  # not compiled again
     assert ("miss", name) in control, (name, control)  # other shapes: compiled by fit
   pre, fit_ = ([tuple(e) for e in out["phases"][f"host {k}"]] for k in ("precompile", "fit"))
   for name in ("jit_init_state", "jit_train_call", "jit_evaluate"):
     assert ("miss", name) in pre and ("hit", name) in fit_ and ("miss", name) not in fit_, (
-        name, pre, fit_)
+      name,
+      pre,
+      fit_,
+    )
   for t in out["timings"].values():
     assert t["total_s"] == pytest.approx(t["setup_s"] + t["train_s"])
     assert t["setup_s"] > 0 and t["train_s"] > 0

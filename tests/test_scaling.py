@@ -26,15 +26,28 @@ def _grid(seed, sigma=SIGMA, budget=BUDGET, seeds=2):
   """6 × 6 (B, C) grid × ``seeds`` cells with UPT drawn from the study's law with log-normal
   scatter σ, censored at ``budget`` updates (an emergence.csv's columns)."""
   rng = np.random.default_rng(seed)
-  b, c, s = np.meshgrid([4, 8, 16, 32, 64, 128], [16, 32, 64, 128, 256, 512], range(seeds),
-                        indexing="ij")
+  b, c, s = np.meshgrid(
+    [4, 8, 16, 32, 64, 128], [16, 32, 64, 128, 256, 512], range(seeds), indexing="ij"
+  )
   b, c, s = b.ravel(), c.ravel(), s.ravel()
-  upt = np.exp(TRUE["log_T"] - TRUE["alpha"] * np.log(b) - TRUE["beta"] * np.log(c)
-               + sigma * rng.standard_normal(b.size))
+  upt = np.exp(
+    TRUE["log_T"]
+    - TRUE["alpha"] * np.log(b)
+    - TRUE["beta"] * np.log(c)
+    + sigma * rng.standard_normal(b.size)
+  )
   cens = upt > budget
-  return pd.DataFrame({"cell": np.arange(b.size), "batch_size": b, "context_size": c, "seed": s,
-                       "censored": cens, "emergence_step": np.where(cens, np.nan, upt),
-                       "censor_step": np.where(cens, budget, np.nan)})
+  return pd.DataFrame(
+    {
+      "cell": np.arange(b.size),
+      "batch_size": b,
+      "context_size": c,
+      "seed": s,
+      "censored": cens,
+      "emergence_step": np.where(cens, np.nan, upt),
+      "censor_step": np.where(cens, budget, np.nan),
+    }
+  )
 
 
 def test_the_censored_fit_recovers_a_known_law_that_the_emerged_only_fit_misses():
@@ -96,14 +109,50 @@ def test_the_mle_matches_lifelines():
   event = UPT <= 20,000, covariates ln B and ln C), fitted in a separate environment:
   lifelines needs pandas < 3, which this project does not use, so it is not a test
   dependency. lifelines stops at its own tolerance (~1e-6)."""
-  upt = [47672, 53696, 27783, 21712, 16818, 13568, 13446, 22436, 30280, 28766, 29182, 27671,
-         16282, 10758, 10038, 13413, 16664, 23757, 8677, 11082, 5782, 10994, 4734, 8760, 23504,
-         20485, 5249, 11579, 9166, 9779, 3297, 5023]
+  upt = [
+    47672,
+    53696,
+    27783,
+    21712,
+    16818,
+    13568,
+    13446,
+    22436,
+    30280,
+    28766,
+    29182,
+    27671,
+    16282,
+    10758,
+    10038,
+    13413,
+    16664,
+    23757,
+    8677,
+    11082,
+    5782,
+    10994,
+    4734,
+    8760,
+    23504,
+    20485,
+    5249,
+    11579,
+    9166,
+    9779,
+    3297,
+    5023,
+  ]
   b, c, _ = np.meshgrid([8, 16, 32, 64], [16, 32, 64, 128], [0, 1], indexing="ij")
   upt = np.asarray(upt, float)
-  pts = pd.DataFrame({"batch_size": b.ravel(), "context_size": c.ravel(),
-                      "emergence_step": np.where(upt <= 20_000, upt, np.nan),
-                      "censor_step": np.where(upt <= 20_000, np.nan, 20_000.0)})
+  pts = pd.DataFrame(
+    {
+      "batch_size": b.ravel(),
+      "context_size": c.ravel(),
+      "emergence_step": np.where(upt <= 20_000, upt, np.nan),
+      "censor_step": np.where(upt <= 20_000, np.nan, 20_000.0),
+    }
+  )
   fit = scaling.fit_law(pts, n_boot=0)
   assert fit.n_censored == 12 and fit.ci == {} and fit.cov is None
   assert fit.log_T == pytest.approx(13.652231199813238, abs=1e-5)
@@ -126,8 +175,20 @@ def test_seeds_of_one_grid_point_resample_together():
 def test_json_keys_and_prediction_intervals():
   fit = scaling.fit_law(_grid(seed=3), n_boot=500)
   law = fit.to_dict()
-  old = {"log_T", "T", "alpha", "beta", "r", "n", "ci", "n_censored", "n_boot", "dof", "units",
-         "form"}
+  old = {
+    "log_T",
+    "T",
+    "alpha",
+    "beta",
+    "r",
+    "n",
+    "ci",
+    "n_censored",
+    "n_boot",
+    "dof",
+    "units",
+    "form",
+  }
   new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points"}
   assert set(law) == old | new | {"emerged_only"}
   assert set(law["emerged_only"]) == old | new
@@ -164,8 +225,9 @@ def test_r_and_intervals_are_withheld_below_three_degrees_of_freedom():
   # 12 cells at 2 grid points, alpha fixed: every resample that identifies beta is the grid
   # itself, so a bootstrap over points would give zero-width intervals; none are given.
   pts = _grid(seed=3, seeds=6, budget=1e9)
-  two = scaling.fit_law(pts[(pts["batch_size"] == 32) & pts["context_size"].isin([64, 128])],
-                        fixed={"alpha": 0.37})
+  two = scaling.fit_law(
+    pts[(pts["batch_size"] == 32) & pts["context_size"].isin([64, 128])], fixed={"alpha": 0.37}
+  )
   assert two.dof == 10 and two.r > 0 and two.ci == {} and two.n_boot == 0
   assert two.ci_note.startswith("2 grid point(s) with emerged cells for 2 coefficient(s)")
 
@@ -173,8 +235,7 @@ def test_r_and_intervals_are_withheld_below_three_degrees_of_freedom():
 def test_fixed_coefficients_hold_in_both_fits():
   pts = _grid(seed=3)
   pts = pts[pts["batch_size"] == 32]  # C varies only; the budget censors one cell at C 16
-  with pytest.raises(scaling.FitError, match="only C varies: hold alpha fixed.*--fix "
-                                             "alpha=0.37"):
+  with pytest.raises(scaling.FitError, match="only C varies: hold alpha fixed.*--fix alpha=0.37"):
     scaling.fit_law(pts)
   fit = scaling.fit_law(pts, fixed={"alpha": 0.37}, n_boot=300)
   assert fit.n_censored > 0
@@ -185,13 +246,15 @@ def test_fixed_coefficients_hold_in_both_fits():
 
 
 def test_a_fix_is_suggested_only_where_that_fit_succeeds():
-  two = pd.DataFrame({"batch_size": [8, 16], "context_size": [64, 64],
-                      "emergence_step": [1200.0, 900.0]})
+  two = pd.DataFrame(
+    {"batch_size": [8, 16], "context_size": [64, 64], "emergence_step": [1200.0, 900.0]}
+  )
   with pytest.raises(scaling.FitError) as e:
     scaling.fit_law(two)
   assert "--fix" not in str(e.value)  # fixing beta leaves 2 coefficients for 2 cells
-  three = pd.concat([two, pd.DataFrame({"batch_size": [32], "context_size": [64],
-                                        "emergence_step": [700.0]})])
+  three = pd.concat(
+    [two, pd.DataFrame({"batch_size": [32], "context_size": [64], "emergence_step": [700.0]})]
+  )
   with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed.*--fix beta=0.62"):
     scaling.fit_law(three)
   assert scaling.fit_law(three, fixed={"beta": 0.62}).alpha > 0  # the suggested fit works
@@ -202,14 +265,15 @@ def test_a_fix_is_suggested_only_where_that_fit_succeeds():
 
 def test_a_censored_row_needs_its_censor_step(tmp_path):
   f = tmp_path / "points.csv"
-  f.write_text("batch_size,context_size,emergence_step,censor_step\n8,16,1200,\n16,16,900,\n"
-               "8,32,,\n")
-  with pytest.raises(scaling.FitError, match="censor_step: line 4 is censored .* has no "
-                                             "censor_step"):
+  f.write_text(
+    "batch_size,context_size,emergence_step,censor_step\n8,16,1200,\n16,16,900,\n8,32,,\n"
+  )
+  with pytest.raises(
+    scaling.FitError, match="censor_step: line 4 is censored .* has no censor_step"
+  ):
     scaling.fit_law(scaling.read_points(str(f)))
   f.write_text("batch_size,context_size,emergence_step\n8,16,1200\n16,16,\n")
-  with pytest.raises(scaling.FitError, match="column censor_step is missing: line 3 is "
-                                             "censored"):
+  with pytest.raises(scaling.FitError, match="column censor_step is missing: line 3 is censored"):
     scaling.fit_law(scaling.read_points(str(f)))
   f.write_text("batch_size,context_size,emergence_step,censored,censor_step\n8,16,1200,true,0\n")
   with pytest.raises(scaling.FitError, match="censor_step must be positive.*line 2 has 0.0"):
@@ -223,14 +287,21 @@ def test_ihsweep_predict_gives_the_fitted_law_s_interval_and_warns_outside_its_r
   law = Law.from_json(str(path))
   assert law.interval(8, 64) == pytest.approx(fit.predict_interval(8, 64)[1:], rel=1e-9)
   assert law.interval(8, 64, cell=True) == pytest.approx(
-      fit.predict_interval(8, 64, cell=True)[1:], rel=1e-9)
+    fit.predict_interval(8, 64, cell=True)[1:], rel=1e-9
+  )
   assert law.range_warnings(8, 64) == []
 
   def predict(*flags):
-    r = subprocess.run([sys.executable, "-m", "ihsweep.cli", "predict", *flags], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+      [sys.executable, "-m", "ihsweep.cli", "predict", *flags],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return r
+
   r = predict("--batch_size=8", "--context_size=1024", f"--law={path}", "--json")
   out = json.loads(r.stdout)
   lo, hi = out["interval"]["updates"]
@@ -255,17 +326,21 @@ def test_ihsweep_predict_gives_the_fitted_law_s_interval_and_warns_outside_its_r
 
 def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, capsys):
   from analysis import __main__ as cli
+
   csv = tmp_path / "emergence.csv"
   pts = _grid(seed=3)
   pts.to_csv(csv, index=False)
   assert cli.main(["fit-law", "--csv", str(csv), "--n-boot", "300"]) == 0
   out, err = capsys.readouterr()
   law = json.loads(out)  # stdout stays one JSON object
-  assert law["n_censored"] == int(pts["censored"].sum()) and law["emerged_only"]["n"] == law[
-      "n_emerged"]
+  assert (
+    law["n_censored"] == int(pts["censored"].sum()) and law["emerged_only"]["n"] == law["n_emerged"]
+  )
   lines = err.splitlines()
-  assert lines[0].startswith("law: ln UPT = ln T - alpha ln B - beta ln C (updates); 95% "
-                             "intervals from 300 bootstrap resamples of 36 grid points")
+  assert lines[0].startswith(
+    "law: ln UPT = ln T - alpha ln B - beta ln C (updates); 95% "
+    "intervals from 300 bootstrap resamples of 36 grid points"
+  )
   assert lines[1].split() == ["ln", "T", "alpha", "(B)", "beta", "(C)", "sigma", "r", "cells"]
   mle, only, study = lines[2].split(), lines[3].split(), lines[4].split()
   assert mle[:2] == ["censored", "MLE"] and mle[2] == f"{law['log_T']:.2f}"

@@ -26,8 +26,17 @@ GRID = {"train.batch_size": (4, 8), "train.context_size": (16, 32)}
 SWEEP_FLAGS = ["--grid=train.batch_size=4,8", "--grid=train.context_size=16,32"]
 # Run settings shared by the in-process and CLI runs (the CLI gets them as --config.X=V). One
 # attention-only layer: compiling the evaluation dominates these runs, and it scales with depth.
-RUN = {"model.n_layers": 1, "model.d_mlp": 0, "train.num_steps": 20, "train.steps_per_call": 10, "checkpoint.state_every_steps": 10,
-       "eval.every_steps": 10, "eval.n_probes": 8, "eval.n_sequences": 4, "sweep.seeds": 2}
+RUN = {
+  "model.n_layers": 1,
+  "model.d_mlp": 0,
+  "train.num_steps": 20,
+  "train.steps_per_call": 10,
+  "checkpoint.state_every_steps": 10,
+  "eval.every_steps": 10,
+  "eval.n_probes": 8,
+  "eval.n_sequences": 4,
+  "sweep.seeds": 2,
+}
 
 
 def _config(tiny, grid=GRID, **overrides):
@@ -41,19 +50,31 @@ def _config(tiny, grid=GRID, **overrides):
 
 
 def _cli_flags(**overrides):
-  tiny_flags = ["--config.train.batch_size=8", "--config.train.context_size=32",
-                "--config.model.d_model=32", "--config.model.n_heads=2",
-                "--config.model.vocab_size=64", "--config.model.max_context=32",
-                "--config.model.dtype=float32", "--config.checkpoint.params_schedule=none",
-                "--config.train.lr=0.003", "--config.ensemble.size=2"]
+  tiny_flags = [
+    "--config.train.batch_size=8",
+    "--config.train.context_size=32",
+    "--config.model.d_model=32",
+    "--config.model.n_heads=2",
+    "--config.model.vocab_size=64",
+    "--config.model.max_context=32",
+    "--config.model.dtype=float32",
+    "--config.checkpoint.params_schedule=none",
+    "--config.train.lr=0.003",
+    "--config.ensemble.size=2",
+  ]
   return tiny_flags + [f"--config.{k}={v}" for k, v in {**RUN, **overrides}.items()]
 
 
 def _env(devices_per_process: int, **extra):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process} "
-                      "--xla_backend_optimization_level=0", "IHSWEEP_HEARTBEAT_S": "10",
-         "IHSWEEP_GRACE_S": "5"}
+  env = {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process} "
+    "--xla_backend_optimization_level=0",
+    "IHSWEEP_HEARTBEAT_S": "10",
+    "IHSWEEP_GRACE_S": "5",
+  }
   env.update({k: str(v) for k, v in extra.items()})
   return env
 
@@ -61,18 +82,28 @@ def _env(devices_per_process: int, **extra):
 def _launch_two(workdir, extra_flags=(), **env):
   """Two processes joined by jax.distributed, training each group together on one global mesh
   (placement 'global'; tests/test_workers.py has process-local groups)."""
-  cmd = ["bash", os.path.join(LAUNCH, "local_multiprocess.sh"), "2",
-         "--config=configs/default.py", f"--workdir={workdir}", "--noprogress", *SWEEP_FLAGS,
-         *_cli_flags(), "--config.sweep.placement=global", *extra_flags]
-  return subprocess.run(cmd, cwd=ROOT, env=_env(2, **env), capture_output=True, text=True,
-                        timeout=600)
+  cmd = [
+    "bash",
+    os.path.join(LAUNCH, "local_multiprocess.sh"),
+    "2",
+    "--config=configs/default.py",
+    f"--workdir={workdir}",
+    "--noprogress",
+    *SWEEP_FLAGS,
+    *_cli_flags(),
+    "--config.sweep.placement=global",
+    *extra_flags,
+  ]
+  return subprocess.run(
+    cmd, cwd=ROOT, env=_env(2, **env), capture_output=True, text=True, timeout=600
+  )
 
 
 def _final_metrics(workdir) -> dict:
   """cell id -> its metrics.jsonl row at the last step (the run's final evaluation)."""
   out = {}
   for g in sorted(os.listdir(os.path.join(workdir, "groups"))):
-    rows = [json.loads(l) for l in open(os.path.join(workdir, "groups", g, "metrics.jsonl"))]
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "groups", g, "metrics.jsonl"))]
     last = max(r["step"] for r in rows)
     out.update({r["cell"]: r for r in rows if r["step"] == last})
   return out
@@ -92,6 +123,7 @@ def reference(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------- planning (no JAX)
+
 
 def test_plan_cells_groups_and_cost_order(tiny):
   cfg = _config(tiny, grid={**GRID, "train.lr": (1e-3, 3e-3)})
@@ -113,8 +145,18 @@ def test_plan_cells_groups_and_cost_order(tiny):
   assert (first.batch_size, first.context_size) == (8, 32)  # most tokens per update first
   table = rundir.cells_table(plan)
   assert list(table["cell"]) == list(range(16))
-  for col in ("group", "seed", "train.batch_size", "train.context_size", "train.lr", "n_params",
-              "law_updates", "law_tokens", "budget_updates", "diverged"):
+  for col in (
+    "group",
+    "seed",
+    "train.batch_size",
+    "train.context_size",
+    "train.lr",
+    "n_params",
+    "law_updates",
+    "law_tokens",
+    "budget_updates",
+    "diverged",
+  ):
     assert col in table.columns
   row = table.iloc[0]
   law = np.exp(13.26) / (row["batch_size"] ** 0.37 * row["context_size"] ** 0.62)
@@ -127,7 +169,9 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   plan = plan_lib.make_plan(cfg)
   assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
   assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
-      (4, 16), (8, 32)}
+    (4, 16),
+    (8, 32),
+  }
   # A zip axis may repeat a value as long as the zipped points differ …
   cfg = _config(tiny, grid={})
   plan_lib.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
@@ -137,8 +181,10 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   with pytest.raises(ConfigError, match="distinct points"):
     plan_lib.make_plan(cfg)
   cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
-  steps = {(g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
-           for g in plan_lib.make_plan(cfg).groups}
+  steps = {
+    (g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
+    for g in plan_lib.make_plan(cfg).groups
+  }
   assert steps[(4, 16)] == 157 and steps[(8, 32)] == 40  # ceil(10,000 / (B · C))
   cfg = _config(tiny, **{"sweep.budget": "law", "sweep.law_multiple": 0.001})
   g = plan_lib.make_plan(cfg).groups[0]
@@ -148,7 +194,9 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   assert len(plan.groups) == 1 and plan.groups[0].cfg.ensemble.seeds == (0, 1)
 
 
-@pytest.mark.parametrize("grid, extra, field, words", [
+@pytest.mark.parametrize(
+  "grid, extra, field, words",
+  [
     ({"train.batch_size": ()}, {}, "sweep.grid.train.batch_size", "non-empty"),
     ({"train.context_size": (16, 64)}, {}, "sweep.grid.train.context_size", "max_context"),
     ({"train.batchsize": (4,)}, {}, "sweep.grid.train.batchsize", "existing config field"),
@@ -161,26 +209,54 @@ def test_plan_zip_budgets_and_single_cell(tiny):
     ({"train.batch_size": (0, 8)}, {}, "sweep.grid.train.batch_size", ">= 1"),
     ({"data.frequency": (0.2, 0.5)}, {}, "sweep.grid.data.frequency", "markov"),
     # Copies: values equal once cast, execution-only fields, fields the source does not read.
-    ({"train.lr": (1, 1.0)}, {}, "sweep.grid.train.lr",
-     "cells 0 and 2 would be the same model (1 and 1.0 are the same value 1.0"),
-    ({"train.steps_per_call": (5, 10)}, {}, "sweep.grid.train.steps_per_call",
-     "only changes how a run executes"),
-    ({"checkpoint.async_save": (True, False)}, {}, "sweep.grid.checkpoint.async_save",
-     "its cells would be copies"),
+    (
+      {"train.lr": (1, 1.0)},
+      {},
+      "sweep.grid.train.lr",
+      "cells 0 and 2 would be the same model (1 and 1.0 are the same value 1.0",
+    ),
+    (
+      {"train.steps_per_call": (5, 10)},
+      {},
+      "sweep.grid.train.steps_per_call",
+      "only changes how a run executes",
+    ),
+    (
+      {"checkpoint.async_save": (True, False)},
+      {},
+      "sweep.grid.checkpoint.async_save",
+      "its cells would be copies",
+    ),
     ({"ensemble.vmap_chunk": (1, 2)}, {}, "sweep.grid.ensemble.vmap_chunk", "copies"),
     ({"data.cache_dir": ("/tmp/a", "/tmp/b")}, {}, "sweep.grid.data.cache_dir", "copies"),
-    ({"data.smoothing": (0.1, 0.2)}, {}, "sweep.grid.data.smoothing",
-     "data.source = 'markov_chain' does not read data.smoothing; only data.source = 'markov' "
-     "(transitions 'bigram') does"),
-    ({"data.source": ("markov", "markov_chain"), "data.frequency": (0.5, 1.0)},
-     {"data.transitions": "iid"}, "sweep.grid.data.frequency",
-     "'markov_chain' does not read data.frequency"),
+    (
+      {"data.smoothing": (0.1, 0.2)},
+      {},
+      "sweep.grid.data.smoothing",
+      "data.source = 'markov_chain' does not read data.smoothing; only data.source = 'markov' "
+      "(transitions 'bigram') does",
+    ),
+    (
+      {"data.source": ("markov", "markov_chain"), "data.frequency": (0.5, 1.0)},
+      {"data.transitions": "iid"},
+      "sweep.grid.data.frequency",
+      "'markov_chain' does not read data.frequency",
+    ),
     # An emergence threshold an untrained model reaches (C = 32: L = 16, uniform PS 0.0424).
-    ({}, {"sweep.budget": "emergence", "sweep.stop_threshold": 0.04}, "sweep.stop_threshold",
-     "above 0.0424, the ps_max of uniform attention on probe blocks of L = 16"),
-    ({}, {"sweep.budget": "emergence", "sweep.stop_metric": "ar_acc",
-          "sweep.stop_threshold": 0.0}, "sweep.stop_threshold", "(0.0, 1.0]"),
-])
+    (
+      {},
+      {"sweep.budget": "emergence", "sweep.stop_threshold": 0.04},
+      "sweep.stop_threshold",
+      "above 0.0424, the ps_max of uniform attention on probe blocks of L = 16",
+    ),
+    (
+      {},
+      {"sweep.budget": "emergence", "sweep.stop_metric": "ar_acc", "sweep.stop_threshold": 0.0},
+      "sweep.stop_threshold",
+      "(0.0, 1.0]",
+    ),
+  ],
+)
 def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extra, field, words):
   cfg = _config(tiny, grid=grid, **extra)
   with pytest.raises(ConfigError) as e:
@@ -193,8 +269,7 @@ def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extr
 def test_a_group_smaller_than_the_devices_runs_on_part_of_them(tiny, tmp_path):
   """E · B = 2 of the 4 devices: no longer refused (it was, before workers); it trains on 2."""
   work = str(tmp_path / "run")
-  cfg = _config(tiny, grid={"train.batch_size": (2,)}, **{"sweep.seeds": 1,
-                                                          "eval.every_steps": 0})
+  cfg = _config(tiny, grid={"train.batch_size": (2,)}, **{"sweep.seeds": 1, "eval.every_steps": 0})
   with cfg.unlocked():
     cfg.ensemble.size = 2
   result = sweep.run(cfg, work, progress=False)
@@ -227,9 +302,22 @@ def test_one_run_per_directory(tiny, tmp_path, no_compile):
 
 
 def test_cli_reports_bad_axis_in_one_line(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
-                      f"--workdir={tmp_path}", "--grid=train.context_size=256"],
-                     cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "ihsweep.cli",
+      "run",
+      "--config=configs/default.py",
+      f"--workdir={tmp_path}",
+      "--grid=train.context_size=256",
+    ],
+    cwd=ROOT,
+    env=_env(4),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 2
   assert "sweep.grid.train.context_size = 256" in r.stderr and "Traceback" not in r.stderr
 
@@ -248,8 +336,10 @@ def test_emergence_stop_rule(caplog):
 def test_emergence_stop_ignores_a_threshold_reached_before_training(caplog):
   rule = runner.EmergenceStop("ps_max", 0.05, 2.0, 2)
   rule.observe(0, [0.06, 0.03], [False, False])  # model 0's untrained baseline is past it
-  assert ("sweep.stop_threshold = 0.05 is already reached before emergence: ps_max at update 0 "
-          "is 0.0600 for model(s) 0") in caplog.text
+  assert (
+    "sweep.stop_threshold = 0.05 is already reached before emergence: ps_max at update 0 "
+    "is 0.0600 for model(s) 0"
+  ) in caplog.text
   rule.observe(100, [0.07, 0.5], [False, False])
   assert rule.crossed == [None, 100] and not rule.done(10_000)  # model 0 never counted
   rule.observe(200, [0.04, 0.5], [False, False])  # below it now: the next crossing counts
@@ -258,14 +348,17 @@ def test_emergence_stop_ignores_a_threshold_reached_before_training(caplog):
 
 
 def test_axis_flags_without_values_or_with_nan(tiny):
-  for spec, words in [("train.lr=,", "sweep.grid.train.lr = 'train.lr=,' is not allowed: at "
-                                     "least one value: the axis has none"),
-                      ("train.lr= , ", "the axis has none"),
-                      ("train.lr=1e-3,,2e-3", "value 2 of 3 is empty"),
-                      ("train.lr=1e-3,nan", "sweep.grid.train.lr = 'nan' is not allowed: a "
-                                            "finite number"),
-                      ("train.lr=-inf", "NaN and infinity are not allowed"),
-                      ("train.lr=1e999", "NaN and infinity are not allowed")]:
+  for spec, words in [
+    (
+      "train.lr=,",
+      "sweep.grid.train.lr = 'train.lr=,' is not allowed: at least one value: the axis has none",
+    ),
+    ("train.lr= , ", "the axis has none"),
+    ("train.lr=1e-3,,2e-3", "value 2 of 3 is empty"),
+    ("train.lr=1e-3,nan", "sweep.grid.train.lr = 'nan' is not allowed: a finite number"),
+    ("train.lr=-inf", "NaN and infinity are not allowed"),
+    ("train.lr=1e999", "NaN and infinity are not allowed"),
+  ]:
     with pytest.raises(ConfigError) as e:
       plan_lib.add_axes(tiny(), [spec])
     assert words in str(e.value), str(e.value)
@@ -274,8 +367,10 @@ def test_axis_flags_without_values_or_with_nan(tiny):
 
 # ------------------------------------------------------------------------- launchers (no JAX)
 
-@pytest.mark.parametrize("script", ["local.sh", "local_multiprocess.sh", "slurm.sbatch",
-                                    "tpu_pod.sh"])
+
+@pytest.mark.parametrize(
+  "script", ["local.sh", "local_multiprocess.sh", "slurm.sbatch", "tpu_pod.sh"]
+)
 def test_launchers_parse(script):
   subprocess.run(["bash", "-n", os.path.join(LAUNCH, script)], check=True)
 
@@ -289,25 +384,32 @@ def test_launcher_dry_runs():
     return [line.strip() for line in r.stdout.strip().splitlines()]
 
   assert dry(f"{LAUNCH}/local.sh", *args) == [
-      "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
+    "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+  ]
   lines = dry(f"{LAUNCH}/local_multiprocess.sh", "3", *args)
   assert len(lines) == 3
   for k, line in enumerate(lines):
-    assert line.startswith(f"IHSWEEP_COORDINATOR=localhost:12345 IHSWEEP_NUM_PROCESSES=3 "
-                           f"IHSWEEP_PROCESS_ID={k} XLA_FLAGS=--xla_force_host_platform_device_"
-                           f"count=")
-    assert line.endswith("ihsweep run --config=configs/exp.py --workdir=/shared/runs/x "
-                         "--grid=seed=0\\,1")
+    assert line.startswith(
+      f"IHSWEEP_COORDINATOR=localhost:12345 IHSWEEP_NUM_PROCESSES=3 "
+      f"IHSWEEP_PROCESS_ID={k} XLA_FLAGS=--xla_force_host_platform_device_"
+      f"count="
+    )
+    assert line.endswith(
+      "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+    )
   assert dry(f"{LAUNCH}/slurm.sbatch", *args) == [
-      "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 ihsweep run --noprogress "
-      "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"]
+    "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 ihsweep run --noprogress "
+    "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+  ]
   assert dry(f"{LAUNCH}/tpu_pod.sh", "my-tpu", "us-central2-b", *args) == [
-      'gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all '
-      '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
-      '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "']
+    "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
+    '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
+    '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "'
+  ]
 
 
 # ------------------------------------------------------------------------------- training runs
+
 
 def test_one_process_sweep_trains_every_cell(reference):
   work, result = reference
@@ -316,19 +418,23 @@ def test_one_process_sweep_trains_every_cell(reference):
   assert sorted(cells.groupby("group").size()) == [2, 2, 2, 2]
   final = _final_metrics(work)
   assert sorted(final) == list(range(8))
-  assert all(r["step"] == 20 and np.isfinite(r["val_loss"]) and not r["diverged"]
-             for r in final.values())
+  assert all(
+    r["step"] == 20 and np.isfinite(r["val_loss"]) and not r["diverged"] for r in final.values()
+  )
   # Metrics rows carry the sweep's cell ids and seeds.
   for _, cell in cells.iterrows():
     assert final[cell["cell"]]["seed"] == cell["seed"]
   assert result.summary["cells_by_state"]["done"] == 8
   # A rerun skips every finished group: nothing is compiled or rewritten.
-  before = {g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl"))
-            for g in os.listdir(os.path.join(work, "groups"))}
+  before = {
+    g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl"))
+    for g in os.listdir(os.path.join(work, "groups"))
+  }
   again = sweep.run(_config(tiny_config), work, progress=False)
   assert all(s["state"] == "done" for s in again.groups.values())
-  assert before == {g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl"))
-                    for g in before}
+  assert before == {
+    g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl")) for g in before
+  }
   text = sweep.format_status(work)
   assert "g003" in text and "cells: 8 done" in text
   status_file = os.path.join(work, "groups", "g003", "status.json")
@@ -349,9 +455,14 @@ def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_
   for i, g in enumerate(plan.groups):  # as if g000, g001 finished and g002 ran; g003 not started
     if i < 3:
       runner.write_resolved_config(g.cfg, rundir.group_dir(work, g.id))
-      rundir.write_status(work, g.id, state="done" if i < 2 else "interrupted",
-                         cells=[c.id for c in g.cells], num_steps=g.num_steps,
-                         step=g.num_steps if i < 2 else 10)
+      rundir.write_status(
+        work,
+        g.id,
+        state="done" if i < 2 else "interrupted",
+        cells=[c.id for c in g.cells],
+        num_steps=g.num_steps,
+        step=g.num_steps if i < 2 else 10,
+      )
   path = rundir.write_cells(plan, work)
   whole = sweep.format_status(work).splitlines()
   text = open(path).read()
@@ -362,7 +473,7 @@ def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_
   assert "cells.csv lacks" in lines[0] and "g000, g001, g002" in lines[0]
   assert "rebuilt from each group's config.json and status.json" in lines[0]
   # Every group directory reads as before the cut; g003 (pending, no directory) is left out.
-  assert lines[1:-1] == [l for l in whole[:-1] if not l.startswith("g003")]
+  assert lines[1:-1] == [line for line in whole[:-1] if not line.startswith("g003")]
   assert lines[-1] == "cells: 4 done, 2 interrupted" and whole[-1].endswith(", 2 pending")
 
 
@@ -380,8 +491,13 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
   # evaluation off here, to save its compilation: the training is the same program, so the
   # logged losses and the final params must equal the uninterrupted run's exactly.)
   killed = tmp_path / "killed"
-  r = _launch_two(killed, ["--config.eval.every_steps=0"], IHSWEEP_FAULT_KILL_AT_STEP=10,
-                  IHSWEEP_FAULT_PROCESS=1, IHSWEEP_FAULT_GROUP="g001")
+  r = _launch_two(
+    killed,
+    ["--config.eval.every_steps=0"],
+    IHSWEEP_FAULT_KILL_AT_STEP=10,
+    IHSWEEP_FAULT_PROCESS=1,
+    IHSWEEP_FAULT_GROUP="g001",
+  )
   assert r.returncode != 0
   status = {s["group"]: s for s in sweep.status_rows(str(killed))}
   assert status["g000"]["state"] == "done"
@@ -394,14 +510,20 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
     assert st["state"] == "done"
     # g000 finished before the kill and was not touched again; g001 was started twice.
     assert st["attempts"] == (2 if g == "g001" else 1)
-    rows = [json.loads(l) for l in open(killed / "groups" / g / "train_log.jsonl")]
+    rows = [json.loads(line) for line in open(killed / "groups" / g / "train_log.jsonl")]
     assert [r["step"] for r in rows] == [10, 20]  # each update logged once
-    ref_rows = [json.loads(l) for l in open(os.path.join(work, "groups", g, "train_log.jsonl"))]
+    ref_rows = [
+      json.loads(line) for line in open(os.path.join(work, "groups", g, "train_log.jsonl"))
+    ]
     assert rows == ref_rows
-    got, want = (checkpoint.RunCheckpoints(os.path.join(d, "groups", g, "checkpoints"), {})
-                 for d in (str(killed), work))
-    for a, b in zip(jax.tree_util.tree_leaves(got.restore_params(20)),
-                    jax.tree_util.tree_leaves(want.restore_params(20))):
+    got, want = (
+      checkpoint.RunCheckpoints(os.path.join(d, "groups", g, "checkpoints"), {})
+      for d in (str(killed), work)
+    )
+    for a, b in zip(
+      jax.tree_util.tree_leaves(got.restore_params(20)),
+      jax.tree_util.tree_leaves(want.restore_params(20)),
+    ):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     got.close()
     want.close()
@@ -419,11 +541,14 @@ def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
   final = _final_metrics(tmp_path / "both")
   assert final[1]["diverged"] and final[1]["diverged_step"] == step
   assert final[1]["ps_max"] is None and final[1]["val_loss"] is None
-  log = [json.loads(l) for l in open(tmp_path / "both" / "groups" / "g000" / "train_log.jsonl")]
+  log = [
+    json.loads(line) for line in open(tmp_path / "both" / "groups" / "g000" / "train_log.jsonl")
+  ]
   assert log[-1]["loss"][1] is None and np.isfinite(log[-1]["loss"][0])
 
-  alone = sweep.run(_config(tiny, grid={"train.lr": (3e-3,)}, **extra), str(tmp_path / "alone"),
-                    progress=False)
+  alone = sweep.run(
+    _config(tiny, grid={"train.lr": (3e-3,)}, **extra), str(tmp_path / "alone"), progress=False
+  )
   assert not alone.groups["g000"]["diverged"]
   healthy, control = final[0], _final_metrics(tmp_path / "alone")[0]
   for key in ("val_loss", "train_loss", "ps_max", "ar_acc", "icl_score"):
@@ -434,11 +559,24 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
   # The stop rule sees a scripted metric: untrained models below the threshold at update 0,
   # past it from update 10 on; with margin 1 the group stops there (of a 40-update cap).
   observe = runner.EmergenceStop.observe
-  monkeypatch.setattr(runner.EmergenceStop, "observe", lambda self, step, values, diverged:
-                      observe(self, step, [0.0 if step == 0 else 1.0] * len(values), diverged))
-  cfg = _config(tiny, grid={}, **{"sweep.budget": "emergence", "sweep.law_multiple": 1e-3,
-                                  "sweep.stop_threshold": 0.5, "sweep.stop_margin": 1.0,
-                                  "sweep.seeds": 2})
+  monkeypatch.setattr(
+    runner.EmergenceStop,
+    "observe",
+    lambda self, step, values, diverged: observe(
+      self, step, [0.0 if step == 0 else 1.0] * len(values), diverged
+    ),
+  )
+  cfg = _config(
+    tiny,
+    grid={},
+    **{
+      "sweep.budget": "emergence",
+      "sweep.law_multiple": 1e-3,
+      "sweep.stop_threshold": 0.5,
+      "sweep.stop_margin": 1.0,
+      "sweep.seeds": 2,
+    },
+  )
   plan = plan_lib.make_plan(cfg)
   cap = plan.groups[0].num_steps
   assert cap > 10
@@ -455,12 +593,26 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
 
 def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
   work = tmp_path / "run"
-  cmd = [sys.executable, "-m", "ihsweep.cli", "run", "--config=configs/default.py",
-         f"--workdir={work}", "--noprogress",
-         *_cli_flags(**{"train.num_steps": 400, "train.steps_per_call": 5,
-                        "eval.every_steps": 0, "checkpoint.state_every_steps": 1000})]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(4), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  cmd = [
+    sys.executable,
+    "-m",
+    "ihsweep.cli",
+    "run",
+    "--config=configs/default.py",
+    f"--workdir={work}",
+    "--noprogress",
+    *_cli_flags(
+      **{
+        "train.num_steps": 400,
+        "train.steps_per_call": 5,
+        "eval.every_steps": 0,
+        "checkpoint.state_every_steps": 1000,
+      }
+    ),
+  ]
+  proc = subprocess.Popen(
+    cmd, cwd=ROOT, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
   log = work / "groups" / "g000" / "train_log.jsonl"
   deadline = time.time() + 240
   while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 2):

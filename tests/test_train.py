@@ -10,7 +10,6 @@ from ihsweep.data import make_source
 from ihsweep.model import Transformer
 from ihsweep.runner import fit
 
-
 # Equivalence tests run in float64 (jax_enable_x64, ModelConfig dtype float64). The claims —
 # vmapped == one model at a time, sharded == one device, chunked == whole — are about program
 # structure: each pair computes the same sums in a different order or blocking, so the results
@@ -36,12 +35,12 @@ def _setup(cfg, devices):
 def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
   model, tcfg, source, mesh = _setup(cfg, devices)
   state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray(seeds, jnp.int32))
-  hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float64),
-                     data=source.data_params(len(seeds)))
+  hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float64), data=source.data_params(len(seeds)))
   metrics = []
   for k in schedule.calls(tcfg.num_steps, tcfg.steps_per_call):
-    state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k,
-                                            vmap_chunk)(state, hp, source.arrays())
+    state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k, vmap_chunk)(
+      state, hp, source.arrays()
+    )
     metrics.append(m["loss"])
   return state, np.concatenate(metrics)
 
@@ -107,8 +106,9 @@ def test_equivalence_tolerance_catches_real_differences(tiny, x64):
       _assert_trees_close(other.params, base.params)
 
 
-@pytest.mark.parametrize("n_models,batch,expect", [(4, 8, (4, 1)), (2, 8, (2, 2)),
-                                                    (3, 8, (1, 4)), (6, 2, (2, 2))])
+@pytest.mark.parametrize(
+  "n_models,batch,expect", [(4, 8, (4, 1)), (2, 8, (2, 2)), (3, 8, (1, 4)), (6, 2, (2, 2))]
+)
 def test_mesh_shape_rule(n_models, batch, expect):
   assert sharding.mesh_shape(n_models, batch, 4) == expect
 
@@ -144,16 +144,23 @@ def test_vmap_chunks_do_not_change_results(tiny, x64):
 
 def test_auto_vmap_chunk():
   ref = train.TrainConfig(batch_size=16, context_size=128)
-  assert train.auto_vmap_chunk(16, ref, 4096, backend="cpu") == 1   # 32 MiB of logits
+  assert train.auto_vmap_chunk(16, ref, 4096, backend="cpu") == 1  # 32 MiB of logits
   tiny = train.TrainConfig(batch_size=8, context_size=64)
-  assert train.auto_vmap_chunk(16, tiny, 512, backend="cpu") == 2   # 1 MiB per model
+  assert train.auto_vmap_chunk(16, tiny, 512, backend="cpu") == 2  # 1 MiB per model
   assert train.auto_vmap_chunk(3, tiny, 512, backend="cpu") == 1
   assert train.auto_vmap_chunk(16, ref, 4096, backend="gpu") == 16
 
 
 def test_loss_falls_on_a_learnable_source(tiny, tmp_path):
-  cfg = tiny(**{"train.num_steps": 200, "train.steps_per_call": 50, "train.lr": 1e-2,
-                "data.source": "markov_chain", "ensemble.size": 2})
+  cfg = tiny(
+    **{
+      "train.num_steps": 200,
+      "train.steps_per_call": 50,
+      "train.lr": 1e-2,
+      "data.source": "markov_chain",
+      "ensemble.size": 2,
+    }
+  )
   out = fit(cfg, str(tmp_path), progress=False)
   rows = [line for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
   assert len(rows) == 4

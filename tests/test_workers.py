@@ -16,28 +16,50 @@ from ihsweep import rundir
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 8 groups of one model each (B × C × d_model), a few seconds of compiling and training apiece;
 # a full-state checkpoint every 10 updates, so a killed group resumes from update 10 or 20.
-FLAGS = ["--config=configs/default.py", "--noprogress",
-         "--config.model.n_layers=1", "--config.model.d_mlp=0", "--config.model.n_heads=1",
-         "--config.model.vocab_size=32", "--config.model.max_context=16",
-         "--config.model.dtype=float32", "--config.train.num_steps=30",
-         "--config.train.steps_per_call=10", "--config.eval.every_steps=0",
-         "--config.checkpoint.params_schedule=log", "--config.checkpoint.state_every_steps=10",
-         "--config.ensemble.size=1", "--config.sweep.seeds=1",
-         "--grid=train.batch_size=4,8", "--grid=train.context_size=8,16",
-         "--grid=model.d_model=8,16"]
+FLAGS = [
+  "--config=configs/default.py",
+  "--noprogress",
+  "--config.model.n_layers=1",
+  "--config.model.d_mlp=0",
+  "--config.model.n_heads=1",
+  "--config.model.vocab_size=32",
+  "--config.model.max_context=16",
+  "--config.model.dtype=float32",
+  "--config.train.num_steps=30",
+  "--config.train.steps_per_call=10",
+  "--config.eval.every_steps=0",
+  "--config.checkpoint.params_schedule=log",
+  "--config.checkpoint.state_every_steps=10",
+  "--config.ensemble.size=1",
+  "--config.sweep.seeds=1",
+  "--grid=train.batch_size=4,8",
+  "--grid=train.context_size=8,16",
+  "--grid=model.d_model=8,16",
+]
 GROUPS = [f"g{i:03d}" for i in range(8)]
 FLAGS_4 = FLAGS[:-1]  # B × C: 4 groups
 
 
 def _env(devices: int, **extra) -> dict:
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "IHSWEEP_CLAIM_HEARTBEAT_S": "1",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-                       "--xla_backend_optimization_level=0", **extra}
+  return {
+    **os.environ,
+    "JAX_PLATFORMS": "cpu",
+    "IHSWEEP_CLAIM_HEARTBEAT_S": "1",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
+    "--xla_backend_optimization_level=0",
+    **extra,
+  }
 
 
 def _ihsweep(*args, env) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-m", "ihsweep.cli", *args], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "ihsweep.cli", *args],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
 
 
 def _finish(procs, timeout=600) -> list[tuple[int, str]]:
@@ -65,11 +87,13 @@ def _losses(workdir, group: str) -> list:
 
 def _final_params(workdir, group: str):
   from ihsweep.checkpoint import RunCheckpoints
+
   ckpts = RunCheckpoints(os.path.join(workdir, "groups", group, "checkpoints"))
   try:
     step = ckpts.params_steps_saved()[-1]
     assert step == 30, ckpts.params_steps_saved()
     import jax
+
     return jax.tree_util.tree_map(np.asarray, ckpts.restore_params(step))
   finally:
     ckpts.close()
@@ -77,6 +101,7 @@ def _final_params(workdir, group: str):
 
 def _assert_same_results(workdir, reference, groups=GROUPS) -> None:
   import jax
+
   for g in groups:
     assert _losses(workdir, g) == _losses(reference, g), g
     a, b = _final_params(workdir, g), _final_params(reference, g)
@@ -107,33 +132,50 @@ def _job(work: str, flags: list, processes: int, devices: int) -> list[subproces
   """``processes`` processes of one jax.distributed job (a localhost coordinator), each with
   ``devices`` CPU devices, running ``ihsweep run`` into ``work``."""
   import socket
+
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  return [_ihsweep("run", f"--workdir={work}", *flags, env=_env(
-      devices, IHSWEEP_COORDINATOR=f"localhost:{port}", IHSWEEP_NUM_PROCESSES=str(processes),
-      IHSWEEP_PROCESS_ID=str(k))) for k in range(processes)]
+  return [
+    _ihsweep(
+      "run",
+      f"--workdir={work}",
+      *flags,
+      env=_env(
+        devices,
+        IHSWEEP_COORDINATOR=f"localhost:{port}",
+        IHSWEEP_NUM_PROCESSES=str(processes),
+        IHSWEEP_PROCESS_ID=str(k),
+      ),
+    )
+    for k in range(processes)
+  ]
 
 
 def _wait_for_claim(workdir, group: str, proc, timeout=300) -> None:
   deadline = time.time() + timeout
-  while group not in (_claims(workdir) if os.path.exists(
-      os.path.join(workdir, rundir.CLAIMS_LOG)) else {}):
+  while group not in (
+    _claims(workdir) if os.path.exists(os.path.join(workdir, rundir.CLAIMS_LOG)) else {}
+  ):
     assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
     time.sleep(0.2)
 
 
 def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_one(
-    tmp_path, reference):
+  tmp_path, reference
+):
   work = str(tmp_path / "run")
   # The first worker takes g000 (the most expensive group) and is SIGKILLed right after it has
   # started its full-state checkpoint at update 20 (the one at 10 is complete by then); three
   # more workers start once it holds g000.
-  first = _ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(
-      1, IHSWEEP_FAULT_KILL_AT_STEP="20", IHSWEEP_FAULT_GROUP="g000"))
+  first = _ihsweep(
+    "run",
+    f"--workdir={work}",
+    *FLAGS,
+    env=_env(1, IHSWEEP_FAULT_KILL_AT_STEP="20", IHSWEEP_FAULT_GROUP="g000"),
+  )
   _wait_for_claim(work, "g000", first)
-  procs = [first] + [_ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(1))
-                     for _ in range(3)]
+  procs = [first] + [_ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(1)) for _ in range(3)]
   results = _finish(procs)
   codes = [rc for rc, _ in results]
   assert codes == [-9, 0, 0, 0], [(rc, out[-2000:]) for rc, out in results]
@@ -208,8 +250,7 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   _assert_same_results(work, reference_two_devices, groups)
 
 
-def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path,
-                                                                   reference_two_devices):
+def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path, reference_two_devices):
   """4 processes × 1 CPU device joined by jax.distributed, workers of 2 processes
   (``sweep.processes_per_worker=2``): each pair trains whole groups on a mesh over its 2
   devices, with collectives, barriers and checkpoint managers among the pair only; every group
@@ -254,8 +295,10 @@ def test_phases_in_one_jax_distributed_job(tmp_path):
   assert "processes" not in rundir.read_status(work, small)  # process-local
   assert rundir.read_status(work, large)["devices"] == 2
   assert rundir.read_status(work, large)["processes"] == [0, 1]
-  assert "phase 1: 1 group(s) on workers of 1 process(es); phase 2: 1 group(s) on workers of " \
-         "2 process(es)" in results[0][1]
+  assert (
+    "phase 1: 1 group(s) on workers of 1 process(es); phase 2: 1 group(s) on workers of "
+    "2 process(es)" in results[0][1]
+  )
   _assert_same_results(work, reference, [small, large])
 
 
@@ -264,9 +307,11 @@ def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
   fields only change how the sweep executes), while a changed training field is refused."""
   from ihsweep import runner
   from ihsweep.config import ConfigError
+
   cfg = tiny()
   with cfg.unlocked():
     from ihsweep import config as config_lib
+
     cfg.sweep = config_lib.default_sweep()
   runner.write_resolved_config(cfg, str(tmp_path))
   path = tmp_path / "config.json"
@@ -288,16 +333,31 @@ def test_a_process_done_first_waits_for_the_job(tmp_path):
   import datetime
   import re
   import socket
-  flags = FLAGS[:-3] + ["--config.train.num_steps=100", "--grid=train.batch_size=4",
-                        "--grid=train.context_size=8"]
+
+  flags = FLAGS[:-3] + [
+    "--config.train.num_steps=100",
+    "--grid=train.batch_size=4",
+    "--grid=train.context_size=8",
+  ]
   work = str(tmp_path / "run")
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *flags, "--config.sweep.processes_per_worker=1",
-                    env=_env(1, IHSWEEP_COORDINATOR=f"localhost:{port}",
-                             IHSWEEP_NUM_PROCESSES="2", IHSWEEP_PROCESS_ID=str(k)))
-           for k in range(2)]
+  procs = [
+    _ihsweep(
+      "run",
+      f"--workdir={work}",
+      *flags,
+      "--config.sweep.processes_per_worker=1",
+      env=_env(
+        1,
+        IHSWEEP_COORDINATOR=f"localhost:{port}",
+        IHSWEEP_NUM_PROCESSES="2",
+        IHSWEEP_PROCESS_ID=str(k),
+      ),
+    )
+    for k in range(2)
+  ]
   results = _finish(procs)
   assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
   status = rundir.read_status(work, "g000")
@@ -306,8 +366,9 @@ def test_a_process_done_first_waits_for_the_job(tmp_path):
   done = updated.time().replace(microsecond=0)
   idle = [out for _, out in results if "trained no group" in out]
   assert len(idle) == 1, [out[-2000:] for _, out in results]
-  [stamp] = re.findall(r"^(\d\d:\d\d:\d\d) INFO ihsweep: worker \S+: trained no group$", idle[0],
-                       re.M)
+  [stamp] = re.findall(
+    r"^(\d\d:\d\d:\d\d) INFO ihsweep: worker \S+: trained no group$", idle[0], re.M
+  )
   assert datetime.time.fromisoformat(stamp) >= done, (stamp, done)
   assert "cells done: 1" in results[0][1]  # process 0's summary, whichever trained the group
 
@@ -318,18 +379,32 @@ def test_workers_spanning_processes_refuse_part_of_a_process_devices(tmp_path):
   while process 0 waited minutes; gloo aborted both once the mesh took both processes'), so it
   is refused before anything compiles, naming the field, its value and what is allowed."""
   import socket
+
   work = str(tmp_path / "run")
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = [_ihsweep("run", f"--workdir={work}", *FLAGS_4,
-                    "--config.sweep.processes_per_worker=2", "--config.mesh.num_devices=1",
-                    env=_env(2, IHSWEEP_COORDINATOR=f"localhost:{port}",
-                             IHSWEEP_NUM_PROCESSES="2", IHSWEEP_PROCESS_ID=str(k)))
-           for k in range(2)]
+  procs = [
+    _ihsweep(
+      "run",
+      f"--workdir={work}",
+      *FLAGS_4,
+      "--config.sweep.processes_per_worker=2",
+      "--config.mesh.num_devices=1",
+      env=_env(
+        2,
+        IHSWEEP_COORDINATOR=f"localhost:{port}",
+        IHSWEEP_NUM_PROCESSES="2",
+        IHSWEEP_PROCESS_ID=str(k),
+      ),
+    )
+    for k in range(2)
+  ]
   results = _finish(procs, timeout=120)
   for rc, out in results:
     assert rc == 2, out[-3000:]
-    assert ("mesh.num_devices = 1 is not allowed: 0 or 2 (all of a process's devices) when "
-            "workers span processes (sweep.processes_per_worker = 2)") in out, out[-3000:]
+    assert (
+      "mesh.num_devices = 1 is not allowed: 0 or 2 (all of a process's devices) when "
+      "workers span processes (sweep.processes_per_worker = 2)"
+    ) in out, out[-3000:]
   assert not os.path.exists(os.path.join(work, "groups"))

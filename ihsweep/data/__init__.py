@@ -57,34 +57,72 @@ def default_config():
   import ml_collections
 
   from ihsweep.data.synthetic import SyntheticSpec
-  synthetic = {f.name: f.default for f in dataclasses.fields(SyntheticSpec)
-               if f.name != "vocab_size"}
-  return ml_collections.ConfigDict(dict(
-      source="markov_chain", n_successors=4, chain_seed=0, block_min=4, block_max=0,
-      transitions="bigram", matrix_file="", frequency=0.5, reliability=0.5, frequencies=(),
-      reliabilities=(), smoothing=1e-6, tokenizer_vocab=0,
+
+  synthetic = {
+    f.name: f.default for f in dataclasses.fields(SyntheticSpec) if f.name != "vocab_size"
+  }
+  return ml_collections.ConfigDict(
+    dict(
+      source="markov_chain",
+      n_successors=4,
+      chain_seed=0,
+      block_min=4,
+      block_max=0,
+      transitions="bigram",
+      matrix_file="",
+      frequency=0.5,
+      reliability=0.5,
+      frequencies=(),
+      reliabilities=(),
+      smoothing=1e-6,
+      tokenizer_vocab=0,
       synthetic=ml_collections.ConfigDict(synthetic),
-      corpus="", files="", tfds_name="", tfds_split="train", tfds_data_dir="",
-      tfds_download=False, text_field="text", max_documents=0, tokenizer="bpe",
-      val_fraction=0.01, split_seed=0, cache_dir="", loader="auto", device_budget_mb=1024.0))
+      corpus="",
+      files="",
+      tfds_name="",
+      tfds_split="train",
+      tfds_data_dir="",
+      tfds_download=False,
+      text_field="text",
+      max_documents=0,
+      tokenizer="bpe",
+      val_fraction=0.01,
+      split_seed=0,
+      cache_dir="",
+      loader="auto",
+      device_budget_mb=1024.0,
+    )
+  )
 
 
 # The data fields each source reads ('markov/T': the markov source with data.transitions T;
 # data.source itself is read by all). A field the chosen source does not read changes nothing in
 # its models: ``config.validate`` refuses it at any value but its default, and a sweep axis over
 # it would train copies (``plan.make_plan`` refuses it).
-_CORPUS = ("corpus", "files", "tfds_name", "tfds_split", "tfds_data_dir", "tfds_download",
-           "text_field", "max_documents", "tokenizer", "val_fraction", "split_seed", "cache_dir")
+_CORPUS = (
+  "corpus",
+  "files",
+  "tfds_name",
+  "tfds_split",
+  "tfds_data_dir",
+  "tfds_download",
+  "text_field",
+  "max_documents",
+  "tokenizer",
+  "val_fraction",
+  "split_seed",
+  "cache_dir",
+)
 _MARKOV = ("transitions", "frequency", "reliability", "frequencies", "reliabilities", "cache_dir")
 READS = {
-    "uniform": (),
-    "markov_chain": ("n_successors", "chain_seed"),
-    "repeated_blocks": ("block_min", "block_max"),
-    "natural": _CORPUS + ("loader", "device_budget_mb"),
-    "markov/bigram": _MARKOV + _CORPUS + ("smoothing", "tokenizer_vocab"),
-    "markov/synthetic": _MARKOV + ("synthetic",),
-    "markov/iid": _MARKOV + ("synthetic",),  # of that section, only the marginal matters
-    "markov/file": _MARKOV + ("matrix_file",),
+  "uniform": (),
+  "markov_chain": ("n_successors", "chain_seed"),
+  "repeated_blocks": ("block_min", "block_max"),
+  "natural": _CORPUS + ("loader", "device_budget_mb"),
+  "markov/bigram": _MARKOV + _CORPUS + ("smoothing", "tokenizer_vocab"),
+  "markov/synthetic": _MARKOV + ("synthetic",),
+  "markov/iid": _MARKOV + ("synthetic",),  # of that section, only the marginal matters
+  "markov/file": _MARKOV + ("matrix_file",),
 }
 
 
@@ -129,11 +167,21 @@ def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -
   if data_cfg.source == "uniform":
     return UniformSource(vocab_size, batch_size, context_size)
   if data_cfg.source == "markov_chain":
-    return MarkovChainSource(vocab_size, batch_size, context_size,
-                             n_successors=data_cfg.n_successors, seed=data_cfg.chain_seed)
+    return MarkovChainSource(
+      vocab_size,
+      batch_size,
+      context_size,
+      n_successors=data_cfg.n_successors,
+      seed=data_cfg.chain_seed,
+    )
   if data_cfg.source == "repeated_blocks":
-    return RepeatedBlocksSource(vocab_size, batch_size, context_size,
-                                block_min=data_cfg.block_min, block_max=data_cfg.block_max)
+    return RepeatedBlocksSource(
+      vocab_size,
+      batch_size,
+      context_size,
+      block_min=data_cfg.block_min,
+      block_max=data_cfg.block_max,
+    )
   if data_cfg.source == "natural":
     return make_natural_source(data_cfg, vocab_size, batch_size, context_size)
   if data_cfg.source == "markov":
@@ -153,20 +201,25 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
   n = int(corpus.train.size)
   if n < context_size + 1:
     raise natural.CorpusError(
-        f"the training split of {corpus.meta['name']!r} has {n} tokens, fewer than "
-        f"train.context_size + 1 = {context_size + 1}: use more text or a smaller context",
-        "train.context_size")
+      f"the training split of {corpus.meta['name']!r} has {n} tokens, fewer than "
+      f"train.context_size + 1 = {context_size + 1}: use more text or a smaller context",
+      "train.context_size",
+    )
   if n >= 2**31:
     raise natural.CorpusError(
-        f"the training split has {n:,} tokens; window offsets are int32, so at most 2^31 - 1: "
-        f"set config.data.max_documents", "data.max_documents")
+      f"the training split has {n:,} tokens; window offsets are int32, so at most 2^31 - 1: "
+      f"set config.data.max_documents",
+      "data.max_documents",
+    )
   fits = corpus.train.nbytes <= data_cfg.device_budget_mb * 2**20
   on_device = data_cfg.loader == "device" or (data_cfg.loader == "auto" and fits)
   if data_cfg.loader != "auto":
     placement = f"data.loader = {data_cfg.loader!r}"
   else:
-    placement = (f"data.loader = 'auto': {'within' if fits else 'over'} data.device_budget_mb = "
-                 f"{data_cfg.device_budget_mb:g} MiB")
+    placement = (
+      f"data.loader = 'auto': {'within' if fits else 'over'} data.device_budget_mb = "
+      f"{data_cfg.device_budget_mb:g} MiB"
+    )
   return natural.NaturalTextSource(corpus, batch_size, context_size, on_device, placement)
 
 
@@ -191,8 +244,10 @@ def markov_transitions(data_cfg, vocab_size: int):
   if kind == "bigram":
     corpus = natural.prepare_corpus(data_cfg, *bigram_corpus_tokens(data_cfg, vocab_size))
     p, first, _ = markov.bigram_transitions(corpus, vocab_size, data_cfg.smoothing)
-    info = {"transitions": f"bigram of {corpus.meta['name']!r}",
-            "corpus_tokens": corpus.meta["train_tokens"]}
+    info = {
+      "transitions": f"bigram of {corpus.meta['name']!r}",
+      "corpus_tokens": corpus.meta["train_tokens"],
+    }
   elif kind in ("synthetic", "iid"):
     spec = synthetic.SyntheticSpec.from_config(data_cfg.synthetic, vocab_size)
     if kind == "iid":
@@ -200,21 +255,28 @@ def markov_transitions(data_cfg, vocab_size: int):
     p, report = synthetic.cached_matrix(spec, natural.resolve_cache_dir(data_cfg))
     first = markov.stationary_distribution(p)
     targets = {k: v for k, v in report["targets"].items() if v is not None}
-    info = {"transitions": f"{kind} {spec.marginal}/{spec.categoriality}",
-            "matrix": report["cache"], "targets": targets,
-            "achieved": {k: round(v, 4) for k, v in report["achieved"].items()}}
+    info = {
+      "transitions": f"{kind} {spec.marginal}/{spec.categoriality}",
+      "matrix": report["cache"],
+      "targets": targets,
+      "achieved": {k: round(v, 4) for k, v in report["achieved"].items()},
+    }
   else:
     path = os.path.expanduser(data_cfg.matrix_file)
     try:
       raw = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-      raise markov.MarkovError(f"config.data.matrix_file = {data_cfg.matrix_file!r}: cannot load "
-                               f"a .npy array ({e})", "data.matrix_file") from None
+      raise markov.MarkovError(
+        f"config.data.matrix_file = {data_cfg.matrix_file!r}: cannot load a .npy array ({e})",
+        "data.matrix_file",
+      ) from None
     p = markov.check_transition_matrix(raw, f"config.data.matrix_file {path}")
     if p.shape[0] != vocab_size:
-      raise markov.MarkovError(f"config.data.matrix_file {path} is {p.shape[0]} × {p.shape[0]}; "
-                               f"model.vocab_size = {vocab_size} must match",
-                               "model.vocab_size")
+      raise markov.MarkovError(
+        f"config.data.matrix_file {path} is {p.shape[0]} × {p.shape[0]}; "
+        f"model.vocab_size = {vocab_size} must match",
+        "model.vocab_size",
+      )
     first = markov.stationary_distribution(p)
     info = {"transitions": f"file {path}"}
   if kind == "bigram" or kind == "file":
@@ -233,11 +295,14 @@ def make_markov_source(data_cfg, vocab_size: int, batch_size: int, context_size:
   """
   freqs = tuple(data_cfg.frequencies) or (data_cfg.frequency,)
   rels = tuple(data_cfg.reliabilities) or (data_cfg.reliability,)
-  for name, plural, values in (("frequency", "frequencies", freqs),
-                               ("reliability", "reliabilities", rels)):
+  for name, plural, values in (
+    ("frequency", "frequencies", freqs),
+    ("reliability", "reliabilities", rels),
+  ):
     for i, v in enumerate(values):
       field = f"data.{name}" if len(values) == 1 else f"data.{plural}[{i}]"
       markov.check_knob(name, v, field)
   p, first, info = markov_transitions(data_cfg, vocab_size)
-  return markov.MarkovSource(p, first, batch_size, context_size, tuple(map(float, freqs)),
-                             tuple(map(float, rels)), info)
+  return markov.MarkovSource(
+    p, first, batch_size, context_size, tuple(map(float, freqs)), tuple(map(float, rels)), info
+  )

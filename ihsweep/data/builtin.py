@@ -36,8 +36,9 @@ class UniformSource(_Generated):
   def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
     del data_params, arrays
-    return jax.random.randint(key, (self.batch_size, self.context_size + 1), 0, self.vocab_size,
-                              dtype=jnp.int32)
+    return jax.random.randint(
+      key, (self.batch_size, self.context_size + 1), 0, self.vocab_size, dtype=jnp.int32
+    )
 
   def entropy_rate(self) -> float:
     """Best achievable next-token loss in nats/token."""
@@ -108,8 +109,10 @@ class MarkovChainSource(_Generated):
     successor ids int32 ``[V, k]`` and the thresholds between successors float32 ``[V, k−1]``
     (a uniform draw u picks successor #(u > threshold))."""
     succ_VxK, probs_VxK = self._table()
-    return {"successors": succ_VxK,
-            "thresholds": np.cumsum(probs_VxK, axis=1)[:, :-1].astype(np.float32)}
+    return {
+      "successors": succ_VxK,
+      "thresholds": np.cumsum(probs_VxK, axis=1)[:, :-1].astype(np.float32),
+    }
 
   def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
@@ -145,7 +148,8 @@ class MarkovChainSource(_Generated):
 def _chain_table(vocab_size: int, n_successors: int, seed: int):
   """Successor ids ``[V, k]`` (int32) and their probabilities ``[V, k]`` (float64)."""
   rng = np.random.default_rng(seed)
-  succ = np.stack([rng.choice(vocab_size, size=n_successors, replace=False)
-                   for _ in range(vocab_size)])
+  succ = np.stack(
+    [rng.choice(vocab_size, size=n_successors, replace=False) for _ in range(vocab_size)]
+  )
   probs = rng.dirichlet(np.ones(n_successors), size=vocab_size)
   return succ.astype(np.int32), probs

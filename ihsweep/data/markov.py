@@ -1,10 +1,10 @@
 """Markov data with induction patterns injected at set rates, generated on device.
 
-``MarkovSource`` draws sequences from a transition matrix P (``[V, V]``, rows sum to 1) — the
-bigram statistics of a natural corpus (the study's semi-natural data, docs/study.md, Experiment 2), an
-optimised synthetic matrix (``synthetic.py``, Experiment 3), an i.i.d. control, or a user's
-``.npy`` — with two per-model knobs, ``frequency`` and ``reliability``, so a grid over them is
-one vmapped ensemble.
+``MarkovSource`` draws sequences from a transition matrix P (``[V, V]``, rows sum to 1) — the bigram
+statistics of a natural corpus (the study's semi-natural data, docs/study.md, Experiment 2), an
+optimised synthetic matrix (``synthetic.py``, Experiment 3), an i.i.d. control, or a user's ``.npy``
+— with two per-model knobs, ``frequency`` and ``reliability``, so a grid over them is one vmapped
+ensemble.
 
 The procedure (ihsweep's own; the study's exact one is not published, docs/study.md). A sequence
 x_0 … x_C has L = C + 1 tokens (the trainer's inputs and targets); positions 1 ≤ i < H = ⌊L/2⌋
@@ -59,8 +59,7 @@ class MarkovError(DataError):
   """A transition matrix, knob or synthetic target that cannot be used."""
 
 
-def check_transition_matrix(p, name: str = "transition matrix", atol: float = 1e-4
-                            ) -> np.ndarray:
+def check_transition_matrix(p, name: str = "transition matrix", atol: float = 1e-4) -> np.ndarray:
   """Returns ``p`` as float64 ``[V, V]`` after checking it is a square, finite, non-negative
   matrix whose rows sum to 1 (within ``atol``); rows are renormalised exactly.
 
@@ -78,13 +77,16 @@ def check_transition_matrix(p, name: str = "transition matrix", atol: float = 1e
     raise MarkovError(f"{name}: has NaN or infinite entries")
   if (p < 0).any():
     a, b = np.argwhere(p < 0)[0]
-    raise MarkovError(f"{name}: entry [{a}, {b}] = {p[a, b]:.3g} is negative; transition "
-                      f"probabilities must be >= 0")
+    raise MarkovError(
+      f"{name}: entry [{a}, {b}] = {p[a, b]:.3g} is negative; transition probabilities must be >= 0"
+    )
   sums = p.sum(axis=1)
   bad = np.flatnonzero(np.abs(sums - 1) > atol)
   if bad.size:
-    raise MarkovError(f"{name}: row {bad[0]} sums to {sums[bad[0]]:.6g} ({bad.size} rows off); "
-                      f"every row must sum to 1 (±{atol})")
+    raise MarkovError(
+      f"{name}: row {bad[0]} sums to {sums[bad[0]]:.6g} ({bad.size} rows off); "
+      f"every row must sum to 1 (±{atol})"
+    )
   return p / sums[:, None]
 
 
@@ -92,13 +94,15 @@ def check_knob(name: str, value, field: str) -> float:
   """A frequency or reliability value: a finite number in [0, 1]."""
   ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
   if not ok or not math.isfinite(value) or not 0.0 <= value <= 1.0:
-    raise MarkovError(f"config.{field} = {value!r} is not allowed: {name} is a probability in "
-                      f"[0, 1]", field)
+    raise MarkovError(
+      f"config.{field} = {value!r} is not allowed: {name} is a probability in [0, 1]", field
+    )
   return float(value)
 
 
-def stationary_distribution(p: np.ndarray, iterations: int = 10000, tol: float = 1e-12
-                            ) -> np.ndarray:
+def stationary_distribution(
+  p: np.ndarray, iterations: int = 10000, tol: float = 1e-12
+) -> np.ndarray:
   """π with π P = π (float64 ``[V]``), by power iteration from uniform on the lazy chain
   (I + P) / 2, which has the same stationary distributions as P and is aperiodic, so periodic
   chains converge too. For a reducible chain the result depends on the uniform start."""
@@ -118,8 +122,11 @@ def transition_arrays(p: np.ndarray, first: np.ndarray) -> dict:
   cdf /= cdf[:, -1:]
   first_cdf = np.cumsum(first / first.sum())
   first_cdf /= first_cdf[-1]
-  return {"probs": p.astype(np.float32), "cdf": cdf.astype(np.float32),
-          "first_cdf": first_cdf.astype(np.float32)}
+  return {
+    "probs": p.astype(np.float32),
+    "cdf": cdf.astype(np.float32),
+    "first_cdf": first_cdf.astype(np.float32),
+  }
 
 
 def _draw_positions(u, weights_L, cand_L):
@@ -170,13 +177,13 @@ def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
     n, _ = c
     return n + 1, search(jnp.mod(u + 0.6180339887 * n, 1.0), tiny_mass | (n >= 4))
 
-  _, t = jax.lax.while_loop(lambda c: excluded(c[1]) & (c[0] < 12), redo,
-                            (1, search(u, tiny_mass)))
+  _, t = jax.lax.while_loop(lambda c: excluded(c[1]) & (c[0] < 12), redo, (1, search(u, tiny_mass)))
   return t
 
 
-def generate_sequence(key: jax.Array, frequency, reliability, arrays: dict, length: int
-                      ) -> jax.Array:
+def generate_sequence(
+  key: jax.Array, frequency, reliability, arrays: dict, length: int
+) -> jax.Array:
   """One sequence of ``length`` = C + 1 int32 tokens by the procedure in the module docstring.
 
   ``frequency``, ``reliability``: float32 scalars in [0, 1] (traced; per model).
@@ -187,8 +194,9 @@ def generate_sequence(key: jax.Array, frequency, reliability, arrays: dict, leng
   half = length // 2
   q = frequency / (1.0 + reliability)
   k0, k1 = jax.random.split(key)
-  x0 = jnp.minimum(jnp.searchsorted(first_cdf, jax.random.uniform(k0), side="right"),
-                   vocab - 1).astype(jnp.int32)
+  x0 = jnp.minimum(
+    jnp.searchsorted(first_cdf, jax.random.uniform(k0), side="right"), vocab - 1
+  ).astype(jnp.int32)
   u_Lx5 = jax.random.uniform(k1, (length, 5))
   pos_L = jnp.arange(length, dtype=jnp.int32)
   x_L = jnp.zeros((length,), jnp.int32).at[0].set(x0)
@@ -217,8 +225,9 @@ def generate_sequence(key: jax.Array, frequency, reliability, arrays: dict, leng
     k_recur, has_r = _draw_positions(u[3], weights_L, distinct & (x_L != a) & ~in_s_L)
     # First half: exclude tokens at positions ≤ i − 2 (and x_0 at i = 1); second: all seen.
     excl_first = distinct & ((pos_L <= i - 2) | (pos_L == 0))
-    t_new = _draw_excluding(u[4], cdf_row, probs_row, x_L,
-                            jnp.where(i < half, excl_first, distinct), vocab)
+    t_new = _draw_excluding(
+      u[4], cdf_row, probs_row, x_L, jnp.where(i < half, excl_first, distinct), vocab
+    )
     copy = has_s & (u[0] < reliability)
     recur = ~copy & has_r & (u[1] < q)
     t_second = jnp.where(copy, x_L[k_copy], jnp.where(recur, x_L[k_recur], t_new))
@@ -226,8 +235,9 @@ def generate_sequence(key: jax.Array, frequency, reliability, arrays: dict, leng
     is_first = ~jnp.any(before & (x_L == t))
     return (x_L.at[i].set(t), first_L.at[i].set(is_first), stamp_V), None
 
-  (x_L, _, _), _ = jax.lax.scan(step, (x_L, first_L, stamp_V),
-                                jnp.arange(1, length, dtype=jnp.int32))
+  (x_L, _, _), _ = jax.lax.scan(
+    step, (x_L, first_L, stamp_V), jnp.arange(1, length, dtype=jnp.int32)
+  )
   return x_L
 
 
@@ -260,8 +270,11 @@ class MarkovSource:
     if len(r) == 1:
       r = r * n_models
     if len(f) != n_models or len(r) != n_models:
-      raise MarkovError(f"{len(f)} frequencies and {len(r)} reliabilities for {n_models} "
-                        f"models: give one value or one per model", "data.frequencies")
+      raise MarkovError(
+        f"{len(f)} frequencies and {len(r)} reliabilities for {n_models} "
+        f"models: give one value or one per model",
+        "data.frequencies",
+      )
     return {"frequency": jnp.asarray(f, jnp.float32), "reliability": jnp.asarray(r, jnp.float32)}
 
   def arrays(self) -> dict:
@@ -272,17 +285,20 @@ class MarkovSource:
     keys = jax.random.split(key, self.batch_size)
     arrays = jax.tree_util.tree_map(jnp.asarray, arrays)
     return jax.vmap(generate_sequence, in_axes=(0, None, None, None, None))(
-        keys, data_params["frequency"], data_params["reliability"], arrays,
-        self.context_size + 1)
+      keys, data_params["frequency"], data_params["reliability"], arrays, self.context_size + 1
+    )
 
   def describe(self) -> str:
     items = ", ".join(f"{k} {v}" for k, v in self.info.items())
-    return (f"markov V={self.vocab_size}, frequency {list(self.frequencies)}, reliability "
-            f"{list(self.reliabilities)}; {items}; generated in-graph")
+    return (
+      f"markov V={self.vocab_size}, frequency {list(self.frequencies)}, reliability "
+      f"{list(self.reliabilities)}; {items}; generated in-graph"
+    )
 
 
-def measure(tokens: np.ndarray, frequency: float | None = None,
-            reliability: float | None = None) -> dict:
+def measure(
+  tokens: np.ndarray, frequency: float | None = None, reliability: float | None = None
+) -> dict:
   """Induction statistics of generated sequences ``[N, L]`` (numpy, any int dtype).
 
   Over second-half positions H ≤ i < L (H = ⌊L/2⌋), with a = x_{i−1} and S(a) as in the module
@@ -301,7 +317,7 @@ def measure(tokens: np.ndarray, frequency: float | None = None,
   q = None if frequency is None else frequency / (1.0 + reliability)
   for row in tokens.tolist():
     for i in range(1, half):
-      gap_repeats += row[i] in row[:max(i - 1, 0)]
+      gap_repeats += row[i] in row[: max(i - 1, 0)]
     for i in range(half, length):
       a, earlier = row[i - 1], row[:i]
       succ = {row[k] for k in range(1, i) if row[k - 1] == a} - {a}
@@ -314,17 +330,21 @@ def measure(tokens: np.ndarray, frequency: float | None = None,
       if q is not None:
         s = 1.0 if succ else 0.0
         implied += s * reliability + (1 - s * reliability) * q * (1.0 if recur_set else 0.0)
-  out = {"measured_frequency": recurs / total,
-         "measured_reliability": copied / s_count if s_count else float("nan"),
-         "positions": total, "positions_with_successors": s_count,
-         "first_half_gap_repeats": gap_repeats}
+  out = {
+    "measured_frequency": recurs / total,
+    "measured_reliability": copied / s_count if s_count else float("nan"),
+    "positions": total,
+    "positions_with_successors": s_count,
+    "first_half_gap_repeats": gap_repeats,
+  }
   if q is not None:
     out["implied_frequency"] = implied / total
   return out
 
 
-def bigram_transitions(corpus, vocab_size: int, smoothing: float = 1e-6
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bigram_transitions(
+  corpus, vocab_size: int, smoothing: float = 1e-6
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """The study's semi-natural transitions (docs/study.md, the released code: bigram
   probabilities of 100M CC100 tokens over a 10k vocabulary, smoothed by 1e-6).
 
@@ -339,16 +359,19 @@ def bigram_transitions(corpus, vocab_size: int, smoothing: float = 1e-6
     MarkovError: the corpus has fewer than ``vocab_size`` types that occur.
   """
   from ihsweep.data import natural
+
   tok_vocab = int(corpus.tokenizer.get_vocab_size())
   unigram = natural.unigram_counts(corpus.train, max(tok_vocab, corpus.vocab_size))
   unigram[corpus.eot_id] = 0
   order = np.argsort(-unigram, kind="stable")
   occurring = int((unigram > 0).sum())
   if occurring < vocab_size:
-    raise MarkovError(f"config.model.vocab_size = {vocab_size}: the corpus has only "
-                      f"{occurring} token types that occur (tokenizer vocabulary {tok_vocab}); "
-                      f"use a smaller model.vocab_size or a larger data.tokenizer_vocab",
-                      "model.vocab_size")
+    raise MarkovError(
+      f"config.model.vocab_size = {vocab_size}: the corpus has only "
+      f"{occurring} token types that occur (tokenizer vocabulary {tok_vocab}); "
+      f"use a smaller model.vocab_size or a larger data.tokenizer_vocab",
+      "model.vocab_size",
+    )
   kept = order[:vocab_size]
   new_id = np.full(unigram.shape[0], -1, np.int64)
   new_id[kept] = np.arange(vocab_size)
@@ -388,5 +411,8 @@ def describe_matrix(p: np.ndarray) -> dict[str, Any]:
   distribution, entropy rate and mutual information I(X_t; X_{t+1})."""
   pi = stationary_distribution(p)
   h_rate = entropy_rate(p, pi)
-  return {"marginal_entropy_nats": _entropy(pi), "entropy_rate_nats": h_rate,
-          "mutual_information_nats": _entropy(pi) - h_rate}
+  return {
+    "marginal_entropy_nats": _entropy(pi),
+    "entropy_rate_nats": h_rate,
+    "mutual_information_nats": _entropy(pi) - h_rate,
+  }

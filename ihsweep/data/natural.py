@@ -83,8 +83,28 @@ class _TextExtractor(html.parser.HTMLParser):
   """Visible text of an HTML page (script/style dropped, entities unescaped)."""
 
   _SKIP = {"script", "style", "noscript", "template", "title"}
-  _BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section",
-            "article", "blockquote", "dt", "dd", "table", "ul", "ol"}
+  _BLOCK = {
+    "p",
+    "div",
+    "br",
+    "li",
+    "tr",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "pre",
+    "section",
+    "article",
+    "blockquote",
+    "dt",
+    "dd",
+    "table",
+    "ul",
+    "ol",
+  }
 
   def __init__(self):
     super().__init__(convert_charrefs=True)
@@ -158,13 +178,17 @@ def _read_text(path: str) -> str:
     except UnicodeDecodeError:
       pass
   if b"\x00" in raw[:65536]:
-    raise CorpusError(f"{path} is a binary file (NUL bytes), not text; narrow config.data.files",
-                      "data.files")
+    raise CorpusError(
+      f"{path} is a binary file (NUL bytes), not text; narrow config.data.files", "data.files"
+    )
   try:
     return raw.decode("utf-8-sig")
   except UnicodeDecodeError as e:
-    raise CorpusError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); narrow "
-                      f"config.data.files or convert it", "data.files") from None
+    raise CorpusError(
+      f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); narrow "
+      f"config.data.files or convert it",
+      "data.files",
+    ) from None
 
 
 def read_documents(path: str, text_field: str = "text") -> Iterator[str]:
@@ -179,20 +203,26 @@ def read_documents(path: str, text_field: str = "text") -> Iterator[str]:
   if lower.endswith(".parquet"):
     import pandas as pd
     import pyarrow.parquet as pq
+
     try:
       names = pq.read_schema(path).names
     except Exception as e:  # pyarrow raises several types for files that are not parquet
       first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise CorpusError(f"cannot read {path} as parquet: {first}", "data.files") from None
     if text_field not in names:
-      raise CorpusError(f"{path}: no column {text_field!r} (config.data.text_field); columns: "
-                        f"{', '.join(names[:10])}", "data.text_field")
+      raise CorpusError(
+        f"{path}: no column {text_field!r} (config.data.text_field); columns: "
+        f"{', '.join(names[:10])}",
+        "data.text_field",
+      )
     values = pd.read_parquet(path, columns=[text_field])[text_field]
     values = values[values.notna()]
     bad = values[[not isinstance(v, str) for v in values]]
     if len(bad):
-      raise CorpusError(f"{path}: column {text_field!r} holds {type(bad.iloc[0]).__name__} "
-                        f"values, not text", "data.text_field")
+      raise CorpusError(
+        f"{path}: column {text_field!r} holds {type(bad.iloc[0]).__name__} values, not text",
+        "data.text_field",
+      )
     yield from (t for t in values if t)
     return
   text = _read_text(path)
@@ -205,8 +235,10 @@ def read_documents(path: str, text_field: str = "text") -> Iterator[str]:
       except json.JSONDecodeError as e:
         raise CorpusError(f"{path}:{lineno}: not a JSON object ({e.msg})", "data.files") from None
       if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-        raise CorpusError(f"{path}:{lineno}: no string field {text_field!r} "
-                          f"(config.data.text_field)", "data.text_field")
+        raise CorpusError(
+          f"{path}:{lineno}: no string field {text_field!r} (config.data.text_field)",
+          "data.text_field",
+        )
       if obj[text_field]:
         yield obj[text_field]
     return
@@ -220,40 +252,52 @@ def _tfds_source(data_cfg):
   """``tfds.data_source`` for the configured corpus, with clear errors for unknown or
   unprepared datasets."""
   import tensorflow_datasets as tfds
+
   name, data_dir = data_cfg.tfds_name, data_cfg.tfds_data_dir or None
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    where = (f"nor prepared under config.data.tfds_data_dir = {data_dir!r}" if data_dir else
-             "and config.data.tfds_data_dir is not set")
-    raise CorpusError(f"config.data.tfds_name = {name!r}: TFDS cannot load this dataset: its "
-                      f"builder is not available in this install ({where}). Check the name in "
-                      f"https://www.tensorflow.org/datasets/catalog; some builders (e.g. c4, "
-                      f"wiki40b) need TensorFlow to load their code, but a dataset prepared once "
-                      f"with `tfds build NAME --file_format=array_record --data_dir=DIR` is read "
-                      f"from --config.data.tfds_data_dir=DIR without it", "data.tfds_name") from None
+    where = (
+      f"nor prepared under config.data.tfds_data_dir = {data_dir!r}"
+      if data_dir
+      else "and config.data.tfds_data_dir is not set"
+    )
+    raise CorpusError(
+      f"config.data.tfds_name = {name!r}: TFDS cannot load this dataset: its "
+      f"builder is not available in this install ({where}). Check the name in "
+      f"https://www.tensorflow.org/datasets/catalog; some builders (e.g. c4, "
+      f"wiki40b) need TensorFlow to load their code, but a dataset prepared once "
+      f"with `tfds build NAME --file_format=array_record --data_dir=DIR` is read "
+      f"from --config.data.tfds_data_dir=DIR without it",
+      "data.tfds_name",
+    ) from None
   except Exception as e:  # config names and versions are parsed by the builder
     raise CorpusError(f"config.data.tfds_name = {name!r}: {e}", "data.tfds_name") from None
   try:
-    return tfds.data_source(name, split=data_cfg.tfds_split, data_dir=data_dir,
-                            download=bool(data_cfg.tfds_download))
+    return tfds.data_source(
+      name, split=data_cfg.tfds_split, data_dir=data_dir, download=bool(data_cfg.tfds_download)
+    )
   except Exception as e:  # TFDS raises several types; say which fix applies
     if not builder.is_prepared() and data_cfg.tfds_download:
       raise CorpusError(
-          f"TFDS dataset {name!r} could not be downloaded and prepared under "
-          f"{builder.data_dir} (is there no network here?): prepare it where there is, with "
-          f"`tfds build {name} --file_format=array_record --data_dir=DIR`, copy DIR here and "
-          f"set config.data.tfds_data_dir=DIR and config.data.tfds_download=False [TFDS: "
-          f"{type(e).__name__}: {e}]", "data.tfds_download") from None
+        f"TFDS dataset {name!r} could not be downloaded and prepared under "
+        f"{builder.data_dir} (is there no network here?): prepare it where there is, with "
+        f"`tfds build {name} --file_format=array_record --data_dir=DIR`, copy DIR here and "
+        f"set config.data.tfds_data_dir=DIR and config.data.tfds_download=False [TFDS: "
+        f"{type(e).__name__}: {e}]",
+        "data.tfds_download",
+      ) from None
     if not builder.is_prepared():
       raise CorpusError(
-          f"TFDS dataset {name!r} is not prepared under {builder.data_dir}: prepare it with "
-          f"`tfds build {name} --file_format=array_record --data_dir=DIR` and set "
-          f"config.data.tfds_data_dir=DIR, or set config.data.tfds_download=True",
-          "data.tfds_data_dir") from None
+        f"TFDS dataset {name!r} is not prepared under {builder.data_dir}: prepare it with "
+        f"`tfds build {name} --file_format=array_record --data_dir=DIR` and set "
+        f"config.data.tfds_data_dir=DIR, or set config.data.tfds_download=True",
+        "data.tfds_data_dir",
+      ) from None
     field = "data.tfds_split" if isinstance(e, (ValueError, KeyError)) else "data.tfds_data_dir"
-    raise CorpusError(f"TFDS dataset {name!r} (split {data_cfg.tfds_split!r}): {e}",
-                      field) from None
+    raise CorpusError(
+      f"TFDS dataset {name!r} (split {data_cfg.tfds_split!r}): {e}", field
+    ) from None
 
 
 def _tfds_documents(data_cfg) -> Iterator[str]:
@@ -265,9 +309,11 @@ def _tfds_documents(data_cfg) -> Iterator[str]:
   for i in range(n):
     record = source[i]
     if field not in record:
-      raise CorpusError(f"TFDS {data_cfg.tfds_name!r} records have no field {field!r} "
-                        f"(they have {sorted(record)}); set config.data.text_field",
-                        "data.text_field")
+      raise CorpusError(
+        f"TFDS {data_cfg.tfds_name!r} records have no field {field!r} "
+        f"(they have {sorted(record)}); set config.data.text_field",
+        "data.text_field",
+      )
     text = record[field]
     text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
     if text:
@@ -286,8 +332,11 @@ def _check_dir_or_absent(path: str, what: str) -> None:
   while not os.path.exists(at) and os.path.dirname(at) != at:
     at = os.path.dirname(at)
   if not os.path.isdir(at):
-    raise CorpusError(f"{what} is not a directory ({at} is a file); set config.data.cache_dir "
-                      f"or $IHSWEEP_CACHE to a directory", "data.cache_dir")
+    raise CorpusError(
+      f"{what} is not a directory ({at} is a file); set config.data.cache_dir "
+      f"or $IHSWEEP_CACHE to a directory",
+      "data.cache_dir",
+    )
 
 
 def corpus_dir(cache_dir: str, corpus: str) -> str:
@@ -328,21 +377,33 @@ def document_source(data_cfg) -> DocumentSource:
   chosen = [f for f in ("corpus", "files", "tfds_name") if data_cfg[f]]
   if len(chosen) != 1:
     raise CorpusError(
-        f"config.data.source = {data_cfg.source!r} needs exactly one of data.corpus (one of "
-        f"{', '.join(CORPORA)}), data.files (globs) or data.tfds_name; got "
-        f"{chosen or 'none'}", "data.corpus")
+      f"config.data.source = {data_cfg.source!r} needs exactly one of data.corpus (one of "
+      f"{', '.join(CORPORA)}), data.files (globs) or data.tfds_name; got "
+      f"{chosen or 'none'}",
+      "data.corpus",
+    )
   if data_cfg.corpus:
     if data_cfg.corpus not in CORPORA:
-      raise CorpusError(f"config.data.corpus = {data_cfg.corpus!r} is not allowed: one of "
-                        f"{', '.join(map(repr, CORPORA))}", "data.corpus")
+      raise CorpusError(
+        f"config.data.corpus = {data_cfg.corpus!r} is not allowed: one of "
+        f"{', '.join(map(repr, CORPORA))}",
+        "data.corpus",
+      )
     cache = resolve_cache_dir(data_cfg)
-    _check_dir_or_absent(cache, f"config.data.cache_dir = {data_cfg.cache_dir!r}" if
-                         data_cfg.cache_dir else f"the cache directory {cache!r}")
+    _check_dir_or_absent(
+      cache,
+      f"config.data.cache_dir = {data_cfg.cache_dir!r}"
+      if data_cfg.cache_dir
+      else f"the cache directory {cache!r}",
+    )
     root = corpus_dir(cache, data_cfg.corpus)
     if not os.path.isfile(os.path.join(root, "SOURCE.json")):
-      raise CorpusError(f"the {data_cfg.corpus} corpus is not in {root}: run `ihsweep corpus "
-                        f"fetch {data_cfg.corpus}` first (same cache dir: data.cache_dir or "
-                        f"$IHSWEEP_CACHE)", "data.corpus")
+      raise CorpusError(
+        f"the {data_cfg.corpus} corpus is not in {root}: run `ihsweep corpus "
+        f"fetch {data_cfg.corpus}` first (same cache dir: data.cache_dir or "
+        f"$IHSWEEP_CACHE)",
+        "data.corpus",
+      )
     files = tuple(sorted(glob.glob(os.path.join(root, "**", "*.rst.txt"), recursive=True)))
     with open(os.path.join(root, "SOURCE.json")) as f:
       identity = f"corpus:{data_cfg.corpus}:{f.read()}"
@@ -358,13 +419,16 @@ def document_source(data_cfg) -> DocumentSource:
   source = _tfds_source(data_cfg)
   info = getattr(source, "dataset_info", None)
   version = getattr(info, "version", "")
-  identity = (f"tfds:{data_cfg.tfds_name}:{version}:{data_cfg.tfds_split}:"
-              f"{data_cfg.tfds_data_dir}:{len(source)}")
+  identity = (
+    f"tfds:{data_cfg.tfds_name}:{version}:{data_cfg.tfds_split}:"
+    f"{data_cfg.tfds_data_dir}:{len(source)}"
+  )
   return DocumentSource("tfds", data_cfg.tfds_name.replace("/", "_"), (), identity, data_cfg)
 
 
-def split_documents(docs: Iterable[str], val_fraction: float, seed: int
-                    ) -> Iterator[tuple[bool, str]]:
+def split_documents(
+  docs: Iterable[str], val_fraction: float, seed: int
+) -> Iterator[tuple[bool, str]]:
   """``(is_validation, document)`` for each document; validation with probability
   ``val_fraction`` from ``np.random.default_rng(seed)`` in document order (deterministic)."""
   rng = np.random.default_rng(seed)
@@ -386,6 +450,7 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
       download or unpack failed.
   """
   import subprocess
+
   if name not in CORPORA:
     raise CorpusError(f"unknown corpus {name!r}: one of {', '.join(CORPORA)}")
   cache_dir = cache_dir or default_cache_dir()
@@ -393,9 +458,10 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
   missing = [t for t in ("apt-get", "apt-cache", "dpkg") if shutil.which(t) is None]
   if missing:
     raise CorpusError(
-        f"cannot fetch {name}: {', '.join(missing)} not found (not a Debian-based system). "
-        f"Train on your own text with --config.data.files='DIR/**/*.txt' (txt, md, rst, html, "
-        f"jsonl, parquet) or on a TFDS corpus with --config.data.tfds_name=NAME")
+      f"cannot fetch {name}: {', '.join(missing)} not found (not a Debian-based system). "
+      f"Train on your own text with --config.data.files='DIR/**/*.txt' (txt, md, rst, html, "
+      f"jsonl, parquet) or on a TFDS corpus with --config.data.tfds_name=NAME"
+    )
 
   def run(cmd, cwd):
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
@@ -412,8 +478,11 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
   with tempfile.TemporaryDirectory(prefix=_temp_prefix("fetch"), dir=cache_dir) as tmp:
     # python3-doc is a metapackage; the text is in the versioned package it depends on.
     deps = run(["apt-cache", "depends", "python3-doc"], tmp)
-    pkgs = [line.split(":", 1)[1].strip() for line in deps.splitlines()
-            if line.strip().startswith("Depends:") and "-doc" in line]
+    pkgs = [
+      line.split(":", 1)[1].strip()
+      for line in deps.splitlines()
+      if line.strip().startswith("Depends:") and "-doc" in line
+    ]
     package = pkgs[0] if pkgs else "python3-doc"
     run(["apt-get", "download", package], tmp)
     debs = glob.glob(os.path.join(tmp, "*.deb"))
@@ -423,17 +492,23 @@ def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
     run(["dpkg", "-x", debs[0], unpacked], tmp)
     sources = glob.glob(os.path.join(unpacked, "usr/share/doc/python3*/html/_sources"))
     if not sources:
-      raise CorpusError(f"cannot fetch {name}: {os.path.basename(debs[0])} has no "
-                        f"html/_sources directory")
+      raise CorpusError(
+        f"cannot fetch {name}: {os.path.basename(debs[0])} has no html/_sources directory"
+      )
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(sources[0], dest, ignore=shutil.ignore_patterns("*.js", "*.css"))
     files = sorted(glob.glob(os.path.join(dest, "**", "*.rst.txt"), recursive=True))
-    info = {"corpus": name, "package": os.path.basename(debs[0]), "files": len(files),
-            "bytes": sum(os.path.getsize(f) for f in files)}
+    info = {
+      "corpus": name,
+      "package": os.path.basename(debs[0]),
+      "files": len(files),
+      "bytes": sum(os.path.getsize(f) for f in files),
+    }
     with open(os.path.join(dest, "SOURCE.json"), "w") as f:
       json.dump(info, f, indent=2)
-  log.info("fetched %s: %d files, %.1f MB into %s", name, info["files"], info["bytes"] / 2**20,
-           dest)
+  log.info(
+    "fetched %s: %d files, %.1f MB into %s", name, info["files"], info["bytes"] / 2**20, dest
+  )
   return dest
 
 
@@ -450,20 +525,30 @@ def train_bpe(docs: Iterable[str], vocab_size: int, field: str = "model.vocab_si
     CorpusError: ``vocab_size`` < 257, or the corpus has too few distinct pairs to reach it.
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
   if vocab_size < BYTE_LEVEL_MIN_VOCAB:
-    raise CorpusError(f"config.{field} = {vocab_size}: a byte-level BPE needs at least "
-                      f"{BYTE_LEVEL_MIN_VOCAB} (256 bytes + {EOT})", field)
+    raise CorpusError(
+      f"config.{field} = {vocab_size}: a byte-level BPE needs at least "
+      f"{BYTE_LEVEL_MIN_VOCAB} (256 bytes + {EOT})",
+      field,
+    )
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    special_tokens=[EOT],
+    show_progress=False,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+  )
   tok.train_from_iterator(docs, trainer)
   if tok.get_vocab_size() < vocab_size:
     raise CorpusError(
-        f"config.{field} = {vocab_size}: this corpus only supports "
-        f"{tok.get_vocab_size()} BPE types (it runs out of pairs to merge); use a value "
-        f"<= {tok.get_vocab_size()} or a larger corpus", field)
+      f"config.{field} = {vocab_size}: this corpus only supports "
+      f"{tok.get_vocab_size()} BPE types (it runs out of pairs to merge); use a value "
+      f"<= {tok.get_vocab_size()} or a larger corpus",
+      field,
+    )
   return tok
 
 
@@ -477,23 +562,31 @@ def load_tokenizer(path: str, vocab_size: int, vocab_field: str = "model.vocab_s
       model has (naming ``vocab_field`` and the tokenizer's size).
   """
   from tokenizers import Tokenizer
+
   try:
     tok = Tokenizer.from_file(os.path.expanduser(path))
   except Exception as e:  # tokenizers raises its own Exception type
-    raise CorpusError(f"config.data.tokenizer = {path!r}: cannot load a tokenizer.json ({e})",
-                      "data.tokenizer") from None
+    raise CorpusError(
+      f"config.data.tokenizer = {path!r}: cannot load a tokenizer.json ({e})", "data.tokenizer"
+    ) from None
   if tok.token_to_id(EOT) is None:
-    raise CorpusError(f"config.data.tokenizer = {path!r} has no {EOT} token to separate "
-                      f"documents", "data.tokenizer")
+    raise CorpusError(
+      f"config.data.tokenizer = {path!r} has no {EOT} token to separate documents", "data.tokenizer"
+    )
   if tok.get_vocab_size() > vocab_size:
-    raise CorpusError(f"config.{vocab_field} = {vocab_size} is smaller than the tokenizer's "
-                      f"{tok.get_vocab_size()} types ({path}): use {vocab_field} >= "
-                      f"{tok.get_vocab_size()} or a tokenizer of at most {vocab_size} types",
-                      vocab_field.split(" ")[0])
+    raise CorpusError(
+      f"config.{vocab_field} = {vocab_size} is smaller than the tokenizer's "
+      f"{tok.get_vocab_size()} types ({path}): use {vocab_field} >= "
+      f"{tok.get_vocab_size()} or a tokenizer of at most {vocab_size} types",
+      vocab_field.split(" ")[0],
+    )
   top = max(tok.get_vocab(with_added_tokens=True).values())
   if top >= vocab_size:
-    raise CorpusError(f"config.{vocab_field} = {vocab_size}: the tokenizer {path} uses ids up "
-                      f"to {top}; the model needs vocab_size > {top}", vocab_field.split(" ")[0])
+    raise CorpusError(
+      f"config.{vocab_field} = {vocab_size}: the tokenizer {path} uses ids up "
+      f"to {top}; the model needs vocab_size > {top}",
+      vocab_field.split(" ")[0],
+    )
   return tok
 
 
@@ -523,9 +616,15 @@ def _cache_key(doc_source: DocumentSource, data_cfg, vocab_size: int) -> str:
   else:
     with open(os.path.expanduser(data_cfg.tokenizer), "rb") as f:
       tok_id = "json:" + hashlib.sha256(f.read()).hexdigest()
-  parts = [f"v{_FORMAT_VERSION}", doc_source.identity, tok_id, f"model_vocab:{vocab_size}",
-           f"field:{data_cfg.text_field}", f"max_docs:{data_cfg.max_documents}",
-           f"val:{data_cfg.val_fraction!r}:{data_cfg.split_seed}"]
+  parts = [
+    f"v{_FORMAT_VERSION}",
+    doc_source.identity,
+    tok_id,
+    f"model_vocab:{vocab_size}",
+    f"field:{data_cfg.text_field}",
+    f"max_docs:{data_cfg.max_documents}",
+    f"val:{data_cfg.val_fraction!r}:{data_cfg.split_seed}",
+  ]
   return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
@@ -536,8 +635,9 @@ def _encode(tok, docs: Iterable[str], eot_id: int, dtype) -> np.ndarray:
     try:
       encoded = tok.encode_batch(batch, add_special_tokens=False)
     except Exception as e:  # tokenizers raises plain Exception (e.g. a WordLevel without [UNK])
-      raise CorpusError(f"config.data.tokenizer: the tokenizer cannot encode this corpus: {e}",
-                        "data.tokenizer") from None
+      raise CorpusError(
+        f"config.data.tokenizer: the tokenizer cannot encode this corpus: {e}", "data.tokenizer"
+      ) from None
     for enc in encoded:
       chunks.append(np.asarray(enc.ids + [eot_id], dtype=np.int64))
     batch.clear()
@@ -556,8 +656,9 @@ def token_dtype(vocab_size: int):
   return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
-def prepare_corpus(data_cfg, vocab_size: int, vocab_field: str = "model.vocab_size"
-                   ) -> TokenizedCorpus:
+def prepare_corpus(
+  data_cfg, vocab_size: int, vocab_field: str = "model.vocab_size"
+) -> TokenizedCorpus:
   """Reads, splits, tokenizes and caches the configured corpus (or loads it from the cache).
 
   Returns a ``TokenizedCorpus`` whose arrays are memory-mapped from
@@ -569,8 +670,7 @@ def prepare_corpus(data_cfg, vocab_size: int, vocab_field: str = "model.vocab_si
       ``load_tokenizer``); an empty training split.
   """
   doc_source = document_source(data_cfg)
-  cache_root = writable_dir(os.path.join(resolve_cache_dir(data_cfg), "tokens"),
-                            "data.cache_dir")
+  cache_root = writable_dir(os.path.join(resolve_cache_dir(data_cfg), "tokens"), "data.cache_dir")
   remove_stale_temp_dirs(cache_root)
   key = _cache_key(doc_source, data_cfg, vocab_size)
   path = os.path.join(cache_root, f"{doc_source.name[:64]}-{key}")
@@ -586,15 +686,22 @@ def prepare_corpus(data_cfg, vocab_size: int, vocab_field: str = "model.vocab_si
 
 def _load_cache(path: str, vocab_size: int, hit: bool) -> TokenizedCorpus:
   from tokenizers import Tokenizer
+
   with open(os.path.join(path, "meta.json")) as f:
     meta = json.load(f)
   train = np.load(os.path.join(path, "train.npy"), mmap_mode="r")
   if train.size != meta["train_tokens"]:
     raise ValueError(f"train.npy has {train.size} tokens, meta.json says {meta['train_tokens']}")
   return TokenizedCorpus(
-      train=train, val=np.load(os.path.join(path, "val.npy"), mmap_mode="r"),
-      tokenizer=Tokenizer.from_file(os.path.join(path, "tokenizer.json")),
-      eot_id=meta["eot_id"], vocab_size=vocab_size, path=path, cache_hit=hit, meta=meta)
+    train=train,
+    val=np.load(os.path.join(path, "val.npy"), mmap_mode="r"),
+    tokenizer=Tokenizer.from_file(os.path.join(path, "tokenizer.json")),
+    eot_id=meta["eot_id"],
+    vocab_size=vocab_size,
+    path=path,
+    cache_hit=hit,
+    meta=meta,
+  )
 
 
 def writable_dir(path: str, field: str) -> str:
@@ -608,9 +715,12 @@ def writable_dir(path: str, field: str) -> str:
     with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
       pass
   except OSError as e:
-    raise CorpusError(f"config.{field}: cannot use {path} as a cache directory "
-                      f"({e.strerror or e}); set config.{field} or $IHSWEEP_CACHE to a writable "
-                      f"directory", field) from None
+    raise CorpusError(
+      f"config.{field}: cannot use {path} as a cache directory "
+      f"({e.strerror or e}); set config.{field} or $IHSWEEP_CACHE to a writable "
+      f"directory",
+      field,
+    ) from None
   return path
 
 
@@ -625,7 +735,8 @@ def remove_stale_temp_dirs(root: str) -> None:
   this host."""
   host = socket.gethostname()
   for entry in glob.glob(os.path.join(root, ".build-*")) + glob.glob(
-      os.path.join(root, ".fetch-*")):
+    os.path.join(root, ".fetch-*")
+  ):
     parts = os.path.basename(entry).split("-")
     if len(parts) < 4 or "-".join(parts[1:-2]) != host or not parts[-2].isdigit():
       continue
@@ -637,22 +748,26 @@ def remove_stale_temp_dirs(root: str) -> None:
       pass
 
 
-def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: str,
-                 vocab_field: str) -> None:
+def _build_cache(
+  doc_source: DocumentSource, data_cfg, vocab_size: int, path: str, vocab_field: str
+) -> None:
   log.info("tokenizing %s (%s) into %s", doc_source.name, doc_source.kind, path)
   frac, seed = data_cfg.val_fraction, data_cfg.split_seed
 
   def part(want_val: bool) -> Iterator[str]:
-    return (d for is_val, d in split_documents(doc_source.documents(), frac, seed)
-            if is_val == want_val)
+    return (
+      d for is_val, d in split_documents(doc_source.documents(), frac, seed) if is_val == want_val
+    )
 
   n_docs = {"train": 0, "val": 0}
   for is_val, _ in split_documents(doc_source.documents(), frac, seed):
     n_docs["val" if is_val else "train"] += 1
   if n_docs["train"] == 0:
-    raise CorpusError(f"the corpus {doc_source.name!r} has no training documents "
-                      f"({n_docs['val']} validation, config.data.val_fraction = {frac})",
-                      "data.val_fraction" if n_docs["val"] else "data.files")
+    raise CorpusError(
+      f"the corpus {doc_source.name!r} has no training documents "
+      f"({n_docs['val']} validation, config.data.val_fraction = {frac})",
+      "data.val_fraction" if n_docs["val"] else "data.files",
+    )
   if data_cfg.tokenizer == "bpe":
     tok = train_bpe(part(False), vocab_size, vocab_field)
   else:
@@ -668,13 +783,22 @@ def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: st
     tok.save(os.path.join(tmp, "tokenizer.json"))
     np.save(os.path.join(tmp, "train.npy"), train_ids)
     np.save(os.path.join(tmp, "val.npy"), val_ids)
-    meta = {"name": doc_source.name, "kind": doc_source.kind, "eot_id": eot_id,
-            "tokenizer": data_cfg.tokenizer, "tokenizer_vocab": tok.get_vocab_size(),
-            "model_vocab": vocab_size, "dtype": np.dtype(dtype).name,
-            "train_documents": n_docs["train"], "val_documents": n_docs["val"],
-            "train_tokens": int(train_ids.size), "val_tokens": int(val_ids.size),
-            "val_fraction": frac, "split_seed": seed, "identity_sha256":
-            hashlib.sha256(doc_source.identity.encode()).hexdigest()}
+    meta = {
+      "name": doc_source.name,
+      "kind": doc_source.kind,
+      "eot_id": eot_id,
+      "tokenizer": data_cfg.tokenizer,
+      "tokenizer_vocab": tok.get_vocab_size(),
+      "model_vocab": vocab_size,
+      "dtype": np.dtype(dtype).name,
+      "train_documents": n_docs["train"],
+      "val_documents": n_docs["val"],
+      "train_tokens": int(train_ids.size),
+      "val_tokens": int(val_ids.size),
+      "val_fraction": frac,
+      "split_seed": seed,
+      "identity_sha256": hashlib.sha256(doc_source.identity.encode()).hexdigest(),
+    }
     with open(os.path.join(tmp, "meta.json"), "w") as f:
       json.dump(meta, f, indent=2)
     try:
@@ -684,8 +808,13 @@ def _build_cache(doc_source: DocumentSource, data_cfg, vocab_size: int, path: st
         raise
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  log.info("cached %s train / %s val tokens (%d / %d documents)", f"{train_ids.size:,}",
-           f"{val_ids.size:,}", n_docs["train"], n_docs["val"])
+  log.info(
+    "cached %s train / %s val tokens (%d / %d documents)",
+    f"{train_ids.size:,}",
+    f"{val_ids.size:,}",
+    n_docs["train"],
+    n_docs["val"],
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -697,8 +826,9 @@ def unigram_counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
   return np.bincount(np.asarray(tokens, np.int64), minlength=vocab_size)
 
 
-def bigram_counts(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24
-                  ) -> scipy.sparse.csr_matrix:
+def bigram_counts(
+  tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24
+) -> scipy.sparse.csr_matrix:
   """Counts of adjacent pairs, ``counts[a, b]`` = #{i : t_i = a, t_{i+1} = b}: a sparse int64
   ``[V, V]`` CSR matrix. Pairs through ``<|endoftext|>`` are included (the stream as trained
   on); callers that want within-document statistics drop that row and column. Processed in
@@ -706,11 +836,12 @@ def bigram_counts(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24
   total = scipy.sparse.csr_matrix((vocab_size, vocab_size), dtype=np.int64)
   n = len(tokens)
   for lo in range(0, max(n - 1, 0), chunk):
-    seg = np.asarray(tokens[lo:min(lo + chunk + 1, n)], np.int64)
+    seg = np.asarray(tokens[lo : min(lo + chunk + 1, n)], np.int64)
     pair = seg[:-1] * vocab_size + seg[1:]
     uniq, cnt = np.unique(pair, return_counts=True)
     total = total + scipy.sparse.csr_matrix(
-        (cnt, (uniq // vocab_size, uniq % vocab_size)), shape=(vocab_size, vocab_size))
+      (cnt, (uniq // vocab_size, uniq % vocab_size)), shape=(vocab_size, vocab_size)
+    )
   return total.tocsr()
 
 
@@ -718,8 +849,7 @@ def bigram_counts(tokens: np.ndarray, vocab_size: int, chunk: int = 1 << 24
 # 5. Window sampling
 
 
-def window_starts(key: jax.Array, n_tokens: int, batch_size: int, context_size: int
-                  ) -> jax.Array:
+def window_starts(key: jax.Array, n_tokens: int, batch_size: int, context_size: int) -> jax.Array:
   """B start offsets, int32 ``[B]`` uniform in [0, n_tokens − C − 1], so that the window
   ``[s, s + C]`` (C + 1 tokens) lies inside the array. The device and host paths both call
   this, so they read identical windows."""
@@ -764,13 +894,13 @@ class NaturalTextSource:
     idx_BxCp1 = starts_B[:, None] + jnp.arange(self.context_size + 1, dtype=jnp.int32)[None, :]
     return jnp.asarray(arrays["tokens"])[idx_BxCp1].astype(jnp.int32)
 
-  def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int
-                   ) -> np.ndarray:
+  def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int) -> np.ndarray:
     """The windows the in-graph path would draw for steps ``first_step …
     first_step + n_steps − 1``, gathered on the host: ``[E, K, B, C + 1]`` in the corpus dtype."""
     keys = jax.device_put(np.asarray(data_keys_Ex2), jax.local_devices(backend="cpu")[0])
-    starts_ExKxB = np.asarray(_host_starts(keys, first_step, n_steps, self.n_tokens,
-                                           self.batch_size, self.context_size))
+    starts_ExKxB = np.asarray(
+      _host_starts(keys, first_step, n_steps, self.n_tokens, self.batch_size, self.context_size)
+    )
     offsets = np.arange(self.context_size + 1, dtype=np.int64)
     return self.corpus.train[starts_ExKxB[..., None].astype(np.int64) + offsets]
 
@@ -790,9 +920,12 @@ class NaturalTextSource:
     tokens = self.corpus.val if self.corpus.val.size > self.context_size else self.corpus.train
     if tokens is self.corpus.train:
       logging.getLogger("ihsweep").warning(
-          "the validation split has %d tokens (< C + 1 = %d): held-out sequences, val_loss and "
-          "the ICL score use training windows; raise data.val_fraction for a real validation "
-          "split", self.corpus.val.size, self.context_size + 1)
+        "the validation split has %d tokens (< C + 1 = %d): held-out sequences, val_loss and "
+        "the ICL score use training windows; raise data.val_fraction for a real validation "
+        "split",
+        self.corpus.val.size,
+        self.context_size + 1,
+      )
     key = jax.device_put(key, jax.local_devices(backend="cpu")[0])
     starts = np.asarray(window_starts(key, int(tokens.size), n, self.context_size), np.int64)
     return np.asarray(tokens[starts[:, None] + np.arange(self.context_size + 1)])
@@ -800,21 +933,28 @@ class NaturalTextSource:
   def describe(self) -> str:
     meta = self.corpus.meta
     size_mib = self.corpus.train.nbytes / 2**20
-    where = ("on device, windows gathered in-graph" if self.on_device else
-             "in host memory, windows gathered by a host loader with prefetch")
-    return (f"natural text {meta['name']!r}: {meta['train_tokens']:,} train / "
-            f"{meta['val_tokens']:,} val tokens ({meta['train_documents']} / "
-            f"{meta['val_documents']} documents, {size_mib:.2f} MiB {meta['dtype']}), {where} "
-            f"({self.placement}); "
-            f"cache {'hit' if self.corpus.cache_hit else 'built'}: {self.corpus.path}")
+    where = (
+      "on device, windows gathered in-graph"
+      if self.on_device
+      else "in host memory, windows gathered by a host loader with prefetch"
+    )
+    return (
+      f"natural text {meta['name']!r}: {meta['train_tokens']:,} train / "
+      f"{meta['val_tokens']:,} val tokens ({meta['train_documents']} / "
+      f"{meta['val_documents']} documents, {size_mib:.2f} MiB {meta['dtype']}), {where} "
+      f"({self.placement}); "
+      f"cache {'hit' if self.corpus.cache_hit else 'built'}: {self.corpus.path}"
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _host_starts(data_keys_Ex2, first_step, n_steps, n_tokens, batch_size, context_size):
   """Window starts ``[E, K, B]`` for updates first_step … first_step + K − 1 of every model,
   from the keys ``keys.step_keys`` gives the in-graph path."""
+
   def one_model(data_key):
     return jax.vmap(lambda key: window_starts(key, n_tokens, batch_size, context_size))(
-        step_keys(data_key, first_step, n_steps))
+      step_keys(data_key, first_step, n_steps)
+    )
 
   return jax.vmap(one_model)(data_keys_Ex2)

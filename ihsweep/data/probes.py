@@ -30,8 +30,10 @@ from ihsweep.data.keys import step_keys
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
 MIN_BLOCK = 3
-MIN_BLOCK_REASON = (f"the metrics need L >= {MIN_BLOCK} (at L = 2 the induction target i − L + 1 "
-                    f"is the previous token, so a previous-token head scores PS = 1)")
+MIN_BLOCK_REASON = (
+  f"the metrics need L >= {MIN_BLOCK} (at L = 2 the induction target i − L + 1 "
+  f"is the previous token, so a previous-token head scores PS = 1)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +51,27 @@ class Probes:
   def save(self, path: str) -> None:
     """Writes ``path`` (an ``.npz``) atomically."""
     from ihsweep.rundir import atomic_file
+
     with atomic_file(path, "wb") as f:
-      np.savez(f, repeated=self.repeated, sequences=self.sequences, recall=self.recall,
-               block_len=self.block_len, candidates=self.candidates)
+      np.savez(
+        f,
+        repeated=self.repeated,
+        sequences=self.sequences,
+        recall=self.recall,
+        block_len=self.block_len,
+        candidates=self.candidates,
+      )
 
   @classmethod
   def load(cls, path: str) -> "Probes":
     with np.load(path, allow_pickle=False) as z:
-      return cls(repeated=z["repeated"], sequences=z["sequences"], recall=z["recall"],
-                 block_len=int(z["block_len"]), candidates=str(z["candidates"]))
+      return cls(
+        repeated=z["repeated"],
+        sequences=z["sequences"],
+        recall=z["recall"],
+        block_len=int(z["block_len"]),
+        candidates=str(z["candidates"]),
+      )
 
 
 def block_length(context_size: int, probe_len: int = 0) -> int:
@@ -68,11 +82,15 @@ def block_length(context_size: int, probe_len: int = 0) -> int:
   """
   block = probe_len or min(MAX_BLOCK, context_size // 2)
   if block < MIN_BLOCK:
-    why = (f"eval.probe_len = {probe_len}" if probe_len else
-           f"train.context_size = {context_size}: L = min({MAX_BLOCK}, C // 2); C >= "
-           f"{2 * MIN_BLOCK} needed")
-    raise ValueError(f"repeated-token probes with a block of L = {block} ({why}): "
-                     f"{MIN_BLOCK_REASON}")
+    why = (
+      f"eval.probe_len = {probe_len}"
+      if probe_len
+      else f"train.context_size = {context_size}: L = min({MAX_BLOCK}, C // 2); C >= "
+      f"{2 * MIN_BLOCK} needed"
+    )
+    raise ValueError(
+      f"repeated-token probes with a block of L = {block} ({why}): {MIN_BLOCK_REASON}"
+    )
   return block
 
 
@@ -88,8 +106,9 @@ def special_token_ids(source) -> tuple[int, ...]:
   return tuple(sorted(int(i) for i in ids))
 
 
-def probe_candidates(vocab_size: int, special_ids=(), top_k: int = 0,
-                     counts: np.ndarray | None = None) -> np.ndarray:
+def probe_candidates(
+  vocab_size: int, special_ids=(), top_k: int = 0, counts: np.ndarray | None = None
+) -> np.ndarray:
   """Token ids probes may use, int64 ascending: every id but ``special_ids``, or the ``top_k``
   most frequent by ``counts`` ``[V]`` (ties broken by the smaller id)."""
   ids = np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids, np.int64))
@@ -99,8 +118,9 @@ def probe_candidates(vocab_size: int, special_ids=(), top_k: int = 0,
   return np.sort(ids[order[:top_k]])
 
 
-def repeated_token_probes(seed: int, n_probes: int, block_len: int,
-                          candidates: np.ndarray) -> np.ndarray:
+def repeated_token_probes(
+  seed: int, n_probes: int, block_len: int, candidates: np.ndarray
+) -> np.ndarray:
   """int32 ``[n_probes, 2L]``: per probe, L distinct ids drawn uniformly from ``candidates``,
   then the same L ids again.
 
@@ -108,8 +128,9 @@ def repeated_token_probes(seed: int, n_probes: int, block_len: int,
     ValueError: fewer than L candidates.
   """
   if len(candidates) < block_len:
-    raise ValueError(f"{len(candidates)} candidate ids cannot fill a block of {block_len} "
-                     f"distinct tokens")
+    raise ValueError(
+      f"{len(candidates)} candidate ids cannot fill a block of {block_len} distinct tokens"
+    )
   rng = np.random.default_rng([seed, 0])
   blocks = np.stack([rng.choice(candidates, block_len, replace=False) for _ in range(n_probes)])
   return np.concatenate([blocks, blocks], axis=1).astype(np.int32)
@@ -134,8 +155,7 @@ def recall_positions(sequences_SxCp1: np.ndarray) -> np.ndarray:
   return out
 
 
-def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models: int
-                       ) -> np.ndarray:
+def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models: int) -> np.ndarray:
   """int32 ``[E, n, C + 1]``: the source's validation windows (``validation_windows``) for
   every model, or fresh draws per model from the key ``fold_in(PRNGKey(seed), 1)`` (no update
   of any model uses it: training keys derive from each model's own seed)."""
@@ -154,8 +174,7 @@ def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models:
   return seqs.reshape(n_models, -1, seqs.shape[-1])[:, :n].astype(np.int32)
 
 
-def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int
-                ) -> Probes:
+def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int) -> Probes:
   """All probes of a run from ``eval_cfg`` (``probe_seed``, ``n_probes``, ``probe_len``,
   ``probe_top_k``, ``n_sequences``). Special tokens (``special_token_ids``) never appear in
   repeated-token probes; top-K frequencies come from ``source.token_counts()`` when the source
@@ -165,16 +184,19 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
     ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``.
   """
   block = block_length(context_size, eval_cfg.probe_len)
-  seqs = held_out_sequences(source, data_params, arrays, eval_cfg.probe_seed,
-                            eval_cfg.n_sequences, n_models)
+  seqs = held_out_sequences(
+    source, data_params, arrays, eval_cfg.probe_seed, eval_cfg.n_sequences, n_models
+  )
   special = special_token_ids(source)
   counts, how = None, "all ids"
   if eval_cfg.probe_top_k:
     if hasattr(source, "token_counts"):
       counts, where = source.token_counts(), "training split"
     else:
-      counts, where = np.bincount(seqs.reshape(-1), minlength=source.vocab_size), \
-          "held-out sequences"
+      counts, where = (
+        np.bincount(seqs.reshape(-1), minlength=source.vocab_size),
+        "held-out sequences",
+      )
     how = f"the {eval_cfg.probe_top_k} most frequent ids ({where})"
   ids = probe_candidates(source.vocab_size, special, eval_cfg.probe_top_k, counts)
   if special:
@@ -182,12 +204,19 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
     how += f", {len(special)} special id(s) excluded ({shown})"
   repeated = repeated_token_probes(eval_cfg.probe_seed, eval_cfg.n_probes, block, ids)
   recall = np.stack([recall_positions(s) for s in seqs])
-  return Probes(repeated=repeated, sequences=np.ascontiguousarray(seqs), recall=recall,
-                block_len=block, candidates=how)
+  return Probes(
+    repeated=repeated,
+    sequences=np.ascontiguousarray(seqs),
+    recall=recall,
+    block_len=block,
+    candidates=how,
+  )
 
 
 def as_device_arrays(probes: Probes, ensemble_sharding, replicated):
   """(repeated, sequences, recall) on the mesh: probes replicated, per-model arrays sharded."""
-  return (jax.device_put(np.asarray(probes.repeated), replicated),
-          jax.device_put(np.asarray(probes.sequences), ensemble_sharding),
-          jax.device_put(np.asarray(probes.recall), ensemble_sharding))
+  return (
+    jax.device_put(np.asarray(probes.repeated), replicated),
+    jax.device_put(np.asarray(probes.sequences), ensemble_sharding),
+    jax.device_put(np.asarray(probes.recall), ensemble_sharding),
+  )

@@ -39,8 +39,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ihsweep.data.markov import (MarkovError, check_transition_matrix, describe_matrix,
-                                 stationary_distribution)
+from ihsweep.data.markov import (
+  MarkovError,
+  check_transition_matrix,
+  describe_matrix,
+  stationary_distribution,
+)
 
 log = logging.getLogger("ihsweep")
 
@@ -101,8 +105,11 @@ def target_marginal(shape: str, vocab_size: int) -> np.ndarray:
   elif shape == "zipf":
     p = 1.0 / (ranks + 1)
   else:
-    raise MarkovError(f"config.data.synthetic.marginal = {shape!r} is not allowed: one of "
-                      f"{', '.join(map(repr, MARGINALS))}", "data.synthetic.marginal")
+    raise MarkovError(
+      f"config.data.synthetic.marginal = {shape!r} is not allowed: one of "
+      f"{', '.join(map(repr, MARGINALS))}",
+      "data.synthetic.marginal",
+    )
   p = np.sort(p / p.sum())[::-1]
   return p
 
@@ -119,36 +126,48 @@ def check_spec(spec: SyntheticSpec) -> None:
     value = getattr(spec, f.name)
     if f.name.startswith(("weight_", "tol_")) or f.name == "lr":
       if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise MarkovError(f"config.data.synthetic.{f.name} = {value!r} is not allowed: a finite "
-                          f"number >= 0", f"data.synthetic.{f.name}")
+        raise MarkovError(
+          f"config.data.synthetic.{f.name} = {value!r} is not allowed: a finite number >= 0",
+          f"data.synthetic.{f.name}",
+        )
   if spec.categoriality not in CATEGORIALITY:
-    raise MarkovError(f"config.data.synthetic.categoriality = {spec.categoriality!r} is not "
-                      f"allowed: one of {', '.join(map(repr, CATEGORIALITY))}",
-                      "data.synthetic.categoriality")
+    raise MarkovError(
+      f"config.data.synthetic.categoriality = {spec.categoriality!r} is not "
+      f"allowed: one of {', '.join(map(repr, CATEGORIALITY))}",
+      "data.synthetic.categoriality",
+    )
   target = target_marginal(spec.marginal, spec.vocab_size)
   h_max = float(-(target * np.log2(target)).sum())
   if not 0 <= spec.entropy_rate_bits <= h_max:
     raise MarkovError(
-        f"config.data.synthetic.entropy_rate_bits = {spec.entropy_rate_bits} cannot be reached: "
-        f"asked {spec.entropy_rate_bits} bits/token, but a chain whose marginal is "
-        f"{spec.marginal} over V = {spec.vocab_size} has at most H(marginal) = {h_max:.3f} bits "
-        f"(0 = the i.i.d. control)", "data.synthetic.entropy_rate_bits")
+      f"config.data.synthetic.entropy_rate_bits = {spec.entropy_rate_bits} cannot be reached: "
+      f"asked {spec.entropy_rate_bits} bits/token, but a chain whose marginal is "
+      f"{spec.marginal} over V = {spec.vocab_size} has at most H(marginal) = {h_max:.3f} bits "
+      f"(0 = the i.i.d. control)",
+      "data.synthetic.entropy_rate_bits",
+    )
   if spec.categoriality != "none":
     if spec.n_groups < 2 or spec.vocab_size % spec.n_groups:
-      raise MarkovError(f"config.data.synthetic.n_groups = {spec.n_groups}: needs >= 2 groups "
-                        f"of equal size dividing model.vocab_size = {spec.vocab_size}",
-                        "data.synthetic.n_groups")
+      raise MarkovError(
+        f"config.data.synthetic.n_groups = {spec.n_groups}: needs >= 2 groups "
+        f"of equal size dividing model.vocab_size = {spec.vocab_size}",
+        "data.synthetic.n_groups",
+      )
     if spec.vocab_size // spec.n_groups < 2:
-      raise MarkovError(f"config.data.synthetic.n_groups = {spec.n_groups}: groups of one id "
-                        f"have no pair of rows, so within-group similarity (categoriality) is "
-                        f"undefined; use at most model.vocab_size / 2 = {spec.vocab_size // 2} "
-                        f"groups (a divisor of {spec.vocab_size}), or categoriality 'none'",
-                        "data.synthetic.n_groups")
+      raise MarkovError(
+        f"config.data.synthetic.n_groups = {spec.n_groups}: groups of one id "
+        f"have no pair of rows, so within-group similarity (categoriality) is "
+        f"undefined; use at most model.vocab_size / 2 = {spec.vocab_size // 2} "
+        f"groups (a divisor of {spec.vocab_size}), or categoriality 'none'",
+        "data.synthetic.n_groups",
+      )
     for name, value in (("within", spec.within_target), ("across", spec.across)):
       if not 0.0 <= value <= 1.0:
-        raise MarkovError(f"config.data.synthetic {name}-group similarity target {value} cannot "
-                          f"be reached: cosine similarity of non-negative rows lies in [0, 1]",
-                          "data.synthetic.within_high")
+        raise MarkovError(
+          f"config.data.synthetic {name}-group similarity target {value} cannot "
+          f"be reached: cosine similarity of non-negative rows lies in [0, 1]",
+          "data.synthetic.within_high",
+        )
 
 
 def group_similarity(p, n_groups: int):
@@ -159,9 +178,9 @@ def group_similarity(p, n_groups: int):
   n = v // n_groups
   unit = p / xp.linalg.norm(p, axis=1, keepdims=True)
   group_sums = unit.reshape(n_groups, n, v).sum(axis=1)  # [K, V]
-  within_pairs_sum = (group_sums ** 2).sum() - v  # Σ_g ‖G_g‖² − Σ_i ‖u_i‖²
+  within_pairs_sum = (group_sums**2).sum() - v  # Σ_g ‖G_g‖² − Σ_i ‖u_i‖²
   total = unit.sum(axis=0)
-  across_pairs_sum = (total ** 2).sum() - (group_sums ** 2).sum()
+  across_pairs_sum = (total**2).sum() - (group_sums**2).sum()
   within = within_pairs_sum / (n_groups * n * (n - 1))
   across = across_pairs_sum / (v * v - n_groups * n * n)
   return within, across
@@ -180,20 +199,22 @@ def _loss_terms(logits, pi_prev, target_sorted, spec: SyntheticSpec):
   pi_sorted = -jnp.sort(-pi)
   kl = jnp.sum(target_sorted * (jnp.log(target_sorted) - jnp.log(jnp.maximum(pi_sorted, 1e-30))))
   h_bits = _entropy_rate_nats(p, pi) / math.log(2)
-  terms = {"marginal_kl": kl, "entropy_rate_bits": h_bits,
-           "row_max": jnp.mean(jnp.max(p, axis=1))}
+  terms = {"marginal_kl": kl, "entropy_rate_bits": h_bits, "row_max": jnp.mean(jnp.max(p, axis=1))}
   if spec.categoriality != "none":
     terms["within"], terms["across"] = group_similarity(p, spec.n_groups)
   return terms, pi
 
 
 def _total_loss(terms, spec: SyntheticSpec):
-  loss = (spec.weight_marginal * terms["marginal_kl"]
-          + spec.weight_entropy * (terms["entropy_rate_bits"] - spec.entropy_rate_bits) ** 2
-          + spec.weight_row_max * terms["row_max"])
+  loss = (
+    spec.weight_marginal * terms["marginal_kl"]
+    + spec.weight_entropy * (terms["entropy_rate_bits"] - spec.entropy_rate_bits) ** 2
+    + spec.weight_row_max * terms["row_max"]
+  )
   if spec.categoriality != "none":
-    loss += spec.weight_categoriality * ((terms["within"] - spec.within_target) ** 2
-                                         + (terms["across"] - spec.across) ** 2)
+    loss += spec.weight_categoriality * (
+      (terms["within"] - spec.within_target) ** 2 + (terms["across"] - spec.across) ** 2
+    )
   return loss
 
 
@@ -213,8 +234,9 @@ def _optimise(logits, target_sorted, spec: SyntheticSpec, n_iterations: int):
     return (optax.apply_updates(logits, updates), opt_state, pi_new), loss
 
   pi0 = jnp.full((logits.shape[0],), 1.0 / logits.shape[0], logits.dtype)
-  (logits, _, _), losses = jax.lax.scan(step, (logits, opt.init(logits), pi0), None,
-                                        length=n_iterations)
+  (logits, _, _), losses = jax.lax.scan(
+    step, (logits, opt.init(logits), pi0), None, length=n_iterations
+  )
   return logits, losses
 
 
@@ -226,13 +248,15 @@ def measure_matrix(p: np.ndarray, spec: SyntheticSpec) -> dict:
   target = target_marginal(spec.marginal, spec.vocab_size)
   pi_sorted = np.sort(pi)[::-1]
   props = describe_matrix(p)
-  out = {"marginal_kl": float(np.sum(target * (np.log(target) - np.log(np.maximum(pi_sorted,
-                                                                                 1e-300))))),
-         "entropy_rate_bits": props["entropy_rate_nats"] / math.log(2),
-         "mutual_information_nats": props["mutual_information_nats"],
-         "row_max": float(p.max(axis=1).mean())}
-  if spec.categoriality != "none" or (2 <= spec.n_groups <= spec.vocab_size // 2
-                                      and spec.vocab_size % spec.n_groups == 0):
+  out = {
+    "marginal_kl": float(np.sum(target * (np.log(target) - np.log(np.maximum(pi_sorted, 1e-300))))),
+    "entropy_rate_bits": props["entropy_rate_nats"] / math.log(2),
+    "mutual_information_nats": props["mutual_information_nats"],
+    "row_max": float(p.max(axis=1).mean()),
+  }
+  if spec.categoriality != "none" or (
+    2 <= spec.n_groups <= spec.vocab_size // 2 and spec.vocab_size % spec.n_groups == 0
+  ):
     within, across = group_similarity(p, spec.n_groups)
     out["within"], out["across"] = float(within), float(across)
   return out
@@ -242,17 +266,25 @@ def unmet_targets(achieved: dict, spec: SyntheticSpec) -> list[str]:
   """Targets missed by more than their tolerance, as 'name: achieved X, asked Y' strings."""
   missed = []  # comparisons written so that NaN counts as missed
   if not achieved["marginal_kl"] <= spec.tol_marginal_kl:
-    missed.append(f"marginal {spec.marginal}: KL {achieved['marginal_kl']:.4f} nats, asked "
-                  f"<= {spec.tol_marginal_kl}")
-  if not spec.iid and not abs(achieved["entropy_rate_bits"] - spec.entropy_rate_bits) <= \
-      spec.tol_entropy_bits:
-    missed.append(f"entropy rate: achieved {achieved['entropy_rate_bits']:.3f} bits, asked "
-                  f"{spec.entropy_rate_bits} ± {spec.tol_entropy_bits}")
+    missed.append(
+      f"marginal {spec.marginal}: KL {achieved['marginal_kl']:.4f} nats, asked "
+      f"<= {spec.tol_marginal_kl}"
+    )
+  if (
+    not spec.iid
+    and not abs(achieved["entropy_rate_bits"] - spec.entropy_rate_bits) <= spec.tol_entropy_bits
+  ):
+    missed.append(
+      f"entropy rate: achieved {achieved['entropy_rate_bits']:.3f} bits, asked "
+      f"{spec.entropy_rate_bits} ± {spec.tol_entropy_bits}"
+    )
   if spec.within_target is not None:
     for name, want in (("within", spec.within_target), ("across", spec.across)):
       if not abs(achieved[name] - want) <= spec.tol_similarity:
-        missed.append(f"{name}-group similarity: achieved {achieved[name]:.3f}, asked {want} ± "
-                      f"{spec.tol_similarity}")
+        missed.append(
+          f"{name}-group similarity: achieved {achieved[name]:.3f}, asked {want} ± "
+          f"{spec.tol_similarity}"
+        )
   return missed
 
 
@@ -273,6 +305,7 @@ def optimise_matrix(spec: SyntheticSpec) -> tuple[np.ndarray, dict]:
       (achieved vs asked, for every target missed by more than its tolerance).
   """
   import time
+
   check_spec(spec)
   t0 = time.perf_counter()
   if spec.iid:
@@ -285,23 +318,35 @@ def optimise_matrix(spec: SyntheticSpec) -> tuple[np.ndarray, dict]:
     logits, losses = _optimise(logits, target, spec, spec.iterations)
     p = np.asarray(jax.nn.softmax(logits.astype(jnp.float32), axis=1), np.float64)
     if not np.all(np.isfinite(p)):
-      raise MarkovError(f"the synthetic matrix optimisation diverged (NaN after "
-                        f"{spec.iterations} iterations at lr {spec.lr}); lower "
-                        f"data.synthetic.lr or the weights", "data.synthetic.lr")
+      raise MarkovError(
+        f"the synthetic matrix optimisation diverged (NaN after "
+        f"{spec.iterations} iterations at lr {spec.lr}); lower "
+        f"data.synthetic.lr or the weights",
+        "data.synthetic.lr",
+      )
     p /= p.sum(axis=1, keepdims=True)
     final_loss = float(losses[-1])
   achieved = measure_matrix(p, spec)
-  report = {"achieved": achieved, "final_loss": final_loss,
-            "seconds": round(time.perf_counter() - t0, 2),
-            "targets": {"marginal": spec.marginal, "entropy_rate_bits": spec.entropy_rate_bits,
-                        "within": spec.within_target, "across": spec.across
-                        if spec.within_target is not None else None}}
+  report = {
+    "achieved": achieved,
+    "final_loss": final_loss,
+    "seconds": round(time.perf_counter() - t0, 2),
+    "targets": {
+      "marginal": spec.marginal,
+      "entropy_rate_bits": spec.entropy_rate_bits,
+      "within": spec.within_target,
+      "across": spec.across if spec.within_target is not None else None,
+    },
+  }
   missed = unmet_targets(achieved, spec)
   if missed:
-    raise MarkovError("the synthetic matrix optimisation did not reach its targets after "
-                      f"{spec.iterations} iterations: " + "; ".join(missed) +
-                      " (change the targets, or raise data.synthetic.iterations)",
-                      "data.synthetic")
+    raise MarkovError(
+      "the synthetic matrix optimisation did not reach its targets after "
+      f"{spec.iterations} iterations: "
+      + "; ".join(missed)
+      + " (change the targets, or raise data.synthetic.iterations)",
+      "data.synthetic",
+    )
   return p, report
 
 
@@ -309,8 +354,11 @@ def cached_matrix(spec: SyntheticSpec, cache_dir: str) -> tuple[np.ndarray, dict
   """``optimise_matrix`` with the result stored under ``cache_dir/markov/`` keyed by the spec,
   so every cell and rerun with the same spec reuses it."""
   key = hashlib.sha256(json.dumps(dataclasses.asdict(spec), sort_keys=True).encode())
-  path = os.path.join(cache_dir, "markov", f"synthetic-{spec.marginal}-{spec.categoriality}-"
-                      f"V{spec.vocab_size}-{key.hexdigest()[:16]}")
+  path = os.path.join(
+    cache_dir,
+    "markov",
+    f"synthetic-{spec.marginal}-{spec.categoriality}-V{spec.vocab_size}-{key.hexdigest()[:16]}",
+  )
   if os.path.isfile(path + ".json"):
     try:
       with open(path + ".json") as f:
@@ -322,8 +370,13 @@ def cached_matrix(spec: SyntheticSpec, cache_dir: str) -> tuple[np.ndarray, dict
     except (OSError, ValueError, EOFError) as e:  # MarkovError is a ValueError
       log.warning("synthetic matrix cache %s is damaged (%s); building it again", path, e)
   if not spec.iid:
-    log.info("optimising a synthetic %s/%s matrix, V=%d, %d iterations", spec.marginal,
-             spec.categoriality, spec.vocab_size, spec.iterations)
+    log.info(
+      "optimising a synthetic %s/%s matrix, V=%d, %d iterations",
+      spec.marginal,
+      spec.categoriality,
+      spec.vocab_size,
+      spec.iterations,
+    )
   p, report = optimise_matrix(spec)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{socket.gethostname()}-{os.getpid()}.tmp"  # one per writer: no rename race
