@@ -694,7 +694,8 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
   """Per-group state of a sweep directory, from its files only: ``group``, ``state`` (a
   'running' group whose claim is stale, or whose process is gone on this host, reads
   'stopped'), ``cells``, ``B``, ``C``, ``step`` (last logged update), ``budget``, ``diverged``
-  cell ids, ``error``, ``worker`` (the claim's or the last status's) and ``reported_s_ago``
+  cell ids, ``error``, ``worker`` (the claim's or the last status's; a worker spanning
+  processes adds which) and ``reported_s_ago``
   (seconds since the claim's last heartbeat; None without a claim).
 
   A damaged or truncated cells.csv is read as the analysis reads it (``read_cells``,
@@ -749,11 +750,19 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
         "diverged": sorted(int(c) for c in status.get("diverged", {})),
         "error": status.get("error"),
         "unreadable": status.get("unreadable", False),
-        "worker": (claim or status).get("worker"),
+        "worker": _worker_name((claim or status).get("worker"), status.get("processes")),
         "reported_s_ago": (time.time() - float(claim["heartbeat"])) if claim else None,
       }
     )
   return rows
+
+
+def _worker_name(worker: str | None, processes: list | None) -> str | None:
+  """The worker that holds or held a group: its (lead's) claim name, and for a worker spanning
+  processes of a jax.distributed job, which ones (``processes`` of its status)."""
+  if worker and processes and len(processes) > 1:
+    return f"{worker} with processes {processes[0]}–{processes[-1]}"
+  return worker
 
 
 def format_status(workdir: str) -> str:

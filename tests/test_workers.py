@@ -269,6 +269,10 @@ def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path, ref
   for g in groups:
     status = rundir.read_status(work, g)
     assert status["devices"] == 2 and status["processes"] in ([0, 1], [2, 3]), status
+  from ihsweep import sweep
+
+  workers = {r["worker"].split(" ", 1)[1] for r in sweep.status_rows(work)}  # as status shows
+  assert workers == {"with processes 0–1", "with processes 2–3"}, workers
   _assert_same_results(work, reference_two_devices, groups)
 
 
