@@ -336,7 +336,6 @@ def test_a_process_done_first_waits_for_the_job(tmp_path):
   the summary come after the group is done."""
   import datetime
   import re
-  import socket
 
   flags = FLAGS[:-3] + [
     "--config.train.num_steps=100",
@@ -344,24 +343,7 @@ def test_a_process_done_first_waits_for_the_job(tmp_path):
     "--grid=train.context_size=8",
   ]
   work = str(tmp_path / "run")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = [
-    _ihsweep(
-      "run",
-      f"--workdir={work}",
-      *flags,
-      "--config.sweep.processes_per_worker=1",
-      env=_env(
-        1,
-        IHSWEEP_COORDINATOR=f"localhost:{port}",
-        IHSWEEP_NUM_PROCESSES="2",
-        IHSWEEP_PROCESS_ID=str(k),
-      ),
-    )
-    for k in range(2)
-  ]
+  procs = _job(work, [*flags, "--config.sweep.processes_per_worker=1"], 2, 1)
   results = _finish(procs)
   assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
   status = rundir.read_status(work, "g000")
@@ -382,28 +364,10 @@ def test_workers_spanning_processes_refuse_part_of_a_process_devices(tmp_path):
   over one device of each process ended in mismatched collectives (an IndexError in process 1
   while process 0 waited minutes; gloo aborted both once the mesh took both processes'), so it
   is refused before anything compiles, naming the field, its value and what is allowed."""
-  import socket
-
   work = str(tmp_path / "run")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  procs = [
-    _ihsweep(
-      "run",
-      f"--workdir={work}",
-      *FLAGS_4,
-      "--config.sweep.processes_per_worker=2",
-      "--config.mesh.num_devices=1",
-      env=_env(
-        2,
-        IHSWEEP_COORDINATOR=f"localhost:{port}",
-        IHSWEEP_NUM_PROCESSES="2",
-        IHSWEEP_PROCESS_ID=str(k),
-      ),
-    )
-    for k in range(2)
-  ]
+  procs = _job(
+    work, [*FLAGS_4, "--config.sweep.processes_per_worker=2", "--config.mesh.num_devices=1"], 2, 2
+  )
   results = _finish(procs, timeout=120)
   for rc, out in results:
     assert rc == 2, out[-3000:]
