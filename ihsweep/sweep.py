@@ -357,14 +357,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         # barrier, which ends every process of the job (the ones still training included)
         # after its timeout (300 s). Then its result reports the whole sweep.
         _wait_for_phase(workdir, worker.groups, False)
-        with rundir.claims_lock(workdir):
-          summary = summarize(plan, workdir)
-          rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
-        result = SweepResult(
-          groups={g.id: read_status(workdir, g.id) for g in plan.groups},
-          summary=summary,
-          interrupted=runner.stop_requested(),
-        )
+        result = _recorded_result(plan, workdir, runner.stop_requested())
   finally:
     ahead.close()
   log.info("worker %s: trained %s", rundir.worker_id(), ", ".join(trained) or "no group")
@@ -506,6 +499,12 @@ def _work(
         write_cells(plan, workdir)
     if interrupted:
       break
+  return _recorded_result(plan, workdir, interrupted)
+
+
+def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult:
+  """Writes sweep.json from every group's status (under the claims lock: workers finish
+  together) and returns the sweep's result as the run directory now records it."""
   with rundir.claims_lock(workdir):
     summary = summarize(plan, workdir)
     rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
