@@ -188,7 +188,7 @@ class _ProcessLocalArrayHandler(ocp.type_handlers.ArrayHandler):
   serialize = _seeing_one_process(ocp.type_handlers.ArrayHandler.serialize)
 
 
-def _process_local_handler(
+def _handler_over(
   processes: ocp.options.MultiprocessingOptions, arrays: type = None
 ) -> ocp.StandardCheckpointHandler:
   """A ``StandardCheckpointHandler`` over ``processes`` whose jax.Arrays go through
@@ -267,33 +267,23 @@ class RunCheckpoints:
 
     def manager(name, keep):
       path = os.path.join(self.directory, name)
-      if alone:
-        me = jax.process_index()
-        # A barrier prefix of its own per directory (groups of several workers in one job never
-        # share one); with this process the only active one, orbax skips its barriers anyway.
+      if alone or some:
+        team = (jax.process_index(),) if alone else some
+        # A barrier prefix of its own per directory and team (groups of several workers in one
+        # job never share one); with this process the only active one, orbax skips its
+        # barriers anyway.
         where = hashlib.sha1(path.encode()).hexdigest()[:12]
         processes = ocp.options.MultiprocessingOptions(
-          primary_host=me,
-          active_processes={me},
-          barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{me}",
+          primary_host=team[0],
+          active_processes=set(team),
+          barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{team[0]}",
         )
-        handler = _process_local_handler(processes)
+        handler = _handler_over(processes, None if alone else ocp.type_handlers.ArrayHandler)
         # Step directories created before save returns: orbax's asynchronous creation signals
         # completion through keys of the job's coordination service named by a per-process
         # operation count (awaitable_signals_contract_<n>/...), which the other processes'
         # saves of their own groups share and delete (a save then waited 5 min for its key
         # and failed with DEADLINE_EXCEEDED in some runs of the two-process test).
-        asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
-        if not read_only:  # orbax refuses create=True with active_processes
-          os.makedirs(path, exist_ok=True)
-      elif some:
-        where = hashlib.sha1(path.encode()).hexdigest()[:12]
-        processes = ocp.options.MultiprocessingOptions(
-          primary_host=some[0],
-          active_processes=set(some),
-          barrier_sync_key_prefix=f"ihsweep-{name}-{where}-p{some[0]}",
-        )
-        handler = _process_local_handler(processes, ocp.type_handlers.ArrayHandler)
         asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
         if not read_only:  # orbax refuses create=True with active_processes
           os.makedirs(path, exist_ok=True)

@@ -180,11 +180,11 @@ def _team_reduce(values: np.ndarray, team: Team, op) -> np.ndarray:
     )
   mesh, reduce = _TEAM_REDUCERS[key]
   values = np.asarray(values, np.int32)[None]
-  me = team.processes.index(jax.process_index())
+  mine = mesh.devices[team.processes.index(jax.process_index())]  # this process's device
   rows = jax.make_array_from_single_device_arrays(
     (len(team.processes), values.shape[1]),
     NamedSharding(mesh, P("p")),
-    [jax.device_put(values, team.devices()[me])],
+    [jax.device_put(values, mine)],
   )
   return np.asarray(reduce(rows).addressable_data(0))
 
