@@ -26,7 +26,6 @@ import numpy as np
 from ihsweep import config as config_lib
 from ihsweep import metric_registry
 from ihsweep.config import ConfigError
-from ihsweep.metric_registry import uniform_ps  # noqa: F401  (its old home; read from here)
 
 BUDGETS = ("updates", "tokens", "law", "emergence")
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
