@@ -255,6 +255,9 @@ def test_plan_zip_budgets_and_single_cell(tiny):
       "sweep.stop_threshold",
       "(0.0, 1.0]",
     ),
+    # Workers of several processes in a job of one process, or a negative team size.
+    ({}, {"sweep.processes_per_worker": 2}, "sweep.processes_per_worker", "an integer in [0, 1]"),
+    ({}, {"sweep.processes_per_worker": -1}, "sweep.processes_per_worker", "an integer in [0, 1]"),
   ],
 )
 def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extra, field, words):
