@@ -1,4 +1,5 @@
-"""Natural text: files and TFDS → BPE → cached token arrays → windows (ihsweep/data/natural.py)."""
+"""Natural text: files and TFDS → BPE → cached token arrays → windows (ihsweep/data/natural.py and
+the modules of its stages: documents.py, tokenizer.py, corpus.py, cache.py, windows.py)."""
 
 import collections
 import json
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from ihsweep import config as config_lib
-from ihsweep.data import make_source, natural
+from ihsweep.data import corpus, documents, make_source, natural
 from ihsweep.runner import fit
 
 WORDS = (
@@ -79,8 +80,8 @@ def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
   def no_training(*a, **k):
     raise AssertionError("the second run must load the cache, not tokenize again")
 
-  monkeypatch.setattr(natural, "train_bpe", no_training)
-  monkeypatch.setattr(natural, "_encode", no_training)
+  monkeypatch.setattr(corpus, "train_bpe", no_training)
+  monkeypatch.setattr(corpus, "_encode", no_training)
   second = natural.prepare_corpus(cfg.data, 300)
   assert second.cache_hit and second.path == first.path
   np.testing.assert_array_equal(second.train, first.train)
@@ -193,7 +194,7 @@ def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
   with tfds.testing.mock_data(num_examples=60, policy=tfds.testing.MockPolicy.USE_CODE):
     config_lib.validate(cfg)
     corpus = natural.prepare_corpus(cfg.data, 260)
-    records = natural._tfds_source(cfg.data)
+    records = documents._tfds_source(cfg.data)
     texts = [records[i]["text"] for i in range(len(records))]
   assert corpus.meta["kind"] == "tfds"
   assert corpus.meta["train_documents"] + corpus.meta["val_documents"] == 60
@@ -368,7 +369,7 @@ def test_loaded_tokenizer_json(tiny, tmp_path):
 
 
 def test_corpus_fetch_without_apt_points_elsewhere(monkeypatch):
-  monkeypatch.setattr(natural.shutil, "which", lambda name: None)
+  monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
   with pytest.raises(natural.CorpusError) as err:
     natural.fetch_corpus("python-docs", "/nonexistent")
   assert "apt-get" in str(err.value) and "--config.data.files" in str(err.value)

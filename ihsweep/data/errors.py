@@ -8,3 +8,7 @@ class DataError(ValueError):
   def __init__(self, message: str, field: str = ""):
     self.field = field
     super().__init__(message)
+
+
+class CorpusError(DataError):
+  """The corpus cannot be read, tokenized or sampled as configured."""

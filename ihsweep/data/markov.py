@@ -358,10 +358,10 @@ def bigram_transitions(
   Raises:
     MarkovError: the corpus has fewer than ``vocab_size`` types that occur.
   """
-  from ihsweep.data import natural
+  from ihsweep.data.corpus import bigram_counts, unigram_counts
 
   tok_vocab = int(corpus.tokenizer.get_vocab_size())
-  unigram = natural.unigram_counts(corpus.train, max(tok_vocab, corpus.vocab_size))
+  unigram = unigram_counts(corpus.train, max(tok_vocab, corpus.vocab_size))
   unigram[corpus.eot_id] = 0
   order = np.argsort(-unigram, kind="stable")
   occurring = int((unigram > 0).sum())
@@ -375,7 +375,7 @@ def bigram_transitions(
   kept = order[:vocab_size]
   new_id = np.full(unigram.shape[0], -1, np.int64)
   new_id[kept] = np.arange(vocab_size)
-  counts = natural.bigram_counts(corpus.train, unigram.shape[0]).tocoo()
+  counts = bigram_counts(corpus.train, unigram.shape[0]).tocoo()
   a, b = new_id[counts.row], new_id[counts.col]
   keep = (a >= 0) & (b >= 0)
   dense = np.zeros((vocab_size, vocab_size), np.float64)
