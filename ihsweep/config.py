@@ -48,8 +48,12 @@ def default_eval():
   every_steps: updates between evaluations (0 = none); every_tokens: the same in tokens per
     model (overrides every_steps when > 0). The end of training is always evaluated.
   n_probes: repeated-token probes (the study: 100); probe_len: block length L (0 = min(50, C/2));
-    probe_top_k: draw probe ids from the K most frequent training tokens (0 = whole vocabulary,
-    as in the study); probe_seed: the probes' seed (shared by all models and runs).
+    probe_position: where the two blocks sit in the probe, 'start' (the whole input is the 2L
+    block tokens, as in the study) or 'end' (the last 2L of C positions, after C − 2L random
+    filler ids: with a fixed probe_len every C is measured with the same L at the end of a
+    full context, so the C effect is not the probe's); probe_top_k: draw probe ids from the K
+    most frequent training tokens (0 = whole vocabulary, as in the study); probe_seed: the
+    probes' seed (shared by all models and runs).
   n_sequences: held-out sequences per model (validation loss, ICL score, data-drawn
     associative recall).
   icl_early / icl_late: positions of the ICL score (0 = C/10 and C − 1).
@@ -62,6 +66,7 @@ def default_eval():
       every_tokens=0,
       n_probes=100,
       probe_len=0,
+      probe_position="start",
       probe_top_k=0,
       probe_seed=0,
       n_sequences=32,
@@ -407,13 +412,14 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
     context // 2,
     hint=f" (0 = min(50, C/2); two copies must fit in C = {context})",
   )
-  from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, block_length
+  from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, POSITIONS, block_length
 
   if 0 < probe_len < MIN_BLOCK:  # even with evaluation off: the analysis makes probes from it
     raise ConfigError(
       "eval.probe_len", probe_len, f"0 (= min(50, C/2)) or >= {MIN_BLOCK}: {MIN_BLOCK_REASON}"
     )
   top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
+  position = _choice(cfg, "eval", "probe_position", POSITIONS)
   from ihsweep.metrics import icl_positions
 
   early, late = icl_positions(
@@ -432,18 +438,23 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
     )
   block = block_length(context, probe_len)
   usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
-  if top_k and not block <= top_k <= usable:
+  # Filler before the blocks needs an id outside each block (so the blocks' copies are unique).
+  filler = position == "end" and 2 * block < context
+  need = block + (1 if filler else 0)
+  why = " and one filler id outside it (eval.probe_position = 'end')" if filler else ""
+  if top_k and not need <= top_k <= usable:
     raise ConfigError(
       "eval.probe_top_k",
       top_k,
-      f"0 or in [{block}, {usable}]: a probe block holds L = {block} distinct "
-      f"ids drawn from the K most frequent",
+      f"0 or in [{need}, {usable}]: a probe block holds L = {block} distinct "
+      f"ids drawn from the K most frequent{why}",
     )
-  if not top_k and usable < block:
+  if not top_k and usable < need:
     raise ConfigError(
       "eval.probe_len",
       probe_len,
-      f"a block of at most {usable} distinct ids (model.vocab_size = {vocab})",
+      f"a block of at most {usable - (1 if filler else 0)} distinct ids{why} "
+      f"(model.vocab_size = {vocab})",
     )
   if early >= late:
     raise ConfigError(

@@ -42,7 +42,7 @@ class Evaluator:
     if probes is None:
       self.inputs = abstract_probes(cfg, mesh)
       n, t = self.inputs[0].shape
-      block_len = t // 2
+      block_len = probes_lib.block_length(cfg.train.context_size, cfg.eval.probe_len)
     else:
       n, t = probes.repeated.shape
       block_len = probes.block_len
@@ -102,14 +102,16 @@ class Evaluator:
 
 def abstract_probes(cfg, mesh) -> tuple:
   """``(repeated, sequences, recall)`` as ``jax.ShapeDtypeStruct`` on ``mesh``, with the shapes
-  and dtypes ``probes.make_probes`` gives them for ``cfg``: int32 ``[eval.n_probes, 2L]``
-  replicated, int32 ``[E, eval.n_sequences, C + 1]`` and bool ``[E, eval.n_sequences, C]``
-  split over 'ensemble'."""
+  and dtypes ``probes.make_probes`` gives them for ``cfg``: int32 ``[eval.n_probes, T]`` (T = 2L
+  or C: ``probes.probe_layout``) replicated, int32 ``[E, eval.n_sequences, C + 1]`` and bool
+  ``[E, eval.n_sequences, C]`` split over 'ensemble'."""
   ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
   e, c, s = cfg.ensemble.size, cfg.train.context_size, cfg.eval.n_sequences
-  block = probes_lib.block_length(c, cfg.eval.probe_len)
+  _, length = probes_lib.probe_layout(
+    c, cfg.eval.probe_len, cfg.eval.get("probe_position", "start")
+  )
   return (
-    jax.ShapeDtypeStruct((cfg.eval.n_probes, 2 * block), np.int32, sharding=repl),
+    jax.ShapeDtypeStruct((cfg.eval.n_probes, length), np.int32, sharding=repl),
     jax.ShapeDtypeStruct((e, s, c + 1), np.int32, sharding=ens_sh),
     jax.ShapeDtypeStruct((e, s, c), np.bool_, sharding=ens_sh),
   )

@@ -66,11 +66,12 @@ RESERVED = frozenset(
 )
 
 
-def uniform_ps(block_len: int) -> float:
-  """The prefix-matching score of uniform causal attention on probes of block length L, the
-  level of an untrained model: the mean of 1/(i + 1) over the second-block positions
-  i ∈ [L, 2L) (``ihsweep.metrics.prefix_matching_score``)."""
-  return float(np.mean(1.0 / (np.arange(block_len, 2 * block_len) + 1.0)))
+def uniform_ps(block_len: int, probe_tokens: int = 0) -> float:
+  """The prefix-matching score of uniform causal attention on probes of block length L and T
+  tokens (default 2L), the level of an untrained model: the mean of 1/(i + 1) over the
+  second-block positions i ∈ [T − L, T) (``ihsweep.metrics.prefix_matching_score``)."""
+  probe_tokens = probe_tokens or 2 * block_len
+  return float(np.mean(1.0 / (np.arange(probe_tokens - block_len, probe_tokens) + 1.0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +80,16 @@ class StopRule:
   ``ihsweep.evaluation.EmergenceStop`` stops once every model's metric has risen to the
   threshold). The threshold must be a finite number in the interval from ``lo`` to ``hi``
   (``lo_open``/``hi_open``: excluding that end). ``untrained``: the level an untrained model
-  already reaches, as a function of the probes' block length L (``ihsweep.data.probes.
-  block_length``), or None when unknown; a threshold at or below it is refused per group,
-  the error naming ``untrained_text`` (e.g. 'the ps_max of uniform attention')."""
+  already reaches, as a function of the probes' block length L and length T in tokens
+  (``ihsweep.data.probes.probe_layout``), or None when unknown; a threshold at or below it is
+  refused per group, the error naming ``untrained_text`` (e.g. 'the ps_max of uniform
+  attention')."""
 
   lo: float = -math.inf
   hi: float = math.inf
   lo_open: bool = False
   hi_open: bool = True
-  untrained: Callable[[int], float] | None = None
+  untrained: Callable[[int, int], float] | None = None
   untrained_text: str = ""
 
 

@@ -4,14 +4,17 @@ Every function is written for ONE model (no ensemble axis) and is pure; ``make_e
 ``evaluate`` over the ensemble. Conventions follow the study's released code (docs/study.md, "The
 released code's choices that ihsweep follows") unless a docstring says otherwise.
 
-Repeated-token probes (``ihsweep.data.probes``): ``N`` sequences of ``T = 2L`` tokens, a block of
-``L ≥ 3`` distinct ids followed by the same block. In the second block, position ``i`` (``L ≤ i
-< 2L``) holds the token of position ``i − L``; an induction head at ``i`` attends to ``i − L + 1``
-(the token after the earlier copy) and raises the logit of that token. Every metric on the
-probes (PS, LA, DLA, AR) averages over all ``L`` positions ``i = L … 2L − 1``, and the correct
-next token at ``i`` is ``tokens[i − L + 1]``: ``tokens[i + 1]`` for ``i ≤ 2L − 2``, and at the
-last position the block's first token ``tokens[0]`` (the one that followed the earlier
-occurrence), although the sequence ends there (the study's released code).
+Repeated-token probes (``ihsweep.data.probes``): ``N`` sequences of ``T`` tokens ending in a block
+of ``L ≥ 3`` distinct ids followed by the same block; the first block starts at ``s = T − 2L``
+(``s = 0``, ``T = 2L`` for the study's probes; ``T = C`` with filler before the blocks for
+``eval.probe_position = 'end'``). In the second block, position ``i`` (``s + L ≤ i < s + 2L``)
+holds the token of position ``i − L``; an induction head at ``i`` attends to ``i − L + 1`` (the
+token after the earlier copy) and raises the logit of that token. Every metric on the probes
+(PS, LA, DLA, AR) averages over all ``L`` second-block positions, and the correct next token at
+``i`` is ``tokens[i − L + 1]``: ``tokens[i + 1]`` except at the last position, where it is the
+block's first token ``tokens[s]`` (the one that followed the earlier occurrence), although the
+sequence ends there (the study's released code). Below, ``i = L … 2L − 1`` is written for
+``s = 0``; every position shifts by ``s``.
 
 A model whose logits are NaN or ±inf (diverged) gets NaN, not a score: its recall ranks are
 undefined (``recall_ranks``) and NaN activations propagate through PS, LA and DLA.
@@ -41,30 +44,37 @@ def __getattr__(name: str):
 def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
   """Prefix-matching score per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
-  ``PS = mean over probes n and second-block positions i ∈ [L, 2L) of attn[n, i, i − L + 1]``
-  (Olsson et al. 2022, "In-context learning and induction heads", §"Prefix matching"; the
-  study's code). ``attn``: attention probabilities ``[n_layers, N, n_heads, 2L, 2L]``. Uniform
-  causal attention scores the mean of 1/(i + 1) over those positions.
+  ``PS = mean over probes n and second-block positions i of attn[n, i, i − L + 1]`` (Olsson et
+  al. 2022, "In-context learning and induction heads", §"Prefix matching"; the study's code).
+  ``attn``: attention probabilities ``[n_layers, N, n_heads, T, T]``, the blocks at positions
+  ``T − 2L … T − 1``. Uniform causal attention scores the mean of 1/(i + 1) over those positions
+  (``metric_registry.uniform_ps``).
   """
-  i = jnp.arange(block_len, 2 * block_len)
+  i = _second_block(block_len, attn_LxNxHxTxT.shape[-1])
   return attn_LxNxHxTxT[..., i, i - block_len + 1].mean(axis=(1, 3))
 
 
-def _second_block(block_len: int) -> jax.Array:
-  """The scored positions ``i = L … 2L − 1`` (all ``L`` of the second block)."""
-  return jnp.arange(block_len, 2 * block_len)
+def _second_block(block_len: int, probe_tokens: int) -> jax.Array:
+  """The scored positions, all ``L`` of the second block: ``T − L … T − 1``."""
+  return jnp.arange(probe_tokens - block_len, probe_tokens)
 
 
 def _target_entries(block_len: int) -> jax.Array:
-  """Block entry of the correct next token at each scored position ``i = L + p``:
+  """Block entry of the correct next token at each scored position ``i = s + L + p``:
   ``(p + 1) mod L`` (``tokens[i + 1]``, and the block's first token at the last position)."""
   return (jnp.arange(block_len) + 1) % block_len
 
 
+def _first_block(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
+  """The first block's ids, int32 ``[N, L]`` (positions ``T − 2L … T − L − 1``)."""
+  start = tokens_NxT.shape[1] - 2 * block_len
+  return tokens_NxT[:, start : start + block_len]
+
+
 def _probe_targets(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
   """The correct next token at each scored position, ``tokens[i − L + 1]``, int32 ``[N, L]``
-  (``tokens[i + 1]``, and ``tokens[L] = tokens[0]`` at the last position ``2L − 1``)."""
-  return tokens_NxT[:, _target_entries(block_len)]
+  (``tokens[i + 1]``, and the block's first token at the last position)."""
+  return _first_block(tokens_NxT, block_len)[:, _target_entries(block_len)]
 
 
 def logit_attribution(
@@ -83,10 +93,10 @@ def logit_attribution(
     head_out_NxPxLxHxD: per-head writes into the residual stream at the second-block positions
       ``L … 2L − 1`` (``head_outputs``), ``[N, L, n_layers, H, D]``.
     unembed_DxV: unembedding ``[d_model, vocab]``.
-    tokens_NxT: int32 probes ``[N, 2L]``.
+    tokens_NxT: int32 probes ``[N, T]``.
   """
   n, p, layers, heads, d = head_out_NxPxLxHxD.shape
-  w_NxDxJ = jnp.swapaxes(unembed_DxV[:, tokens_NxT[:, :block_len]], 0, 1)  # block's vectors
+  w_NxDxJ = jnp.swapaxes(unembed_DxV[:, _first_block(tokens_NxT, block_len)], 0, 1)
   # (position, layer, head) flattened: one matrix product per probe.
   proj = jnp.einsum(
     "nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d), w_NxDxJ
@@ -208,7 +218,8 @@ def evaluate(
 
   Args:
     params: the model's Flax params.
-    probes_NxT: int32 repeated-token probes ``[N, 2L]`` (shared by every model).
+    probes_NxT: int32 repeated-token probes ``[N, T]``, the two blocks at positions ``T − 2L …
+      T − 1`` (shared by every model).
     sequences_SxCp1: int32 held-out sequences of the model's own data ``[S, C + 1]`` (validation
       loss, ICL score, data-drawn associative recall).
     recall_SxC: bool ``[S, C]``, True at positions i where ``sequences[i]`` (A) occurred earlier at
@@ -219,7 +230,7 @@ def evaluate(
       the ``[batch, T, V]`` logits.
 
   Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
-  ``ar_rank`` (repeated-token probes, all L positions ``L … 2L − 1``); ``ar_data_acc``,
+  ``ar_rank`` (repeated-token probes, all L second-block positions); ``ar_data_acc``,
   ``ar_data_rank`` (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss``
   (nats/token); ``icl_score``; int32 ``[2]`` (layer, head) ``ps_argmax``, ``la_argmax``,
   ``dla_argmax``; and every metric of ``ihsweep.metric_registry`` (``ps_max``, ``la_max``,
@@ -237,12 +248,12 @@ def evaluate(
   model = Transformer(cfg)
   unembed_DxV = unembedding_matrix(params, cfg).astype(jnp.float32)
   ln_scale_D = params["ln_f"]["scale"].astype(jnp.float32)
-  pos = _second_block(block_len)
+  pos = _second_block(block_len, probes_NxT.shape[1])
 
   def probe_sums(tokens_NxT):
     _, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
     # Logits only where recall is scored (the model's own final LayerNorm and unembedding; XLA
-    # drops the unused full [N, 2L, V] logits): half the probes' unembedding work.
+    # drops the unused full [N, T, V] logits): half the probes' unembedding work.
     resid_NxPxD = internals["resid_final"][:, pos]
     ranks = recall_ranks(
       _final_logits(params, cfg, resid_NxPxD), _probe_targets(tokens_NxT, block_len)

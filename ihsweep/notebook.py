@@ -75,12 +75,13 @@ class ModelProbes:
   """One model's evaluation inputs (``ihsweep.data.probes``, saved in ``probes.npz``).
 
   Attributes:
-    repeated: int32 ``[N, 2L]`` repeated-token probes (a block of L distinct random ids, then the
-      same block again), shared by every model of the run.
+    repeated: int32 ``[N, T]`` repeated-token probes (a block of L distinct random ids, then the
+      same block again, as the last 2L tokens; T = 2L, or C after filler ids with
+      ``eval.probe_position = 'end'``), shared by every model of the run.
     sequences: int32 ``[S, C + 1]`` this model's held-out sequences of its own data source.
     recall: bool ``[S, C]`` positions of ``sequences`` whose next token repeats an earlier
       successor (the data-drawn associative-recall prompts ``… A B … A``).
-    block_len: L, the repeated block's length (second copy at positions L … 2L − 1).
+    block_len: L, the repeated block's length (second copy at positions T − L … T − 1).
   """
 
   repeated: np.ndarray
@@ -451,6 +452,46 @@ class Run:
     if data.tokenizer != "bpe":
       return natural.load_tokenizer(os.path.expanduser(data.tokenizer), vocab)
     return natural.prepare_corpus(data, vocab).tokenizer
+
+  # ------------------------------------------------------------------ export (ihsweep.export)
+
+  def to_transformer_lens(self, cell: int, step: int | None = None, **kwargs):
+    """Model ``cell`` after ``step`` updates (default: its last saved step) as a TransformerLens
+    ``HookedTransformer`` with the same logits (``ihsweep.export.to_transformer_lens``; kwargs
+    ``dtype``, ``device``). Needs ``pip install 'ihsweep[interop]'``.
+
+    Raises:
+      UnknownCell, StepNotSaved: as ``params``.
+    """
+    from ihsweep import export
+
+    return export.to_transformer_lens(self.model(cell, step), **kwargs)
+
+  def to_hf(self, cell: int, step: int | None = None, **kwargs):
+    """Model ``cell`` after ``step`` updates as a Hugging Face ``GPT2LMHeadModel`` with the same
+    logits (``ihsweep.export.to_hf``; kwarg ``dtype``): learned positions with MLPs only.
+
+    Raises:
+      UnknownCell, StepNotSaved: as ``params``; ``ihsweep.export.ExportError`` for a rotary or
+      attention-only model.
+    """
+    from ihsweep import export
+
+    return export.to_hf(self.model(cell, step), **kwargs)
+
+  def export(self, cell: int, step: int | None = None, *, to: str, out) -> str:
+    """Writes model ``cell`` after ``step`` updates (default: the last saved) to the new path
+    ``out``, ``to`` = ``'transformer_lens'`` (one torch file) or ``'hf'`` (a
+    ``save_pretrained`` directory), as ``ihsweep export`` does (formats:
+    ``ihsweep.export``). Returns ``out``.
+
+    Raises:
+      UnknownCell, StepNotSaved: as ``params``; ``ihsweep.export.ExportError`` for an existing
+      ``out`` or a model the target cannot hold.
+    """
+    from ihsweep import export
+
+    return export.export_run(self, cell, step, to, out)[0]
 
 
 def _ids(values: list[int], limit: int = 12) -> str:

@@ -335,7 +335,7 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   """Under the 'emergence' budget, a threshold an untrained model already reaches (the stop
   metric's ``StopRule.untrained`` level for this group's probes, e.g. ps_max of uniform
   attention) would stop the group at update 0."""
-  from ihsweep.data.probes import block_length
+  from ihsweep.data.probes import probe_layout
 
   if cfg.sweep.budget != "emergence":
     return
@@ -343,15 +343,17 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   if rule is None or rule.untrained is None:
     return
   context = int(group.cfg.train.context_size)
-  block = block_length(context, int(group.cfg.eval.probe_len))
-  base = rule.untrained(block)
+  block, length = probe_layout(
+    context, int(group.cfg.eval.probe_len), group.cfg.eval.get("probe_position", "start")
+  )
+  base = rule.untrained(block, length)
   if cfg.sweep.stop_threshold <= base:
     raise ConfigError(
       "sweep.stop_threshold",
       cfg.sweep.stop_threshold,
       f"above {base:.4f}, {rule.untrained_text} on probe blocks of "
-      f"L = {block} (C = {context}): an untrained model reaches it, so the "
-      f"group would stop at update 0 [{where}]",
+      f"L = {block}{' after filler' if length > 2 * block else ''} (C = {context}): an "
+      f"untrained model reaches it, so the group would stop at update 0 [{where}]",
     )
 
 

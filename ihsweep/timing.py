@@ -80,12 +80,14 @@ def _eval_work(job) -> float:
   """Tokens an evaluation runs (probes and held-out sequences) × FLOPs per token: the scale of
   ``Measured.eval_s`` between groups."""
   from ihsweep import model as model_lib
-  from ihsweep.data.probes import block_length
+  from ihsweep.data.probes import probe_layout
 
   cfg = job.cfg
-  block = block_length(job.context_size, int(cfg.eval.probe_len))
+  _, length = probe_layout(
+    job.context_size, int(cfg.eval.probe_len), cfg.eval.get("probe_position", "start")
+  )
   tokens = job.n_models * (
-    cfg.eval.n_probes * 2 * block + cfg.eval.n_sequences * (job.context_size + 1)
+    cfg.eval.n_probes * length + cfg.eval.n_sequences * (job.context_size + 1)
   )
   return tokens * model_lib.flops_per_token(
     model_lib.ModelConfig.from_config(cfg.model), job.context_size

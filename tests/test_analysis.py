@@ -728,3 +728,27 @@ def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_pat
     )
     == 0
   )
+
+
+def test_probes_at_the_end_of_the_context_are_saved_and_rescored_alike(tmp_path):
+  """``eval.probe_position = 'end'``: the run saves C-token probes (filler, then the blocks),
+  and the analysis rescoring them from checkpoints reproduces the online metrics."""
+  from conftest import tiny_config
+
+  from ihsweep.data.probes import Probes
+  from ihsweep.runner import fit
+
+  workdir = str(tmp_path / "run")
+  end = {"eval.probe_position": "end", "eval.probe_len": 4, "train.num_steps": 20}
+  fit(tiny_config(**{**ONE_LAYER, **end}), workdir, progress=False)
+  saved = Probes.load(os.path.join(workdir, "probes.npz"))
+  assert saved.repeated.shape == (10, 32) and saved.block_len == 4
+  np.testing.assert_array_equal(saved.repeated[:, 24:28], saved.repeated[:, 28:])
+  run = load_run(workdir)
+  table = curves_lib.compute_curves(run, n_probes=None, n_sequences=None, progress=False)
+  online = run.groups[0].online_metrics().set_index(["cell", "step"])
+  both = table.set_index(["cell", "step"]).loc[online.index]
+  for metric in ("ps_max", "la_max", "dla_max", "ar_acc", "ar_rank"):
+    np.testing.assert_allclose(both[metric], online[metric], rtol=2e-5, atol=1e-6, err_msg=metric)
+  # Uniform-ish attention of an untrained model is spread over ~C positions, not ~2L.
+  assert online.xs(0, level="step")["ps_max"].max() < 0.1

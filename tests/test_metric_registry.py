@@ -88,6 +88,7 @@ def test_the_registry_holds_the_metrics_and_rules_that_were_spread_over_four_fil
     }
   )
   assert reg["ps_max"].stop.untrained(16) == pytest.approx(0.0424, abs=5e-5)
+  assert reg["ps_max"].stop.untrained(8, 64) == pytest.approx(0.0166, abs=5e-5)  # blocks at the end
   assert plots.LABELS["dla_max"] == "direct logit attribution (best head, nats)"
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import metrics
+from ihsweep import metric_registry, metrics
 from ihsweep.data import probes
 from ihsweep.law import Law, LawError
 from ihsweep.model import ModelConfig, Transformer
@@ -93,14 +93,16 @@ def test_hand_built_induction_head_scores_known_answers():
   assert out["icl_score"] < -1.0
 
 
-def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
+def _reference_probe_metrics(params, cfg, tokens_NxT, positions, block_len=L):
   """AR rank, LA and DLA by the study's definitions, one position at a time in numpy: at
   second-block position i the correct next token is tokens[i − L + 1] (the block's first token
-  at i = 2L − 1)."""
+  at the last position); the block's L ids are those before the second block."""
+  L = block_len
   model = Transformer(cfg)
   logits = np.asarray(model.apply({"params": params}, tokens_NxT))
   _, internals = model.apply({"params": params}, tokens_NxT, return_internals=True)
-  heads = np.asarray(metrics.head_outputs(params, cfg, internals["z"], jnp.arange(2 * L)))
+  t = tokens_NxT.shape[1]
+  heads = np.asarray(metrics.head_outputs(params, cfg, internals["z"], jnp.arange(t)))
   resid = np.asarray(internals["resid_final"])
   w_DxV = np.asarray(params["unembed"]).T
   gamma = np.asarray(params["ln_f"]["scale"])
@@ -110,9 +112,10 @@ def _reference_probe_metrics(params, cfg, tokens_NxT, positions):
     for n in range(len(toks)):
       target = toks[n, i - L + 1]
       rank.append((logits[n, i] > logits[n, i, target]).sum())
-      proj = heads[n, i] @ w_DxV[:, toks[n, :L]]  # [layers, H, L]
+      block = toks[n, t - 2 * L : t - L]
+      proj = heads[n, i] @ w_DxV[:, block]  # [layers, H, L]
       above = np.maximum(proj - proj.mean(-1, keepdims=True), 0)
-      la.append(above[..., list(toks[n, :L]).index(target)] / above.sum(-1))
+      la.append(above[..., list(block).index(target)] / above.sum(-1))
       direction = (
         (w_DxV[:, target] - w_DxV.mean(1)) * gamma / np.sqrt(resid[n, i].var() + cfg.ln_eps)
       )
@@ -138,6 +141,75 @@ def test_probe_metrics_average_all_L_positions_with_the_block_first_token_last()
   rank_m, la_m, dla_m = _reference_probe_metrics(params, cfg, reps, range(L, 2 * L - 1))
   assert abs(rank_m - rank) > 0.05 and np.abs(la_m - la).max() > 1e-3
   assert np.abs(dla_m - dla).max() > 1e-3 * np.abs(dla).max()
+
+
+L_END = 5  # a fixed block at the end of C = 32 positions: 22 filler ids first
+
+
+def _end_probes(n=20):
+  return probes.repeated_token_probes(0, n, L_END, probes.probe_candidates(V), length=C)
+
+
+def _evaluate_end(params, n=20, cfg=CFG):
+  reps = jnp.asarray(_end_probes(n))
+  seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)
+  recall = jnp.asarray(probes.recall_positions(np.asarray(seqs)))
+  return metrics.evaluate(
+    params,
+    reps,
+    seqs,
+    recall,
+    cfg=cfg,
+    block_len=L_END,
+    icl_early=3,
+    icl_late=C - 1,
+    probe_batch=5,
+    sequence_batch=4,
+  )
+
+
+def test_end_position_probes_hold_the_same_blocks_after_filler_outside_them():
+  start = probes.repeated_token_probes(0, 20, L_END, probes.probe_candidates(V))
+  end = _end_probes()
+  assert end.shape == (20, C) and end.dtype == np.int32
+  np.testing.assert_array_equal(end[:, C - 2 * L_END :], start)  # blocks independent of T
+  filler = end[:, : C - 2 * L_END]
+  assert all(not set(f) & set(b) for f, b in zip(filler, start[:, :L_END]))
+  assert len(np.unique(filler)) > 10  # drawn, not one id repeated
+  assert probes.probe_layout(64, 8, "end") == (8, 64)
+  assert probes.probe_layout(64, 8) == (8, 16) and probes.probe_layout(64) == (32, 64)
+  assert probes.block_start(64, 8) == 48
+  with pytest.raises(ValueError, match="needs at least one id outside the block"):
+    probes.repeated_token_probes(0, 1, 5, np.arange(5), length=12)
+  with pytest.raises(ValueError, match="eval.probe_position = 'middle'"):
+    probes.probe_layout(64, 8, "middle")
+
+
+def test_end_position_probes_score_the_second_block_at_the_end_of_the_context():
+  """The hand-built induction head scores ~1 on blocks at positions 22–31; on a random model
+  every metric equals the study's definitions at those positions (reference in numpy); scoring
+  the filler positions instead (the first 2L, as 'start' probes would) gives other values."""
+  out = jax.tree_util.tree_map(np.asarray, _evaluate_end(induction_circuit()))
+  assert out["ps"][1, 0] > 0.9 and out["la"][1, 0] > 0.95, (out["ps"], out["la"])
+  assert out["ar_acc"] > 0.9 and all(out["ps"][h] < 0.1 for h in [(0, 0), (0, 1), (1, 1)])
+  cfg = ModelConfig(
+    n_layers=2, n_heads=2, d_model=64, d_mlp=128, vocab_size=V, max_context=C, tie_embeddings=False
+  )
+  params = Transformer(cfg).init(jax.random.PRNGKey(3), jnp.zeros((1, C), jnp.int32))["params"]
+  reps = jnp.asarray(_end_probes())
+  out = _evaluate_end(params, cfg=cfg)
+  second = range(C - L_END, C)
+  rank, la, dla = _reference_probe_metrics(params, cfg, reps, second, block_len=L_END)
+  np.testing.assert_allclose(out["ar_rank"], rank, rtol=1e-6)
+  np.testing.assert_allclose(out["la"], la, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(out["dla"], dla, rtol=1e-4, atol=1e-6)
+  _, internals = Transformer(cfg).apply({"params": params}, reps, return_internals=True)
+  attn = np.asarray(internals["attn"])  # [layers, N, H, T, T]
+  i = np.arange(C - L_END, C)
+  ps = attn[..., i, i - L_END + 1].mean(axis=(1, 3))
+  np.testing.assert_allclose(out["ps"], ps, rtol=1e-5)
+  early = attn[..., np.arange(L_END, 2 * L_END), np.arange(1, L_END + 1)].mean(axis=(1, 3))
+  assert np.abs(early - ps).max() > 1e-3  # the test can fail: other positions, other scores
 
 
 def test_last_position_target_is_the_block_first_token():
@@ -215,6 +287,14 @@ def test_probe_blocks_shorter_than_three_are_refused(tiny):
     validate(tiny(**{"eval.probe_len": 2}))
   validate(tiny(**{"train.context_size": 4}))  # no evaluation: a small C still trains
   validate(tiny(**{"eval.every_steps": 10, "train.context_size": 6}))  # L = 3
+  with pytest.raises(ConfigError, match="eval.probe_position = 'middle'.*'start', 'end'"):
+    validate(tiny(**{"eval.probe_position": "middle"}))
+  # Filler before a block at the end of C needs an id outside the block: K = L is too few.
+  end = {"eval.every_steps": 10, "eval.probe_position": "end", "eval.probe_len": 4}
+  with pytest.raises(ConfigError, match=r"eval.probe_top_k = 4.*\[5, 64\].*one filler id"):
+    validate(tiny(**end, **{"eval.probe_top_k": 4}))
+  validate(tiny(**end, **{"eval.probe_top_k": 5}))
+  validate(tiny(**{**end, "eval.probe_len": 16, "eval.probe_top_k": 16}))  # 2L = C: no filler
   # Every other path (probes made for a run or its analysis; the metrics themselves, e.g. on
   # an older run's saved probes): L < 3 is refused with the same reason.
   for args in ((5,), (64, 2)):
@@ -282,6 +362,12 @@ def test_uniform_attention_scores_mean_inverse_position():
   out = _evaluate(params)
   expected = np.mean(1.0 / (np.arange(L, 2 * L) + 1))
   np.testing.assert_allclose(out["ps"], np.full((2, 2), expected), rtol=1e-5)
+  assert metric_registry.uniform_ps(L) == pytest.approx(expected, rel=1e-12)
+  # Blocks at the end of C: uniform attention is spread over C − L … C − 1 earlier positions.
+  end = np.mean(1.0 / (np.arange(C - L_END, C) + 1))
+  np.testing.assert_allclose(_evaluate_end(params)["ps"], np.full((2, 2), end), rtol=1e-5)
+  assert metric_registry.uniform_ps(L_END, C) == pytest.approx(end, rel=1e-12)
+  assert metric_registry.uniform_ps(L_END) > 3 * end
 
 
 def test_fresh_model_scores_low_and_vmap_equals_one_by_one():

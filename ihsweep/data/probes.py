@@ -3,7 +3,10 @@
 * Repeated-token probes (the study's, docs/study.md): N sequences, each a block of L = min(50, C/2)
   distinct random token ids (no special tokens: a corpus's end-of-text id and every token its
   tokenizer marks special, e.g. ``<pad>``, ``<bos>``) followed by the same block again, no BOS;
-  L ≥ 3 (``block_length``). The
+  L ≥ 3 (``block_length``). With ``eval.probe_position = 'start'`` (the study's) the two blocks
+  are the whole input, positions 0 … 2L − 1; with ``'end'`` they fill the last 2L positions of a
+  C-token input after C − 2L filler ids (``probe_layout``), so that a fixed L measures every C
+  at the positions where the model reads a long context. The
   ids come from the whole vocabulary, as in the study, or (``eval.probe_top_k`` = K) from the K
   most frequent tokens of the training data: on a small corpus many ids are rare or never
   trained, and a probe made of them measures nothing.
@@ -30,6 +33,7 @@ from ihsweep.data.keys import step_keys
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
 MIN_BLOCK = 3
+POSITIONS = ("start", "end")  # eval.probe_position
 MIN_BLOCK_REASON = (
   f"the metrics need L >= {MIN_BLOCK} (at L = 2 the induction target i − L + 1 "
   f"is the previous token, so a previous-token head scores PS = 1)"
@@ -38,7 +42,8 @@ MIN_BLOCK_REASON = (
 
 @dataclasses.dataclass(frozen=True)
 class Probes:
-  """repeated: int32 ``[N, 2L]``; sequences: int32 ``[E, S, C + 1]``; recall: bool
+  """repeated: int32 ``[N, T]``, the two blocks at positions T − 2L … T − 1 (T = 2L or C:
+  ``probe_layout``); sequences: int32 ``[E, S, C + 1]``; recall: bool
   ``[E, S, C]`` (``recall_positions`` of each model's sequences); block_len: L;
   candidates: how the probe ids were chosen (for the log and the record)."""
 
@@ -94,6 +99,26 @@ def block_length(context_size: int, probe_len: int = 0) -> int:
   return block
 
 
+def probe_layout(context_size: int, probe_len: int = 0, position: str = "start") -> tuple:
+  """``(L, T)``: the block length (``block_length``) and the probes' length in tokens — 2L for
+  ``position = 'start'`` (the blocks are the whole input), C for ``'end'`` (C − 2L filler ids,
+  then the blocks). The first block starts at ``T − 2L`` (``block_start``).
+
+  Raises:
+    ValueError: L < 3; ``position`` not in ``POSITIONS``.
+  """
+  if position not in POSITIONS:
+    raise ValueError(f"eval.probe_position = {position!r}: one of {', '.join(POSITIONS)}")
+  block = block_length(context_size, probe_len)
+  return block, (2 * block if position == "start" else int(context_size))
+
+
+def block_start(probe_tokens: int, block_len: int) -> int:
+  """Position of the first block's first token in probes of ``probe_tokens`` (T) tokens: T − 2L
+  (0 for the study's probes, which are the two blocks alone)."""
+  return int(probe_tokens) - 2 * int(block_len)
+
+
 def special_token_ids(source) -> tuple[int, ...]:
   """Ids probes never use, ascending: the source's ``special_ids`` (a corpus's end-of-text id)
   and every token the tokenizer of a natural-text source (``source.corpus.tokenizer``, HF
@@ -119,21 +144,38 @@ def probe_candidates(
 
 
 def repeated_token_probes(
-  seed: int, n_probes: int, block_len: int, candidates: np.ndarray
+  seed: int, n_probes: int, block_len: int, candidates: np.ndarray, length: int = 0
 ) -> np.ndarray:
-  """int32 ``[n_probes, 2L]``: per probe, L distinct ids drawn uniformly from ``candidates``,
-  then the same L ids again.
+  """int32 ``[n_probes, T]`` (T = ``length``, default 2L): per probe, T − 2L filler ids, then L
+  distinct ids drawn uniformly from ``candidates``, then the same L ids again. Filler ids are
+  drawn uniformly, with replacement, from the candidates not in the probe's block, so the only
+  earlier occurrence of a second-block token is its copy in the first block (the
+  prefix-matching target is unique). The blocks do not depend on ``length``.
 
   Raises:
-    ValueError: fewer than L candidates.
+    ValueError: fewer than L candidates; ``length`` < 2L; filler needed and no candidate outside
+      the block.
   """
+  length = length or 2 * block_len
   if len(candidates) < block_len:
     raise ValueError(
       f"{len(candidates)} candidate ids cannot fill a block of {block_len} distinct tokens"
     )
+  if length < 2 * block_len:
+    raise ValueError(f"probes of {length} tokens cannot hold two blocks of L = {block_len}")
   rng = np.random.default_rng([seed, 0])
   blocks = np.stack([rng.choice(candidates, block_len, replace=False) for _ in range(n_probes)])
-  return np.concatenate([blocks, blocks], axis=1).astype(np.int32)
+  fill = length - 2 * block_len
+  if fill and len(candidates) == block_len:
+    raise ValueError(
+      f"{len(candidates)} candidate ids: filler before a block of {block_len} needs at least "
+      f"one id outside the block"
+    )
+  filler_rng = np.random.default_rng([seed, 1])
+  filler = np.stack(
+    [filler_rng.choice(np.setdiff1d(candidates, b), fill, replace=True) for b in blocks]
+  ).reshape(n_probes, fill)
+  return np.concatenate([filler, blocks, blocks], axis=1).astype(np.int32)
 
 
 def recall_positions(sequences_SxCp1: np.ndarray) -> np.ndarray:
@@ -176,14 +218,17 @@ def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models:
 
 def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int) -> Probes:
   """All probes of a run from ``eval_cfg`` (``probe_seed``, ``n_probes``, ``probe_len``,
-  ``probe_top_k``, ``n_sequences``). Special tokens (``special_token_ids``) never appear in
-  repeated-token probes; top-K frequencies come from ``source.token_counts()`` when the source
-  has it (a corpus's training split), else from the held-out sequences.
+  ``probe_position``, ``probe_top_k``, ``n_sequences``). Special tokens (``special_token_ids``)
+  never appear in repeated-token probes; top-K frequencies come from ``source.token_counts()``
+  when the source has it (a corpus's training split), else from the held-out sequences.
 
   Raises:
-    ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``.
+    ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``; no
+      id left for filler (``repeated_token_probes``).
   """
-  block = block_length(context_size, eval_cfg.probe_len)
+  block, length = probe_layout(
+    context_size, eval_cfg.probe_len, eval_cfg.get("probe_position", "start")
+  )
   seqs = held_out_sequences(
     source, data_params, arrays, eval_cfg.probe_seed, eval_cfg.n_sequences, n_models
   )
@@ -202,7 +247,7 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
   if special:
     shown = ", ".join(map(str, special[:8])) + (", …" if len(special) > 8 else "")
     how += f", {len(special)} special id(s) excluded ({shown})"
-  repeated = repeated_token_probes(eval_cfg.probe_seed, eval_cfg.n_probes, block, ids)
+  repeated = repeated_token_probes(eval_cfg.probe_seed, eval_cfg.n_probes, block, ids, length)
   recall = np.stack([recall_positions(s) for s in seqs])
   return Probes(
     repeated=repeated,
