@@ -41,7 +41,7 @@ def __getattr__(name: str):
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
+def prefix_matching_score(attn_LyxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
   """Prefix-matching score per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
   ``PS = mean over probes n and second-block positions i of attn[n, i, i − L + 1]`` (Olsson et
@@ -50,8 +50,8 @@ def prefix_matching_score(attn_LxNxHxTxT: jax.Array, block_len: int) -> jax.Arra
   ``T − 2L … T − 1``. Uniform causal attention scores the mean of 1/(i + 1) over those positions
   (``metric_registry.uniform_ps``).
   """
-  i = _second_block(block_len, attn_LxNxHxTxT.shape[-1])
-  return attn_LxNxHxTxT[..., i, i - block_len + 1].mean(axis=(1, 3))
+  i = _second_block(block_len, attn_LyxNxHxTxT.shape[-1])
+  return attn_LyxNxHxTxT[..., i, i - block_len + 1].mean(axis=(1, 3))
 
 
 def _second_block(block_len: int, probe_tokens: int) -> jax.Array:
@@ -78,7 +78,7 @@ def _probe_targets(tokens_NxT: jax.Array, block_len: int) -> jax.Array:
 
 
 def logit_attribution(
-  head_out_NxPxLxHxD: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array, block_len: int
+  head_out_NxPxLyxHxD: jax.Array, unembed_DxV: jax.Array, tokens_NxT: jax.Array, block_len: int
 ) -> jax.Array:
   """The study's logit attribution per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
 
@@ -90,16 +90,16 @@ def logit_attribution(
   token), averaged over the L positions and the probes (the study's released code, docs/study.md).
 
   Args:
-    head_out_NxPxLxHxD: per-head writes into the residual stream at the second-block positions
+    head_out_NxPxLyxHxD: per-head writes into the residual stream at the second-block positions
       ``L … 2L − 1`` (``head_outputs``), ``[N, L, n_layers, H, D]``.
     unembed_DxV: unembedding ``[d_model, vocab]``.
     tokens_NxT: int32 probes ``[N, T]``.
   """
-  n, p, layers, heads, d = head_out_NxPxLxHxD.shape
+  n, p, layers, heads, d = head_out_NxPxLyxHxD.shape
   w_NxDxJ = jnp.swapaxes(unembed_DxV[:, _first_block(tokens_NxT, block_len)], 0, 1)
   # (position, layer, head) flattened: one matrix product per probe.
   proj = jnp.einsum(
-    "nmd,ndj->nmj", head_out_NxPxLxHxD.reshape(n, p * layers * heads, d), w_NxDxJ
+    "nmd,ndj->nmj", head_out_NxPxLyxHxD.reshape(n, p * layers * heads, d), w_NxDxJ
   ).reshape(n, p, layers * heads, block_len)
   above_NxPxMxJ = jax.nn.relu(proj - proj.mean(axis=-1, keepdims=True))
   target_PxJ = jax.nn.one_hot(_target_entries(block_len), block_len, dtype=above_NxPxMxJ.dtype)
@@ -110,7 +110,7 @@ def logit_attribution(
 
 
 def direct_logit_attribution(
-  head_out_NxPxLxHxD: jax.Array,
+  head_out_NxPxLyxHxD: jax.Array,
   resid_final_NxPxD: jax.Array,
   ln_scale_D: jax.Array,
   unembed_DxV: jax.Array,
@@ -131,7 +131,7 @@ def direct_logit_attribution(
   ``resid_final`` are taken at those positions only (``[N, L, n_layers, H, D]`` and
   ``[N, L, D]``).
   """
-  n, p, layers, heads, d = head_out_NxPxLxHxD.shape
+  n, p, layers, heads, d = head_out_NxPxLyxHxD.shape
   sigma_NxP = jnp.sqrt(resid_final_NxPxD.var(axis=-1) + ln_eps)
   targets_NxP = _probe_targets(tokens_NxT, block_len)
   direction_NxPxD = (unembed_DxV.T[targets_NxP] - unembed_DxV.mean(axis=1)[None, None, :]) * (
@@ -139,7 +139,7 @@ def direct_logit_attribution(
   )
   # (h − mean(h)) · w = h · (w − mean(w)): centre the read-out direction instead of each head.
   direction_NxPxD = direction_NxPxD - direction_NxPxD.mean(axis=-1, keepdims=True)
-  h_NxPxMxD = head_out_NxPxLxHxD.reshape(n, p, layers * heads, d)
+  h_NxPxMxD = head_out_NxPxLyxHxD.reshape(n, p, layers * heads, d)
   dla = jnp.einsum("npmd,npd->npm", h_NxPxMxD, direction_NxPxD).mean(axis=(0, 1))
   return dla.reshape(layers, heads)
 
@@ -169,21 +169,21 @@ def icl_positions(context_size: int, early: int = 0, late: int = 0) -> tuple[int
   return early or context_size // 10, late or context_size - 1
 
 
-def _argmax_2d(x_LxH: jax.Array) -> jax.Array:
-  flat = jnp.argmax(x_LxH)
-  return jnp.stack([flat // x_LxH.shape[1], flat % x_LxH.shape[1]]).astype(jnp.int32)
+def _argmax_2d(x_LyxH: jax.Array) -> jax.Array:
+  flat = jnp.argmax(x_LyxH)
+  return jnp.stack([flat // x_LyxH.shape[1], flat % x_LyxH.shape[1]]).astype(jnp.int32)
 
 
 def _microbatches(x: jax.Array, size: int) -> jax.Array:
   return x.reshape((x.shape[0] // size, size) + x.shape[1:])
 
 
-def head_outputs(params, cfg: ModelConfig, z_LxNxTxHxK: jax.Array, pos: jax.Array) -> jax.Array:
+def head_outputs(params, cfg: ModelConfig, z_LyxNxTxHxK: jax.Array, pos: jax.Array) -> jax.Array:
   """Each head's write into the residual stream, ``z_h W_O^h`` (no bias), at positions ``pos``:
   float32 ``[N, P, n_layers, H, d_model]`` from the mixed values ``z`` (``Transformer``
   internals). Computed per head as plain matrix products (fast under the ensemble vmap on CPU),
   only where the metrics read it."""
-  z = z_LxNxTxHxK[:, :, pos].astype(jnp.float32)
+  z = z_LyxNxTxHxK[:, :, pos].astype(jnp.float32)
   layers = []
   for layer in range(cfg.n_layers):
     w_HxKxD = params[f"block_{layer}"]["attn"]["w_o"].astype(jnp.float32)

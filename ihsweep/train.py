@@ -1,8 +1,8 @@
 """Training of one model, and of an ensemble as ``jax.vmap`` of the one-model step.
 
 ``train_step`` knows nothing about the ensemble. ``make_ensemble_train_fn`` builds the only
-ensemble-aware program: per host call it samples each model's batches for K updates in-graph
-from its own key (or takes host-fed batches), then loops over K steps that each vmap
+ensemble-aware program: per host call it samples each model's batches for U updates in-graph
+from its own key (or takes host-fed batches), then loops over U steps that each vmap
 ``train_step`` over the leading axis E of (state, hyper-parameters, batch), under ``jax.jit``
 with the state donated and sharded over a mesh.
 """
@@ -36,7 +36,7 @@ class TrainConfig:
   batch_size: int = 16  # B, sequences per update
   context_size: int = 128  # C, tokens per sequence
   num_steps: int = 1000  # updates; the schedule's horizon
-  steps_per_call: int = 50  # K, most updates per host call (one device loop)
+  steps_per_call: int = 50  # U, most updates per host call (one device loop)
   lr: float = 2.5e-4  # peak learning rate (per model: HParams.peak_lr)
   schedule: str = "cosine"  # cosine | constant | inverse_sqrt
   warmup_frac: float = 0.01  # linear warmup over this fraction of num_steps
@@ -202,8 +202,8 @@ def sample_ensemble_batches(
   ``arrays`` (the source's shared device arrays, e.g. a token array) is not vmapped."""
 
   def one_model(data_key, step, data_params):
-    keys_Kx2 = step_keys(data_key, step, n_steps)
-    return jax.vmap(sample, in_axes=(0, None, None))(keys_Kx2, data_params, arrays)
+    keys_Ux2 = step_keys(data_key, step, n_steps)
+    return jax.vmap(sample, in_axes=(0, None, None))(keys_Ux2, data_params, arrays)
 
   return jax.vmap(one_model)(state.data_key, state.step, hp.data)
 
@@ -270,14 +270,14 @@ def make_ensemble_train_fn(
     # A loop with a traced trip count: one program serves every call length up to n_steps
     # (calls end early at evaluation and checkpoint steps), unused batches are skipped.
     n_models = batches.shape[0]
-    batches_KxE = jnp.swapaxes(batches, 0, 1)  # each update reads one contiguous [E, B, C + 1]
+    batches_UxE = jnp.swapaxes(batches, 0, 1)  # each update reads one contiguous [E, B, C + 1]
 
     def one_update(t, carry):
-      state, loss_KxE, gnorm_KxE = carry
-      batch_ExBxCp1 = jax.lax.dynamic_index_in_dim(batches_KxE, t, axis=0, keepdims=False)
+      state, loss_UxE, gnorm_UxE = carry
+      batch_ExBxCp1 = jax.lax.dynamic_index_in_dim(batches_UxE, t, axis=0, keepdims=False)
       tokens_ExBxCp1 = jax.lax.with_sharding_constraint(batch_ExBxCp1.astype(jnp.int32), batch_sh)
       state, m = jax.vmap(step_one)(state, hp, tokens_ExBxCp1)
-      return state, loss_KxE.at[t].set(m["loss"]), gnorm_KxE.at[t].set(m["grad_norm"])
+      return state, loss_UxE.at[t].set(m["loss"]), gnorm_UxE.at[t].set(m["grad_norm"])
 
     zeros = jnp.zeros((n_steps, n_models), model.cfg.accum_dtype)
     state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
@@ -285,11 +285,11 @@ def make_ensemble_train_fn(
 
   def train_call(state, hp, data, n_active):  # named for the compile logs: jit(train_call)
     if not host_fed:
-      # Every local model's batches for all K updates at once, before the chunk loop: a
+      # Every local model's batches for all U updates at once, before the chunk loop: a
       # sequential sampler (a Markov chain's scan over positions) then runs once per call over
-      # E_local·K·B sequences instead of once per update and chunk.
+      # E_local·U·B sequences instead of once per update and chunk.
       data = sample_ensemble_batches(sample, state, hp, data, n_steps)
-    batches = jax.lax.with_sharding_constraint(data, host_sh)  # [E, K, B, C + 1]
+    batches = jax.lax.with_sharding_constraint(data, host_sh)  # [E, U, B, C + 1]
     n_models = hp.peak_lr.shape[0]
     local = n_models // n_dev_e
     c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size)
@@ -312,7 +312,7 @@ def make_ensemble_train_fn(
     tree_map = jax.tree_util.tree_map
     per_model = tree_map(split, (state, hp, batches))
     states, metrics = jax.lax.map(lambda a: k_updates(*a, n_active), per_model)
-    metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [K, E]
+    metrics = tree_map(lambda m: jax.vmap(merge, in_axes=1)(m), metrics)  # [U, E]
     return tree_map(merge, states), metrics
 
   ens_sh = sharding.ensemble_sharding(mesh)
