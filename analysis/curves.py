@@ -214,11 +214,7 @@ def _make_probes(group: Group):
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   n = group.n_models
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n))
-  arrays = (
-    None
-    if not getattr(source, "on_device", True)
-    else jax.tree_util.tree_map(np.asarray, source.arrays())
-  )
+  arrays = jax.tree_util.tree_map(np.asarray, source.arrays()) if source.on_device else None
   return probes_lib.make_probes(source, data_params, arrays, cfg.eval, n, tcfg.context_size)
 
 

@@ -268,7 +268,7 @@ class _Group:
     self.source = make_source(
       cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
     )
-    self.host_fed = not getattr(self.source, "on_device", True)
+    self.host_fed = not self.source.on_device
     self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
 
   def hparams(self) -> train.HParams:
@@ -365,7 +365,7 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
   )
   if schedule_lib.eval_interval(cfg):
     compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))
-    if not hasattr(group.source, "validation_windows"):
+    if not group.source.has_held_out_windows:
       # A generated source's held-out sequences come from its sampler, jitted by
       # probes.held_out_sequences when a fresh run makes its probes: compiled by drawing them
       # (E · eval.n_sequences sequences, discarded).
@@ -570,8 +570,7 @@ class _Training:
     self.group = group = _Group(cfg, self.devices)
     self.mesh, self.model, self.source = group.mesh, group.model, group.source
     self.host_fed, self.data_params = group.host_fed, group.data_params
-    if hasattr(self.source, "describe"):
-      log.info("data: %s", self.source.describe())
+    log.info("data: %s", self.source.describe())
     self.hp = jax.device_put(group.hparams(), sharding.ensemble_sharding(self.mesh))
     if self.lead:
       write_resolved_config(cfg, self.workdir)

@@ -126,7 +126,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   model = Transformer(mcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
-  host_fed = not getattr(source, "on_device", True)
+  host_fed = not source.on_device
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
   hp = jax.device_put(
     train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=data_params),

@@ -467,6 +467,8 @@ def test_probes_of_a_corpus_use_its_validation_split_and_frequent_tokens(tiny, t
   for seq in p.sequences[0]:  # every window is a slice of the validation split
     starts = np.flatnonzero(val[: len(val) - 32] == seq[0])
     assert any((val[s : s + 33] == seq).all() for s in starts)
-  top = set(np.argsort(-src.token_counts(), kind="stable")[:41].tolist()) - {src.corpus.eot_id}
+  top = set(np.argsort(-src.train_token_counts(), kind="stable")[:41].tolist()) - {
+    src.corpus.eot_id
+  }
   assert set(np.unique(p.repeated)) <= top and src.corpus.eot_id not in p.repeated
   assert "40 most frequent ids (training split)" in p.candidates

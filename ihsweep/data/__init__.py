@@ -1,4 +1,5 @@
-"""Data sources. Every source plugs into the trainer through one interface:
+"""Data sources. Every source plugs into the trainer through one interface, ``Source``
+(``source.py``: every member with its default, and how to write a source):
 
 ``source.sample(key, data_params, arrays) -> int32 tokens [batch_size, context_size + 1]``
 
@@ -10,20 +11,20 @@ models and passed as an argument, never baked into the program as a constant.
 
 A source with ``on_device = False`` (a corpus over the device-memory budget) instead provides
 ``host_batches(data_keys, first_step, n_steps) -> [E, K, B, C + 1]`` drawing the same windows on
-the host; the runner prefetches them to the devices.
+the host; the runner prefetches them to the devices. The probes read ``special_ids``,
+``held_out_windows`` and ``train_token_counts``; the run log, ``describe()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Protocol
 
-import jax
 import numpy as np
 
 from ihsweep.data import markov, natural, synthetic
 from ihsweep.data.builtin import MarkovChainSource, RepeatedBlocksSource, UniformSource
+from ihsweep.data.source import Source
 
 SOURCES = ("uniform", "markov_chain", "repeated_blocks", "natural", "markov")
 TRANSITIONS = ("bigram", "synthetic", "iid", "file")
@@ -143,18 +144,6 @@ def unread_fields(data_cfg) -> list[str]:
 def readers(name: str) -> list[str]:
   """The ``READS`` keys of the sources that read the ``data`` field ``name``."""
   return [kind for kind, fields in READS.items() if name in fields]
-
-
-class Source(Protocol):
-  vocab_size: int
-  batch_size: int
-  context_size: int
-
-  def data_params(self, n_models: int) -> Any: ...
-
-  def arrays(self) -> Any: ...
-
-  def sample(self, key: jax.Array, data_params: Any, arrays: Any) -> jax.Array: ...
 
 
 def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -> Source:

@@ -1,6 +1,7 @@
 """Built-in synthetic sources that need no files: uniform random tokens, a fixed sparse Markov
 chain, and repeated random blocks (the classic induction task). All are generated inside the
-jitted step from per-model PRNG keys."""
+jitted step from per-model PRNG keys, with no per-model values and no shared arrays but the Markov
+chain's table (the ``Source`` defaults)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-class _Generated:
-  """A source drawn from its key alone: no per-model values and no shared device arrays."""
-
-  def data_params(self, n_models: int) -> dict:
-    """Per-model data values, leading axis E (none)."""
-    del n_models
-    return {}
-
-  def arrays(self) -> dict:
-    """Shared device arrays (none)."""
-    return {}
+from ihsweep.data.source import Source
 
 
 @dataclasses.dataclass(frozen=True)
-class UniformSource(_Generated):
+class UniformSource(Source):
   """I.i.d. uniform tokens: nothing to learn beyond the unigram (loss floor ln V nats)."""
 
   vocab_size: int
@@ -44,9 +34,12 @@ class UniformSource(_Generated):
     """Best achievable next-token loss in nats/token."""
     return float(np.log(self.vocab_size))
 
+  def describe(self) -> str:
+    return f"uniform V={self.vocab_size}, generated in-graph"
+
 
 @dataclasses.dataclass(frozen=True)
-class RepeatedBlocksSource(_Generated):
+class RepeatedBlocksSource(Source):
   """The classic induction task: a random block repeated, at a random offset.
 
   Per sequence of C + 1 tokens: a block length ℓ uniform in [block_min, block_max] and an offset
@@ -84,9 +77,15 @@ class RepeatedBlocksSource(_Generated):
 
     return jax.vmap(one)(jax.random.split(key, self.batch_size))
 
+  def describe(self) -> str:
+    return (
+      f"repeated blocks V={self.vocab_size}, block length {self.block_min}–"
+      f"{self.longest_block}, generated in-graph"
+    )
+
 
 @dataclasses.dataclass(frozen=True)
-class MarkovChainSource(_Generated):
+class MarkovChainSource(Source):
   """A fixed first-order Markov chain in which every token has ``n_successors`` successors.
 
   The chain is built on the host from ``seed``: token a's successors are ``n_successors`` distinct
@@ -142,6 +141,12 @@ class MarkovChainSource(_Generated):
       pi = new
     row_entropy = -(probs * np.log(probs)).sum(axis=1)
     return float(pi @ row_entropy)
+
+  def describe(self) -> str:
+    return (
+      f"markov chain V={self.vocab_size}, {self.n_successors} successors per token, "
+      f"chain seed {self.seed}, generated in-graph"
+    )
 
 
 @functools.lru_cache(maxsize=8)

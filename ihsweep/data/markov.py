@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ihsweep.data.errors import DataError
+from ihsweep.data.source import Source
 
 KNOBS = ("frequency", "reliability")
 
@@ -242,7 +243,7 @@ def generate_sequence(
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class MarkovSource:
+class MarkovSource(Source):
   """Sequences from a transition matrix with injected induction patterns (module docstring).
 
   ``transitions``: float64 ``[V, V]`` rows summing to 1; ``first``: the first token's
