@@ -699,10 +699,12 @@ def _probe_words(points: pd.DataFrame, cfg) -> str:
   if any(v is None for v in lengths):
     return ""
   if len(set(lengths)) == 1:
-    where = (
-      "as the last 2L tokens of a full C-token input (eval.probe_position 'end')"
-      if _get(cfg, "eval.probe_position", "start") == "end"
-      else f"at positions 0–{2 * lengths[0] - 1} of the input, however long C is"
+    where = {
+      "end": "as the last 2L tokens of a full C-token input (eval.probe_position 'end')",
+      "middle": "with the second block starting at position C/2 (eval.probe_position 'middle')",
+    }.get(
+      _get(cfg, "eval.probe_position", "start"),
+      f"at positions 0–{2 * lengths[0] - 1} of the input, however long C is",
     )
     return f"Probes of one block length L = {lengths[0]} at every C, {where}."
   return (

@@ -112,7 +112,7 @@ def _build(
   source = _source(data, loader, mcfg, tcfg)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
-  host_fed = not getattr(source, "on_device", True)
+  host_fed = not source.on_device
   step = train.make_ensemble_train_fn(
     model, tcfg, None if host_fed else source.sample, mesh, steps_per_call
   )
@@ -237,7 +237,7 @@ def run_mode(
     state = init(seeds)
     programs = [(state, hp, feed(state, calls_needed))]
     if mode == "data_only":
-      if not getattr(source, "on_device", True):
+      if not source.on_device:
         raise SystemExit("data_only measures in-graph data; not --loader host")
       step = _data_only_program(source.sample, k)
   else:  # what one writes without ihsweep: one model at a time on one device

@@ -48,10 +48,11 @@ def default_eval():
   every_steps: updates between evaluations (0 = none); every_tokens: the same in tokens per
     model (overrides every_steps when > 0). The end of training is always evaluated.
   n_probes: repeated-token probes (the study: 100); probe_len: block length L (0 = min(50, C/2));
-    probe_position: where the two blocks sit in the probe, 'start' (the whole input is the 2L
-    block tokens, as in the study) or 'end' (the last 2L of C positions, after C − 2L random
-    filler ids: with a fixed probe_len every C is measured with the same L at the end of a
-    full context, so the C effect is not the probe's); probe_top_k: draw probe ids from the K
+    probe_position: where the two blocks sit, 'start' (the whole input is the 2L block tokens,
+    as in the study), 'middle' (the second block starts at position C/2, after C/2 − L random
+    filler ids) or 'end' (the last 2L of C positions, after C − 2L filler ids): with a fixed
+    probe_len, 'middle' and 'end' measure every C at the same place relative to its context,
+    so the C effect is not the probe's; probe_top_k: draw probe ids from the K
     most frequent training tokens (0 = whole vocabulary, as in the study); probe_seed: the
     probes' seed (shared by all models and runs).
   n_sequences: held-out sequences per model (validation loss, ICL score, data-drawn
@@ -412,7 +413,14 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
     context // 2,
     hint=f" (0 = min(50, C/2); two copies must fit in C = {context})",
   )
-  from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, POSITIONS, block_length
+  from ihsweep.data.probes import (
+    MAX_BLOCK,
+    MIN_BLOCK,
+    MIN_BLOCK_REASON,
+    POSITIONS,
+    block_length,
+    probe_layout,
+  )
 
   if 0 < probe_len < MIN_BLOCK:  # even with evaluation off: the analysis makes probes from it
     raise ConfigError(
@@ -439,9 +447,9 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
   block = block_length(context, probe_len)
   usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
   # Filler before the blocks needs an id outside each block (so the blocks' copies are unique).
-  filler = position == "end" and 2 * block < context
+  filler = probe_layout(context, probe_len, position)[1] > 2 * block
   need = block + (1 if filler else 0)
-  why = " and one filler id outside it (eval.probe_position = 'end')" if filler else ""
+  why = f" and one filler id outside it (eval.probe_position = {position!r})" if filler else ""
   if top_k and not need <= top_k <= usable:
     raise ConfigError(
       "eval.probe_top_k",

@@ -177,12 +177,14 @@ def test_end_position_probes_hold_the_same_blocks_after_filler_outside_them():
   assert all(not set(f) & set(b) for f, b in zip(filler, start[:, :L_END]))
   assert len(np.unique(filler)) > 10  # drawn, not one id repeated
   assert probes.probe_layout(64, 8, "end") == (8, 64)
+  assert probes.probe_layout(64, 8, "middle") == (8, 40)  # the second block at 32 … 39
+  assert probes.probe_layout(64, 0, "middle") == (32, 64)  # L = C/2: no filler
   assert probes.probe_layout(64, 8) == (8, 16) and probes.probe_layout(64) == (32, 64)
   assert probes.block_start(64, 8) == 48
   with pytest.raises(ValueError, match="needs at least one id outside the block"):
     probes.repeated_token_probes(0, 1, 5, np.arange(5), length=12)
-  with pytest.raises(ValueError, match="eval.probe_position = 'middle'"):
-    probes.probe_layout(64, 8, "middle")
+  with pytest.raises(ValueError, match="eval.probe_position = 'centre'"):
+    probes.probe_layout(64, 8, "centre")
 
 
 def test_end_position_probes_score_the_second_block_at_the_end_of_the_context():
@@ -287,8 +289,11 @@ def test_probe_blocks_shorter_than_three_are_refused(tiny):
     validate(tiny(**{"eval.probe_len": 2}))
   validate(tiny(**{"train.context_size": 4}))  # no evaluation: a small C still trains
   validate(tiny(**{"eval.every_steps": 10, "train.context_size": 6}))  # L = 3
-  with pytest.raises(ConfigError, match="eval.probe_position = 'middle'.*'start', 'end'"):
-    validate(tiny(**{"eval.probe_position": "middle"}))
+  with pytest.raises(ConfigError, match="eval.probe_position = 'centre'.*'start', 'middle'"):
+    validate(tiny(**{"eval.probe_position": "centre"}))
+  middle = {"eval.every_steps": 10, "eval.probe_position": "middle", "eval.probe_len": 4}
+  with pytest.raises(ConfigError, match=r"probe_top_k = 4.*\[5, 64\].*'middle'"):
+    validate(tiny(**middle, **{"eval.probe_top_k": 4}))
   # Filler before a block at the end of C needs an id outside the block: K = L is too few.
   end = {"eval.every_steps": 10, "eval.probe_position": "end", "eval.probe_len": 4}
   with pytest.raises(ConfigError, match=r"eval.probe_top_k = 4.*\[5, 64\].*one filler id"):

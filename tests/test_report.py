@@ -256,6 +256,12 @@ def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
   )
   assert "No model was censored" in one and "One seed per grid point" in one
   assert "one block length L = 8 at every C" in one and "follows C" not in one
+  assert "at positions 0–15 of the input, however long C is" in one
+  middle = _config(**{"eval.probe_len": 8, "eval.probe_position": "middle"})
+  text = _text(
+    summary.summary(_points(seeds=1), _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3)), config=middle)
+  )
+  assert "L = 8 at every C, with the second block starting at position C/2" in text
 
 
 def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():

@@ -188,11 +188,6 @@ class NaturalTextSource(Source):
     starts = np.asarray(window_starts(key, int(tokens.size), n, self.context_size), np.int64)
     return np.asarray(tokens[starts[:, None] + np.arange(self.context_size + 1)])
 
-  # The names probes.py reads until it calls held_out_windows / train_token_counts (its hasattr
-  # probes would find the Source defaults on every source): remove with those probes.
-  validation_windows = held_out_windows
-  token_counts = train_token_counts
-
   def describe(self) -> str:
     meta = self.corpus.meta
     size_mib = self.corpus.train.nbytes / 2**20

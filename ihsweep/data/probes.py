@@ -4,9 +4,10 @@
   distinct random token ids (no special tokens: a corpus's end-of-text id and every token its
   tokenizer marks special, e.g. ``<pad>``, ``<bos>``) followed by the same block again, no BOS;
   L ≥ 3 (``block_length``). With ``eval.probe_position = 'start'`` (the study's) the two blocks
-  are the whole input, positions 0 … 2L − 1; with ``'end'`` they fill the last 2L positions of a
-  C-token input after C − 2L filler ids (``probe_layout``), so that a fixed L measures every C
-  at the positions where the model reads a long context. The
+  are the whole input, positions 0 … 2L − 1; with ``'middle'`` the second block starts at C/2
+  (after C/2 − L filler ids); with ``'end'`` they fill the last 2L positions of a C-token input
+  (``probe_layout``). A fixed L at 'middle' or 'end' measures every C at the same place relative
+  to its context, so a context-size effect is not the probe's. The
   ids come from the whole vocabulary, as in the study, or (``eval.probe_top_k`` = K) from the K
   most frequent tokens of the training data: on a small corpus many ids are rare or never
   trained, and a probe made of them measures nothing.
@@ -33,7 +34,7 @@ from ihsweep.data.keys import step_keys
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
 MIN_BLOCK = 3
-POSITIONS = ("start", "end")  # eval.probe_position
+POSITIONS = ("start", "middle", "end")  # eval.probe_position
 MIN_BLOCK_REASON = (
   f"the metrics need L >= {MIN_BLOCK} (at L = 2 the induction target i − L + 1 "
   f"is the previous token, so a previous-token head scores PS = 1)"
@@ -101,8 +102,10 @@ def block_length(context_size: int, probe_len: int = 0) -> int:
 
 def probe_layout(context_size: int, probe_len: int = 0, position: str = "start") -> tuple:
   """``(L, T)``: the block length (``block_length``) and the probes' length in tokens — 2L for
-  ``position = 'start'`` (the blocks are the whole input), C for ``'end'`` (C − 2L filler ids,
-  then the blocks). The first block starts at ``T − 2L`` (``block_start``).
+  ``position = 'start'`` (the blocks are the whole input), C/2 + L for ``'middle'`` (C/2 − L
+  filler ids, then the blocks: the second starts at position C/2), C for ``'end'`` (C − 2L
+  filler ids, then the blocks). The first block starts at ``T − 2L`` (``block_start``); the
+  model is causal, so nothing after the second block would change the scores.
 
   Raises:
     ValueError: L < 3; ``position`` not in ``POSITIONS``.
@@ -110,7 +113,8 @@ def probe_layout(context_size: int, probe_len: int = 0, position: str = "start")
   if position not in POSITIONS:
     raise ValueError(f"eval.probe_position = {position!r}: one of {', '.join(POSITIONS)}")
   block = block_length(context_size, probe_len)
-  return block, (2 * block if position == "start" else int(context_size))
+  length = {"start": 2 * block, "middle": context_size // 2 + block, "end": context_size}
+  return block, int(length[position])
 
 
 def block_start(probe_tokens: int, block_len: int) -> int:
@@ -120,15 +124,11 @@ def block_start(probe_tokens: int, block_len: int) -> int:
 
 
 def special_token_ids(source) -> tuple[int, ...]:
-  """Ids probes never use, ascending: the source's ``special_ids`` (a corpus's end-of-text id)
-  and every token the tokenizer of a natural-text source (``source.corpus.tokenizer``, HF
-  ``tokenizers``) marks special — a user ``tokenizer.json``'s ``<pad>``, ``<bos>``, ``<unk>``
-  etc. Added tokens not marked special are text and stay."""
-  ids = set(getattr(source, "special_ids", ()))
-  tokenizer = getattr(getattr(source, "corpus", None), "tokenizer", None)
-  if tokenizer is not None:
-    ids |= {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-  return tuple(sorted(int(i) for i in ids))
+  """Ids probes never use, ascending: the source's ``special_ids`` (``Source.special_ids``: a
+  corpus's end-of-text id and every token its tokenizer marks special — a user
+  ``tokenizer.json``'s ``<pad>``, ``<bos>``, ``<unk>`` etc.; added tokens not marked special are
+  text and stay)."""
+  return tuple(sorted(int(i) for i in source.special_ids))
 
 
 def probe_candidates(
@@ -198,12 +198,12 @@ def recall_positions(sequences_SxCp1: np.ndarray) -> np.ndarray:
 
 
 def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models: int) -> np.ndarray:
-  """int32 ``[E, n, C + 1]``: the source's validation windows (``validation_windows``) for
+  """int32 ``[E, n, C + 1]``: the source's held-out windows (``held_out_windows``) for
   every model, or fresh draws per model from the key ``fold_in(PRNGKey(seed), 1)`` (no update
   of any model uses it: training keys derive from each model's own seed)."""
   key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
-  if hasattr(source, "validation_windows"):
-    windows = source.validation_windows(key, n)
+  windows = source.held_out_windows(key, n)
+  if windows is not None:
     return np.broadcast_to(windows, (n_models,) + windows.shape).astype(np.int32)
   calls = math.ceil(n / source.batch_size)
   keys = step_keys(key, 0, calls)
@@ -219,8 +219,9 @@ def held_out_sequences(source, data_params, arrays, seed: int, n: int, n_models:
 def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_size: int) -> Probes:
   """All probes of a run from ``eval_cfg`` (``probe_seed``, ``n_probes``, ``probe_len``,
   ``probe_position``, ``probe_top_k``, ``n_sequences``). Special tokens (``special_token_ids``)
-  never appear in repeated-token probes; top-K frequencies come from ``source.token_counts()``
-  when the source has it (a corpus's training split), else from the held-out sequences.
+  never appear in repeated-token probes; top-K frequencies come from
+  ``source.train_token_counts()`` when the source has them (a corpus's training split), else from
+  the held-out sequences.
 
   Raises:
     ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``; no
@@ -235,9 +236,8 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
   special = special_token_ids(source)
   counts, how = None, "all ids"
   if eval_cfg.probe_top_k:
-    if hasattr(source, "token_counts"):
-      counts, where = source.token_counts(), "training split"
-    else:
+    counts, where = source.train_token_counts(), "training split"
+    if counts is None:
       counts, where = (
         np.bincount(seqs.reshape(-1), minlength=source.vocab_size),
         "held-out sequences",
