@@ -10,7 +10,7 @@ placed once on every device, e.g. a corpus's tokens or a transition table) is sh
 models and passed as an argument, never baked into the program as a constant.
 
 A source with ``on_device = False`` (a corpus over the device-memory budget) instead provides
-``host_batches(data_keys, first_step, n_steps) -> [E, K, B, C + 1]`` drawing the same windows on
+``host_batches(data_keys, first_step, n_steps) -> [E, U, B, C + 1]`` drawing the same windows on
 the host; the runner prefetches them to the devices. The probes read ``special_ids``,
 ``held_out_windows`` and ``train_token_counts``; the run log, ``describe()``.
 """

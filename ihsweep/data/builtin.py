@@ -107,23 +107,23 @@ class MarkovChainSource(Source):
     """The chain, passed to the step as arguments (not baked into the program as constants):
     successor ids int32 ``[V, k]`` and the thresholds between successors float32 ``[V, k−1]``
     (a uniform draw u picks successor #(u > threshold))."""
-    succ_VxK, probs_VxK = self._table()
+    succ_VxR, probs_VxR = self._table()
     return {
-      "successors": succ_VxK,
-      "thresholds": np.cumsum(probs_VxK, axis=1)[:, :-1].astype(np.float32),
+      "successors": succ_VxR,
+      "thresholds": np.cumsum(probs_VxR, axis=1)[:, :-1].astype(np.float32),
     }
 
   def sample(self, key: jax.Array, data_params: dict, arrays: dict) -> jax.Array:
     """Returns int32 tokens ``[B, C + 1]`` for one model."""
     del data_params
-    succ_VxK, cum_VxKm1 = jnp.asarray(arrays["successors"]), jnp.asarray(arrays["thresholds"])
+    succ_VxR, cum_VxRm1 = jnp.asarray(arrays["successors"]), jnp.asarray(arrays["thresholds"])
     k_first, k_next = jax.random.split(key)
     first_B = jax.random.randint(k_first, (self.batch_size,), 0, self.vocab_size, jnp.int32)
     u_CxB = jax.random.uniform(k_next, (self.context_size, self.batch_size))
 
     def step(cur_B, u_B):
-      idx_B = jnp.sum(u_B[:, None] > cum_VxKm1[cur_B], axis=1)
-      nxt_B = jnp.take_along_axis(succ_VxK[cur_B], idx_B[:, None], axis=1)[:, 0]
+      idx_B = jnp.sum(u_B[:, None] > cum_VxRm1[cur_B], axis=1)
+      nxt_B = jnp.take_along_axis(succ_VxR[cur_B], idx_B[:, None], axis=1)[:, 0]
       return nxt_B, nxt_B
 
     _, rest_CxB = jax.lax.scan(step, first_B, u_CxB)

@@ -7,8 +7,8 @@ optimised synthetic matrix (``synthetic.py``, Experiment 3), an i.i.d. control, 
 ensemble.
 
 The procedure (ihsweep's own; the study's exact one is not published, docs/study.md). A sequence
-x_0 … x_C has L = C + 1 tokens (the trainer's inputs and targets); positions 1 ≤ i < H = ⌊L/2⌋
-are the first half, H ≤ i ≤ C the second. Every draw "from P[a] restricted to a set S" samples
+x_0 … x_C has n = C + 1 tokens (the trainer's inputs and targets); positions 1 ≤ i < m = ⌊n/2⌋
+are the first half, m ≤ i ≤ C the second. Every draw "from P[a] restricted to a set S" samples
 t ∈ S with probability P[a, t] / Σ_{s∈S} P[a, s] (uniform over S if that mass is 0).
 
 * x_0 ~ ``first`` (the corpus's unigram distribution, or P's stationary distribution).
@@ -34,9 +34,10 @@ stationary share p solves p = p·r + (1 − p·r)·q, i.e. p = f / (1 − r² + 
 frequency: p = f at r = 0, and the division by 1 + r keeps p near f for mid-range r (p = f
 at f = 0.5, r = 0.5).
 
-Cost: one ``lax.scan`` over the L positions, vectorised over every sequence of the call
-(the trainer generates all K updates' batches at once); per position O(L) work per sequence
-plus, for the "new token" draw, a bisection over V on the precomputed row CDFs (O(L log V)),
+Cost: one ``lax.scan`` over the C + 1 positions, vectorised over every sequence of the call
+(the trainer generates all U updates' batches of a host call at once); per position O(C) work per
+sequence
+plus, for the "new token" draw, a bisection over V on the precomputed row CDFs (O(C log V)),
 so nothing per position is O(V).
 """
 
@@ -130,32 +131,32 @@ def transition_arrays(p: np.ndarray, first: np.ndarray) -> dict:
   }
 
 
-def _draw_positions(u, weights_L, cand_L):
+def _draw_positions(u, weights_Cp1, cand_Cp1):
   """Index of a candidate position drawn ∝ weight (uniform over candidates if all weights are 0).
   Returns (index int32, any candidate bool)."""
-  w = jnp.where(cand_L, weights_L, 0.0)
-  w = jnp.where(w.sum() > 0, w, cand_L.astype(w.dtype))
+  w = jnp.where(cand_Cp1, weights_Cp1, 0.0)
+  w = jnp.where(w.sum() > 0, w, cand_Cp1.astype(w.dtype))
   cum = jnp.cumsum(w)
   idx = jnp.sum(cum <= u * cum[-1]).astype(jnp.int32)
-  last = jnp.max(jnp.where(cand_L, jnp.arange(w.shape[0], dtype=jnp.int32), 0))
-  return jnp.minimum(idx, last), cand_L.any()
+  last = jnp.max(jnp.where(cand_Cp1, jnp.arange(w.shape[0], dtype=jnp.int32), 0))
+  return jnp.minimum(idx, last), cand_Cp1.any()
 
 
-def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
-  """t ~ P[a] restricted to the tokens not in {tokens_L[j] : excluded_L[j]} (distinct tokens),
-  by bisection on F(t) = CDF[a, t] − Σ_j excluded_j · P[a, tok_j] · [tok_j ≤ t]: O(L log V).
+def _draw_excluding(u, cdf_row, probs_row, tokens_Cp1, excluded_Cp1, vocab: int):
+  """t ~ P[a] restricted to the tokens not in {tokens_Cp1[j] : excluded_Cp1[j]} (distinct tokens),
+  by bisection on F(t) = CDF[a, t] − Σ_j excluded_j · P[a, tok_j] · [tok_j ≤ t]: O(C log V).
   Uniform over the allowed tokens if their mass is below 1e-4 (the procedure's weights are then
   beyond float32's resolution). Float rounding can land on an excluded token (probability
   ~1e-7); such draws are redone, finally with the uniform draw."""
-  w_prob_L = jnp.where(excluded_L, probs_row[tokens_L], 0.0)
+  w_prob_Cp1 = jnp.where(excluded_Cp1, probs_row[tokens_Cp1], 0.0)
   # Below ~1e-4 of allowed mass, float32 CDF differences are too coarse to keep the excluded
   # tokens out reliably: draw uniformly over the allowed tokens instead (CDF (t + 1) / V).
-  tiny_mass = 1.0 - w_prob_L.sum() <= 1e-4
+  tiny_mass = 1.0 - w_prob_Cp1.sum() <= 1e-4
 
   def mass_through(t, uniform):
-    w_L = jnp.where(uniform, excluded_L / vocab, w_prob_L)
+    w_Cp1 = jnp.where(uniform, excluded_Cp1 / vocab, w_prob_Cp1)
     cdf_t = jnp.where(uniform, (t + 1) / vocab, cdf_row[t])
-    return cdf_t - jnp.sum(jnp.where(tokens_L <= t, w_L, 0.0))
+    return cdf_t - jnp.sum(jnp.where(tokens_Cp1 <= t, w_Cp1, 0.0))
 
   steps = max(1, math.ceil(math.log2(vocab)) + 1)
 
@@ -172,7 +173,7 @@ def _draw_excluding(u, cdf_row, probs_row, tokens_L, excluded_L, vocab: int):
     return jnp.minimum(lo, vocab - 1)
 
   def excluded(t):
-    return jnp.any(excluded_L & (tokens_L == t))
+    return jnp.any(excluded_Cp1 & (tokens_Cp1 == t))
 
   def redo(c):  # rare: another uniform; after 4 misses, the uniform draw (exact steps 1/V)
     n, _ = c
@@ -198,48 +199,48 @@ def generate_sequence(
   x0 = jnp.minimum(
     jnp.searchsorted(first_cdf, jax.random.uniform(k0), side="right"), vocab - 1
   ).astype(jnp.int32)
-  u_Lx5 = jax.random.uniform(k1, (length, 5))
-  pos_L = jnp.arange(length, dtype=jnp.int32)
-  x_L = jnp.zeros((length,), jnp.int32).at[0].set(x0)
-  first_L = jnp.zeros((length,), bool).at[0].set(True)  # x_j is the token's first occurrence
-  # stamp_V[t] = i·(L + 1) + (L − k) at step i for t ∈ S(a), k its first position in S(a)'s
-  # list: membership and de-duplication in O(L) without clearing a V-sized array per step.
+  u_Cp1x5 = jax.random.uniform(k1, (length, 5))
+  pos_Cp1 = jnp.arange(length, dtype=jnp.int32)
+  x_Cp1 = jnp.zeros((length,), jnp.int32).at[0].set(x0)
+  first_Cp1 = jnp.zeros((length,), bool).at[0].set(True)  # x_j is the token's first occurrence
+  # stamp_V[t] = i·(n + 1) + (n − k) at step i for t ∈ S(a), k its first position in S(a)'s
+  # list: membership and de-duplication in O(C) without clearing a V-sized array per step.
   stamp_V = jnp.zeros((vocab,), jnp.int32)
   span = length + 1
 
   def step(carry, i):
-    x_L, first_L, stamp_V = carry
-    u = u_Lx5[i]
-    a = x_L[i - 1]
+    x_Cp1, first_Cp1, stamp_V = carry
+    u = u_Cp1x5[i]
+    a = x_Cp1[i - 1]
     cdf_row, probs_row = cdf[a], probs[a]
-    before = pos_L < i  # positions 0 … i−1 are filled
-    distinct = first_L & before
+    before = pos_Cp1 < i  # positions 0 … i−1 are filled
+    distinct = first_Cp1 & before
     # S(a): positions k ≤ i − 1 that follow an occurrence of a and are not a themselves.
-    succ_L = before & (pos_L >= 1) & (jnp.roll(x_L, 1) == a) & (x_L != a)
-    code_L = i * span + (length - pos_L)
-    stamp_V = stamp_V.at[jnp.where(succ_L, x_L, vocab)].max(code_L, mode="drop")
-    stamp_at_L = stamp_V[x_L]
-    in_s_L = stamp_at_L // span == i
-    succ_unique_L = succ_L & (stamp_at_L == code_L)
-    weights_L = probs_row[x_L]
-    k_copy, has_s = _draw_positions(u[2], weights_L, succ_unique_L)
-    k_recur, has_r = _draw_positions(u[3], weights_L, distinct & (x_L != a) & ~in_s_L)
+    succ_Cp1 = before & (pos_Cp1 >= 1) & (jnp.roll(x_Cp1, 1) == a) & (x_Cp1 != a)
+    code_Cp1 = i * span + (length - pos_Cp1)
+    stamp_V = stamp_V.at[jnp.where(succ_Cp1, x_Cp1, vocab)].max(code_Cp1, mode="drop")
+    stamp_at_Cp1 = stamp_V[x_Cp1]
+    in_s_Cp1 = stamp_at_Cp1 // span == i
+    succ_unique_Cp1 = succ_Cp1 & (stamp_at_Cp1 == code_Cp1)
+    weights_Cp1 = probs_row[x_Cp1]
+    k_copy, has_s = _draw_positions(u[2], weights_Cp1, succ_unique_Cp1)
+    k_recur, has_r = _draw_positions(u[3], weights_Cp1, distinct & (x_Cp1 != a) & ~in_s_Cp1)
     # First half: exclude tokens at positions ≤ i − 2 (and x_0 at i = 1); second: all seen.
-    excl_first = distinct & ((pos_L <= i - 2) | (pos_L == 0))
+    excl_first = distinct & ((pos_Cp1 <= i - 2) | (pos_Cp1 == 0))
     t_new = _draw_excluding(
-      u[4], cdf_row, probs_row, x_L, jnp.where(i < half, excl_first, distinct), vocab
+      u[4], cdf_row, probs_row, x_Cp1, jnp.where(i < half, excl_first, distinct), vocab
     )
     copy = has_s & (u[0] < reliability)
     recur = ~copy & has_r & (u[1] < q)
-    t_second = jnp.where(copy, x_L[k_copy], jnp.where(recur, x_L[k_recur], t_new))
+    t_second = jnp.where(copy, x_Cp1[k_copy], jnp.where(recur, x_Cp1[k_recur], t_new))
     t = jnp.where(i < half, t_new, t_second)
-    is_first = ~jnp.any(before & (x_L == t))
-    return (x_L.at[i].set(t), first_L.at[i].set(is_first), stamp_V), None
+    is_first = ~jnp.any(before & (x_Cp1 == t))
+    return (x_Cp1.at[i].set(t), first_Cp1.at[i].set(is_first), stamp_V), None
 
-  (x_L, _, _), _ = jax.lax.scan(
-    step, (x_L, first_L, stamp_V), jnp.arange(1, length, dtype=jnp.int32)
+  (x_Cp1, _, _), _ = jax.lax.scan(
+    step, (x_Cp1, first_Cp1, stamp_V), jnp.arange(1, length, dtype=jnp.int32)
   )
-  return x_L
+  return x_Cp1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -300,13 +301,13 @@ class MarkovSource(Source):
 def measure(
   tokens: np.ndarray, frequency: float | None = None, reliability: float | None = None
 ) -> dict:
-  """Induction statistics of generated sequences ``[N, L]`` (numpy, any int dtype).
+  """Induction statistics of generated sequences ``[S, C + 1]`` (numpy, any int dtype).
 
-  Over second-half positions H ≤ i < L (H = ⌊L/2⌋), with a = x_{i−1} and S(a) as in the module
+  Over second-half positions m ≤ i ≤ C (m = ⌊(C + 1)/2⌋), with a = x_{i−1} and S(a) as in the module
   docstring:
     measured_frequency: share of x_i that appeared earlier in the sequence;
     measured_reliability: share of x_i ∈ S(a) among positions with S(a) ≠ ∅;
-    first_half_gap_repeats: count of first-half x_i (1 ≤ i < H) equal to some x_j, j ≤ i − 2
+    first_half_gap_repeats: count of first-half x_i (1 ≤ i < m) equal to some x_j, j ≤ i − 2
       (0 by construction);
   and, if both knobs are given, implied_frequency: the mean over the same positions of
   s_i·r + (1 − s_i·r)·q·ρ_i (module docstring), the expectation of measured_frequency.

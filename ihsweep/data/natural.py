@@ -141,15 +141,15 @@ class NaturalTextSource(Source):
 
   def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int) -> np.ndarray:
     """The windows the in-graph path would draw for steps ``first_step …
-    first_step + n_steps − 1``, gathered on the host: ``[E, K, B, C + 1]`` in the corpus dtype."""
+    first_step + n_steps − 1``, gathered on the host: ``[E, U, B, C + 1]`` in the corpus dtype."""
     keys = jax.device_put(np.asarray(data_keys_Ex2), jax.local_devices(backend="cpu")[0])
-    starts_ExKxB = np.asarray(
+    starts_ExUxB = np.asarray(
       host_window_starts(
         keys, first_step, n_steps, self.n_tokens, self.batch_size, self.context_size
       )
     )
     offsets = np.arange(self.context_size + 1, dtype=np.int64)
-    return self.corpus.train[starts_ExKxB[..., None].astype(np.int64) + offsets]
+    return self.corpus.train[starts_ExUxB[..., None].astype(np.int64) + offsets]
 
   @property
   def special_ids(self) -> tuple[int, ...]:

@@ -96,7 +96,7 @@ class Source(abc.ABC):
 
   def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int) -> np.ndarray:
     """Batches of updates ``first_step … first_step + n_steps − 1`` drawn on the host, integer
-    ``[E, K, B, C + 1]`` (K = ``n_steps``) from the models' data keys uint32 ``[E, 2]``; the same
+    ``[E, U, B, C + 1]`` (U = ``n_steps``) from the models' data keys uint32 ``[E, 2]``; the same
     tokens ``sample`` would draw from ``keys.step_keys``. Needed only when ``on_device`` is
     False.
 

@@ -24,7 +24,7 @@ def window_starts(key: jax.Array, n_tokens: int, batch_size: int, context_size: 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def host_window_starts(data_keys_Ex2, first_step, n_steps, n_tokens, batch_size, context_size):
-  """Window starts ``[E, K, B]`` for updates first_step … first_step + K − 1 of every model,
+  """Window starts ``[E, U, B]`` for updates first_step … first_step + U − 1 of every model,
   from the keys ``keys.step_keys`` gives the in-graph path."""
 
   def one_model(data_key):
