@@ -14,7 +14,7 @@ $(BIN)/python:
 # The dependency versions the tests pass on (constraints.txt; pins for the Python it was frozen
 # with, other Pythons resolve pyproject's ranges).
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,interop]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -47,7 +47,7 @@ upgrade-constraints:
 	rm -rf $(UPGRADE_VENV)
 	$(PYTHON) -m venv $(UPGRADE_VENV)
 	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade pip
-	$(UPGRADE_VENV)/bin/pip install --quiet -e '.[dev]'
+	$(UPGRADE_VENV)/bin/pip install --quiet -e '.[dev,interop]'
 	$(UPGRADE_VENV)/bin/python -m pytest tests
 	pyv=$$($(UPGRADE_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	{ sed -n '/^#/p' constraints.txt; $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | \

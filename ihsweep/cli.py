@@ -9,6 +9,7 @@
   ihsweep plan --config=FILE --devices=N [--devices_per_worker=D] [--flops_per_s=F] [--json]
   ihsweep report DIR [DIR ...] [--out OUT] ...   (= python -m analysis report, from anywhere)
   ihsweep fit-law --csv FILE [--fix alpha=0.37] ...   (= python -m analysis fit-law)
+  ihsweep export --workdir=DIR --cell=N [--step=S] --to=transformer_lens|hf --out=PATH
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -37,6 +38,7 @@ COMMANDS = {
   "corpus": "corpus fetch NAME (embedded corpora: python-docs) | corpus prepare --config=FILE",
   "predict": "updates and tokens until induction heads form, by the emergence law",
   "plan": "a sweep's schedule, makespan and device utilisation on N devices (no training)",
+  "export": "one model of a run as a TransformerLens HookedTransformer or a Hugging Face GPT-2",
 }
 
 # The analysis package's commands (its own argparse flags: `ihsweep report --help`), reached from
@@ -101,6 +103,10 @@ flags.DEFINE_string(
   "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
   "or ~/.cache/ihsweep; training reads config.data.cache_dir)",
 )
+flags.DEFINE_integer("cell", None, "export: the model (cell id) to export")
+flags.DEFINE_integer("step", None, "export: the saved update to export (default: the last)")
+flags.DEFINE_string("to", None, "export: transformer_lens or hf")
+flags.DEFINE_string("out", None, "export: the new file (transformer_lens) or directory (hf)")
 
 
 # The flags each command takes (corpus: per subcommand); anything else is refused before parsing.
@@ -122,6 +128,7 @@ COMMAND_FLAGS = {
     "law",
     "json",
   ),
+  "export": ("workdir", "cell", "step", "to", "out"),
 }
 FLAG_FORMS = {
   "config": "--config=FILE[:VARIANT] --config.SECTION.FIELD=VALUE",
@@ -138,6 +145,10 @@ FLAG_FORMS = {
   "devices_per_worker": "--devices_per_worker=D",
   "devices_per_host": "--devices_per_host=H",
   "flops_per_s": "--flops_per_s=F",
+  "cell": "--cell=N",
+  "step": "--step=S",
+  "to": "--to=transformer_lens|hf",
+  "out": "--out=PATH",
 }
 
 
@@ -575,6 +586,51 @@ def _plan(argv):
   return 0
 
 
+def _export(argv):
+  """``ihsweep export``: one model of a run directory to TransformerLens or Hugging Face
+  (``ihsweep.export.export_run``); each bad flag value is one line naming it."""
+  del argv
+  from ihsweep import export, notebook
+
+  targets = "|".join(export.TARGETS)
+  usage = f"export needs --workdir=DIR --cell=N --to={targets} --out=PATH (--step=S optional)"
+  missing = [
+    f"--{name}" for name in ("workdir", "cell", "to", "out") if getattr(FLAGS, name) is None
+  ]
+  if missing:
+    return _fail(f"{usage}; missing {', '.join(missing)}")
+  if FLAGS.to not in export.TARGETS:
+    return _fail(
+      f"--to={FLAGS.to} is not allowed: transformer_lens (a TransformerLens HookedTransformer, "
+      f"any ihsweep model) or hf (a Hugging Face GPT2LMHeadModel: learned positions with MLPs)"
+    )
+  workdir = FLAGS.workdir
+  if not os.path.isdir(workdir):
+    return _fail(f"--workdir={workdir}: no such directory (a run directory of ihsweep run/train)")
+  try:
+    run = notebook.load_run(workdir)
+  except notebook.NotARun as e:
+    return _fail(f"--workdir={workdir}: {e}")
+  try:
+    out, step = export.export_run(run, FLAGS.cell, FLAGS.step, FLAGS.to, FLAGS.out)
+  except notebook.UnknownCell as e:
+    return _fail(f"--cell={FLAGS.cell}: {e}")
+  except notebook.StepNotSaved as e:
+    return _fail(f"--step={FLAGS.step}: {e}")
+  except export.ExportError as e:
+    text = str(e)
+    return _fail(text if text.startswith("--") else f"--to={FLAGS.to}: {text}")
+  except ModuleNotFoundError as e:
+    if export.INSTALL not in str(e):
+      raise
+    return _fail(str(e))
+  finally:
+    run.close()
+  what = "HookedTransformer file" if FLAGS.to == "transformer_lens" else "save_pretrained directory"
+  print(f"exported cell {FLAGS.cell} at step {step} of {workdir} to {out} ({what})")
+  return 0
+
+
 def _count(x: float, per: float = 1.0, unit: str = "") -> str:
   """``x / per`` with thousands separators and ``unit`` (``_count(2.5e7, 1e6, "M") ==
   "25.0M"``), or ``x`` in scientific notation where that would be long or round to 0
@@ -710,6 +766,21 @@ COMMAND_HELP = {
   --json                 one JSON object: groups, phases, schedule, makespan_s, utilisation,
                          layouts, global (today's rule, with refused)
   --grid=FIELD=V1,V2,... / --zip=FIELD=V1,V2,...  axes, as for ihsweep run""",
+  "export": """usage: ihsweep export --workdir=DIR --cell=N [--step=S] --to=transformer_lens|hf
+                      --out=PATH
+
+  Writes model N (a cell id of the run: a sweep's cells.csv, or 0 … E-1 of ihsweep train) after
+  S updates (a saved params checkpoint; default: the last) to a new path (an existing one is
+  refused). The exported model computes the same logits as ihsweep's own forward.
+  --to=transformer_lens  one file (torch.save: cfg, state_dict); open it with
+                         ihsweep.export.load_transformer_lens(PATH), or
+                         HookedTransformer(blob["cfg"]).load_state_dict(blob["state_dict"]).
+                         Every ihsweep architecture (learned or rotary positions, MLPs or
+                         attention-only, tied or untied embeddings)
+  --to=hf                a save_pretrained directory: GPT2LMHeadModel.from_pretrained(PATH);
+                         learned positions with MLPs only (GPT-2 has no rotary positions and an
+                         MLP in every block)
+  Needs the interop extra: pip install 'ihsweep[interop]'.""",
 }
 
 
@@ -846,6 +917,7 @@ def main(argv=None) -> int:
     "corpus": _corpus,
     "predict": _predict,
     "plan": _plan,
+    "export": _export,
   }[command]
   _config_imports_siblings(_config_arg(found))
   try:  # parse here, not in app.run, so that a bad config file or override is one line
@@ -860,7 +932,7 @@ def main(argv=None) -> int:
     return _config_load_failed(e, found)
   if FLAGS.workdir:  # `--workdir=~/runs/x`: the shell leaves a `~` after `=` alone
     FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
-  if command in ("run", "train", "status", "plan") and len(rest) > 1:
+  if command in ("run", "train", "status", "plan", "export") and len(rest) > 1:
     # e.g. a space inside an unquoted path: the tail would otherwise be dropped silently
     return _fail(
       f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that contain spaces)"

@@ -194,6 +194,7 @@ OWN_FLAGS = {
     "law",
     "json",
   ),
+  "export": ("workdir", "cell", "step", "to", "out"),
 }
 FLAG_ARGS = {
   "config": "--config=configs/default.py",
@@ -210,6 +211,10 @@ FLAG_ARGS = {
   "devices_per_worker": "--devices_per_worker=2",
   "devices_per_host": "--devices_per_host=8",
   "flops_per_s": "--flops_per_s=4e14",
+  "cell": "--cell=0",
+  "step": "--step=10",
+  "to": "--to=transformer_lens",
+  "out": "--out={tmp}/model.pt",
 }
 COMMAND_WORDS = {
   "run": ["run"],
@@ -219,6 +224,7 @@ COMMAND_WORDS = {
   "corpus prepare": ["corpus", "prepare"],
   "predict": ["predict"],
   "plan": ["plan"],
+  "export": ["export"],
 }
 
 
