@@ -503,3 +503,12 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
       formed.append(cell)
       assert score[best] >= 0.15 and np.sort(score.ravel())[-2] <= 0.05, score
   assert formed, f"no model formed an induction head in 1,000 updates: {last['ps_max'].tolist()}"
+
+
+def test_the_readme_example_runs(induction, capsys):
+  """README "Open a model in TransformerLens / Hugging Face": its Python block, on this run."""
+  text = open(os.path.join(ROOT, "README.md")).read()
+  block = text.split("<!-- export-example -->\n```python\n", 1)[1].split("```", 1)[0]
+  assert '"runs/induction"' in block
+  exec(compile(block.replace('"runs/induction"', repr(induction)), "README.md", "exec"), {})
+  assert capsys.readouterr().out.strip() == "torch.Size([4, 1, 32, 32])"
