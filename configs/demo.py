@@ -13,6 +13,10 @@ V = 256 most frequent BPE types, each row mixed half-and-half with the uniform d
 (in the second half of each sequence an earlier token recurs and is followed by its earlier
 successor whenever possible). Model: 2 layers, one attention head per layer, d_model 64,
 attention-only, untied unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup.
+Probes: L = 8 at every C, the second block starting at position C/2 (``eval.probe_position =
+'middle'``), so the C effect is not the probe's; the generator repeats tokens only in the second
+half of a sequence, and the heads it grows fire only on a probe whose first copy lies before
+C/2 (docs/results.md: ~0.9 here, ~0.01 on the last 16 positions of C = 64).
 Budget: ``emergence`` — each group stops once both models' prefix-matching score has passed
 0.3 and training has gone on to twice that update, capped at a quarter of the study's
 predicted updates for the cell (1,900–12,000 updates); eval every 100 updates; params
@@ -70,7 +74,7 @@ def get_config(arg: str = ""):
     reliability=1.0,
     smoothing=0.004,
   )
-  c.eval.update(every_steps=100)
+  c.eval.update(every_steps=100, probe_len=8, probe_position="middle")
   c.checkpoint.update(
     params_schedule="log", points_per_octave=4, law_points_per_octave=0, state_every_steps=1000
   )
