@@ -604,6 +604,7 @@ def _export(argv):
       f"--to={FLAGS.to} is not allowed: transformer_lens (a TransformerLens HookedTransformer, "
       f"any ihsweep model) or hf (a Hugging Face GPT2LMHeadModel: learned positions with MLPs)"
     )
+  logging.getLogger("datasets").setLevel(logging.WARNING)  # imported by transformer_lens
   workdir = FLAGS.workdir
   if not os.path.isdir(workdir):
     return _fail(f"--workdir={workdir}: no such directory (a run directory of ihsweep run/train)")

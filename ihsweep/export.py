@@ -455,7 +455,6 @@ def export_run(workdir, cell: int, step: int | None = None, to: str = "transform
   run = workdir if isinstance(workdir, notebook.Run) else notebook.load_run(workdir)
   cfg = run.model_config(cell)  # UnknownCell first, before any checkpoint is read
   _check(cfg, to)
-  _check_out(out)
-  model = run.model(cell, step)
+  model = run.model(cell, step)  # StepNotSaved
   source = {"run_dir": run.dir, "cell": int(model.cell), "step": int(model.step)}
   return save(model, out, to, source=source), int(model.step)
