@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -324,14 +325,24 @@ def make_ensemble_train_fn(
     donate_argnums=0,
   )
 
+  repl = sharding.replicated(mesh)
+
+  def count(n: int) -> jax.Array:
+    """The call's number of updates as its replicated int32 scalar. On a mesh of this process's
+    devices, an explicit transfer; on a multi-process mesh jit replicates a plain scalar
+    (``device_put`` there would compare the value across processes on every call)."""
+    return jax.device_put(np.int32(n), repl) if repl.is_fully_addressable else jnp.int32(n)
+
+  full = count(n_steps)  # made once: a full call moves nothing between host and device
+
   def fn(state, hp, data, n_active: int | None = None):
-    return compiled(state, hp, data, jnp.int32(n_steps if n_active is None else n_active))
+    n = full if n_active is None or n_active == n_steps else count(n_active)
+    return compiled(state, hp, data, n)
 
   # Ahead-of-time lowering (runner.precompile, benchmarks): ``fn.lower(state, hp,
   # data).compile()`` gives an executable called as ``exe(state, hp, data,
   # jnp.int32(n_active))``.
-  fn.lower = lambda state, hp, data: compiled.lower(state, hp, data, jnp.int32(n_steps))
-  fn.n_steps = jnp.int32(n_steps)
+  fn.lower = lambda state, hp, data: compiled.lower(state, hp, data, full)
   return fn
 
 

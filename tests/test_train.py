@@ -185,3 +185,28 @@ def test_schedules():
 def test_calls_cover_the_run():
   assert schedule.calls(120, 50) == [50, 50, 20]
   assert schedule.calls(100, 50, done=50) == [50]
+
+
+def test_an_on_device_training_call_makes_no_implicit_transfers(tiny):
+  """Under ``jax.transfer_guard('disallow')`` a compiled training call whose inputs are already
+  on the device runs: no hidden host round trip (a Python scalar, a numpy array, a ``float()`` of
+  a device value) inside the call. The same call with a host numpy input is refused, so the
+  guard is live."""
+  cfg = tiny(**{"train.steps_per_call": 5})
+  mcfg, tcfg = train.model_and_train_config(cfg)
+  model = Transformer(mcfg)
+  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
+  mesh = sharding.make_mesh(cfg.ensemble.size, tcfg.batch_size, jax.devices()[:1])
+  state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray([0, 1], jnp.int32))
+  host_hp = train.HParams(
+    peak_lr=np.full(2, 1e-3, np.float32), data=source.data_params(cfg.ensemble.size)
+  )
+  hp, arrays = jax.device_put((host_hp, source.arrays()), jax.devices()[0])
+  fn = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, 5)
+  state, _ = fn(state, hp, arrays)  # compiles
+  with jax.transfer_guard("disallow"):
+    state, metrics = fn(state, hp, arrays)
+    jax.block_until_ready((state, metrics))
+    with pytest.raises(Exception, match="[Dd]isallowed"):
+      fn(state, host_hp, arrays)
+  assert np.isfinite(np.asarray(metrics["loss"])).all()
