@@ -57,9 +57,9 @@ def _probes(n=20):
   return probes.repeated_token_probes(0, n, L, probes.probe_candidates(V))
 
 
-def _evaluate(params, n=20, cfg=CFG):
-  reps = jnp.asarray(_probes(n))
-  seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)  # [N, 2L + 1]: a sequence per probe
+def _evaluate(params, n=20, cfg=CFG, reps=None, block_len=L):
+  reps = jnp.asarray(_probes(n) if reps is None else reps)
+  seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)  # [N, T + 1]: a sequence per probe
   recall = jnp.asarray(probes.recall_positions(np.asarray(seqs)))
   return metrics.evaluate(
     params,
@@ -67,9 +67,9 @@ def _evaluate(params, n=20, cfg=CFG):
     seqs,
     recall,
     cfg=cfg,
-    block_len=L,
+    block_len=block_len,
     icl_early=3,
-    icl_late=2 * L - 1,
+    icl_late=reps.shape[1] - 1,
     probe_batch=5,
     sequence_batch=4,
   )
@@ -151,21 +151,7 @@ def _end_probes(n=20):
 
 
 def _evaluate_end(params, n=20, cfg=CFG):
-  reps = jnp.asarray(_end_probes(n))
-  seqs = jnp.concatenate([reps, reps[:, :1]], axis=1)
-  recall = jnp.asarray(probes.recall_positions(np.asarray(seqs)))
-  return metrics.evaluate(
-    params,
-    reps,
-    seqs,
-    recall,
-    cfg=cfg,
-    block_len=L_END,
-    icl_early=3,
-    icl_late=C - 1,
-    probe_batch=5,
-    sequence_batch=4,
-  )
+  return _evaluate(params, n, cfg, reps=_end_probes(n), block_len=L_END)
 
 
 def test_end_position_probes_hold_the_same_blocks_after_filler_outside_them():
