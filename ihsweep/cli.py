@@ -618,6 +618,9 @@ def _export(argv):
     return _fail(f"--cell={FLAGS.cell}: {e}")
   except notebook.StepNotSaved as e:
     return _fail(f"--step={FLAGS.step}: {e}")
+  except notebook.CheckpointUnreadable as e:
+    flag = "--step" if FLAGS.step is None else f"--step={FLAGS.step}"
+    return _fail(f"{flag}: {e}{'; choose one with --step=S' if FLAGS.step is None else ''}")
   except export.ExportError as e:
     text = str(e)
     return _fail(text if text.startswith("--") else f"--to={FLAGS.to}: {text}")

@@ -376,9 +376,14 @@ def to_hf(model, cfg=None, *, dtype: str = "float32"):
 # ------------------------------------------------------------------ files
 
 
-def _check_out(out) -> str:
+def _check_out(out, run_dir=None) -> str:
+  """``out`` (``~`` expanded) if it names a new path in an existing directory outside
+  ``run_dir``; ExportError naming ``--out`` otherwise."""
   if out is None or not os.fspath(out):
-    raise ExportError("out: a path to write to is needed (--out=PATH)")
+    raise ExportError(
+      "--out=: a path to write to is needed (a new file for transformer_lens, a new directory "
+      "for hf)"
+    )
   out = os.path.expanduser(os.fspath(out))
   if os.path.lexists(out):
     raise ExportError(
@@ -388,53 +393,95 @@ def _check_out(out) -> str:
   parent = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(parent):
     raise ExportError(f"--out={out}: its directory {parent} does not exist")
+  if run_dir is not None:
+    inside = os.path.join(os.path.realpath(parent), os.path.basename(os.path.abspath(out)))
+    root = os.path.realpath(os.fspath(run_dir))
+    if os.path.commonpath([inside, root]) == root:
+      raise ExportError(
+        f"--out={out} is inside the run directory {run_dir}: ihsweep reads and writes names "
+        f"there (checkpoints/, groups/, analysis/, probes.npz, …; a directory under "
+        f"checkpoints/ would be read as a checkpoint); write the export outside it"
+      )
   return out
 
 
-def save(model, out, to: str, cfg=None, source: Mapping[str, Any] | None = None) -> str:
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+def save(
+  model, out, to: str, cfg=None, source: Mapping[str, Any] | None = None, run_dir=None
+) -> str:
   """Writes ``model`` (as ``to_transformer_lens``/``to_hf`` take it) to the new path ``out``
-  in the ``to`` format (the module docstring); ``source``: what to record about its origin.
-  The file (or directory) appears whole: written beside ``out``, then renamed.
+  in the ``to`` format (the module docstring); ``source``: what to record about its origin;
+  ``run_dir``: the run directory it came from (``out`` may not lie inside it). The file (or
+  directory) appears whole: written beside ``out``, then renamed.
 
   Returns: ``out``.
-  Raises: ExportError for an existing ``out``, a missing parent directory, an unknown ``to`` or
-  a config that does not map; ModuleNotFoundError without the ``interop`` extra.
+  Raises: ExportError for an existing ``out``, a missing parent directory, an ``out`` inside
+  ``run_dir``, a write that fails (the OS's reason: permissions, a full disk, a name too long;
+  nothing is left behind), an unknown ``to`` or a config that does not map;
+  ModuleNotFoundError without the ``interop`` extra.
   """
   if to not in TARGETS:
     raise ExportError(f"to = {to!r}: one of {', '.join(repr(t) for t in TARGETS)}")
   params, cfg = _resolve(model, cfg)
   _check(cfg, to)
-  out = _check_out(out)
+  out = _check_out(out, run_dir)
   import dataclasses
 
   meta = {"ihsweep_model_config": dataclasses.asdict(cfg), **dict(source or {})}
-  tmp = os.path.join(
-    os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out)}.tmp{os.getpid()}"
-  )
+  if to == "transformer_lens":
+    torch = _require("torch", "export to TransformerLens")
+    kwargs = transformer_lens_config(cfg)
+    kwargs.pop("device")
+    blob = {
+      "format": TL_FORMAT,
+      "cfg": kwargs,
+      "state_dict": to_transformer_lens(params, cfg).state_dict(),
+      "ihsweep": meta,
+    }
+  else:
+    hf_model = to_hf(params, cfg)
+  import tempfile
+
+  where = dict(dir=os.path.dirname(os.path.abspath(out)), prefix=f".{os.path.basename(out)}.")
+  tmp = None  # a new name beside out (mkstemp/mkdtemp): never a path someone else owns
   try:
-    if to == "transformer_lens":
-      torch = _require("torch", "export to TransformerLens")
-      tl_model = to_transformer_lens(params, cfg)
-      kwargs = transformer_lens_config(cfg)
-      kwargs.pop("device")
-      blob = {
-        "format": TL_FORMAT,
-        "cfg": kwargs,
-        "state_dict": tl_model.state_dict(),
-        "ihsweep": meta,
-      }
-      torch.save(blob, tmp)
-    else:
-      to_hf(params, cfg).save_pretrained(tmp)
-      with open(os.path.join(tmp, "ihsweep_source.json"), "w") as f:
-        json.dump(meta, f, indent=2)
-    if os.path.lexists(out):  # appeared meanwhile: leave it alone
-      raise ExportError(f"--out={out} appeared while exporting: left as it is")
-    os.rename(tmp, out)
+    try:
+      if to == "transformer_lens":
+        fd, tmp = tempfile.mkstemp(suffix=".tmp", **where)
+        with os.fdopen(fd, "wb") as f:
+          torch.save(blob, f)
+      else:
+        tmp = tempfile.mkdtemp(suffix=".tmp", **where)
+        hf_model.save_pretrained(tmp)
+        with open(os.path.join(tmp, "ihsweep_source.json"), "w") as f:
+          json.dump(meta, f, indent=2)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 → what mkdir would have made
+      if os.path.lexists(out):  # appeared meanwhile: leave it alone
+        raise FileExistsError(out)
+      if os.path.isdir(tmp):
+        os.rename(tmp, out)
+      else:  # a hard link fails where out appeared since the check; rename would replace it
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 → what open would have made
+        try:
+          os.link(tmp, out)
+        except FileExistsError:
+          raise
+        except OSError:  # a file system without hard links
+          os.rename(tmp, out)
+    except FileExistsError:
+      raise ExportError(f"--out={out} appeared while exporting: left as it is") from None
+    except (OSError, RuntimeError) as e:  # RuntimeError: torch's writer (a full disk)
+      why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+      raise ExportError(f"--out={out}: cannot be written ({why[:200]})") from e
   finally:
-    if os.path.isdir(tmp):
+    if tmp is not None and os.path.isdir(tmp) and not os.path.islink(tmp):
       shutil.rmtree(tmp, ignore_errors=True)
-    elif os.path.lexists(tmp):
+    elif tmp is not None and os.path.lexists(tmp):
       os.remove(tmp)
   return out
 
@@ -446,7 +493,9 @@ def export_run(workdir, cell: int, step: int | None = None, to: str = "transform
 
   Returns: ``(out, step)``.
   Raises: ``ihsweep.notebook.NotARun`` (workdir), ``UnknownCell`` (cell, naming the valid ids),
-  ``StepNotSaved`` (step, naming the saved steps), ``ExportError``, ModuleNotFoundError.
+  ``StepNotSaved`` (step, naming the saved steps), ``CheckpointUnreadable`` (a damaged
+  checkpoint at that step), ``ExportError`` (also for ``out`` inside the run directory),
+  ModuleNotFoundError.
   """
   from ihsweep import notebook
 
@@ -457,4 +506,4 @@ def export_run(workdir, cell: int, step: int | None = None, to: str = "transform
   _check(cfg, to)
   model = run.model(cell, step)  # StepNotSaved
   source = {"run_dir": run.dir, "cell": int(model.cell), "step": int(model.step)}
-  return save(model, out, to, source=source), int(model.step)
+  return save(model, out, to, source=source, run_dir=run.dir), int(model.step)

@@ -70,6 +70,11 @@ class StepNotSaved(ValueError):
   """An update at which the cell's params were not saved."""
 
 
+class CheckpointUnreadable(ValueError):
+  """A params checkpoint listed as complete that cannot be read (a file damaged or cut short
+  after it was written)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelProbes:
   """One model's evaluation inputs (``ihsweep.data.probes``, saved in ``probes.npz``).
@@ -383,12 +388,23 @@ class Run:
     Raises:
       UnknownCell: ``cell`` is not a readable model of this run (the message lists the valid ids).
       StepNotSaved: no params checkpoint at ``step`` (the message lists the saved steps).
+      CheckpointUnreadable: the checkpoint at ``step`` is damaged (the message lists the others).
     """
     import jax
 
     group, index, step = self._step(cell, step)
     if self._ensemble is None or self._ensemble[:2] != (group.id, step):
-      self._ensemble = (group.id, step, group.params(step))
+      try:
+        ensemble = group.params(step)
+      except Exception as e:  # orbax/tensorstore: any type, messages of a few kB
+        others = [s for s in group.steps() if s != step]
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CheckpointUnreadable(
+          f"step = {step}: cell {int(cell)} (group {group.id}): the params checkpoint at that "
+          f"update cannot be read ({type(e).__name__}: {first}); it is damaged or was cut "
+          f"short; other saved steps: {_ids(others)}"
+        ) from e
+      self._ensemble = (group.id, step, ensemble)
     ensemble = self._ensemble[2]
     return jax.tree_util.tree_map(lambda x: x[index], ensemble)
 
@@ -398,7 +414,7 @@ class Run:
     ``return_internals=True``).
 
     Raises:
-      UnknownCell, StepNotSaved: as ``params``.
+      UnknownCell, StepNotSaved, CheckpointUnreadable: as ``params``.
     """
     step = self._step(cell, step)[2]
     return Model(int(cell), step, self.model_config(cell), self.params(cell, step))

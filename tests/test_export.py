@@ -397,6 +397,65 @@ def test_cli_refuses_bad_input_naming_the_flag(swept, tmp_path, capsys):
   assert sorted(os.listdir(tmp_path)) == ["d", "m.pt"]  # no temporary left behind
 
 
+def test_cli_refuses_an_out_inside_the_run_or_unwritable(swept, tmp_path, capsys):
+  """--out inside the run directory is refused (an hf directory under checkpoints/params/ was
+  read as a checkpoint: every later load of the last step failed); an empty --out names
+  --out; a write the OS refuses is one line naming --out, leaving nothing behind."""
+  import ihsweep
+
+  good = [f"--workdir={swept}", "--cell=0", "--to=hf"]
+  inside = [
+    os.path.join(swept, "groups", "g000", "checkpoints", "params", "99"),
+    os.path.join(swept, "cell0-hf"),
+  ]
+  for out in inside:
+    assert _cli(*good, f"--out={out}") == 2
+    err = capsys.readouterr().err
+    assert f"--out={out} is inside the run directory" in err and "outside it" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not os.path.lexists(out)
+  assert ihsweep.load_run(swept).steps(0) == [0, 10]
+  assert _cli(*good, "--out=") == 2
+  err = capsys.readouterr().err
+  assert err.startswith("ihsweep: --out=: a path to write to is needed"), err
+  long_name = tmp_path / ("m" * 250)  # the name fits; its temporary beside it does not
+  for to in ("hf", "transformer_lens"):
+    assert _cli(*good[:2], f"--to={to}", f"--out={long_name}") == 2
+    err = capsys.readouterr().err
+    assert f"--out={long_name}: cannot be written (File name too long)" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+  assert os.listdir(tmp_path) == []
+
+
+def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):
+  """A params checkpoint cut short after it was written: one line naming --step, the step and
+  the steps that remain (was: orbax's 80-line traceback); the other steps still export."""
+  import shutil
+
+  import ihsweep
+  from ihsweep.notebook import CheckpointUnreadable
+
+  copy = str(tmp_path / "run")
+  shutil.copytree(swept, copy)
+  data = os.path.join(copy, "groups", "g000", "checkpoints", "params", "10", "params", "d")
+  for name in os.listdir(data):
+    os.truncate(os.path.join(data, name), 10)
+  out = tmp_path / "m.pt"
+  for step_flag, flag in (([], "--step: step = 10"), (["--step=10"], "--step=10: step = 10")):
+    assert _cli(f"--workdir={copy}", "--cell=0", *step_flag, "--to=transformer_lens",
+                f"--out={out}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ihsweep: {flag}: cell 0 (group g000)"), err
+    assert "cannot be read" in err and "other saved steps: 0" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+  with pytest.raises(CheckpointUnreadable, match="step = 10"):
+    ihsweep.load_run(copy).model(0)
+  assert _cli(f"--workdir={copy}", "--cell=0", "--step=0", "--to=transformer_lens",
+              f"--out={out}") == 0
+  assert export.load_transformer_lens(out).cfg.d_model == 32
+
+
 def test_notebook_methods(swept, tmp_path):
   import ihsweep
 
