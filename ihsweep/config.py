@@ -301,6 +301,33 @@ def _check_tokenizer(path: str, mtime: float, vocab: int, vocab_field: str) -> N
   natural.load_tokenizer(path, vocab, vocab_field)
 
 
+@functools.lru_cache(maxsize=8)
+def _tokenizer_special_ids(path: str, mtime: float) -> tuple[int, ...]:
+  """Ids of ``<|endoftext|>`` and every token the tokenizer.json at ``path`` marks special
+  (``NaturalTextSource.special_ids``: probes never use them); once per file version."""
+  from tokenizers import Tokenizer
+
+  from ihsweep.data import natural
+
+  del mtime  # part of the cache key only
+  tok = Tokenizer.from_file(path)
+  ids = {tok.token_to_id(natural.EOT)}
+  ids |= {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+  return tuple(sorted(int(i) for i in ids if i is not None))
+
+
+def _probe_excluded(cfg, source: str) -> tuple[int, str]:
+  """(how many ids the probes may not use, what they are): a corpus's end-of-text id and, with a
+  user tokenizer.json, every token it marks special (``probes.special_token_ids``)."""
+  if source != "natural":
+    return 0, ""
+  path = os.path.expanduser(cfg.data.tokenizer)
+  if cfg.data.tokenizer == "bpe" or not os.path.isfile(path):
+    return 1, "the end-of-text id"
+  n = len(_tokenizer_special_ids(path, os.path.getmtime(path)))
+  return n, f"{n} special id(s) of data.tokenizer (end-of-text, <pad>, …)"
+
+
 def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   """Cheap checks of a natural-text data section; the corpus itself is read (and its length
   checked) when the source is built, still before compiling."""
@@ -445,7 +472,8 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
       f"hold a block of L = min(50, C/2) tokens twice, and {MIN_BLOCK_REASON}",
     )
   block = block_length(context, probe_len)
-  usable = vocab - (1 if source == "natural" else 0)  # a corpus's end-of-text id is excluded
+  excluded, what = _probe_excluded(cfg, source)  # a corpus's end-of-text and special ids
+  usable = vocab - excluded
   # Filler before the blocks needs an id outside each block (so the blocks' copies are unique).
   filler = probe_layout(context, probe_len, position)[1] > 2 * block
   need = block + (1 if filler else 0)
@@ -455,14 +483,15 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
       "eval.probe_top_k",
       top_k,
       f"0 or in [{need}, {usable}]: a probe block holds L = {block} distinct "
-      f"ids drawn from the K most frequent{why}",
+      f"ids drawn from the K most frequent{why}"
+      + (f"; {usable} of model.vocab_size = {vocab} ids usable ({what} excluded)" if what else ""),
     )
   if not top_k and usable < need:
     raise ConfigError(
       "eval.probe_len",
       probe_len,
       f"a block of at most {usable - (1 if filler else 0)} distinct ids{why} "
-      f"(model.vocab_size = {vocab})",
+      f"(model.vocab_size = {vocab}" + (f", {what} excluded)" if what else ")"),
     )
   if early >= late:
     raise ConfigError(

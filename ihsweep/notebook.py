@@ -81,8 +81,9 @@ class ModelProbes:
 
   Attributes:
     repeated: int32 ``[N, T]`` repeated-token probes (a block of L distinct random ids, then the
-      same block again, as the last 2L tokens; T = 2L, or C after filler ids with
-      ``eval.probe_position = 'end'``), shared by every model of the run.
+      same block again, as the last 2L tokens, the first at ``T − 2L``; T = 2L with
+      ``eval.probe_position = 'start'``, C/2 + L with ``'middle'`` and C with ``'end'``, after
+      T − 2L filler ids), shared by every model of the run.
     sequences: int32 ``[S, C + 1]`` this model's held-out sequences of its own data source.
     recall: bool ``[S, C]`` positions of ``sequences`` whose next token repeats an earlier
       successor (the data-drawn associative-recall prompts ``… A B … A``).

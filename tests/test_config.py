@@ -263,3 +263,58 @@ def test_fields_the_code_reads_but_no_config_sets_are_known(tiny):
     del cfg.ensemble["seeds"]  # configs/induction.py has neither seeds nor cell_ids
     del cfg.ensemble["cell_ids"]
   validate(cfg)
+
+
+def _special_tokenizer_corpus(tmp_path):
+  """A word-level tokenizer.json of 20 ids, 4 of them special (<|endoftext|>, <pad>, <bos>,
+  <unk>: ids 0-3), and 4 documents of its 16 words; returns (tokenizer path, files glob)."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+
+  words = [f"w{i}" for i in range(16)]
+  special = ["<|endoftext|>", "<pad>", "<bos>", "<unk>"]
+  vocab = {t: i for i, t in enumerate(special + words)}
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(special)
+  tok.save(str(tmp_path / "tok.json"))
+  for d in range(4):
+    (tmp_path / f"doc{d}.txt").write_text(" ".join(words[(d + i) % 16] for i in range(200)))
+  return str(tmp_path / "tok.json"), str(tmp_path / "doc*.txt")
+
+
+def test_probe_ids_exclude_every_special_token_of_a_user_tokenizer(tiny, tmp_path, no_compile):
+  """16 of 20 ids are text: a block of L = 16 fits alone ('start'), but not with a filler id
+  before it ('end' at C = 33). Counting only the end-of-text id as excluded, validation passed
+  and the run failed at startup in make_probes with a traceback, its directory made."""
+  tok, files = _special_tokenizer_corpus(tmp_path)
+
+  def cfg(**eval_fields):
+    c = tiny(
+      **{
+        "model.vocab_size": 20,
+        "model.max_context": 64,
+        "train.context_size": 33,
+        "data.source": "natural",
+        "data.files": files,
+        "data.tokenizer": tok,
+        "data.cache_dir": str(tmp_path / "cache"),
+        "eval.every_steps": 10,
+        "eval.probe_len": 16,
+      }
+    )
+    c.eval.update(eval_fields)
+    return c
+
+  validate(cfg(probe_position="start"))  # 16 text ids hold one block
+  _assert_refused(
+    cfg(probe_position="end"),
+    tmp_path,
+    "eval.probe_len",
+    ["a block of at most 15 distinct ids", "4 special id(s) of data.tokenizer"],
+  )
+  _assert_refused(
+    cfg(probe_position="end", probe_len=15, probe_top_k=17),
+    tmp_path,
+    "eval.probe_top_k",
+    ["0 or in [16, 16]", "16 of model.vocab_size = 20 ids usable"],
+  )

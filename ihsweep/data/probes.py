@@ -43,9 +43,9 @@ MIN_BLOCK_REASON = (
 
 @dataclasses.dataclass(frozen=True)
 class Probes:
-  """repeated: int32 ``[N, T]``, the two blocks at positions T − 2L … T − 1 (T = 2L or C:
-  ``probe_layout``); sequences: int32 ``[E, S, C + 1]``; recall: bool
-  ``[E, S, C]`` (``recall_positions`` of each model's sequences); block_len: L;
+  """repeated: int32 ``[N, T]``, the two blocks at positions T − 2L … T − 1 (T = 2L, C/2 + L
+  or C for 'start', 'middle', 'end': ``probe_layout``); sequences: int32 ``[E, S, C + 1]``;
+  recall: bool ``[E, S, C]`` (``recall_positions`` of each model's sequences); block_len: L;
   candidates: how the probe ids were chosen (for the log and the record)."""
 
   repeated: np.ndarray
