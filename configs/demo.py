@@ -6,21 +6,20 @@ models in 9 groups, on the 2-core development CPU in 17 min 24 s from a fresh cl
 (install, corpus fetch and analysis included), and the law
 UPT = T / (B^α · C^β) fitted to the cells that transitioned, beside the study's.
 
-Data: semi-natural (the study's Experiment 2 generator, ``ihsweep/data/markov.py``) built from
-the embedded natural-text corpus: the bigram statistics of the Python documentation over its
-V = 256 most frequent BPE types, each row mixed half-and-half with the uniform distribution
-(``data.smoothing`` 0.004 = 1.02 / V), with induction patterns at frequency 1 and reliability 1
-(in the second half of each sequence an earlier token recurs and is followed by its earlier
-successor whenever possible). Model: 2 layers, one attention head per layer, d_model 64,
-attention-only, untied unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup.
-Probes: L = 8 at every C, the second block starting at position C/2 (``eval.probe_position =
-'middle'``), so the C effect is not the probe's; the generator repeats tokens only in the second
-half of a sequence, and the heads it grows fire only on a probe whose first copy lies before
-C/2 (docs/results.md: ~0.9 here, ~0.01 on the last 16 positions of C = 64).
-Budget: ``emergence`` — each group stops once both models' prefix-matching score has passed
-0.3 and training has gone on to twice that update, capped at a quarter of the study's
-predicted updates for the cell (1,900–12,000 updates); eval every 100 updates; params
-checkpoints 4 per octave (what the analysis reads).
+Data: semi-natural (the study's Experiment 2 generator, ``ihsweep/data/markov.py``) built from the
+python-docs corpus (fetched from Debian's python3-doc): the bigram statistics of the Python
+documentation over its V = 256 most frequent BPE types, each row mixed half-and-half with the
+uniform distribution (``data.smoothing`` 0.004 = 1.02 / V), with induction patterns at frequency
+1 and reliability 1 (in the second half of each sequence an earlier token recurs and is followed by
+its earlier successor whenever possible). Model: 2 layers, one attention head per layer, d_model 64,
+attention-only, untied unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup. Probes:
+L = 8 at every C, the second block starting at position C/2 (``eval.probe_position = 'middle'``), so
+the C effect is not the probe's; the generator repeats tokens only in the second half of a sequence,
+and the heads it grows fire only on a probe whose first copy lies before C/2 (docs/results.md: ~0.9
+here, ~0.01 on the last 16 positions of C = 64). Budget: ``emergence`` — each group stops once both
+models' prefix-matching score has passed 0.3 and training has gone on to twice that update, capped
+at a quarter of the study's predicted updates for the cell (1,900–12,000 updates); eval every 100
+updates; params checkpoints 4 per octave (what the analysis reads).
 
 How it was chosen (2-core CPU, calibration runs recorded in docs/results.md):
 * Natural text does not transition here within an hour. Issue trials with 2-layer

@@ -371,7 +371,7 @@ class Run:
         "no params checkpoints were saved (checkpoint.params_schedule = 'none', or none "
         "complete yet)"
         if not saved
-        else f"saved steps: {_ids(saved)}"
+        else f"saved steps: {_ids(saved)}{_nearest(saved, step)}"
       )
       raise StepNotSaved(
         f"step = {step!r}: cell {int(cell)} (group {group.id}) has no params "
@@ -509,6 +509,16 @@ class Run:
     from ihsweep import export
 
     return export.export_run(self, cell, step, to, out)[0]
+
+
+def _nearest(saved: list[int], step) -> str:
+  """'; nearest to 1000: 861, 1024' for an integer step between saved ones (a long list of
+  saved steps is shortened and may hide them); '' otherwise."""
+  if not isinstance(step, (int, np.integer)) or isinstance(step, (bool, np.bool_)):
+    return ""
+  below = [s for s in saved if s < step][-1:]
+  above = [s for s in saved if s > step][:1]
+  return f"; nearest to {int(step)}: {', '.join(map(str, below + above))}"
 
 
 def _ids(values: list[int], limit: int = 12) -> str:

@@ -248,7 +248,7 @@ def test_errors_name_what_is_allowed(single, tmp_path):
   with pytest.raises(
     notebook.StepNotSaved,
     match=r"step = 5: cell 0 \(group run\).*saved steps: 0, 1, 2, 3, 4, 6, 8, "
-    r"11, 16, 20",
+    r"11, 16, 20; nearest to 5: 4, 6",
   ):
     run.params(0, 5)
   with pytest.raises(notebook.StepNotSaved, match="saved steps"):
