@@ -442,8 +442,10 @@ def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):
     os.truncate(os.path.join(data, name), 10)
   out = tmp_path / "m.pt"
   for step_flag, flag in (([], "--step: step = 10"), (["--step=10"], "--step=10: step = 10")):
-    assert _cli(f"--workdir={copy}", "--cell=0", *step_flag, "--to=transformer_lens",
-                f"--out={out}") == 2
+    assert (
+      _cli(f"--workdir={copy}", "--cell=0", *step_flag, "--to=transformer_lens", f"--out={out}")
+      == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"ihsweep: {flag}: cell 0 (group g000)"), err
     assert "cannot be read" in err and "other saved steps: 0" in err, err
@@ -451,8 +453,9 @@ def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):
     assert not out.exists()
   with pytest.raises(CheckpointUnreadable, match="step = 10"):
     ihsweep.load_run(copy).model(0)
-  assert _cli(f"--workdir={copy}", "--cell=0", "--step=0", "--to=transformer_lens",
-              f"--out={out}") == 0
+  assert (
+    _cli(f"--workdir={copy}", "--cell=0", "--step=0", "--to=transformer_lens", f"--out={out}") == 0
+  )
   assert export.load_transformer_lens(out).cfg.d_model == 32
 
 
