@@ -228,7 +228,9 @@ def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
     sigma=0.12,
     emerged_only={"alpha": 0.7, "beta": -0.05},
   )
-  text = _text(summary.summary(cens, mle, config=_config()))
+  # the study's probes (the demo holds L = 8 at C/2): L follows C
+  study_probes = _config(**{"eval.probe_len": 0, "eval.probe_position": "start"})
+  text = _text(summary.summary(cens, mle, config=study_probes))
   assert "15 of 18 models emerged by their last checkpoint" in text
   assert "fitted by maximum likelihood to 15 emerged and 3 censored models" in text
   assert (
@@ -251,7 +253,7 @@ def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
     summary.summary(
       _points(seeds=1),
       _law(0.8, (0.6, 1.0), 0.1, (-0.1, 0.3)),
-      config=_config(**{"eval.probe_len": 8}),
+      config=_config(**{"eval.probe_len": 8, "eval.probe_position": "start"}),
     )
   )
   assert "No model was censored" in one and "One seed per grid point" in one
