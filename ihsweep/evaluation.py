@@ -42,7 +42,7 @@ class Evaluator:
     if probes is None:
       self.inputs = abstract_probes(cfg, mesh)
       n, t = self.inputs[0].shape
-      block_len = probes_lib.block_length(cfg.train.context_size, cfg.eval.probe_len)
+      block_len, _ = probes_lib.eval_layout(cfg.eval, cfg.train.context_size)
     else:
       n, t = probes.repeated.shape
       block_len = probes.block_len
@@ -107,9 +107,7 @@ def abstract_probes(cfg, mesh) -> tuple:
   ``[E, eval.n_sequences, C]`` split over 'ensemble'."""
   ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
   e, c, s = cfg.ensemble.size, cfg.train.context_size, cfg.eval.n_sequences
-  _, length = probes_lib.probe_layout(
-    c, cfg.eval.probe_len, cfg.eval.get("probe_position", "start")
-  )
+  _, length = probes_lib.eval_layout(cfg.eval, c)
   return (
     jax.ShapeDtypeStruct((cfg.eval.n_probes, length), np.int32, sharding=repl),
     jax.ShapeDtypeStruct((e, s, c + 1), np.int32, sharding=ens_sh),

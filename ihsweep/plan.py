@@ -335,7 +335,7 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   """Under the 'emergence' budget, a threshold an untrained model already reaches (the stop
   metric's ``StopRule.untrained`` level for this group's probes, e.g. ps_max of uniform
   attention) would stop the group at update 0."""
-  from ihsweep.data.probes import probe_layout
+  from ihsweep.data.probes import eval_layout
 
   if cfg.sweep.budget != "emergence":
     return
@@ -343,9 +343,7 @@ def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
   if rule is None or rule.untrained is None:
     return
   context = int(group.cfg.train.context_size)
-  block, length = probe_layout(
-    context, int(group.cfg.eval.probe_len), group.cfg.eval.get("probe_position", "start")
-  )
+  block, length = eval_layout(group.cfg.eval, context)
   base = rule.untrained(block, length)
   if cfg.sweep.stop_threshold <= base:
     raise ConfigError(

@@ -80,12 +80,10 @@ def _eval_work(job) -> float:
   """Tokens an evaluation runs (probes and held-out sequences) × FLOPs per token: the scale of
   ``Measured.eval_s`` between groups."""
   from ihsweep import model as model_lib
-  from ihsweep.data.probes import probe_layout
+  from ihsweep.data.probes import eval_layout
 
   cfg = job.cfg
-  _, length = probe_layout(
-    job.context_size, int(cfg.eval.probe_len), cfg.eval.get("probe_position", "start")
-  )
+  _, length = eval_layout(cfg.eval, job.context_size)
   tokens = job.n_models * (
     cfg.eval.n_probes * length + cfg.eval.n_sequences * (job.context_size + 1)
   )

@@ -117,6 +117,14 @@ def probe_layout(context_size: int, probe_len: int = 0, position: str = "start")
   return block, int(length[position])
 
 
+def eval_layout(eval_cfg, context_size: int) -> tuple:
+  """``probe_layout`` for a config's ``eval`` section (``probe_len``, ``probe_position``; a run
+  written before ``probe_position`` existed has the study's 'start')."""
+  return probe_layout(
+    context_size, int(eval_cfg.probe_len), eval_cfg.get("probe_position", "start")
+  )
+
+
 def block_start(probe_tokens: int, block_len: int) -> int:
   """Position of the first block's first token in probes of ``probe_tokens`` (T) tokens: T − 2L
   (0 for the study's probes, which are the two blocks alone)."""
@@ -227,9 +235,7 @@ def make_probes(source, data_params, arrays, eval_cfg, n_models: int, context_si
     ValueError: L < 3 (``block_length``); fewer usable ids than L or than ``probe_top_k``; no
       id left for filler (``repeated_token_probes``).
   """
-  block, length = probe_layout(
-    context_size, eval_cfg.probe_len, eval_cfg.get("probe_position", "start")
-  )
+  block, length = eval_layout(eval_cfg, context_size)
   seqs = held_out_sequences(
     source, data_params, arrays, eval_cfg.probe_seed, eval_cfg.n_sequences, n_models
   )
