@@ -84,13 +84,28 @@ def _require(module: str, what: str):
 # ------------------------------------------------------------------ what maps where
 
 
+def _target_error(to) -> str | None:
+  return None if to in TARGETS else f"to = {to!r}: one of {', '.join(repr(t) for t in TARGETS)}"
+
+
+def _check_target(to) -> None:
+  why = _target_error(to)
+  if why is not None:
+    raise ExportError(why)
+
+
+def _check_dtype(dtype) -> None:
+  if dtype not in DTYPES:
+    raise ExportError(f"dtype = {dtype!r}: one of {DTYPES}")
+
+
 def unsupported(cfg, to: str) -> str | None:
   """Why the ihsweep ``ModelConfig`` ``cfg`` cannot be exported exactly to target ``to``
   (one of ``TARGETS``), naming the field and its value; None when it can."""
   from ihsweep.model import POS_ENCODINGS
 
   if to not in TARGETS:
-    return f"to = {to!r}: one of {', '.join(repr(t) for t in TARGETS)}"
+    return _target_error(to)
   if cfg.pos_encoding not in POS_ENCODINGS:
     return f"model.pos_encoding = {cfg.pos_encoding!r}: one of {POS_ENCODINGS}"
   if to == "hf":
@@ -154,8 +169,7 @@ def transformer_lens_config(cfg, dtype: str = "float32", device: str = "cpu") ->
   mapping is in the module docstring); ``dtype`` ``'float32'`` or ``'float64'``."""
   torch = _require("torch", "export to TransformerLens")
   _check(cfg, "transformer_lens")
-  if dtype not in DTYPES:
-    raise ExportError(f"dtype = {dtype!r}: one of {DTYPES}")
+  _check_dtype(dtype)
   out = dict(
     model_name="ihsweep",
     n_layers=cfg.n_layers,
@@ -212,6 +226,18 @@ def transformer_lens_state_dict(params, cfg) -> dict[str, np.ndarray]:
   return sd
 
 
+def _hooked_transformer(kwargs: dict, what: str):
+  """An uninitialised-on-device ``HookedTransformer`` of ``HookedTransformerConfig`` keyword
+  arguments ``kwargs``, without TransformerLens 3.x's deprecation warning (HookedTransformer
+  is what 4.0 replaced by its bridge, which holds Hugging Face architectures only)."""
+  import warnings
+
+  tl = _require("transformer_lens", what)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return tl.HookedTransformer(tl.HookedTransformerConfig(**kwargs), move_to_device=False)
+
+
 def _load_into(module, arrays: dict[str, np.ndarray], dtype: str, what: str) -> None:
   """Copies ``arrays`` into ``module``'s parameters, each cast to ``dtype``; every trainable
   parameter must be among them, with its shape (ExportError otherwise: a mapping bug, never a
@@ -254,13 +280,9 @@ def to_transformer_lens(model, cfg=None, *, dtype: str = "float32", device: str 
     ExportError: a config that does not map, or a bad dtype.
   """
   params, cfg = _resolve(model, cfg)
-  kwargs = transformer_lens_config(cfg, dtype, device)
-  tl = _require("transformer_lens", "export to TransformerLens")
-  import warnings
-
-  with warnings.catch_warnings():  # 3.x marks HookedTransformer deprecated (for 4.0's bridge)
-    warnings.simplefilter("ignore", DeprecationWarning)
-    out = tl.HookedTransformer(tl.HookedTransformerConfig(**kwargs), move_to_device=False)
+  out = _hooked_transformer(
+    transformer_lens_config(cfg, dtype, device), "export to TransformerLens"
+  )
   _load_into(out, transformer_lens_state_dict(params, cfg), dtype, "export to TransformerLens")
   return out.to(device, print_details=False).eval()
 
@@ -269,15 +291,10 @@ def load_transformer_lens(path: str | os.PathLike, device: str = "cpu"):
   """The ``HookedTransformer`` in a file written by ``export_run(..., to='transformer_lens')``
   (``ihsweep export --to=transformer_lens``)."""
   torch = _require("torch", "load_transformer_lens")
-  tl = _require("transformer_lens", "load_transformer_lens")
   blob = torch.load(os.fspath(path), map_location=device)
   if not isinstance(blob, dict) or blob.get("format") != TL_FORMAT:
     raise ExportError(f"{path}: not a TransformerLens export of ihsweep (format {TL_FORMAT})")
-  import warnings
-
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    model = tl.HookedTransformer({**blob["cfg"], "device": device}, move_to_device=False)
+  model = _hooked_transformer({**blob["cfg"], "device": device}, "load_transformer_lens")
   model.load_state_dict(blob["state_dict"])
   return model.to(device, print_details=False).eval()
 
@@ -360,8 +377,7 @@ def to_hf(model, cfg=None, *, dtype: str = "float32"):
   """
   params, cfg = _resolve(model, cfg)
   kwargs = hf_config(cfg)
-  if dtype not in DTYPES:
-    raise ExportError(f"dtype = {dtype!r}: one of {DTYPES}")
+  _check_dtype(dtype)
   transformers = _require("transformers", "export to Hugging Face")
   torch = _require("torch", "export to Hugging Face")
   out = transformers.GPT2LMHeadModel(transformers.GPT2Config(**kwargs)).to(getattr(torch, dtype))
@@ -425,8 +441,7 @@ def save(
   nothing is left behind), an unknown ``to`` or a config that does not map;
   ModuleNotFoundError without the ``interop`` extra.
   """
-  if to not in TARGETS:
-    raise ExportError(f"to = {to!r}: one of {', '.join(repr(t) for t in TARGETS)}")
+  _check_target(to)
   params, cfg = _resolve(model, cfg)
   _check(cfg, to)
   out = _check_out(out, run_dir)
@@ -499,8 +514,7 @@ def export_run(workdir, cell: int, step: int | None = None, to: str = "transform
   """
   from ihsweep import notebook
 
-  if to not in TARGETS:
-    raise ExportError(f"to = {to!r}: one of {', '.join(repr(t) for t in TARGETS)}")
+  _check_target(to)
   run = workdir if isinstance(workdir, notebook.Run) else notebook.load_run(workdir)
   cfg = run.model_config(cell)  # UnknownCell first, before any checkpoint is read
   _check(cfg, to)
