@@ -47,7 +47,7 @@ import numpy as np
 from ihsweep import data as data_lib
 from ihsweep import sharding, train
 from ihsweep.data.builtin import UniformSource
-from ihsweep.model import ModelConfig, Transformer, flops_per_token
+from ihsweep.model import ModelConfig, flops_per_token
 from ihsweep.runner import HostLoader
 
 WORKLOADS = {
@@ -108,7 +108,7 @@ def _build(
     steps_per_call=steps_per_call,
     lr=1e-3,
   )
-  model = Transformer(mcfg)
+  model = train.training_model(mcfg, tcfg)
   source = _source(data, loader, mcfg, tcfg)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
@@ -137,11 +137,12 @@ def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, li
   program, one program after another, after one untimed warm-up call each."""
   state0, hp0, next0 = programs[0]
   t0 = time.perf_counter()
-  exe = step.lower(state0, hp0, next0()).compile()
-  n_active = getattr(step, "n_steps", None)  # the trainer's program also takes its call length
-
-  def compiled(state, hp, data):
-    return exe(state, hp, data) if n_active is None else exe(state, hp, data, n_active)
+  # The trainer's program (train.TrainProgram) compiles into a callable of the same arguments;
+  # a plain jitted function (data_only) through its lowering.
+  if isinstance(step, train.TrainProgram):
+    compiled = step.compile(state0, hp0, next0())
+  else:
+    compiled = step.lower(state0, hp0, next0()).compile()
 
   compile_s = time.perf_counter() - t0
   states = []

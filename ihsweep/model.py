@@ -227,6 +227,12 @@ class Block(nn.Module):
 class Transformer(nn.Module):
   """GPT-2-style decoder-only language model.
 
+  Module attributes beside ``cfg`` choose how training computes, never what (same numbers up
+  to float rounding): ``vocab_tile`` (vocabulary rows per tile of the training loss,
+  ``losses.unembed_cross_entropy``; 0 = by shape) and ``remat`` (recompute each block's
+  activations in the backward pass instead of keeping them: ``jax.checkpoint`` with
+  ``nothing_saveable``, ~1/3 more compute for activation memory of one block).
+
   ``__call__(tokens_BxT, return_internals=False, targets_BxT=None)``:
     tokens_BxT: int32 token ids in [0, vocab_size), T ≤ max_context.
     With ``targets_BxT`` (int32 next tokens) it returns only the mean next-token cross-entropy
@@ -245,6 +251,8 @@ class Transformer(nn.Module):
   """
 
   cfg: ModelConfig
+  vocab_tile: int = 0
+  remat: bool = False
 
   @nn.compact
   def __call__(self, tokens_BxT, return_internals: bool = False, targets_BxT=None):
@@ -266,8 +274,11 @@ class Transformer(nn.Module):
       )
       x_BxTxD = x_BxTxD + pos_CxD[None, :t].astype(cfg.accum_dtype)
     per_layer = []
+    block = Block
+    if self.remat:  # self is argument 0: return_internals is 2
+      block = nn.remat(Block, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(2,))
     for i in range(cfg.n_layers):
-      x_BxTxD, internals = Block(cfg, name=f"block_{i}")(x_BxTxD, return_internals)
+      x_BxTxD, internals = block(cfg, name=f"block_{i}")(x_BxTxD, return_internals)
       per_layer.append(internals)
     resid_BxTxD = x_BxTxD
     x_BxTxD = nn.LayerNorm(
@@ -283,7 +294,7 @@ class Transformer(nn.Module):
     if targets_BxT is not None:
       b, t, d = x_BxTxD.shape
       return unembed_cross_entropy(
-        x_BxTxD.astype(dtype).reshape(b * t, d), w_VxD, targets_BxT.reshape(b * t)
+        x_BxTxD.astype(dtype).reshape(b * t, d), w_VxD, targets_BxT.reshape(b * t), self.vocab_tile
       )
     logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD.astype(dtype), w_VxD)
     logits_BxTxV = logits_BxTxV.astype(cfg.accum_dtype)

@@ -31,7 +31,6 @@ from ihsweep.data import probes as probes_lib
 # EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
 # ihsweep.evaluation.
 from ihsweep.evaluation import EmergenceStop, Evaluator, json_value, replay
-from ihsweep.model import Transformer
 
 log = logging.getLogger("ihsweep")
 
@@ -264,7 +263,7 @@ class _Group:
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
     self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
-    self.model = Transformer(self.mcfg)
+    self.model = train.training_model(self.mcfg, self.tcfg)
     self.source = make_source(
       cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
     )

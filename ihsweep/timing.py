@@ -108,7 +108,6 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   import tempfile
 
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from ihsweep import checkpoint, train
@@ -116,13 +115,12 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
   from ihsweep.evaluation import Evaluator
-  from ihsweep.model import Transformer
 
   t0 = time.perf_counter()
   mcfg, tcfg = train.model_and_train_config(cfg)
   n_models = int(cfg.ensemble.size)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
-  model = Transformer(mcfg)
+  model = train.training_model(mcfg, tcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   host_fed = not source.on_device
   data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
@@ -148,7 +146,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     model, tcfg, None if host_fed else source.sample, mesh, k, cfg.ensemble.vmap_chunk
   )
   t = time.perf_counter()
-  exe = program.lower(state, hp, data).compile()
+  exe = program.compile(state, hp, data)
   if evaluator is not None:
     jax.block_until_ready(evaluator(state.params))
   compile_s = time.perf_counter() - t
@@ -161,7 +159,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
 
   def call(n_active):
     nonlocal state
-    state, metrics = exe(state, hp, data, jnp.int32(n_active))
+    state, metrics = exe(state, hp, data, n_active)
     return metrics
 
   timed(lambda: call(k))  # warm-up

@@ -46,6 +46,9 @@ class TrainConfig:
   eps: float = 1e-8
   weight_decay: float = 0.0  # decoupled, on matrices only (not biases, LayerNorm, embeddings)
   grad_clip: float = 1.0  # global-norm clip; 0 disables
+  # Memory choices (same numbers up to float rounding; ihsweep.memory picks them when 0/auto):
+  gradient_accumulation_steps: int = 1  # k microbatches of B/k sequences per update; 0 = auto
+  remat: str = "none"  # none | blocks (recompute block activations in the backward) | auto
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
@@ -55,6 +58,21 @@ class TrainConfig:
   @property
   def warmup_steps(self) -> int:
     return int(round(self.warmup_frac * self.num_steps))
+
+  @property
+  def microbatches(self) -> int:
+    """k of ``gradient_accumulation_steps``, 1 while it is still 0 (auto, unresolved)."""
+    return max(1, int(self.gradient_accumulation_steps))
+
+
+REMAT = ("auto", "none", "blocks")
+
+
+def training_model(mcfg: ModelConfig, tcfg: TrainConfig) -> Transformer:
+  """The module the train program differentiates: ``mcfg``'s architecture with ``tcfg``'s
+  memory choices (block rematerialisation; the loss's vocabulary tiles follow the microbatch's
+  shape, ``losses.auto_vocab_tile``)."""
+  return Transformer(mcfg, remat=tcfg.remat == "blocks")
 
 
 @flax.struct.dataclass
@@ -158,10 +176,49 @@ def next_token_loss(logits_BxTxV: jax.Array, targets_BxT: jax.Array) -> jax.Arra
   return jnp.mean(logz_BxT - target_logit_BxT)
 
 
+def accumulated_value_and_grad(
+  loss_fn: Callable, params: Any, tokens_BxCp1: jax.Array, k: int
+) -> tuple[jax.Array, Any]:
+  """``jax.value_and_grad(loss_fn)(params, tokens_BxCp1)`` computed over ``k`` microbatches
+  of B/k sequences (gradient accumulation, as HF Trainer's ``gradient_accumulation_steps``).
+
+  ``loss_fn(params, tokens_bxCp1)`` is a mean over the microbatch's tokens; every microbatch
+  has the same number of tokens, so the batch's mean loss and its gradient are the plain means
+  of the k microbatches' (accumulated in float32, or float64 for float64 params). Microbatch
+  j holds rows j, j + k, j + 2k, …: with B sharded in contiguous blocks over the mesh's 'data'
+  axis, each microbatch keeps B/(k · devices) rows on every device. Activations are those of
+  one microbatch (``lax.scan`` over them).
+
+  Raises:
+    ValueError: k does not divide B.
+  """
+  b = tokens_BxCp1.shape[0]
+  if k == 1:
+    return jax.value_and_grad(loss_fn)(params, tokens_BxCp1)
+  if b % k:
+    raise ValueError(f"train.gradient_accumulation_steps = {k} must divide B = {b}")
+  micro_kxbxCp1 = jnp.swapaxes(tokens_BxCp1.reshape((b // k, k) + tokens_BxCp1.shape[1:]), 0, 1)
+  acc = lambda p: jnp.promote_types(p.dtype, jnp.float32)
+  tree_map = jax.tree_util.tree_map
+
+  def one_microbatch(carry, tokens_bxCp1):
+    loss_sum, grad_sum = carry
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens_bxCp1)
+    grad_sum = tree_map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
+    return (loss_sum + loss, grad_sum), None
+
+  zeros = tree_map(lambda p: jnp.zeros(p.shape, acc(p)), params)
+  loss0 = jnp.zeros((), acc(jax.tree_util.tree_leaves(params)[0]))
+  (loss_sum, grad_sum), _ = jax.lax.scan(one_microbatch, (loss0, zeros), micro_kxbxCp1)
+  grads = tree_map(lambda s, p: (s / k).astype(p.dtype), grad_sum, params)
+  return loss_sum / k, grads
+
+
 def train_step(
   state: TrainState, hp: HParams, tokens_BxCp1: jax.Array, *, model: Transformer, tcfg: TrainConfig
 ) -> tuple[TrainState, dict]:
-  """One AdamW update of ONE model on int32 tokens ``[B, C + 1]``.
+  """One AdamW update of ONE model on int32 tokens ``[B, C + 1]``, its gradient accumulated
+  over ``tcfg.microbatches`` microbatches (``accumulated_value_and_grad``).
 
   Returns the new state and float32 scalars ``loss`` (nats/token, before the update) and
   ``grad_norm`` (global L2 norm before clipping). A model whose loss or gradient norm is NaN/inf
@@ -169,12 +226,12 @@ def train_step(
   before that update, and its ``loss``/``grad_norm`` are reported as NaN from then on. Freezing
   is per model, so the other models of an ensemble train exactly as they would without it.
   """
-  inputs_BxC, targets_BxC = tokens_BxCp1[:, :-1], tokens_BxCp1[:, 1:]
 
-  def loss_fn(params):
-    return model.apply({"params": params}, inputs_BxC, targets_BxT=targets_BxC)
+  def loss_fn(params, tokens_bxCp1):
+    inputs_bxC, targets_bxC = tokens_bxCp1[:, :-1], tokens_bxCp1[:, 1:]
+    return model.apply({"params": params}, inputs_bxC, targets_BxT=targets_bxC)
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss, grads = accumulated_value_and_grad(loss_fn, state.params, tokens_BxCp1, tcfg.microbatches)
   tx = make_optimizer(tcfg, hp.peak_lr)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -240,7 +297,7 @@ def make_ensemble_train_fn(
   mesh: Mesh,
   n_steps: int,
   vmap_chunk: int = 0,
-) -> Callable:
+) -> "TrainProgram":
   """The compiled ensemble program: ``fn(state, hp, data, n_active=None) -> (state, metrics)``.
 
   Runs ``n_active`` (default and at most ``n_steps``) updates of every model in one device loop
@@ -325,25 +382,52 @@ def make_ensemble_train_fn(
     donate_argnums=0,
   )
 
-  repl = sharding.replicated(mesh)
+  return TrainProgram(compiled, n_steps, sharding.replicated(mesh))
 
-  def count(n: int) -> jax.Array:
+
+class TrainProgram:
+  """The ensemble train program of ``make_ensemble_train_fn``:
+  ``program(state, hp, data, n_active=None) -> (state, metrics)``.
+
+  ``program.compile(state, hp, data)`` compiles it ahead of time from arrays or
+  ``jax.ShapeDtypeStruct`` (runner.precompile, ihsweep.memory, benchmarks) and returns a
+  callable with the same signature whose ``executable`` (a ``jax.stages.Compiled``) has
+  ``memory_analysis()`` and ``cost_analysis()``; ``program.lower(...)`` stops before compiling.
+  """
+
+  def __init__(self, jitted, n_steps: int, replicated):
+    self.jitted, self.n_steps, self._repl = jitted, n_steps, replicated
+    self._full = self._count(n_steps)  # made once: a full call moves nothing host ↔ device
+
+  def _count(self, n: int) -> jax.Array:
     """The call's number of updates as its replicated int32 scalar. On a mesh of this process's
     devices, an explicit transfer; on a multi-process mesh jit replicates a plain scalar
     (``device_put`` there would compare the value across processes on every call)."""
-    return jax.device_put(np.int32(n), repl) if repl.is_fully_addressable else jnp.int32(n)
+    if self._repl.is_fully_addressable:
+      return jax.device_put(np.int32(n), self._repl)
+    return jnp.int32(n)
 
-  full = count(n_steps)  # made once: a full call moves nothing between host and device
+  def _n(self, n_active: int | None) -> jax.Array:
+    return self._full if n_active is None or n_active == self.n_steps else self._count(n_active)
 
-  def fn(state, hp, data, n_active: int | None = None):
-    n = full if n_active is None or n_active == n_steps else count(n_active)
-    return compiled(state, hp, data, n)
+  def __call__(self, state, hp, data, n_active: int | None = None):
+    return self.jitted(state, hp, data, self._n(n_active))
 
-  # Ahead-of-time lowering (runner.precompile, benchmarks): ``fn.lower(state, hp,
-  # data).compile()`` gives an executable called as ``exe(state, hp, data,
-  # jnp.int32(n_active))``.
-  fn.lower = lambda state, hp, data: compiled.lower(state, hp, data, full)
-  return fn
+  def lower(self, state, hp, data) -> jax.stages.Lowered:
+    return self.jitted.lower(state, hp, data, jax.ShapeDtypeStruct((), np.int32))
+
+  def compile(self, state, hp, data) -> "CompiledTrainProgram":
+    return CompiledTrainProgram(self.lower(state, hp, data).compile(), self)
+
+
+class CompiledTrainProgram:
+  """A ``TrainProgram`` compiled for one set of argument shapes (``TrainProgram.compile``)."""
+
+  def __init__(self, executable: jax.stages.Compiled, program: TrainProgram):
+    self.executable, self._program = executable, program
+
+  def __call__(self, state, hp, data, n_active: int | None = None):
+    return self.executable(state, hp, data, self._program._n(n_active))
 
 
 def model_and_train_config(cfg) -> tuple[ModelConfig, TrainConfig]:

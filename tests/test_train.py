@@ -26,13 +26,14 @@ RTOL = 1e-9
 
 def _setup(cfg, devices):
   mcfg, tcfg = train.model_and_train_config(cfg)
-  model = Transformer(dataclasses.replace(mcfg, dtype="float64", param_dtype="float64"))
+  mcfg = dataclasses.replace(mcfg, dtype="float64", param_dtype="float64")
+  model = train.training_model(mcfg, tcfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
   mesh = sharding.make_mesh(cfg.ensemble.size, tcfg.batch_size, devices)
   return model, tcfg, source, mesh
 
 
-def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
+def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0, metric="loss"):
   model, tcfg, source, mesh = _setup(cfg, devices)
   state = train.make_init_fn(model, tcfg, mesh)(jnp.asarray(seeds, jnp.int32))
   hp = train.HParams(peak_lr=jnp.asarray(lrs, jnp.float64), data=source.data_params(len(seeds)))
@@ -41,8 +42,8 @@ def _train_ensemble(cfg, devices, seeds, lrs, vmap_chunk=0):
     state, m = train.make_ensemble_train_fn(model, tcfg, source.sample, mesh, k, vmap_chunk)(
       state, hp, source.arrays()
     )
-    metrics.append(m["loss"])
-  return state, np.concatenate(metrics)
+    metrics.append(m[metric] if isinstance(metric, str) else np.stack([m[n] for n in metric]))
+  return state, np.concatenate(metrics, axis=-2)
 
 
 def _tree_errors(a, b) -> dict:
@@ -140,6 +141,84 @@ def test_vmap_chunks_do_not_change_results(tiny, x64):
   np.testing.assert_allclose(whole_loss, chunked_loss, rtol=RTOL)
   _assert_trees_close(whole.params, chunked.params)
   assert len(chunked.params["embed"]["embedding"].sharding.device_set) == 4
+
+
+ARCHITECTURES = [  # every model choice the accumulation meets: positions, tying, MLPs
+  {"model.pos_encoding": "learned", "model.tie_embeddings": True, "model.d_mlp": 64},
+  {"model.pos_encoding": "rotary", "model.tie_embeddings": False, "model.d_mlp": 0},
+  {"model.pos_encoding": "rotary", "model.tie_embeddings": True, "model.d_mlp": 64},
+  {"model.pos_encoding": "learned", "model.tie_embeddings": False, "model.d_mlp": 0},
+]
+
+
+def _accumulation_run(cfg, **train_fields):
+  """Two models, 12 updates (one call of 8 and one of 4) on 2 devices (data axis 2 for E = 1
+  would not hold; E = 2 over 2 devices): params and per-update (loss, grad_norm)."""
+  cfg = cfg.copy_and_resolve_references()
+  cfg.train.update(num_steps=12, steps_per_call=8, **train_fields)
+  return _train_ensemble(cfg, jax.devices()[:2], [3, 4], [3e-3, 1e-2], metric=("loss", "grad_norm"))
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: "-".join(map(str, a.values())))
+def test_gradient_accumulation_equals_one_update_on_the_whole_batch(tiny, x64, arch):
+  """k ∈ {2, 4} microbatches of B/k = 4, 2 sequences equal k = 1 on B = 8 after 12 updates:
+  params, loss and gradient norm (float64, RTOL); and block rematerialisation changes nothing."""
+  cfg = tiny(**arch)
+  whole, whole_m = _accumulation_run(cfg, gradient_accumulation_steps=1)
+  assert whole_m.shape == (2, 12, 2)  # (loss, grad_norm) × updates × models
+  for fields in (
+    {"gradient_accumulation_steps": 2},
+    {"gradient_accumulation_steps": 4},
+    {"gradient_accumulation_steps": 2, "remat": "blocks"},
+  ):
+    acc, acc_m = _accumulation_run(cfg, **fields)
+    np.testing.assert_allclose(acc_m, whole_m, rtol=RTOL, err_msg=str(fields))
+    _assert_trees_close(acc.params, whole.params)
+    _assert_trees_close(acc.opt_state, whole.opt_state)
+
+
+def test_gradient_accumulation_over_a_data_sharded_batch(tiny, x64):
+  """E = 1 on 4 devices: B = 8 split over the 'data' axis; k = 2 microbatches of 4 rows keep
+  one row per device each (rows j, j + k, …) and equal k = 1 sharded and on one device."""
+  cfg = tiny(**{"ensemble.size": 1, "train.num_steps": 6, "train.steps_per_call": 6})
+  one, one_loss = _train_ensemble(cfg, jax.devices()[:1], [7], [1e-2])
+  cfg.train.gradient_accumulation_steps = 2
+  four, four_loss = _train_ensemble(cfg, jax.devices(), [7], [1e-2])
+  assert len(four.params["embed"]["embedding"].sharding.device_set) == 4
+  np.testing.assert_allclose(four_loss, one_loss, rtol=RTOL)
+  _assert_trees_close(four.params, one.params)
+
+
+def test_a_wrongly_weighted_accumulation_fails(tiny, x64, monkeypatch):
+  """The comparison above catches a real error: microbatch j's gradient weighted by
+  2(j + 1)/(k + 1) (weights averaging 1, as a mean of means weighted by the wrong counts)."""
+  cfg = tiny(**ARCHITECTURES[0])
+  whole, whole_m = _accumulation_run(cfg, gradient_accumulation_steps=1)
+  real = train.accumulated_value_and_grad
+
+  def weighted_wrongly(loss_fn, params, tokens, k):
+    def weighted(p, tokens_k):  # tokens_k: one microbatch; its index from a counter
+      weighted.j += 1
+      return loss_fn(p, tokens_k) * (2.0 * weighted.j / (k + 1))
+
+    weighted.j = 0
+    micro = jnp.swapaxes(tokens.reshape((tokens.shape[0] // k, k) + tokens.shape[1:]), 0, 1)
+    out = [jax.value_and_grad(weighted)(params, micro[j]) for j in range(k)]
+    loss = sum(o[0] for o in out) / k
+    return loss, jax.tree_util.tree_map(lambda *g: sum(g) / k, *[o[1] for o in out])
+
+  monkeypatch.setattr(train, "accumulated_value_and_grad", weighted_wrongly)
+  wrong, wrong_m = _accumulation_run(cfg, gradient_accumulation_steps=2)
+  monkeypatch.setattr(train, "accumulated_value_and_grad", real)
+  with pytest.raises(AssertionError):
+    _assert_trees_close(wrong.params, whole.params)
+  assert not np.allclose(wrong_m[1], whole_m[1], rtol=RTOL)  # the gradient norms
+
+
+def test_gradient_accumulation_must_divide_b():
+  params = {"w": jnp.zeros(3)}
+  with pytest.raises(ValueError, match="gradient_accumulation_steps = 3 must divide B = 8"):
+    train.accumulated_value_and_grad(lambda p, t: jnp.sum(p["w"]), params, jnp.zeros((8, 5)), 3)
 
 
 def test_auto_vmap_chunk():
