@@ -49,6 +49,11 @@ def get_config(arg: str = ""):
       eps=1e-8,
       weight_decay=0.0,
       grad_clip=1.0,
+      # Memory (same numbers either way; ihsweep.memory): k microbatches of B/k per update
+      # and block rematerialisation, 0 / auto = the cheapest that fits the device's memory
+      # (on a CPU, which reports none: k = 1, no remat).
+      gradient_accumulation_steps=0,
+      remat="auto",
     )
   )
 

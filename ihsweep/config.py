@@ -23,6 +23,8 @@ SCHEDULES = ("cosine", "constant", "inverse_sqrt")
 # updates; results equal up to float rounding): a sweep axis over one would train copies.
 EXECUTION_FIELDS = (
   "train.steps_per_call",
+  "train.gradient_accumulation_steps",
+  "train.remat",
   "ensemble.vmap_chunk",
   "mesh.num_devices",
   "checkpoint.async_save",
@@ -623,6 +625,40 @@ def _check_distinct_models(cfg, size: int, source: str) -> None:
       )
 
 
+def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
+  """``train.gradient_accumulation_steps`` (0 = chosen by device memory, else k dividing B with
+  B/k split evenly over the mesh's 'data' axis) and ``train.remat``; a config written before
+  they existed has neither (k = 1, no remat)."""
+  from ihsweep.train import REMAT
+
+  field = "train.gradient_accumulation_steps"
+  k = _check_int(
+    field,
+    cfg.train.get("gradient_accumulation_steps", 1),
+    0,
+    batch,
+    hint=f" (0 = chosen by device memory; at most train.batch_size = {batch})",
+  )
+  if k and batch % k:
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    raise ConfigError(
+      field,
+      k,
+      f"0 (chosen by device memory) or a divisor of train.batch_size = {batch}: one of {divisors}",
+    )
+  if k and (batch // k) % n_data:
+    good = [d for d in range(1, batch + 1) if batch % d == 0 and (batch // d) % n_data == 0]
+    raise ConfigError(
+      field,
+      k,
+      f"0 or one of {good}: each microbatch of B/k = {batch // k} "
+      f"sequences is split over the mesh's 'data' axis of {n_data} devices",
+    )
+  remat = cfg.train.get("remat", "none")
+  if remat not in REMAT:
+    raise ConfigError("train.remat", remat, f"one of {', '.join(REMAT)}")
+
+
 def validate(cfg, devices=None) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
@@ -769,6 +805,7 @@ def validate(cfg, devices=None) -> None:
     n_ens, _ = mesh_shape(size, batch, n_dev or n_avail)
   except MeshError as e:
     raise ConfigError("mesh.num_devices", n_dev, str(e)) from None
+  _validate_memory_choices(cfg, batch, (n_dev or n_avail) // n_ens)
   chunk = _int(cfg, "ensemble", "vmap_chunk", 0, hint=" (0 = auto)")
   local = size // n_ens
   if chunk and local % chunk:

@@ -6,6 +6,7 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from ihsweep import checkpoint, rundir, sharding, sinks, train
+from ihsweep import checkpoint, memory, rundir, sharding, sinks, train
 from ihsweep import config as config_lib
 from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
@@ -321,6 +322,110 @@ def _abstract(tree, where):
   )
 
 
+def _per_device_bytes(tree) -> int:
+  """Bytes of one device's shards of the ``jax.ShapeDtypeStruct`` leaves of ``tree``."""
+  total = 0
+  for x in jax.tree_util.tree_leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def resolve_memory(cfg, devices: list, name: str = "the run"):
+  """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.memory``):
+  ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
+  become the values ``memory.choose`` finds by compiling the group's programs against the
+  devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
+  k = 1, no remat and the usual chunk rule, without compiling anything.
+
+  Returns:
+    ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
+    nothing was automatic), and the ``memory.Choice`` (None if nothing was compiled).
+
+  Raises:
+    memory.DoesNotFit: the capacity is known and no setting fits (before anything trains).
+  """
+  k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
+  auto_k, auto_remat = k == 0, remat == "auto"
+  auto_chunk = cfg.ensemble.vmap_chunk == 0
+  capacity = memory.device_capacity(devices[0])
+  if capacity is None and not (auto_k or auto_remat):
+    return cfg, None
+  out = copy.deepcopy(cfg)
+  if capacity is None:
+    with out.unlocked():
+      out.train.gradient_accumulation_steps = k or 1
+      out.train.remat = "none" if auto_remat else remat
+    return out, None
+  with out.unlocked():  # the group is built once; each setting only rebuilds its program
+    out.train.gradient_accumulation_steps = k or 1
+    out.train.remat = "none" if auto_remat else remat
+  group = _Group(out, devices)
+  ens_sh = sharding.ensemble_sharding(group.mesh)
+  state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
+  hp, data = _abstract(group.hparams(), ens_sh), group.abstract_data()
+  n_ens, n_data = group.mesh.shape["ensemble"], group.mesh.shape["data"]
+  local = group.n_models // n_ens
+  n_steps = min(group.tcfg.steps_per_call, group.tcfg.num_steps)
+
+  def compile_train(setting: memory.Setting) -> memory.ProgramMemory:
+    tcfg = dataclasses.replace(
+      group.tcfg,
+      gradient_accumulation_steps=setting.gradient_accumulation_steps,
+      remat=setting.remat,
+    )
+    program = train.make_ensemble_train_fn(
+      train.training_model(group.mcfg, tcfg),
+      tcfg,
+      None if group.host_fed else group.source.sample,
+      group.mesh,
+      n_steps,
+      setting.vmap_chunk,
+    )
+    try:
+      return memory.analyse(program.compile(state, hp, data))
+    except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return memory.ProgramMemory(0, 0, 0, memory.exhausted_bytes(str(e), capacity), 0)
+
+  eval_mem = None
+  if schedule_lib.eval_interval(out):
+    evaluator = Evaluator(out, group.mcfg, None, group.mesh)
+    eval_mem = memory.analyse(evaluator.lower(state.params).compile())
+  prefetch = _per_device_bytes(data) if group.host_fed else 0
+  choice = memory.choose(
+    compile_train,
+    batch_size=group.tcfg.batch_size,
+    data_axis=n_data,
+    local_models=local,
+    default_chunk=cfg.ensemble.vmap_chunk
+    or train.auto_vmap_chunk(local, group.tcfg, group.mcfg.vocab_size, devices[0].platform),
+    fixed_k=k,
+    fixed_chunk=cfg.ensemble.vmap_chunk,
+    remat=remat,
+    capacity_bytes=capacity,
+    resident_extra=lambda _: prefetch,
+    eval_memory=eval_mem,
+    group=name,
+  )
+  s = choice.setting
+  with out.unlocked():
+    out.train.gradient_accumulation_steps = s.gradient_accumulation_steps
+    out.train.remat = s.remat
+    if auto_chunk:
+      out.ensemble.vmap_chunk = s.vmap_chunk
+  log.info(
+    "%s: %s per device of %s (%s; %d setting(s) compiled)",
+    name,
+    memory.gib(choice.per_device_bytes),
+    memory.gib(capacity),
+    s.describe(),
+    len(choice.tried),
+  )
+  return out, choice
+
+
 def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
   """Compiles a run's programs ahead of time, as ``fit(cfg, ..., devices=devices,
   local=local)`` builds them — the initialisation, the train program (which also serves the
@@ -346,6 +451,7 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
     ConfigError, DataError: as ``fit`` does, before anything is compiled.
   """
   devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  cfg, _ = resolve_memory(cfg, devices)
   group = _Group(cfg, devices)
   ens_sh = sharding.ensemble_sharding(group.mesh)
   seconds = {}
@@ -431,6 +537,7 @@ def fit(
   """
   started = time.perf_counter()
   devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  cfg, _ = resolve_memory(cfg, devices, f"group {desc.split()[0]}" if desc else workdir)
   team = sharding.Team.of(devices)
   # The team's lead marks and locks the directory (process 0 for one global mesh).
   here = team.leads and not team.is_everyone

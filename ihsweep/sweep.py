@@ -377,6 +377,20 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
     time.sleep(min(rundir.claim_heartbeat_s(), 2.0))
 
 
+def _fit_memory(worker: _Worker, workdir: str) -> None:
+  """Before any group trains: each of the worker's unfinished groups gets its memory setting
+  for the worker's devices (``runner.resolve_memory``: compiled against the devices' capacity
+  where it is known, recorded in the group's config), so a group that fits at no setting is
+  refused (``memory.DoesNotFit``) before hours of other groups."""
+  from ihsweep import runner
+
+  for group in worker.groups:
+    if read_status(workdir, group.id)["state"] == "done":
+      continue
+    devices = runner.group_devices(group.cfg, worker.devices, worker.local)
+    group.cfg, _ = runner.resolve_memory(group.cfg, devices, f"group {group.id}")
+
+
 def _work(
   cfg,
   plan: Plan,
@@ -396,6 +410,7 @@ def _work(
 
   me, since, n = rundir.worker_id(), time.time(), len(plan.groups)
   team, devices = worker.team, worker.devices
+  _fit_memory(worker, workdir)
   several = len(team.processes) > 1
   lead = team.leads
   # Inside a jax.distributed job a dead process ends the job: nobody is left to take over.
