@@ -13,8 +13,13 @@ $(BIN)/python:
 
 # The dependency versions the tests pass on (constraints.txt; pins for the Python it was frozen
 # with, other Pythons resolve pyproject's ranges).
+# libtpu (the TPU compiler, ~210 MB from PyPI) goes into build/libtpu, not the venv: with it
+# importable JAX probes for a TPU at every start; `ihsweep plan --target=v5e:…` and its test
+# (tests/test_targets.py) put it on PYTHONPATH. On a TPU VM install '.[tpu]' instead.
+LIBTPU := build/libtpu
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,interop]'
+	$(BIN)/pip install --quiet --no-deps --upgrade -c constraints.txt --target $(LIBTPU) libtpu
 	touch $(STAMP)
 
 install: $(STAMP)

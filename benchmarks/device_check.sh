@@ -9,6 +9,8 @@
 #   (b) compile time: the E = 64 program's compile in a fresh process with an empty JAX
 #       persistent compilation cache vs with the cache (a) filled; and per sweep group, the
 #       start-up (status.json timings.setup_s) of the sweeps in (c), cold vs warm cache.
+#   (d) the study's largest exp1 cell (benchmarks/memory_check.py): the memory setting chosen,
+#       predicted bytes per device against the measured peak, tokens/s and MFU.
 #   (c) a 4-group tiny sweep (configs/default.py:tiny, B 8/16/32/64, E 4, Markov-chain data:
 #       nothing to download) by benchmarks/sweep_overhead.py: 1 worker vs 4 independent workers
 #       sharing the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION 0.225 each), each with an empty cache,
@@ -156,6 +158,12 @@ part b_compile_warm 40 "$py" -c "$THROUGHPUT" warm
 unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES
 
+# --- (d) the study's largest exp1 cell (B 128 × C 1024, E 2, d 768, V 50,257, bf16): the memory
+# setting ihsweep chooses, its predicted bytes against the measured peak, tokens/s and MFU
+# (benchmarks/memory_check.py; --smoke: a tiny cell whose capacity forces accumulation).
+part d_largest_cell 90 "$py" benchmarks/memory_check.py --json $( ((smoke)) && echo --smoke ) \
+  > "$work/d.json"
+
 # --- (c) and (b): the tiny sweep, 1 worker vs 4 sharing the GPU, cold and warm caches --------
 # The persistent cache with ihsweep's own settings (what a user gets); sweep_overhead.py points
 # it at --cache_dir.
@@ -208,11 +216,12 @@ def rc(name):
     return "not run"
 
 
-a, b = load("a"), load("b")
+a, b, d = load("a"), load("b"), load("d")
 sweeps = {n: load(n) for n in ("c1_one_worker_cold", "c2_four_workers_cold", "c3_warm")}
 result = {"smoke": os.environ["DC_SMOKE"] == "1", "throughput": a, "compile_warm": b,
-          "sweeps": sweeps, "status": {n: rc(n) for n in ("a_throughput", "b_compile_warm",
-                                                          *sweeps)}}
+          "largest_cell": d, "sweeps": sweeps,
+          "status": {n: rc(n) for n in ("a_throughput", "b_compile_warm", "d_largest_cell",
+                                        *sweeps)}}
 with open(os.path.join(out, "device_check.json"), "w") as f:
   json.dump(result, f, indent=1)
 
@@ -237,6 +246,17 @@ if a and b:
   cold = next(r["compile_s"] for r in a["results"] if r["mode"] == "ensemble")
   print(f"E = {a['results'][0]['E']} ensemble program: {cold} s with an empty persistent cache, "
         f"{b['compile_s_warm']} s with it filled")
+
+
+print("\n(d) the largest exp1 cell")
+if d:
+  gib = lambda n: "-" if n is None else f"{n / 2**30:.2f} GiB"
+  s = d["setting"]
+  print(f"{d['device']}: B {d['cell']['batch_size']} x C {d['cell']['context_size']}, E "
+        f"{d['cell']['n_models']}: k = {s['gradient_accumulation_steps']}, vmap_chunk "
+        f"{s['vmap_chunk']}, remat {s['remat']}; predicted {gib(d['predicted_bytes'])} of "
+        f"{gib(d['capacity_bytes'])}, measured peak {gib(d['peak_bytes'])}; "
+        f"{d['tokens_per_s']:,.0f} tokens/s, MFU {d['mfu']}")
 
 
 def group_setup(sweep, workers):

@@ -78,6 +78,12 @@ flags.DEFINE_multi_string(
   "zip", [], "run, plan: a zipped sweep axis FIELD=V1,V2,... (zip axes vary together)"
 )
 flags.DEFINE_bool("json", False, "predict, plan: print one JSON object")
+flags.DEFINE_string(
+  "target",
+  None,
+  "plan: compile every group for this accelerator without it (a TPU topology such as "
+  "v5e:8x8, or h100-80gb / h200-141gb / a100-80gb with --devices=N)",
+)
 flags.DEFINE_integer("devices", None, "plan: N, the devices the sweep runs on")
 flags.DEFINE_integer(
   "devices_per_worker",
@@ -127,6 +133,7 @@ COMMAND_FLAGS = {
     "flops_per_s",
     "law",
     "json",
+    "target",
   ),
   "export": ("workdir", "cell", "step", "to", "out"),
 }
@@ -140,6 +147,7 @@ FLAG_FORMS = {
   "context_size": "--context_size=C",
   "law": "--law=FILE",
   "json": "--[no]json",
+  "target": "--target=NAME",
   "cache_dir": "--cache_dir=DIR",
   "devices": "--devices=N",
   "devices_per_worker": "--devices_per_worker=D",
@@ -548,6 +556,8 @@ def _plan(argv):
   cfg, failed = _load_config()
   if failed is not None:
     return failed
+  if FLAGS.target is not None:
+    return _plan_target(cfg)
   if cfg is None:
     return _fail("plan needs --config=FILE and --devices=N (the devices the sweep runs on)")
   problem = _plan_flags()
@@ -584,6 +594,42 @@ def _plan(argv):
     return _fail(f"cannot plan: {e}")
   print(json.dumps(prediction.to_json()) if FLAGS.json else placement.format_text(prediction))
   return 0
+
+
+def _plan_target(cfg) -> int:
+  """``ihsweep plan --target=NAME``: every group compiled for the target (``ihsweep.targets``)."""
+  from ihsweep import plan as plan_lib
+  from ihsweep import targets
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  from ihsweep.law import Law, LawError
+
+  if cfg is None:
+    return _fail(f"plan --target needs --config=FILE; --target: {targets.names()}")
+  for name in ("devices_per_worker", "devices_per_host", "flops_per_s"):
+    if getattr(FLAGS, name) is not None:
+      return _fail(
+        f"--{name} is not allowed with --target: the target sets devices per host and "
+        f"times come from its compiled programs"
+      )
+  if FLAGS.law == "":
+    return _fail("--law= is empty: give a law JSON file, or leave --law out for the sweep's law")
+  try:
+    law = Law.from_json(FLAGS.law) if FLAGS.law else None
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    target = targets.make_target(FLAGS.target, FLAGS.devices)
+    result = targets.plan_for_target(
+      cfg, target, law, log=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+  except targets.TargetError as e:
+    return _fail(str(e))
+  except (ConfigError, DataError) as e:
+    return _bad_input(e)
+  except LawError as e:
+    return _fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
+  print(json.dumps(result) if FLAGS.json else targets.format_plan(result))
+  return 0 if result["fits"] else 1
 
 
 def _export(argv):
@@ -747,6 +793,15 @@ COMMAND_HELP = {
                     [--flops_per_s=F [--devices_per_host=H]] [--law=FILE] [--json]
                     [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
                     [--config.SECTION.FIELD=VALUE ...]
+       ihsweep plan --config=FILE[:VARIANT] --target=NAME [--devices=N] [--law=FILE] [--json]
+
+  --target=NAME compiles every group's train and evaluation programs for an accelerator this
+  machine need not have — a TPU topology (v5e:8x8, v4:4x4x4, v5p:4x4x4, v6e:8x8: the TPU
+  compiler, from libtpu: pip install 'ihsweep[tpu]') or a GPU (h100-80gb, h200-141gb,
+  a100-80gb, with --devices=N: the XLA CPU compiler's memory analysis, an estimate) — and
+  reports per group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device
+  against the device's memory, FLOPs and a roofline time, then the schedule on the smallest
+  devices per worker at which every group fits (exit 1 if none does).
 
   Predicts, without training, how the config's sweep runs on N devices: each group's cost
   (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of

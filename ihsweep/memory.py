@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Callable
 
 from ihsweep.config import ConfigError
@@ -141,7 +142,7 @@ class Choice:
   """What ``choose`` found: the setting, its programs' memory, the bytes per device it needs
   (train program, or resident state + evaluation, whichever is larger; plus a prefetched
   call's batches for host-fed data) against ``capacity_bytes``; ``tried`` every setting
-  compiled, with its bytes."""
+  compiled, with its bytes and compile seconds."""
 
   setting: Setting
   train: ProgramMemory
@@ -162,7 +163,10 @@ class Choice:
       "fits": self.fits,
       "train": self.train.to_json(),
       "eval": self.eval.to_json() if self.eval else None,
-      "tried": [{**dataclasses.asdict(s), "per_device_bytes": b} for s, b in self.tried],
+      "tried": [
+        {**dataclasses.asdict(s), "per_device_bytes": b, "compile_s": round(t, 2)}
+        for s, b, t in self.tried
+      ],
     }
 
 
@@ -237,12 +241,13 @@ def choose(
 
   def need(setting: Setting) -> int:
     if setting not in memo:
+      start = time.perf_counter()
       train_mem = compile_train(setting)
       eval_need = 0
       if eval_memory is not None:  # the state stays resident while the evaluation runs
         eval_need = train_mem.alias_bytes + eval_memory.peak_bytes
       memo[setting] = (train_mem, max(train_mem.peak_bytes, eval_need) + resident_extra(train_mem))
-      tried.append((setting, memo[setting][1]))
+      tried.append((setting, memo[setting][1], time.perf_counter() - start))
     return memo[setting][1]
 
   def result(setting: Setting) -> Choice:

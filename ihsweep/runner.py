@@ -259,13 +259,13 @@ class _Group:
   run directory: the mesh, model and data source, the hyper-parameters, and the programs —
   built once here so that a program ``precompile`` compiled is the one ``fit`` runs."""
 
-  def __init__(self, cfg, devices: list):
+  def __init__(self, cfg, devices: list, source=None):
     self.cfg = cfg
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
     self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
     self.model = train.training_model(self.mcfg, self.tcfg)
-    self.source = make_source(
+    self.source = source or make_source(
       cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
     )
     self.host_fed = not self.source.on_device
@@ -331,12 +331,15 @@ def _per_device_bytes(tree) -> int:
   return total
 
 
-def resolve_memory(cfg, devices: list, name: str = "the run"):
+def resolve_memory(cfg, devices: list, name: str = "the run", capacity=None, source=None):
   """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.memory``):
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
   become the values ``memory.choose`` finds by compiling the group's programs against the
   devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
   k = 1, no remat and the usual chunk rule, without compiling anything.
+
+  ``capacity`` (bytes per device) replaces the devices' own, and ``source`` the data source
+  the group would build (``ihsweep plan --target``: compile-only devices, no corpus).
 
   Returns:
     ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
@@ -348,7 +351,7 @@ def resolve_memory(cfg, devices: list, name: str = "the run"):
   k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
   auto_k, auto_remat = k == 0, remat == "auto"
   auto_chunk = cfg.ensemble.vmap_chunk == 0
-  capacity = memory.device_capacity(devices[0])
+  capacity = capacity or memory.device_capacity(devices[0])
   if capacity is None and not (auto_k or auto_remat):
     return cfg, None
   out = copy.deepcopy(cfg)
@@ -360,7 +363,7 @@ def resolve_memory(cfg, devices: list, name: str = "the run"):
   with out.unlocked():  # the group is built once; each setting only rebuilds its program
     out.train.gradient_accumulation_steps = k or 1
     out.train.remat = "none" if auto_remat else remat
-  group = _Group(out, devices)
+  group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
   state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
   hp, data = _abstract(group.hparams(), ens_sh), group.abstract_data()
@@ -394,13 +397,14 @@ def resolve_memory(cfg, devices: list, name: str = "the run"):
     evaluator = Evaluator(out, group.mcfg, None, group.mesh)
     eval_mem = memory.analyse(evaluator.lower(state.params).compile())
   prefetch = _per_device_bytes(data) if group.host_fed else 0
+  platform = getattr(devices[0], "platform", "cpu")
   choice = memory.choose(
     compile_train,
     batch_size=group.tcfg.batch_size,
     data_axis=n_data,
     local_models=local,
     default_chunk=cfg.ensemble.vmap_chunk
-    or train.auto_vmap_chunk(local, group.tcfg, group.mcfg.vocab_size, devices[0].platform),
+    or train.auto_vmap_chunk(local, group.tcfg, group.mcfg.vocab_size, platform),
     fixed_k=k,
     fixed_chunk=cfg.ensemble.vmap_chunk,
     remat=remat,

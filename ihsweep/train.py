@@ -397,7 +397,7 @@ class TrainProgram:
 
   def __init__(self, jitted, n_steps: int, replicated):
     self.jitted, self.n_steps, self._repl = jitted, n_steps, replicated
-    self._full = self._count(n_steps)  # made once: a full call moves nothing host ↔ device
+    self._full = None  # made at the first call, once (not at all on compile-only devices)
 
   def _count(self, n: int) -> jax.Array:
     """The call's number of updates as its replicated int32 scalar. On a mesh of this process's
@@ -408,7 +408,11 @@ class TrainProgram:
     return jnp.int32(n)
 
   def _n(self, n_active: int | None) -> jax.Array:
-    return self._full if n_active is None or n_active == self.n_steps else self._count(n_active)
+    if n_active is None or n_active == self.n_steps:
+      if self._full is None:  # a full call then moves nothing between host and device
+        self._full = self._count(self.n_steps)
+      return self._full
+    return self._count(n_active)
 
   def __call__(self, state, hp, data, n_active: int | None = None):
     return self.jitted(state, hp, data, self._n(n_active))

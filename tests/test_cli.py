@@ -193,6 +193,7 @@ OWN_FLAGS = {
     "flops_per_s",
     "law",
     "json",
+    "target",
   ),
   "export": ("workdir", "cell", "step", "to", "out"),
 }
@@ -206,6 +207,7 @@ FLAG_ARGS = {
   "context_size": "--context_size=64",
   "law": "--law={tmp}/law.json",
   "json": "--json",
+  "target": "--target=v5e:2x2",
   "cache_dir": "--cache_dir={tmp}/cache",
   "devices": "--devices=8",
   "devices_per_worker": "--devices_per_worker=2",

@@ -1,0 +1,64 @@
+"""``ihsweep plan --target``: every group compiled for an accelerator this machine lacks (TPU
+through libtpu's compile-only devices; GPU estimated by the XLA CPU compiler)."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LIBTPU = ROOT / "build" / "libtpu"  # where `make test` installs libtpu (Makefile)
+
+
+def _plan(*args, libtpu=True):
+  exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
+  cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+  if libtpu:
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LIBTPU), env.get("PYTHONPATH")]))
+  return subprocess.run(
+    cmd + ["plan", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
+
+
+TINY = ["--config=configs/default.py:tiny", "--config.ensemble.size=2", "--json"]
+
+
+@pytest.mark.skipif(not (LIBTPU / "libtpu").is_dir(), reason="make test installs build/libtpu")
+def test_plan_compiles_for_a_tpu_topology_without_one():
+  r = _plan("--target=v5e:2x2", *TINY)
+  assert r.returncode == 0, r.stderr[-2000:]
+  p = json.loads(r.stdout)
+  t = p["target"]
+  assert t["devices"] == 4 and t["devices_per_host"] == 4 and t["memory_from"] == "TPU compiler"
+  assert t["capacity_bytes"] == int(15.75 * (1 << 30))  # the compiler's own v5e limit
+  assert p["fits"] and p["devices_per_worker"] == 1 and len(p["groups"]) == 1
+  g = p["groups"][0]
+  mem = g["memory"]
+  # Two models of d 64, V 512: params + Adam state ~1.5 MB; the step's temporaries more.
+  assert 1 << 20 < mem["per_device_bytes"] < 1 << 30 and mem["fits"]
+  assert g["gradient_accumulation_steps"] == 1 and g["remat"] == "none"
+  # The compiled FLOPs of one update against PaLM's count: the compiler also counts softmax,
+  # LayerNorm and the optimizer, but not far from 6N + attention.
+  ratio = g["flops_per_update"] / g["analytic_flops_per_update"]
+  assert 0.8 < ratio < 2.0, ratio
+  assert g["roofline_s"] == pytest.approx(g["roofline_update_s"] * g["updates"])
+  assert p["makespan_s"] == pytest.approx(g["roofline_s"])
+
+
+def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused():
+  r = _plan("--target=h100-80gb", "--devices=2", *TINY, libtpu=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  p = json.loads(r.stdout)
+  assert p["target"]["memory_from"] == "XLA CPU compiler (estimate)" and p["fits"]
+  assert p["target"]["capacity_bytes"] == 80 * 10**9
+  r = _plan("--target=h100-80gb", *TINY, libtpu=False)
+  assert r.returncode == 2 and "needs --devices=N" in r.stderr
+  r = _plan("--target=v9z:2x2", *TINY, libtpu=False)
+  assert r.returncode == 2 and "--target=v9z:2x2 is not allowed: a TPU topology" in r.stderr
+  r = _plan("--target=h100-80gb", "--devices=2", "--flops_per_s=1e14", *TINY, libtpu=False)
+  assert r.returncode == 2 and "--flops_per_s is not allowed with --target" in r.stderr
