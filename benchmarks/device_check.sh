@@ -17,7 +17,7 @@
 #       then both again with the 1-worker sweep's cache (a rerun): wall time each.
 # Usage, from the repository root:
 #   bash benchmarks/device_check.sh              # on the GPU machine
-#   bash benchmarks/device_check.sh --cpu-smoke  # here: every part at a tiny size (< 2 min)
+#   bash benchmarks/device_check.sh --cpu-smoke  # here: every part at a tiny size, 2 groups, <= 2 workers
 # With the device tool: run `bash benchmarks/device_check.sh` with carry [".whl"] (the wheel of
 # ml-collections, the one package missing there: `mkdir -p .whl && pip download --no-deps -d
 # .whl ml-collections==1.1.0`), timeout_s 540.
@@ -167,13 +167,16 @@ part d_largest_cell 90 "$py" benchmarks/memory_check.py --json $( ((smoke)) && e
 # --- (c) and (b): the tiny sweep, 1 worker vs 4 sharing the GPU, cold and warm caches --------
 # The persistent cache with ihsweep's own settings (what a user gets); sweep_overhead.py points
 # it at --cache_dir.
-if (( smoke )); then  # a 1-layer attention-only model of width 16: compiles fast on 2 cores
-  sweep=(--config configs/default.py --grid train.batch_size=4,8,16,32 --updates 20
+if (( smoke )); then  # a 1-layer attention-only model of width 16, 2 groups, 2 workers at most:
+  # every code path of the GPU check, at the size a CI test affords on 2 cores
+  many=2 warm_workers=1
+  sweep=(--config configs/default.py --grid train.batch_size=4,8 --updates 20
          --set model.n_layers=1 --set model.d_mlp=0 --set model.d_model=16 --set model.n_heads=1
          --set model.vocab_size=32 --set model.max_context=16 --set train.context_size=16
          --set ensemble.size=2 --set train.steps_per_call=10 --set eval.every_steps=10
          --set checkpoint.params_schedule=none --cpu_devices 1)
 else
+  many=4 warm_workers=1,4
   sweep=(--config configs/default.py:tiny --grid train.batch_size=8,16,32,64 --updates 2000
          --set eval.every_steps=200 --gpus 0)
 fi
@@ -186,8 +189,8 @@ overhead() {  # overhead NAME CAP CACHE WORKERS: one sweep_overhead.py call into
 }
 echo "--- sweeps: ${sweep[*]}"
 overhead c1_one_worker_cold 130 cache_one 1
-overhead c2_four_workers_cold 90 cache_four 4
-overhead c3_warm 100 cache_one 1,4
+overhead c2_four_workers_cold 90 cache_four "$many"
+overhead c3_warm 100 cache_one "$warm_workers"
 for name in c1_one_worker_cold c2_four_workers_cold c3_warm; do
   echo "$name: $(cat "$work/$name.rc" 2>/dev/null)"
 done
@@ -271,10 +274,12 @@ for label, name, w in (("cold cache, 1 worker", "c1_one_worker_cold", 1),
                        ("warm cache, 1 worker", "c3_warm", 1),
                        ("cold cache, 4 workers", "c2_four_workers_cold", 4),
                        ("warm cache, 4 workers", "c3_warm", 4)):
-  vals = group_setup(sweeps[name], w)
+  if os.environ["DC_SMOKE"] == "1" and w == 4:  # the smoke's sweeps have 2 workers at most
+    w = 2 if name == "c2_four_workers_cold" else None
+  vals = group_setup(sweeps[name], w) if w else None
   print(f"sweep groups' start-up (setup_s), {label}: "
         + (", ".join(f"{v:.1f}" for v in vals) if vals else "not recorded"))
-print("\n(c) 4-group tiny sweep")
+print(f"\n(c) {'2' if os.environ['DC_SMOKE'] == '1' else '4'}-group tiny sweep")
 print(f"{'sweep':24} {'workers':>7} {'wall s':>7} {'groups done':>11} {'Σ setup s':>9} "
       f"{'Σ train s':>9} {'outside s':>9} {'busy':>5} {'exit':>5}")
 for name, sweep in sweeps.items():

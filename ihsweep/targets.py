@@ -146,6 +146,9 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
     # libtpu locks /tmp/libtpu_lockfile for the one process that drives a TPU; compile-only
     # devices drive none, so plans may run side by side (and beside a training on a TPU VM).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Programs for compile-only devices cannot be loaded back from the persistent compilation
+    # cache (JAX warns for each), and no run here would use them.
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
       topo = topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # noqa: BLE001 — libtpu's own words
@@ -234,9 +237,9 @@ def candidate_layouts(target: Target) -> list[int]:
 
 
 def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
-  """Every group compiled for ``target`` (module docstring): the smallest devices per worker D
-  at which every group fits (memory chosen per group, ``runner.resolve_memory``), each group's
-  memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
+  """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
+  D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
+  group's memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
   devices (``placement.simulate``, plan order, each on its worker's ``group_devices``).
 
   Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
@@ -244,8 +247,10 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``memory`` {``per_device_bytes``,
   ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``}, ``flops_per_update``,
   ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token), ``bytes_per_update``,
-  ``roofline_update_s``, ``updates``, ``roofline_s``), ``refused`` (layouts tried before D and
-  why), ``makespan_s``, ``utilisation``, ``fits``.
+  ``roofline_update_s``, ``updates``, ``roofline_s`` at D), ``refused`` (layouts tried before
+  D and why), ``layouts`` (D and every wider layout: groups on more devices, times scaled by
+  the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
+  ``makespan_s``, ``utilisation``) and ``fits``.
   """
   from ihsweep import memory, placement, runner, sharding
 
@@ -344,15 +349,39 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
       }
     )
     entries.append((j.id, m, per_update * j.updates))
-  sched = placement.simulate(entries, len(target.devices), d)
+  # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its time scaled
+  # from its compiled one as m / m' (its batch split further; no communication priced) and its
+  # memory per device no larger than at m (compiled there). The layout with the shortest
+  # makespan is the plan's.
+  n = len(target.devices)
+  layouts = []
+  for wide in [w for w in candidate_layouts(target) if w >= d]:
+    m_wide = {j.id: placement.group_devices(j.n_models, j.batch_size, wide) for j in jobs}
+    if wide > target.devices_per_host and any(m_wide[j.id] != wide for j in jobs):
+      continue
+    rows = [(gid, m_wide[gid], sec * m / m_wide[gid]) for gid, m, sec in entries]
+    sched = placement.simulate(rows, n, wide)
+    layouts.append(
+      {
+        "devices_per_worker": wide,
+        "n_workers": n // wide,
+        "makespan_s": sched.makespan_s,
+        "utilisation": sched.utilisation,
+        "schedule": [dataclasses.asdict(slot) for slot in sched.slots],
+      }
+    )
+  best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
   return {
     "target": target.to_json(),
-    "devices_per_worker": d,
-    "n_workers": len(target.devices) // d,
+    "devices_per_worker": best["devices_per_worker"],
+    "n_workers": best["n_workers"],
+    "compiled_devices_per_worker": d,
     "refused": refused,
     "groups": groups,
-    "makespan_s": sched.makespan_s,
-    "utilisation": sched.utilisation,
+    "layouts": [{k: v for k, v in lay.items() if k != "schedule"} for lay in layouts],
+    "schedule": best["schedule"],
+    "makespan_s": best["makespan_s"],
+    "utilisation": best["utilisation"],
     "fits": all(g["memory"]["fits"] for g in groups),
     "headroom": memory.HEADROOM,
     "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
@@ -379,8 +408,8 @@ def format_plan(p: dict) -> str:
     lines.append("no layout fits every group")
     return "\n".join(lines)
   lines.append(
-    f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s); per group (memory "
-    f"per device with {p['headroom']:.0%} headroom):"
+    f"compiled on workers of {p['compiled_devices_per_worker']} device(s), the fewest at which "
+    f"every group fits; per group (memory per device with {p['headroom']:.0%} headroom):"
   )
   lines.append(
     "  group     B     C  E  dev  mesh   k  chunk remat   memory/device       fits  "
@@ -396,9 +425,16 @@ def format_plan(p: dict) -> str:
       f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms  "
       f"{duration(g['roofline_s'])}"
     )
+  lines.append("layouts (wider workers: times scaled by devices, memory no larger):")
+  for lay in p["layouts"]:
+    mark = "  <- best" if lay["devices_per_worker"] == p["devices_per_worker"] else ""
+    lines.append(
+      f"  {lay['n_workers']:>4} worker(s) × {lay['devices_per_worker']:>3} device(s): roofline "
+      f"makespan {duration(lay['makespan_s'])}, utilisation {lay['utilisation']:.0%}{mark}"
+    )
   lines.append(
-    f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} "
-    f"({p['roofline']})"
+    f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} on "
+    f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s) ({p['roofline']})"
   )
   lines.append("every group fits" if p["fits"] else "NOT every group fits")
   return "\n".join(lines)

@@ -18,7 +18,7 @@ def _env(**extra):
 
 def test_throughput_benchmark_runs_every_mode(tmp_path):
   r = subprocess.run(
-    [sys.executable, "benchmarks/throughput.py", "--json", "--workload", "tiny", "--E", "2",
+    [sys.executable, "benchmarks/throughput.py", "--json", "--workload", "tiny", "--E", "1",
      "--updates", "2", "--steps_per_call", "2", "--rounds", "1", "--cpu_devices", "1"],
     cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,
   )  # fmt: skip

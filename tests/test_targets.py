@@ -36,7 +36,7 @@ def test_plan_compiles_for_a_tpu_topology_without_one():
   t = p["target"]
   assert t["devices"] == 4 and t["devices_per_host"] == 4 and t["memory_from"] == "TPU compiler"
   assert t["capacity_bytes"] == int(15.75 * (1 << 30))  # the compiler's own v5e limit
-  assert p["fits"] and p["devices_per_worker"] == 1 and len(p["groups"]) == 1
+  assert p["fits"] and p["compiled_devices_per_worker"] == 1 and len(p["groups"]) == 1
   g = p["groups"][0]
   mem = g["memory"]
   # Two models of d 64, V 512: params + Adam state ~1.5 MB; the step's temporaries more.
@@ -47,7 +47,13 @@ def test_plan_compiles_for_a_tpu_topology_without_one():
   ratio = g["flops_per_update"] / g["analytic_flops_per_update"]
   assert 0.8 < ratio < 2.0, ratio
   assert g["roofline_s"] == pytest.approx(g["roofline_update_s"] * g["updates"])
-  assert p["makespan_s"] == pytest.approx(g["roofline_s"])
+  # One group: the best layout gives it all 4 devices, its time scaled by 1/4.
+  assert p["devices_per_worker"] == 4 and [lay["devices_per_worker"] for lay in p["layouts"]] == [
+    1,
+    2,
+    4,
+  ]
+  assert p["makespan_s"] == pytest.approx(g["roofline_s"] / 4)
 
 
 def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused():
@@ -62,3 +68,19 @@ def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused
   assert r.returncode == 2 and "--target=v9z:2x2 is not allowed: a TPU topology" in r.stderr
   r = _plan("--target=h100-80gb", "--devices=2", "--flops_per_s=1e14", *TINY, libtpu=False)
   assert r.returncode == 2 and "--flops_per_s is not allowed with --target" in r.stderr
+
+
+@pytest.mark.skipif(not (LIBTPU / "libtpu").is_dir(), reason="make test installs build/libtpu")
+def test_memory_estimate_benchmark_compares_the_cpu_and_tpu_compilers():
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(LIBTPU)}
+  env.pop("XLA_FLAGS", None)
+  r = subprocess.run(
+    [sys.executable, "benchmarks/memory_estimate.py", "--json", "--config",
+     "configs/default.py:tiny", "--set", "ensemble.size=2"],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  (g,) = out["groups"]
+  assert g["tpu_bytes"] > 0 and g["cpu_bytes"] > 0
+  assert g["cpu_over_tpu"] == pytest.approx(g["cpu_bytes"] / g["tpu_bytes"])
