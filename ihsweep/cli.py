@@ -800,8 +800,9 @@ COMMAND_HELP = {
   compiler, from libtpu: pip install 'ihsweep[tpu]') or a GPU (h100-80gb, h200-141gb,
   a100-80gb, with --devices=N: the XLA CPU compiler's memory analysis, an estimate) — and
   reports per group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device
-  against the device's memory, FLOPs and a roofline time, then the schedule on the smallest
-  devices per worker at which every group fits (exit 1 if none does).
+  against the device's memory, FLOPs and a roofline time (compiled on the fewest devices per
+  worker at which every group fits), then the layout with the shortest roofline makespan
+  (exit 1 if some group fits nowhere).
 
   Predicts, without training, how the config's sweep runs on N devices: each group's cost
   (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of

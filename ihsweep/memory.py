@@ -32,6 +32,7 @@ import time
 from typing import Callable
 
 from ihsweep.config import ConfigError
+from ihsweep.placement import divisors
 
 log = logging.getLogger("ihsweep")
 
@@ -194,13 +195,9 @@ class DoesNotFit(ConfigError):
     return self.args[0]
 
 
-def _divisors(n: int) -> list[int]:
-  return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def accumulation_candidates(batch_size: int, data_axis: int) -> list[int]:
   """k that divide B with B/k a multiple of the 'data' axis (each microbatch on every device)."""
-  return [k for k in _divisors(batch_size) if (batch_size // k) % data_axis == 0]
+  return [k for k in divisors(batch_size) if (batch_size // k) % data_axis == 0]
 
 
 def choose(
@@ -214,7 +211,7 @@ def choose(
   fixed_chunk: int = 0,
   remat: str = "auto",
   capacity_bytes: int | None,
-  resident_extra: Callable[[ProgramMemory], int] = lambda train: 0,
+  resident_extra_bytes: int = 0,
   eval_memory: ProgramMemory | None = None,
   group: str = "the group",
 ) -> Choice:
@@ -226,7 +223,7 @@ def choose(
     default_chunk: the vmap chunk of ``ensemble.vmap_chunk = 0`` (``train.auto_vmap_chunk``).
     fixed_k / fixed_chunk / remat: the config's values (0 / 0 / 'auto': chosen here).
     capacity_bytes: per device; None = unknown (nothing compiled: the first setting is taken).
-    resident_extra: bytes beside the train program's (a prefetched call's batches).
+    resident_extra_bytes: bytes beside the train program's (a prefetched call's batches).
     eval_memory: the evaluation program's, run beside the resident train state.
 
   Raises:
@@ -246,7 +243,7 @@ def choose(
       eval_need = 0
       if eval_memory is not None:  # the state stays resident while the evaluation runs
         eval_need = train_mem.alias_bytes + eval_memory.peak_bytes
-      memo[setting] = (train_mem, max(train_mem.peak_bytes, eval_need) + resident_extra(train_mem))
+      memo[setting] = (train_mem, max(train_mem.peak_bytes, eval_need) + resident_extra_bytes)
       tried.append((setting, memo[setting][1], time.perf_counter() - start))
     return memo[setting][1]
 
@@ -282,7 +279,7 @@ def choose(
 def _halvings(chunk: int, local_models: int) -> list[int]:
   """``chunk``, then smaller divisors of ``local_models`` down to 1, about halving each time."""
   out = [chunk]
-  for d in sorted(_divisors(local_models), reverse=True):
+  for d in sorted(divisors(local_models), reverse=True):
     if d < out[-1] and d <= out[-1] // 2 or (d == 1 and out[-1] != 1):
       out.append(d)
   return out

@@ -355,14 +355,11 @@ def resolve_memory(cfg, devices: list, name: str = "the run", capacity=None, sou
   if capacity is None and not (auto_k or auto_remat):
     return cfg, None
   out = copy.deepcopy(cfg)
-  if capacity is None:
-    with out.unlocked():
-      out.train.gradient_accumulation_steps = k or 1
-      out.train.remat = "none" if auto_remat else remat
-    return out, None
-  with out.unlocked():  # the group is built once; each setting only rebuilds its program
+  with out.unlocked():  # the first setting; the group is built once with it
     out.train.gradient_accumulation_steps = k or 1
     out.train.remat = "none" if auto_remat else remat
+  if capacity is None:
+    return out, None
   group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
   state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
@@ -409,7 +406,7 @@ def resolve_memory(cfg, devices: list, name: str = "the run", capacity=None, sou
     fixed_chunk=cfg.ensemble.vmap_chunk,
     remat=remat,
     capacity_bytes=capacity,
-    resident_extra=lambda _: prefetch,
+    resident_extra_bytes=prefetch,
     eval_memory=eval_mem,
     group=name,
   )

@@ -230,10 +230,23 @@ def update_cost(choice, cfg, mesh_shape: tuple) -> tuple[float, float]:
 
 
 def candidate_layouts(target: Target) -> list[int]:
-  """Devices per worker, smallest first: divisors of a host's devices, then whole hosts."""
+  """Devices per worker, smallest first: those ``ihsweep plan`` tries on N devices of H per
+  host (``placement.candidate_layouts``: divisors of N up to H), then teams of 2, … hosts."""
+  from ihsweep import placement
+
   host, n = target.devices_per_host, len(target.devices)
-  within = [d for d in range(1, host + 1) if host % d == 0 and n % d == 0]
-  return within + [h * host for h in range(2, n // host + 1) if (n // host) % h == 0]
+  teams = [p * host for p in placement.divisors(n // host) if p > 1]
+  return placement.candidate_layouts(n, host) + teams
+
+
+def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
+  """Each group's devices on workers of ``d`` (``placement.group_devices``), or None when
+  ``d`` spans hosts and a group cannot use all of them (``placement.fills``)."""
+  from ihsweep import placement
+
+  if d > target.devices_per_host and not all(placement.fills(j, d) for j in jobs):
+    return None
+  return {j.id: placement.group_devices(j.n_models, j.batch_size, d) for j in jobs}
 
 
 def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
@@ -289,8 +302,8 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
 
   layout = None
   for d in candidate_layouts(target):
-    sizes = {j.id: placement.group_devices(j.n_models, j.batch_size, d) for j in jobs}
-    if d > target.devices_per_host and any(sizes[j.id] != d for j in jobs):
+    sizes = _layout_sizes(jobs, target, d)
+    if sizes is None:
       refused.append(
         {
           "devices_per_worker": d,
@@ -335,7 +348,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
           "argument_bytes": choice.train.argument_bytes,
           "temp_bytes": choice.train.temp_bytes,
           "capacity_bytes": target.capacity_bytes,
-          "fits": choice.per_device_bytes <= memory.usable(target.capacity_bytes),
+          "fits": choice.fits,
         },
         "compiled_settings": len(choice.tried),
         "compile_s": sum(t for _, _, t in choice.tried),
@@ -356,8 +369,8 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   n = len(target.devices)
   layouts = []
   for wide in [w for w in candidate_layouts(target) if w >= d]:
-    m_wide = {j.id: placement.group_devices(j.n_models, j.batch_size, wide) for j in jobs}
-    if wide > target.devices_per_host and any(m_wide[j.id] != wide for j in jobs):
+    m_wide = _layout_sizes(jobs, target, wide)
+    if m_wide is None:
       continue
     rows = [(gid, m_wide[gid], sec * m / m_wide[gid]) for gid, m, sec in entries]
     sched = placement.simulate(rows, n, wide)
