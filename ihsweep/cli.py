@@ -229,6 +229,19 @@ def _check_flags(command: str, found, positional) -> str | None:
       return (
         f"--{flag} is given twice with different values ({given[flag]} and {typed}): give it once"
       )
+  axis_flags = {}  # field → the --grid/--zip flag that sets it
+  for name, flag, value in found:
+    if flag in ("grid", "zip") and value and "=" in value:
+      axis_flags.setdefault(value.split("=", 1)[0].strip(), (flag, f"--{flag}={value}"))
+  for name, flag, value in found:
+    parts = name.split(".", 3)
+    if flag == "config" and len(parts) == 4 and parts[1:3] in (["sweep", "grid"], ["sweep", "zip"]):
+      if parts[3] in axis_flags:
+        axis_flag, typed = axis_flags[parts[3]]
+        return (
+          f"{typed} and --{name}={value} both set the sweep axis {parts[3]}: give it once "
+          f"(--{axis_flag} replaces the config file's axis; give all its values there)"
+        )
   path = _config_arg(found).split(":", 1)[0]
   if path == "" and any(flag == "config" and "." not in name for name, flag, _ in found):
     return "--config= is empty: give a config file, e.g. --config=configs/default.py"

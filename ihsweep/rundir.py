@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import fcntl
 import json
+import logging
 import os
 import re
 import socket
@@ -109,6 +110,48 @@ def sweep_group(workdir: str) -> tuple[str, str] | None:
   return None
 
 
+def _marked_kind(path: str) -> str | None:
+  """``"train"`` or ``"sweep"`` when ``path`` is an ihsweep run by its marker or by the layout an
+  earlier ihsweep left (``run_kind``), without listing it; None otherwise or unreadable."""
+  try:
+    with open(os.path.join(path, RUN_MARKER)) as f:
+      kind = json.load(f).get("kind")
+    if kind in ("train", "sweep"):
+      return kind
+  except (OSError, ValueError, AttributeError):
+    pass
+  if _ihsweep_config(path):
+    if os.path.exists(os.path.join(path, "cells.csv")):
+      return "sweep"
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+      return "train"
+  return None
+
+
+def enclosing_run(workdir: str) -> tuple[str, str] | None:
+  """``(run directory, kind)`` of the nearest ihsweep run that holds ``workdir`` below it, else
+  None. A sweep's own group directories (``SWEEP/groups/gNNN``, which the sweep creates and
+  trains) do not count as inside it. Both the path as given and with symbolic links resolved
+  are checked, so a link into a run is found too."""
+  seen = set()
+  for path in dict.fromkeys((os.path.abspath(workdir), os.path.realpath(workdir))):
+    parent = os.path.dirname(path)
+    while parent not in seen:
+      seen.add(parent)
+      kind = _marked_kind(parent)
+      if kind is not None:
+        rel = os.path.relpath(path, parent).split(os.sep)
+        own_group = (
+          kind == "sweep" and len(rel) == 2 and rel[0] == "groups" and re.fullmatch(r"g\d+", rel[1])
+        )
+        if not own_group:
+          return parent, kind
+      if os.path.dirname(parent) == parent:
+        break
+      parent = os.path.dirname(parent)
+  return None
+
+
 def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) -> None:
   """Checks that ``workdir`` may hold a run of ``kind`` (``train``, ``sweep``; None: either)
   and, given a kind, on process 0 (on this process with ``local``: a worker's process-local
@@ -118,8 +161,20 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
   Raises:
     WorkdirError: a non-empty directory that is no ihsweep run, a run of the other kind, a
       group directory of a sweep (unless ``kind`` is ``train``: the sweep trains it), a
-      symbolic link to nothing, or a directory that cannot be created or written.
+      directory anywhere inside another run (``enclosing_run``: that run would later read or
+      delete what is written there, e.g. its old full-state checkpoints), a symbolic link to
+      nothing, or a directory that cannot be created or written.
   """
+  outer = enclosing_run(workdir)
+  if outer is not None:
+    what = {"sweep": "an `ihsweep run` sweep", "train": "an `ihsweep train` run"}[outer[1]]
+    raise config_lib.WorkdirError(
+      workdir,
+      "a directory outside every run directory",
+      f"--workdir={workdir} is inside {outer[0]}, the run directory of {what}: that run reads "
+      f"and deletes what it finds under its own directory; nothing was changed: give a "
+      f"--workdir outside {outer[0]}",
+    )
   if os.path.islink(workdir) and not os.path.exists(workdir):
     raise config_lib.WorkdirError(
       workdir,
@@ -218,7 +273,9 @@ def group_dir(workdir: str, group_id: str) -> str:
 
 def read_status(workdir: str, group_id: str) -> dict:
   """A group's ``status.json`` (``{"state": "pending"}`` when there is none or it is
-  unreadable)."""
+  unreadable). A ``done`` is believed only with the evidence a finished group leaves
+  (``unfinished``); without it the group reads ``pending`` with ``unverified`` saying why, so a
+  rerun resumes it from its checkpoints (or trains it), and a warning names it once."""
   path = os.path.join(group_dir(workdir, group_id), "status.json")
   if not os.path.exists(path):
     return {"state": "pending"}
@@ -226,12 +283,60 @@ def read_status(workdir: str, group_id: str) -> dict:
     with open(path) as f:
       status = json.load(f)
     if isinstance(status, dict) and status.get("state") in STATES:
-      return status
+      why = unfinished(group_dir(workdir, group_id), status) if status["state"] == "done" else None
+      if why is None:
+        return status
+      if path not in _warned_unverified:
+        _warned_unverified.add(path)
+        logging.getLogger("ihsweep").warning(
+          "group %s: status.json says done, but %s: not counted as done; a rerun resumes or "
+          "trains it",
+          group_id,
+          why,
+        )
+      return {"state": "pending", "unverified": why, "attempts": status.get("attempts", 0)}
   except (OSError, ValueError):
     pass
   # Damaged (e.g. cut by a full disk): the group is treated as not done, so a rerun resumes it
   # from its checkpoints.
   return {"state": "pending", "unreadable": True}
+
+
+_warned_unverified: set[str] = set()
+
+
+def saved_steps(directory: str) -> list[int]:
+  """The steps of the complete checkpoints in an orbax step directory (``…/checkpoints/state``):
+  its subdirectories named by a number alone (orbax writes ``<step>.orbax-checkpoint-tmp-…``
+  and renames it when complete), ascending; [] if there is none."""
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def unfinished(gdir: str, status: dict) -> str | None:
+  """Why the group in ``gdir`` whose ``status`` says done is not shown to be finished; None when
+  it is. A finished group (``runner.fit`` to its last update, or an early stop) leaves its final
+  ``step`` (at least ``num_steps`` unless ``stopped_early``) as the last row of
+  ``train_log.jsonl`` and as a full-state checkpoint (an early stop also as a params one)."""
+  step, budget = status.get("step"), status.get("num_steps")
+  if not isinstance(step, int) or isinstance(step, bool):
+    return "it names no final update"
+  if isinstance(budget, int) and step < budget and not status.get("stopped_early"):
+    return f"its update {step:,} is short of its {budget:,} and it did not stop early"
+  if step not in saved_steps(os.path.join(gdir, "checkpoints", "state")):
+    return f"there is no full-state checkpoint at its update {step:,}"
+  if status.get("stopped_early") and step not in saved_steps(
+    os.path.join(gdir, "checkpoints", "params")
+  ):
+    return f"it stopped early without the params checkpoint an early stop saves at {step:,}"
+  logged = last_step(os.path.join(gdir, "train_log.jsonl"))
+  if logged != step:
+    ends = "has no rows" if logged is None else f"ends at update {logged:,}"
+    return f"its train_log.jsonl {ends}, not at its update {step:,}"
+  return None
 
 
 def write_status(workdir: str, group_id: str, **fields) -> dict:

@@ -764,6 +764,7 @@ def status_rows(workdir: str, notes: list[str] | None = None) -> list[dict]:
         "diverged": sorted(int(c) for c in status.get("diverged", {})),
         "error": status.get("error"),
         "unreadable": status.get("unreadable", False),
+        "unverified": status.get("unverified"),
         "worker": _worker_name((claim or status).get("worker"), status.get("processes")),
         "reported_s_ago": (time.time() - float(claim["heartbeat"])) if claim else None,
       }
@@ -805,6 +806,8 @@ def format_status(workdir: str) -> str:
       )
     if r["unreadable"]:
       notes.append("status.json unreadable: a rerun resumes it from its checkpoints")
+    if r["unverified"]:
+      notes.append(f"status.json says done, but {r['unverified']}: a rerun resumes it")
     if r["error"]:
       notes.append(r["error"].splitlines()[0][:120])
     lines.append(

@@ -347,6 +347,31 @@ def test_a_one_value_flag_given_twice_with_different_values_is_refused(tmp_path)
   assert r.returncode == 0, r.stderr  # the same value twice (a launcher's --noprogress, say)
 
 
+def test_one_sweep_axis_set_by_both_flags_is_refused(tmp_path):
+  """--grid=F=… with --config.sweep.grid.F=… (either order, or the zip section) would keep one
+  silently; both flags are named instead."""
+  axis, override = "--grid=train.batch_size=4,8", "--config.sweep.grid.train.batch_size=(16,)"
+  for command, args in (
+    ("run", [axis, override]),
+    ("run", [override, axis]),
+    ("plan", [override, axis]),
+    ("run", ["--zip=train.batch_size=4,8", "--config.sweep.zip.train.batch_size=(16,)"]),
+  ):
+    workdir = [f"--workdir={tmp_path / 'w'}"] if command == "run" else ["--devices=4"]
+    r = _ihsweep(command, "--config=configs/demo.py", *workdir, *args)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    flag = args[0] if args[0].startswith(("--grid", "--zip")) else args[1]
+    other = args[1] if flag == args[0] else args[0]
+    assert r.stderr == (
+      f"ihsweep: {flag} and {other} both set the sweep axis train.batch_size: give it once "
+      f"({flag.split('=')[0]} replaces the config file's axis; give all its values there)\n"
+    ), r.stderr
+  assert os.listdir(tmp_path) == []
+  # Different axes together stay allowed.
+  args = ["--config=configs/demo.py", "--workdir=w", "--grid=train.context_size=16", override]
+  assert cli._check_flags("run", *cli._split_args(args)) is None
+
+
 def test_each_command_takes_its_own_flags(tmp_path):
   law = tmp_path / "law.json"
   law.write_text(json.dumps({"log_T": 10.0, "alpha": 0.5, "beta": 0.5}))

@@ -251,3 +251,58 @@ def test_a_third_stop_request_exits_at_once_saying_what_is_lost(monkeypatch, cap
     "ihsweep: forced exit on a third stop request (SIGINT): the updates since the last "
     "complete full-state checkpoint are lost; rerun the same command to resume from it"
   )
+
+
+def test_a_workdir_inside_another_run_is_refused(tmp_path):
+  """A run under a stopped run's checkpoints/ (which that run deletes when it resumes and cleans
+  up old full-state checkpoints) or anywhere else inside a run directory is refused in one line
+  naming both; a sweep's own group directories are not inside it."""
+  run, swp = tmp_path / "run", tmp_path / "sweep"
+  rundir.claim_workdir(str(run), "train")
+  rundir.claim_workdir(str(swp), "sweep")
+  (run / "checkpoints" / "state" / "5").mkdir(parents=True)
+  (tmp_path / "link").symlink_to(run / "checkpoints")
+  inside = [
+    (run / "checkpoints" / "state" / "5", run),
+    (run / "checkpoints" / "params" / "999", run),
+    (tmp_path / "link" / "new", run),
+    (swp / "elsewhere", swp),
+    (swp / "groups" / "g000" / "checkpoints" / "x", swp),
+    (swp / "groups" / "mine", swp),
+  ]
+  for workdir, outer in inside:
+    for kind in (None, "train", "sweep"):
+      with pytest.raises(WorkdirError, match=f"is inside {re.escape(str(outer))}, the run"):
+        rundir.claim_workdir(str(workdir), kind)
+  assert not (run / "checkpoints" / "params").exists() and not (swp / "elsewhere").exists()
+  # The sweep trains its own groups; next to a run (not inside it) is fine.
+  rundir.claim_workdir(str(swp / "groups" / "g000"), "train")
+  rundir.claim_workdir(str(tmp_path / "run2"), "train")
+  assert rundir.enclosing_run(str(swp / "groups" / "g000" / "sub")) == (
+    str(swp / "groups" / "g000"),
+    "train",
+  )
+  before = _snapshot(run)
+  for command in ("train", "run"):
+    workdir = run / "checkpoints" / "state" / "5"
+    r = subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "ihsweep.cli",
+        command,
+        "--config=configs/default.py",
+        f"--workdir={workdir}",
+        "--noprogress",
+        *TINY_FLAGS,
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"ihsweep: --workdir={workdir} is inside {run}, the run directory")
+    assert "nothing was changed" in lines[0]
+  assert _snapshot(run) == before

@@ -449,6 +449,56 @@ def test_one_process_sweep_trains_every_cell(reference):
     f.write(saved)
 
 
+def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_path, caplog):
+  """A status.json that says done where the group's checkpoints and train log do not show its
+  final update (cut short; never trained) is not counted as done: status says why, and a rerun
+  resumes or retrains the group to the same numbers."""
+  import shutil
+
+  work = str(tmp_path / "copy")
+  shutil.copytree(reference[0], work)
+  g0, g1 = rundir.group_dir(work, "g000"), rundir.group_dir(work, "g001")
+  status = json.load(open(os.path.join(g0, "status.json")))
+  rundir.write_status(work, "g000", **{**status, "step": 10})  # "done at update 10 of 20"
+  for name in ("checkpoints", "train_log.jsonl", "metrics.jsonl"):  # g001: never trained
+    path = os.path.join(g1, name)
+    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+  text = sweep.format_status(work)
+  assert "cells: 4 pending, 4 done" in text, text
+  assert "status.json says done, but its update 10 is short of its 20" in text
+  assert "status.json says done, but there is no full-state checkpoint at its update 20" in text
+  with caplog.at_level("WARNING", logger="ihsweep"):
+    result = sweep.run(_config(tiny_config), work, progress=False)
+  assert "group g001: status.json says done, but there is no full-state checkpoint" in caplog.text
+  assert all(s["state"] == "done" and s["step"] == 20 for s in result.groups.values())
+  assert sweep.format_status(work).endswith("cells: 8 done")
+  want, got = _final_metrics(reference[0]), _final_metrics(work)
+  for cell in want:  # g001 trained again from the start: the same numbers
+    assert got[cell]["val_loss"] == pytest.approx(want[cell]["val_loss"], rel=1e-5)
+  # An early stop is believed with its checkpoints (params saved at the stop): here none.
+  rundir.write_status(
+    work,
+    "g002",
+    **{
+      **json.load(open(rundir.group_dir(work, "g002") + "/status.json")),
+      "step": 10,
+      "stopped_early": True,
+    },
+  )
+  assert rundir.read_status(work, "g002")["unverified"] == (
+    "it stopped early without the params checkpoint an early stop saves at 10"
+  )
+
+
+def _finished(work: str, group_id: str, step: int) -> None:
+  """The evidence a finished group leaves (rundir.unfinished): its final update as a full-state
+  checkpoint directory and as the last train-log row."""
+  gdir = rundir.group_dir(work, group_id)
+  os.makedirs(os.path.join(gdir, "checkpoints", "state", str(step)))
+  with open(os.path.join(gdir, "train_log.jsonl"), "w") as f:
+    f.write(json.dumps({"step": step}) + "\n")
+
+
 def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_path):
   """`ihsweep status` on a sweep whose cells.csv was cut short (`head -c 250`): every group
   directory is shown, its cells rebuilt from the group's config.json and status.json."""
@@ -466,6 +516,8 @@ def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_
         num_steps=g.num_steps,
         step=g.num_steps if i < 2 else 10,
       )
+      if i < 2:
+        _finished(work, g.id, g.num_steps)
   path = rundir.write_cells(plan, work)
   whole = sweep.format_status(work).splitlines()
   text = open(path).read()
