@@ -331,15 +331,19 @@ def _per_device_bytes(tree) -> int:
   return total
 
 
-def resolve_memory(cfg, devices: list, name: str = "the run", capacity=None, source=None):
+def resolve_memory(
+  cfg, devices: list, name: str = "the run", capacity=None, source=None, platform=None
+):
   """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.memory``):
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
   become the values ``memory.choose`` finds by compiling the group's programs against the
   devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
   k = 1, no remat and the usual chunk rule, without compiling anything.
 
-  ``capacity`` (bytes per device) replaces the devices' own, and ``source`` the data source
-  the group would build (``ihsweep plan --target``: compile-only devices, no corpus).
+  ``capacity`` (bytes per device) replaces the devices' own, ``source`` the data source the
+  group would build, and ``platform`` (``gpu``, ``tpu``) the devices' own for the default vmap
+  chunk (``ihsweep plan --target``: compile-only devices, no corpus; a GPU target compiled on
+  CPU devices still starts from every model at once, as on the GPU).
 
   Returns:
     ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
@@ -394,7 +398,7 @@ def resolve_memory(cfg, devices: list, name: str = "the run", capacity=None, sou
     evaluator = Evaluator(out, group.mcfg, None, group.mesh)
     eval_mem = memory.analyse(evaluator.lower(state.params).compile())
   prefetch = _per_device_bytes(data) if group.host_fed else 0
-  platform = getattr(devices[0], "platform", "cpu")
+  platform = platform or getattr(devices[0], "platform", "cpu")
   choice = memory.choose(
     compile_train,
     batch_size=group.tcfg.batch_size,

@@ -289,6 +289,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
           f"group {job.id}",
           target.capacity_bytes,
           planned_source(job.cfg),
+          target.chip.platform,
         )
         memo[(job.id, m)] = (out, choice, None)
       except memory.DoesNotFit as e:

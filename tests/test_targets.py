@@ -57,11 +57,17 @@ def test_plan_compiles_for_a_tpu_topology_without_one():
 
 
 def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused():
-  r = _plan("--target=h100-80gb", "--devices=2", *TINY, libtpu=False)
+  # B 16: 2 MiB of logits per model, so this CPU would vmap one model at a time; the estimate
+  # is for the GPU's own setting, both models at once.
+  r = _plan(
+    "--target=h100-80gb", "--devices=2", *TINY, "--config.train.batch_size=16", libtpu=False
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   p = json.loads(r.stdout)
   assert p["target"]["memory_from"] == "XLA CPU compiler (estimate)" and p["fits"]
   assert p["target"]["capacity_bytes"] == 80 * 10**9
+  (g,) = p["groups"]
+  assert g["devices"] == 1 and g["vmap_chunk"] == 2, g
   r = _plan("--target=h100-80gb", *TINY, libtpu=False)
   assert r.returncode == 2 and "needs --devices=N" in r.stderr
   r = _plan("--target=v9z:2x2", *TINY, libtpu=False)
@@ -74,9 +80,12 @@ def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused
 def test_memory_estimate_benchmark_compares_the_cpu_and_tpu_compilers():
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(LIBTPU)}
   env.pop("XLA_FLAGS", None)
+  # One layer and no evaluation program (the TPU compiler spends ~25 s on the tiny one): the
+  # script's path is the same, the test a minute shorter.
   r = subprocess.run(
     [sys.executable, "benchmarks/memory_estimate.py", "--json", "--config",
-     "configs/default.py:tiny", "--set", "ensemble.size=2"],
+     "configs/default.py:tiny", "--set", "ensemble.size=2", "--set", "model.n_layers=1",
+     "--set", "eval.every_steps=0"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
   )  # fmt: skip
   assert r.returncode == 0, r.stderr[-3000:]
