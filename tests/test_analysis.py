@@ -16,7 +16,7 @@ from analysis import __main__ as cli
 from analysis import curves as curves_lib
 from analysis import emergence, frontier, scaling
 from analysis.load import NotARun, load_run
-from ihsweep import schedule
+from ihsweep import rundir, schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
@@ -455,7 +455,10 @@ def _fake_sweep(trained: str, root) -> str:
     cfg = json.loads((groups / g / "config.json").read_text())
     cfg["ensemble"]["cell_ids"] = {"g000": [0, 1], "g002": [4, 5], "g003": [6, 7]}[g]
     (groups / g / "config.json").write_text(json.dumps(cfg))
-    (groups / g / "status.json").write_text(json.dumps({"state": state}))
+    last = rundir.last_step(str(groups / g / "train_log.jsonl"))  # a done group's evidence
+    (groups / g / "status.json").write_text(
+      json.dumps({"state": state, "step": last, "num_steps": last})
+    )
   params = groups / "g002" / "checkpoints" / "params"
   (params / "64.orbax-checkpoint-tmp-1234").mkdir()  # a save cut short: never listed
   shutil.rmtree(params / "16" / "params")  # damaged by hand: restoring it fails
