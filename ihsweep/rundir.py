@@ -77,21 +77,33 @@ def run_kind(workdir: str) -> str | None:
     names = _theirs(workdir)
   except FileNotFoundError:
     return "empty"
-  try:
-    with open(os.path.join(workdir, RUN_MARKER)) as f:
-      kind = json.load(f).get("kind")
-    if kind in ("train", "sweep"):
-      return kind
-  except (OSError, ValueError, AttributeError):
-    pass
+  marked = _marker_kind(workdir)
+  if marked:
+    return marked
   if sweep_group(workdir):
     return "train"
   if not names:
     return "empty"
-  if _ihsweep_config(workdir):
-    if os.path.exists(os.path.join(workdir, "cells.csv")):
+  return _layout_kind(workdir)
+
+
+def _marker_kind(path: str) -> str | None:
+  """The ``kind`` in ``path``'s ``RUN_MARKER`` (``train`` or ``sweep``); None without one."""
+  try:
+    with open(os.path.join(path, RUN_MARKER)) as f:
+      kind = json.load(f).get("kind")
+    return kind if kind in ("train", "sweep") else None
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def _layout_kind(path: str) -> str | None:
+  """``sweep`` or ``train`` by the layout a run made before the marker existed leaves: an
+  ihsweep-resolved ``config.json`` beside ``cells.csv`` or ``checkpoints/``; else None."""
+  if _ihsweep_config(path):
+    if os.path.exists(os.path.join(path, "cells.csv")):
       return "sweep"
-    if os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if os.path.isdir(os.path.join(path, "checkpoints")):
       return "train"
   return None
 
@@ -110,24 +122,6 @@ def sweep_group(workdir: str) -> tuple[str, str] | None:
   return None
 
 
-def _marked_kind(path: str) -> str | None:
-  """``"train"`` or ``"sweep"`` when ``path`` is an ihsweep run by its marker or by the layout an
-  earlier ihsweep left (``run_kind``), without listing it; None otherwise or unreadable."""
-  try:
-    with open(os.path.join(path, RUN_MARKER)) as f:
-      kind = json.load(f).get("kind")
-    if kind in ("train", "sweep"):
-      return kind
-  except (OSError, ValueError, AttributeError):
-    pass
-  if _ihsweep_config(path):
-    if os.path.exists(os.path.join(path, "cells.csv")):
-      return "sweep"
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-      return "train"
-  return None
-
-
 def enclosing_run(workdir: str) -> tuple[str, str] | None:
   """``(run directory, kind)`` of the nearest ihsweep run that holds ``workdir`` below it, else
   None. A sweep's own group directories (``SWEEP/groups/gNNN``, which the sweep creates and
@@ -138,7 +132,7 @@ def enclosing_run(workdir: str) -> tuple[str, str] | None:
     parent = os.path.dirname(path)
     while parent not in seen:
       seen.add(parent)
-      kind = _marked_kind(parent)
+      kind = _marker_kind(parent) or _layout_kind(parent)
       if kind is not None:
         rel = os.path.relpath(path, parent).split(os.sep)
         own_group = (
