@@ -239,7 +239,8 @@ def _check_flags(command: str, found, positional) -> str | None:
       if parts[3] in axis_flags:
         axis_flag, typed = axis_flags[parts[3]]
         return (
-          f"{typed} and --{name}={value} both set the sweep axis {parts[3]}: give it once "
+          f"{typed} and --{name}" + (f"={value}" if value is not None else "") + " both set "
+          f"the sweep axis {parts[3]}: give it once "
           f"(--{axis_flag} replaces the config file's axis; give all its values there)"
         )
   path = _config_arg(found).split(":", 1)[0]

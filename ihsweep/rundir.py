@@ -179,7 +179,11 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
     )
   try:
     found = run_kind(workdir)
-    group = sweep_group(workdir) if kind != "train" else None  # "train": the sweep's own fit
+    # "train": the sweep's own fit. The path with links resolved too: a link to a sweep's
+    # groups/ directory is that sweep's group all the same.
+    group = (
+      (sweep_group(workdir) or sweep_group(os.path.realpath(workdir))) if kind != "train" else None
+    )
   except OSError as e:  # a file, a path through a file, an unreadable directory
     raise config_lib.WorkdirError(
       workdir, f"a directory this process can read and write ({e.strerror or e})"
@@ -302,12 +306,14 @@ _warned_unverified: set[str] = set()
 def saved_steps(directory: str) -> list[int]:
   """The steps of the complete checkpoints in an orbax step directory (``…/checkpoints/state``):
   its subdirectories named by a number alone (orbax writes ``<step>.orbax-checkpoint-tmp-…``
-  and renames it when complete), ascending; [] if there is none."""
+  and renames it when complete) that hold orbax's ``_CHECKPOINT_METADATA``, ascending; [] if
+  there is none."""
   try:
     names = os.listdir(directory)
   except OSError:
     return []
-  return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+  meta = lambda n: os.path.join(directory, n, "_CHECKPOINT_METADATA")  # noqa: E731
+  return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(meta(n)))
 
 
 def unfinished(gdir: str, status: dict) -> str | None:

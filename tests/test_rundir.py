@@ -275,6 +275,12 @@ def test_a_workdir_inside_another_run_is_refused(tmp_path):
       with pytest.raises(WorkdirError, match=f"is inside {re.escape(str(outer))}, the run"):
         rundir.claim_workdir(str(workdir), kind)
   assert not (run / "checkpoints" / "params").exists() and not (swp / "elsewhere").exists()
+  # A link to the sweep's groups/ names one of its groups all the same.
+  (tmp_path / "groups_link").symlink_to(swp / "groups")
+  for kind in (None, "sweep"):
+    with pytest.raises(WorkdirError, match=f"is group g005 of the sweep in {re.escape(str(swp))}"):
+      rundir.claim_workdir(str(tmp_path / "groups_link" / "g005"), kind)
+  assert not (swp / "groups" / "g005").exists()
   # The sweep trains its own groups; next to a run (not inside it) is fine.
   rundir.claim_workdir(str(swp / "groups" / "g000"), "train")
   rundir.claim_workdir(str(tmp_path / "run2"), "train")

@@ -475,6 +475,12 @@ def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_pa
   want, got = _final_metrics(reference[0]), _final_metrics(work)
   for cell in want:  # g001 trained again from the start: the same numbers
     assert got[cell]["val_loss"] == pytest.approx(want[cell]["val_loss"], rel=1e-5)
+  # A step directory emptied by hand is no checkpoint.
+  state = os.path.join(rundir.group_dir(work, "g003"), "checkpoints", "state", "20")
+  for name in os.listdir(state):
+    path = os.path.join(state, name)
+    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+  assert rundir.read_status(work, "g003")["state"] == "pending"
   # An early stop is believed with its checkpoints (params saved at the stop): here none.
   rundir.write_status(
     work,
@@ -495,6 +501,7 @@ def _finished(work: str, group_id: str, step: int) -> None:
   checkpoint directory and as the last train-log row."""
   gdir = rundir.group_dir(work, group_id)
   os.makedirs(os.path.join(gdir, "checkpoints", "state", str(step)))
+  open(os.path.join(gdir, "checkpoints", "state", str(step), "_CHECKPOINT_METADATA"), "w").close()
   with open(os.path.join(gdir, "train_log.jsonl"), "w") as f:
     f.write(json.dumps({"step": step}) + "\n")
 
