@@ -41,6 +41,15 @@ def _snapshot(d) -> dict:
   return out
 
 
+def _train_or_run(command: str, workdir) -> subprocess.CompletedProcess:
+  """``ihsweep train|run`` of the tiny config into ``workdir``, as a user types it."""
+  return subprocess.run(
+    [sys.executable, "-m", "ihsweep.cli", command, "--config=configs/default.py",
+     f"--workdir={workdir}", "--noprogress", *TINY_FLAGS],
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+
+
 def _users_dir(tmp_path):
   d = tmp_path / "mine"
   (d / "notes").mkdir(parents=True)
@@ -75,22 +84,7 @@ def test_the_commands_refuse_a_users_directory_in_one_line(tmp_path):
   d = _users_dir(tmp_path)
   before = _snapshot(d)
   for command in ("train", "run"):
-    r = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "ihsweep.cli",
-        command,
-        "--config=configs/default.py",
-        f"--workdir={d}",
-        "--noprogress",
-        *TINY_FLAGS,
-      ],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    r = _train_or_run(command, d)
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
     assert len(lines) == 1, r.stderr  # --workdir is a flag, not a config field:
@@ -103,22 +97,7 @@ def test_a_symbolic_link_to_nothing_is_named(tmp_path):
   link = tmp_path / "link"
   link.symlink_to(tmp_path / "nowhere" / "x")
   for command in ("train", "run"):
-    r = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "ihsweep.cli",
-        command,
-        "--config=configs/default.py",
-        f"--workdir={link}",
-        "--noprogress",
-        *TINY_FLAGS,
-      ],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    r = _train_or_run(command, link)
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0] == (
@@ -291,22 +270,7 @@ def test_a_workdir_inside_another_run_is_refused(tmp_path):
   before = _snapshot(run)
   for command in ("train", "run"):
     workdir = run / "checkpoints" / "state" / "5"
-    r = subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "ihsweep.cli",
-        command,
-        "--config=configs/default.py",
-        f"--workdir={workdir}",
-        "--noprogress",
-        *TINY_FLAGS,
-      ],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    r = _train_or_run(command, workdir)
     lines = [line for line in r.stderr.splitlines() if " INFO " not in line]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"ihsweep: --workdir={workdir} is inside {run}, the run directory")
