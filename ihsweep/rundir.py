@@ -127,11 +127,9 @@ def enclosing_run(workdir: str) -> tuple[str, str] | None:
   None. A sweep's own group directories (``SWEEP/groups/gNNN``, which the sweep creates and
   trains) do not count as inside it. Both the path as given and with symbolic links resolved
   are checked, so a link into a run is found too."""
-  seen = set()
   for path in dict.fromkeys((os.path.abspath(workdir), os.path.realpath(workdir))):
-    parent = os.path.dirname(path)
-    while parent not in seen:
-      seen.add(parent)
+    child, parent = path, os.path.dirname(path)
+    while parent != child:  # up to the root, whose dirname is itself
       kind = _marker_kind(parent) or _layout_kind(parent)
       if kind is not None:
         rel = os.path.relpath(path, parent).split(os.sep)
@@ -140,9 +138,7 @@ def enclosing_run(workdir: str) -> tuple[str, str] | None:
         )
         if not own_group:
           return parent, kind
-      if os.path.dirname(parent) == parent:
-        break
-      parent = os.path.dirname(parent)
+      child, parent = parent, os.path.dirname(parent)
   return None
 
 
@@ -312,7 +308,7 @@ def saved_steps(directory: str) -> list[int]:
     names = os.listdir(directory)
   except OSError:
     return []
-  meta = lambda n: os.path.join(directory, n, "_CHECKPOINT_METADATA")  # noqa: E731
+  meta = lambda n: os.path.join(directory, n, "_CHECKPOINT_METADATA")
   return sorted(int(n) for n in names if n.isdigit() and os.path.isfile(meta(n)))
 
 
