@@ -222,16 +222,23 @@ def any_process(flag: bool, team: Team | None = None) -> bool:
   """True if ``flag`` is true in any process of ``team`` (default: every process): a
   collective when the team has several processes (each must call it at the same point); a
   team of this process alone: ``flag`` itself."""
+  return any_process_each((flag,), team)[0]
+
+
+def any_process_each(flags, team: Team | None = None) -> tuple[bool, ...]:
+  """``any_process`` of several flags in one collective: element i is true if ``flags[i]`` is
+  true in any process of ``team``."""
   team = _team(team)
+  flags = np.asarray([int(bool(f)) for f in flags])
   if len(team.processes) == 1:
-    return bool(flag)
+    return tuple(bool(f) for f in flags)
   if team.is_everyone:
     from jax.experimental import multihost_utils
 
-    return bool(np.asarray(multihost_utils.process_allgather(np.asarray([flag]))).any())
+    return tuple(bool(f) for f in np.asarray(multihost_utils.process_allgather(flags)).any(0))
   import jax.numpy as jnp
 
-  return bool(_team_reduce(np.asarray([int(bool(flag))]), team, jnp.max)[0])
+  return tuple(bool(f) for f in _team_reduce(flags, team, jnp.max))
 
 
 def lead_value(value: int, team: Team | None = None) -> int:
@@ -286,16 +293,147 @@ def initialize_distributed() -> int:
     args = ()
   else:
     return 1
+  kwargs = {}
+  if not args:  # JAX's detection: on SLURM, the GPUs this task may use (jax-ml/jax #28194)
+    ids, why = slurm_local_device_ids(env)
+    if ids is not None:
+      kwargs["local_device_ids"] = ids
+    if why:
+      print(f"ihsweep: SLURM task {env.get('SLURM_PROCID')}: {why}", file=sys.stderr, flush=True)
   heartbeat = _env_number("IHSWEEP_HEARTBEAT_S", float, 0, "100")
   # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
   # the status to it), so it is given twice our bound.
   jax.distributed.initialize(
-    *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1)
+    *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1), **kwargs
   )
   if jax.process_count() > 1:
     _Watchdog(heartbeat).start()
   return jax.process_count()
+
+
+def _tasks_on_this_node(env) -> int | None:
+  """Tasks of this SLURM step (or job) on this node: ``SLURM_STEP_TASKS_PER_NODE`` /
+  ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``: 2 on each of the first 3 nodes, 1 on the next),
+  indexed by ``SLURM_NODEID``; else ``SLURM_NTASKS_PER_NODE``; None if none is set."""
+  try:  # a value SLURM would not write reads as unknown
+    node = int(env.get("SLURM_NODEID", "0") or 0)
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+      if env.get(name):
+        counts = []
+        for part in env[name].split(","):
+          count, _, times = part.partition("(x")
+          counts += [int(count)] * int(times.rstrip(")") or 1)
+        return counts[min(node, len(counts) - 1)]
+    raw = env.get("SLURM_NTASKS_PER_NODE")
+    return int(raw) if raw else None
+  except ValueError:
+    return None
+
+
+def _gpus_on_this_node(env) -> int | None:
+  """GPUs SLURM gave this job on this node: ``SLURM_GPUS_ON_NODE``, else the length of
+  ``SLURM_STEP_GPUS`` / ``SLURM_JOB_GPUS`` (comma-separated ids); None if none is set."""
+  if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+    return int(env["SLURM_GPUS_ON_NODE"])
+  for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+    if env.get(name):
+      return len(env[name].split(","))
+  return None
+
+
+def slurm_local_device_ids(env=os.environ) -> tuple[list[int] | None, str]:
+  """The ``local_device_ids`` a SLURM task passes to ``jax.distributed.initialize``, and why.
+
+  JAX's own SLURM detection gives every task ``[SLURM_LOCALID]``: right only when each task sees
+  every GPU of its node and uses one. Where SLURM binds GPUs to tasks (``--gpus-per-task``,
+  ``--gpu-bind``) the task's GPUs are renumbered from 0, so task 1's id 1 is "invalid device
+  ordinal" (jax-ml/jax #28194, #23452); one task per node would see GPU 0 only (#16788). Rules,
+  first that applies:
+
+  1. ``IHSWEEP_LOCAL_DEVICE_IDS`` = ``"0,1,…"``: those ids.
+  2. Not a SLURM task (no ``SLURM_PROCID``), or ``JAX_PLATFORMS`` without ``cuda``/``gpu``
+     (TPU: JAX never restricts; CPU): ``None``, JAX's choice.
+  3. ``CUDA_VISIBLE_DEVICES`` lists n GPUs bound to this task (fewer than the node's, or the
+     task is alone on its node): all of them, ``[0 … n-1]`` (the process renumbers them).
+  4. The node's g GPUs, seen by each of its t tasks (``CUDA_VISIBLE_DEVICES`` lists all g, or
+     is unset and ``SLURM_GPUS_ON_NODE`` = g), t dividing g: task ``SLURM_LOCALID`` = l takes
+     ``[l·g/t … (l+1)·g/t - 1]``.
+  5. Otherwise ``None``: JAX's ``[SLURM_LOCALID]``, said in the reason.
+
+  Returns:
+    ``(ids or None, reason)``: the reason is one line for the log, "" outside SLURM.
+
+  Raises:
+    SystemExit: (status 2, after one line) ``IHSWEEP_LOCAL_DEVICE_IDS`` not a list of ids >= 0.
+  """
+  raw = env.get("IHSWEEP_LOCAL_DEVICE_IDS", "").strip()
+  if raw:
+    try:
+      ids = [int(x) for x in raw.split(",")]
+      if ids and min(ids) >= 0 and len(set(ids)) == len(ids):
+        return ids, f"local device ids {ids} (IHSWEEP_LOCAL_DEVICE_IDS)"
+    except ValueError:
+      pass
+    print(
+      f"ihsweep: IHSWEEP_LOCAL_DEVICE_IDS={raw!r} is not allowed: distinct device ids >= 0, "
+      "comma-separated (e.g. 0,1)",
+      file=sys.stderr,
+    )
+    raise SystemExit(2)
+  if "SLURM_PROCID" not in env:
+    return None, ""
+  platforms = env.get("JAX_PLATFORMS", "").lower()
+  if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
+    return None, f"JAX_PLATFORMS={platforms}: JAX chooses the devices"
+  local = int(env.get("SLURM_LOCALID", "0") or 0)
+  tasks, gpus = _tasks_on_this_node(env), _gpus_on_this_node(env)
+  visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+  if visible and visible != "NoDevFiles":
+    n = len(visible.split(","))
+    if not (tasks and tasks > 1 and n > 1 and n == gpus):  # bound to this task (or its only one)
+      return list(range(n)), (
+        f"local device ids {_ids(range(n))}: the {n} GPU(s) visible to this task "
+        f"(CUDA_VISIBLE_DEVICES={visible})"
+      )
+    where = f"the node's {n} GPUs, visible to each of its {tasks} tasks"
+  elif gpus:
+    n, where = gpus, f"the node's {gpus} GPUs (SLURM_GPUS_ON_NODE), {tasks or '?'} task(s) on it"
+  else:
+    n, where = None, "no GPU count in SLURM's environment"
+  if n and tasks and n % tasks == 0:
+    share = n // tasks
+    ids = list(range(local * share, (local + 1) * share))
+    return ids, f"local device ids {_ids(ids)}: task {local} (SLURM_LOCALID)'s share of {where}"
+  return None, (
+    f"JAX's default, GPU {local} only (SLURM_LOCALID): {where} give no even split; set "
+    "IHSWEEP_LOCAL_DEVICE_IDS to choose"
+  )
+
+
+def _ids(ids) -> str:
+  ids = list(ids)
+  return f"[{ids[0]}]" if len(ids) == 1 else f"[{ids[0]}…{ids[-1]}]"
+
+
+def describe_slurm_tasks(env=os.environ) -> list[str]:
+  """One line per task of this node, as ``launch/slurm.sbatch --dry-run`` prints them: the
+  ``local_device_ids`` each task of the step would pass (``slurm_local_device_ids``), where srun
+  binds ``SLURM_GPUS_PER_TASK`` GPUs to each task if that is set (``--gpus-per-task``) and every
+  task sees the batch shell's ``CUDA_VISIBLE_DEVICES`` otherwise."""
+  tasks = _tasks_on_this_node(env) or 1
+  per_task = int(env.get("SLURM_GPUS_PER_TASK", "0") or 0)
+  node = int(env.get("SLURM_NODEID", "0") or 0)
+  lines = []
+  for local in range(tasks):
+    task_env = {**env, "SLURM_LOCALID": str(local), "SLURM_PROCID": str(node * tasks + local)}
+    if per_task:
+      task_env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(i) for i in range(local * per_task, (local + 1) * per_task)
+      )
+    ids, why = slurm_local_device_ids(task_env)
+    lines.append(f"task {local} of {tasks} on node {node}: {why or 'JAX chooses the devices'}")
+  return lines
 
 
 def _env_number(name: str, kind: type, low: float, default: str | None = None):
@@ -412,3 +550,7 @@ class _Watchdog:
     )
     sys.stdout.flush()
     os._exit(1)  # the main thread may be blocked in a collective with the silent process
+
+
+if __name__ == "__main__":  # launch/slurm.sbatch --dry-run: each task's device ids
+  print("\n".join(describe_slurm_tasks()))

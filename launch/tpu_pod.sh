@@ -1,45 +1,102 @@
 #!/usr/bin/env bash
-# Cloud TPU pod slice: `ihsweep run` on every host (worker VM) at once (gcloud … ssh
-# --worker=all); jax.distributed.initialize() finds the other hosts itself
-# (IHSWEEP_DISTRIBUTED=1): the hosts of a slice must join one job to use its chips.
+# Cloud TPU pod slice: `ihsweep run` on every host (worker VM) of the slice, started through
+# `gcloud … ssh --worker=all` as a detached process (setsid nohup) that outlives the SSH session;
+# jax.distributed.initialize() finds the other hosts itself (IHSWEEP_DISTRIBUTED=1): the hosts
+# of a slice must join one job to use its chips.
 # Groups are process-local by default (config sweep.placement = 'worker'): each host's process
 # is a worker over its own chips that claims the next pending group in the run directory (most
 # expensive first), trains it, then takes the next; a v4-32 slice (4 hosts × 4 chips) trains 4
-# groups side by side. `--config.sweep.placement=global` restores the earlier rule: every host
-# trains every group together on one mesh over all chips of the slice, one group after another
-# (each group must then be able to use every chip: at most E · B of them). ihsweep/sweep.py
-# explains both.
+# groups side by side. `--config.sweep.placement=global`: every host trains every group together
+# on one mesh over all chips of the slice, one group after another. ihsweep/sweep.py explains
+# both.
 # Usage:
-#   launch/tpu_pod.sh TPU_NAME ZONE [--dry-run] --config=configs/exp1_natural.py \
+#   launch/tpu_pod.sh TPU_NAME ZONE [--sync] [--dry-run] --config=configs/exp1_natural.py \
 #       --workdir=/mnt/shared/exp1 --config.data.tfds_data_dir=$TFDS [more run flags]
-# Environment: IHSWEEP_REPO (the checkout on every host, default ~/ihsweep, with a .venv made by
-# `make install` then `.venv/bin/pip install -e '.[tpu]'`), GCLOUD_PROJECT (optional --project).
+#   launch/tpu_pod.sh TPU_NAME ZONE --stop --workdir=/mnt/shared/exp1   (SIGTERM to each host's
+#       process: it checkpoints its group and exits; rerunning the first command resumes)
+# What runs on each host: cd $IHSWEEP_REPO, then `.venv/bin/ihsweep run --noprogress FLAGS` in
+# its own session, stdout and stderr appended to WORKDIR/logs/host_<hostname>.log (its process id
+# in WORKDIR/logs/host_<hostname>.pid); this command returns once every host has started.
+# Follow with `ihsweep status --workdir=WORKDIR` and the logs.
+# --sync first copies this checkout's committed tree (git archive HEAD: commit what should run)
+# to IHSWEEP_REPO on every host and installs it there into .venv ('.[tpu]' with
+# constraints.txt) if that has no ihsweep yet.
+# Environment: IHSWEEP_REPO (the checkout on every host, default ~/ihsweep), GCLOUD_PROJECT
+# (optional --project). Forwarded to every host's process: IHSWEEP_* (but IHSWEEP_REPO), JAX_*
+# (e.g. JAX_COMPILATION_CACHE_DIR on the shared filesystem: one host's compile serves all),
+# XLA_FLAGS, LIBTPU_INIT_ARGS, TFDS_DATA_DIR.
 # Flags are passed as --flag=value (one word each); --dry-run may come anywhere and prints the
-# gcloud command. The run directory must be on a filesystem every host mounts and that supports
-# flock (e.g. Filestore/NFSv4; the workers' claims lock a file in it); each group's checkpoints
-# are written by the host that trains it. Several slices (or a slice and other machines) can
-# work on one sweep: run this for each with the same --workdir.
+# commands, one per line, quoted for the shell. The run directory must be on a filesystem every host mounts
+# and that supports flock (e.g. Filestore/NFSv4; the workers' claims lock a file in it); each
+# group's checkpoints are written by the host that trains it. Several slices (or a slice and
+# other machines) can work on one sweep: run this for each with the same --workdir.
 set -euo pipefail
-dry=0
+dry=0 sync=0 stop=0
 args=()
 positional=()
+workdir=
 for a in "$@"; do
   case "$a" in
     --dry-run) dry=1 ;;
+    --sync) sync=1 ;;
+    --stop) stop=1 ;;
+    --workdir=*) workdir=${a#--workdir=}; args+=("$a") ;;
     --*) args+=("$a") ;;
     *) positional+=("$a") ;;
   esac
 done
-if [[ ${#positional[@]} -ne 2 ]]; then
-  echo "usage: $0 TPU_NAME ZONE [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]" >&2
+usage="usage: $0 TPU_NAME ZONE [--sync] [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]
+       $0 TPU_NAME ZONE --stop [--dry-run] --workdir=DIR"
+if [[ ${#positional[@]} -ne 2 || -z "$workdir" ]]; then
+  echo "$usage" >&2
+  exit 2
+fi
+if (( stop )) && (( sync || ${#args[@]} > 1 )); then
+  echo "$0: --stop takes --workdir only (and --dry-run)" >&2; echo "$usage" >&2
   exit 2
 fi
 tpu=${positional[0]} zone=${positional[1]}
 repo=${IHSWEEP_REPO:-'~/ihsweep'}
-remote="cd $repo && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress $(printf '%q ' "${args[@]}")"
-cmd=(gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all ${GCLOUD_PROJECT:+--project="$GCLOUD_PROJECT"} --command="$remote")
-if (( dry )); then
-  printf '%s ' "${cmd[@]:0:${#cmd[@]}-1}"; printf -- '--command="%s"\n' "$remote"
+ssh=(gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all ${GCLOUD_PROJECT:+--project="$GCLOUD_PROJECT"})
+logs=$(printf '%q' "$workdir/logs")
+host='$(hostname)'
+show() {  # one line, as the shell reads it: '…' around a word that needs quotes and has no '
+  local a out=()
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=,@%+~-]*$ ]]; then out+=("$a")
+    elif [[ "$a" != *\'* && "$a" =~ ^(--[a-z-]+=)(.*)$ ]]; then out+=("${BASH_REMATCH[1]}'${BASH_REMATCH[2]}'")
+    elif [[ "$a" != *\'* ]]; then out+=("'$a'")
+    else out+=("$(printf '%q' "$a")"); fi
+  done
+  echo "${out[*]}"
+}
+go() { if (( dry )); then show "$@"; else "$@"; fi; }
+
+if (( stop )); then
+  remote="for f in $logs/host_$host.pid; do [ -f \"\$f\" ] && kill -TERM -- -\$(cat \"\$f\") && echo \"$host: SIGTERM to \$(cat \"\$f\")\"; done; true"
+  go "${ssh[@]}" --command="$remote"
   exit 0
 fi
-exec "${cmd[@]}"
+
+if (( sync )); then
+  tarball=${TMPDIR:-/tmp}/ihsweep-checkout.tar.gz
+  install="cd $repo && tar -xzf ~/ihsweep-checkout.tar.gz && rm ~/ihsweep-checkout.tar.gz && { test -x .venv/bin/ihsweep || { python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e \".[tpu]\"; }; }"
+  if (( dry )); then echo "git archive --format=tar.gz -o $tarball HEAD"
+  else git archive --format=tar.gz -o "$tarball" HEAD; fi
+  go gcloud compute tpus tpu-vm scp "$tarball" "$tpu":~/ihsweep-checkout.tar.gz --zone="$zone" --worker=all ${GCLOUD_PROJECT:+--project="$GCLOUD_PROJECT"}
+  go "${ssh[@]}" --command="mkdir -p $repo && $install"
+fi
+
+envs=()
+while IFS='=' read -r name _; do
+  case "$name" in
+    IHSWEEP_REPO) ;;
+    IHSWEEP_*|JAX_*|XLA_FLAGS|LIBTPU_INIT_ARGS|TFDS_DATA_DIR) envs+=("$name=${!name}") ;;
+  esac
+done < <(env | LC_ALL=C sort)
+# setsid: its own session, so the SSH session's end (SIGHUP) does not reach it; the process id
+# is the session's, so --stop signals the whole session.
+run="$( ((${#envs[@]})) && printf '%q ' "${envs[@]}")IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress $(printf '%q ' "${args[@]}")"
+run=${run% }
+remote="cd $repo && mkdir -p $logs && echo \"=== \$(date +%F_%T) $host: ihsweep run\" >> $logs/host_$host.log && { setsid nohup env $run >> $logs/host_$host.log 2>&1 < /dev/null & echo \$! > $logs/host_$host.pid; echo \"$host: started, log $logs/host_$host.log\"; }"
+go "${ssh[@]}" --command="$remote"

@@ -12,14 +12,16 @@ stand-in srun)."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
-from ihsweep import rundir, sweep
+from ihsweep import rundir, sharding, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5
@@ -499,18 +501,88 @@ def test_slurm_array_task_environment(tmp_path, per_gpu):
 
 
 def test_joined_launchers_dry_runs():
-  assert _lines(_dry("slurm.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
-    "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 ihsweep run "
+  ihsweep = f"{sys.executable} -m ihsweep.cli"
+  lines = _lines(_dry("slurm.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8", IHSWEEP=ihsweep))
+  assert lines[0] == (
+    f"IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 {ihsweep} run "
     "--noprogress --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+  )
+  # Inside an allocation: 4 tasks on this node, srun binds one GPU to each (--gpus-per-task=1).
+  slurm = dict(
+    SLURM_NTASKS_PER_NODE="4", SLURM_GPUS_PER_TASK="1", SLURM_GPUS_ON_NODE="4",
+    CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_NODEID="0", JAX_PLATFORMS="", IHSWEEP=ihsweep,
+  )  # fmt: skip
+  assert _lines(_dry("slurm.sbatch", *ARGS, **slurm))[1:] == [
+    f"task {i} of 4 on node 0: local device ids [0]: the 1 GPU(s) visible to this task "
+    f"(CUDA_VISIBLE_DEVICES={i})"
+    for i in range(4)
   ]
-  assert _lines(
-    _dry("tpu_pod.sh", "my-tpu", "us-central2-b", *ARGS, "--config.sweep.placement=global")
-  ) == [
-    "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
-    '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
-    "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "
-    '--config.sweep.placement=global "'
-  ]
+  # Without binding every task sees the node's 4 GPUs and takes its own.
+  del slurm["SLURM_GPUS_PER_TASK"]
+  assert _lines(_dry("slurm.sbatch", *ARGS, **slurm))[2] == (
+    "task 1 of 4 on node 0: local device ids [1]: task 1 (SLURM_LOCALID)'s share of the "
+    "node's 4 GPUs, visible to each of its 4 tasks"
+  )
+
+
+def _remote(line: str) -> str:
+  """The --command=… of a dry-run gcloud line (as the shell would pass it)."""
+  return next(w for w in shlex.split(line) if w.startswith("--command="))[len("--command=") :]
+
+
+def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
+  """launch/tpu_pod.sh: the command each host runs (from --dry-run), run here in bash with a
+  stand-in for .venv/bin/ihsweep: it outlives the shell that started it in a session of its own,
+  gets the forwarded IHSWEEP_*/JAX_* variables and the flags, and logs to
+  WORKDIR/logs/host_<hostname>.log; --stop's command ends it with SIGTERM."""
+  repo, work = tmp_path / "repo", tmp_path / "run"
+  (repo / ".venv" / "bin").mkdir(parents=True)
+  stand_in = repo / ".venv" / "bin" / "ihsweep"
+  stand_in.write_text(
+    "#!/usr/bin/env bash\n"
+    "trap 'echo got SIGTERM; exit 143' TERM\n"
+    'echo "args: $* heartbeat=$IHSWEEP_HEARTBEAT_S cache=$JAX_COMPILATION_CACHE_DIR '
+    'distributed=$IHSWEEP_DISTRIBUTED repo=${IHSWEEP_REPO:-unset}"\n'
+    "for i in $(seq 600); do sleep 0.1; done\n"
+  )
+  stand_in.chmod(0o755)
+  env = dict(IHSWEEP_REPO=str(repo), IHSWEEP_HEARTBEAT_S="50", JAX_COMPILATION_CACHE_DIR="/c d")
+  args = ("my-tpu", "us-central2-b", f"--workdir={work}", "--config=configs/exp.py",
+          "--grid=seed=0,1")  # fmt: skip
+  lines = _lines(_dry("tpu_pod.sh", *args, **env))
+  assert len(lines) == 1 and lines[0].startswith(
+    "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all --command="
+  )
+  started = subprocess.run(["bash", "-c", _remote(lines[0])], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+  host = os.uname().nodename
+  assert started.returncode == 0 and f"{host}: started" in started.stdout, started.stderr
+  pid = int((work / "logs" / f"host_{host}.pid").read_text())
+  log = work / "logs" / f"host_{host}.log"
+  deadline = time.time() + 30
+  while "args:" not in log.read_text() and time.time() < deadline:
+    time.sleep(0.1)
+  assert os.getsid(pid) == pid  # its own session: the SSH session's SIGHUP does not reach it
+  assert (
+    f"args: run --noprogress --workdir={work} --config=configs/exp.py --grid=seed=0,1 "
+    "heartbeat=50 cache=/c d distributed=1 repo=unset"
+  ) in log.read_text()
+  stop = _lines(_dry("tpu_pod.sh", "my-tpu", "us-central2-b", "--stop", f"--workdir={work}"))
+  assert len(stop) == 1
+  r = subprocess.run(["bash", "-c", _remote(stop[0])], capture_output=True, text=True, timeout=60)
+  assert f"{host}: SIGTERM to {pid}" in r.stdout, r.stderr
+  deadline = time.time() + 30
+  while "got SIGTERM" not in log.read_text() and time.time() < deadline:
+    time.sleep(0.1)
+  assert "got SIGTERM" in log.read_text()
+  # --sync: the committed tree copied to every host, installed there once
+  sync = _lines(_dry("tpu_pod.sh", *args, "--sync", **env))
+  assert sync[0].startswith("git archive --format=tar.gz -o ") and sync[0].endswith(" HEAD")
+  assert sync[1].startswith("gcloud compute tpus tpu-vm scp ") and "--worker=all" in sync[1]
+  assert "pip install -q -c constraints.txt -e" in _remote(sync[2]) and sync[3] == lines[0]
+  for bad in ([], ["--stop", f"--workdir={work}", "--sync"], ["--config=configs/exp.py"]):
+    r = _dry("tpu_pod.sh", "my-tpu", "us-central2-b", *bad)
+    assert r.returncode == 2 and "usage:" in r.stderr
 
 
 # --------------------------------------------------------------------- a real independent sweep
@@ -554,3 +626,57 @@ def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
   assert claimed == {"g000": ["claimed"], "g001": ["claimed"]}, claimed
   for g in ("g000", "g001"):
     assert rundir.read_status(str(work), g)["state"] == "done"
+
+
+# ----------------------------------------------------------------- SLURM tasks' local device ids
+
+_TASK = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}
+
+
+@pytest.mark.parametrize(
+  "env, ids",
+  [
+    # one GPU bound to each of 4 tasks per node: renumbered 0 (JAX's own rule gives 1: "invalid
+    # device ordinal", jax-ml/jax #28194)
+    (dict(CUDA_VISIBLE_DEVICES="1", SLURM_GPUS_ON_NODE="4", SLURM_TASKS_PER_NODE="4(x2)"), [0]),
+    # one task per node with its 8 GPUs (JAX's rule: GPU 0 only, #16788)
+    (dict(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7", SLURM_GPUS_ON_NODE="8",
+          SLURM_TASKS_PER_NODE="1(x2)", SLURM_LOCALID="0"), list(range(8))),
+    # 2 tasks per node, both seeing the node's 8 GPUs: task 1 takes the second half
+    (dict(CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7", SLURM_GPUS_ON_NODE="8",
+          SLURM_STEP_TASKS_PER_NODE="2(x2)"), [4, 5, 6, 7]),
+    (dict(SLURM_GPUS_ON_NODE="8", SLURM_NTASKS_PER_NODE="2"), [4, 5, 6, 7]),
+    (dict(SLURM_JOB_GPUS="0,1,2,3", SLURM_TASKS_PER_NODE="3,4"), [1]),  # node 1 holds 4 tasks
+    # nothing to split by (3 tasks, 4 GPUs; no GPU count): JAX's default, said
+    (dict(SLURM_GPUS_ON_NODE="4", SLURM_NTASKS_PER_NODE="3"), None),
+    (dict(), None),
+    (dict(JAX_PLATFORMS="tpu", CUDA_VISIBLE_DEVICES="0"), None),  # TPU: JAX decides
+    (dict(IHSWEEP_LOCAL_DEVICE_IDS="2,3", CUDA_VISIBLE_DEVICES="1"), [2, 3]),
+  ],
+)  # fmt: skip
+def test_a_slurm_task_uses_the_gpus_slurm_gave_it(env, ids):
+  got, why = sharding.slurm_local_device_ids({**_TASK, **env})
+  assert got == ids, why
+  if ids is None and "JAX_PLATFORMS" not in env:
+    assert "GPU 1 only" in why and "IHSWEEP_LOCAL_DEVICE_IDS" in why
+  assert sharding.slurm_local_device_ids({"CUDA_VISIBLE_DEVICES": "1"}) == (None, "")  # no SLURM
+
+
+@pytest.mark.parametrize("bad", ["a", "0,0", "-1", "0,,1"])
+def test_a_bad_local_device_ids_override_is_one_line(bad, capsys):
+  with pytest.raises(SystemExit) as e:
+    sharding.slurm_local_device_ids({**_TASK, "IHSWEEP_LOCAL_DEVICE_IDS": bad})
+  assert e.value.code == 2
+  assert capsys.readouterr().err.startswith(f"ihsweep: IHSWEEP_LOCAL_DEVICE_IDS={bad!r}")
+
+
+def test_initialize_distributed_passes_the_tasks_gpus(monkeypatch, capsys):
+  seen = {}
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: seen.update(args=a, **k))
+  for name, value in {**_TASK, "IHSWEEP_DISTRIBUTED": "1", "CUDA_VISIBLE_DEVICES": "3",
+                      "JAX_PLATFORMS": "cuda"}.items():  # fmt: skip
+    monkeypatch.setenv(name, value)
+  monkeypatch.delenv("IHSWEEP_COORDINATOR", raising=False)
+  assert sharding.initialize_distributed() == 1  # the stand-in joins nothing
+  assert seen["args"] == () and seen["local_device_ids"] == [0]
+  assert "ihsweep: SLURM task 5: local device ids [0]" in capsys.readouterr().err

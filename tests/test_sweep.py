@@ -400,15 +400,14 @@ def test_launcher_dry_runs():
     assert line.endswith(
       "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
     )
-  assert dry(f"{LAUNCH}/slurm.sbatch", *args) == [
+  # (the device ids slurm.sbatch prints next, and tpu_pod.sh's per-host command: test_launch)
+  assert dry(f"{LAUNCH}/slurm.sbatch", *args)[0] == (
     "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 ihsweep run --noprogress "
     "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
-  ]
-  assert dry(f"{LAUNCH}/tpu_pod.sh", "my-tpu", "us-central2-b", *args) == [
-    "gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all "
-    '--command="cd ~/ihsweep && IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress '
-    '--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1 "'
-  ]
+  )
+  (line,) = dry(f"{LAUNCH}/tpu_pod.sh", "my-tpu", "us-central2-b", *args)
+  assert line.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")
+  assert "--workdir=/shared/runs/x --grid=seed=0\\,1 >> /shared/runs/x/logs/host_" in line
 
 
 # ------------------------------------------------------------------------------- training runs
