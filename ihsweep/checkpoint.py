@@ -8,8 +8,8 @@ A run directory holds two orbax ``CheckpointManager`` trees:
   Never pruned: they are what the analysis reads.
 * ``checkpoints/state/<step>`` — the full ``TrainState`` (params, optimizer state, step, data
   keys; the step is the data position, since update t draws its batch from ``fold_in(data_key,
-  t)``) every ``checkpoint.state_every_steps`` updates and at the end; the newest
-  ``checkpoint.keep_state`` are kept. A restarted run resumes from the latest one.
+  t)``) every ``checkpoint.state_every_minutes`` (or ``state_every_steps``) and at the end;
+  the newest ``checkpoint.keep_state`` are kept. A restarted run resumes from the latest one.
 
 Every checkpoint carries the group's metadata (orbax ``custom_metadata``): one entry per model
 (cell id, seed, peak lr, data knobs), the model config, n_params, B, C and tokens per update, so

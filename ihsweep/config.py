@@ -29,6 +29,7 @@ EXECUTION_FIELDS = (
   "mesh.num_devices",
   "checkpoint.async_save",
   "checkpoint.state_every_steps",
+  "checkpoint.state_every_minutes",
   "checkpoint.keep_state",
   "data.cache_dir",
   "data.loader",
@@ -86,8 +87,12 @@ def default_checkpoint():
     octave within a factor law_window of the law's predicted transition), 'study' (the study's
     token schedule) or 'none' (start and end only); law_file: a fitted law JSON ('' = the
     study's law).
-  state_every_steps: updates between full-state checkpoints for resume (0 = end only);
-    keep_state: how many to keep; async_save: write in the background.
+  state_every_minutes: wall-clock minutes between full-state checkpoints for resume (taken at
+    the first host call that ends after them; 0 = none by time); state_every_steps: updates
+    between them (0 = none by count); either way also at the end and on a stop. keep_state:
+    how many to keep; async_save: write in the background. By time, not by update count: an
+    accelerator runs 500 small updates in seconds, so a count that suits one cell makes disk
+    I/O set the pace of another (levanter's checkpointer saves by time too).
   """
   import ml_collections
 
@@ -98,7 +103,8 @@ def default_checkpoint():
       law_window=4.0,
       law_points_per_octave=8,
       law_file="",
-      state_every_steps=500,
+      state_every_steps=0,
+      state_every_minutes=15.0,
       keep_state=2,
       async_save=True,
     )
@@ -511,7 +517,8 @@ def _validate_checkpoint(cfg) -> None:
   _int(cfg, "checkpoint", "points_per_octave", 1, 64)
   _int(cfg, "checkpoint", "law_points_per_octave", 0, 64, hint=" (0 = no extra density)")
   _real(cfg, "checkpoint", "law_window", 1.0)
-  _int(cfg, "checkpoint", "state_every_steps", 0, hint=" (0 = only at the end)")
+  _int(cfg, "checkpoint", "state_every_steps", 0, hint=" (0 = none by count)")
+  _real(cfg, "checkpoint", "state_every_minutes", 0.0)
   _int(cfg, "checkpoint", "keep_state", 1)
   if not isinstance(cfg.checkpoint.async_save, bool):
     raise ConfigError("checkpoint.async_save", cfg.checkpoint.async_save, "True or False")

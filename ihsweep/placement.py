@@ -710,7 +710,16 @@ class Prediction:
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
 
+  def checkpoints(self, job) -> dict:
+    """``schedule.checkpoint_bytes`` of ``job`` over its predicted time on its slot."""
+    from ihsweep import schedule
+
+    seconds = self.model.seconds(job, self.slot(job).devices)["total_s"]
+    return schedule.checkpoint_bytes(job.cfg, job.n_params, job.updates, seconds)
+
   def to_json(self) -> dict:
+    from ihsweep import schedule
+
     rows = []
     phases = self.phased.phases
     for job in self.jobs:
@@ -733,6 +742,7 @@ class Prediction:
         "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
         "seconds": times["total_s"],
         "times": times,
+        "checkpoints": self.checkpoints(job),
       }
       if self.global_.makespan_s is not None:
         row["global_seconds"] = self.model.seconds(job, self.n_devices)["total_s"]
@@ -748,6 +758,7 @@ class Prediction:
       "throughput": self.model.to_json(),
       "updates_note": self.updates_note,
       "groups": rows,
+      "checkpoints": schedule.checkpoint_totals([r["checkpoints"] for r in rows]),
       "phases_reason": self.phases_reason,
       "phases": [p.to_json() for p in phases],
       "devices_per_worker": one.devices_per_worker if one else None,
@@ -941,6 +952,7 @@ def _layout_name(devices_per_worker: int, n_workers: int, per_process: int) -> s
 
 def format_text(p: Prediction) -> str:
   """The plan as ``ihsweep plan`` prints it."""
+  from ihsweep import schedule as schedule_lib
   from ihsweep.plan import ranges
 
   phased, g, phases, d = p.phased, p.global_, p.phased.phases, p.devices_per_process
@@ -971,6 +983,8 @@ def format_text(p: Prediction) -> str:
       f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
       f"{on_all:>9}"
     )
+  totals = schedule_lib.checkpoint_totals([p.checkpoints(job) for job in p.jobs])
+  lines += [schedule_lib.describe_checkpoint_totals(totals)]
   lines += ["", "one-phase layouts (workers × devices each):"]
   for s in p.layouts:
     name = _layout_name(s.devices_per_worker, s.n_workers, d)

@@ -146,6 +146,11 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
   }
 
 
+def _clock() -> float:
+  """Seconds on a monotonic clock: the time between full-state checkpoints (a test replaces it)."""
+  return time.monotonic()
+
+
 def _fault_injection(step: int, workdir: str, fault: str) -> None:
   """Test hook around the full-state save at update s: ``IHSWEEP_FAULT_DISK_FULL_AT_STEP=s``
   (``fault`` "DISK_FULL", before the save) fails it as orbax does on a full disk (the
@@ -623,6 +628,10 @@ class _Training:
     self.first_drain_t, self.tokens_since_first, self.last_loss = None, 0, None
     self.stopped_early = False
     self.saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
+    # checkpoint.state_every_minutes: seconds between full-state saves (0: none by time), and
+    # the clock at the last one (or the loop's start)
+    self.state_every_s = 60.0 * self.cfg.checkpoint.state_every_minutes
+    self.state_saved_t = None
     self.loader = self.bar = self.mfile = self.lfile = None
     self.writers = sinks.Writers()  # live metric writers (config's log section), lead only
 
@@ -820,6 +829,7 @@ class _Training:
     if self.loader:
       self.loader.prefetch(self.done, self.calls)
     program = self.group.train_program()
+    self.state_saved_t = _clock()
     for k in self.calls:
       data = self.loader.next() if self.loader else self.arrays
       self.state, metrics = program(self.state, self.hp, data, k)  # runs while we log the last
@@ -837,13 +847,19 @@ class _Training:
         for item in pending:
           self._drain(item)
       pending = new
-      interrupted = sharding.any_process(stop_requested(), self.team)
+      # One collective decides both for every process of the team (their clocks differ).
+      interrupted, clock_due = sharding.any_process_each(
+        (stop_requested(), self._clock_due()), self.team
+      )
       if self.stopped_early or interrupted:
         self._after_step(self.done, pending, [], final=True)
         pending = []
         if interrupted and self.done < tcfg.num_steps:
           raise Interrupted(self.workdir, self.done)  # after the checkpoint (closed by run)
         break
+      if clock_due and self.done not in self.saved["state"]:
+        self._save_state(self.done, pending)
+        pending = []
     for item in pending:
       self._drain(item)
 
@@ -865,14 +881,25 @@ class _Training:
       self.ckpts.save_params(step, self.state.params, extra)
       self.saved["params"].add(step)
     if (self.schedule.state_due(step) or final) and step not in self.saved["state"]:
-      for item in earlier + pending:
-        self._drain(item)
+      self._save_state(step, earlier + pending)
       earlier.clear()
       pending.clear()
-      _fault_injection(step, self.workdir, "DISK_FULL")
-      self.ckpts.save_state(step, self.state, extra)
-      self.saved["state"].add(step)
-      _fault_injection(step, self.workdir, "KILL")
+
+  def _clock_due(self) -> bool:
+    """Whether ``checkpoint.state_every_minutes`` have passed since the last full-state save."""
+    return bool(self.state_every_s) and _clock() - self.state_saved_t >= self.state_every_s
+
+  def _save_state(self, step: int, unread: list) -> None:
+    """A full-state checkpoint at ``step``, after everything logged up to it (``unread``, the
+    dispatched calls and evaluations not yet read) is written: a resume from it never lacks
+    rows. Restarts the clock of ``checkpoint.state_every_minutes``."""
+    for item in unread:
+      self._drain(item)
+    _fault_injection(step, self.workdir, "DISK_FULL")
+    self.ckpts.save_state(step, self.state, {"tokens": step * self.tokens_per_step})
+    self.saved["state"].add(step)
+    self.state_saved_t = _clock()
+    _fault_injection(step, self.workdir, "KILL")
 
   def _drain(self, item) -> None:
     """Reads one dispatched call's or evaluation's values (the only host syncs) and logs them."""

@@ -177,3 +177,55 @@ class RunSchedule:
     return calls(
       self.num_steps, self.steps_per_call, done, stops=itertools.chain(self.params, *later)
     )
+
+
+def checkpoint_bytes(cfg, n_params: int, updates: int, seconds: float | None) -> dict:
+  """What a group's checkpoints write and keep, estimated for ``ihsweep plan``.
+
+  Sizes per model from ``n_params`` (N) in ``model.param_dtype`` (b bytes): a params checkpoint
+  b·N, a full state 3·b·N (the params and AdamW's two moments, which ``optax.adamw`` keeps in
+  the params' dtype); orbax stores them uncompressed. Counts: the params schedule's steps up to
+  ``updates``; full states every ``checkpoint.state_every_steps`` updates, one per
+  ``checkpoint.state_every_minutes`` of ``seconds`` (the plan's predicted time for the group;
+  None: not counted) and the end — an upper bound, a save due both ways is written once. Kept:
+  the newest ``checkpoint.keep_state`` states and every params checkpoint.
+
+  Returns:
+    dict of ints: ``state_saves``, ``params_saves``, ``state_bytes`` and ``params_bytes`` (one
+    save, all E models), ``written_bytes``, ``kept_bytes``.
+  """
+  ck = cfg.checkpoint
+  models = int(cfg.ensemble.size)
+  width = {"float64": 8, "float32": 4, "bfloat16": 2}[cfg.model.get("param_dtype", "float32")]
+  params_each = models * n_params * width
+  state_each = 3 * params_each
+  run = RunSchedule.from_config(cfg)
+  params_saves = sum(1 for s in run.params if s <= updates)
+  state_saves = 1 + (max(updates - 1, 0) // ck.state_every_steps if ck.state_every_steps else 0)
+  if ck.state_every_minutes and seconds:
+    state_saves += int(seconds // (60 * ck.state_every_minutes))
+  return {
+    "state_saves": state_saves,
+    "params_saves": params_saves,
+    "state_bytes": state_each,
+    "params_bytes": params_each,
+    "written_bytes": state_saves * state_each + params_saves * params_each,
+    "kept_bytes": min(state_saves, ck.keep_state) * state_each + params_saves * params_each,
+  }
+
+
+def checkpoint_totals(rows: list[dict]) -> dict:
+  """Sums of ``checkpoint_bytes`` over a plan's groups: ``written_bytes``, ``kept_bytes``,
+  ``state_saves``, ``params_saves``."""
+  keys = ("written_bytes", "kept_bytes", "state_saves", "params_saves")
+  return {k: sum(r[k] for r in rows) for k in keys}
+
+
+def describe_checkpoint_totals(totals: dict) -> str:
+  """One line for ``ihsweep plan``: the sweep's checkpoint bytes written and kept."""
+  return (
+    f"checkpoints: {totals['written_bytes'] / 1e9:,.1f} GB written, "
+    f"{totals['kept_bytes'] / 1e9:,.1f} GB kept ({totals['state_saves']:,} full-state and "
+    f"{totals['params_saves']:,} params saves over the groups; full states by "
+    "checkpoint.state_every_minutes of the predicted time and state_every_steps, at most)"
+  )

@@ -265,7 +265,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
   ``makespan_s``, ``utilisation``) and ``fits``.
   """
-  from ihsweep import memory, placement, runner, sharding
+  from ihsweep import memory, placement, runner, schedule, sharding
 
   _, jobs = placement.make_jobs(cfg, law, check_data=False)
   by_id = {j.id: j for j in jobs}
@@ -360,6 +360,9 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
         "roofline_update_s": per_update,
         "updates": j.updates,
         "roofline_s": per_update * j.updates,
+        "checkpoints": schedule.checkpoint_bytes(
+          j.cfg, j.n_params, j.updates, per_update * j.updates
+        ),
       }
     )
     entries.append((j.id, m, per_update * j.updates))
@@ -397,6 +400,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     "makespan_s": best["makespan_s"],
     "utilisation": best["utilisation"],
     "fits": all(g["memory"]["fits"] for g in groups),
+    "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
     "headroom": memory.HEADROOM,
     "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
     "FLOPs and bytes from the compiled program (update_cost); evaluation, checkpoints, "
@@ -408,6 +412,7 @@ def format_plan(p: dict) -> str:
   """The text ``ihsweep plan --target`` prints."""
   from ihsweep.memory import gib
   from ihsweep.placement import duration
+  from ihsweep.schedule import describe_checkpoint_totals
 
   t = p["target"]
   lines = [
@@ -450,5 +455,6 @@ def format_plan(p: dict) -> str:
     f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} on "
     f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s) ({p['roofline']})"
   )
+  lines.append(describe_checkpoint_totals(p["checkpoints"]) + " (roofline times)")
   lines.append("every group fits" if p["fits"] else "NOT every group fits")
   return "\n".join(lines)

@@ -50,6 +50,20 @@ def test_params_schedules():
   assert schedule.params_steps(50, 8, schedule="none") == [0, 50]
 
 
+def test_checkpoint_bytes_count_saves_by_updates_and_by_time(tiny):
+  """schedule.checkpoint_bytes: E = 2 models of 1,000 float32 params, 100 updates, a state every
+  30 updates and every minute of a 150 s group: 1 + 99 // 30 + 150 // 60 = 6 states of 3 · 8 kB
+  (params and AdamW's two moments), params at 0 and 100 of 8 kB; the newest 2 states kept."""
+  cfg = tiny(**{"train.num_steps": 100, "checkpoint.state_every_steps": 30,
+                "checkpoint.state_every_minutes": 1.0,
+                "checkpoint.params_schedule": "none"})  # fmt: skip
+  got = schedule.checkpoint_bytes(cfg, 1000, 100, 150.0)
+  assert got == {"state_saves": 6, "params_saves": 2, "state_bytes": 24_000,
+                 "params_bytes": 8_000, "written_bytes": 160_000, "kept_bytes": 64_000}  # fmt: skip
+  assert schedule.checkpoint_bytes(cfg, 1000, 100, None)["state_saves"] == 4  # time unknown
+  assert schedule.checkpoint_totals([got, got])["written_bytes"] == 320_000
+
+
 def test_run_schedule_ends_a_call_at_every_evaluation_and_checkpoint(tiny):
   """RunSchedule: evaluation every 8 updates (every_tokens 2048 / (B·C = 256)), full state every
   12, params at 0, 5, 30; calls of at most 10 updates ending at each of them."""
@@ -170,6 +184,35 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert again.returncode == 0 and "nothing left to train" in again.stdout, again.stderr
   assert (tmp_path / "run" / "metrics.jsonl").read_text() == before  # finished rows kept
+
+
+def test_state_checkpoints_follow_the_clock_and_resume_exactly(tiny, tmp_path, monkeypatch):
+  """checkpoint.state_every_minutes: with a clock that advances a minute at every reading (at the
+  loop's start, after each host call of 5 updates, at each save), 2.5 minutes give a save after
+  every third call — 15, 30, 45 and the end (60), steps no update count of the config gives; a
+  run cut back to the save at 15 (what a kill leaves) resumes to the uninterrupted run's rows
+  and params."""
+  fit(tiny(**RUN), str(tmp_path / "ref"), progress=False)  # saves by count: 20, 40, 60
+  minutes = itertools.count()
+  monkeypatch.setattr(runner, "_clock", lambda: 60.0 * next(minutes))
+  by_time = {
+    **RUN,
+    "checkpoint.state_every_steps": 0,
+    "checkpoint.state_every_minutes": 2.5,
+    "checkpoint.keep_state": 10,
+    "train.steps_per_call": 5,
+  }
+  run = tmp_path / "run"
+  fit(tiny(**by_time), str(run), progress=False)
+  state = run / "checkpoints" / "state"
+  assert sorted(int(d) for d in os.listdir(state) if d.isdigit()) == [15, 30, 45, 60]
+  for step in (30, 45, 60):  # the kill: only the save at 15 was complete
+    shutil.rmtree(run / "checkpoints" / "state" / str(step))
+  shutil.rmtree(run / "checkpoints" / "params" / "60")
+  monkeypatch.setattr(runner, "_clock", lambda: 0.0)  # no save by time on the way
+  resumed = fit(tiny(**by_time), str(run), progress=False)
+  assert resumed["resumed_from"] == 15, resumed
+  _assert_same_run(tmp_path / "ref", run)
 
 
 def test_full_disk_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp_path):

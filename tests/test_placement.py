@@ -473,6 +473,8 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
     "seconds",
   } <= set(g)
   assert g["seconds"] == pytest.approx(g["cost_flops"] / (g["devices"] * 4e14))
+  written = [x["checkpoints"]["written_bytes"] for x in p["groups"]]
+  assert min(written) > 0 and p["checkpoints"]["written_bytes"] == sum(written)
   assert 0 < p["utilisation"] <= 1
   assert p["makespan_s"] == pytest.approx(max(s["end_s"] for s in p["schedule"]))
   # one-phase layouts: one host's divisors, then workers of 2, 4, 8 processes (hosts)
