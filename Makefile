@@ -44,7 +44,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py --json --workload reference --E 1,4,16

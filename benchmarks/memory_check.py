@@ -42,7 +42,7 @@ def cell_config(smoke: bool, updates: int):
   cfg.data.source = "uniform"
   cfg.sweep.grid = type(cfg.sweep.grid)()
   if smoke:
-    cfg.model.update(n_heads=2, d_model=64, d_mlp=128, vocab_size=512, max_context=64)
+    cfg.model.update(n_layers=1, n_heads=2, d_model=32, d_mlp=64, vocab_size=256, max_context=64)
     cfg.train.update(batch_size=16, context_size=64)
     cfg.model.dtype = "float32"
   else:
@@ -67,7 +67,12 @@ def main(argv=None) -> int:
 
   import jax
 
-  from ihsweep import memory, runner
+  from ihsweep import compile_cache, memory, runner
+
+  # As `ihsweep run`: a persistent compilation cache, so that fit loads the programs the
+  # memory search compiled (a temporary one unless JAX_COMPILATION_CACHE_DIR chooses).
+  cache = tempfile.TemporaryDirectory(prefix="ihsweep-memory-check-xla-")
+  compile_cache.enable(cache.name)
   from ihsweep.model import ModelConfig, flops_per_token
 
   cfg = cell_config(args.smoke, args.updates)
@@ -82,8 +87,8 @@ def main(argv=None) -> int:
   start = time.perf_counter()
   _, choice = runner.resolve_memory(cfg, [device], "the largest exp1 cell")
   with tempfile.TemporaryDirectory(prefix="ihsweep-memory-check-") as tmp:
-    out = runner.fit(cfg, tmp, progress=False, devices=[device])
-    with open(os.path.join(tmp, "config.json")) as f:
+    out = runner.fit(cfg, os.path.join(tmp, "run"), progress=False, devices=[device])
+    with open(os.path.join(tmp, "run", "config.json")) as f:
       stored = json.load(f)
   wall = time.perf_counter() - start
   stats = device.memory_stats() or {}
