@@ -998,6 +998,7 @@ class HostLoader:
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-loader")
     self._queue: list = []
     self._plan: list[tuple[int, int]] = []
+    self._pads: dict = {}
 
   def prefetch(self, first_step: int, schedule: list[int]) -> None:
     """Plans the calls (their scan lengths, starting at update ``first_step``) and starts the
@@ -1014,10 +1015,17 @@ class HostLoader:
       self._queue.append(self._pool.submit(self._load, first, k))
 
   def _load(self, first_step: int, k: int):
-    batch = self._source.host_batches(self._keys, first_step, k)
-    if k < self._k:  # a short call: the program's K-row shape, rows past k unused
-      batch = np.pad(batch, ((0, 0), (0, self._k - k), (0, 0), (0, 0)))
-    return jax.device_put(batch, self._sharding)
+    batch = jax.device_put(self._source.host_batches(self._keys, first_step, k), self._sharding)
+    if k < self._k:  # a short call: only its k rows cross to the devices, padded there
+      batch = self._padder(k)(batch)  # to the program's K-row shape (rows past k unused)
+    return batch
+
+  def _padder(self, k: int):
+    """A program that pads ``[E, k, B, C + 1]`` batches to K rows on the devices (one per k)."""
+    if k not in self._pads:
+      widths = ((0, 0), (0, self._k - k), (0, 0), (0, 0))
+      self._pads[k] = jax.jit(lambda b: jnp.pad(b, widths), out_shardings=self._sharding)
+    return self._pads[k]
 
   def next(self):
     """The next call's batches (on device), starting the gather of the one after."""

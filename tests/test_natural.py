@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from ihsweep import config as config_lib
+from ihsweep import runner
 from ihsweep.data import corpus, documents, make_source, natural
 from ihsweep.runner import fit
 
@@ -127,16 +128,22 @@ def test_host_loader_draws_the_windows_the_device_draws(tiny, tmp_path):
       np.testing.assert_array_equal(host[e, k], np.asarray(source.sample(key, {}, arrays)))
 
 
-def test_host_fed_training_equals_in_graph_training(tiny, tmp_path):
-  """Same windows either way, so the same losses; over 4 devices with the data axis used."""
-  common = {"train.num_steps": 6, "train.steps_per_call": 3, "ensemble.size": 2}
+def test_host_fed_training_equals_in_graph_training(tiny, tmp_path, monkeypatch):
+  """Same windows either way, so the same losses; over 4 devices with the data axis used. The
+  last call is short (1 of 3 updates): only its row crosses to the devices, padded there."""
+  common = {"train.num_steps": 7, "train.steps_per_call": 3, "ensemble.size": 2}
+  padded = []
+  padder = runner.HostLoader._padder
+  monkeypatch.setattr(
+    runner.HostLoader, "_padder", lambda self, k: padded.append(k) or padder(self, k)
+  )
   out = {}
   for loader in ("device", "host"):
     cfg = natural_cfg(tiny, tmp_path, **common, **{"data.loader": loader})
     out[loader] = fit(cfg, str(tmp_path / loader), progress=False)
   np.testing.assert_allclose(out["host"]["losses"], out["device"]["losses"], rtol=1e-5)
   rows = [json.loads(line) for line in open(tmp_path / "host" / "train_log.jsonl")]
-  assert [r["step"] for r in rows] == [3, 6]
+  assert [r["step"] for r in rows] == [3, 6, 7] and padded == [1]
 
 
 def test_auto_loader_respects_the_device_budget(tiny, tmp_path):
