@@ -187,8 +187,9 @@ def checkpoint_bytes(cfg, n_params: int, updates: int, seconds: float | None) ->
   the params' dtype); orbax stores them uncompressed. Counts: the params schedule's steps up to
   ``updates``; full states every ``checkpoint.state_every_steps`` updates, one per
   ``checkpoint.state_every_minutes`` of ``seconds`` (the plan's predicted time for the group;
-  None: not counted) and the end — an upper bound, a save due both ways is written once. Kept:
-  the newest ``checkpoint.keep_state`` states and every params checkpoint.
+  None: not counted; at most one per host call) and the end — an upper bound, a save due both
+  ways is written once. Kept: the newest ``checkpoint.keep_state`` states and every params
+  checkpoint.
 
   Returns:
     dict of ints: ``state_saves``, ``params_saves``, ``state_bytes`` and ``params_bytes`` (one
@@ -202,8 +203,10 @@ def checkpoint_bytes(cfg, n_params: int, updates: int, seconds: float | None) ->
   run = RunSchedule.from_config(cfg)
   params_saves = sum(1 for s in run.params if s <= updates)
   state_saves = 1 + (max(updates - 1, 0) // ck.state_every_steps if ck.state_every_steps else 0)
-  if ck.state_every_minutes and seconds:
-    state_saves += int(seconds // (60 * ck.state_every_minutes))
+  if ck.state_every_minutes and seconds:  # at most one per host call (saves end a call)
+    host_calls = sum(1 for _ in itertools.takewhile(lambda end: end <= updates,
+                                                    itertools.accumulate(run.calls())))  # fmt: skip
+    state_saves += min(int(seconds // (60 * ck.state_every_minutes)), host_calls)
   return {
     "state_saves": state_saves,
     "params_saves": params_saves,

@@ -322,8 +322,10 @@ def _tasks_on_this_node(env) -> int | None:
       if env.get(name):
         counts = []
         for part in env[name].split(","):
-          count, _, times = part.partition("(x")
-          counts += [int(count)] * int(times.rstrip(")") or 1)
+          count, paren, times = part.partition("(x")
+          if paren and not times.endswith(")"):
+            return None
+          counts += [int(count)] * int(times[:-1] if paren else 1)
         return counts[min(node, len(counts) - 1)]
     raw = env.get("SLURM_NTASKS_PER_NODE")
     return int(raw) if raw else None
@@ -386,11 +388,18 @@ def slurm_local_device_ids(env=os.environ) -> tuple[list[int] | None, str]:
   platforms = env.get("JAX_PLATFORMS", "").lower()
   if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
     return None, f"JAX_PLATFORMS={platforms}: JAX chooses the devices"
-  local = int(env.get("SLURM_LOCALID", "0") or 0)
   tasks, gpus = _tasks_on_this_node(env), _gpus_on_this_node(env)
-  visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
-  if visible and visible != "NoDevFiles":
-    n = len(visible.split(","))
+  raw_local = env.get("SLURM_LOCALID", "0").strip() or "0"
+  local = int(raw_local) if raw_local.isdigit() else None
+  if local is None or (tasks and local >= tasks):
+    return None, (
+      f"JAX's default: SLURM_LOCALID={raw_local!r} is no task of the {tasks or '?'} on this node; "
+      "set IHSWEEP_LOCAL_DEVICE_IDS to choose"
+    )
+  visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+  if visible and visible[0] not in ("NoDevFiles", "-1"):
+    n = len(visible)
+    visible = ",".join(visible)
     if not (tasks and tasks > 1 and n > 1 and n == gpus):  # bound to this task (or its only one)
       return list(range(n)), (
         f"local device ids {_ids(range(n))}: the {n} GPU(s) visible to this task "
@@ -400,13 +409,14 @@ def slurm_local_device_ids(env=os.environ) -> tuple[list[int] | None, str]:
   elif gpus:
     n, where = gpus, f"the node's {gpus} GPUs (SLURM_GPUS_ON_NODE), {tasks or '?'} task(s) on it"
   else:
-    n, where = None, "no GPU count in SLURM's environment"
+    n = None
+    where = "no GPUs in SLURM's environment" if gpus == 0 else "no GPU count in SLURM's environment"
   if n and tasks and n % tasks == 0:
     share = n // tasks
     ids = list(range(local * share, (local + 1) * share))
     return ids, f"local device ids {_ids(ids)}: task {local} (SLURM_LOCALID)'s share of {where}"
   return None, (
-    f"JAX's default, GPU {local} only (SLURM_LOCALID): {where} give no even split; set "
+    f"JAX's default, GPU {local} only (SLURM_LOCALID): no even split ({where}); set "
     "IHSWEEP_LOCAL_DEVICE_IDS to choose"
   )
 
@@ -421,6 +431,8 @@ def describe_slurm_tasks(env=os.environ) -> list[str]:
   ``local_device_ids`` each task of the step would pass (``slurm_local_device_ids``), where srun
   binds ``SLURM_GPUS_PER_TASK`` GPUs to each task if that is set (``--gpus-per-task``) and every
   task sees the batch shell's ``CUDA_VISIBLE_DEVICES`` otherwise."""
+  if "SLURM_JOB_ID" not in env:
+    return ["device ids: not inside a SLURM allocation; each task logs its own when it starts"]
   tasks = _tasks_on_this_node(env) or 1
   per_task = int(env.get("SLURM_GPUS_PER_TASK", "0") or 0)
   node = int(env.get("SLURM_NODEID", "0") or 0)

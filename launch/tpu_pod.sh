@@ -51,6 +51,10 @@ if [[ ${#positional[@]} -ne 2 || -z "$workdir" ]]; then
   echo "$usage" >&2
   exit 2
 fi
+if [[ "$workdir" != /* ]]; then  # every host must name the same directory, before any cd
+  echo "$0: --workdir=$workdir is not allowed: an absolute path on a filesystem every host mounts" >&2
+  exit 2
+fi
 if (( stop )) && (( sync || ${#args[@]} > 1 )); then
   echo "$0: --stop takes --workdir only (and --dry-run)" >&2; echo "$usage" >&2
   exit 2
@@ -73,7 +77,7 @@ show() {  # one line, as the shell reads it: '…' around a word that needs quot
 go() { if (( dry )); then show "$@"; else "$@"; fi; }
 
 if (( stop )); then
-  remote="for f in $logs/host_$host.pid; do [ -f \"\$f\" ] && kill -TERM -- -\$(cat \"\$f\") && echo \"$host: SIGTERM to \$(cat \"\$f\")\"; done; true"
+  remote="f=$logs/host_$host.pid; if [ ! -f \"\$f\" ]; then echo \"$host: no \$f: nothing started here\"; elif kill -TERM -- -\$(cat \"\$f\") 2>/dev/null; then echo \"$host: SIGTERM to \$(cat \"\$f\")\"; else echo \"$host: process \$(cat \"\$f\") (\$f) is not running\"; fi"
   go "${ssh[@]}" --command="$remote"
   exit 0
 fi
@@ -88,15 +92,16 @@ if (( sync )); then
 fi
 
 envs=()
-while IFS='=' read -r name _; do
+for name in $(compgen -e | LC_ALL=C sort); do
   case "$name" in
     IHSWEEP_REPO) ;;
     IHSWEEP_*|JAX_*|XLA_FLAGS|LIBTPU_INIT_ARGS|TFDS_DATA_DIR) envs+=("$name=${!name}") ;;
   esac
-done < <(env | LC_ALL=C sort)
+done
 # setsid: its own session, so the SSH session's end (SIGHUP) does not reach it; the process id
 # is the session's, so --stop signals the whole session.
 run="$( ((${#envs[@]})) && printf '%q ' "${envs[@]}")IHSWEEP_DISTRIBUTED=1 .venv/bin/ihsweep run --noprogress $(printf '%q ' "${args[@]}")"
 run=${run% }
-remote="cd $repo && mkdir -p $logs && echo \"=== \$(date +%F_%T) $host: ihsweep run\" >> $logs/host_$host.log && { setsid nohup env $run >> $logs/host_$host.log 2>&1 < /dev/null & echo \$! > $logs/host_$host.pid; echo \"$host: started, log $logs/host_$host.log\"; }"
+# A host whose pid file names a live process is already running this sweep: it starts nothing.
+remote="cd $repo && mkdir -p $logs && if [ -f $logs/host_$host.pid ] && kill -0 -- -\$(cat $logs/host_$host.pid) 2>/dev/null; then echo \"$host: already running (process \$(cat $logs/host_$host.pid)); --stop first\"; exit 1; fi && echo \"=== \$(date +%F_%T) $host: ihsweep run\" >> $logs/host_$host.log && { setsid nohup env $run >> $logs/host_$host.log 2>&1 < /dev/null & echo \$! > $logs/host_$host.pid; echo \"$host: started, log $logs/host_$host.log\"; }"
 go "${ssh[@]}" --command="$remote"

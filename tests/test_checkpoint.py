@@ -61,6 +61,8 @@ def test_checkpoint_bytes_count_saves_by_updates_and_by_time(tiny):
   assert got == {"state_saves": 6, "params_saves": 2, "state_bytes": 24_000,
                  "params_bytes": 8_000, "written_bytes": 160_000, "kept_bytes": 64_000}  # fmt: skip
   assert schedule.checkpoint_bytes(cfg, 1000, 100, None)["state_saves"] == 4  # time unknown
+  # a second per save over a day: at most one per host call (10 calls of 10 updates)
+  assert schedule.checkpoint_bytes(cfg, 1000, 100, 86_400.0)["state_saves"] == 4 + 10
   assert schedule.checkpoint_totals([got, got])["written_bytes"] == 320_000
 
 

@@ -511,6 +511,7 @@ def test_joined_launchers_dry_runs():
   slurm = dict(
     SLURM_NTASKS_PER_NODE="4", SLURM_GPUS_PER_TASK="1", SLURM_GPUS_ON_NODE="4",
     CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_NODEID="0", JAX_PLATFORMS="", IHSWEEP=ihsweep,
+    SLURM_JOB_ID="7",
   )  # fmt: skip
   assert _lines(_dry("slurm.sbatch", *ARGS, **slurm))[1:] == [
     f"task {i} of 4 on node 0: local device ids [0]: the 1 GPU(s) visible to this task "
@@ -563,6 +564,9 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
   while "args:" not in log.read_text() and time.time() < deadline:
     time.sleep(0.1)
   assert os.getsid(pid) == pid  # its own session: the SSH session's SIGHUP does not reach it
+  again = subprocess.run(["bash", "-c", _remote(lines[0])], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+  assert again.returncode == 1 and f"{host}: already running (process {pid})" in again.stdout
   assert (
     f"args: run --noprogress --workdir={work} --config=configs/exp.py --grid=seed=0,1 "
     "heartbeat=50 cache=/c d distributed=1 repo=unset"
@@ -583,6 +587,12 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
   for bad in ([], ["--stop", f"--workdir={work}", "--sync"], ["--config=configs/exp.py"]):
     r = _dry("tpu_pod.sh", "my-tpu", "us-central2-b", *bad)
     assert r.returncode == 2 and "usage:" in r.stderr
+  for relative in ("runs/x", "~/x"):  # each host would resolve it in its own directory
+    r = _dry("tpu_pod.sh", "my-tpu", "us-central2-b", f"--workdir={relative}", "--stop")
+    assert r.returncode == 2 and "an absolute path" in r.stderr
+  # a value holding a newline is one variable (not a second line read as another)
+  nl = _lines(_dry("tpu_pod.sh", *args, IHSWEEP_NOTE="a\nJAX_GHOST=zz"))
+  assert len(nl) == 1 and "JAX_GHOST=zz " not in _remote(nl[0])
 
 
 # --------------------------------------------------------------------- a real independent sweep
@@ -660,6 +670,20 @@ def test_a_slurm_task_uses_the_gpus_slurm_gave_it(env, ids):
   if ids is None and "JAX_PLATFORMS" not in env:
     assert "GPU 1 only" in why and "IHSWEEP_LOCAL_DEVICE_IDS" in why
   assert sharding.slurm_local_device_ids({"CUDA_VISIBLE_DEVICES": "1"}) == (None, "")  # no SLURM
+
+
+@pytest.mark.parametrize(
+  "env",
+  [
+    dict(SLURM_LOCALID="5", SLURM_TASKS_PER_NODE="2", SLURM_GPUS_ON_NODE="4"),  # past the tasks
+    dict(SLURM_LOCALID="-1", SLURM_TASKS_PER_NODE="2", SLURM_GPUS_ON_NODE="4"),
+    dict(SLURM_LOCALID="abc"),
+    dict(SLURM_TASKS_PER_NODE="2(x", SLURM_GPUS_ON_NODE="4"),  # malformed: tasks unknown
+  ],
+)
+def test_a_slurm_environment_that_names_no_gpus_is_left_to_jax(env):
+  ids, why = sharding.slurm_local_device_ids({**_TASK, **env})
+  assert ids is None and "IHSWEEP_LOCAL_DEVICE_IDS" in why
 
 
 @pytest.mark.parametrize("bad", ["a", "0,0", "-1", "0,,1"])
