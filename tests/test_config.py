@@ -53,6 +53,12 @@ def _assert_refused(cfg, tmp_path, field, words):
     ({"checkpoint.params_schedule": "daily"}, "checkpoint.params_schedule", ["'log', 'study'"]),
     ({"checkpoint.law_window": 0.5}, "checkpoint.law_window", ["[1.0, inf)"]),
     ({"checkpoint.keep_state": 0}, "checkpoint.keep_state", [">= 1"]),
+    ({"checkpoint.state_every_minutes": -1.0}, "checkpoint.state_every_minutes", ["[0.0, inf)"]),
+    (
+      {"checkpoint.state_every_minutes": float("nan")},
+      "checkpoint.state_every_minutes",
+      ["a finite number"],
+    ),
     (
       {"checkpoint.law_file": "/nonexistent/law.json"},
       "checkpoint.law_file",
