@@ -28,6 +28,7 @@ from ihsweep import config as config_lib
 from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
+from ihsweep.data.source import host_batch_array
 
 # EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
 # ihsweep.evaluation.
@@ -986,7 +987,8 @@ class HostLoader:
   """Feeds host-gathered batches ``[E, K, B, C + 1]`` for a source whose tokens stay in host
   memory, one call ahead: while the devices train on call i, a worker thread gathers call
   i + 1's windows from the memory-mapped corpus and copies them to the devices. The windows are
-  those the in-graph path would draw (same per-model keys and steps)."""
+  those the in-graph path would draw (same per-model keys and steps). Each process reads only
+  the rows of its own devices (``host_batch_array``); the thread issues no collective."""
 
   def __init__(self, source, state: train.TrainState, mesh, steps_per_call: int):
     import concurrent.futures
@@ -1015,7 +1017,7 @@ class HostLoader:
       self._queue.append(self._pool.submit(self._load, first, k))
 
   def _load(self, first_step: int, k: int):
-    batch = jax.device_put(self._source.host_batches(self._keys, first_step, k), self._sharding)
+    batch = host_batch_array(self._source, self._keys, first_step, k, self._sharding)
     if k < self._k:  # a short call: only its k rows cross to the devices, padded there
       batch = self._padder(k)(batch)  # to the program's K-row shape (rows past k unused)
     return batch

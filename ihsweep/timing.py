@@ -114,6 +114,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   from ihsweep import schedule as schedule_lib
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
+  from ihsweep.data.source import host_batch_array
   from ihsweep.evaluation import Evaluator
 
   t0 = time.perf_counter()
@@ -133,7 +134,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   host_arrays = None if host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
   if host_fed:  # one call's batches, reused: the loader's gathering overlaps training
     keys = sharding.to_host(state.data_key)
-    data = jax.device_put(source.host_batches(keys, 0, k), sharding.host_batch_sharding(mesh))
+    data = host_batch_array(source, keys, 0, k, sharding.host_batch_sharding(mesh))
   else:
     data = jax.device_put(host_arrays, sharding.replicated(mesh))
   evaluator = None

@@ -128,6 +128,38 @@ def test_host_loader_draws_the_windows_the_device_draws(tiny, tmp_path):
       np.testing.assert_array_equal(host[e, k], np.asarray(source.sample(key, {}, arrays)))
 
 
+def test_host_batch_array_reads_each_device_part_once(tiny, tmp_path, monkeypatch):
+  """The global batch of a 2 × 2 mesh (E over 'ensemble', B over 'data') is assembled from
+  per-device parts: each part read once, only its models and rows, equal to the whole batch."""
+  from ihsweep import sharding
+  from ihsweep.data.source import host_batch_array
+
+  cfg = natural_cfg(tiny, tmp_path)
+  source = make_source(cfg.data, 300, 8, 32)
+  keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in (3, 4)])
+  reads = []
+  host_rows = type(source).host_rows
+  monkeypatch.setattr(
+    type(source),
+    "host_rows",
+    lambda self, k, first, n, rows: (
+      reads.append((len(k), rows)) or host_rows(self, k, first, n, rows)
+    ),
+  )
+  mesh = sharding.make_mesh(2, 8, jax.devices()[:4])
+  assert dict(mesh.shape) == {"ensemble": 2, "data": 2}
+  batch = host_batch_array(source, keys, 5, 3, sharding.host_batch_sharding(mesh))
+  assert sorted((n, r.start, r.stop) for n, r in reads) == [
+    (1, 0, 4),
+    (1, 0, 4),
+    (1, 4, 8),
+    (1, 4, 8),
+  ]
+  reads.clear()
+  np.testing.assert_array_equal(np.asarray(batch), source.host_batches(keys, 5, 3))
+  assert batch.dtype == np.uint16 and batch.sharding == sharding.host_batch_sharding(mesh)
+
+
 def test_host_fed_training_equals_in_graph_training(tiny, tmp_path, monkeypatch):
   """Same windows either way, so the same losses; over 4 devices with the data axis used. The
   last call is short (1 of 3 updates): only its row crosses to the devices, padded there."""

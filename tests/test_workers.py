@@ -376,3 +376,78 @@ def test_workers_spanning_processes_refuse_part_of_a_process_devices(tmp_path):
       "workers span processes (sweep.processes_per_worker = 2)"
     ) in out, out[-3000:]
   assert not os.path.exists(os.path.join(work, "groups"))
+
+
+# Run in each process of the host-fed test: cross-process checks of values (what device_put
+# does for a batch passed whole on a mesh over several processes) raise when asked for by any
+# thread but the main one, i.e. by the host loader.
+_NO_LOADER_COLLECTIVES = """
+import sys, threading
+from jax.experimental import multihost_utils as m
+def guard(name, f):
+  def guarded(*args, **kwargs):
+    if threading.current_thread() is not threading.main_thread():
+      raise AssertionError(f"{name} called from thread {threading.current_thread().name}")
+    return f(*args, **kwargs)
+  return guarded
+m.assert_equal = guard("assert_equal", m.assert_equal)
+m.process_allgather = guard("process_allgather", m.process_allgather)
+from ihsweep.cli import main
+sys.exit(main())
+"""
+
+
+def test_host_fed_text_over_two_processes_equals_one_process(tmp_path):
+  """2 processes × 2 CPU devices, one worker spanning both (one global 2 × 2 mesh: E = 2 over
+  'ensemble', B = 4 over 'data'), natural text fed by the host loader: each process reads only
+  its devices' windows, the loader asks no process for another's values (the guard above fails
+  it otherwise), the last call is short (2 of 7 updates, padded on the devices), and the losses
+  and final parameters are bitwise those of 1 process × 4 devices."""
+  import socket
+
+  rng = np.random.default_rng(0)
+  words = "the head copies a token after its earlier occurrence in context".split()
+  os.makedirs(tmp_path / "text")
+  for i in range(30):
+    (tmp_path / "text" / f"d{i}.txt").write_text(" ".join(rng.choice(words, 200)) + "\n")
+  flags = FLAGS[:-3] + [
+    f"--config.data.files={tmp_path / 'text' / '*.txt'}",
+    "--config.data.source=natural",
+    "--config.data.loader=host",
+    f"--config.data.cache_dir={tmp_path / 'cache'}",
+    "--config.model.vocab_size=300",
+    "--config.train.steps_per_call=7",
+    "--config.sweep.seeds=2",
+    "--grid=train.batch_size=4",
+    "--grid=train.context_size=16",
+  ]
+  reference = str(tmp_path / "reference")
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={reference}", *flags, env=_env(4))])
+  assert rc == 0, out[-3000:]
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  work = str(tmp_path / "run")
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", _NO_LOADER_COLLECTIVES, "run", f"--workdir={work}", *flags]
+      + ["--config.sweep.processes_per_worker=2"],
+      cwd=ROOT,
+      env=_env(
+        2,
+        IHSWEEP_COORDINATOR=f"localhost:{port}",
+        IHSWEEP_NUM_PROCESSES="2",
+        IHSWEEP_PROCESS_ID=str(k),
+      ),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for k in range(2)
+  ]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+  status = rundir.read_status(work, "g000")
+  assert status["devices"] == 4 and status["processes"] == [0, 1], status
+  assert "host loader" in results[0][1]
+  _assert_same_results(work, reference, ["g000"])

@@ -142,14 +142,22 @@ class NaturalTextSource(Source):
   def host_batches(self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int) -> np.ndarray:
     """The windows the in-graph path would draw for steps ``first_step …
     first_step + n_steps − 1``, gathered on the host: ``[E, U, B, C + 1]`` in the corpus dtype."""
+    return self.host_rows(data_keys_Ex2, first_step, n_steps, slice(None))
+
+  def host_rows(
+    self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int, rows: slice
+  ) -> np.ndarray:
+    """Rows ``rows`` of ``host_batches``, ``[E, U, len(rows), C + 1]``: all B starts are drawn
+    (cheap) so that the rows are those of the whole batch, but only the chosen windows are read
+    from the memory-mapped corpus."""
     keys = jax.device_put(np.asarray(data_keys_Ex2), jax.local_devices(backend="cpu")[0])
-    starts_ExUxB = np.asarray(
+    starts_ExUxR = np.asarray(
       host_window_starts(
         keys, first_step, n_steps, self.n_tokens, self.batch_size, self.context_size
       )
-    )
+    )[:, :, rows]
     offsets = np.arange(self.context_size + 1, dtype=np.int64)
-    return self.corpus.train[starts_ExUxB[..., None].astype(np.int64) + offsets]
+    return self.corpus.train[starts_ExUxR[..., None].astype(np.int64) + offsets]
 
   @property
   def special_ids(self) -> tuple[int, ...]:

@@ -108,6 +108,15 @@ class Source(abc.ABC):
       f"must draw its batches on the host"
     )
 
+  def host_rows(
+    self, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int, rows: slice
+  ) -> np.ndarray:
+    """Rows ``rows`` of the batches ``host_batches`` draws, ``[E, U, len(rows), C + 1]``: what
+    one device holds when a batch's B sequences are split over the mesh's 'data' axis (each
+    process loads only its devices' rows). Models are chosen by passing their keys alone.
+    Default: all rows drawn, then sliced; a source that can draw a part cheaply overrides it."""
+    return np.asarray(self.host_batches(data_keys_Ex2, first_step, n_steps))[:, :, rows]
+
   def held_out_windows(self, key: jax.Array, n: int) -> np.ndarray | None:
     """``n`` held-out sequences of stored data, integer ``[n, C + 1]`` drawn with ``key`` (the
     same for every model), when ``has_held_out_windows``; else None (the default), meaning
@@ -129,3 +138,28 @@ class Source(abc.ABC):
       f"{type(self).__name__} V={self.vocab_size}, B={self.batch_size}, "
       f"C={self.context_size}, {where}"
     )
+
+
+def host_batch_array(
+  source: Source, data_keys_Ex2: np.ndarray, first_step: int, n_steps: int, sharding
+) -> jax.Array:
+  """A call's host-fed batches ``[E, U, B, C + 1]`` (U = ``n_steps``) as one global array with
+  ``sharding`` (E over 'ensemble', B over 'data'), built by this process from the parts its own
+  devices hold: each device's models (their keys alone) and rows (``source.host_rows``). On a
+  mesh over several processes no process reads another's rows and nothing is exchanged —
+  unlike ``jax.device_put`` of a whole batch, which checks that every process passed equal
+  values (an all-gather) — so it is safe to call from a loader thread while the training's
+  collectives run (``jax.make_array_from_callback``, the per-device form of maxtext's
+  ``make_array_from_process_local_data``)."""
+  keys = np.asarray(data_keys_Ex2)
+  shape = (len(keys), n_steps, source.batch_size, source.context_size + 1)
+  parts: dict = {}
+
+  def part(index):
+    models, _, rows, _ = index  # the sharding splits E and B only
+    at = (models.indices(shape[0]), rows.indices(shape[2]))
+    if at not in parts:  # devices that hold the same part (replicas) share one read
+      parts[at] = np.asarray(source.host_rows(keys[models], first_step, n_steps, rows))
+    return parts[at]
+
+  return jax.make_array_from_callback(shape, sharding, part)
