@@ -345,6 +345,7 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   _real(cfg, "data", "device_budget_mb", 0.0)
   _real(cfg, "data", "val_fraction", 0.0, 1.0)
   _int(cfg, "data", "split_seed", 0)
+  _int(cfg, "data", "sample_seed", 0)
   _int(cfg, "data", "max_documents", 0, hint=" (0 = all)")
   for name in (
     "corpus",

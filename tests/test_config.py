@@ -60,6 +60,11 @@ def _assert_refused(cfg, tmp_path, field, words):
       ["a finite number"],
     ),
     (
+      {"data.source": "natural", "data.files": "x.txt", "data.sample_seed": -1},
+      "data.sample_seed",
+      ["data.sample_seed = -1"],
+    ),
+    (
       {"checkpoint.law_file": "/nonexistent/law.json"},
       "checkpoint.law_file",
       ["cannot read a JSON law"],

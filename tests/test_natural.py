@@ -82,7 +82,7 @@ def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
     raise AssertionError("the second run must load the cache, not tokenize again")
 
   monkeypatch.setattr(corpus, "train_bpe", no_training)
-  monkeypatch.setattr(corpus, "_encode", no_training)
+  monkeypatch.setattr(corpus, "_encode_to", no_training)
   second = natural.prepare_corpus(cfg.data, 300)
   assert second.cache_hit and second.path == first.path
   np.testing.assert_array_equal(second.train, first.train)
@@ -92,6 +92,92 @@ def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
   monkeypatch.undo()
   third = natural.prepare_corpus(cfg.data, 300)
   assert not third.cache_hit and third.path != first.path
+
+
+def test_max_documents_is_a_random_sample_by_seed_recorded_in_the_cache(tiny, tmp_path):
+  """data.max_documents keeps a uniform random sample of the documents (not the first ones in
+  file order), drawn with data.sample_seed, in corpus order; meta.json records it; each seed
+  is its own cache entry."""
+  docs = [
+    next(natural.read_documents(f))
+    for f in natural.list_files(write_corpus(str(tmp_path / "text")))
+  ]
+  built = {}
+  for seed in (0, 1):
+    cfg = natural_cfg(
+      tiny,
+      tmp_path,
+      **{"data.max_documents": 10, "data.sample_seed": seed, "data.val_fraction": 0.0},
+    )
+    built[seed] = natural.prepare_corpus(cfg.data, 300)
+    ids = np.asarray(built[seed].train)
+    pieces = np.split(ids, np.flatnonzero(ids == built[seed].eot_id) + 1)[:-1]
+    keep = documents.sample_indices(40, 10, seed)
+    assert [built[seed].tokenizer.decode(p[:-1].tolist()) for p in pieces] == [
+      docs[i] for i in keep
+    ]
+    meta = built[seed].meta
+    assert (meta["documents_available"], meta["max_documents"], meta["sample_seed"]) == (
+      40,
+      10,
+      seed,
+    )
+    assert meta["train_documents"] == 10
+  assert documents.sample_indices(40, 10, 0).tolist() != list(range(10))
+  assert (
+    documents.sample_indices(40, 10, 0).tolist() != documents.sample_indices(40, 10, 1).tolist()
+  )
+  assert built[0].path != built[1].path
+  assert documents.sample_indices(40, 0, 0) is None and documents.sample_indices(40, 40, 0) is None
+
+
+# Two processes of one job preparing one corpus on a shared cache directory: each waits for
+# the other to be ready (so the builds would overlap), then prepares it; the build is slowed
+# by 3 s so that the second process arrives while the first holds the lock.
+_PREPARE_TOGETHER = """
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.INFO)
+from ihsweep.data import corpus, default_config
+slow = corpus.train_bpe
+corpus.train_bpe = lambda *a: (time.sleep(3), slow(*a))[1]
+data = default_config()
+data.update(json.loads(sys.argv[1]))
+me, other = sys.argv[2], sys.argv[3]
+open(me, "w").close()
+while not os.path.exists(other):
+  time.sleep(0.01)
+tc = corpus.prepare_corpus(data, 300)
+print(json.dumps({"hit": tc.cache_hit, "path": tc.path, "tokens": int(tc.train.size)}))
+"""
+
+
+def test_a_corpus_prepared_by_two_processes_on_one_cache_is_tokenized_once(tmp_path):
+  import subprocess
+  import sys
+
+  data = {
+    "source": "natural",
+    "files": write_corpus(str(tmp_path / "text")),
+    "cache_dir": str(tmp_path / "cache"),
+  }
+  ready = [str(tmp_path / f"ready{i}") for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", _PREPARE_TOGETHER, json.dumps(data), ready[i], ready[1 - i]],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    for i in range(2)
+  ]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+  results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+  assert sorted(r["hit"] for r in results) == [False, True]  # one built it, the other loaded it
+  assert results[0]["path"] == results[1]["path"] and results[0]["tokens"] == results[1]["tokens"]
+  waited = [err for (_, err), r in zip(outs, results) if r["hit"]][0]
+  assert "waiting for another process to finish tokenizing" in waited, waited[-2000:]
 
 
 def test_windows_lie_inside_the_training_split(tiny, tmp_path):

@@ -49,10 +49,11 @@ def default_config():
     files (comma-separated globs of .txt/.md/.rst/.html/.jsonl/.parquet), tfds_name (e.g.
     'c4/en', read with ``tfds.data_source`` from tfds_data_dir, split tfds_split; tfds_download
     lets TFDS download and prepare it); text_field (jsonl/parquet/TFDS field); max_documents
-    (0 = all); tokenizer ('bpe' = train a byte-level BPE to model.vocab_size, or a path to a
-    tokenizer.json); val_fraction and split_seed (validation documents); cache_dir ('' =
-    $IHSWEEP_CACHE or ~/.cache/ihsweep); loader ('auto' = on device if the training tokens fit
-    device_budget_mb MiB per device, 'device', 'host').
+    (0 = all; else a uniform random sample of that many documents, drawn with sample_seed and
+    recorded in the cache's meta.json); tokenizer ('bpe' = train a byte-level BPE to
+    model.vocab_size, or a path to a tokenizer.json); val_fraction and split_seed (validation
+    documents); cache_dir ('' = $IHSWEEP_CACHE or ~/.cache/ihsweep); loader ('auto' = on device
+    if the training tokens fit device_budget_mb MiB per device, 'device', 'host').
   A field the chosen source does not read (``READS``) must keep its default value here.
   """
   import ml_collections
@@ -86,6 +87,7 @@ def default_config():
       tfds_download=False,
       text_field="text",
       max_documents=0,
+      sample_seed=0,
       tokenizer="bpe",
       val_fraction=0.01,
       split_seed=0,
@@ -109,6 +111,7 @@ _CORPUS = (
   "tfds_download",
   "text_field",
   "max_documents",
+  "sample_seed",
   "tokenizer",
   "val_fraction",
   "split_seed",

@@ -5,11 +5,15 @@
 The tokenized corpus: every document's ids followed by ``<|endoftext|>``, concatenated into flat
 uint16 (V ≤ 65,536) or uint32 arrays ``train.npy`` / ``val.npy`` beside ``tokenizer.json`` and
 ``meta.json``, cached under ``cache_dir/tokens/<name>-<hash>/`` keyed by (documents, tokenizer,
-vocabulary, split); a second run memory-maps them.
+vocabulary, split, document sample); a second run memory-maps them. The arrays are streamed to
+disk in their final dtype while encoding (memory: one chunk of documents), and a build holds a
+lock beside its entry, so the processes of a job that share one cache directory (NFS, Lustre)
+tokenise a corpus once: the first builds it, the others wait and load it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -151,33 +155,47 @@ def _cache_key(doc_source: DocumentSource, data_cfg, vocab_size: int) -> str:
     f"model_vocab:{vocab_size}",
     f"field:{data_cfg.text_field}",
     f"max_docs:{data_cfg.max_documents}",
+    *([f"sample_seed:{data_cfg.sample_seed}"] if data_cfg.max_documents else []),
     f"val:{data_cfg.val_fraction!r}:{data_cfg.split_seed}",
   ]
   return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _encode(tok, docs: Iterable[str], eot_id: int, dtype) -> np.ndarray:
-  chunks, batch = [], []
+def _encode_to(tok, docs: Iterable[str], eot_id: int, dtype, path: str) -> int:
+  """Encodes ``docs`` (each followed by ``eot_id``) into the ``.npy`` file ``path`` as a flat
+  ``dtype`` array and returns its length. Memory is bounded by one chunk of documents: ids are
+  streamed to a raw file in ``dtype`` and the ``.npy`` header is written once their count is
+  known (then the bytes are copied behind it)."""
+  raw_path = path + ".raw"
+  n, batch = 0, []
+  with open(raw_path, "wb") as raw:
 
-  def flush():
-    try:
-      encoded = tok.encode_batch(batch, add_special_tokens=False)
-    except Exception as e:  # tokenizers raises plain Exception (e.g. a WordLevel without [UNK])
-      raise CorpusError(
-        f"config.data.tokenizer: the tokenizer cannot encode this corpus: {e}", "data.tokenizer"
-      ) from None
-    for enc in encoded:
-      chunks.append(np.asarray(enc.ids + [eot_id], dtype=np.int64))
-    batch.clear()
+    def flush():
+      nonlocal n
+      try:
+        encoded = tok.encode_batch(batch, add_special_tokens=False)
+      except Exception as e:  # tokenizers raises plain Exception (e.g. a WordLevel without [UNK])
+        raise CorpusError(
+          f"config.data.tokenizer: the tokenizer cannot encode this corpus: {e}", "data.tokenizer"
+        ) from None
+      for enc in encoded:
+        ids = np.asarray(enc.ids + [eot_id], dtype=dtype)
+        raw.write(ids.tobytes())
+        n += ids.size
+      batch.clear()
 
-  for doc in docs:
-    batch.append(doc)
-    if len(batch) == _ENCODE_CHUNK:
+    for doc in docs:
+      batch.append(doc)
+      if len(batch) == _ENCODE_CHUNK:
+        flush()
+    if batch:
       flush()
-  if batch:
-    flush()
-  ids = np.concatenate(chunks) if chunks else np.zeros((0,), np.int64)
-  return ids.astype(dtype)
+  header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+  with open(path, "wb") as out, open(raw_path, "rb") as raw:
+    np.lib.format.write_array_header_1_0(out, {**header, "shape": (n,)})
+    shutil.copyfileobj(raw, out, 1 << 24)
+  os.remove(raw_path)
+  return n
 
 
 def token_dtype(vocab_size: int):
@@ -190,8 +208,9 @@ def prepare_corpus(
   """Reads, splits, tokenizes and caches the configured corpus (or loads it from the cache).
 
   Returns a ``TokenizedCorpus`` whose arrays are memory-mapped from
-  ``cache_dir/tokens/<name>-<key>/``. Building writes into a temporary directory renamed into
-  place, so a killed build leaves no half-written cache and concurrent builders agree.
+  ``cache_dir/tokens/<name>-<key>/``. Building holds ``<entry>.lock`` (processes sharing the
+  cache wait for the first one's build, then load it) and writes into a temporary directory
+  renamed into place, so a killed build leaves no half-written cache (and releases the lock).
 
   Raises:
     CorpusError: any bad input (see ``document_source``, ``read_documents``, ``train_bpe``,
@@ -202,14 +221,40 @@ def prepare_corpus(
   remove_stale_temp_dirs(cache_root)
   key = _cache_key(doc_source, data_cfg, vocab_size)
   path = os.path.join(cache_root, f"{doc_source.name[:64]}-{key}")
-  if os.path.isfile(os.path.join(path, "meta.json")):
+  if os.path.isfile(os.path.join(path, "meta.json")):  # the common case: no lock needed
     try:
       return _load_cache(path, vocab_size, hit=True)
-    except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
-      log.warning("cache %s is damaged (%s); rebuilding it", path, e)
-      shutil.rmtree(path, ignore_errors=True)
-  _build_cache(doc_source, data_cfg, vocab_size, path, vocab_field)
+    except (OSError, ValueError, EOFError, KeyError):
+      pass  # damaged, or being replaced: decided under the lock
+  with _build_lock(path):
+    if os.path.isfile(os.path.join(path, "meta.json")):  # built while this process waited
+      try:
+        return _load_cache(path, vocab_size, hit=True)
+      except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
+        log.warning("cache %s is damaged (%s); rebuilding it", path, e)
+        shutil.rmtree(path, ignore_errors=True)
+    _build_cache(doc_source, data_cfg, vocab_size, path, vocab_field)
   return _load_cache(path, vocab_size, hit=False)
+
+
+@contextlib.contextmanager
+def _build_lock(path: str):
+  """Holds ``path + '.lock'`` (``filelock.FileLock``: an fcntl lock, which the OS releases when
+  its holder dies, and which works across the hosts of a shared NFS/Lustre cache) while a
+  corpus is built, so that the processes of a job sharing one cache tokenise it once: the
+  others wait here, then load what the first wrote."""
+  import filelock
+
+  lock = filelock.FileLock(path + ".lock")
+  try:
+    lock.acquire(timeout=0)
+  except filelock.Timeout:
+    log.info("waiting for another process to finish tokenizing into %s", path)
+    lock.acquire()
+  try:
+    yield
+  finally:
+    lock.release()
 
 
 def _load_cache(path: str, vocab_size: int, hit: bool) -> TokenizedCorpus:
@@ -258,15 +303,14 @@ def _build_cache(
     tok = load_tokenizer(data_cfg.tokenizer, vocab_size, vocab_field)
   eot_id = tok.token_to_id(EOT)
   dtype = token_dtype(vocab_size)
-  train_ids = _encode(tok, part(False), eot_id, dtype)
-  val_ids = _encode(tok, part(True), eot_id, dtype)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=temp_prefix("build"), dir=os.path.dirname(path))
   os.chmod(tmp, 0o755)  # mkdtemp makes it private; a shared cache must stay readable
   try:
+    n_train = _encode_to(tok, part(False), eot_id, dtype, os.path.join(tmp, "train.npy"))
+    n_val = _encode_to(tok, part(True), eot_id, dtype, os.path.join(tmp, "val.npy"))
     tok.save(os.path.join(tmp, "tokenizer.json"))
-    np.save(os.path.join(tmp, "train.npy"), train_ids)
-    np.save(os.path.join(tmp, "val.npy"), val_ids)
+    kept = doc_source.kept()
     meta = {
       "name": doc_source.name,
       "kind": doc_source.kind,
@@ -277,8 +321,12 @@ def _build_cache(
       "dtype": np.dtype(dtype).name,
       "train_documents": n_docs["train"],
       "val_documents": n_docs["val"],
-      "train_tokens": int(train_ids.size),
-      "val_tokens": int(val_ids.size),
+      "train_tokens": n_train,
+      "val_tokens": n_val,
+      # max_documents > 0: a uniform random sample of the corpus's documents, by sample_seed
+      "documents_available": doc_source.n_available if data_cfg.max_documents else None,
+      "max_documents": data_cfg.max_documents,
+      "sample_seed": data_cfg.sample_seed if kept is not None else None,
       "val_fraction": frac,
       "split_seed": seed,
       "identity_sha256": hashlib.sha256(doc_source.identity.encode()).hexdigest(),
@@ -294,8 +342,8 @@ def _build_cache(
     shutil.rmtree(tmp, ignore_errors=True)
   log.info(
     "cached %s train / %s val tokens (%d / %d documents)",
-    f"{train_ids.size:,}",
-    f"{val_ids.size:,}",
+    f"{n_train:,}",
+    f"{n_val:,}",
     n_docs["train"],
     n_docs["val"],
   )

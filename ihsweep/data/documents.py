@@ -12,6 +12,7 @@ cache. ``split_documents`` assigns each document to the training or validation s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import html.parser
 import json
@@ -249,14 +250,21 @@ def _tfds_source(data_cfg):
     ) from None
 
 
-def _tfds_documents(data_cfg) -> Iterator[str]:
+def sample_indices(n_available: int, max_documents: int, seed: int) -> np.ndarray | None:
+  """The documents a corpus keeps: ascending int64 indices of a uniform random sample without
+  replacement of ``max_documents`` of ``n_available`` (``np.random.default_rng(seed).choice``),
+  or None for all of them (``max_documents`` 0 or at least ``n_available``)."""
+  if not max_documents or max_documents >= n_available:
+    return None
+  rng = np.random.default_rng(seed)
+  return np.sort(rng.choice(n_available, size=max_documents, replace=False)).astype(np.int64)
+
+
+def _tfds_documents(data_cfg, keep: np.ndarray | None) -> Iterator[str]:
   source = _tfds_source(data_cfg)
-  n = len(source)
-  if data_cfg.max_documents:
-    n = min(n, data_cfg.max_documents)
   field = data_cfg.text_field
-  for i in range(n):
-    record = source[i]
+  for i in range(len(source)) if keep is None else keep:
+    record = source[int(i)]
     if field not in record:
       raise CorpusError(
         f"TFDS {data_cfg.tfds_name!r} records have no field {field!r} "
@@ -285,16 +293,41 @@ class DocumentSource:
   data_cfg: Any
 
   def documents(self) -> Iterator[str]:
+    """The corpus's documents in file (or record) order: all of them, or with
+    ``data.max_documents`` the random sample ``kept()`` names."""
     if self.kind == "tfds":
-      yield from _tfds_documents(self.data_cfg)
+      yield from _tfds_documents(self.data_cfg, self.kept())
       return
-    n = 0
-    for path in self.files:
-      for doc in read_documents(path, self.data_cfg.text_field):
+    keep = self.kept()
+    if keep is None:
+      yield from self._file_documents()
+      return
+    want = iter(keep.tolist())
+    next_kept = next(want)
+    for i, doc in enumerate(self._file_documents()):
+      if i == next_kept:
         yield doc
-        n += 1
-        if self.data_cfg.max_documents and n >= self.data_cfg.max_documents:
+        next_kept = next(want, None)
+        if next_kept is None:
           return
+
+  def _file_documents(self) -> Iterator[str]:
+    for path in self.files:
+      yield from read_documents(path, self.data_cfg.text_field)
+
+  @functools.cached_property
+  def n_available(self) -> int:
+    """Documents before sampling: the TFDS split's records, or the files' documents (counted
+    by reading them once)."""
+    if self.kind == "tfds":
+      return len(_tfds_source(self.data_cfg))
+    return sum(1 for _ in self._file_documents())
+
+  def kept(self) -> np.ndarray | None:
+    """``sample_indices`` of this corpus (None: every document; nothing is counted then)."""
+    if not self.data_cfg.max_documents:
+      return None
+    return sample_indices(self.n_available, self.data_cfg.max_documents, self.data_cfg.sample_seed)
 
 
 def document_source(data_cfg) -> DocumentSource:

@@ -16,9 +16,10 @@ Pipeline (each stage validated before anything is compiled), one module per stag
    documents to ``model.vocab_size`` types, id 0 = ``<|endoftext|>``; or a ``tokenizer.json``
    loaded as is.
 4. Every document's ids followed by ``<|endoftext|>``, concatenated into flat uint16
-   (V ≤ 65,536) or uint32 arrays ``train.npy`` / ``val.npy``, cached under
-   ``cache_dir/tokens/<name>-<hash>/`` keyed by (source, tokenizer, vocabulary, split); a second
-   run memory-maps them (``corpus.prepare_corpus``; the cache directory rules: ``cache.py``).
+   (V ≤ 65,536) or uint32 arrays ``train.npy`` / ``val.npy`` (streamed to disk in that dtype),
+   cached under ``cache_dir/tokens/<name>-<hash>/`` keyed by (source, tokenizer, vocabulary,
+   split, sample); a second run memory-maps them; processes sharing the cache build it once,
+   under a lock (``corpus.prepare_corpus``; the cache directory rules: ``cache.py``).
 5. Windows (``windows.py``, this module's ``NaturalTextSource``): each model draws B start
    offsets s ~ U{0, …, N − C − 1} from its own key and reads ``train[s : s + C + 1]``
    (GPT-2/nanoGPT-style packing: windows may span document boundaries, which the end-of-text
