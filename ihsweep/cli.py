@@ -104,6 +104,12 @@ flags.DEFINE_float(
   "at 40% MFU in bf16); default: measure on this machine",
 )
 flags.DEFINE_string(
+  "network",
+  None,
+  "plan, with --flops_per_s: the interconnect that prices each update's gradient all-reduce "
+  "over a data axis and each phase switch: h100 (default), v5e, v5p, or none",
+)
+flags.DEFINE_string(
   "cache_dir",
   None,
   "corpus fetch: cache directory (default: $IHSWEEP_CACHE "
@@ -131,6 +137,7 @@ COMMAND_FLAGS = {
     "devices_per_worker",
     "devices_per_host",
     "flops_per_s",
+    "network",
     "law",
     "json",
     "target",
@@ -153,6 +160,7 @@ FLAG_FORMS = {
   "devices_per_worker": "--devices_per_worker=D",
   "devices_per_host": "--devices_per_host=H",
   "flops_per_s": "--flops_per_s=F",
+  "network": "--network=h100|v5e|v5p|none",
   "cell": "--cell=N",
   "step": "--step=S",
   "to": "--to=transformer_lens|hf",
@@ -523,6 +531,8 @@ def _predict(argv):
 
 def _plan_flags() -> str | None:
   """Why ``plan``'s numeric flags do not fit together (one line), or None."""
+  from ihsweep import timing
+
   n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host, FLAGS.flops_per_s)
   if n is None:
     return "plan needs --config=FILE and --devices=N (the devices the sweep runs on)"
@@ -533,6 +543,13 @@ def _plan_flags() -> str | None:
       f"--flops_per_s={f:g} is not allowed: a finite number > 0 (sustained FLOP/s per "
       f"device, e.g. 4e14), or leave it out to measure on this machine"
     )
+  if FLAGS.network is not None and f is None:
+    return (
+      f"--network={FLAGS.network} is not allowed without --flops_per_s: measured times are "
+      f"one process's, with no communication between processes to price"
+    )
+  if FLAGS.network is not None and FLAGS.network not in timing.NETWORKS:
+    return f"--network={FLAGS.network} is not allowed: one of {', '.join(timing.NETWORKS)}"
   if h is not None and f is None:
     return (
       f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
@@ -561,7 +578,7 @@ def _plan(argv):
   del argv
   import jax
 
-  from ihsweep import placement
+  from ihsweep import placement, timing
   from ihsweep import plan as plan_lib
   from ihsweep.config import ConfigError
   from ihsweep.data.errors import DataError
@@ -597,6 +614,7 @@ def _plan(argv):
       devices_per_worker=FLAGS.devices_per_worker,
       devices_per_host=FLAGS.devices_per_host,
       flops_per_s=FLAGS.flops_per_s,
+      network=timing.NETWORKS[FLAGS.network or "h100"],
       law=law,
       log=lambda line: print(line, file=sys.stderr, flush=True),
     )
@@ -620,7 +638,7 @@ def _plan_target(cfg) -> int:
 
   if cfg is None:
     return _fail(f"plan --target needs --config=FILE; --target: {targets.names()}")
-  for name in ("devices_per_worker", "devices_per_host", "flops_per_s"):
+  for name in ("devices_per_worker", "devices_per_host", "flops_per_s", "network"):
     if getattr(FLAGS, name) is not None:
       return _fail(
         f"--{name} is not allowed with --target: the target sets devices per host and "
@@ -804,7 +822,8 @@ COMMAND_HELP = {
                study's ln T = 13.26, alpha = 0.37, beta = 0.62
   --json       one JSON object: batch_size, context_size, updates, tokens, law""",
   "plan": """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
-                    [--flops_per_s=F [--devices_per_host=H]] [--law=FILE] [--json]
+                    [--flops_per_s=F [--devices_per_host=H] [--network=NAME]] [--law=FILE]
+                    [--json]
                     [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
                     [--config.SECTION.FIELD=VALUE ...]
        ihsweep plan --config=FILE[:VARIANT] --target=NAME [--devices=N] [--law=FILE] [--json]
@@ -831,9 +850,14 @@ COMMAND_HELP = {
                          spanning hosts); default: the phases chosen from the groups' costs
                          (measured: this machine's devices, one worker)
   --flops_per_s=F        sustained FLOP/s per device (an H100 at 40% MFU in bf16: 4e14): time =
-                         cost / (m · F), perfect data-parallel scaling, no start-up; without it
-                         a few groups are compiled and timed here (about 20 s each on a CPU)
+                         cost / (m · F) + updates × the gradient all-reduce over its data axis,
+                         no start-up; without it a few groups are compiled and timed here
+                         (about 20 s each on a CPU)
   --devices_per_host=H   with --flops_per_s: the devices of one process (a host; default 8)
+  --network=NAME         with --flops_per_s: the interconnect, per device each way: h100
+                         (default; NVLink 450 GB/s in a host, InfiniBand 50 GB/s across),
+                         v5e (ICI 200 GB/s), v5p (ICI 600 GB/s), none (no communication);
+                         60 s per phase switch (assumed) unless none
   --law=FILE             an emergence law JSON (log_T, alpha, beta; e.g. from analysis
                          fit-law): where an 'emergence' budget stops each group (default: the
                          sweep's law, which puts most stops at the cap)

@@ -26,18 +26,43 @@ def json_value(x):
   return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+EVAL_MEMORY_SHARE = 1 / 8  # of a device's usable memory for one micro-batch's logits
+EVAL_DEFAULT_BUDGET = 16 << 20  # bytes, where the device's memory is unknown (a CPU)
+
+
+def eval_budget_bytes(mesh, capacity_bytes: int | None = None) -> int:
+  """Bytes one evaluation micro-batch's float32 logits ``[m, T, V]`` may take on a device:
+  ``EVAL_MEMORY_SHARE`` of its usable memory (``capacity_bytes``, else the mesh's first
+  device's, ``memory.device_capacity``; less ``memory.HEADROOM``), or
+  ``EVAL_DEFAULT_BUDGET`` (16 MiB) where it is unknown. The evaluation runs beside the
+  resident train state, and ``runner.resolve_memory`` checks that both fit."""
+  from ihsweep import memory
+
+  if capacity_bytes is None:
+    capacity_bytes = memory.device_capacity(mesh.devices.flat[0])
+  if not capacity_bytes:
+    return EVAL_DEFAULT_BUDGET
+  return max(EVAL_DEFAULT_BUDGET, int(memory.usable(capacity_bytes) * EVAL_MEMORY_SHARE))
+
+
 class Evaluator:
   """The compiled ensemble evaluation (``metrics.make_eval_fn``) with the run's probes on the
-  mesh; ``rows`` turns one result into ``metrics.jsonl`` rows.
+  mesh; ``rows`` turns one result into ``metrics.jsonl`` rows. Micro-batches are sized by the
+  device's memory (``eval_budget_bytes``), and the probes and the held-out sequences are each
+  split over the mesh's 'data' axis when it divides their count (``split_probes``,
+  ``split_sequences``).
 
   Args:
     cfg: the run's config (its ``eval`` section); mcfg: ``ModelConfig``; probes: the run's
       ``Probes`` (numpy), or None for an evaluator of the shapes ``cfg`` gives them, whose
       inputs are ``jax.ShapeDtypeStruct`` (only for ``lower``: ahead-of-time compilation);
-      mesh: the ensemble's mesh.
+      mesh: the ensemble's mesh; capacity_bytes: a device's memory when the mesh's devices
+      cannot say (compile-only devices: the target's).
   """
 
-  def __init__(self, cfg, mcfg, probes: probes_lib.Probes | None, mesh):
+  def __init__(
+    self, cfg, mcfg, probes: probes_lib.Probes | None, mesh, capacity_bytes: int | None = None
+  ):
     ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
     if probes is None:
       self.inputs = abstract_probes(cfg, mesh)
@@ -50,14 +75,28 @@ class Evaluator:
     s, cp1 = self.inputs[1].shape[1:]
     context = cp1 - 1
     early, late = metrics_lib.icl_positions(context, cfg.eval.icl_early, cfg.eval.icl_late)
+    # The probes and the sequences each split over the data axis when it divides their count,
+    # else repeated on each of its devices (the model's batch is split there either way).
+    d = mesh.shape["data"]
+    self.split_probes, self.split_sequences = d > 1 and n % d == 0, d > 1 and s % d == 0
+    self.budget_bytes = eval_budget_bytes(mesh, capacity_bytes)
+    self.probe_batch = metrics_lib.microbatch(
+      n // (d if self.split_probes else 1), t, mcfg.vocab_size, self.budget_bytes
+    )
+    self.sequence_batch = metrics_lib.microbatch(
+      s // (d if self.split_sequences else 1), context, mcfg.vocab_size, self.budget_bytes
+    )
     self.fn = metrics_lib.make_eval_fn(
       mcfg,
       block_len=block_len,
       icl_early=early,
       icl_late=late,
-      probe_batch=metrics_lib.microbatch(n, t, mcfg.vocab_size),
-      sequence_batch=metrics_lib.microbatch(s, context, mcfg.vocab_size),
+      probe_batch=self.probe_batch,
+      sequence_batch=self.sequence_batch,
       out_sharding=ens_sh,
+      mesh=mesh,
+      split_probes=self.split_probes,
+      split_sequences=self.split_sequences,
     )
 
   def __call__(self, params) -> dict:

@@ -243,6 +243,39 @@ def evaluate(
       registered metric whose ``compute`` returns more than a scalar, or that has no ``compute``
       function and is not among the values above.
   """
+  p, s = evaluate_sums(
+    params,
+    probes_NxT,
+    sequences_SxCp1,
+    recall_SxC,
+    cfg=cfg,
+    block_len=block_len,
+    probe_batch=probe_batch,
+    sequence_batch=sequence_batch,
+  )
+  return finish_evaluation(p, s, sequences_SxCp1.shape[0], icl_early, icl_late)
+
+
+def evaluate_sums(
+  params,
+  probes_NxT: jax.Array,
+  sequences_SxCp1: jax.Array,
+  recall_SxC: jax.Array,
+  *,
+  cfg: ModelConfig,
+  block_len: int,
+  probe_batch: int,
+  sequence_batch: int,
+) -> tuple[dict, dict]:
+  """The additive part of ``evaluate`` for ONE model: ``(probe means, sequence sums)``. Probe
+  means (``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``, ``ar_acc``, ``ar_rank``) are over the
+  given probes; sequence sums (``loss_C`` ``[C]``, ``ar_hits``, ``ar_rank``, ``ar_n``) over
+  the given sequences. Parts of the probes / sequences (the shards of a data axis, in equal
+  numbers) combine by averaging the means and adding the sums (``make_eval_fn``).
+
+  Raises:
+    ValueError: ``block_len`` < 3.
+  """
   if block_len < MIN_BLOCK:
     raise ValueError(f"block_len = {block_len}: {MIN_BLOCK_REASON}")
   model = Transformer(cfg)
@@ -296,7 +329,19 @@ def evaluate(
       (_microbatches(sequences_SxCp1, sequence_batch), _microbatches(recall_SxC, sequence_batch)),
     ),
   )
-  loss_C = s["loss_C"] / sequences_SxCp1.shape[0]
+  return p, s
+
+
+def finish_evaluation(p: dict, s: dict, n_sequences: int, icl_early: int, icl_late: int) -> dict:
+  """``evaluate``'s outputs from ``evaluate_sums``' probe means and sequence sums over all
+  ``n_sequences`` held-out sequences (validation loss per position, ICL score, data-drawn
+  recall, argmaxes, the registry's metrics).
+
+  Raises:
+    ValueError: a registered metric whose ``compute`` returns more than a scalar, or that has
+      no ``compute`` function and is not among the values.
+  """
+  loss_C = s["loss_C"] / n_sequences
   n = s["ar_n"]
   n_f = jnp.maximum(n, 1).astype(jnp.float32)
   out = dict(p)
@@ -334,19 +379,49 @@ def make_eval_fn(
   probe_batch: int,
   sequence_batch: int,
   out_sharding=None,
+  mesh=None,
+  split_probes: bool = False,
+  split_sequences: bool = False,
 ) -> Callable:
   """``fn(params_E, probes, sequences_E, recall_E) -> dict`` of ``[E, ...]`` arrays: ``evaluate``
-  vmapped over the ensemble's leading axis (probes shared), jitted once."""
-  one = functools.partial(
-    evaluate,
-    cfg=cfg,
-    block_len=block_len,
-    icl_early=icl_early,
-    icl_late=icl_late,
-    probe_batch=probe_batch,
-    sequence_batch=sequence_batch,
+  vmapped over the ensemble's leading axis (probes shared), jitted once.
+
+  With a ``mesh`` whose 'data' axis has D > 1 devices, each device evaluates its models
+  (``jax.shard_map``) on N / D of the probes (``split_probes``, N divisible by D) and S / D of
+  the sequences (``split_sequences``, S divisible by D), or on all of them where not split;
+  ``probe_batch`` / ``sequence_batch`` must divide the counts each device holds. The probe
+  means of split probes are averaged and the sequence sums of split sequences added over
+  'data' (``evaluate_sums``), then every metric is finished from them
+  (``finish_evaluation``): the evaluation is split over the devices that split the batch in
+  training instead of repeated on each. Output: ``[E, ...]`` sharded over 'ensemble'."""
+  kwargs = dict(
+    cfg=cfg, block_len=block_len, probe_batch=probe_batch, sequence_batch=sequence_batch
   )
-  return jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0)), out_shardings=out_sharding)
+  if mesh is None or mesh.shape["data"] == 1 or not (split_probes or split_sequences):
+    one = functools.partial(evaluate, icl_early=icl_early, icl_late=icl_late, **kwargs)
+    return jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0)), out_shardings=out_sharding)
+  from jax.sharding import PartitionSpec as P
+
+  sums = jax.vmap(functools.partial(evaluate_sums, **kwargs), in_axes=(0, None, 0, 0))
+  d = mesh.shape["data"]
+
+  def shard(params_E, probes_NxT, sequences_ExSxCp1, recall_ExSxC):
+    p, s = sums(params_E, probes_NxT, sequences_ExSxCp1, recall_ExSxC)
+    if split_probes:
+      p = jax.lax.pmean(p, "data")
+    if split_sequences:
+      s = jax.lax.psum(s, "data")
+    n_sequences = sequences_ExSxCp1.shape[1] * (d if split_sequences else 1)
+    return jax.vmap(lambda p, s: finish_evaluation(p, s, n_sequences, icl_early, icl_late))(p, s)
+
+  seq_spec = P("ensemble", "data") if split_sequences else P("ensemble")
+  fn = jax.shard_map(
+    shard,
+    mesh=mesh,
+    in_specs=(P("ensemble"), P("data") if split_probes else P(), seq_spec, seq_spec),
+    out_specs=P("ensemble"),
+  )
+  return jax.jit(fn, out_shardings=out_sharding)
 
 
 def microbatch(n: int, tokens_per_item: int, vocab_size: int, budget_bytes: int = 16 << 20) -> int:

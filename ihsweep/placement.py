@@ -63,7 +63,10 @@ class Job:
   id: the group's id (``g000``); cells: its cell ids; n_models: E; batch_size: B;
   context_size: C; updates: predicted updates; cap_updates: the budget's (``num_steps``);
   flops_per_update: E · B · C · training FLOPs per token; n_params: per model; cfg: the run
-  config (the measured model compiles it; None for hand-built jobs).
+  config (the measured model compiles it; None for hand-built jobs); eval_parts: the online
+  evaluations' forward FLOPs over the predicted updates, ``((FLOPs, items), ...)`` for the
+  probes and the held-out sequences (``evaluation_flops``): each part is split over a data axis
+  that divides its items, else repeated on each of its devices.
   """
 
   id: str
@@ -76,6 +79,11 @@ class Job:
   cap_updates: int = 0
   n_params: int = 0
   cfg: Any = None
+  eval_parts: tuple = ()
+
+  @property
+  def eval_flops(self) -> float:
+    return sum(flops for flops, _ in self.eval_parts)
 
   @property
   def cost_flops(self) -> float:
@@ -234,7 +242,7 @@ def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:
 def choose_layout(schedules: list[Schedule]) -> Schedule:
   """The schedule with the shortest makespan; makespans within ``LAYOUT_TIE`` of it count as
   equal and the one with the fewest devices per worker wins (less data-axis communication,
-  which no model here prices, and more workers to take over a failed one). Refused or
+  where the model prices none, and more workers to take over a failed one). Refused or
   unpredicted schedules are skipped (the first schedule when all are)."""
   timed = [s for s in schedules if s.makespan_s is not None]
   if not timed:
@@ -337,8 +345,9 @@ def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=
   """``[(processes_per_worker p, group ids)]`` (or ``Phase``\\ s) timed one after another with
   ``model`` (default ``timing.FlopsModel(1.0)``): each phase list-scheduled (``simulate``) on its
   P / p teams of p · d devices, each group on ``group_devices`` of them (all of them where p > 1,
-  which ``plan_phases`` ensures). Returns ``Phase``\\ s with slots, start and end; a slot's
-  ``worker`` is its team within the phase and ``phase`` the phase's index."""
+  which ``plan_phases`` ensures), starting ``model.phase_switch_s`` after the previous one.
+  Returns ``Phase``\\ s with slots, start and end; a slot's ``worker`` is its team
+  within the phase and ``phase`` the phase's index."""
   from ihsweep import timing
 
   model = model or timing.FlopsModel(1.0)
@@ -347,6 +356,7 @@ def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=
   out, at = [], 0.0
   for index, phase in enumerate(phases):
     p, groups = (phase.processes_per_worker, phase.groups) if isinstance(phase, Phase) else phase
+    at += model.phase_switch_s if index else 0.0  # the barrier and the new teams' compiling
     out.append(
       _timed_phase(
         [by_id[g] for g in groups], model, n_devices, p * devices_per_process, p, at, index
@@ -408,14 +418,17 @@ def plan_phases(
     processes_per_worker: 0 = choose the phases (below); k >= 1 = one phase of P / k teams of
       k processes holding every group (``sweep.processes_per_worker``).
     model: the time model (default ``timing.FlopsModel(1.0)``: relative times, enough to choose
-      as the FLOPs model is linear); team sizes it cannot time (``cannot_time``) are skipped.
+      when no communication is priced, as that model is linear; ``timing.runtime_model`` on a
+      known accelerator prices the data axis's all-reduce and the phase switch); team sizes it
+      cannot time (``cannot_time``) are skipped.
 
   Choosing (processes_per_worker = 0): team sizes p are the divisors of P; a group may go to a
   phase with p > 1 only if its mesh uses all p · d devices (``fills``), with p = 1 it may use
   part of a process's devices. The groups are ordered by the largest team size they fill,
   then E · B, then cost (ascending), and cut into at most ``MAX_PHASES`` consecutive runs, run
   i on teams of p_i with p_1 < p_2 < …; every phase is list-scheduled most expensive first
-  (``simulate``) and the sweep's makespan is the sum of the phases'. For each sequence of team
+  (``simulate``) and the sweep's makespan is the sum of the phases' and of the switches between
+  them (``model.phase_switch_s`` each). For each sequence of team
   sizes the best cut is found exactly (a minimum over the cut points, phase makespans computed
   once per (p, run)); among the sequences within ``PHASE_TIE`` (1%) of the best makespan the one
   with fewer phases, then smaller teams (largest first), wins. Cost: O(|divisors| · n²) phase
@@ -536,7 +549,7 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
           default=(inf, ()),
         )
       if total < inf:
-        best.append((total, seq, cuts))
+        best.append((total + (count - 1) * model.phase_switch_s, seq, cuts))
   top = min(t for t, _, _ in best)
   _, seq, cuts = min(
     (b for b in best if b[0] <= top * (1 + PHASE_TIE)),
@@ -604,9 +617,36 @@ def jobs_from_plan(cfg, plan, law=None) -> list[Job]:
         cap_updates=int(g.num_steps),
         n_params=int(g.n_params),
         cfg=g.cfg,
+        eval_parts=evaluation_flops(g.cfg, updates),
       )
     )
   return jobs
+
+
+def evaluation_flops(cfg, updates: int) -> tuple:
+  """Forward FLOPs of a group's online evaluations over ``updates`` updates, ``((probe FLOPs,
+  eval.n_probes), (sequence FLOPs, eval.n_sequences))`` (``()`` without evaluation):
+  evaluations at update 0, every ``schedule.eval_interval`` updates and at the end, each
+  running every model on ``eval.n_probes`` probes of T tokens and ``eval.n_sequences``
+  held-out sequences of C tokens at a third of the training FLOPs per token (PaLM appendix B:
+  forward = 2N + 4·L·d·T of 6N + 12·L·d·T; ``model.flops_per_token``)."""
+  from ihsweep import model as model_lib
+  from ihsweep import schedule, train
+  from ihsweep.data.probes import eval_layout
+
+  every = schedule.eval_interval(cfg)
+  if not every:
+    return ()
+  n_evals = updates // every + 1 + (1 if updates % every else 0)
+  mcfg, _ = train.model_and_train_config(cfg)
+  c = int(cfg.train.context_size)
+  _, t = eval_layout(cfg.eval, c)
+  n, s = int(cfg.eval.n_probes), int(cfg.eval.n_sequences)
+  scale = n_evals * int(cfg.ensemble.size) / 3.0
+  return (
+    (scale * n * t * model_lib.flops_per_token(mcfg, t), n),
+    (scale * s * c * model_lib.flops_per_token(mcfg, c), s),
+  )
 
 
 @contextlib.contextmanager
@@ -710,6 +750,20 @@ class Prediction:
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
 
+  def communication(self, slots) -> dict:
+    """Of ``slots``' device-time (Σ m · t): the share spent in gradient all-reduces
+    (``comm_share``, 0 where the model prices none), and how many groups have a data axis."""
+    by_id = {j.id: j for j in self.jobs}
+    held = comm = 0.0
+    with_data_axis = 0
+    for s in slots:
+      job = by_id[s.group]
+      t = self.model.seconds(job, s.devices)
+      held += s.devices * t["total_s"]
+      comm += s.devices * t.get("comm_s", 0.0)
+      with_data_axis += sharding.mesh_shape(job.n_models, job.batch_size, s.devices)[1] > 1
+    return {"comm_share": comm / held if held else 0.0, "groups_with_data_axis": with_data_axis}
+
   def checkpoints(self, job) -> dict:
     """``schedule.checkpoint_bytes`` of ``job`` over its predicted time on its slot."""
     from ihsweep import schedule
@@ -735,6 +789,7 @@ class Prediction:
         "updates": job.updates,
         "cap_updates": job.cap_updates,
         "cost_flops": job.cost_flops,
+        "eval_flops": job.eval_flops,
         "n_params": job.n_params,
         "phase": slot.phase,
         "devices_per_worker": phases[slot.phase].devices_per_worker,
@@ -766,6 +821,7 @@ class Prediction:
       "schedule": [dataclasses.asdict(s) for s in self.phased.slots],
       "makespan_s": self.phased.makespan_s,
       "utilisation": self.phased.utilisation,
+      **self.communication(self.phased.slots),
       "layouts": [
         {
           "devices_per_worker": s.devices_per_worker,
@@ -773,6 +829,7 @@ class Prediction:
           "processes_per_worker": max(1, s.devices_per_worker // self.devices_per_process),
           "makespan_s": s.makespan_s,
           "utilisation": s.utilisation,
+          **self.communication(s.slots),
           "refused": s.refused,
           "best": s is self.layout,
         }
@@ -789,17 +846,20 @@ def predict(
   devices_per_worker: int | None = None,
   devices_per_host: int | None = None,
   flops_per_s: float | None = None,
+  network=None,
   law=None,
   log=lambda line: None,
 ) -> Prediction:
   """Plans ``cfg``'s sweep on ``n_devices`` under both rules. With ``flops_per_s`` the time is
-  FLOPs-based (``timing.FlopsModel``; data is not read); without, measured on this machine
+  FLOPs-based (``timing.FlopsModel``, communication priced on ``network``, a ``timing.Network``,
+  or none for None; data is not read); without, measured on this machine
   (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
 
   The N devices are P processes of d (``processes_of``: d = ``devices_per_host``, default
   ``DEFAULT_DEVICES_PER_HOST``, with ``flops_per_s``; measured, this machine's device count).
-  The new rule's phases (``plan_phases``, chosen on relative FLOPs as the runtime chooses
-  them, then timed with the model): ``devices_per_worker`` D, else the config's
+  The new rule's phases (``plan_phases``, chosen and timed with the model; a jax.distributed
+  job chooses with ``timing.runtime_model``: relative FLOPs, or on a known accelerator its
+  FLOP/s and network): ``devices_per_worker`` D, else the config's
   ``mesh.num_devices`` (a worker uses at most that many), give one phase of N / D workers (D a
   divisor of N up to a host, or a multiple of d: workers of D / d processes); else the config's
   ``sweep.processes_per_worker`` k >= 1 one phase of teams of k processes; else (0) the phases
@@ -817,8 +877,8 @@ def predict(
 
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   if flops_per_s is not None:
-    model = timing.FlopsModel(flops_per_s)
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
+    model = timing.FlopsModel(flops_per_s, network, host)
   else:
     import jax
 
@@ -872,10 +932,7 @@ def predict(
       ]
     else:
       sizes = [per_process]
-    relative = flops_per_s is not None  # the runtime chooses on relative FLOPs
-    phases = plan_phases(jobs, n_processes, per_process, teams, model=None if relative else model)
-    if relative:
-      phases = time_phases(jobs, phases, n_processes, per_process, model)
+    phases = plan_phases(jobs, n_processes, per_process, teams, model=model)
     reason = (
       f"the config's sweep.processes_per_worker={teams}: one phase of teams of {teams} process(es)"
       if teams
@@ -996,7 +1053,9 @@ def format_text(p: Prediction) -> str:
         if s.refused
         else f"not predicted: {s.unpredicted}"
         if s.unpredicted
-        else f"makespan {duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}{mark}"
+        else f"makespan {duration(s.makespan_s):>9}, utilisation {_percent(s.utilisation):>6}"
+        + _comm_text(p, s.slots)
+        + mark
       )
     )
   lines += [
@@ -1036,10 +1095,51 @@ def format_text(p: Prediction) -> str:
     "",
     f"new rule (sweep.placement=worker, {len(phases)} phase(s): {shape}): "
     f"makespan {duration(phased.makespan_s)}, utilisation "
-    f"{_percent(phased.utilisation)}",
+    f"{_percent(phased.utilisation)}" + _comm_text(p, phased.slots),
     f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
     f": makespan {duration(best.makespan_s)}, utilisation "
-    f"{_percent(best.utilisation)}",
+    f"{_percent(best.utilisation)}" + _comm_text(p, best.slots),
     f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}",
   ]
+  why = _why_best(p)
+  if why:
+    lines.append(why)
   return "\n".join(lines)
+
+
+def _comm_text(p: Prediction, slots) -> str:
+  """', of which all-reduces 61% (24 groups with a data axis)' where the model prices them."""
+  if getattr(p.model, "network", None) is None:
+    return ""
+  c = p.communication(slots)
+  return (
+    f", of which all-reduces {_percent(c['comm_share'])} ({c['groups_with_data_axis']} "
+    f"group(s) with a data axis)"
+  )
+
+
+def _why_best(p: Prediction) -> str:
+  """Why the best one-phase layout beats the phases (which a jax.distributed job of these
+  processes would run), and how to run it; '' when it does not, or without communication."""
+  best, phased = p.layout, p.phased
+  if getattr(p.model, "network", None) is None or best.makespan_s is None:
+    return ""
+  if best.makespan_s >= phased.makespan_s * (1 - PHASE_TIE):
+    return ""
+  ours, theirs = p.communication(best.slots), p.communication(phased.slots)
+  d = best.devices_per_worker
+  how = (
+    f"run it as {best.n_workers} independent worker(s), one process per {d} device(s) not "
+    f"joined by jax.distributed (launch/slurm_array.sbatch, launch/local_multiprocess.sh "
+    f"--independent)"
+    if d <= p.devices_per_process
+    else f"run it with sweep.processes_per_worker={d // p.devices_per_process}"
+  )
+  return (
+    f"faster: {_layout_name(d, best.n_workers, p.devices_per_process)} "
+    f"({phased.makespan_s / best.makespan_s:.1f}× the phases' speed): in the phases "
+    f"{theirs['groups_with_data_axis']} of {len(p.jobs)} groups split each model's batch over a "
+    f"data axis and all-reduce its gradient every update ({_percent(theirs['comm_share'])} of "
+    f"their device-time), here {ours['groups_with_data_axis']} do "
+    f"({_percent(ours['comm_share'])}); {how}"
+  )

@@ -401,7 +401,7 @@ def resolve_memory(
 
   eval_mem = None
   if schedule_lib.eval_interval(out):
-    evaluator = Evaluator(out, group.mcfg, None, group.mesh)
+    evaluator = Evaluator(out, group.mcfg, None, group.mesh, capacity)
     eval_mem = memory.analyse(evaluator.lower(state.params).compile())
   prefetch = _per_device_bytes(data) if group.host_fed else 0
   platform = platform or getattr(devices[0], "platform", "cpu")

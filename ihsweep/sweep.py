@@ -255,7 +255,7 @@ def phases(cfg, plan: Plan) -> list:
   """
   import jax
 
-  from ihsweep import placement
+  from ihsweep import placement, timing
   from ihsweep.config import ConfigError
 
   n = jax.process_count()
@@ -269,7 +269,13 @@ def phases(cfg, plan: Plan) -> list:
   local = len(jax.local_devices())
   per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
   try:
-    steps = placement.plan_phases(placement.jobs_from_plan(cfg, plan), n, per_process, k)
+    steps = placement.plan_phases(
+      placement.jobs_from_plan(cfg, plan),
+      n,
+      per_process,
+      k,
+      model=timing.runtime_model(jax.devices()),
+    )
   except placement.LayoutError as e:
     why = str(e)  # the field and value once: ConfigError names them
     why = (

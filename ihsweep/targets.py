@@ -39,17 +39,18 @@ class Chip:
   hbm_bytes_per_s: float
   capacity_bytes: int = 0  # GPUs; TPUs read theirs from the compiler
   cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (the peak is per chip)
+  network: str = ""  # its timing.NETWORKS entry ('': no published figure there, not priced)
 
 
 TPU_CHIPS = {
   "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2),
-  "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB),
-  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2),
+  "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB, network="v5e"),
+  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2, network="v5p"),
   "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB),
 }
 GPUS = {
-  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, 80 * GB),
-  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, 141 * GB),
+  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, 80 * GB, network="h100"),
+  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, 141 * GB, network="h100"),
   "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, 80 * GB),
 }
 
@@ -79,6 +80,22 @@ class Target:
   def hbm_bytes_per_s(self) -> float:
     return self.chip.hbm_bytes_per_s / self.chip.cores_per_chip
 
+  @property
+  def network(self):
+    """The chip's ``timing.Network`` per device (a chip's links shared by its cores), or None
+    where the table has no published figure (v4, v6e, A100: communication not priced)."""
+    from ihsweep import timing
+
+    net = timing.NETWORKS.get(self.chip.network)
+    if net is None or self.chip.cores_per_chip == 1:
+      return net
+    k = self.chip.cores_per_chip
+    return dataclasses.replace(
+      net,
+      intra_host_bytes_per_s=net.intra_host_bytes_per_s / k,
+      inter_host_bytes_per_s=net.inter_host_bytes_per_s / k,
+    )
+
   def to_json(self) -> dict:
     return {
       "name": self.name,
@@ -88,6 +105,7 @@ class Target:
       "capacity_bytes": self.capacity_bytes,
       "peak_flops_per_device": self.peak_flops,
       "hbm_bytes_per_s_per_device": self.hbm_bytes_per_s,
+      "network": None if self.network is None else dataclasses.asdict(self.network),
       "memory_from": self.estimate,
     }
 
@@ -260,7 +278,9 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``memory`` {``per_device_bytes``,
   ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``}, ``flops_per_update``,
   ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token), ``bytes_per_update``,
-  ``roofline_update_s``, ``updates``, ``roofline_s`` at D), ``refused`` (layouts tried before
+  ``roofline_update_s``, ``all_reduce_s`` (per update, over its data axis on the chip's
+  network; 0 without one or where the table has no figure), ``update_s`` (their sum),
+  ``updates``, ``roofline_s``, ``seconds`` at D), ``refused`` (layouts tried before
   D and why), ``layouts`` (D and every wider layout: groups on more devices, times scaled by
   the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
   ``makespan_s``, ``utilisation``) and ``fits``.
@@ -325,13 +345,18 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   if layout is None:
     return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
   d, sizes = layout
+  from ihsweep import timing
+
+  comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
   groups, entries = [], []
   for j in jobs:
     m = sizes[j.id]
     out, choice, _ = compile_group(j, m)
     mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
     flops, n_bytes = update_cost(choice, out, mesh)
-    per_update = max(flops / target.peak_flops, n_bytes / target.hbm_bytes_per_s)
+    roofline = max(flops / target.peak_flops, n_bytes / target.hbm_bytes_per_s)
+    all_reduce = comm_model.all_reduce_s(j, m)
+    per_update = roofline + all_reduce
     s = choice.setting
     groups.append(
       {
@@ -339,6 +364,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
         "batch_size": j.batch_size,
         "context_size": j.context_size,
         "n_models": j.n_models,
+        "n_params": j.n_params,
         "devices": m,
         "mesh": list(mesh),
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
@@ -357,26 +383,36 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
         "flops_per_update": flops,
         "analytic_flops_per_update": by_id[j.id].flops_per_update / m,
         "bytes_per_update": n_bytes,
-        "roofline_update_s": per_update,
+        "roofline_update_s": roofline,
+        "all_reduce_s": all_reduce,
+        "update_s": per_update,
         "updates": j.updates,
-        "roofline_s": per_update * j.updates,
+        "roofline_s": roofline * j.updates,
+        "seconds": per_update * j.updates,
         "checkpoints": schedule.checkpoint_bytes(
           j.cfg, j.n_params, j.updates, per_update * j.updates
         ),
       }
     )
-    entries.append((j.id, m, per_update * j.updates))
-  # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its time scaled
-  # from its compiled one as m / m' (its batch split further; no communication priced) and its
-  # memory per device no larger than at m (compiled there). The layout with the shortest
-  # makespan is the plan's.
+    entries.append((j, m, roofline * j.updates))
+  # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its compute time
+  # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
+  # m' devices, and its memory per device no larger than at m (compiled there). The layout with
+  # the shortest makespan is the plan's.
   n = len(target.devices)
   layouts = []
   for wide in [w for w in candidate_layouts(target) if w >= d]:
     m_wide = _layout_sizes(jobs, target, wide)
     if m_wide is None:
       continue
-    rows = [(gid, m_wide[gid], sec * m / m_wide[gid]) for gid, m, sec in entries]
+    rows = [
+      (
+        j.id,
+        m_wide[j.id],
+        sec * m / m_wide[j.id] + j.updates * comm_model.all_reduce_s(j, m_wide[j.id]),
+      )
+      for j, m, sec in entries
+    ]
     sched = placement.simulate(rows, n, wide)
     layouts.append(
       {
@@ -403,8 +439,10 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
     "headroom": memory.HEADROOM,
     "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
-    "FLOPs and bytes from the compiled program (update_cost); evaluation, checkpoints, "
-    "start-up and communication not counted",
+    "FLOPs and bytes from the compiled program (update_cost), + the gradient all-reduce over "
+    "a data axis on the chip's network ("
+    + (target.network.describe() if target.network else "no published figure: not priced")
+    + "); evaluation, checkpoints and start-up not counted",
   }
 
 
@@ -432,7 +470,7 @@ def format_plan(p: dict) -> str:
   )
   lines.append(
     "  group     B     C  E  dev  mesh   k  chunk remat   memory/device       fits  "
-    "TFLOP/upd  roofline/upd  roofline"
+    "TFLOP/upd  roofline/upd  all-reduce/upd      time"
   )
   for g in p["groups"]:
     mem = g["memory"]
@@ -442,9 +480,12 @@ def format_plan(p: dict) -> str:
       f"{g['vmap_chunk']:>5} {g['remat']:<6} {gib(mem['per_device_bytes']):>9} / "
       f"{gib(mem['capacity_bytes']):<9} {'yes' if mem['fits'] else 'NO':<4} "
       f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms  "
-      f"{duration(g['roofline_s'])}"
+      f"{g['all_reduce_s'] * 1e3:>11.2f} ms  {duration(g['seconds']):>8}"
     )
-  lines.append("layouts (wider workers: times scaled by devices, memory no larger):")
+  lines.append(
+    "layouts (wider workers: compute scaled by devices, all-reduces on the wider mesh, memory "
+    "no larger):"
+  )
   for lay in p["layouts"]:
     mark = "  <- best" if lay["devices_per_worker"] == p["devices_per_worker"] else ""
     lines.append(

@@ -25,34 +25,176 @@ from typing import Callable
 
 from ihsweep import sharding
 
+GRAD_BYTES = 4  # per parameter: gradients are float32 (parameters are kept in float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """The interconnect a plan prices a data axis's gradient all-reduce on, per device and each
+  way: ``intra_host_bytes_per_s`` among one host's devices, ``inter_host_bytes_per_s`` when the
+  data axis spans hosts; ``latency_s`` per ring step; ``phase_switch_s``: what each phase after
+  the first costs before its training starts (every process waits at a barrier, forms its new
+  team and compiles its first group's programs, which no earlier training hides: an assumed
+  figure, not a measured one). ``source``: where the bandwidths come from."""
+
+  name: str
+  intra_host_bytes_per_s: float
+  inter_host_bytes_per_s: float
+  source: str
+  latency_s: float = 10e-6
+  phase_switch_s: float = 60.0
+
+  def all_reduce_s(self, n_bytes: float, n: int, across_hosts: bool) -> float:
+    """Seconds of a ring all-reduce of ``n_bytes`` (per device) over ``n`` devices: each
+    sends and receives 2 (n − 1) / n of them over its slowest link, in 2 (n − 1) steps
+    (Patarasuk & Yuan 2009, the bandwidth-optimal ring; NCCL's ring is this algorithm)."""
+    if n <= 1:
+      return 0.0
+    bw = self.inter_host_bytes_per_s if across_hosts else self.intra_host_bytes_per_s
+    return 2 * (n - 1) / n * n_bytes / bw + 2 * (n - 1) * self.latency_s
+
+  def describe(self) -> str:
+    return (
+      f"{self.name}: {self.intra_host_bytes_per_s / 1e9:g} GB/s per device each way within a "
+      f"host, {self.inter_host_bytes_per_s / 1e9:g} GB/s across hosts ({self.source}); "
+      f"{self.latency_s * 1e6:g} µs per ring step; {self.phase_switch_s:g} s per phase switch "
+      f"(assumed)"
+    )
+
+
+# Published interconnect bandwidths (per device, each way: half the bidirectional figure).
+NETWORKS = {
+  "none": None,
+  "h100": Network(
+    "h100",
+    450e9,
+    50e9,
+    "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional per GPU; across hosts one 400 Gb/s "
+    "InfiniBand NDR port per GPU",
+  ),
+  "v5e": Network(
+    "v5e",
+    200e9,
+    200e9,
+    "Cloud TPU v5e: ICI 400 GB/s bidirectional per chip, across the hosts of a slice too",
+  ),
+  "v5p": Network(
+    "v5p",
+    600e9,
+    600e9,
+    "Cloud TPU v5p: ICI 1,200 GB/s bidirectional per chip, across the hosts of a slice too",
+  ),
+}
+
 
 class FlopsModel:
-  """t = cost / (m · F): ``flops_per_s`` F sustained per device, perfect data-parallel scaling
-  inside a worker, no start-up, no communication."""
+  """t = (cost + evaluation FLOPs) / (m · F) + updates · all-reduce: ``flops_per_s`` F
+  sustained per device, perfect data-parallel scaling of the compute inside a worker (the
+  evaluations: ``eval_s``), no start-up; with a ``network``, each
+  update of a group whose mesh has a data axis of n > 1 devices also all-reduces its gradient
+  (the models of one device: E / ensemble axis × parameters × 4 bytes) over them
+  (``Network.all_reduce_s``; across hosts when n exceeds ``devices_per_host``, as the data axis
+  is the mesh's inner one), not overlapped with compute; and each phase switch costs
+  ``network.phase_switch_s``. Without one: no communication (relative FLOPs, or the old model)."""
 
-  def __init__(self, flops_per_s: float):
+  def __init__(self, flops_per_s: float, network: Network | None = None, devices_per_host: int = 8):
     self.flops_per_s = float(flops_per_s)
+    self.network, self.devices_per_host = network, int(devices_per_host)
+    self.phase_switch_s = network.phase_switch_s if network else 0.0
 
   def cannot_time(self, n_devices: int) -> str | None:
     return None
 
+  def all_reduce_s(self, job, devices: int) -> float:
+    """One update's gradient all-reduce on ``devices`` devices (0 without a data axis)."""
+    if self.network is None:
+      return 0.0
+    n_ens, n_data = sharding.mesh_shape(job.n_models, job.batch_size, devices)
+    grad_bytes = job.n_models // n_ens * job.n_params * GRAD_BYTES
+    return self.network.all_reduce_s(grad_bytes, n_data, n_data > self.devices_per_host)
+
   def seconds(self, job, devices: int) -> dict:
     train_s = job.cost_flops / (devices * self.flops_per_s)
-    return {"total_s": train_s, "startup_s": 0.0, "train_s": train_s}
+    comm_s = job.updates * self.all_reduce_s(job, devices)
+    eval_s = self.eval_s(job, devices)
+    return {
+      "total_s": train_s + comm_s + eval_s,
+      "startup_s": 0.0,
+      "train_s": train_s,
+      "comm_s": comm_s,
+      "eval_s": eval_s,
+    }
+
+  def eval_s(self, job, devices: int) -> float:
+    """The group's online evaluations on ``devices``: the probes and the sequences each split
+    over the mesh's data axis when it divides their count (``evaluation.Evaluator``), else
+    repeated on each of its devices (the ensemble axis splits the models either way)."""
+    parts = getattr(job, "eval_parts", ())
+    if not parts:
+      return 0.0
+    n_ens, n_data = sharding.mesh_shape(job.n_models, job.batch_size, devices)
+    return sum(
+      flops / (n_ens * (n_data if items % n_data == 0 else 1) * self.flops_per_s)
+      for flops, items in parts
+    )
 
   def describe(self) -> str:
+    if self.network is None:
+      return (
+        f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices "
+        f"takes (cost + its evaluations' forward FLOPs) / (m · F): perfect data-parallel "
+        f"scaling inside a worker, no start-up (compilation), no communication "
+        f"(--network=none)"
+      )
     return (
-      f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices "
-      f"takes cost / (m · F): perfect data-parallel scaling inside a worker, no start-up "
-      f"(compilation), no communication"
+      f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices takes "
+      f"(cost + its evaluations' forward FLOPs) / (m · F) + updates × its gradient all-reduce "
+      f"over the mesh's data axis (a ring, float32 gradients, not overlapped with compute; "
+      f"across hosts when the axis spans more than {self.devices_per_host} devices) on "
+      f"--network={self.network.describe()}; no start-up (compilation) but the phase switches"
     )
 
   def to_json(self) -> dict:
-    return {
+    out = {
       "model": "flops",
       "flops_per_s": self.flops_per_s,
-      "assumes": "perfect data-parallel scaling inside a worker; no start-up; no communication",
+      "assumes": "perfect data-parallel scaling inside a worker; no start-up; "
+      + ("no communication" if self.network is None else "communication: the network below"),
     }
+    if self.network is not None:
+      out["network"] = {
+        **dataclasses.asdict(self.network),
+        "devices_per_host": self.devices_per_host,
+      }
+    return out
+
+
+# Chips whose FLOP/s and network a jax.distributed job prices its phases with, by the words in
+# JAX's device_kind: (peak dense bf16 FLOP/s per device, network). An H200 has the H100's NVLink 4.
+_RUNTIME_CHIPS = (
+  ("H100", 989e12, "h100"),
+  ("H200", 989e12, "h100"),
+  ("v5 lite", 197e12, "v5e"),
+  ("v5e", 197e12, "v5e"),
+  ("v5p", 459e12, "v5p"),
+)
+RUNTIME_MFU = 0.4  # the sustained share of peak the runtime assumes (ihsweep plan's example)
+
+
+def runtime_model(devices) -> FlopsModel:
+  """The model a jax.distributed job chooses its phases with (``placement.plan_phases``; every
+  process computes it from the same devices, so all agree): on a chip named in
+  ``_RUNTIME_CHIPS`` (by ``device_kind``), ``RUNTIME_MFU`` of its peak and its ``NETWORKS``
+  entry, with this process's devices as a host's (what ``ihsweep plan --flops_per_s=F
+  --network=NAME --devices_per_host=H`` prices); elsewhere (CPUs, other chips) relative FLOPs,
+  no communication priced (``FlopsModel(1.0)``)."""
+  devices = list(devices)
+  kind = getattr(devices[0], "device_kind", "") if devices else ""
+  for words, peak, net in _RUNTIME_CHIPS:
+    if devices[0].platform != "cpu" and words.lower() in kind.lower():
+      per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
+      return FlopsModel(RUNTIME_MFU * peak, NETWORKS[net], per_host)
+  return FlopsModel(1.0)
 
 
 @dataclasses.dataclass
@@ -243,6 +385,7 @@ class MeasuredModel:
     self.measured: dict[tuple[str, int], Measured] = {}
     self.measure_s = 0.0  # wall seconds spent measuring
     self.cpu_s = 0.0  # this process's CPU seconds meanwhile
+    self.phase_switch_s = 0.0  # measured times are one process's: no teams, no switches
 
   @property
   def hides_compile(self) -> bool:

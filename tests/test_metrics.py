@@ -425,3 +425,62 @@ def test_law_predicts_the_study_numbers(tmp_path):
     Law.from_json(str(f))
   with pytest.raises(LawError, match="context_size"):
     law.updates(8, -1)
+
+
+def test_evaluation_split_over_the_data_axis_equals_one_device():
+  """E = 2 models on a 2 × 2 mesh (4 CPU devices): each data-axis device evaluates half the
+  probes and half the sequences, the probe means are averaged and the sequence sums added over
+  the axis (``make_eval_fn(mesh=...)``); the metrics equal the unsplit evaluation's. The only
+  float32 difference is the order of the additions over 20 items (relative ~20 · 6e-8), so
+  rtol 2e-5, as for vmapped against one by one; the counts and argmaxes are exact."""
+  from ihsweep import sharding
+
+  cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=V, max_context=C)
+  params = [
+    Transformer(cfg).init(jax.random.PRNGKey(s), jnp.zeros((1, C), jnp.int32))["params"]
+    for s in (1, 2)
+  ]
+  stacked = jax.tree_util.tree_map(lambda *x: jnp.stack(x), *params)
+  reps = jnp.asarray(_probes())
+  seqs = (
+    jnp.stack([jnp.concatenate([reps, reps[:, :1]], axis=1)] * 2)
+    .at[1]
+    .set(jnp.concatenate([jnp.roll(reps, 3, 0), reps[:, :1]], axis=1))
+  )
+  recall = jnp.asarray(np.stack([probes.recall_positions(np.asarray(s)) for s in seqs]))
+  common = dict(block_len=L, icl_early=3, icl_late=2 * L - 1, probe_batch=5, sequence_batch=5)
+  whole = metrics.make_eval_fn(cfg, **common)(stacked, reps, seqs, recall)
+  mesh = sharding.make_mesh(2, 4, jax.devices()[:4])
+  assert dict(mesh.shape) == {"ensemble": 2, "data": 2}
+  for probes_too, sequences_too in ((True, True), (True, False), (False, True)):
+    split = metrics.make_eval_fn(
+      cfg,
+      mesh=mesh,
+      out_sharding=sharding.ensemble_sharding(mesh),
+      split_probes=probes_too,
+      split_sequences=sequences_too,
+      **common,
+    )(stacked, reps, seqs, recall)
+    assert split["ps"].sharding == sharding.ensemble_sharding(mesh)
+    for key in ("ps", "la", "dla", "ar_acc", "ar_rank", "val_loss", "icl_score", "ar_data_acc"):
+      np.testing.assert_allclose(split[key], whole[key], rtol=2e-5, atol=1e-6, err_msg=key)
+    for key in ("ar_data_n", "ps_argmax", "la_argmax", "dla_argmax"):
+      np.testing.assert_array_equal(split[key], whole[key], err_msg=key)
+
+
+def test_evaluation_micro_batches_follow_the_device_memory(monkeypatch):
+  """An eighth of the usable memory for one micro-batch's float32 logits: at study scale (C
+  1024, V 50,257) on a v5e core (15.75 GiB) 8 of 32 held-out sequences at once (the old fixed
+  16 MiB: one); 16 MiB where the memory is unknown (a CPU)."""
+  from ihsweep import evaluation, memory, sharding
+
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
+  monkeypatch.delenv(memory.CAPACITY_ENV, raising=False)
+  assert evaluation.eval_budget_bytes(mesh) == 16 << 20  # CPU: no bytes_limit
+  v5e = int(15.75 * (1 << 30))
+  budget = evaluation.eval_budget_bytes(mesh, v5e)
+  assert budget == int(v5e * 0.9 / 8)
+  assert metrics.microbatch(32, 1024, 50_257, budget) == 8
+  assert metrics.microbatch(32, 1024, 50_257) == 1
+  monkeypatch.setenv(memory.CAPACITY_ENV, str(1 << 30))
+  assert evaluation.eval_budget_bytes(mesh) == int((1 << 30) * 0.9 / 8)
