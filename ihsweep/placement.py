@@ -1088,6 +1088,7 @@ def format_text(p: Prediction) -> str:
     else f"not predicted: {g.unpredicted}"
     if g.unpredicted
     else f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}"
+    + _comm_text(p, g.slots)
   )
   shape = ", then ".join(_layout_name(ph.devices_per_worker, ph.n_workers, d) for ph in phases)
   best = p.layout
