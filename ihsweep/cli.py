@@ -557,6 +557,11 @@ def _plan_flags() -> str | None:
     )
   if h is not None and h < 1:
     return f"--devices_per_host={h} is not allowed: an integer >= 1"
+  if h is not None and n > h and n % h:
+    return (
+      f"--devices_per_host={h} is not allowed with --devices={n}: a divisor of it (every host "
+      f"holds as many devices), or at least N (one host)"
+    )
   if d is not None:
     divisors = [k for k in range(1, n + 1) if n % k == 0]
     if d < 1 or n % d:

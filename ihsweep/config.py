@@ -347,6 +347,13 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   _int(cfg, "data", "split_seed", 0)
   _int(cfg, "data", "sample_seed", 0)
   _int(cfg, "data", "max_documents", 0, hint=" (0 = all)")
+  if cfg.data.sample_seed and not cfg.data.max_documents:
+    raise ConfigError(
+      "data.sample_seed",
+      cfg.data.sample_seed,
+      "0 while data.max_documents = 0 (every document is kept: the seed chooses nothing, and "
+      "a sweep over it would train copies)",
+    )
   for name in (
     "corpus",
     "files",

@@ -414,6 +414,7 @@ def make_eval_fn(
     n_sequences = sequences_ExSxCp1.shape[1] * (d if split_sequences else 1)
     return jax.vmap(lambda p, s: finish_evaluation(p, s, n_sequences, icl_early, icl_late))(p, s)
 
+  shard.__name__ = shard.__qualname__ = "evaluate"  # one name for the program, split or not
   seq_spec = P("ensemble", "data") if split_sequences else P("ensemble")
   fn = jax.shard_map(
     shard,

@@ -234,9 +234,11 @@ def global_schedule(jobs, model, n_devices: int) -> Schedule:
 
 
 def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:
-  """Devices per worker to try: the divisors of N up to one host's devices (a worker is one
-  process)."""
-  return [d for d in range(1, min(n_devices, devices_per_host) + 1) if n_devices % d == 0]
+  """Devices per worker to try: the divisors of N that also divide one host's devices (a worker
+  is one process, and a host holds a whole number of workers; N below a host's devices: the
+  divisors of N)."""
+  host = min(n_devices, devices_per_host)
+  return [d for d in range(1, host + 1) if n_devices % d == 0 and host % d == 0]
 
 
 def choose_layout(schedules: list[Schedule]) -> Schedule:
@@ -835,7 +837,7 @@ class Prediction:
         }
         for s in self.layouts
       ],
-      "global": self.global_.to_json(),
+      "global": {**self.global_.to_json(), **self.communication(self.global_.slots)},
     }
 
 
@@ -878,7 +880,7 @@ def predict(
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   if flops_per_s is not None:
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
-    model = timing.FlopsModel(flops_per_s, network, host)
+    model = timing.FlopsModel(flops_per_s, network, processes_of(n_devices, host)[1])
   else:
     import jax
 
@@ -897,15 +899,15 @@ def predict(
       and not fixed % per_process
       and not n_processes % (fixed // per_process)
     )
-    if not multiple and (n_devices % fixed or fixed > host):
+    if not multiple and (n_devices % fixed or fixed > host or per_process % fixed):
       more = (
         f", or a multiple of a process's {per_process} dividing N (workers of several processes)"
         if devices_per_worker
         else ""
       )
       raise LayoutError(
-        f"{fixed} devices per worker ({source}): need a divisor of N = "
-        f"{n_devices} of at most {host} (one host's devices){more}"
+        f"{fixed} devices per worker ({source}): need a divisor of a process's "
+        f"{per_process} devices (a host holds whole workers; N = {n_devices}){more}"
       )
     sizes = [fixed]
     if multiple:
@@ -1121,26 +1123,36 @@ def _comm_text(p: Prediction, slots) -> str:
 
 def _why_best(p: Prediction) -> str:
   """Why the best one-phase layout beats the phases (which a jax.distributed job of these
-  processes would run), and how to run it; '' when it does not, or without communication."""
+  processes would run), and how to run it; '' when it does not."""
   best, phased = p.layout, p.phased
-  if getattr(p.model, "network", None) is None or best.makespan_s is None:
+  if best.makespan_s is None or best.makespan_s >= phased.makespan_s * (1 - PHASE_TIE):
     return ""
-  if best.makespan_s >= phased.makespan_s * (1 - PHASE_TIE):
-    return ""
+  d, per_process = best.devices_per_worker, p.devices_per_process
   ours, theirs = p.communication(best.slots), p.communication(phased.slots)
-  d = best.devices_per_worker
+  reasons = []
+  if theirs["comm_share"] > ours["comm_share"] + 0.01:
+    reasons.append(
+      f"in the phases {theirs['groups_with_data_axis']} of {len(p.jobs)} groups split each "
+      f"model's batch over a data axis and all-reduce its gradient every update "
+      f"({_percent(theirs['comm_share'])} of their device-time), here "
+      f"{ours['groups_with_data_axis']} do ({_percent(ours['comm_share'])})"
+    )
+  if (best.utilisation or 0) > phased.utilisation + 0.01:
+    reasons.append(
+      f"its devices are busy {_percent(best.utilisation)} of the time, the phases' "
+      f"{_percent(phased.utilisation)} (workers of whole processes leave devices idle beside "
+      f"groups that cannot use them all, or wait for the last groups)"
+    )
   how = (
     f"run it as {best.n_workers} independent worker(s), one process per {d} device(s) not "
     f"joined by jax.distributed (launch/slurm_array.sbatch, launch/local_multiprocess.sh "
     f"--independent)"
-    if d <= p.devices_per_process
-    else f"run it with sweep.processes_per_worker={d // p.devices_per_process}"
+    if d <= per_process
+    else f"run it with sweep.processes_per_worker={d // per_process}"
   )
   return (
-    f"faster: {_layout_name(d, best.n_workers, p.devices_per_process)} "
-    f"({phased.makespan_s / best.makespan_s:.1f}× the phases' speed): in the phases "
-    f"{theirs['groups_with_data_axis']} of {len(p.jobs)} groups split each model's batch over a "
-    f"data axis and all-reduce its gradient every update ({_percent(theirs['comm_share'])} of "
-    f"their device-time), here {ours['groups_with_data_axis']} do "
-    f"({_percent(ours['comm_share'])}); {how}"
+    f"faster: {_layout_name(d, best.n_workers, per_process)} "
+    f"({phased.makespan_s / best.makespan_s:.1f}× the phases' speed): "
+    + "; ".join(reasons or ["a better balance of the groups over the workers"])
+    + f"; {how}"
   )

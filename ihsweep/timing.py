@@ -93,9 +93,10 @@ class FlopsModel:
   evaluations: ``eval_s``), no start-up; with a ``network``, each
   update of a group whose mesh has a data axis of n > 1 devices also all-reduces its gradient
   (the models of one device: E / ensemble axis × parameters × 4 bytes) over them
-  (``Network.all_reduce_s``; across hosts when n exceeds ``devices_per_host``, as the data axis
-  is the mesh's inner one), not overlapped with compute; and each phase switch costs
-  ``network.phase_switch_s``. Without one: no communication (relative FLOPs, or the old model)."""
+  (``Network.all_reduce_s``; the data axis is the mesh's inner one, so a ring stays inside a
+  host when n divides ``devices_per_host``, else it crosses hosts), not overlapped with compute;
+  and each phase switch costs ``network.phase_switch_s``. Without one: no communication
+  (relative FLOPs, or the model before communication was priced)."""
 
   def __init__(self, flops_per_s: float, network: Network | None = None, devices_per_host: int = 8):
     self.flops_per_s = float(flops_per_s)
@@ -111,7 +112,11 @@ class FlopsModel:
       return 0.0
     n_ens, n_data = sharding.mesh_shape(job.n_models, job.batch_size, devices)
     grad_bytes = job.n_models // n_ens * job.n_params * GRAD_BYTES
-    return self.network.all_reduce_s(grad_bytes, n_data, n_data > self.devices_per_host)
+    # The data axis is the mesh's inner one: each ring is n_data consecutive devices, inside a
+    # host only if it is no longer than a host and a host holds whole rings.
+    h = self.devices_per_host
+    across = n_data > h or h % n_data != 0
+    return self.network.all_reduce_s(grad_bytes, n_data, across)
 
   def seconds(self, job, devices: int) -> dict:
     train_s = job.cost_flops / (devices * self.flops_per_s)
@@ -150,7 +155,7 @@ class FlopsModel:
       f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices takes "
       f"(cost + its evaluations' forward FLOPs) / (m · F) + updates × its gradient all-reduce "
       f"over the mesh's data axis (a ring, float32 gradients, not overlapped with compute; "
-      f"across hosts when the axis spans more than {self.devices_per_host} devices) on "
+      f"across hosts unless the axis divides a host's {self.devices_per_host} devices) on "
       f"--network={self.network.describe()}; no start-up (compilation) but the phase switches"
     )
 
@@ -161,6 +166,7 @@ class FlopsModel:
       "assumes": "perfect data-parallel scaling inside a worker; no start-up; "
       + ("no communication" if self.network is None else "communication: the network below"),
     }
+    out["network"] = None
     if self.network is not None:
       out["network"] = {
         **dataclasses.asdict(self.network),

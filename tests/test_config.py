@@ -65,6 +65,11 @@ def _assert_refused(cfg, tmp_path, field, words):
       ["data.sample_seed = -1"],
     ),
     (
+      {"data.source": "natural", "data.files": "x.txt", "data.sample_seed": 3},
+      "data.sample_seed",
+      ["0 while data.max_documents = 0"],
+    ),
+    (
       {"checkpoint.law_file": "/nonexistent/law.json"},
       "checkpoint.law_file",
       ["cannot read a JSON law"],

@@ -120,6 +120,7 @@ def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
   assert placement.candidate_layouts(8, 8) == [1, 2, 4, 8]
   assert placement.candidate_layouts(64, 8) == [1, 2, 4, 8]
   assert placement.candidate_layouts(6, 8) == [1, 2, 3, 6]
+  assert placement.candidate_layouts(24, 8) == [1, 2, 4, 8]  # 3 GPUs: 2 workers per host, not 8/3
   model = timing.FlopsModel(1.0)
   # 4 equal groups of E = 2, B = 8 on 4 devices: every layout takes the same time
   jobs = [job(f"g{i}", updates=12) for i in range(4)]
@@ -600,6 +601,10 @@ def test_plan_text_says_what_it_assumes(capsys):
     ([], "plan needs --config=FILE and --devices=N"),
     (["--devices=8", "--network=v5e"], "--network=v5e is not allowed without --flops_per_s"),
     (
+      ["--devices=64", "--flops_per_s=1e12", "--devices_per_host=6"],
+      "--devices_per_host=6 is not allowed with --devices=64: a divisor of it",
+    ),
+    (
       ["--devices=8", "--flops_per_s=1e12", "--network=ib"],
       "--network=ib is not allowed: one of none, h100, v5e, v5p",
     ),
@@ -637,6 +642,11 @@ def test_flops_model_prices_the_data_axis_all_reduce():
   ring_16 = 2 * 15 / 16 * 4e6 / 50e9 + 30 * net.latency_s  # 1 × 16 spans two hosts of 8
   assert model.seconds(wide, 16)["comm_s"] == pytest.approx(10 * ring_16)
   assert timing.FlopsModel(1e14).seconds(job, 8)["comm_s"] == 0.0  # no network: not priced
+  # rings of 4 on hosts of 6: devices 4–7 span two hosts, so every ring is priced across
+  three = placement.Job("g2", 3, 4, 64, updates=10, flops_per_update=1e12, n_params=10**6)
+  ring_4x = 2 * 3 / 4 * 4e6 / 50e9 + 6 * net.latency_s
+  on_6 = timing.FlopsModel(1e14, net, devices_per_host=6)
+  assert on_6.seconds(three, 12)["comm_s"] == pytest.approx(10 * ring_4x)
 
 
 def test_phase_switches_are_priced():
@@ -693,3 +703,18 @@ def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(cap
   )
   assert "--network=h100: 450 GB/s per device each way within a host, 50 GB/s across" in out
   assert "faster: 32 × 2" in out and "all-reduce its gradient every update" in out
+
+
+def test_a_faster_layout_is_explained_without_communication_too(capsys):
+  """On 3 devices (one process of 3) every E = 2 group uses 2 of them in the phases; 3 workers
+  of 1 keep all 3 busy: the plan says so, with no network priced."""
+  code, out, err = _plan(
+    capsys,
+    "--config=configs/exp1_natural.py",
+    "--devices=3",
+    "--flops_per_s=4e14",
+    "--network=none",
+  )
+  assert code == 0, err
+  [line] = [x for x in out.splitlines() if x.startswith("faster: ")]
+  assert line.startswith("faster: 3 × 1 ") and "busy" in line and "all-reduce" not in line

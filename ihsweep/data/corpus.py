@@ -227,6 +227,7 @@ def prepare_corpus(
     except (OSError, ValueError, EOFError, KeyError):
       pass  # damaged, or being replaced: decided under the lock
   with _build_lock(path):
+    remove_stale_temp_dirs(cache_root)  # a builder that died while this process waited
     if os.path.isfile(os.path.join(path, "meta.json")):  # built while this process waited
       try:
         return _load_cache(path, vocab_size, hit=True)
@@ -247,10 +248,19 @@ def _build_lock(path: str):
 
   lock = filelock.FileLock(path + ".lock")
   try:
-    lock.acquire(timeout=0)
-  except filelock.Timeout:
-    log.info("waiting for another process to finish tokenizing into %s", path)
-    lock.acquire()
+    try:
+      lock.acquire(timeout=0)
+    except filelock.Timeout:
+      log.info(
+        "waiting for another process to finish tokenizing into %s (it holds %s.lock)", path, path
+      )
+      lock.acquire()
+  except OSError as e:  # e.g. a directory where the lock file goes
+    raise CorpusError(
+      f"cannot lock {path}.lock to build the corpus cache ({e.strerror or e}); remove it or set "
+      f"config.data.cache_dir elsewhere",
+      "data.cache_dir",
+    ) from None
   try:
     yield
   finally:
