@@ -542,8 +542,8 @@ def _law_words(fit) -> str:
 
 
 def _law_table(fit) -> pd.DataFrame:
-  """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, and
-  the study's values."""
+  """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, the
+  study's published values (its r on its own cells), and the study's law's r on these cells."""
   law, ci = fit.to_dict(), fit.ci
   eo = law.get("emerged_only") or None
   names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
@@ -559,7 +559,9 @@ def _law_table(fit) -> pd.DataFrame:
     }
     if eo is not None:
       row["emerged_only"] = eo.get(k, math.nan)
-    row["study"] = math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
+    row["study (published)"] = (
+      math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
+    )
     rows.append(row)
   r = law.get("r")
   row = {
@@ -570,8 +572,17 @@ def _law_table(fit) -> pd.DataFrame:
   }
   if eo is not None:
     row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
-  row["study"] = scaling.STUDY["r"]
+  row["study (published)"] = scaling.STUDY["r"]  # on the study's own cells
   rows.append(row)
+  if law.get("study_r") is not None:  # the study's law on these cells
+    rows.append(
+      {
+        "coefficient": "r of the study's law on these cells",
+        "estimate": law["study_r"],
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+      }
+    )
   return pd.DataFrame(rows)
 
 

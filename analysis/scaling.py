@@ -121,6 +121,15 @@ class LawFit:
   n_grid_points: int = 0
   emerged_only: "LawFit | None" = None
 
+  def _by(self) -> tuple:
+    """``(B, C, ln observed UPT)`` of the emerged cells (``residuals``), as ``_score`` takes."""
+    res = self.residuals
+    return (
+      res["batch_size"].to_numpy(float),
+      res["context_size"].to_numpy(float),
+      np.log(res["observed_updates"].to_numpy(float)),
+    )
+
   @property
   def T(self) -> float:
     return math.exp(self.log_T)
@@ -177,7 +186,8 @@ class LawFit:
     """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
     ``ihsweep.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when withheld,
     with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
-    ``ci_note``), n_boot, units, form,
+    ``ci_note``), study_r (the study's published law's r on the same emerged cells, with r),
+    n_boot, units, form,
     range, n_grid_points, fixed (if any), cov (``{"names": [...], "matrix": [[...]], "t_dof":
     G − 1}``, with a bootstrap) and, for the main fit, ``emerged_only``: this dict for the
     least-squares fit (always there: the MLE needs what least squares needs — emerged cells
@@ -193,6 +203,9 @@ class LawFit:
     }
     if self.r_note:
       out["r_note"] = self.r_note
+    if out["r"] is not None:  # the study's published law scored on the same emerged cells
+      study_r = _score("study", STUDY["log_T"], STUDY["alpha"], STUDY["beta"], *self._by(), 0)["r"]
+      out["study_r"] = None if math.isnan(study_r) else study_r
     if self.ci_note:
       out["ci_note"] = self.ci_note
     if self.gamma is not None:

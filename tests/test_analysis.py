@@ -527,6 +527,7 @@ def test_cli_prints_the_fitted_law_beside_the_study():
     "alpha": 0.842,
     "beta": -0.074,
     "r": 0.943,
+    "study_r": 0.431,
     "n": 18,
     "n_censored": 2,
     "ci": {"log_T": [8.95, 10.31], "alpha": [0.681, 0.982], "beta": [-0.218, 0.086]},
@@ -550,7 +551,11 @@ def test_cli_prints_the_fitted_law_beside_the_study():
     "(+2",
     "censored)",
   ]
-  assert study.split() == ["study", "13.26", "0.37", "0.62", "0.98"]
+  # the r column is r on these cells for every row: the study's law scores 0.43 here; its
+  # published 0.98 (on the study's own cells) is labelled as such
+  assert study.split() == (
+    "study (published) 13.26 0.37 0.62 0.43 (published r 0.98 on the study's cells)".split()
+  )
   no_ci = _law_lines({**law, "ci": {}, "n_censored": 0}, "out").splitlines()[2]
   assert "[" not in no_ci and no_ci.split()[-1] == "18"
 

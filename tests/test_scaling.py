@@ -189,7 +189,7 @@ def test_json_keys_and_prediction_intervals():
     "units",
     "form",
   }
-  new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points"}
+  new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points", "study_r"}
   assert set(law) == old | new | {"emerged_only"}
   assert set(law["emerged_only"]) == old | new
   assert law["method"] == "censored log-normal MLE" and law["emerged_only"]["method"] == scaling.LSQ
@@ -347,7 +347,7 @@ def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, cap
   assert mle[-3:] == ["72", f"({law['n_censored']}", "censored)"]
   assert only[:2] == ["emerged", "only"] and only[2] == f"{law['emerged_only']['log_T']:.2f}"
   assert only[-4:] == [str(law["n_emerged"]), f"(+{law['n_censored']}", "left", "out)"]
-  assert study[0] == "study" and study[1] == "13.26"
+  assert study[:3] == ["study", "(published)", "13.26"]
   assert f"{law['n_censored']} of 72 cells censored" in lines[5]
   assert lines[6].startswith(f"sigma = {law['sigma']:.3f}")
   few = tmp_path / "few.csv"
@@ -357,3 +357,26 @@ def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, cap
   assert json.loads(out)["r"] is None
   assert "r not reported: 2 residual degree(s) of freedom (fewer than 3)" in err
   assert err.splitlines()[2].split()[-2:] == ["-", "5"]  # no r in the table
+
+
+def test_study_r_scores_the_published_law_on_these_cells():
+  """law.json's study_r: the study's published law (ln T 13.26, α 0.37, β 0.62) scored on the
+  fit's emerged cells — about 1 on cells that follow it (1% scatter: an exact law leaves the
+  fit's sigma at 0), compare()'s 'study v2' r on any, and not the published 0.98 (which is on
+  the study's own cells)."""
+  b, c = np.meshgrid([8.0, 16, 32, 64], [64.0, 128, 256, 512])
+  b, c = b.ravel(), c.ravel()
+  rng = np.random.default_rng(0)
+  study = np.exp(scaling.STUDY["log_T"] - 0.37 * np.log(b) - 0.62 * np.log(c))
+  close = study * np.exp(rng.normal(0, 0.01, b.size))
+  noisy = study * np.exp(rng.normal(0, 0.3, b.size)) * (b / 8) ** 0.3  # a different law
+  for steps, want in ((close, 1.0), (noisy, None)):
+    pts = pd.DataFrame({"batch_size": b, "context_size": c, "emergence_step": steps})
+    fit = scaling.fit_law(pts, n_boot=0)
+    law = fit.to_dict()
+    row = scaling.compare(fit).set_index("law").loc["study v2 (published)"]
+    assert law["study_r"] == pytest.approx(row["r"], abs=1e-12)
+    if want is not None:
+      assert law["study_r"] == pytest.approx(want, abs=2e-3)
+    else:
+      assert law["study_r"] < 0.95
