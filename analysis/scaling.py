@@ -775,8 +775,7 @@ def compare(fit: LawFit) -> pd.DataFrame:
   (α = β = 0.5, only T fitted: N_PT = T·sqrt(B·C) tokens ⇔ UPT = T / sqrt(B·C)); 'v1 as
   published' (T = 10^5.7 tokens)."""
   res = fit.residuals
-  b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)
-  y = np.log(res["observed_updates"].to_numpy(float))
+  b, c, y = fit._by()
   rows = []
   if fit.gamma is None:
     rows.append(_score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y, 3 - len(fit.fixed)))

@@ -880,14 +880,15 @@ def predict(
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   if flops_per_s is not None:
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
-    model = timing.FlopsModel(flops_per_s, network, processes_of(n_devices, host)[1])
+    n_processes, per_process = processes_of(n_devices, host)
+    model = timing.FlopsModel(flops_per_s, network, per_process)
   else:
     import jax
 
     local = jax.local_devices()
     model = timing.MeasuredModel(jobs, local, log=log)
     host = len(local)
-  n_processes, per_process = processes_of(n_devices, host)
+    n_processes, per_process = processes_of(n_devices, host)
   configured = int(cfg.mesh.num_devices)
   teams = int(cfg.sweep.get("processes_per_worker", 0) or 0) if "sweep" in cfg else 0
   fixed = devices_per_worker or configured

@@ -324,7 +324,12 @@ class DocumentSource:
     return sum(1 for _ in self._file_documents())
 
   def kept(self) -> np.ndarray | None:
-    """``sample_indices`` of this corpus (None: every document; nothing is counted then)."""
+    """``sample_indices`` of this corpus (None: every document; nothing is counted then),
+    drawn once: a build reads the documents several times (split count, BPE, each split)."""
+    return self._kept
+
+  @functools.cached_property
+  def _kept(self) -> np.ndarray | None:
     if not self.data_cfg.max_documents:
       return None
     return sample_indices(self.n_available, self.data_cfg.max_documents, self.data_cfg.sample_seed)
