@@ -1,11 +1,12 @@
 """Figures (matplotlib, Agg backend), each written as PNG (for the report) and PDF (for papers).
 
 * ``plot_curves``: one panel per grid point, a metric against updates on a log axis from the
-  first non-zero checkpoint to the last (update 0 cannot be shown on it), the same x range in
+  last checkpoint before any curve departs from its start (``curve_start``; never before the
+  first non-zero checkpoint: update 0 cannot be shown on it) to the last, the same x range in
   every panel, seeds as lines, emergence points marked (dots; censored curves end in an x);
 * ``plot_law``: observed vs predicted UPT on log-log axes for the fitted and the study's laws,
-  and UPT against B per C with the fitted law's lines and its 95% band (``law_band``), B ticks
-  at the grid's values;
+  and UPT against B, one panel per C (a shared y axis), with the fitted law's line and its 95%
+  band (``law_band``), B ticks at the grid's values;
 * ``plot_emergence_heatmap``: the B × C grid coloured by the median emergence update over seeds
   (``seed_median``), censored grid points hatched and labelled '> s';
 * ``plot_emergence_map``: the frequency × reliability heat map of emergence rates with the
@@ -127,6 +128,42 @@ def _panel_title(key, names) -> str:
   return textwrap.fill(", ".join(parts), width=48)
 
 
+# A curve has started to change once it departs from its first value by more than this share of
+# the metric's range over all the curves drawn (so a flat, noisy curve does not count).
+CHANGE_FRACTION = 0.05
+
+
+def curve_start(curves: pd.DataFrame, metric: str, fraction: float = CHANGE_FRACTION) -> float:
+  """Where a curve figure's log x axis starts (updates): the last checkpoint before the first
+  one at which any curve (one per ``run``, ``cell``) departs from its first value (update 0's,
+  where logged) by more than ``fraction`` of the metric's range over all of ``curves``, so the
+  flat stretch before anything changes is not drawn; never before the first checkpoint after 0.
+  With no curve changing, that first checkpoint after 0.
+
+  Raises:
+    ValueError: no checkpoint after update 0.
+  """
+  have = curves[curves[metric].notna()] if metric in curves else curves.iloc[:0]
+  positive = have.loc[have["step"] > 0, "step"]
+  if positive.empty:
+    raise ValueError(
+      f"curves of {metric}: no checkpoint after update 0, nothing to draw on a log axis of updates"
+    )
+  first = float(positive.min())
+  values = have[metric].to_numpy(float)
+  span = float(values.max() - values.min())
+  if not span > 0:
+    return first
+  starts = []
+  for _, line in have.groupby(["run", "cell"] if "run" in have else ["cell"], sort=False):
+    line = line.sort_values("step")
+    v, steps = line[metric].to_numpy(float), line["step"].to_numpy(float)
+    moved = np.flatnonzero(np.abs(v - v[0]) > fraction * span)
+    if len(moved):
+      starts.append(steps[max(int(moved[0]) - 1, 0)])
+  return max(first, min(starts)) if starts else first
+
+
 def figure_curves(
   curves: pd.DataFrame,
   emergence: pd.DataFrame | None,
@@ -138,9 +175,10 @@ def figure_curves(
 ):
   """The figure of ``plot_curves`` (a matplotlib Figure; its visible axes are the panels).
 
-  Every panel has a log x axis from the first non-zero checkpoint to the last checkpoint of all
-  panels shown (one range for all), so panels compare by eye; update 0 is left out (a log axis
-  has no 0; the untrained value is the curve's left end at the first checkpoint).
+  Every panel has a log x axis from ``curve_start`` (the last checkpoint before any curve shown
+  changes, at least the first non-zero checkpoint) to the last checkpoint of all panels shown
+  (one range for all), so panels compare by eye and the flat start takes no room; update 0 is
+  left out (a log axis has no 0).
 
   Raises:
     ValueError: ``curves`` has no row with step > 0 (nothing to draw on a log axis).
@@ -154,13 +192,9 @@ def figure_curves(
     keys_shown = keys
   shown = panels[:max_panels]
   n = len(shown)
-  positive = pd.concat([p for _, p in shown])["step"] if n else pd.Series(dtype=float)
-  positive = positive[positive > 0]
-  if positive.empty:
-    raise ValueError(
-      f"curves of {metric}: no checkpoint after update 0, nothing to draw on a log axis of updates"
-    )
-  lo, hi = float(positive.min()), float(positive.max())
+  drawn = pd.concat([p for _, p in shown]) if n else curves.iloc[:0]
+  lo = curve_start(drawn, metric)
+  hi = float(drawn["step"].max())
   hi = hi if hi > lo else lo * 2
   cols = min(5, math.ceil(math.sqrt(n))) or 1
   rows = math.ceil(n / cols) or 1
@@ -172,7 +206,7 @@ def figure_curves(
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, panel) in zip(axs.flat, shown):
     for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
-      line = line[line["step"] > 0].sort_values("step")
+      line = line[line["step"] > 0].sort_values("step")  # left of the axis' start: clipped
       color = colors[j % len(colors)]
       seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
       ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
@@ -338,12 +372,14 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
   return np.exp(center - z * sd), np.exp(center + z * sd), how
 
 
-def figure_law(fit, points: pd.DataFrame | None = None):
+def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
   """The figure of ``plot_law``: (1) observed vs predicted UPT, log-log, for the fitted law and
-  the study's; (2) UPT against B per C (ticks at the grid's B), the fitted law's lines and its
-  band (``law_band``; its source in the figure's ``band_source``). The fit's emerged cells come
-  from its residual table; censored cells, from ``points`` (rows with ``censored`` true and a
-  ``censor_step``), are drawn as open triangles at their last checkpoint (a lower bound)."""
+  the study's; (2) UPT against B, one panel per C (``max_per_row`` panels a row, one shared log
+  y axis, ticks at the grid's B) with the fitted law's line and its band (``law_band``; its
+  source in the figure's ``band_source``), so the C values' bands and lines do not overlap. The
+  fit's emerged cells come from its residual table; censored cells, from ``points`` (rows with
+  ``censored`` true and a ``censor_step``), are drawn as open triangles at their last
+  checkpoint (a lower bound). ``fig.axes``: [observed vs predicted, one panel per C …]."""
   from .scaling import STUDY
 
   plt = _plt()
@@ -361,7 +397,16 @@ def figure_law(fit, points: pd.DataFrame | None = None):
       pred = np.concatenate([pred, fit.predict_updates(eb, ec)])
       cens = np.concatenate([cens, np.ones(len(extra), bool)])
   study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+  cs = np.unique(c)
+  cols = max(1, min(len(cs), max_per_row))
+  rows = math.ceil(len(cs) / cols)
+  fig = plt.figure(figsize=(5.0 + 3.0 * cols, max(4.2, 3.0 * rows)))
+  grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[1.6] + [1.0] * cols)
+  ax1 = fig.add_subplot(grid[:, 0])
+  panels = []
+  for k in range(len(cs)):
+    share = panels[0] if panels else None
+    panels.append(fig.add_subplot(grid[k // cols, 1 + k % cols], sharey=share))
   r = getattr(fit, "r", math.nan)
   r_text = "" if r is None or not np.isfinite(r) else f" (r={r:.3f})"
   ax1.loglog(
@@ -394,31 +439,48 @@ def figure_law(fit, points: pd.DataFrame | None = None):
   ax1.legend(fontsize=7)
   ax1.grid(alpha=0.3, which="both")
   cmap = plt.get_cmap("viridis")
-  cs = np.unique(c)
   shade = lambda k: cmap(0.85 * k / max(len(cs) - 1, 1))  # noqa: E731 (viridis' end is pale)
   bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
   how = None
-  for k, cv in enumerate(cs):
+  for k, (ax2, cv) in enumerate(zip(panels, cs)):
     color = shade(k)
     m = c == cv
-    ax2.plot(b[m & ~cens], obs[m & ~cens], "o", color=color, label=f"C={cv:g}", alpha=0.8)
+    ax2.plot(b[m & ~cens], obs[m & ~cens], "o", color=color, alpha=0.8)
     if (m & cens).any():
       ax2.plot(b[m & cens], obs[m & cens], "^", mfc="none", color=color, alpha=0.8)
     scale = 1.0
     if fit.gamma is not None:
       scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
-    ax2.plot(bs, fit.T * bs**-fit.alpha * cv**-fit.beta * scale, "-", color=color, lw=1)
+    law = fit.T * bs**-fit.alpha * cv**-fit.beta * scale
+    ax2.plot(bs, law, "-", color=color, lw=1)
     band = law_band(fit, bs, np.full_like(bs, cv))
     if band is not None:
-      ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.15, lw=0)
+      ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.2, lw=0)
       how = band[2]
-  grid_axis(ax2, "x", np.unique(b))
-  ax2.set_yscale("log")
-  number_axis(ax2, "y")
-  ax2.set_xlabel("batch size B (sequences per update)")
-  ax2.set_ylabel("updates to the transition")
-  ax2.legend(fontsize=7, title=how and textwrap.fill(f"shaded: {how}", 40), title_fontsize=6)
-  ax2.grid(alpha=0.3, which="both")
+    grid_axis(ax2, "x", np.unique(b))
+    ax2.set_yscale("log")
+    number_axis(ax2, "y")
+    ax2.set_title(f"C = {cv:g}", fontsize=9)
+    ax2.grid(alpha=0.3, which="both")
+    ax2.tick_params(labelsize=8)
+    if k // cols == rows - 1 or k + cols >= len(cs):
+      ax2.set_xlabel("batch size B", fontsize=8)
+    if k % cols == 0:
+      ax2.set_ylabel("updates to the transition", fontsize=8)
+  for k, ax2 in enumerate(panels):  # after every set_yscale: it resets the shared axes' ticks
+    ax2.tick_params(which="both", labelleft=k % cols == 0)
+  if panels:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    gray = "0.35"
+    handles = [Line2D([], [], ls="", marker="o", color=gray, label="emerged")]
+    if cens.any():
+      handles.append(Line2D([], [], ls="", marker="^", mfc="none", color=gray, label="censored"))
+    handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
+    if how:
+      handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
+    panels[0].legend(handles=handles, fontsize=6, loc="best")
   n_cens = getattr(fit, "n_censored", 0)
   if "MLE" in str(getattr(fit, "method", "")):
     title = (
@@ -434,9 +496,9 @@ def figure_law(fit, points: pd.DataFrame | None = None):
 
 
 def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:
-  """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B per C
-  with the fitted law's lines and band (``figure_law``). ``fit``: ``analysis.scaling.LawFit``.
-  Returns the PNG and PDF paths."""
+  """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B in one
+  panel per C with the fitted law's line and band (``figure_law``). ``fit``:
+  ``analysis.scaling.LawFit``. Returns the PNG and PDF paths."""
   return _save(figure_law(fit, points), out_base)
 
 

@@ -65,34 +65,68 @@ def _points(censored=((8, 64, 1),), seeds=2, alpha=0.8, beta=0.0, scatter=0.05, 
   return pd.DataFrame(rows)
 
 
-def test_curve_panels_share_one_log_x_range_from_the_first_nonzero_checkpoint():
-  fig = plots.figure_curves(_curves(), None)
+def test_curve_panels_share_one_log_x_range_from_where_the_curves_start_to_change():
+  curves = _curves()
+  fig = plots.figure_curves(curves, None)
   panels = [ax for ax in fig.axes if ax.get_visible()]
   assert len(panels) == 2
+  # ps_max departs from its update-0 value by more than 5% of its range (0.8) first at update
+  # 128 in both cells (0.187; at 64 it is 0.045), so the axis starts one checkpoint before, at 64
+  for _, line in curves.groupby("cell"):
+    moved = line[(line["ps_max"] - line["ps_max"].iloc[0]).abs() > 0.05 * 0.8]
+    assert moved["step"].min() == 128
+  assert plots.curve_start(curves, "ps_max") == 64.0
   for ax in panels:
     assert ax.get_xscale() == "log"  # not symlog from 0
-    # one range for both panels: from the first non-zero checkpoint (1, of B 8) to the last
-    # checkpoint (4096, of B 32)
-    assert ax.get_xlim() == pytest.approx((1.0, 4096.0))
+    # one range for both panels: from there to the last checkpoint (4096, of B 32)
+    assert ax.get_xlim() == pytest.approx((64.0, 4096.0))
     # no point at update 0 is drawn
     assert all((line.get_xdata() > 0).all() for line in ax.get_lines())
   fig.canvas.draw()
   labels = [t.get_text() for t in panels[0].get_xticklabels() if t.get_text()]
   assert "1,000" in labels and not any("10^" in t or "times" in t for t in labels)
+  # one curve that changes early (from update 4 on) moves the start of both panels there
+  early = curves.copy()
+  rise = (early["cell"] == 0) & (early["step"] >= 8)
+  early.loc[rise, "ps_max"] = early.loc[rise, "ps_max"].clip(lower=0.2)
+  assert plots.curve_start(early, "ps_max") == 4.0
+  assert plots.figure_curves(early, None).axes[0].get_xlim()[0] == pytest.approx(4.0)
+  # never before the first checkpoint after 0: a curve that changes at once starts there (1)
+  at_once = curves.copy()
+  at_once.loc[(at_once["cell"] == 0) & (at_once["step"] > 0), "ps_max"] = 0.82
+  assert plots.curve_start(at_once, "ps_max") == 1.0
+  # nothing changes (flat curves): from the first checkpoint after 0, as before
+  flat = curves.assign(ps_max=0.02)
+  assert plots.figure_curves(flat, None).axes[0].get_xlim() == pytest.approx((1.0, 4096.0))
   with pytest.raises(ValueError, match="no checkpoint after update 0"):
     plots.figure_curves(_curves().query("step == 0"), None)
 
 
-def test_law_figure_ticks_at_the_grid_batch_sizes_with_the_law_band():
+def test_law_figure_has_one_panel_per_c_with_the_grid_batch_sizes_and_the_law_band():
   pts = _points(censored=((8, 64, 1),))
   fit = scaling.fit_law(pts, n_boot=50)
   fig = plots.figure_law(fit, pts)
-  ax = fig.axes[1]
-  assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
-  assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16", "32"]
-  assert list(ax.get_xticks()) == [8.0, 16.0, 32.0]
-  bands = ax.collections  # one fill_between per C
-  assert len(bands) == len(C_GRID)
+  # observed vs predicted, then one panel per C: three C values never share one patch
+  assert len(fig.axes) == 1 + len(C_GRID)
+  panels = fig.axes[1:]
+  assert [ax.get_title() for ax in panels] == ["C = 16", "C = 32", "C = 64"]
+  colours = set()
+  for ax, cv in zip(panels, C_GRID):
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16", "32"]
+    assert list(ax.get_xticks()) == [8.0, 16.0, 32.0]
+    assert len(ax.collections) == 1  # this C's band only
+    colours.add(tuple(ax.collections[0].get_facecolor()[0]))
+    # its law line is this C's
+    law_line = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert len(law_line) == 1
+    x, y = law_line[0].get_data()
+    np.testing.assert_allclose(y, fit.predict_updates(x, np.full_like(x, cv)), rtol=1e-9)
+  assert len(colours) == len(C_GRID)  # and distinct colours
+  assert panels[1].get_shared_y_axes().joined(panels[0], panels[1])  # one y scale to compare
+  legend = [t.get_text() for t in panels[0].get_legend().get_texts()]
+  assert legend[:3] == ["emerged", "censored", "fitted law"] and "95%" in legend[3]
+  ax = panels[2]  # C 64, where the censored cell is
   # the band contains the fitted line everywhere
   b = np.array([8.0, 16.0, 32.0])
   lo, hi, how = plots.law_band(fit, b, np.full(3, 32.0))
