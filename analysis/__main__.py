@@ -210,8 +210,11 @@ def _report(args) -> int:
       f"emergence: {written['n_emerged']} of {written['n_cells']} cells emerged "
       f"({args.metric}, {args.method}); table {written['emergence_csv']}"
     )
+  if written.get("cautions"):
+    refit = written.get("law_sensitivity") or {}
+    print(_caution_lines(written["cautions"], refitted=bool(law) and "alpha" in refit))
   if law:
-    print(_law_lines(law, written["out_dir"]))
+    print(_law_lines(law, written["out_dir"], written.get("law_sensitivity")))
   elif written.get("law_error"):
     print(f"law: not fitted ({written['law_error']})")
   if written.get("warnings"):
@@ -219,11 +222,54 @@ def _report(args) -> int:
   return 0
 
 
-def _law_table(law: dict) -> str:
+def _caution_lines(cautions: list[dict], refitted: bool = False) -> str:
+  """The emerged cells whose jump lies at the end of their curve (``report``'s ``cautions``:
+  one dict per cell with batch_size, context_size, seed, emergence_step, step_before,
+  step_after, last_step, caution), as a table with a caution column; ``refitted``: the law
+  table that follows has their 'flagged censored' row."""
+  from tabulate import tabulate
+
+  def n(v):
+    return "" if v is None or v != v else f"{v:,.0f}"
+
+  rows = [
+    (
+      f"{c['batch_size']:g}",
+      f"{c['context_size']:g}",
+      c.get("seed", c.get("cell", "")),
+      n(c.get("emergence_step")),
+      f"{n(c.get('step_before'))}-{n(c.get('step_after'))}",
+      n(c.get("last_step")),
+      c["caution"],
+    )
+    for c in cautions
+  ]
+  table = tabulate(
+    rows,
+    headers=("B", "C", "seed", "emerged at", "between", "last checkpoint", "caution"),
+    tablefmt="plain",
+    disable_numparse=True,
+  )
+  k = len(cautions)
+  them = "it" if k == 1 else "them"
+  row = (
+    f"; the law's row 'flagged censored' counts {them} censored at the last checkpoint"
+    if refitted
+    else ""
+  )
+  return (
+    f"caution: {k} cell{'' if k == 1 else 's'} emerged at the end of training (a slightly "
+    f"shorter run would have censored {them}{row})\n"
+    + "\n".join("  " + line for line in table.splitlines())
+  )
+
+
+def _law_table(law: dict, sensitivity: dict | None = None) -> str:
   """The fitted law(s) beside the study's, one row each: the main fit ("fitted", or "censored
-  MLE" when the law has an ``emerged_only`` fit, which gets the next row), the study; columns
-  ln T, alpha, beta (95% intervals where there are any), sigma (where the law has it), r ("-"
-  where withheld), cells."""
+  MLE" when the law has an ``emerged_only`` fit, which gets the next row), the law refitted with
+  the flagged cells censored ("flagged censored", ``sensitivity``: its ``to_dict()``, when
+  given and fitted), the study; columns ln T, alpha, beta (95% intervals where there are any),
+  sigma (where the law has it), r ("-" where withheld), cells."""
   from tabulate import tabulate
 
   from .scaling import MLE, STUDY
@@ -257,6 +303,9 @@ def _law_table(law: dict) -> str:
     rows.append(
       row("emerged only", only, f"{only['n']}" + (f" (+{n_cens} left out)" if n_cens else ""))
     )
+  if sensitivity and "alpha" in sensitivity:
+    s_cens = sensitivity.get("n_censored") or 0
+    rows.append(row("flagged censored", sensitivity, f"{sensitivity['n']} ({s_cens} censored)"))
   # The study's law, scored on these cells (its published r, 0.98, is on the study's own)
   study_r = "-" if law.get("study_r") is None else f"{law['study_r']:.2f}"
   rows.append(
@@ -270,12 +319,17 @@ def _law_table(law: dict) -> str:
   return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
 
 
-def _law_lines(law: dict, out_dir: str) -> str:
-  """The fitted law (with 95% intervals where there are any) beside the study's."""
-  return (
+def _law_lines(law: dict, out_dir: str, sensitivity: dict | None = None) -> str:
+  """The fitted law (with 95% intervals where there are any) beside the study's, and refitted
+  with the flagged cells censored when ``sensitivity`` is given (``_law_table``)."""
+  lines = _law_table(law, sensitivity).splitlines()
+  text = (
     f"law: UPT = T / (B^alpha C^beta), updates; 95% bootstrap intervals -> "
-    f"{out_dir}/law.json\n" + "\n".join("  " + line for line in _law_table(law).splitlines())
+    f"{out_dir}/law.json\n" + "\n".join("  " + line for line in lines)
   )
+  if sensitivity and sensitivity.get("error"):
+    text += f"\n  with the flagged cells censored the law cannot be fitted: {sensitivity['error']}"
+  return text
 
 
 def _fit_summary(law: dict) -> str:

@@ -22,6 +22,12 @@ level, has **not emerged**: it is right-censored at its last checkpoint
 (``censored = True``, ``emergence_step`` NaN, ``censor_step`` = last step), never dropped.
 Curves that fall (validation loss, ICL score, mean rank) are handled by ``direction = −1``;
 ``ar_rank`` is analysed as log10(1 + rank).
+
+An emerged point close to the end of its curve is flagged, not dropped (``caution``): its jump
+lies in the **last interval** (the upper checkpoint bracketing it is the curve's last, or the last
+before a short final stub such as a cap just past a scheduled checkpoint), or its late plateau
+rests on fewer than ``MIN_LATE_POINTS`` checkpoints (``late_points``: the checkpoints from the
+bracket's upper end on). A slightly earlier end of training would have censored such a point.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ import pandas as pd
 from ihsweep import metric_registry
 
 METHODS = ("threshold", "max_slope", "breakpoint")
+# An emerged point whose late side has fewer checkpoints than this is flagged (``caution``): the
+# late plateau is the median of the last 3, so with fewer the jump is seen at the curve's end only.
+MIN_LATE_POINTS = 3
 
 
 # How each metric's curve is read (direction, min_jump, transform) and which metrics the table
@@ -56,7 +65,11 @@ class Emergence:
   """One curve's emergence point. Steps are in updates; ``emergence_step`` is NaN when the curve
   has not emerged (``censored``), and then ``censor_step`` is its last checkpoint.
   ``step_before``/``step_after``: the checkpoints that bracket the estimate. ``early``/``late``:
-  the plateaus, ``jump`` = direction · (late − early) (after the metric's transform)."""
+  the plateaus, ``jump`` = direction · (late − early) (after the metric's transform).
+  ``last_step``: the curve's last checkpoint (updates). ``late_points``: checkpoints from
+  ``step_after`` to ``last_step`` (the late side of the jump; 0 when censored).
+  ``last_interval``: the point lies in the curve's last checkpoint interval (module docstring;
+  False when censored)."""
 
   emergence_step: float
   censored: bool
@@ -67,6 +80,9 @@ class Emergence:
   late: float
   jump: float
   onset_step: float = math.nan
+  last_step: float = math.nan
+  late_points: int = 0
+  last_interval: bool = False
 
 
 def _plateaus(v: np.ndarray, points: int) -> tuple[float, float]:
@@ -75,7 +91,66 @@ def _plateaus(v: np.ndarray, points: int) -> tuple[float, float]:
 
 
 def _censored(steps, early, late, jump) -> Emergence:
-  return Emergence(math.nan, True, float(steps[-1]), math.nan, math.nan, early, late, jump)
+  last = float(steps[-1])
+  return Emergence(math.nan, True, last, math.nan, math.nan, early, late, jump, last_step=last)
+
+
+def _last_upper(steps: np.ndarray) -> float:
+  """The upper end of a curve's last checkpoint interval: its last checkpoint, or the one before
+  it when the final interval is a stub — shorter in log-updates than half the interval before
+  (a cap or end of training just past a scheduled checkpoint: 4,096, 4,871, cap 5,044)."""
+  if len(steps) >= 3:
+    x = _log(steps[-3:])
+    if x[2] - x[1] < 0.5 * (x[1] - x[0]):
+      return float(steps[-2])
+  return float(steps[-1])
+
+
+def _emerged(steps: np.ndarray, step, before, after, signed, jump, onset=math.nan) -> Emergence:
+  """An emerged point with its position among the checkpoints (``late_points``,
+  ``last_interval``)."""
+  return Emergence(
+    float(step),
+    False,
+    math.nan,
+    float(before),
+    float(after),
+    *signed,
+    jump,
+    onset,
+    last_step=float(steps[-1]),
+    late_points=int((steps >= after).sum()),
+    last_interval=bool(after >= _last_upper(steps)),
+  )
+
+
+def caution(late_points, last_interval) -> str:
+  """Why an emerged point is uncertain, in a few words ('' if it is not): 'last interval' and/or
+  'plateau on N checkpoints' (fewer than ``MIN_LATE_POINTS``). Arguments as in ``Emergence``;
+  NaN or None (a censored point, an old table without the columns) reads as no caution."""
+  reasons = []
+  if last_interval is not None and not pd.isna(last_interval) and bool(last_interval):
+    reasons.append("last interval")
+  if late_points is not None and not pd.isna(late_points) and 0 < late_points < MIN_LATE_POINTS:
+    n = int(late_points)
+    reasons.append(f"plateau on {n} checkpoint{'' if n == 1 else 's'}")
+  return ", ".join(reasons)
+
+
+def cautions(points: pd.DataFrame) -> pd.Series:
+  """``caution`` of each row of ``points`` (``primary`` rows: ``censored``, ``late_points``,
+  ``last_interval``), '' for censored rows and where the columns are missing (a table written
+  before they existed). Returns strings indexed like ``points``."""
+  if points.empty or not {"late_points", "last_interval"} & set(points):
+    return pd.Series("", index=points.index, dtype=object)
+  late = points["late_points"] if "late_points" in points else pd.Series(None, points.index)
+  last = points["last_interval"] if "last_interval" in points else pd.Series(None, points.index)
+  cens = points["censored"].astype(bool) if "censored" in points else pd.Series(False, points.index)
+  out = [
+    "" if c else caution(n, li)
+    for c, n, li in zip(cens.to_numpy(), late.to_numpy(), last.to_numpy())
+  ]
+  return pd.Series(out, index=points.index, dtype=object)
 
 
 def _log(steps: np.ndarray) -> np.ndarray:
@@ -198,7 +273,9 @@ def emergence_point(
   steps, values = steps[keep], values[keep]
   if len(steps) < 3:
     last = float(steps[-1]) if len(steps) else math.nan
-    return Emergence(math.nan, True, last, math.nan, math.nan, math.nan, math.nan, math.nan)
+    return Emergence(
+      math.nan, True, last, math.nan, math.nan, math.nan, math.nan, math.nan, last_step=last
+    )
   v = spec.direction * values  # rises at emergence
   early, late = _plateaus(v, plateau_points)
   jump = late - early
@@ -221,10 +298,8 @@ def emergence_point(
     i = int(np.searchsorted(steps, step))
     before = steps[i - 1] if i > 0 else steps[0]
     after = steps[min(i, len(steps) - 1)]
-    return Emergence(step, False, math.nan, float(before), float(after), *signed, jump, onset)
-  return Emergence(
-    step, False, math.nan, float(steps[max(i - 1, 0)]), float(steps[i]), *signed, jump
-  )
+    return _emerged(steps, step, before, after, signed, jump, onset)
+  return _emerged(steps, step, steps[max(i - 1, 0)], steps[i], signed, jump)
 
 
 def emergence_table(
@@ -250,7 +325,7 @@ def emergence_table(
     constant per cell), ``metric``, ``method``, ``emergence_step``, ``emergence_tokens``
     (``emergence_step · B · C``), ``censored``, ``censor_step``, ``step_before``,
     ``step_after``, ``onset_step`` (breakpoint only), ``early``, ``late``, ``jump``,
-    ``n_points``.
+    ``last_step``, ``late_points``, ``last_interval`` (``Emergence``), ``n_points``.
   """
   levels, min_jumps = levels or {}, min_jumps or {}
   metrics = [

@@ -74,8 +74,18 @@ class Options:
   progress: bool = True
 
 
+# Integer columns that count updates, tokens or parameters get thousands separators like floats.
+_COUNT_COLUMN = re.compile(r"step|tokens|updates|n_params")
+# A cell of a table that reads as a number ('', 3,937, -0.12, 1e-05, '> 797'): right-aligned.
+_NUMBER = r"(> )?[-+]?[\d,]*\.?\d*(e[-+]?\d+)?|nan"
+
+
 def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-  """Floats to ``digits`` significant digits for display (integers kept)."""
+  """Numbers for display, one way in every table: floats to ``digits`` significant digits, and
+  from 10^digits on whole, with thousands separators (3,937, as ``_median_all`` writes them);
+  integer columns of updates, tokens or parameters (``step``, ``tokens``, ``updates``,
+  ``n_params`` in the name) with separators too; other integers (B, C, seeds, counts of models)
+  as they are."""
   out = df.copy()
   for c in out.columns:
     if pd.api.types.is_float_dtype(out[c]):
@@ -85,9 +95,11 @@ def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
           if pd.isna(v)
           else "0"
           if abs(v) < 1e-9
-          else (f"{v:.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}")
+          else (f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}")
         )
       )
+    elif pd.api.types.is_integer_dtype(out[c]) and _COUNT_COLUMN.search(str(c)):
+      out[c] = out[c].map(lambda v: f"{v:,}")
   return out
 
 
@@ -108,7 +120,16 @@ class _Doc:
     if len(df) > max_rows:
       note = f"(first {max_rows} of {len(df)} rows; all in the CSV files)"
       df = df.head(max_rows)
-    self.blocks.append(("table", _fmt(df), note))
+    shown = _fmt(df)
+    # Right-aligned where the column holds numbers; the text is _fmt's (tabulate would re-parse
+    # "11,843" in a column of floats and print 11843).
+    align = tuple(
+      "right"
+      if pd.api.types.is_numeric_dtype(df[c]) or shown[c].astype(str).str.fullmatch(_NUMBER).all()
+      else "left"
+      for c in df.columns
+    )
+    self.blocks.append(("table", shown, note, align))
 
   def figure(self, png: str, caption: str):
     self.blocks.append(("figure", png, caption))
@@ -133,7 +154,8 @@ class _Doc:
       elif b[0] == "p":
         out.append(b[1])
       elif b[0] == "table":
-        out.append(b[1].to_markdown(index=False) + (f"\n\n{b[2]}" if b[2] else ""))
+        table = b[1].to_markdown(index=False, disable_numparse=True, colalign=b[3])
+        out.append(table + (f"\n\n{b[2]}" if b[2] else ""))
       else:
         out.append(f"![{b[2]}]({os.path.relpath(b[1], self.out_dir)})\n\n*{b[2]}*")
     return "\n\n".join(out) + "\n"
@@ -218,7 +240,40 @@ def _per_point(points: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
   out.insert(out.columns.get_loc("median_step") + 1, "median_all", all_medians)
   if "law_updates" in points:
     out = out.merge(points.groupby(keys)["law_updates"].first().reset_index(), on=keys)
+  if "caution" in points and (points["caution"].fillna("") != "").any():
+    out["caution"] = g.apply(_point_caution, include_groups=False).reset_index(drop=True)
   return out
+
+
+def _point_caution(cells: pd.DataFrame) -> str:
+  """The flagged seeds of one grid point and why ('seed 1: last interval, plateau on 2
+  checkpoints'; ``analysis.emergence.caution``), '' for none."""
+  flagged = cells[cells["caution"].fillna("") != ""]
+  if len(cells) == 1:
+    return "" if flagged.empty else str(flagged["caution"].iloc[0])
+  name = "seed" if "seed" in cells else "cell"
+  return "; ".join(f"{name} {r[name]}: {r['caution']}" for _, r in flagged.iterrows())
+
+
+def _flagged(points: pd.DataFrame) -> pd.DataFrame:
+  """The emerged models with a caution (``analysis.emergence.caution``)."""
+  if "caution" not in points:
+    return points.iloc[:0]
+  return points[(points["caution"].fillna("") != "") & ~points["censored"].astype(bool)]
+
+
+def _sensitivity(points: pd.DataFrame, opts) -> dict | None:
+  """The law refitted with the flagged models censored at their last checkpoint (``last_step``,
+  their cap or end of training): ``LawFit.to_dict()``, ``{"error": why}`` when it cannot be
+  fitted, None when no model is flagged."""
+  flagged = _flagged(points)
+  if flagged.empty:
+    return None
+  try:
+    moved = scaling.censor(points, points.index.isin(flagged.index), at="last_step")
+    return scaling.fit_law(moved, n_boot=opts.n_boot, seed=opts.seed).to_dict()
+  except scaling.FitError as e:
+    return {"error": str(e)}
 
 
 def report(dirs: list[str], out_dir: str | None = None, options: Options | None = None) -> dict:
@@ -321,8 +376,18 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   points = _with_reach(
     emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
   )
+  points["caution"] = emergence_lib.cautions(points)
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
+  cols = [
+    c
+    for c in (
+      "run", "cell", "seed", "batch_size", "context_size", "emergence_step", "step_before",
+      "step_after", "last_step", "late_points", "caution",
+    )
+    if c in points
+  ]  # fmt: skip
+  written["cautions"] = _flagged(points)[cols].to_dict("records")
 
   doc.h(2, "Emergence points")
   n_cens = len(points) - n_emerged
@@ -333,8 +398,15 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     + (f"; the other {n_cens} are right-censored at their last checkpoint" if n_cens else "")
     + ". Per grid point: `median_step` over the seeds that emerged, `median_all` over all "
     "seeds with censored ones counted as later than their last checkpoint ('> s': the median "
-    "falls on a censored seed and is only known to exceed s). `emergence.csv` has every cell, "
-    "metric and method; `curves.csv` every curve."
+    "falls on a censored seed and is only known to exceed s)"
+    + (
+      "; `caution`: a seed whose jump lies in the last checkpoint interval of its curve, or "
+      f"whose late plateau rests on fewer than {emergence_lib.MIN_LATE_POINTS} checkpoints "
+      "(a slightly shorter run would have censored it; see the limitations)"
+      if written["cautions"]
+      else ""
+    )
+    + ". `emergence.csv` has every cell, metric and method; `curves.csv` every curve."
   )
   doc.table(_per_point(points, axes))
   if points["batch_size"].nunique() > 1 or points["context_size"].nunique() > 1:
@@ -358,7 +430,8 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
       written["figures"] += paths
       doc.figure(
         paths[0],
-        f"{metric_registry.label(metric)} against updates; seeds as lines, "
+        f"{metric_registry.label(metric)} against updates (log axis from the last checkpoint "
+        "before any curve changes); seeds as lines, "
         f"emergence points ({opts.method}) marked o, censored x.",
       )
 
@@ -386,6 +459,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
       metric=opts.metric,
       method=opts.method,
       n_runs=len(runs),
+      sensitivity=written.get("law_sensitivity"),
     ):
       d.p(text)
     d.p(
@@ -431,11 +505,19 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   with open(outs.claim("law.json"), "w") as f:
     json.dump(law, f, indent=2)
   written["law"] = law
+  written["law_sensitivity"] = _sensitivity(points, opts)
   doc.p(
     _law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
     "prints the prediction with its interval."
+    + (
+      " The column `flagged censored` is the law refitted with the models flagged in the "
+      "emergence table's `caution` column censored at their last checkpoint (its intervals: "
+      "the summary's limitations)."
+      if written["law_sensitivity"] and "alpha" in written["law_sensitivity"]
+      else ""
+    )
   )
-  doc.table(_law_table(fit))
+  doc.table(_law_table(fit, written["law_sensitivity"]))
   n_emerged = getattr(fit, "n_emerged", 0) or fit.n
   if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
     doc.p(
@@ -488,7 +570,7 @@ def _law_section(doc, points, opts, outs: Outputs, written) -> None:
   doc.figure(
     paths[0],
     "Observed vs predicted updates to the transition (fitted and study laws), "
-    "and updates vs batch size per context size with the fitted law"
+    "and updates vs batch size, one panel per context size, with the fitted law"
     + (f" and its {band}" if band else "")
     + "; censored cells as open "
     "triangles at their last checkpoint (emergence later than that).",
@@ -541,11 +623,14 @@ def _law_words(fit) -> str:
   return text
 
 
-def _law_table(fit) -> pd.DataFrame:
+def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
   """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, the
-  study's published values (its r on its own cells), and the study's law's r on these cells."""
+  law refitted with the flagged models censored (``sensitivity``, ``_sensitivity``) where there
+  is one, the study's published values (its r on its own cells), and the study's law's r on
+  these cells."""
   law, ci = fit.to_dict(), fit.ci
   eo = law.get("emerged_only") or None
+  flagged = sensitivity if sensitivity and "alpha" in sensitivity else None
   names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
   if "sigma" in law:
     names.append("sigma")
@@ -559,6 +644,8 @@ def _law_table(fit) -> pd.DataFrame:
     }
     if eo is not None:
       row["emerged_only"] = eo.get(k, math.nan)
+    if flagged is not None:
+      row["flagged censored"] = flagged.get(k, math.nan)
     row["study (published)"] = (
       math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
     )
@@ -572,6 +659,8 @@ def _law_table(fit) -> pd.DataFrame:
   }
   if eo is not None:
     row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
+  if flagged is not None:
+    row["flagged censored"] = math.nan if flagged.get("r") is None else flagged["r"]
   row["study (published)"] = scaling.STUDY["r"]  # on the study's own cells
   rows.append(row)
   if law.get("study_r") is not None:  # the study's law on these cells

@@ -751,6 +751,32 @@ def fit_law(
   return fit
 
 
+def censor(points: pd.DataFrame, mask, at: str = "last_step") -> pd.DataFrame:
+  """``points`` with the rows of ``mask`` (bool, len(points)) turned censored at their column
+  ``at`` (updates; default ``last_step``, each model's last checkpoint: its cap or end of
+  training), as if their jump had not been seen: ``censored`` True, ``emergence_step`` and
+  ``emergence_tokens`` NaN, ``censor_step`` = ``at``. For ``fit_law``'s sensitivity to points
+  that emerged just before the end of training (``analysis.emergence.caution``).
+
+  Raises:
+    FitError: ``at`` is not a column of ``points``.
+  """
+  if at not in points:
+    raise FitError(f"cannot censor at {at!r}: the emergence points have no such column")
+  mask = np.asarray(mask, bool)
+  out = points.copy()
+  out["censored"] = (
+    _as_bool(out["censored"], out).to_numpy() if "censored" in out else out["emergence_step"].isna()
+  ) | mask
+  if "censor_step" not in out:
+    out["censor_step"] = math.nan
+  out["censor_step"] = out["censor_step"].astype(float).mask(mask, out[at].astype(float))
+  out["emergence_step"] = out["emergence_step"].astype(float).mask(mask, math.nan)
+  if "emergence_tokens" in out:
+    out["emergence_tokens"] = out["emergence_tokens"].astype(float).mask(mask, math.nan)
+  return out
+
+
 def _score(name, log_T, alpha, beta, b, c, y, free: int) -> dict:
   pred = log_T - alpha * np.log(b) - beta * np.log(c)
   resid = y - pred

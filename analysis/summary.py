@@ -17,9 +17,11 @@ grid that cannot support a sentence does not get it:
 * **Against the study**: whether the study's α = 0.37 and β = 0.62 lie inside the fitted
   intervals, and how far the study's law is from the emerged cells, always with the reason why
   such a comparison crosses data and scale (docs/study.md).
-* **Limitations**: censored cells (and how the fit treated them), seeds per grid point and their
-  scatter, the spacing of the checkpoints around the emergence points, a probe block length that
-  changes with C, a single model size, too few residual degrees of freedom.
+* **Limitations**: censored cells (and how the fit treated them), emerged models whose jump lies
+  at the end of their curve (``analysis.emergence.caution``) with the law refitted with them
+  censored, seeds per grid point and their scatter, the spacing of the checkpoints around the
+  emergence points, a probe block length that changes with C, a single model size, too few
+  residual degrees of freedom.
 """
 
 from __future__ import annotations
@@ -566,7 +568,9 @@ def _scale_words(points: pd.DataFrame, cfg) -> str:
 # ---------------------------------------------------------------- limitations
 
 
-def limitations_paragraph(points: pd.DataFrame, law: dict | None, cfg, keys) -> str:
+def limitations_paragraph(
+  points: pd.DataFrame, law: dict | None, cfg, keys, sensitivity: dict | None = None
+) -> str:
   items = []
   cens = points["censored"].astype(bool)
   n_c = int(cens.sum())
@@ -602,8 +606,11 @@ def limitations_paragraph(points: pd.DataFrame, law: dict | None, cfg, keys) -> 
       )
       + treated
     )
-  else:
-    items.append("No model was censored.")
+  caution = _caution_words(points, law, sensitivity, any_censored=bool(n_c))
+  if not n_c:
+    items.append("No model was censored" + (f", but {caution}" if caution else "."))
+  elif caution:
+    items.append(_sentence(caution))
   lo, hi = _seeds(points, keys)
   if hi <= 1:
     items.append(
@@ -653,6 +660,84 @@ def limitations_paragraph(points: pd.DataFrame, law: dict | None, cfg, keys) -> 
       f"extrapolation."
     )
   return "**Limitations.** " + " ".join(i for i in items if i)
+
+
+def _model_name(row) -> str:
+  """'B 8/C 64 seed 1' (the seed, else the cell id, where the table has one)."""
+  name = f"B {float(row['batch_size']):g}/C {float(row['context_size']):g}"
+  for col in ("seed", "cell"):
+    if col in row and pd.notna(row[col]):
+      v = row[col]
+      v = int(v) if isinstance(v, (float, np.floating)) and float(v).is_integer() else v
+      return f"{name} {col} {v}"
+  return name
+
+
+def _estimate(law: dict, name: str, fmt) -> str:
+  """'0.62 [0.50, 0.70]': a coefficient with its 95% interval where the law has one."""
+  ci = _ci(law, name)
+  return fmt(law[name]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+
+
+def _caution_words(
+  points: pd.DataFrame, law: dict | None, sensitivity: dict | None, any_censored: bool
+) -> str:
+  """The emerged models whose point lies at the end of their curve (``analysis.emergence
+  .caution``: the last checkpoint interval, or a late plateau on fewer than 3 checkpoints) and
+  how the law moves with them censored at their last checkpoint (``sensitivity``: that refit's
+  ``LawFit.to_dict()``, or ``{"error": why not}``); '' when none is flagged. A clause: it follows
+  'No model was censored, but' or stands as a sentence after the censored models."""
+  from .emergence import cautions
+
+  if "caution" in points:
+    why = points["caution"].fillna("").astype(str)
+  else:
+    why = cautions(points)
+  censored = points[points["censored"].astype(bool)]
+  flagged = points[(why != "") & ~points["censored"].astype(bool)]
+  if flagged.empty:
+    return ""
+  k = len(flagged)
+  listed = []
+  for i, row in flagged.head(8).iterrows():
+    where = ""
+    if {"step_before", "step_after"} <= set(row.index) and pd.notna(row["step_after"]):
+      where = f": jumped between updates {_n(row['step_before'])} and {_n(row['step_after'])}"
+      if "last_step" in row and pd.notna(row["last_step"]):
+        where += f", last checkpoint {_n(row['last_step'])}"
+    listed.append(f"{_model_name(row)} ({why[i]}{where})")
+  if k > 8:
+    listed.append(f"and {k - 8} more")
+  one = k == 1
+  text = (
+    f"{'besides, ' if any_censored else ''}{k} of the {len(points) - len(censored)} "
+    f"emerged models jumped so close to the end of training that a slightly shorter run would "
+    f"have censored {'it' if one else 'them'} — {'its' if one else 'their'} late plateau "
+    f"rests on the last checkpoints only, unconfirmed by later ones: " + "; ".join(listed) + "."
+  )
+  em = points[~points["censored"].astype(bool)]
+  slowest = em["emergence_step"].astype(float).idxmax() if len(em) else None
+  if slowest in flagged.index:
+    text += f" {_model_name(points.loc[slowest])} is the slowest emergence point in the fit."
+  if law is None or sensitivity is None:
+    return text
+  them = "it" if one else "them"
+  if sensitivity.get("error"):
+    return text + f" With {them} censored the law cannot be fitted ({sensitivity['error']})."
+  two = lambda v: f"{v:.2f}"  # noqa: E731
+  changes = [
+    f"{sym} {_estimate(law, name, two)} → {_estimate(sensitivity, name, two)}"
+    for name, sym in (("alpha", "α"), ("beta", "β"))
+    if name in law and name in sensitivity
+  ]
+  if "T" in law and "T" in sensitivity:
+    changes.append(f"T {_estimate(law, 'T', _n)} → {_estimate(sensitivity, 'T', _n)}")
+  return text + (
+    f" The law counts {them} as emerged; with {them} censored at "
+    f"{'its' if one else 'their'} last checkpoint (95% intervals in brackets): "
+    + ", ".join(changes)
+    + "."
+  )
 
 
 def _resolution_words(points: pd.DataFrame) -> str:
@@ -726,6 +811,7 @@ def summary(
   metric: str = "ps_max",
   method: str = "threshold",
   n_runs: int = 1,
+  sensitivity: dict | None = None,
 ) -> list[str]:
   """The report's opening paragraphs (Markdown; bold lead words), from the report's tables.
 
@@ -734,13 +820,18 @@ def summary(
       ``context_size``, ``emergence_step`` (updates; NaN if censored), ``censored`` (bool),
       ``censor_step``; optional ``run``, ``seed``, grid-axis columns, ``n_params``,
       ``step_before``/``step_after`` (checkpoints bracketing the point), ``last_step`` (the
-      last checkpoint of the model's curve), ``budget_updates``.
+      last checkpoint of the model's curve), ``budget_updates``, ``late_points`` and
+      ``last_interval`` (``analysis.emergence.Emergence``) or ``caution`` (its words).
     law: the fitted law (``LawFit.to_dict()``: ``log_T``, ``alpha``, ``beta``, ``ci``, ``n``,
       ``n_censored``, ``dof``, optional ``fixed``, ``method``, ``sigma``, ``n_emerged``,
       ``emerged_only``) or None (then ``law_error`` says why).
     config: the run's resolved config (ConfigDict or nested dicts); missing fields are left out
       of the words.
     axes: grid-axis columns other than B and C.
+    sensitivity: the law refitted with the flagged models (``caution``, else
+      ``analysis.emergence.cautions`` of ``late_points``/``last_interval``) censored at their
+      ``last_step`` (``LawFit.to_dict()``), or ``{"error": why it could not be fitted}``; None:
+      the flagged models are listed without it.
 
   Returns:
     Four paragraphs: setup, finding, against the study, limitations.
@@ -766,5 +857,5 @@ def summary(
     setup_paragraph(points, cfg, keys, list(axes), metric, method, n_runs),
     finding_paragraph(points, law, law_error, keys, list(axes)),
     study_paragraph(points, law, cfg),
-    limitations_paragraph(points, law, cfg, keys),
+    limitations_paragraph(points, law, cfg, keys, sensitivity),
   ]

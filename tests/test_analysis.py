@@ -77,6 +77,50 @@ def test_falling_metrics_and_thresholds():
     emergence.emergence_point(STEPS, ps, method="x")
 
 
+def test_a_jump_at_the_end_of_a_curve_is_flagged():
+  """A jump with fewer than 3 checkpoints after it, or in the last checkpoint interval (before a
+  final stub such as a cap just past a scheduled checkpoint), is flagged: a slightly shorter run
+  would have censored it."""
+  assert list(STEPS[-3:]) == [2896, 3444, 4096]
+  # 3 checkpoints on the late side (2,896, 3,444, 4,096): no caution
+  ok = emergence.emergence_point(STEPS, np.where(STEPS >= 2896, 0.8, 0.03))
+  assert (ok.step_after, ok.late_points, ok.last_interval, ok.last_step) == (2896, 3, False, 4096)
+  assert emergence.caution(ok.late_points, ok.last_interval) == ""
+  # jumped between 2,896 and 3,444: the late plateau rests on 3,444 and 4,096
+  e = emergence.emergence_point(STEPS, np.where(STEPS >= 3444, 0.8, 0.03))
+  assert not e.censored and (e.step_before, e.step_after) == (2896, 3444)
+  assert (e.late_points, e.last_interval) == (2, False)
+  assert emergence.caution(e.late_points, e.last_interval) == "plateau on 2 checkpoints"
+  # a cap at 4,300, just past the checkpoint at 4,096: the jump between 3,444 and 4,096 is in
+  # the last interval before it (as 4,096 → 4,871 with a cap at 5,044)
+  capped = np.append(STEPS, 4300)
+  e = emergence.emergence_point(capped, np.where(capped >= 4096, 0.8, 0.03))
+  assert (e.step_before, e.step_after, e.last_step) == (3444, 4096, 4300)
+  assert (e.late_points, e.last_interval) == (2, True)
+  assert emergence.caution(e.late_points, e.last_interval) == (
+    "last interval, plateau on 2 checkpoints"
+  )
+  # a jump seen at the last checkpoint alone is censored (the late plateau, the median of the
+  # last 3 checkpoints, is still the early level); max_slope puts it in the last interval
+  only_last = np.where(STEPS >= 4096, 0.8, 0.03)
+  assert emergence.emergence_point(STEPS, only_last).censored
+  e = emergence.emergence_point(STEPS, only_last, method="max_slope", min_jump=0.0, level=0.3)
+  assert not e.censored and e.step_after == 4096 == e.last_step
+  assert (e.late_points, e.last_interval) == (1, True)
+  assert emergence.caution(1, True) == "last interval, plateau on 1 checkpoint"
+  # censored: nothing to flag
+  flat = emergence.emergence_point(STEPS, np.full(len(STEPS), 0.03))
+  assert flat.censored and flat.late_points == 0 and not flat.last_interval
+  assert emergence.caution(flat.late_points, flat.last_interval) == ""
+  # the table carries the columns; cautions() reads them ('' for censored or missing columns)
+  curves = _synthetic_curves({0: 256, 1: 3444, 2: None})
+  table = emergence.primary(emergence.emergence_table(curves))
+  assert list(table["late_points"]) == [int((STEPS >= 256).sum()), 2, 0]
+  assert list(emergence.cautions(table)) == ["", "plateau on 2 checkpoints", ""]
+  old = table.drop(columns=["late_points", "last_interval"])
+  assert list(emergence.cautions(old)) == ["", "", ""]
+
+
 def _synthetic_curves(steps_by_cell: dict, extra=None) -> pd.DataFrame:
   rows = []
   for cell, step in steps_by_cell.items():

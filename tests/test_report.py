@@ -215,6 +215,58 @@ def test_the_comparison_with_the_study_crosses_data_and_scale():
   assert "against the study's 0.37, inside the interval" in inside
 
 
+def _flag(points, b=8, c=64, seed=1, late_points=2, last_interval=True):
+  """``points`` with the emergence table's late_points/last_interval columns (5 checkpoints after
+  every jump) and model (b, c, seed) jumping at 4,500 between 4,096 and 4,871, cap 5,044."""
+  pts = points.assign(late_points=5, last_interval=False)
+  at = (pts["batch_size"] == b) & (pts["context_size"] == c) & (pts["seed"] == seed)
+  pts.loc[at, ["emergence_step", "step_before", "step_after", "last_step"]] = [
+    4500.0,
+    4096.0,
+    4871.0,
+    5044.0,
+  ]
+  pts.loc[at, ["late_points", "last_interval"]] = [late_points, last_interval]
+  return pts
+
+
+def test_a_model_that_emerged_at_the_end_of_its_curve_is_a_limitation():
+  law = _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09))
+  law["T"], law["ci"]["T"] = 15_000.0, [9_000.0, 25_000.0]
+  refit = _law(0.62, (0.41, 0.83), 0.05, (-0.2, 0.3))
+  refit["T"], refit["ci"]["T"] = 12_000.0, [5_000.0, 30_000.0]
+  # nothing flagged: the plain sentence, nothing more
+  plain = _text(summary.summary(_points().assign(late_points=5, last_interval=False), law))
+  assert "No model was censored. " in plain and "jumped so close" not in plain
+  # flagged, nothing censored: never "No model was censored" alone
+  text = _text(summary.summary(_flag(_points()), law, config=_config(), sensitivity=refit))
+  assert "No model was censored." not in text
+  assert (
+    "No model was censored, but 1 of the 18 emerged models jumped so close to the end of "
+    "training that a slightly shorter run would have censored it" in text
+  )
+  assert (
+    "B 8/C 64 seed 1 (last interval, plateau on 2 checkpoints: jumped between updates 4,096 "
+    "and 4,871, last checkpoint 5,044). B 8/C 64 seed 1 is the slowest emergence point in the "
+    "fit." in text
+  )
+  assert (
+    "with it censored at its last checkpoint (95% intervals in brackets): α 0.84 [0.68, 0.98] "
+    "→ 0.62 [0.41, 0.83], β -0.07 [-0.22, 0.09] → 0.05 [-0.20, 0.30], T 15,000 [9,000, "
+    "25,000] → 12,000 [5,000, 30,000]." in text
+  )
+  # a plateau on 2 checkpoints inside the run, beside censored models; the refit failed
+  both = _flag(_points(censored=((32, 16, 0),)), last_interval=False)
+  text = _text(summary.summary(both, law, sensitivity={"error": "too few cells"}))
+  assert "1 of 18 models had not emerged by their last checkpoint (censored; B 32/C 16)" in text
+  assert "Besides, 1 of the 17 emerged models jumped so close" in text
+  assert "B 8/C 64 seed 1 (plateau on 2 checkpoints: jumped between" in text
+  assert "With it censored the law cannot be fitted (too few cells)." in text
+  # a table from before the columns existed: no caution
+  old = _text(summary.summary(_points(), law))
+  assert "No model was censored. " in old and "jumped so close" not in old
+
+
 def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
   cens = _points(censored=((8, 64, 0), (8, 64, 1), (16, 64, 1)))
   mle = _law(
@@ -293,10 +345,14 @@ def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
 # ---------------------------------------------------------------- the report that opens with it
 
 
-def _sigmoid_sweep(root, last: int = 4096) -> str:
+def _sigmoid_sweep(
+  root, last: int = 4096, cap: int | None = None, late: float | None = None
+) -> str:
   """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
   C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
-  UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096)."""
+  UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096). ``cap``: training
+  ends there instead of 4,096, with a last checkpoint at it (4,096 … 4,300: a final stub).
+  ``late``: seed 1 of B 8 / C 64 jumps sharply at this update instead of never."""
   import ml_collections
 
   import configs.induction
@@ -308,14 +364,14 @@ def _sigmoid_sweep(root, last: int = 4096) -> str:
     {"train": ml_collections.ConfigDict({"batch_size": (8, 16, 32), "context_size": (32, 64)})}
   )
   cfg.sweep.update(seeds=2, budget="updates")
-  cfg.train.num_steps = 4096
+  cfg.train.num_steps = cap or 4096
   workdir = str(root / "sweep")
   os.makedirs(workdir)
   plan = plan_lib.make_plan(cfg)
   runner.write_resolved_config(cfg, workdir)
   rundir.write_cells(plan, workdir)
-  steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)]
-  steps = sorted(set(s for s in steps if s <= last))
+  steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)] + ([cap] if cap else [])
+  steps = sorted(set(s for s in steps if s <= max(last, cap or 0)))
   for group in plan.groups:
     gdir = rundir.group_dir(workdir, group.id)
     os.makedirs(gdir)
@@ -325,8 +381,11 @@ def _sigmoid_sweep(root, last: int = 4096) -> str:
       for cell, seed in zip(group.cfg.ensemble.cell_ids, group.cfg.ensemble.seeds):
         upt = math.exp(9.5 - 0.8 * math.log(b)) * (1.1 if seed % 2 else 1.0)
         never = (b, c) == (8, 64) and seed % 2 == 1
+        power = 6
+        if never and late:
+          never, upt, power = False, late, 60  # a jump within one checkpoint interval
         for s in steps:
-          x = 0.0 if never else 1 / (1 + (upt / max(s, 0.5)) ** 6)
+          x = 0.0 if never else 1 / (1 + (upt / max(s, 0.5)) ** power)
           f.write(
             json.dumps(
               {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
@@ -361,6 +420,9 @@ def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_pat
   assert "<b>Setup.</b>" in page and "**" not in page
   law = json.load(open(os.path.join(sweep, "analysis", "law.json")))
   assert 0.6 < law["alpha"] < 1.0  # the curves' UPT ∝ B^-0.8
+  # every jump has at least 3 checkpoints after it: no caution anywhere, no refit
+  assert out["cautions"] == [] and out["law_sensitivity"] is None
+  assert "caution" not in md and "jumped so close" not in md
 
 
 def test_a_sweep_evaluated_only_at_update_0_gets_words_and_no_curve_figure(tmp_path):
@@ -411,3 +473,115 @@ def test_a_frequency_by_reliability_grid_gets_counts_per_value_and_no_b_or_c_cla
     "data.frequency: 0.5 → 1 of 4, 1 → 2 of 4; data.reliability: 0.5 → 0 of 4, 1 → 3 of 4" in text
   )
   assert "fewer updates" not in text and "No law was fitted (one batch size" in text
+
+
+def test_a_model_that_emerged_in_the_last_interval_before_its_cap_is_flagged(
+  tmp_path, capsys, monkeypatch
+):
+  """Seed 1 of B 8 / C 64 jumps between the checkpoints at 3,444 and 4,096, and training ends
+  at a cap of 4,300: its late plateau rests on 4,096 and 4,300. It is flagged in the report's
+  table, its limitations (with the law refitted with it censored at 4,300) and on the console."""
+  from analysis import __main__ as cli
+  from analysis import report, scaling
+
+  sweep = _sigmoid_sweep(tmp_path, cap=4300, late=3800.0)
+  written = {}
+  run = report.report
+
+  def keep(*args, **kwargs):
+    written.update(run(*args, **kwargs))
+    return written
+
+  monkeypatch.setattr(report, "report", keep)
+  argv = ["report", sweep, "--n-boot", "200", "--source", "online", "--no-progress"]
+  assert cli.main(argv) == 0
+  console = capsys.readouterr().out
+  md = open(written["report_md"]).read()
+  text = " ".join(md.split())
+  # the direct fit: the same points with that model censored at its last checkpoint
+  table = pd.read_csv(os.path.join(sweep, "analysis", "emergence.csv"))
+  pts = table[(table["metric"] == "ps_max") & (table["method"] == "threshold")]
+  pts = pts.reset_index(drop=True)
+  late = (pts["batch_size"] == 8) & (pts["context_size"] == 64) & (pts["seed"] % 2 == 1)
+  row = pts[late].iloc[0]
+  assert (row["step_before"], row["step_after"], row["last_step"]) == (3444, 4096, 4300)
+  assert row["late_points"] == 2 and bool(row["last_interval"]) and not row["censored"]
+  moved = pts.copy()
+  moved.loc[late, ["censored", "emergence_step", "censor_step"]] = [True, math.nan, 4300.0]
+  direct = scaling.fit_law(moved, n_boot=200, seed=0)
+  refit = written["law_sensitivity"]
+  assert refit["n_censored"] == 1
+  for name in ("log_T", "T", "alpha", "beta", "sigma"):
+    assert refit[name] == pytest.approx(getattr(direct, name), rel=1e-9), name
+    assert refit["ci"][name] == pytest.approx(direct.ci[name], rel=1e-9), name
+  assert [c["caution"] for c in written["cautions"]] == ["last interval, plateau on 2 checkpoints"]
+  law = written["law"]
+
+  def est(fit, name, f):
+    return f"{f(fit[name])} [{f(fit['ci'][name][0])}, {f(fit['ci'][name][1])}]"
+
+  two, n = "{:.2f}".format, "{:,.0f}".format
+  d = direct.to_dict()
+  assert (
+    f"α {est(law, 'alpha', two)} → {est(d, 'alpha', two)}, β {est(law, 'beta', two)} → "
+    f"{est(d, 'beta', two)}, T {est(law, 'T', n)} → {est(d, 'T', n)}." in text
+  )
+  assert (
+    "No model was censored, but 1 of the 12 emerged models jumped so close to the end of "
+    "training" in text
+  )
+  assert (
+    "B 8/C 64 seed 1 (last interval, plateau on 2 checkpoints: jumped between updates 3,444 "
+    "and 4,096, last checkpoint 4,300)" in text
+  )
+  # the per-grid-point table's caution column names the seed
+  header = [line for line in md.splitlines() if line.startswith("| run ")][0]
+  assert [c.strip() for c in header.split("|")][-2] == "caution"
+  rows = [line for line in md.splitlines() if line.startswith("| sweep ")]
+  flagged = [line for line in rows if "seed 1: last interval, plateau on 2 checkpoints" in line]
+  assert len(flagged) == 1
+  assert [c.strip() for c in flagged[0].split("|")[2:4]] == ["8", "64"]
+  # the law's coefficient table has the refit beside the main fit
+  law_header = [line for line in md.splitlines() if line.startswith("| coefficient ")][0]
+  assert "flagged censored" in law_header
+  column = [c.strip() for c in law_header.split("|")].index("flagged censored")
+  alpha = [line for line in md.splitlines() if line.startswith("| alpha ")][0]
+  assert float(alpha.split("|")[column]) == pytest.approx(d["alpha"], abs=1e-3)
+  # the console: a caution table and the refitted law's row
+  assert "caution: 1 cell emerged at the end of training" in console
+  line = [x for x in console.splitlines() if "last interval, plateau on 2 checkpoints" in x]
+  assert line[0].split()[:6] == ["8", "64", "1", n(row["emergence_step"]), "3,444-4,096", "4,300"]
+  flagged_row = [x for x in console.splitlines() if x.strip().startswith("flagged censored")]
+  assert flagged_row[0].split()[2:4] == [f"{d['log_T']:.2f}", f"[{d['ci']['log_T'][0]:.2f},"]
+  assert (
+    f"{d['alpha']:.2f} [{d['ci']['alpha'][0]:.2f}, {d['ci']['alpha'][1]:.2f}]" in (flagged_row[0])
+  )
+
+
+def test_the_reports_tables_write_numbers_one_way():
+  """Counts of updates and tokens with thousands separators in every column (`median_step`
+  3,937 beside `median_all` 3,937, not 3937); small numbers to 3 significant digits; B, C and
+  counts of models as they are."""
+  from analysis import report
+
+  pts = _points(alpha=0.3)  # emergence at 3,000–10,000 updates
+  pts["emergence_tokens"] = pts["emergence_step"] * pts["batch_size"] * pts["context_size"]
+  table = report._fmt(report._per_point(pts, []))
+  assert (table["median_step"] == table["median_all"]).all()
+  assert all("," in v for v in table["median_step"]) and all(
+    "," in v for v in table["median_tokens"]
+  )
+  other = report._fmt(
+    pd.DataFrame(
+      {
+        "step": [4096, 512],
+        "batch_size": [1024, 8],
+        "n": [2, 2],
+        "r": [0.98765, 0.5],
+        "x": [1234.5, 12.0],
+      }
+    )
+  )
+  assert list(other["step"]) == ["4,096", "512"]
+  assert list(other["batch_size"]) == [1024, 8] and list(other["n"]) == [2, 2]
+  assert list(other["r"]) == ["0.988", "0.5"] and list(other["x"]) == ["1,234", "12"]

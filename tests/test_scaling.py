@@ -380,3 +380,25 @@ def test_study_r_scores_the_published_law_on_these_cells():
       assert law["study_r"] == pytest.approx(want, abs=2e-3)
     else:
       assert law["study_r"] < 0.95
+
+
+def test_censor_turns_rows_censored_at_their_last_checkpoint():
+  """``censor``: the sensitivity of the law to models that emerged just before their cap — the
+  rows of a mask become censored at their ``last_step``, and the fit treats them as any other
+  censored cell."""
+  pts = _grid(seed=3).assign(last_step=BUDGET)
+  em = np.flatnonzero(~pts["censored"].to_numpy())[:2]
+  mask = np.zeros(len(pts), bool)
+  mask[em] = True
+  out = scaling.censor(pts, mask)
+  assert out["censored"].sum() == pts["censored"].sum() + 2
+  assert out.loc[mask, "censor_step"].tolist() == [BUDGET, BUDGET]
+  assert out.loc[mask, "emergence_step"].isna().all()
+  pd.testing.assert_frame_equal(out[~mask], pts[~mask], check_dtype=False)
+  by_hand = pts.copy()
+  by_hand.loc[mask, ["censored", "emergence_step", "censor_step"]] = [True, np.nan, BUDGET]
+  a, b = scaling.fit_law(out, n_boot=0), scaling.fit_law(by_hand, n_boot=0)
+  assert (a.alpha, a.beta, a.log_T, a.n_censored) == (b.alpha, b.beta, b.log_T, b.n_censored)
+  assert a.n_censored == pts["censored"].sum() + 2
+  with pytest.raises(scaling.FitError, match="no such column"):
+    scaling.censor(pts.drop(columns="last_step"), mask)
