@@ -385,9 +385,10 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
 def _validate_markov(cfg, vocab: int, n_models: int) -> None:
   """The markov source's knobs and transitions (a user matrix and synthetic targets are checked
   in full when the source is built, before compiling)."""
-  from ihsweep.data import TRANSITIONS
+  from ihsweep.data import TRANSITIONS, markov
 
   kind = _choice(cfg, "data", "transitions", TRANSITIONS)
+  _choice(cfg, "data", "induction_start", markov.INDUCTION_STARTS)
   for name, plural in (("frequency", "frequencies"), ("reliability", "reliabilities")):
     _real(cfg, "data", name, 0.0, 1.0, hi_open=False)
     values = cfg.data[plural]

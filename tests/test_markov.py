@@ -2,6 +2,7 @@
 (synthetic.py)."""
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +66,34 @@ def test_vmapped_generation_equals_one_model_at_a_time(grid_sequences):
   for e in (0, 4, 8):
     one = {k: v[e] for k, v in params.items()}
     np.testing.assert_array_equal(np.asarray(src.sample(keys[e], one, arrays)), tokens[e])
+
+
+def test_repeats_placed_anywhere():
+  """data.induction_start = 'anywhere': each sequence's boundary m is uniform on {1, …, C}
+  (``boundaries`` gives it); before m no token recurs after a gap, after it the knobs hold as with
+  'half' (reliability exactly, frequency its implied value); so recurrences sit before C/2 too,
+  where 'half' has none."""
+  p = random_chain()
+  f, r = 0.5, 0.5
+  src = dataclasses.replace(source_for(p, batch=400), induction_start="anywhere")
+  key = jax.random.PRNGKey(7)
+  knobs = {"frequency": f, "reliability": r}
+  tokens = np.asarray(jax.jit(src.sample)(key, knobs, src.arrays()))
+  starts = src.boundaries(key)
+  assert starts.min() >= 1 and starts.max() <= 64 and len(np.unique(starts)) > 40
+  m = markov.measure(tokens, f, r, starts=starts)
+  assert m["first_half_gap_repeats"] == 0
+  assert abs(m["measured_reliability"] - r) < 0.03, m
+  assert abs(m["measured_frequency"] - m["implied_frequency"]) < 0.03, m
+  # A gap repeat (x_i = x_j, j <= i - 2) before C/2: common here, never with 'half'.
+  half = dataclasses.replace(src, induction_start="half")
+  early = {}
+  for name, s in (("anywhere", src), ("half", half)):
+    seqs = np.asarray(jax.jit(s.sample)(key, knobs, s.arrays()))[:, :32]
+    early[name] = np.mean([any(row[i] in row[: i - 1] for i in range(2, 32)) for row in seqs])
+  assert early["half"] == 0 and early["anywhere"] > 0.3, early
+  # With 'half' the boundary is ⌊(C + 1)/2⌋ and the measure's default.
+  assert set(half.boundaries(key)) == {32}
 
 
 def test_draws_follow_the_bigram_rows():
@@ -212,6 +241,10 @@ def test_synthetic_matrix_cache_round_trip(tmp_path):
       "at most H",
     ),
     ({"data.transitions": "synthetic", "data.synthetic.marginal": "cauchy"}, "marginal"),
+    (
+      {"data.transitions": "iid", "data.induction_start": "end"},
+      r"data.induction_start = 'end' is not allowed: one of 'half', 'anywhere'",
+    ),
     (
       {
         "data.transitions": "synthetic",

@@ -44,7 +44,9 @@ def default_config():
     types, add-``smoothing`` bigram rows; the BPE is trained to tokenizer_vocab types, 0 =
     2 · model.vocab_size), 'synthetic' (optimised to the ``synthetic`` sub-section, synthetic.py),
     'iid' (every row = the synthetic marginal) or 'file' (matrix_file, a [V, V] .npy);
-    frequency / reliability (knobs in [0, 1]) or per-model frequencies / reliabilities.
+    frequency / reliability (knobs in [0, 1]) or per-model frequencies / reliabilities;
+    induction_start 'half' (patterns in the second half of each sequence) or 'anywhere' (from a
+    point drawn per sequence in the first half, so copies can sit at any position).
   natural — documents from exactly one of: corpus ('python-docs', see ``ihsweep corpus fetch``),
     files (comma-separated globs of .txt/.md/.rst/.html/.jsonl/.parquet), tfds_name (e.g.
     'c4/en', read with ``tfds.data_source`` from tfds_data_dir, split tfds_split; tfds_download
@@ -74,6 +76,7 @@ def default_config():
       matrix_file="",
       frequency=0.5,
       reliability=0.5,
+      induction_start="half",
       frequencies=(),
       reliabilities=(),
       smoothing=1e-6,
@@ -117,7 +120,15 @@ _CORPUS = (
   "split_seed",
   "cache_dir",
 )
-_MARKOV = ("transitions", "frequency", "reliability", "frequencies", "reliabilities", "cache_dir")
+_MARKOV = (
+  "transitions",
+  "frequency",
+  "reliability",
+  "induction_start",
+  "frequencies",
+  "reliabilities",
+  "cache_dir",
+)
 READS = {
   "uniform": (),
   "markov_chain": ("n_successors", "chain_seed"),
@@ -296,5 +307,12 @@ def make_markov_source(data_cfg, vocab_size: int, batch_size: int, context_size:
       markov.check_knob(name, v, field)
   p, first, info = markov_transitions(data_cfg, vocab_size)
   return markov.MarkovSource(
-    p, first, batch_size, context_size, tuple(map(float, freqs)), tuple(map(float, rels)), info
+    p,
+    first,
+    batch_size,
+    context_size,
+    tuple(map(float, freqs)),
+    tuple(map(float, rels)),
+    info,
+    data_cfg.get("induction_start", "half"),
   )

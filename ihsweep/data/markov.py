@@ -24,6 +24,15 @@ t ∈ S with probability P[a, t] / Σ_{s∈S} P[a, s] (uniform over S if that ma
     - else: x_i from P[a] restricted to the tokens not yet in the sequence.
   x_i ≠ a always holds in the second half.
 
+Where the second half begins (``data.induction_start``): 'half' puts m at ⌊n/2⌋ in every
+sequence, so a recurrence or copy never sits before ⌊n/2⌋ and a model can learn to copy only
+there (the demo's heads trained this way fire only when the later occurrence is past C/2,
+docs/results.md). 'anywhere' draws m per sequence uniformly from {1, …, n − 1}
+(``induction_starts``) and applies the rules above with that m: the later occurrence of a pattern
+can sit at any position from 2 on and the earlier one anywhere before it (a copy's source is
+spread over the first part, which ends anywhere), while the share of positions in the second
+part stays ~1/2 on average, as with 'half'.
+
 What the knobs mean on generated data (``measure``): over second-half positions whose previous
 token has S(a) ≠ ∅, P(x_i ∈ S(a)) = reliability exactly, since the recur and new branches
 exclude S(a). The share of second-half tokens that recur (appeared earlier) is, position by
@@ -44,6 +53,7 @@ so nothing per position is O(V).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -55,6 +65,7 @@ from ihsweep.data.errors import DataError
 from ihsweep.data.source import Source
 
 KNOBS = ("frequency", "reliability")
+INDUCTION_STARTS = ("half", "anywhere")  # data.induction_start
 
 
 class MarkovError(DataError):
@@ -184,16 +195,21 @@ def _draw_excluding(u, cdf_row, probs_row, tokens_Cp1, excluded_Cp1, vocab: int)
 
 
 def generate_sequence(
-  key: jax.Array, frequency, reliability, arrays: dict, length: int
+  key: jax.Array, frequency, reliability, arrays: dict, length: int, induction_start: str = "half"
 ) -> jax.Array:
   """One sequence of ``length`` = C + 1 int32 tokens by the procedure in the module docstring.
 
   ``frequency``, ``reliability``: float32 scalars in [0, 1] (traced; per model).
-  ``arrays``: ``transition_arrays(...)``. Jit/vmap-safe.
+  ``arrays``: ``transition_arrays(...)``. ``induction_start``: 'half' (the second part's rules
+  from m = ⌊n/2⌋) or 'anywhere' (m drawn per sequence, ``induction_starts``). Jit/vmap-safe.
   """
   probs, cdf, first_cdf = arrays["probs"], arrays["cdf"], arrays["first_cdf"]
   vocab = probs.shape[0]
-  half = length // 2
+  if induction_start == "anywhere":
+    key, k_start = jax.random.split(key)
+    half = induction_starts(k_start, length)
+  else:
+    half = length // 2
   q = frequency / (1.0 + reliability)
   k0, k1 = jax.random.split(key)
   x0 = jnp.minimum(
@@ -243,6 +259,12 @@ def generate_sequence(
   return x_Cp1
 
 
+def induction_starts(key: jax.Array, length: int, shape: tuple[int, ...] = ()) -> jax.Array:
+  """Where the second part's rules begin with ``data.induction_start = 'anywhere'``: m uniform on
+  {1, …, length − 1} (int32, ``shape``), so a copy and its source can sit anywhere."""
+  return jax.random.randint(key, shape, 1, length, dtype=jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class MarkovSource(Source):
   """Sequences from a transition matrix with injected induction patterns (module docstring).
@@ -250,6 +272,7 @@ class MarkovSource(Source):
   ``transitions``: float64 ``[V, V]`` rows summing to 1; ``first``: the first token's
   distribution ``[V]``; ``frequencies`` / ``reliabilities``: one value per model (length E).
   ``info``: how the matrix was made and its measured properties (for the run log).
+  ``induction_start``: 'half' or 'anywhere' (``INDUCTION_STARTS``, ``generate_sequence``).
   """
 
   transitions: np.ndarray
@@ -259,6 +282,7 @@ class MarkovSource(Source):
   frequencies: tuple[float, ...]
   reliabilities: tuple[float, ...]
   info: dict = dataclasses.field(default_factory=dict)
+  induction_start: str = "half"
 
   @property
   def vocab_size(self) -> int:
@@ -286,24 +310,42 @@ class MarkovSource(Source):
     """int32 tokens ``[B, C + 1]`` for one model with knobs ``data_params`` (scalars)."""
     keys = jax.random.split(key, self.batch_size)
     arrays = jax.tree_util.tree_map(jnp.asarray, arrays)
-    return jax.vmap(generate_sequence, in_axes=(0, None, None, None, None))(
-      keys, data_params["frequency"], data_params["reliability"], arrays, self.context_size + 1
+    one = functools.partial(
+      generate_sequence, length=self.context_size + 1, induction_start=self.induction_start
     )
+    return jax.vmap(one, in_axes=(0, None, None, None))(
+      keys, data_params["frequency"], data_params["reliability"], arrays
+    )
+
+  def boundaries(self, key: jax.Array) -> np.ndarray:
+    """int32 ``[B]``: where the second part begins (m) in each sequence ``sample(key, …)``
+    draws — ⌊(C + 1)/2⌋ with 'half', ``induction_starts``' draw with 'anywhere'."""
+    length = self.context_size + 1
+    if self.induction_start != "anywhere":
+      return np.full(self.batch_size, length // 2, np.int32)
+    keys = jax.random.split(key, self.batch_size)
+    first = jax.vmap(lambda k: induction_starts(jax.random.split(k)[1], length))
+    return np.asarray(first(keys), np.int32)
 
   def describe(self) -> str:
     items = ", ".join(f"{k} {v}" for k, v in self.info.items())
     return (
       f"markov V={self.vocab_size}, frequency {list(self.frequencies)}, reliability "
-      f"{list(self.reliabilities)}; {items}; generated in-graph"
+      f"{list(self.reliabilities)}, induction patterns from {self.induction_start!r}; {items}; "
+      f"generated in-graph"
     )
 
 
 def measure(
-  tokens: np.ndarray, frequency: float | None = None, reliability: float | None = None
+  tokens: np.ndarray,
+  frequency: float | None = None,
+  reliability: float | None = None,
+  starts: np.ndarray | None = None,
 ) -> dict:
   """Induction statistics of generated sequences ``[S, C + 1]`` (numpy, any int dtype).
 
-  Over second-half positions m ≤ i ≤ C (m = ⌊(C + 1)/2⌋), with a = x_{i−1} and S(a) as in the module
+  Over second-half positions m ≤ i ≤ C (m = ⌊(C + 1)/2⌋, or ``starts[s]`` for sequence s: int
+  ``[S]``, the boundaries 'anywhere' drew), with a = x_{i−1} and S(a) as in the module
   docstring:
     measured_frequency: share of x_i that appeared earlier in the sequence;
     measured_reliability: share of x_i ∈ S(a) among positions with S(a) ≠ ∅;
@@ -317,7 +359,9 @@ def measure(
   half = length // 2
   recurs = s_count = copied = implied = total = gap_repeats = 0
   q = None if frequency is None else frequency / (1.0 + reliability)
-  for row in tokens.tolist():
+  if starts is None:
+    starts = np.full(n, half)
+  for row, half in zip(tokens.tolist(), np.asarray(starts).tolist()):
     for i in range(1, half):
       gap_repeats += row[i] in row[: max(i - 1, 0)]
     for i in range(half, length):
