@@ -9,7 +9,7 @@
   ihsweep plan --config=FILE --devices=N [--devices_per_worker=D] [--flops_per_s=F] [--json]
   ihsweep report DIR [DIR ...] [--out OUT] ...   (= python -m analysis report, from anywhere)
   ihsweep fit-law --csv FILE [--fix alpha=0.37] ...   (= python -m analysis fit-law)
-  ihsweep export --workdir=DIR --cell=N [--step=S] --to=transformer_lens|hf --out=PATH
+  ihsweep export --workdir=DIR --cell=N [--step=S] --to=transformer_lens|hf [--out=PATH]
 
 Flags are parsed by absl; ``--config`` is an ml_collections config file with ``get_config()``
 (``FILE:ARG`` passes ARG to it) and every field can be overridden as ``--config.a.b=value``.
@@ -118,7 +118,11 @@ flags.DEFINE_string(
 flags.DEFINE_integer("cell", None, "export: the model (cell id) to export")
 flags.DEFINE_integer("step", None, "export: the saved update to export (default: the last)")
 flags.DEFINE_string("to", None, "export: transformer_lens or hf")
-flags.DEFINE_string("out", None, "export: the new file (transformer_lens) or directory (hf)")
+flags.DEFINE_string(
+  "out",
+  None,
+  "export: the new file (transformer_lens) or directory (hf); default under DIR/analysis",
+)
 
 
 # The flags each command takes (corpus: per subcommand); anything else is refused before parsing.
@@ -676,10 +680,8 @@ def _export(argv):
   from ihsweep import export, notebook
 
   targets = "|".join(export.TARGETS)
-  usage = f"export needs --workdir=DIR --cell=N --to={targets} --out=PATH (--step=S optional)"
-  missing = [
-    f"--{name}" for name in ("workdir", "cell", "to", "out") if getattr(FLAGS, name) is None
-  ]
+  usage = f"export needs --workdir=DIR --cell=N --to={targets} (--step=S, --out=PATH optional)"
+  missing = [f"--{name}" for name in ("workdir", "cell", "to") if getattr(FLAGS, name) is None]
   if missing:
     return _fail(f"{usage}; missing {', '.join(missing)}")
   if FLAGS.to not in export.TARGETS:
@@ -870,11 +872,13 @@ COMMAND_HELP = {
                          layouts, global (today's rule, with refused)
   --grid=FIELD=V1,V2,... / --zip=FIELD=V1,V2,...  axes, as for ihsweep run""",
   "export": """usage: ihsweep export --workdir=DIR --cell=N [--step=S] --to=transformer_lens|hf
-                      --out=PATH
+                      [--out=PATH]
 
   Writes model N (a cell id of the run: a sweep's cells.csv, or 0 … E-1 of ihsweep train) after
   S updates (a saved params checkpoint; default: the last) to a new path (an existing one is
-  refused). The exported model computes the same logits as ihsweep's own forward.
+  refused): --out, default DIR/analysis/export/cellN_stepS.pt (hf: cellN_stepS_hf/); inside DIR
+  only under DIR/analysis/. The exported model computes the same logits as ihsweep's own
+  forward.
   --to=transformer_lens  one file (torch.save: cfg, state_dict); open it with
                          ihsweep.export.load_transformer_lens(PATH), or
                          HookedTransformer(blob["cfg"]).load_state_dict(blob["state_dict"]).

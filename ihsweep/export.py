@@ -412,13 +412,27 @@ def _check_out(out, run_dir=None) -> str:
   if run_dir is not None:
     inside = os.path.join(os.path.realpath(parent), os.path.basename(os.path.abspath(out)))
     root = os.path.realpath(os.fspath(run_dir))
-    if os.path.commonpath([inside, root]) == root:
+    analysis = os.path.join(root, "analysis")
+    if os.path.commonpath([inside, root]) == root and (
+      inside == analysis or os.path.commonpath([inside, analysis]) != analysis
+    ):
       raise ExportError(
-        f"--out={out} is inside the run directory {run_dir}: ihsweep reads and writes names "
-        f"there (checkpoints/, groups/, analysis/, probes.npz, …; a directory under "
-        f"checkpoints/ would be read as a checkpoint); write the export outside it"
+        f"--out={out} is inside the run directory {run_dir} but not under its analysis/: "
+        f"ihsweep reads and writes names there (checkpoints/, groups/, probes.npz, …; a "
+        f"directory under checkpoints/ would be read as a checkpoint); write the export under "
+        f"{os.path.join(run_dir, 'analysis')} (the default) or outside the run"
       )
   return out
+
+
+def default_out(run_dir, cell: int, step: int, to: str) -> str:
+  """Where ``ihsweep export`` writes without ``--out``: ``RUN/analysis/export/cell<N>_step<S>.pt``
+  for transformer_lens, ``…/cell<N>_step<S>_hf`` (a directory) for hf; the ``export``
+  directory is created."""
+  folder = os.path.join(os.fspath(run_dir), "analysis", "export")
+  os.makedirs(folder, exist_ok=True)
+  name = f"cell{cell}_step{step}" + (".pt" if to == "transformer_lens" else "_hf")
+  return os.path.join(folder, name)
 
 
 def _umask() -> int:
@@ -504,7 +518,8 @@ def save(
 def export_run(workdir, cell: int, step: int | None = None, to: str = "transformer_lens", out=None):
   """``ihsweep export``: model ``cell`` of the run directory ``workdir`` after ``step`` updates
   (default: its last saved step) written to the new path ``out`` for ``to``
-  (``'transformer_lens'``: one torch file; ``'hf'``: a ``save_pretrained`` directory).
+  (``'transformer_lens'``: one torch file; ``'hf'``: a ``save_pretrained`` directory); without
+  ``out``, under the run's ``analysis/export/`` (``default_out``).
 
   Returns: ``(out, step)``.
   Raises: ``ihsweep.notebook.NotARun`` (workdir), ``UnknownCell`` (cell, naming the valid ids),
@@ -520,4 +535,6 @@ def export_run(workdir, cell: int, step: int | None = None, to: str = "transform
   _check(cfg, to)
   model = run.model(cell, step)  # StepNotSaved
   source = {"run_dir": run.dir, "cell": int(model.cell), "step": int(model.step)}
+  if out is None:
+    out = default_out(run.dir, int(model.cell), int(model.step), to)
   return save(model, out, to, source=source, run_dir=run.dir), int(model.step)

@@ -23,6 +23,7 @@ detector (``head_detector.detect_head``) with ihsweep's prefix-matching score he
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -378,7 +379,7 @@ def test_cli_refuses_bad_input_naming_the_flag(swept, tmp_path, capsys):
       "model.pos_encoding = 'rotary'",
     ),
     ([*good[:1], "--cell=0", "--to=onnx", f"--out={out}"], "--to=onnx", "transformer_lens"),
-    ([*good[:2], "--cell=0"], "missing --out", "--out=PATH"),
+    ([good[0], "--cell=0", f"--out={out}"], "missing --to", "--to=transformer_lens|hf"),
     ([*good, "--cell=0", "--config=configs/default.py"], "--config is not a flag", "--cell=N"),
   ]
   for args, flag, allowed in cases:
@@ -407,11 +408,15 @@ def test_cli_refuses_an_out_inside_the_run_or_unwritable(swept, tmp_path, capsys
   inside = [
     os.path.join(swept, "groups", "g000", "checkpoints", "params", "99"),
     os.path.join(swept, "cell0-hf"),
+    os.path.join(swept, "analysis"),
   ]
+  os.makedirs(os.path.join(swept, "analysis"), exist_ok=True)
+  os.rmdir(os.path.join(swept, "analysis"))  # absent, so the refusal is the inside rule's
   for out in inside:
     assert _cli(*good, f"--out={out}") == 2
     err = capsys.readouterr().err
-    assert f"--out={out} is inside the run directory" in err and "outside it" in err, err
+    assert f"--out={out} is inside the run directory" in err and "not under its analysis/" in err
+    assert "outside the run" in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not os.path.lexists(out)
   assert ihsweep.load_run(swept).steps(0) == [0, 10]
@@ -425,6 +430,23 @@ def test_cli_refuses_an_out_inside_the_run_or_unwritable(swept, tmp_path, capsys
     assert f"--out={long_name}: cannot be written (File name too long)" in err, err
     assert len(err.strip().splitlines()) == 1, err
   assert os.listdir(tmp_path) == []
+
+
+def test_cli_default_out_is_under_the_runs_analysis(swept, capsys):
+  """Without --out the export lands in RUN/analysis/export/ (named by cell and step); an --out
+  under RUN/analysis/ is allowed; a second export to the same default path is refused."""
+  import ihsweep
+
+  good = [f"--workdir={swept}", "--cell=1", "--to=transformer_lens"]
+  assert _cli(*good) == 0
+  out = os.path.join(swept, "analysis", "export", "cell1_step10.pt")
+  assert f"to {out} (HookedTransformer file)" in capsys.readouterr().out
+  assert os.path.isfile(out)
+  assert _cli(*good) == 2 and f"--out={out} exists" in capsys.readouterr().err
+  mine = os.path.join(swept, "analysis", "mine.pt")
+  assert _cli(*good, "--step=0", f"--out={mine}") == 0 and os.path.isfile(mine)
+  assert ihsweep.load_run(swept).steps(1) == [0, 10]  # the run still reads
+  shutil.rmtree(os.path.join(swept, "analysis"))
 
 
 def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):
