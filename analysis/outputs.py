@@ -38,6 +38,7 @@ FILES = (
   "emergence_map.csv",
   "frontier.csv",
   "factorial.csv",
+  "positions.csv",
 )
 FIGURES = (
   "curves_ps_max",

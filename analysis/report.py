@@ -41,6 +41,7 @@ from . import curves as curves_lib
 from . import emergence as emergence_lib
 from . import frontier as frontier_lib
 from . import plots, scaling
+from . import positions as positions_lib
 from . import summary as summary_lib
 from .load import dir_identity, load_runs, unwritable
 from .outputs import OutputError, Outputs
@@ -435,6 +436,8 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"emergence points ({opts.method}) marked o, censored x.",
       )
 
+  _positions_section(doc, runs, outs, written)
+
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
   agree.to_csv(outs.claim("agreement.csv"), index=False)
@@ -700,6 +703,29 @@ def _frontier_section(doc, points, outs: Outputs, written) -> None:
     paths = plots.plot_factorial(fact, outs.figure("factorial"))
     written["figures"] += paths
     doc.figure(paths[0], "Emergence rate per condition; median emergence step above the bars.")
+
+
+def _positions_section(doc, runs, outs: Outputs, written) -> None:
+  """Where in the context each model's best head works (``analysis.positions``): its
+  prefix-matching score and next-token accuracy on the run's probe blocks placed at the start,
+  the middle and the end of the context, at its last saved update; positions.csv per model,
+  the table per grid point. Nothing when no run saved params with its probes."""
+  tables = []
+  for run in runs:
+    try:
+      t = positions_lib.head_positions(run)
+    finally:
+      run.close()
+    if not t.empty:
+      tables.append(t.assign(run=run.name) if len(runs) > 1 else t)
+  if not tables:
+    return
+  table = pd.concat(tables, ignore_index=True)
+  written["positions_csv"] = outs.claim("positions.csv")
+  table.to_csv(written["positions_csv"], index=False)
+  doc.h(2, "Where the heads work")
+  doc.p(positions_lib.words(table))
+  doc.table(positions_lib.by_cell(table))
 
 
 def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:

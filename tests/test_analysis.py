@@ -540,6 +540,11 @@ def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   md = open(out["report_md"]).read()
   assert "## Emergence points" in md and "## Warnings" in md and "figures/curves_ps_max.png" in md
   assert "| single " in md and "| sweep " in md  # both runs in the per-grid-point table
+  # Where the heads work: every readable model with params and probes, once per run.
+  assert "## Where the heads work" in md
+  where = pd.read_csv(os.path.join(sweep, "analysis", "positions.csv"))
+  assert set(zip(where["run"], where["cell"])) >= {("single", 0), ("single", 1), ("sweep", 0)}
+  assert where[[f"ps_{p}" for p in ("start", "middle", "end")]].stack().between(0, 1).all()
   assert "no law.json is written" in md
   assert not os.path.exists(os.path.join(sweep, "analysis", "law.json"))
   page = open(out["report_html"]).read()

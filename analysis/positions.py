@@ -1,0 +1,180 @@
+"""Where in the context a model's induction head works: its prefix-matching score on
+repeated-token probes placed at the start, the middle and the end of the context.
+
+A run measures its heads on probes at one place (``eval.probe_position``). A head can work there
+and not elsewhere: trained on data whose repeats all sit in the second half of each sequence
+(``data.induction_start = 'half'``), a model can learn to copy only past C/2, and a user who
+tries it on a repeated random sequence from position 0 finds no induction head. This module
+scores each model's best head (the layer and head with the highest prefix-matching score on
+the run's own probes) at three places, for the report's table:
+
+* start: the two blocks of L tokens are the whole input (positions 0 … 2L − 1, the study's);
+* middle: the second block starts at C/2 (C/2 − L filler ids first);
+* end: the blocks fill the last 2L positions of a C-token input.
+
+The blocks are the run's own probe blocks (``probes.npz``: L distinct ids each, drawn from the
+ids the run's probes may use), so the three places differ only in where the blocks sit; the
+filler ids are drawn from the same ids minus the probe's block (``probes.repeated_token_probes``'s
+rule, so each second-block token's only earlier occurrence is its copy). Besides the
+prefix-matching score (Olsson et al. 2022; ``ihsweep.metrics.prefix_matching_score``), the
+table gives the model's next-token accuracy on the second block (the argmax logit equals the
+token the first block says comes next; the block's last position excluded, since its next token
+is outside the probe).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PLACES = ("start", "middle", "end")
+
+
+def placed_probes(blocks_NxL: np.ndarray, context_size: int, place: str, seed: int = 0):
+  """int32 ``[N, T]``: each block twice, at ``place`` in a C-token context (module docstring;
+  T = 2L, C/2 + L or C). Filler ids are drawn uniformly, with replacement, from the ids in
+  ``blocks_NxL`` minus the probe's own block.
+
+  Raises:
+    ValueError: ``place`` not in ``PLACES``; 2L > C; filler needed and no id outside a block.
+  """
+  from ihsweep.data import probes as probes_lib
+
+  blocks = np.asarray(blocks_NxL, np.int64)
+  n, block = blocks.shape
+  if 2 * block > context_size:
+    raise ValueError(f"blocks of L = {block} do not fit twice in C = {context_size} tokens")
+  _, length = probes_lib.probe_layout(context_size, block, place)
+  fill = length - 2 * block
+  ids = np.unique(blocks)
+  rng = np.random.default_rng([seed, 2])
+  rows = []
+  for b in blocks:
+    others = np.setdiff1d(ids, b)
+    if fill and not others.size:
+      raise ValueError("filler needs an id outside the probe's block; all probes share one block")
+    rows.append(np.concatenate([rng.choice(others, fill, replace=True) if fill else [], b, b]))
+  return np.asarray(rows, np.int32)
+
+
+def place_scores(model, tokens_NxT: np.ndarray, block_len: int) -> dict:
+  """Scores of one model (``ihsweep.notebook.Model``) on probes ``[N, T]`` whose blocks are the
+  last 2L tokens: ``ps`` float ``[n_layers, n_heads]`` (the prefix-matching score) and ``acc``
+  float, the next-token accuracy over second-block positions T − L … T − 2."""
+  import jax.numpy as jnp
+
+  from ihsweep.metrics import prefix_matching_score
+
+  logits, internals = model(tokens_NxT, return_internals=True)
+  ps = np.asarray(prefix_matching_score(jnp.asarray(internals["attn"]), block_len))
+  t = tokens_NxT.shape[1]
+  scored = np.arange(t - block_len, t - 1)  # the next token of each is the following one
+  predicted = np.asarray(logits)[:, scored].argmax(-1)
+  acc = float((predicted == tokens_NxT[:, scored + 1]).mean())
+  return {"ps": ps, "acc": acc}
+
+
+def head_positions(run, cells=None, n_probes: int = 64, seed: int = 0) -> pd.DataFrame:
+  """One row per model (cell) at its last saved step: ``cell``, ``seed``, ``batch_size``,
+  ``context_size``, ``step`` (updates), ``head`` ('L1H0': the best head on the run's own
+  probes), ``probe_position`` (the run's own place), then ``ps_start``, ``ps_middle``,
+  ``ps_end`` (that head's prefix-matching score, in [0, 1]) and ``acc_start``, ``acc_middle``,
+  ``acc_end`` (next-token accuracy on the second block, in [0, 1]).
+
+  ``run``: an ``ihsweep.notebook.Run`` or an ``analysis.load.Run``; ``cells``: the cell ids
+  (default all readable); ``n_probes``: how many of the run's probe blocks (at most those saved).
+  Cells whose group has no probes or params are left out.
+  """
+  from ihsweep.notebook import Run as NotebookRun
+
+  nb = run if isinstance(run, NotebookRun) else NotebookRun(run)
+  table = nb.cells.set_index("cell")
+  rows = []
+  for cell in cells if cells is not None else nb.cell_ids:
+    try:
+      saved = nb.probes(cell)
+      model = nb.model(cell)
+    except (ValueError, OSError):  # no probes (evaluation off), no params, a damaged file
+      continue
+    cfg = nb.config_of(cell)
+    context = int(cfg.train.context_size)
+    block = saved.block_len
+    start = saved.repeated.shape[1] - 2 * block
+    blocks = saved.repeated[:n_probes, start : start + block]
+    own = cfg.eval.get("probe_position", "start")
+    scores = {
+      place: place_scores(model, placed_probes(blocks, context, place, seed), block)
+      for place in PLACES
+    }
+    layer, head = np.unravel_index(np.argmax(scores[own]["ps"]), scores[own]["ps"].shape)
+    row = {
+      "cell": int(cell),
+      "seed": int(table.loc[cell, "seed"]),
+      "batch_size": int(table.loc[cell, "batch_size"]),
+      "context_size": context,
+      "step": model.step,
+      "head": f"L{layer}H{head}",
+      "probe_position": own,
+    }
+    row.update({f"ps_{p}": float(scores[p]["ps"][layer, head]) for p in PLACES})
+    row.update({f"acc_{p}": scores[p]["acc"] for p in PLACES})
+    rows.append(row)
+  return pd.DataFrame(rows)
+
+
+def by_cell(table: pd.DataFrame) -> pd.DataFrame:
+  """``head_positions`` averaged over seeds per (B, C) (and ``run`` if the table has it):
+  ``batch_size``, ``context_size``, ``models``, and the mean ``ps_*`` and ``acc_*`` columns."""
+  cols = [f"{m}_{p}" for m in ("ps", "acc") for p in PLACES]
+  keys = [k for k in ("run", "batch_size", "context_size") if k in table]
+  grouped = table.groupby(keys, sort=True)
+  out = grouped[cols].mean().round(2)
+  out.insert(0, "models", grouped.size())
+  return out.reset_index()
+
+
+WHERE = {
+  "start": "at the start (the blocks are positions 0 … 2L − 1)",
+  "middle": "across the middle (the second block from C/2)",
+  "end": "at the end (the last 2L positions)",
+}
+WORKS = 0.3  # a mean score below this at a place: the heads do not work there
+
+
+def words(table: pd.DataFrame) -> str:
+  """The position table in a paragraph: per place, the mean and range over models of the best
+  head's prefix-matching score and the mean next-token accuracy, and the places where the
+  heads do not work (mean score below ``WORKS``) while they do elsewhere."""
+  own = ", ".join(sorted(set(table["probe_position"])))
+  parts = []
+  for place in PLACES:
+    ps = table[f"ps_{place}"]
+    parts.append(
+      f"{WHERE[place]} {ps.mean():.2f} ({ps.min():.2f}–{ps.max():.2f}), next token "
+      f"{table[f'acc_{place}'].mean():.0%}"
+    )
+  text = (
+    f"Each model's best head (the layer and head with the highest prefix-matching score on the "
+    f"run's own probes, placed '{own}'), at its last saved update, scored on the same probe "
+    f"blocks placed elsewhere in a C-token context (filler ids before them; "
+    f"analysis/positions.py). Prefix-matching score, mean (range) over {len(table)} models, and "
+    f"next-token accuracy on the second block: " + "; ".join(parts) + "."
+  )
+  own_ps = table.apply(lambda r: r[f"ps_{r['probe_position']}"], axis=1)
+  misses = []
+  for place in PLACES:
+    weak = table[(table[f"ps_{place}"] < WORKS) & (own_ps >= WORKS)]
+    if not weak.empty:
+      cells = weak.groupby(["batch_size", "context_size"]).size()
+      shown = ", ".join(
+        f"B {b} × C {c}" + (f" ({n} models)" if n > 1 else "") for (b, c), n in cells.items()
+      )
+      misses.append(f"{WHERE[place].split(' (')[0]} for {len(weak)} of {len(table)}: {shown}")
+  if misses:
+    text += (
+      f" Heads that work on the run's own probes score below {WORKS} "
+      + "; ".join(misses)
+      + ": there they are not induction heads (a model learns to copy where its training data "
+      "put repeats; for markov data see data.induction_start)."
+    )
+  return text
