@@ -23,6 +23,7 @@ detector (``head_detector.detect_head``) with ihsweep's prefix-matching score he
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -590,9 +591,52 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
 
 
 def test_the_readme_example_runs(induction, capsys):
-  """README "Open a model in TransformerLens / Hugging Face": its Python block, on this run."""
+  """README "Open a model in TransformerLens / Hugging Face": its Python block, as written but
+  for the run (runs/demo → this 2-layer run of the classic induction task). The printed stripe
+  is the prefix-matching score that ihsweep's own forward gives on the same tokens."""
+  from ihsweep.metrics import prefix_matching_score
+
   text = open(os.path.join(ROOT, "README.md")).read()
   block = text.split("<!-- export-example -->\n```python\n", 1)[1].split("```", 1)[0]
-  assert '"runs/induction"' in block
-  exec(compile(block.replace('"runs/induction"', repr(induction)), "README.md", "exec"), {})
-  assert capsys.readouterr().out.strip() == "torch.Size([4, 1, 32, 32])"
+  assert '"runs/demo"' in block
+  namespace = {}
+  exec(compile(block.replace('"runs/demo"', repr(induction)), "README.md", "exec"), namespace)
+  out = capsys.readouterr().out.strip()
+  found = re.fullmatch(
+    r"cell (\d): layer 1 induction stripe (\d\.\d\d) \(head 0\), next token of the repeat "
+    r"(\d+)%",
+    out,
+  )
+  assert found, out
+  run, tokens = namespace["run"], namespace["tokens"].numpy()
+  cell = int(found.group(1))
+  _, internals = run.model(cell)(tokens[0], return_internals=True)
+  ps = prefix_matching_score(np.asarray(internals["attn"])[:, None], 16)  # [layers, heads]
+  assert abs(float(ps[1, 0]) - float(found.group(2))) <= 0.006, (ps, out)
+
+
+def test_the_readme_export_command_names_the_demo_cell_it_says(swept, tmp_path, monkeypatch):
+  """The README's `ihsweep export --workdir=runs/demo --cell=10 …` line: cell 10 of the demo's
+  plan (configs/demo.py) is B 16 × C 64, seed 0, as the README says; the line runs as written
+  (on a tiny sweep as runs/demo, whose cells are 0 and 1: cell 10 → 1) and writes where its
+  comment says."""
+  import shlex
+
+  from configs import demo
+  from ihsweep import plan as plan_lib
+
+  text = open(os.path.join(ROOT, "README.md")).read()
+  line = text.split("<!-- export-command -->\n```bash\n", 1)[1].splitlines()[0]
+  args = shlex.split(line, comments=True)
+  assert args[:2] == ["ihsweep", "export"] and "--cell=10" in args and "--workdir=runs/demo" in args
+  cell = plan_lib.make_plan(demo.get_config()).cells[10]
+  assert (cell.cfg.train.batch_size, cell.cfg.train.context_size, cell.seed) == (16, 64, 0)
+  assert "Cell 10 of the demo is B 16 × C 64, seed 0" in " ".join(text.split())
+  os.makedirs(tmp_path / "runs")
+  os.symlink(swept, tmp_path / "runs" / "demo")
+  monkeypatch.chdir(tmp_path)
+  try:
+    assert _cli(*[a.replace("--cell=10", "--cell=1") for a in args[2:]]) == 0
+    assert os.path.isfile(os.path.join(swept, "analysis", "export", "cell1_step10.pt"))
+  finally:
+    shutil.rmtree(os.path.join(swept, "analysis"), ignore_errors=True)

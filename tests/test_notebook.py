@@ -308,31 +308,51 @@ def test_tokenizer_of_a_natural_text_run(tmp_path):
   )
 
 
-def _readme_example() -> str:
+def _readme_blocks() -> dict:
+  """README.md's python blocks that read the demo's directory, by the comment before them
+  ('notebook-example', 'export-example') or their first line."""
   with open(os.path.join(ROOT, "README.md")) as f:
     readme = f.read()
-  found = re.search(r"<!-- notebook-example -->\n```python\n(.*?)\n```", readme, re.S)
-  assert found, "README.md lost its <!-- notebook-example --> python block"
-  return found.group(1)
+  blocks = {}
+  for tag, code in re.findall(r"(<!-- [\w-]+ -->\n)?```python\n(.*?)\n```", readme, re.S):
+    if "runs/" in code:
+      blocks[tag.strip()[5:-4] if tag else code.splitlines()[0]] = code
+  return blocks
 
 
-def test_the_readme_example_runs_on_a_tiny_run(single, tmp_path, monkeypatch, capsys):
-  """The README's "From a notebook" block, executed as written, with runs/induction a tiny run."""
+def test_the_readme_blocks_read_what_the_readme_creates():
+  """Every python block of the README that reads a run reads the demo's (`make demo`:
+  runs/demo), and the notebook and export examples are among them."""
+  blocks = _readme_blocks()
+  assert {"notebook-example", "export-example"} <= set(blocks), list(blocks)
+  for name, code in blocks.items():
+    assert set(re.findall(r"runs/\w+", code)) == {"runs/demo"}, (name, code)
+
+
+def test_the_readme_examples_run_on_a_tiny_sweep(swept, tmp_path, monkeypatch, capsys):
+  """The README's python blocks that read runs/demo (but the TransformerLens one, which
+  tests/test_export.py runs on a 2-layer run), executed as written with runs/demo a tiny
+  sweep."""
   os.makedirs(tmp_path / "runs")
-  os.symlink(single, tmp_path / "runs" / "induction")
+  os.symlink(swept, tmp_path / "runs" / "demo")
   monkeypatch.chdir(tmp_path)
-  namespace = {}
-  exec(compile(_readme_example(), "README.md:notebook-example", "exec"), namespace)
+  blocks = _readme_blocks()
+  for name, code in blocks.items():
+    if name != "export-example":
+      namespace = {}
+      exec(compile(code, f"README.md:{name}", "exec"), namespace)
+      if name == "notebook-example":
+        found = namespace
+        found["run"].close()
   out = capsys.readouterr().out
-  L = namespace["L"]
-  assert namespace["logits"].shape == (2 * L, 64)
-  assert namespace["attn"].shape == (1, 2, 2 * L, 2 * L)
-  assert namespace["score"].shape == (1, 2) and 0 <= namespace["score"].max() <= 1
-  assert namespace["step"] == 20 and isinstance(namespace["ps_max"], pd.DataFrame)
-  assert list(namespace["ps_max"].index) == [0, 10, 20]
+  L = found["L"]
+  assert found["logits"].shape == (2 * L, 64)
+  assert found["attn"].shape == (1, 2, 2 * L, 2 * L)
+  assert found["score"].shape == (1, 2) and 0 <= found["score"].max() <= 1
+  assert found["step"] == 10 and isinstance(found["ps_max"], pd.DataFrame)
+  assert list(found["ps_max"].index) == [0, 10] and found["cell"] in range(4)
   assert re.search(
-    r"layer 0 head \d: prefix matching 0\.\d\d, next token of the repeat "
-    r"predicted \d+%",
+    r"cell \d at update 10, layer 0 head \d: prefix matching 0\.\d\d, next token of the "
+    r"repeat predicted \d+%",
     out,
   ), out
-  namespace["run"].close()
