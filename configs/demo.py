@@ -2,24 +2,26 @@
 
 ``make demo`` runs it (``ihsweep run --config=configs/demo.py --workdir=runs/demo``, then
 ``python -m analysis report runs/demo``): B ∈ {8, 16, 32} × C ∈ {16, 32, 64} × 2 seeds = 18
-models in 9 groups, on the 2-core development CPU in 17 min 24 s from a fresh clone
-(install, corpus fetch and analysis included), and the law
-UPT = T / (B^α · C^β) fitted to the cells that transitioned, beside the study's.
+models in 9 groups (the sweep ~11 min on the 2-core development CPU, docs/results.md), and the
+law UPT = T / (B^α · C^β) fitted to the cells that transitioned, beside the study's.
 
 Data: semi-natural (the study's Experiment 2 generator, ``ihsweep/data/markov.py``) built from the
 python-docs corpus (fetched from Debian's python3-doc): the bigram statistics of the Python
-documentation over its V = 256 most frequent BPE types, each row mixed half-and-half with the
+documentation over its V = 256 most frequent BPE types, each row mixed about half (51%) with the
 uniform distribution (``data.smoothing`` 0.004 = 1.02 / V), with induction patterns at frequency
-1 and reliability 1 (in the second half of each sequence an earlier token recurs and is followed by
-its earlier successor whenever possible). Model: 2 layers, one attention head per layer, d_model 64,
-attention-only, untied unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup. Probes:
-L = 8 at every C, the second block starting at position C/2 (``eval.probe_position = 'middle'``), so
-the C effect is not the probe's; the generator repeats tokens only in the second half of a sequence,
-and the heads it grows fire only on a probe whose first copy lies before C/2 (docs/results.md: ~0.9
-here, ~0.01 on the last 16 positions of C = 64). Budget: ``emergence`` — each group stops once both
-models' prefix-matching score has passed 0.3 and training has gone on to twice that update, capped
-at a quarter of the study's predicted updates for the cell (1,900–12,000 updates); eval every 100
-updates; params checkpoints 4 per octave (what the analysis reads).
+1 and reliability 1 (from a point drawn uniformly in each sequence, ``data.induction_start =
+'anywhere'``, an earlier token recurs and is followed by its earlier successor whenever
+possible). Model: 2 layers, one attention head per layer, d_model 64, attention-only, untied
+unembedding (70,528 parameters); constant lr 1e-3 after 1% warmup. Probes: L = 8 at every C, the
+second block starting at position C/2 (``eval.probe_position = 'middle'``), so the C effect is
+not the probe's. With repeats placed anywhere the heads work on a repeated random sequence from
+position 0 (PS 0.80–0.92) and across C/2 (0.83–0.94), and at the end of C = 64 in three of six
+models (the report's "Where the heads work"); with ``'half'`` (repeats only in the second half,
+the demo before issue 27) they fired only on a probe crossing C/2 (B 16 × C 64: 0.17–0.21 from
+position 0, 0.00 at the end; docs/results.md). Budget: ``emergence`` — each group stops once
+both models' prefix-matching score has passed 0.3 and training has gone on to twice that update,
+capped at a quarter of the study's predicted updates for the cell (3,000–12,000 updates); eval
+every 100 updates; params checkpoints 4 per octave (what the analysis reads).
 
 How it was chosen (2-core CPU, calibration runs recorded in docs/results.md):
 * Natural text does not transition here within an hour. Issue trials with 2-layer
@@ -71,6 +73,7 @@ def get_config(arg: str = ""):
     corpus="python-docs",
     frequency=1.0,
     reliability=1.0,
+    induction_start="anywhere",
     smoothing=0.004,
   )
   c.eval.update(every_steps=100, probe_len=8, probe_position="middle")
