@@ -6,10 +6,12 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -150,6 +152,110 @@ def cell_metadata(cfg, mcfg, tcfg, source, n_params: int) -> dict:
 def _clock() -> float:
   """Seconds on a monotonic clock: the time between full-state checkpoints (a test replaces it)."""
   return time.monotonic()
+
+
+def _progress_clock() -> float:
+  """Seconds on a monotonic clock: the training speed the progress shows (a test replaces it)."""
+  return time.monotonic()
+
+
+@dataclasses.dataclass
+class Throughput:
+  """Training speed after start-up, as the progress bar shows it: the updates and tokens (all
+  E models) of the host calls after the first, over the seconds (``_progress_clock``) since
+  the first call had finished running. Start-up — building, restoring, compiling, the first
+  evaluation and the first call — is outside it; the evaluations and checkpoints between calls
+  are in it.
+
+  ``add`` is called once a call's values are read, which waits for the call, so the time
+  counted always covers the calls counted: a read that comes late (the host was saving a
+  checkpoint while the devices ran on) delays the origin of no rate and cannot inflate one.
+  A resumed run therefore shows the speed an uninterrupted one does.
+
+  total: the run's updates (``train.num_steps``); start: the clock when the first call had
+  finished (None before); step: the last update read; updates, tokens: counted since start;
+  elapsed_s: seconds from start to the last read.
+  """
+
+  total: int
+  start: float | None = None
+  step: int = 0
+  updates: int = 0
+  tokens: int = 0
+  elapsed_s: float = 0.0
+
+  def begin(self, step: int) -> None:
+    """The first call (ending at update ``step``) has finished: the clock starts now."""
+    self.start, self.step = _progress_clock(), step
+
+  def add(self, step: int, updates: int, tokens: int) -> None:
+    """A later call's values were read: ``updates`` more, ending at update ``step``."""
+    self.step = step
+    self.updates += updates
+    self.tokens += tokens
+    self.elapsed_s = _progress_clock() - self.start
+
+  @property
+  def updates_per_s(self) -> float:
+    """Updates per second (NaN before a second call was read)."""
+    return self.updates / self.elapsed_s if self.updates and self.elapsed_s > 0 else math.nan
+
+  @property
+  def tokens_per_s(self) -> float:
+    """Tokens per second, all models together (NaN before a second call was read)."""
+    return self.tokens / self.elapsed_s if self.tokens and self.elapsed_s > 0 else math.nan
+
+  @property
+  def eta_s(self) -> float:
+    """Seconds left to update ``total`` at ``updates_per_s`` (NaN while that is unknown)."""
+    return (self.total - self.step) / self.updates_per_s if self.updates else math.nan
+
+  def snapshot(self) -> dict:
+    """``{"step", "updates_per_s", "tokens_per_s", "eta_s", "elapsed_s"}`` now."""
+    return {
+      "step": self.step,
+      "updates_per_s": self.updates_per_s,
+      "tokens_per_s": self.tokens_per_s,
+      "eta_s": self.eta_s,
+      "elapsed_s": self.elapsed_s,
+    }
+
+
+class _AboveBars:
+  """A console stream that writes through ``tqdm.write``: each write clears the open bars,
+  writes the text, and draws them again."""
+
+  def __init__(self, stream):
+    self.stream = stream
+
+  def write(self, text: str) -> None:
+    tqdm.write(text, file=self.stream, end="")
+
+  def flush(self) -> None:
+    self.stream.flush()
+
+
+@contextlib.contextmanager
+def logs_above_bars(on: bool = True):
+  """While progress bars are drawn, the log lines that the root logger's console handlers (a
+  ``StreamHandler`` on stderr or stdout, absl's included) print go through ``tqdm.write``,
+  so that a line never runs into a bar's text; their format, level and filters are kept, and
+  restored on exit. Handlers that write elsewhere (files, pytest's capture) are untouched;
+  nothing is added where there is none. Nested uses and ``on=False`` change nothing."""
+  handlers = []
+  if on:
+    for h in logging.getLogger().handlers:
+      for handler in (h, getattr(h, "python_handler", None)):  # absl's ABSLHandler wraps one
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and stream in (sys.stderr, sys.stdout):
+          handlers.append((handler, stream))
+          handler.setStream(_AboveBars(stream))
+  try:
+    yield
+  finally:
+    for handler, stream in handlers:
+      if isinstance(handler.stream, _AboveBars):
+        handler.setStream(stream)
 
 
 def _fault_injection(step: int, workdir: str, fault: str) -> None:
@@ -507,6 +613,7 @@ def fit(
   stop_rule: EmergenceStop | None = None,
   devices=None,
   local: bool = False,
+  keep_bar: bool = True,
 ) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
@@ -529,15 +636,27 @@ def fit(
   ``stop_rule`` (``EmergenceStop``) ends training early at an evaluation step. After
   ``request_stop`` (SIGTERM) the state is checkpointed and ``Interrupted`` is raised.
 
+  Progress (``progress``): start-up — building, restoring, compiling or loading the programs,
+  the first evaluation and call — is its own phase, logged with its seconds once; the bar opens
+  when the first call has finished, at the updates done, and its rate, ETA and ``tok_s`` count
+  the calls after it only (``Throughput``), so a resumed run shows the speed an uninterrupted
+  one does. ``desc``: the bar's label (its first word, e.g. a sweep's group id, prefixes this
+  run's log lines); ``keep_bar``: whether the finished bar stays on screen (a sweep with its
+  own bar over groups clears it). While the bar is open, log lines are written above it
+  (``logs_above_bars``).
+
   Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
-  (None if nothing was left to train), "tokens_per_s": aggregate throughput after the first
-  (compiling) call, "resumed_from": update count restored or None, "step": updates done,
+  (None if nothing was left to train), "tokens_per_s" and "updates_per_s": throughput after
+  start-up (all models' tokens; ``Throughput``; NaN when only one call was trained), "resumed_from":
+  update count restored or None, "step": updates done,
   "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none),
   "crossed": the stop rule's first evaluation step at or above its threshold per model (None
   without a stop rule), "timings": wall seconds {"setup_s": from entry until the first
   training call is dispatched (validating, building, restoring, compiling; the whole call if
   nothing was left to train), "train_s": the rest (training calls, evaluations, checkpoints,
-  waiting for the last writes), "total_s": both}}``.
+  waiting for the last writes), "total_s": both[, "compile_s": the first training call's
+  dispatch, which compiles the train program or loads it from the persistent cache (part of
+  setup_s)]}}``.
 
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a
@@ -555,7 +674,7 @@ def fit(
   rundir.claim_workdir(workdir, "train", here)
   _quiet_failed_writes()
   try:
-    with rundir.workdir_lock(workdir, here):
+    with rundir.workdir_lock(workdir, here), logs_above_bars(progress):
       return _Training(
         cfg,
         workdir,
@@ -565,6 +684,7 @@ def fit(
         devices=devices,
         team=team,
         started=started,
+        keep_bar=keep_bar,
       ).run()
   except Exception as e:
     if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
@@ -609,10 +729,14 @@ class _Training:
     devices: list,
     team: sharding.Team,
     started: float,
+    keep_bar: bool = True,
   ):
     self.cfg, self.workdir, self.stop_rule = cfg, workdir, stop_rule
     self.started, self.first_call_t = started, None  # perf_counter at fit's entry, first call
-    self.progress, self.desc = progress, desc
+    self.compile_s = None  # the first call's dispatch: compiling or loading the train program
+    self.progress, self.desc, self.keep_bar = progress, desc, keep_bar
+    # A sweep's group id (the label's first word) before this run's log lines.
+    self.who = f"{desc.split()[0]}: " if desc else ""
     self.devices, self.team = devices, team
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
@@ -626,7 +750,8 @@ class _Training:
     self.evaluator: Evaluator | None = None
     self.evaluated = False  # the resumed step's evaluation rows were logged before
     self.loss_sum, self.loss_updates = np.zeros(self.n_models), 0  # since the last evaluation
-    self.first_drain_t, self.tokens_since_first, self.last_loss = None, 0, None
+    self.rate = Throughput(self.tcfg.num_steps)
+    self.first_read, self.last_loss = True, None  # the first call's values not yet read
     self.stopped_early = False
     self.saved: dict[str, set] = {"params": set(), "state": set()}  # by this call of fit
     # checkpoint.state_every_minutes: seconds between full-state saves (0: none by time), and
@@ -645,14 +770,6 @@ class _Training:
     self.loader = (
       HostLoader(self.source, self.state, self.mesh, tcfg.steps_per_call) if self.host_fed else None
     )
-    self.bar = tqdm(
-      total=tcfg.num_steps,
-      initial=self.done,
-      disable=not self.progress,
-      unit="upd",
-      dynamic_ncols=True,
-      desc=self.desc,
-    )
     self.mfile = open(self.metrics_path, "a") if self.lead else None
     self.lfile = open(self.log_path, "a") if self.lead else None
     try:
@@ -660,7 +777,8 @@ class _Training:
       self._train()
     finally:
       self.writers.close()
-      self.bar.close()
+      if self.bar is not None:
+        self.bar.close()
       for f in (self.mfile, self.lfile):
         if f:
           f.close()
@@ -669,7 +787,8 @@ class _Training:
       self.ckpts.close()  # waits for asynchronous writes
     if self.stopped_early:
       log.info(
-        "every model past its transition by the margin: stopped at update %d of %d",
+        "%severy model past its transition by the margin: stopped at update %d of %d",
+        self.who,
         self.done,
         tcfg.num_steps,
       )
@@ -691,7 +810,7 @@ class _Training:
     self.group = group = _Group(cfg, self.devices)
     self.mesh, self.model, self.source = group.mesh, group.model, group.source
     self.host_fed, self.data_params = group.host_fed, group.data_params
-    log.info("data: %s", self.source.describe())
+    log.info("%sdata: %s", self.who, self.source.describe())
     self.hp = jax.device_put(group.hparams(), sharding.ensemble_sharding(self.mesh))
     if self.lead:
       write_resolved_config(cfg, self.workdir)
@@ -705,7 +824,8 @@ class _Training:
         else f" in processes {', '.join(map(str, self.team.processes))}"
       )
     log.info(
-      "mesh %s over %d %s device(s)%s; E=%d B=%d C=%d",
+      "%smesh %s over %d %s device(s)%s; E=%d B=%d C=%d",
+      self.who,
       dict(self.mesh.shape),
       len(self.devices),
       jax.default_backend(),
@@ -731,7 +851,7 @@ class _Training:
     )
     self.start, self.state = self.ckpts.restore_latest_state(self.state)
     if self.start is not None:
-      log.info("resuming from the full-state checkpoint at update %d", self.start)
+      log.info("%sresuming from the full-state checkpoint at update %d", self.who, self.start)
     self.done = self.start or 0
     self.host_arrays = (
       None if self.host_fed else jax.tree_util.tree_map(np.asarray, self.source.arrays())
@@ -768,8 +888,9 @@ class _Training:
       if self.lead:
         probes.save(self.probes_path)
     log.info(
-      "eval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
+      "%seval every %d updates: %d repeated-token probes (L = %d; %s), %d held-out "
       "sequences per model (%d associative-recall prompts in model 0's)",
+      self.who,
       every,
       len(probes.repeated),
       probes.block_len,
@@ -827,16 +948,26 @@ class _Training:
       self._after_step(0, pending, [])
     elif self.schedule.eval_due(self.done) and not self.evaluated:  # killed before its rows
       pending.append(self._evaluation(self.done))
+    elif self.evaluator is not None and self.calls:
+      # Compiled in start-up, as a fresh run's evaluation at update 0 is (values discarded):
+      # its first compilation would otherwise count as training time (Throughput).
+      self.evaluator(self.state.params)
     if self.loader:
       self.loader.prefetch(self.done, self.calls)
     program = self.group.train_program()
     self.state_saved_t = _clock()
     for k in self.calls:
       data = self.loader.next() if self.loader else self.arrays
+      first = self.first_call_t is None
+      if first:
+        log.info(
+          "%scompiling the train program (or loading it from the compilation cache) …", self.who
+        )
+        dispatched = time.perf_counter()
       self.state, metrics = program(self.state, self.hp, data, k)  # runs while we log the last
-      if self.first_call_t is None:  # dispatched (compiled): start-up ends here
-        self.first_call_t = time.perf_counter()
       self.done += k
+      if first:
+        self._end_startup(metrics, dispatched)
       new = [("train", self.done, metrics, k)]
       self._after_step(self.done, new, pending)
       if self.stop_rule is not None and self.schedule.eval_due(self.done):
@@ -864,6 +995,35 @@ class _Training:
     for item in pending:
       self._drain(item)
 
+  def _end_startup(self, metrics, dispatched: float) -> None:
+    """After the first call's dispatch (which compiled or loaded the train program): waits for
+    the call to finish — the origin of the training speed (``Throughput``), once per run — logs
+    the start-up's seconds and opens the progress bar at the updates done, so that neither
+    compilation nor the first call enters its rate or ETA."""
+    self.first_call_t = time.perf_counter()
+    self.compile_s = self.first_call_t - dispatched
+    jax.block_until_ready(metrics)
+    self.rate.begin(self.done)
+    log.info(
+      "%sstart-up took %.1f s up to the end of the first call, %.1f s of it compiling (or "
+      "loading) the train program; training from update %d of %d",
+      self.who,
+      time.perf_counter() - self.started,
+      self.compile_s,
+      self.done,
+      self.tcfg.num_steps,
+    )
+    self.bar = tqdm(
+      total=self.tcfg.num_steps,
+      initial=self.done,
+      disable=not self.progress,
+      unit="upd",
+      dynamic_ncols=True,
+      desc=self.desc,
+      smoothing=0,  # the average since start-up: the rate and ETA Throughput reports
+      leave=self.keep_bar,
+    )
+
   def _evaluation(self, step: int) -> tuple:
     # diverged_at copied: the state is donated to the next call before this is drained.
     return ("eval", step, (self.evaluator(self.state.params), jnp.copy(self.state.diverged_at)), 0)
@@ -872,13 +1032,20 @@ class _Training:
     """Evaluation and checkpoints due at ``step`` (evaluation results join ``pending``).
     Before a full-state checkpoint, everything logged up to ``step`` (``earlier`` and
     ``pending``) is written, so a resume from it never lacks rows. ``final``: the last step
-    (an early stop or a requested one): params and state are saved whatever the schedule."""
+    (an early stop or a requested one): params and state are saved whatever the schedule.
+    Before a params checkpoint, the dispatched calls are read too: the save waits for the last
+    one anyway, and a read after it would time the save as training (``Throughput``)."""
     if self.schedule.eval_due(step) and not final:
       pending.append(self._evaluation(step))
     extra = {"tokens": step * self.tokens_per_step}
     if (self.schedule.params_due(step) or (final and self.stopped_early)) and (
       step not in self.saved["params"]
     ):
+      if any(item[0] == "train" for item in earlier + pending):
+        for item in earlier + pending:
+          self._drain(item)
+        earlier.clear()
+        pending.clear()
       self.ckpts.save_params(step, self.state.params, extra)
       self.saved["params"].add(step)
     if (self.schedule.state_due(step) or final) and step not in self.saved["state"]:
@@ -921,7 +1088,8 @@ class _Training:
       self.mfile.flush()
       self.writers.write_scalars(step, sinks.metric_scalars(rows))
     log.info(
-      "eval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+      "%seval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+      self.who,
       step,
       f"{step * self.tokens_per_step:,}",
       _short(host["ps_max"]),
@@ -932,11 +1100,10 @@ class _Training:
     self.loss_sum, self.loss_updates = np.zeros(self.n_models), 0
 
   def _log_call(self, step: int, host: dict, k: int) -> None:
-    now = time.perf_counter()
-    if self.first_drain_t is None:  # the first call includes compilation: not timed
-      self.first_drain_t = now
+    if self.first_read:  # the first call is start-up's (Throughput): not timed
+      self.first_read = False
     else:
-      self.tokens_since_first += k * self.n_models * self.tokens_per_step
+      self.rate.add(step, k, k * self.n_models * self.tokens_per_step)
     self.last_loss = host["loss"][:k].mean(axis=0)
     row = {
       "step": step,
@@ -951,18 +1118,22 @@ class _Training:
       self.writers.write_scalars(step, sinks.train_scalars(row, train.cell_ids(self.cfg)))
     self.loss_sum += self.last_loss * k
     self.loss_updates += k
-    self.bar.update(k)
-    elapsed = now - self.first_drain_t
+    if self.bar is None:
+      return
+    if step > self.bar.n:  # the first call is in the bar's initial count
+      self.bar.update(step - self.bar.n)
     finite = self.last_loss[np.isfinite(self.last_loss)]
+    tok_s = self.rate.tokens_per_s
     self.bar.set_postfix(
       loss=f"{finite.mean():.4f}" if finite.size else "nan",
-      tok_s=f"{self.tokens_since_first / elapsed:,.0f}" if elapsed else "-",
+      tok_s="-" if math.isnan(tok_s) else f"{tok_s:,.0f}",
     )
+    if step == self.tcfg.num_steps:  # its last line at the last read, not after the last save
+      self.bar.close()
 
   def _result(self) -> dict[str, Any]:
     num_steps, stop_rule = self.tcfg.num_steps, self.stop_rule
     end = time.perf_counter()
-    elapsed = end - self.first_drain_t if self.first_drain_t else 0.0
     first = self.first_call_t or end
     return {
       "state": self.state,
@@ -972,13 +1143,13 @@ class _Training:
       "stopped_early": self.stopped_early or (stop_rule is not None and self.done < num_steps),
       "diverged_at": np.asarray(sharding.to_host(self.state.diverged_at)),
       "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
-      "tokens_per_s": (
-        self.tokens_since_first / elapsed if self.tokens_since_first else float("nan")
-      ),
+      "tokens_per_s": self.rate.tokens_per_s,
+      "updates_per_s": self.rate.updates_per_s,
       "timings": {
         "setup_s": first - self.started,
         "train_s": end - first,
         "total_s": end - self.started,
+        **({"compile_s": self.compile_s} if self.compile_s is not None else {}),
       },
     }
 

@@ -80,16 +80,17 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
       workdir; a workdir holding a sweep with a different config).
   """
-  from ihsweep import sharding
+  from ihsweep import runner, sharding
 
   plan = make_plan(cfg)
   rundir.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
-  if cfg.sweep.placement == "global":
-    with rundir.workdir_lock(workdir):
-      return _run_global(cfg, plan, workdir, progress)
-  return _run_worker(cfg, plan, workdir, progress)
+  with runner.logs_above_bars(progress):
+    if cfg.sweep.placement == "global":
+      with rundir.workdir_lock(workdir):
+        return _run_global(cfg, plan, workdir, progress)
+    return _run_worker(cfg, plan, workdir, progress)
 
 
 def _common(group) -> dict:
@@ -146,6 +147,132 @@ def _describe(group, i: int, n: int, common: dict) -> None:
     group.cap_reason,
     f"{group.law_updates:,.0f}",
   )
+
+
+class _Progress:
+  """The sweep's progress, logged at its start and after each group this process trains (and
+  drawn as a bar over the groups with ``progress``): the run directory's groups done / running
+  / pending (a group whose worker is gone counts as pending: it is taken over), the tokens
+  trained so far in all of them (done: up to their last update; others: their last logged
+  update), and an ETA for the rest.
+
+  The ETA ("~": an estimate) is the runtime model's seconds (``timing.runtime_model``: FLOPs at
+  a share of the chip's peak; relative FLOPs on CPUs and unknown chips) for the updates left —
+  each unfinished group's predicted updates (``placement.jobs_from_plan``: an 'emergence'
+  budget's predicted stop) less those logged — scaled by measured / predicted seconds of the
+  groups trained here (start-up included), and shared by the workers now training (this one
+  and those holding groups). A group that stops early adds nothing more: its remaining updates
+  are freed. Before a group has finished here, the model's own seconds on a known chip, else
+  no ETA."""
+
+  def __init__(self, cfg, plan: Plan, workdir: str, devices: list, local: bool, progress: bool):
+    from tqdm.auto import tqdm
+
+    from ihsweep import placement, runner, timing
+
+    self.plan, self.workdir = plan, workdir
+    self.model = timing.runtime_model(devices)
+    self.known_chip = self.model.flops_per_s > 1.0  # FlopsModel(1.0): relative FLOPs
+    try:
+      self.jobs = {j.id: j for j in placement.jobs_from_plan(cfg, plan)}
+      self.devices = {g.id: len(runner.group_devices(g.cfg, devices, local)) for g in plan.groups}
+    except Exception as e:  # noqa: BLE001 — the progress line must never stop a sweep
+      log.debug("no runtime prediction for the sweep's progress: %s", e)
+      self.jobs, self.devices = {}, {}
+    self.measured_s = self.predicted_s = 0.0  # over the groups trained here
+    self.trained_here = 0
+    self.bar = tqdm(
+      total=len(plan.groups),
+      disable=not progress,
+      desc="sweep",
+      unit="group",
+      dynamic_ncols=True,
+      bar_format="{desc}: {n_fmt}/{total_fmt} groups done |{bar}| {elapsed}{postfix}",
+    )
+
+  def _seconds(self, group_id: str, updates: float) -> float:
+    """The runtime model's seconds for ``updates`` of a group (its job's linear share)."""
+    job = self.jobs[group_id]
+    total = self.model.seconds(job, self.devices[group_id])["total_s"]
+    return total * updates / max(job.updates, 1)
+
+  def finished(self, group, out: dict, devices: int) -> None:
+    """A group this process trained to its end (or early stop): its measured seconds against
+    the model's for the updates it trained in this run."""
+    updates = int(out["step"]) - int(out["resumed_from"] or 0)
+    seconds = (out.get("timings") or {}).get("total_s")
+    if group.id not in self.jobs or updates <= 0 or not seconds:
+      return
+    self.devices[group.id] = devices
+    self.measured_s += float(seconds)
+    self.predicted_s += self._seconds(group.id, updates)
+    self.trained_here += 1
+
+  def report(self) -> None:
+    """Logs the progress line and refreshes the bar."""
+    counts = {"done": 0, "running": 0, "pending": 0, "failed": 0}
+    tokens, left_s, early = 0, 0.0, 0
+    for group in self.plan.groups:
+      status = read_status(self.workdir, group.id)
+      state = rundir.group_state(self.workdir, group.id, status)
+      per_update = (
+        len(group.cells) * int(group.cfg.train.batch_size) * int(group.cfg.train.context_size)
+      )
+      if state == "done":
+        step = int(status.get("step") or 0)
+        early += bool(status.get("stopped_early"))
+      else:
+        step = rundir.last_step(os.path.join(group_dir(self.workdir, group.id), "train_log.jsonl"))
+        step = int(step or 0)
+        if group.id in self.jobs and state != "failed":
+          left_s += self._seconds(group.id, max(self.jobs[group.id].updates - step, 0))
+      counts[state if state in counts else "pending"] += 1
+      tokens += step * per_update
+    eta, basis = self._eta(left_s, counts)
+    log.info(
+      "sweep progress: %d/%d groups done%s, %d running, %d pending%s; %s tokens trained; %s",
+      counts["done"],
+      len(self.plan.groups),
+      f" ({early} stopped early)" if early else "",
+      counts["running"],
+      counts["pending"],
+      f", {counts['failed']} failed" if counts["failed"] else "",
+      f"{tokens:,}",
+      basis,
+    )
+    self.bar.n = counts["done"]
+    self.bar.set_postfix_str(f"{tokens:,} tokens; ETA {eta}", refresh=True)
+
+  def _eta(self, left_s: float, counts: dict) -> tuple[str, str]:
+    """``(ETA as the bar shows it, the log line's ETA with what it is based on)``."""
+    from ihsweep.placement import duration
+
+    if not counts["running"] and not counts["pending"]:
+      return "—", "nothing left"
+    if not self.jobs:
+      return "?", "no ETA (no runtime prediction for this plan)"
+    # Those holding groups, and this one while groups are left to take.
+    workers = max(counts["running"] + (1 if counts["pending"] else 0), 1)
+    if self.predicted_s > 0:
+      ratio = self.measured_s / self.predicted_s
+      eta = duration(left_s * ratio / workers)
+      speed = self.model.flops_per_s / ratio  # what the model's FLOP/s per device came to
+      return f"~{eta}", (
+        f"ETA ~{eta}: the updates left at the {speed:.3g} FLOP/s per device (runtime model's "
+        f"FLOPs) measured over the {self.trained_here} group(s) trained here, start-up "
+        f"included; {workers} worker(s)"
+      )
+    if self.known_chip:
+      eta = duration(left_s / workers)
+      return f"~{eta}", (
+        f"ETA ~{eta}: the updates left at the runtime model's {self.model.flops_per_s:.3g} FLOP/s "
+        f"per device, no start-up; {workers} worker(s); measured speeds replace it as groups "
+        f"finish"
+      )
+    return "?", "ETA once a group has finished here (no speed known for these devices yet)"
+
+  def close(self) -> None:
+    self.bar.close()
 
 
 def _prepare(cfg, plan: Plan, workdir: str) -> None:
@@ -344,11 +471,14 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     workdir,
   )
   ahead = _CompileAhead(plan, workdir)
+  first = _phase_worker(cfg, plan, steps[0])
+  tracker = _Progress(cfg, plan, workdir, first.devices, first.local, progress)
+  tracker.report()
   result, trained = None, []
   try:
     for i, phase in enumerate(steps):
       worker = _phase_worker(cfg, plan, phase)
-      result = _work(cfg, plan, workdir, progress, worker, ahead, trained)
+      result = _work(cfg, plan, workdir, progress, worker, ahead, trained, tracker)
       if jax.process_count() > 1 and i + 1 < len(steps):
         # Every process ends the phase together (the next one forms other workers): it waits
         # on the run directory until the phase's groups are finished, then meets the others;
@@ -366,6 +496,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         result = _recorded_result(plan, workdir, runner.stop_requested())
   finally:
     ahead.close()
+    tracker.close()
   log.info("worker %s: trained %s", rundir.worker_id(), ", ".join(trained) or "no group")
   return result
 
@@ -405,8 +536,10 @@ def _work(
   worker: _Worker,
   ahead: _CompileAhead,
   trained: list,
+  tracker: _Progress,
 ) -> SweepResult:
-  """A worker's loop: claim the next of its groups, train it, record it; until none is left.
+  """A worker's loop: claim the next of its groups, train it, record it (and report the
+  sweep's progress: ``_Progress``); until none is left.
   In a worker of several processes its lead claims and writes and tells the others which
   group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
   finished to ``trained`` (every phase's, for the sweep's last log line)."""
@@ -476,6 +609,7 @@ def _work(
           stop_rule=_stop_rule(cfg, group),
           devices=group_devices,
           local=worker.local,
+          keep_bar=False,  # the sweep's bar and progress line follow the group
         )
       if beat.lost.is_set():
         log.error(
@@ -490,6 +624,7 @@ def _work(
         write_status(workdir, group.id, **_done_status(group, out, common), worker=me)
       state = "done"
       trained.append(group.id)
+      tracker.finished(group, out, len(group_devices))
     except runner.Interrupted as e:
       if lead:
         write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
@@ -518,6 +653,7 @@ def _work(
         rundir.release_claim(workdir, group.id, state)
       if lead:
         write_cells(plan, workdir)
+    tracker.report()
     if interrupted:
       break
   return _recorded_result(plan, workdir, interrupted)
@@ -572,6 +708,22 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     jax.process_count(),
     workdir,
   )
+  tracker = _Progress(cfg, plan, workdir, jax.devices(), False, progress)
+  try:
+    return _global_groups(cfg, plan, workdir, progress, states, tracker)
+  finally:
+    tracker.close()
+
+
+def _global_groups(cfg, plan: Plan, workdir: str, progress: bool, states: dict, tracker):
+  """``_run_global``'s loop: every group in plan order on the global mesh (``states``: each
+  group's status, updated), the sweep's progress reported after each; then sweep.json."""
+  import jax
+
+  from ihsweep import runner, sharding
+
+  lead, n = jax.process_index() == 0, len(plan.groups)
+  tracker.report()
   interrupted = False
   for i, group in enumerate(plan.groups):
     gdir = group_dir(workdir, group.id)
@@ -599,7 +751,12 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         )
       ):
         out = runner.fit(
-          group.cfg, gdir, progress=progress, desc=desc, stop_rule=_stop_rule(cfg, group)
+          group.cfg,
+          gdir,
+          progress=progress,
+          desc=desc,
+          stop_rule=_stop_rule(cfg, group),
+          keep_bar=False,  # the sweep's bar and progress line follow the group
         )
     except runner.Interrupted as e:
       states[group.id] = (
@@ -631,8 +788,10 @@ def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     else:
       done = _done_status(group, out, common)
       states[group.id] = write_status(workdir, group.id, **done) if lead else done
+      tracker.finished(group, out, len(jax.devices()))
     if lead:
       write_cells(plan, workdir)
+    tracker.report()
   summary = summarize(plan, workdir) if lead else {}
   if lead:
     rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)

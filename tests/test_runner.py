@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -265,3 +266,133 @@ def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
   for t in out["timings"].values():
     assert t["total_s"] == pytest.approx(t["setup_s"] + t["train_s"])
     assert t["setup_s"] > 0 and t["train_s"] > 0
+
+
+class FakeDevice:
+  """A device on a fake clock (``runner._progress_clock``): every update takes 1 s; a call
+  starts when the previous one has ended (or at its dispatch) and the host's own work takes no
+  time, so the clock moves only when the host waits for a call — reading its values, saving
+  the state it makes, or reading an evaluation dispatched after it. Rates read off it are
+  exact."""
+
+  def __init__(self, monkeypatch):
+    self.now = self.busy_until = 0.0
+    self.ends = {}  # id(dispatched values) -> (values, the fake time they are ready)
+    monkeypatch.setattr(runner, "_progress_clock", lambda: self.now)
+    make_program = runner._Group.train_program
+
+    def train_program(group):
+      program = make_program(group)
+
+      def call(state, hp, data, k):
+        state, metrics = program(state, hp, data, k)
+        self.busy_until = max(self.now, self.busy_until) + k
+        self.ends[id(metrics)] = (metrics, self.busy_until)
+        return state, metrics
+
+      return call
+
+    evaluation = runner._Training._evaluation
+
+    def evaluate(training, step):
+      item = evaluation(training, step)
+      self.ends[id(item[2])] = (item[2], self.busy_until)  # ready after the calls before it
+      return item
+
+    to_host, block = sharding.to_host, jax.block_until_ready
+    monkeypatch.setattr(runner._Group, "train_program", train_program)
+    monkeypatch.setattr(runner._Training, "_evaluation", evaluate)
+    monkeypatch.setattr(sharding, "to_host", lambda tree: (self.wait(tree), to_host(tree))[1])
+    monkeypatch.setattr(jax, "block_until_ready", lambda tree: (self.wait(tree), block(tree))[1])
+    for name in ("save_params", "save_state"):  # they read the state the last call made
+      save = getattr(checkpoint.RunCheckpoints, name)
+
+      def waiting(ckpts, *args, _save=save, **kwargs):
+        self.wait()
+        return _save(ckpts, *args, **kwargs)
+
+      monkeypatch.setattr(checkpoint.RunCheckpoints, name, waiting)
+
+  def wait(self, tree=None) -> None:
+    """The host waits for ``tree``'s values (None: for every call dispatched so far)."""
+    if tree is None:
+      self.now = max(self.now, self.busy_until)
+    elif id(tree) in self.ends:
+      self.now = max(self.now, self.ends[id(tree)][1])
+
+
+def test_a_resumed_run_reports_the_speed_and_eta_of_an_uninterrupted_one(
+  tiny, tmp_path, monkeypatch
+):
+  """The progress's rate and ETA (``runner.Throughput``, read after each call) on a fake device
+  of 1 s per update: an uninterrupted run of 60 updates and the same run resumed from its
+  checkpoints at 40 and at 50 (what a kill leaves) report 1 update/s and the same ETAs at the
+  same updates. Start-up (compiling, the first call) is outside the rates. Before the fix, the
+  origin of the rate was read after the second call had run (the final params save waits for
+  it), so a resume with two calls left divided that call's tokens by no time at all."""
+  FakeDevice(monkeypatch)
+  seen = []
+  log_call = runner._Training._log_call
+
+  def record(training, step, host, k):
+    log_call(training, step, host, k)
+    seen.append(training.rate.snapshot())
+
+  monkeypatch.setattr(runner._Training, "_log_call", record)
+  cfg = tiny(**{
+    **RUN,
+    "train.num_steps": 60,
+    "train.steps_per_call": 5,
+    "eval.every_steps": 20,
+    "checkpoint.keep_state": 10,
+  })  # fmt: skip
+  tokens_per_update = 2 * 8 * 32  # E · B · C
+  work = tmp_path / "run"
+  runs = {}
+  for cut in (None, 40, 50):
+    if cut is not None:  # the kill: the state saves after `cut` and the final params are lost
+      for step in range(cut + 10, 61, 10):
+        shutil.rmtree(work / "checkpoints" / "state" / str(step))
+      shutil.rmtree(work / "checkpoints" / "params" / "60")
+    seen.clear()
+    out = runner.fit(cfg, str(work), progress=False)
+    assert out["resumed_from"] == cut and out["step"] == 60
+    runs[cut] = (out, {s["step"]: s for s in seen if s["updates_per_s"] == s["updates_per_s"]})
+
+  full, at = runs[None]
+  assert out["timings"]["compile_s"] >= 0
+  assert full["updates_per_s"] == pytest.approx(1.0)
+  assert full["tokens_per_s"] == pytest.approx(tokens_per_update)
+  for cut in (40, 50):
+    out, resumed = runs[cut]
+    assert out["updates_per_s"] == pytest.approx(full["updates_per_s"], rel=0.2), cut
+    assert out["tokens_per_s"] == pytest.approx(full["tokens_per_s"], rel=0.2), cut
+    assert resumed and min(resumed) > cut + 5  # the first call after the resume is not timed
+    for step, snap in resumed.items():
+      assert snap["updates_per_s"] == pytest.approx(at[step]["updates_per_s"], rel=0.2), (cut, step)
+      assert snap["eta_s"] == pytest.approx(at[step]["eta_s"], rel=0.2, abs=1.0), (cut, step)
+      assert snap["eta_s"] == pytest.approx((60 - step) / snap["updates_per_s"])
+
+
+def test_log_lines_are_written_above_an_open_bar(capsys):
+  """A console log handler writes through ``tqdm.write`` inside ``logs_above_bars``: the bar
+  is cleared first, so the line starts a line of its own instead of running into the bar's
+  text; the handler's stream is restored after."""
+  import logging
+
+  from tqdm import tqdm
+
+  handler = logging.StreamHandler(sys.stderr)
+  logger = logging.getLogger("ihsweep.test_bars")
+  logging.getLogger().addHandler(handler)
+  try:
+    for above in (False, True):
+      with runner.logs_above_bars(above), tqdm(total=10, desc="bar", mininterval=0) as bar:
+        bar.update(3)
+        logger.warning("a line from the log %s", above)
+        bar.update(3)
+      before = capsys.readouterr().err.split(f"a line from the log {above}")[0]
+      assert (before[-1] in "\r\n") == above, repr(before[-40:])
+    assert handler.stream is sys.stderr
+  finally:
+    logging.getLogger().removeHandler(handler)

@@ -280,6 +280,68 @@ def test_a_group_smaller_than_the_devices_runs_on_part_of_them(tiny, tmp_path):
   assert rundir.read_status(work, "g000")["devices"] == 2
 
 
+class _ProcessLock:
+  """``filelock.FileLock`` as an fcntl lock behaves on NFS: held by the process, so it never
+  keeps out another thread of the same process."""
+
+  def __init__(self, path, *args, **kwargs):
+    self.path = path
+
+  def acquire(self, *args, **kwargs):
+    return self
+
+  def release(self, *args, **kwargs):
+    pass
+
+
+def test_a_sweeps_log_says_each_thing_once(tiny, tmp_path, monkeypatch, caplog):
+  """A 2-group sweep on a corpus no run has tokenized yet, with its progress bars on: every
+  INFO line of the log is different (the lines of each group name it); the corpus is
+  tokenized, and said so, once, although the first group prepares it on the main thread while
+  the second's programs are compiled ahead on another (a slow build makes the two meet; the
+  cache's file lock is one that does not order threads, as on NFS); and a progress line
+  follows each group with the groups done and tokens trained."""
+  from test_natural import write_corpus
+
+  from ihsweep.data import corpus
+
+  build = corpus._build_cache
+
+  def slow_build(*args, **kwargs):
+    time.sleep(1.0)  # the other thread arrives meanwhile
+    return build(*args, **kwargs)
+
+  monkeypatch.setattr(corpus, "_build_cache", slow_build)
+  monkeypatch.setattr("filelock.FileLock", _ProcessLock)
+  natural = {
+    "data.source": "natural",
+    "data.files": write_corpus(str(tmp_path / "text")),
+    "data.cache_dir": str(tmp_path / "cache"),
+    "data.val_fraction": 0.2,
+    "model.vocab_size": 300,
+  }
+  cfg = _config(tiny, grid={"train.batch_size": (4, 8)}, **natural)
+  with caplog.at_level("INFO", logger="ihsweep"):
+    result = sweep.run(cfg, str(tmp_path / "run"), progress=True)
+  assert all(s["state"] == "done" for s in result.groups.values()), result.groups
+  lines = [r.getMessage() for r in caplog.records if r.levelno >= 20 and r.name == "ihsweep"]
+  assert any("compiled group g001's programs ahead" in m for m in lines), lines  # they met
+  twice = sorted({m for m in lines if lines.count(m) > 1})
+  assert not twice, twice
+  assert sum(m.startswith("tokenizing ") for m in lines) == 1, lines
+  assert sum(m.startswith("cached ") for m in lines) == 1, lines
+  assert not any("waiting for another process" in m for m in lines), lines
+  progress = [m for m in lines if m.startswith("sweep progress: ")]
+  assert progress[0].startswith("sweep progress: 0/2 groups done, 0 running, 2 pending; 0 tokens")
+  assert "ETA once a group has finished here" in progress[0]
+  assert progress[1].startswith("sweep progress: 1/2 groups done, 0 running, 1 pending; ")
+  assert "ETA ~" in progress[1] and "measured over the 1 group(s) trained here" in progress[1]
+  tokens = 2 * 20 * (4 + 8) * 32  # E · updates · (B₀ + B₁) · C
+  assert progress[2] == f"sweep progress: 2/2 groups done, 0 running, 0 pending; {tokens:,} " + (
+    "tokens trained; nothing left"
+  )
+
+
 def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")
@@ -616,7 +678,7 @@ def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
     assert healthy[key] == pytest.approx(control[key], rel=1e-5, abs=1e-6), key
 
 
-def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkeypatch):
+def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkeypatch, caplog):
   # The stop rule sees a scripted metric: untrained models below the threshold at update 0,
   # past it from update 10 on; with margin 1 the group stops there (of a 40-update cap).
   observe = runner.EmergenceStop.observe
@@ -641,9 +703,15 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
   plan = plan_lib.make_plan(cfg)
   cap = plan.groups[0].num_steps
   assert cap > 10
-  result = sweep.run(cfg, str(tmp_path), progress=False)
+  with caplog.at_level("INFO", logger="ihsweep"):
+    result = sweep.run(cfg, str(tmp_path), progress=False)
   status = result.groups["g000"]
   assert status["state"] == "done" and status["stopped_early"] and status["step"] == 10
+  # The progress counts the tokens trained, not the cap's: the stop freed the rest.
+  assert [m for m in caplog.messages if m.startswith("sweep progress: ")][-1] == (
+    f"sweep progress: 1/1 groups done (1 stopped early), 0 running, 0 pending; "
+    f"{10 * 2 * 8 * 32:,} tokens trained; nothing left"
+  )
   assert result.summary["saved_fraction"] == pytest.approx(1 - 10 / cap)
   steps = [r["step"] for r in map(json.loads, open(tmp_path / "groups/g000/metrics.jsonl"))]
   assert max(steps) == 10

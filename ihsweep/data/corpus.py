@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -48,6 +49,11 @@ log = logging.getLogger("ihsweep")
 
 _ENCODE_CHUNK = 1024  # documents per encode_batch call
 _FORMAT_VERSION = 1  # bump when the cached arrays' meaning changes
+# One lock per cache entry for the threads of this process (a sweep prepares the next group's
+# corpus on its compile-ahead thread while the current group prepares it on the main one): a
+# file lock need not order them (fcntl locks, NFS's flock, belong to the process).
+_BUILDS: dict[str, threading.Lock] = {}
+_BUILDS_LOCK = threading.Lock()
 
 
 def fetch_corpus(name: str, cache_dir: str | None = None) -> str:
@@ -211,6 +217,8 @@ def prepare_corpus(
   ``cache_dir/tokens/<name>-<key>/``. Building holds ``<entry>.lock`` (processes sharing the
   cache wait for the first one's build, then load it) and writes into a temporary directory
   renamed into place, so a killed build leaves no half-written cache (and releases the lock).
+  Threads of one process build an entry once too (the others wait, then load it), so its
+  "tokenizing" and "cached" lines are logged once, by the build; a load logs nothing.
 
   Raises:
     CorpusError: any bad input (see ``document_source``, ``read_documents``, ``train_bpe``,
@@ -226,15 +234,23 @@ def prepare_corpus(
       return _load_cache(path, vocab_size, hit=True)
     except (OSError, ValueError, EOFError, KeyError):
       pass  # damaged, or being replaced: decided under the lock
-  with _build_lock(path):
-    remove_stale_temp_dirs(cache_root)  # a builder that died while this process waited
-    if os.path.isfile(os.path.join(path, "meta.json")):  # built while this process waited
-      try:
-        return _load_cache(path, vocab_size, hit=True)
-      except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
-        log.warning("cache %s is damaged (%s); rebuilding it", path, e)
-        shutil.rmtree(path, ignore_errors=True)
-    _build_cache(doc_source, data_cfg, vocab_size, path, vocab_field)
+  with _BUILDS_LOCK:
+    in_process = _BUILDS.setdefault(path, threading.Lock())
+  if not in_process.acquire(blocking=False):
+    log.debug("waiting for another thread of this process to finish tokenizing into %s", path)
+    in_process.acquire()
+  try:
+    with _build_lock(path):
+      remove_stale_temp_dirs(cache_root)  # a builder that died while this process waited
+      if os.path.isfile(os.path.join(path, "meta.json")):  # built while this one waited
+        try:
+          return _load_cache(path, vocab_size, hit=True)
+        except (OSError, ValueError, EOFError, KeyError) as e:  # truncated or edited by hand
+          log.warning("cache %s is damaged (%s); rebuilding it", path, e)
+          shutil.rmtree(path, ignore_errors=True)
+      _build_cache(doc_source, data_cfg, vocab_size, path, vocab_field)
+  finally:
+    in_process.release()
   return _load_cache(path, vocab_size, hit=False)
 
 
