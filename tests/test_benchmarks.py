@@ -55,3 +55,41 @@ def test_analysis_benchmark_runs(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.strip().splitlines()[-1])
   assert out["E"] == 2 and out["checkpoints"] == 3 and out["cold_s"] > 0
+
+
+def test_code_shape_finds_cycles_long_functions_and_back_doors(tmp_path):
+  """benchmarks/code_shape.py on a made-up package with known answers: a cycle only through an
+  in-function import, a private name used from another module, an importlib of an own module, a
+  long function, an exception hierarchy; and on this repository it runs."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  try:
+    import code_shape
+  finally:
+    sys.path.pop(0)
+  pkg = tmp_path / "pkg"
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "sub" / "__init__.py").write_text("")
+  (pkg / "a.py").write_text(
+    "from pkg import b\nfrom pkg.b import _hidden\n\n"
+    "class AError(ValueError):\n  pass\n\n"
+    "def long():\n" + "  x = 1\n" * 70 + "  return x\n"
+  )
+  (pkg / "b.py").write_text(
+    "import importlib\n\n_hidden = 1\n\n"
+    "def f():\n  from pkg import a\n  return a.AError, importlib.import_module('pkg.sub.c')\n"
+  )
+  (pkg / "sub" / "c.py").write_text(
+    "from .. import a\n\nclass CError(a.AError):\n  pass\n\nclass Plain:\n  pass\n"
+  )
+  r = code_shape.measure(str(tmp_path), ["pkg"], module_lines=50, function_lines=60)
+  assert r["modules"] == 5 and list(r["modules_over"]) == ["pkg/a.py"]
+  assert r["functions_over"] == 1 and r["longest_functions"] == ["72 lines  pkg/a.py:long"]
+  assert r["import_cycles_module_level"] == []
+  assert r["import_cycles_with_function_imports"] == [["pkg.a", "pkg.b"]]
+  assert r["own_imports_in_functions"] == 1
+  assert r["private_names_across_modules"] == ["pkg/a.py uses pkg.b._hidden"]
+  assert r["importlib_of_own_modules"] == ["pkg/b.py: import_module('pkg.sub.c')"]
+  assert r["exception_classes"] == 2 and r["exception_files"] == 2
+  here = code_shape.measure(ROOT, ["ihsweep", "analysis"])
+  assert here["modules"] > 40 and here["lines_total"] > 10_000
