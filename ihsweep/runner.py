@@ -94,12 +94,40 @@ def check_resumable(cfg, workdir: str) -> None:
     free = any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUME_FREE_FIELDS)
     if free or old.get(field) == new.get(field):
       continue
+    if field not in old and new.get(field) == _added_field_default(field):
+      continue  # a field added after the run was made, at its default: the run's behaviour
+    if field in old:
+      was = f"{old[field]!r}, as in the run being resumed in {workdir}"
+    else:
+      default = _added_field_default(field)
+      was = f"absent from the run being resumed in {workdir} (made before the field existed" + (
+        f"; its default {default!r} reproduces that run)" if default is not _MISSING else ")"
+      )
     raise config_lib.ConfigError(
       field,
-      new.get(field, "(missing)"),
-      f"{old.get(field, '(missing)')!r}, as in the run being resumed in {workdir} (it has "
-      f"checkpoints); use a new --workdir to train with a different value",
+      new.get(field, "(absent)"),
+      f"{was} (it has checkpoints); use a new --workdir to train with a different value",
     )
+
+
+_MISSING = object()
+
+
+def _added_field_default(field: str):
+  """The default of a ``data``/``eval`` field (``data.default_config``,
+  ``config.default_eval``), or a sentinel equal to nothing. Such a field added to ihsweep
+  defaults to what runs did before it existed (e.g. ``data.induction_start`` 'half',
+  ``eval.probe_position`` 'start'), so a run directory made before it resumes at that value."""
+  from ihsweep import data
+
+  section, _, rest = field.partition(".")
+  defaults = {"data": data.default_config, "eval": config_lib.default_eval}.get(section)
+  node = defaults() if defaults else None
+  for key in rest.split("."):
+    if node is None or not hasattr(node, "keys") or key not in node:
+      return _MISSING
+    node = node[key]
+  return tuple(node) if isinstance(node, list) else node
 
 
 def _read_jsonl(path: str) -> list[dict]:

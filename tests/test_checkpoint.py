@@ -333,6 +333,18 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   runner.check_resumable(
     tiny(**{**RUN, "checkpoint.state_every_steps": 5, "train.steps_per_call": 7}), str(tmp_path)
   )
+  # A run made before a data or eval field existed lacks it in config.json: it resumes at the
+  # field's default (what runs did then), not at another value.
+  with open(tmp_path / "config.json") as f:
+    stored = json.load(f)
+  del stored["data"]["induction_start"], stored["eval"]["probe_position"]
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(stored, f)
+  runner.check_resumable(cfg, str(tmp_path))
+  moved = tiny(**{**RUN, "eval.probe_position": "end"})
+  absent = "eval.probe_position.*absent .* its default 'start'"
+  with pytest.raises(config_lib.ConfigError, match=absent):
+    runner.check_resumable(moved, str(tmp_path))
   os.remove(tmp_path / "config.json")
   with pytest.raises(config_lib.ConfigError, match="config.json can be read"):
     fit(cfg, str(tmp_path), progress=False)
