@@ -719,6 +719,11 @@ def _positions_section(doc, runs, outs: Outputs, written) -> None:
     if not t.empty:
       tables.append(t.assign(run=run.name) if len(runs) > 1 else t)
   if not tables:
+    doc.h(2, "Where the heads work")
+    doc.p(
+      "Not measured: no model has both saved params and saved probes (probes.npz is written "
+      "only with evaluation on, eval.every_steps > 0)."
+    )
     return
   table = pd.concat(tables, ignore_index=True)
   written["positions_csv"] = outs.claim("positions.csv")

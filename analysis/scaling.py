@@ -496,7 +496,8 @@ def _percentiles(
   ci = {n: interval(draws[:, j], estimate[n]) for j, n in enumerate(names)}
   if "log_T" in ci:
     ci["T"] = [math.exp(ci["log_T"][0]), math.exp(ci["log_T"][1])]
-  ci["sigma"] = interval(sigmas, sigma)
+  lo, hi = interval(sigmas, sigma)
+  ci["sigma"] = [max(lo, 0.0), hi]  # a scatter is >= 0; the widening can cross it
   return ci
 
 

@@ -213,7 +213,7 @@ def _show(v) -> str:
 def _axis_values(points: pd.DataFrame, axis: str) -> str:
   if pd.api.types.is_numeric_dtype(points[axis]):
     return _values(points[axis])
-  return "{" + ", ".join(sorted(points[axis].astype(str).unique())) + "}"
+  return "{" + ", ".join(sorted(points[axis].dropna().astype(str).unique())) + "}"
 
 
 def _by_axis_words(points: pd.DataFrame, axes, max_values: int = 8) -> str:
@@ -716,8 +716,9 @@ def _caution_words(
     f"rests on the last checkpoints only, unconfirmed by later ones: " + "; ".join(listed) + "."
   )
   em = points[~points["censored"].astype(bool)]
-  slowest = em["emergence_step"].astype(float).idxmax() if len(em) else None
-  if slowest in flagged.index:
+  steps = em["emergence_step"].astype(float)
+  slowest = steps.idxmax() if len(em) and (steps == steps.max()).sum() == 1 else None
+  if law is not None and slowest in flagged.index:
     text += f" {_model_name(points.loc[slowest])} is the slowest emergence point in the fit."
   if law is None or sensitivity is None:
     return text

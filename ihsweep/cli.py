@@ -877,7 +877,7 @@ COMMAND_HELP = {
   Writes model N (a cell id of the run: a sweep's cells.csv, or 0 … E-1 of ihsweep train) after
   S updates (a saved params checkpoint; default: the last) to a new path (an existing one is
   refused): --out, default DIR/analysis/export/cellN_stepS.pt (hf: cellN_stepS_hf/); inside DIR
-  only under DIR/analysis/. The exported model computes the same logits as ihsweep's own
+  only under DIR/analysis/export/. The exported model computes the same logits as ihsweep's own
   forward.
   --to=transformer_lens  one file (torch.save: cfg, state_dict); open it with
                          ihsweep.export.load_transformer_lens(PATH), or

@@ -411,28 +411,62 @@ def _check_out(out, run_dir=None) -> str:
     raise ExportError(f"--out={out}: its directory {parent} does not exist")
   if run_dir is not None:
     inside = os.path.join(os.path.realpath(parent), os.path.basename(os.path.abspath(out)))
-    root = os.path.realpath(os.fspath(run_dir))
-    analysis = os.path.join(root, "analysis")
-    if os.path.commonpath([inside, root]) == root and (
-      inside == analysis or os.path.commonpath([inside, analysis]) != analysis
-    ):
+    if _in_run(inside, run_dir) and not _in_exports(inside, run_dir):
       raise ExportError(
-        f"--out={out} is inside the run directory {run_dir} but not under its analysis/: "
-        f"ihsweep reads and writes names there (checkpoints/, groups/, probes.npz, …; a "
-        f"directory under checkpoints/ would be read as a checkpoint); write the export under "
-        f"{os.path.join(run_dir, 'analysis')} (the default) or outside the run"
+        f"--out={out} is inside the run directory {run_dir} but not under "
+        f"{export_dir(run_dir)}: ihsweep and its report read and write names there "
+        f"(checkpoints/, groups/, analysis/law.json, …; a directory under checkpoints/ would be "
+        f"read as a checkpoint); leave out --out (the default is under that folder) or write "
+        f"outside the run"
       )
   return out
 
 
+def export_dir(run_dir) -> str:
+  """``RUN/analysis/export``: the one folder inside a run directory that exports may use."""
+  return os.path.join(os.fspath(run_dir), "analysis", "export")
+
+
+def _in_run(path: str, run_dir) -> bool:
+  root = os.path.realpath(os.fspath(run_dir))
+  return os.path.commonpath([os.path.realpath(path), root]) == root
+
+
+def _in_exports(path: str, run_dir) -> bool:
+  """``path`` lies strictly under the run's export folder, where that folder is where it
+  should be (a symlinked analysis/ pointing elsewhere inside the run does not count)."""
+  root = os.path.realpath(os.fspath(run_dir))
+  folder = os.path.realpath(export_dir(run_dir))
+  expected = os.path.join(root, "analysis", "export")
+  real = os.path.realpath(path)
+  placed = folder == expected or not _in_run(folder, run_dir)
+  return placed and real != folder and os.path.commonpath([real, folder]) == folder
+
+
 def default_out(run_dir, cell: int, step: int, to: str) -> str:
   """Where ``ihsweep export`` writes without ``--out``: ``RUN/analysis/export/cell<N>_step<S>.pt``
-  for transformer_lens, ``…/cell<N>_step<S>_hf`` (a directory) for hf; the ``export``
-  directory is created."""
-  folder = os.path.join(os.fspath(run_dir), "analysis", "export")
-  os.makedirs(folder, exist_ok=True)
+  for transformer_lens, ``…/cell<N>_step<S>_hf`` (a directory) for hf; the folder is created
+  (after checking that it does not resolve elsewhere inside the run).
+
+  Raises: ExportError when the folder resolves elsewhere inside the run or cannot be created
+  (a read-only run directory: the OS's reason, and what to do).
+  """
+  folder = export_dir(run_dir)
   name = f"cell{cell}_step{step}" + (".pt" if to == "transformer_lens" else "_hf")
-  return os.path.join(folder, name)
+  out = os.path.join(folder, name)
+  if not _in_exports(out, run_dir):
+    raise ExportError(
+      f"--out not given: its default folder {folder} resolves to {os.path.realpath(folder)}, "
+      f"elsewhere inside the run directory {run_dir}; give --out=PATH outside the run"
+    )
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise ExportError(
+      f"--out not given: its default folder {folder} cannot be created ({e.strerror or e}); "
+      f"give --out=PATH outside the run directory"
+    ) from None
+  return out
 
 
 def _umask() -> int:

@@ -416,7 +416,7 @@ def test_cli_refuses_an_out_inside_the_run_or_unwritable(swept, tmp_path, capsys
   for out in inside:
     assert _cli(*good, f"--out={out}") == 2
     err = capsys.readouterr().err
-    assert f"--out={out} is inside the run directory" in err and "not under its analysis/" in err
+    assert f"--out={out} is inside the run directory" in err and "analysis/export" in err
     assert "outside the run" in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not os.path.lexists(out)
@@ -433,21 +433,49 @@ def test_cli_refuses_an_out_inside_the_run_or_unwritable(swept, tmp_path, capsys
   assert os.listdir(tmp_path) == []
 
 
-def test_cli_default_out_is_under_the_runs_analysis(swept, capsys):
+def test_cli_default_out_is_under_the_runs_analysis(swept, tmp_path, capsys):
   """Without --out the export lands in RUN/analysis/export/ (named by cell and step); an --out
-  under RUN/analysis/ is allowed; a second export to the same default path is refused."""
+  there is allowed, elsewhere in analysis/ (the report's files, e.g. law.json) refused; a second
+  export to the same default path is refused; an analysis/ that cannot be created, or resolves
+  to elsewhere inside the run, is one line that creates nothing."""
   import ihsweep
 
   good = [f"--workdir={swept}", "--cell=1", "--to=transformer_lens"]
-  assert _cli(*good) == 0
-  out = os.path.join(swept, "analysis", "export", "cell1_step10.pt")
-  assert f"to {out} (HookedTransformer file)" in capsys.readouterr().out
-  assert os.path.isfile(out)
-  assert _cli(*good) == 2 and f"--out={out} exists" in capsys.readouterr().err
-  mine = os.path.join(swept, "analysis", "mine.pt")
-  assert _cli(*good, "--step=0", f"--out={mine}") == 0 and os.path.isfile(mine)
-  assert ihsweep.load_run(swept).steps(1) == [0, 10]  # the run still reads
-  shutil.rmtree(os.path.join(swept, "analysis"))
+  folder = os.path.join(swept, "analysis", "export")
+  try:
+    assert _cli(*good) == 0
+    out = os.path.join(folder, "cell1_step10.pt")
+    assert f"to {out} (HookedTransformer file)" in capsys.readouterr().out
+    assert os.path.isfile(out)
+    assert _cli(*good) == 2 and f"--out={out} exists" in capsys.readouterr().err
+    mine = os.path.join(folder, "mine.pt")
+    assert _cli(*good, "--step=0", f"--out={mine}") == 0 and os.path.isfile(mine)
+    law = os.path.join(swept, "analysis", "law.json")
+    assert _cli(*good, "--step=0", f"--out={law}") == 2
+    assert "is inside the run directory" in capsys.readouterr().err and not os.path.exists(law)
+    assert ihsweep.load_run(swept).steps(1) == [0, 10]  # the run still reads
+  finally:
+    shutil.rmtree(os.path.join(swept, "analysis"), ignore_errors=True)
+  # analysis/ a symlink into the run's checkpoints: refused before anything is created there
+  os.symlink(os.path.join(swept, "groups"), os.path.join(swept, "analysis"))
+  try:
+    assert _cli(*good) == 2
+    err = capsys.readouterr().err
+    assert "--out not given: its default folder" in err and "elsewhere inside the run" in err
+    assert len(err.strip().splitlines()) == 1 and not os.path.exists(
+      os.path.join(swept, "groups", "export")
+    )
+  finally:
+    os.remove(os.path.join(swept, "analysis"))
+  # analysis/ a file: the folder cannot be created
+  (tmp_path / "blocker").write_text("")
+  os.symlink(tmp_path / "blocker", os.path.join(swept, "analysis"))
+  try:
+    assert _cli(*good) == 2
+    err = capsys.readouterr().err
+    assert "cannot be created (Not a directory); give --out=PATH outside" in err, err
+  finally:
+    os.remove(os.path.join(swept, "analysis"))
 
 
 def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):

@@ -94,6 +94,8 @@ def test_repeats_placed_anywhere():
   assert early["half"] == 0 and early["anywhere"] > 0.3, early
   # With 'half' the boundary is ⌊(C + 1)/2⌋ and the measure's default.
   assert set(half.boundaries(key)) == {32}
+  with pytest.raises(ValueError, match=r"one boundary per sequence, shape \(400,\); got \(399,\)"):
+    markov.measure(tokens, starts=starts[:-1])
 
 
 def test_draws_follow_the_bigram_rows():

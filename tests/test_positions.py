@@ -3,6 +3,7 @@ answers."""
 
 import numpy as np
 import pandas as pd
+import pytest
 from test_metrics import CFG, induction_circuit
 
 from analysis import positions
@@ -66,7 +67,7 @@ def test_a_hand_built_induction_head_works_everywhere_and_a_gated_one_only_early
 
 
 def test_words_name_the_places_where_working_heads_fail():
-  row = dict(seed=0, step=100, head="L1H0", probe_position="middle")
+  row = dict(seed=0, step=100, head="L1H0", probe_position="middle", block_len=8)
   table = pd.DataFrame(
     [
       {**row, "cell": 0, "batch_size": 8, "context_size": 64, "ps_start": 0.8, "ps_middle": 0.9,
@@ -82,7 +83,27 @@ def test_words_name_the_places_where_working_heads_fail():
   assert "at the end (the last 2L positions) 0.32 (0.02–0.90)" in text, text
   # Only cell 0 works on its own probes and fails elsewhere; cell 2 never worked.
   assert "score below 0.3 at the end for 1 of 3: B 8 × C 64:" in text, text
-  assert "C 16" not in text
+  assert "C 16:" not in text and "B 8 × C 16" not in text
+  assert "At C = 16 (= 2L) the three places are the same input." in text, text
   cells = positions.by_cell(table)
   assert list(cells["context_size"]) == [16, 32, 64] and list(cells["ps_end"]) == [0.02, 0.9, 0.05]
   assert positions.words(table.iloc[1:2]).count("score below") == 0
+  # Another grid axis keeps its points apart, in the table and in the words.
+  axis = table.assign(**{"data.induction_start": ["half", "half", "anywhere"], "context_size": 64})
+  cells = positions.by_cell(axis)
+  assert list(cells["data.induction_start"]) == ["anywhere", "half"] and list(cells["models"]) == [
+    1,
+    2,
+  ]
+  assert "data.induction_start half, B 8 × C 64:" in positions.words(axis)
+
+
+def test_filler_comes_from_the_vocabulary_when_the_probes_hold_no_other_id():
+  """One probe block of 8 ids in a vocabulary of 10: the filler before it can only use the 2
+  ids outside the block; with a vocabulary of 8, no place but the start can be probed."""
+  blocks = np.arange(8)[None]
+  t = positions.placed_probes(blocks, 32, "end", vocab_size=10)
+  assert set(t[0, :16]) <= {8, 9} and list(t[0, 16:]) == list(range(8)) * 2
+  assert positions.placed_probes(blocks, 32, "start").shape == (1, 16)
+  with pytest.raises(ValueError, match="needs an id outside it; the vocabulary has 8"):
+    positions.placed_probes(blocks, 32, "middle", vocab_size=8)

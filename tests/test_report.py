@@ -265,6 +265,17 @@ def test_a_model_that_emerged_at_the_end_of_its_curve_is_a_limitation():
   # a table from before the columns existed: no caution
   old = _text(summary.summary(_points(), law))
   assert "No model was censored. " in old and "jumped so close" not in old
+  # no law fitted: the flagged model is named, but not as a point "in the fit"
+  unfitted = _text(summary.summary(_flag(_points()), None))
+  assert "B 8/C 64 seed 1 (last interval" in unfitted and "in the fit" not in unfitted
+
+
+def test_a_text_axis_missing_from_some_runs_is_listed_without_the_gaps():
+  """A multi-run report where one run has a text-valued grid axis and the others lack it: the
+  axis' values are listed, the missing ones left out (sorting str with NaN raised TypeError)."""
+  points = _points().assign(**{"data.induction_start": "half"})
+  points.loc[points.index[:6], "data.induction_start"] = np.nan
+  assert summary._axis_values(points, "data.induction_start") == "{half}"
 
 
 def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():

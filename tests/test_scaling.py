@@ -402,3 +402,13 @@ def test_censor_turns_rows_censored_at_their_last_checkpoint():
   assert a.n_censored == pts["censored"].sum() + 2
   with pytest.raises(scaling.FitError, match="no such column"):
     scaling.censor(pts.drop(columns="last_step"), mask)
+
+
+def test_the_scatters_interval_stays_at_or_above_zero():
+  """The small-sample widening moves an interval's ends away from the estimate; for σ, a
+  scatter, the low end stops at 0 (it went to -0.02 on five grid points)."""
+  from analysis.scaling import _percentiles
+
+  sigmas = np.array([0.0, 0.01, 0.02, 0.2, 0.21])
+  ci = _percentiles(np.zeros((5, 0)), [], {}, sigmas, 0.15, factor=2.0)
+  assert ci["sigma"][0] == 0.0 and ci["sigma"][1] > 0.21

@@ -46,7 +46,7 @@ def default_config():
     'iid' (every row = the synthetic marginal) or 'file' (matrix_file, a [V, V] .npy);
     frequency / reliability (knobs in [0, 1]) or per-model frequencies / reliabilities;
     induction_start 'half' (patterns in the second half of each sequence) or 'anywhere' (from a
-    point drawn per sequence in the first half, so copies can sit at any position).
+    point drawn per sequence uniformly in 1 … C, so copies can sit at any position).
   natural — documents from exactly one of: corpus ('python-docs', see ``ihsweep corpus fetch``),
     files (comma-separated globs of .txt/.md/.rst/.html/.jsonl/.parquet), tfds_name (e.g.
     'c4/en', read with ``tfds.data_source`` from tfds_data_dir, split tfds_split; tfds_download

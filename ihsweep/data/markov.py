@@ -361,6 +361,8 @@ def measure(
   q = None if frequency is None else frequency / (1.0 + reliability)
   if starts is None:
     starts = np.full(n, half)
+  elif np.shape(starts) != (n,):
+    raise ValueError(f"starts: one boundary per sequence, shape ({n},); got {np.shape(starts)}")
   for row, half in zip(tokens.tolist(), np.asarray(starts).tolist()):
     for i in range(1, half):
       gap_repeats += row[i] in row[: max(i - 1, 0)]
