@@ -2,7 +2,7 @@
 
 ``make demo`` runs it (``ihsweep run --config=configs/demo.py --workdir=runs/demo``, then
 ``python -m analysis report runs/demo``): B ∈ {8, 16, 32} × C ∈ {16, 32, 64} × 2 seeds = 18
-models in 9 groups (the sweep ~11 min on the 2-core development CPU, docs/results.md), and the
+models in 9 groups (the sweep 4–11 min on the 2-core development CPU, docs/results.md), and the
 law UPT = T / (B^α · C^β) fitted to the cells that transitioned, beside the study's.
 
 Data: semi-natural (the study's Experiment 2 generator, ``ihsweep/data/markov.py``) built from the

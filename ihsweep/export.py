@@ -459,6 +459,11 @@ def default_out(run_dir, cell: int, step: int, to: str) -> str:
       f"--out not given: its default folder {folder} resolves to {os.path.realpath(folder)}, "
       f"elsewhere inside the run directory {run_dir}; give --out=PATH outside the run"
     )
+  if os.path.lexists(out):
+    raise ExportError(
+      f"--out not given: its default {out} exists (an earlier export of cell {cell} at update "
+      f"{step}); it is never overwritten: remove it or give --out=PATH"
+    )
   try:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:

@@ -162,8 +162,9 @@ class _Progress:
   budget's predicted stop) less those logged — scaled by measured / predicted seconds of the
   groups trained here (start-up included), and shared by the workers now training (this one
   and those holding groups). A group that stops early adds nothing more: its remaining updates
-  are freed. Before a group has finished here, the model's own seconds on a known chip, else
-  no ETA."""
+  are freed; with an 'emergence' budget the groups left are also expected to stop at the share
+  of their predicted updates at which the groups finished here stopped (at most all of them).
+  Before a group has finished here, the model's own seconds on a known chip, else no ETA."""
 
   def __init__(self, cfg, plan: Plan, workdir: str, devices: list, local: bool, progress: bool):
     from tqdm.auto import tqdm
@@ -181,6 +182,9 @@ class _Progress:
       self.jobs, self.devices = {}, {}
     self.measured_s = self.predicted_s = 0.0  # over the groups trained here
     self.trained_here = 0
+    # Emergence budget: updates at which finished groups stopped, and their predicted updates.
+    self.emergence = cfg.sweep.get("budget") == "emergence"
+    self.stopped_at = self.planned = 0
     self.bar = tqdm(
       total=len(plan.groups),
       disable=not progress,
@@ -207,6 +211,8 @@ class _Progress:
     self.measured_s += float(seconds)
     self.predicted_s += self._seconds(group.id, updates)
     self.trained_here += 1
+    self.stopped_at += int(out["step"])
+    self.planned += self.jobs[group.id].updates
 
   def report(self) -> None:
     """Logs the progress line and refreshes the bar."""
@@ -225,7 +231,8 @@ class _Progress:
         step = rundir.last_step(os.path.join(group_dir(self.workdir, group.id), "train_log.jsonl"))
         step = int(step or 0)
         if group.id in self.jobs and state != "failed":
-          left_s += self._seconds(group.id, max(self.jobs[group.id].updates - step, 0))
+          planned = self.jobs[group.id].updates * self._stop_share()
+          left_s += self._seconds(group.id, max(planned - step, 0))
       counts[state if state in counts else "pending"] += 1
       tokens += step * per_update
     eta, basis = self._eta(left_s, counts)
@@ -243,6 +250,13 @@ class _Progress:
     self.bar.n = counts["done"]
     self.bar.set_postfix_str(f"{tokens:,} tokens; ETA {eta}", refresh=True)
 
+  def _stop_share(self) -> float:
+    """With an 'emergence' budget, the share of their predicted updates at which the groups
+    finished here stopped (1 before any, or without that budget)."""
+    if not self.emergence or not self.planned:
+      return 1.0
+    return min(self.stopped_at / self.planned, 1.0)
+
   def _eta(self, left_s: float, counts: dict) -> tuple[str, str]:
     """``(ETA as the bar shows it, the log line's ETA with what it is based on)``."""
     from ihsweep.placement import duration
@@ -257,10 +271,16 @@ class _Progress:
       ratio = self.measured_s / self.predicted_s
       eta = duration(left_s * ratio / workers)
       speed = self.model.flops_per_s / ratio  # what the model's FLOP/s per device came to
+      share = self._stop_share()
+      stops = (
+        f", the groups left stopping at {share:.0%} of their predicted updates as those did"
+        if share < 1
+        else ""
+      )
       return f"~{eta}", (
         f"ETA ~{eta}: the updates left at the {speed:.3g} FLOP/s per device (runtime model's "
         f"FLOPs) measured over the {self.trained_here} group(s) trained here, start-up "
-        f"included; {workers} worker(s)"
+        f"included{stops}; {workers} worker(s)"
       )
     if self.known_chip:
       eta = duration(left_s / workers)

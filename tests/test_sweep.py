@@ -758,3 +758,24 @@ def test_sigterm_checkpoints_and_rerun_finishes(tmp_path):
   r = subprocess.run(cmd, cwd=ROOT, env=_env(4), capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   assert rundir.read_status(str(work), "g000")["resumed_from"] == status["step"]
+
+
+def test_the_sweep_eta_expects_early_stops_as_the_finished_groups_had():
+  """With an 'emergence' budget, groups that stopped at half their predicted updates make the
+  ETA count half of the remaining groups' updates (the demo's ETA was 1.2–1.7× too high while
+  it counted them to their caps); without that budget, all of them."""
+  from ihsweep.timing import FlopsModel
+
+  progress = sweep._Progress.__new__(sweep._Progress)
+  progress.model = FlopsModel(1.0)
+  progress.jobs = {"g000": object()}
+  progress.emergence, progress.stopped_at, progress.planned = True, 0, 0
+  assert progress._stop_share() == 1.0
+  progress.stopped_at, progress.planned = 1_500, 3_000
+  progress.measured_s, progress.predicted_s, progress.trained_here = 20.0, 10.0, 1
+  eta, basis = progress._eta(60.0, {"running": 0, "pending": 1})
+  assert progress._stop_share() == 0.5 and eta == "~2.0 min", (eta, basis)
+  assert "the groups left stopping at 50% of their predicted updates as those did" in basis
+  progress.emergence = False
+  assert progress._stop_share() == 1.0
+  assert "stopping at" not in progress._eta(60.0, {"running": 0, "pending": 1})[1]
