@@ -730,7 +730,10 @@ def _positions_section(doc, runs, outs: Outputs, written) -> None:
   table.to_csv(written["positions_csv"], index=False)
   doc.h(2, "Where the heads work")
   doc.p(positions_lib.words(table))
-  doc.table(positions_lib.by_cell(table))
+  cells = positions_lib.by_cell(table)
+  for col in [c for c in cells.columns if c.startswith(("ps_", "acc_"))]:
+    cells[col] = cells[col].map(lambda v: "" if pd.isna(v) else f"{v:.2f}")  # one way: 0.90
+  doc.table(cells)
 
 
 def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:
