@@ -620,16 +620,17 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
 
 
 def test_the_readme_example_runs(induction, capsys):
-  """README "Open a model in TransformerLens / Hugging Face": its Python block, as written but
-  for the run (runs/demo → this 2-layer run of the classic induction task). The printed stripe
-  is the prefix-matching score that ihsweep's own forward gives on the same tokens."""
+  """docs/analysis.md "Open a model in TransformerLens / Hugging Face": its Python block, as
+  written but for the run (runs/demo → this 2-layer run of the classic induction task). The
+  printed stripe is the prefix-matching score that ihsweep's own forward gives on the same
+  tokens."""
   from ihsweep.metrics import prefix_matching_score
 
-  text = open(os.path.join(ROOT, "README.md")).read()
+  text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   block = text.split("<!-- export-example -->\n```python\n", 1)[1].split("```", 1)[0]
   assert '"runs/demo"' in block
   namespace = {}
-  exec(compile(block.replace('"runs/demo"', repr(induction)), "README.md", "exec"), namespace)
+  exec(compile(block.replace('"runs/demo"', repr(induction)), "analysis.md", "exec"), namespace)
   out = capsys.readouterr().out.strip()
   found = re.fullmatch(
     r"cell (\d): layer 1 induction stripe (\d\.\d\d) \(head 0\), next token of the repeat "
@@ -645,8 +646,8 @@ def test_the_readme_example_runs(induction, capsys):
 
 
 def test_the_readme_export_command_names_the_demo_cell_it_says(swept, tmp_path, monkeypatch):
-  """The README's `ihsweep export --workdir=runs/demo --cell=10 …` line: cell 10 of the demo's
-  plan (configs/demo.py) is B 16 × C 64, seed 0, as the README says; the line runs as written
+  """docs/analysis.md's `ihsweep export --workdir=runs/demo --cell=10 …` line: cell 10 of the
+  demo's plan (configs/demo.py) is B 16 × C 64, seed 0, as it says; the line runs as written
   (on a tiny sweep as runs/demo, whose cells are 0 and 1: cell 10 → 1) and writes where its
   comment says."""
   import shlex
@@ -654,7 +655,7 @@ def test_the_readme_export_command_names_the_demo_cell_it_says(swept, tmp_path, 
   from configs import demo
   from ihsweep import plan as plan_lib
 
-  text = open(os.path.join(ROOT, "README.md")).read()
+  text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   line = text.split("<!-- export-command -->\n```bash\n", 1)[1].splitlines()[0]
   args = shlex.split(line, comments=True)
   assert args[:2] == ["ihsweep", "export"] and "--cell=10" in args and "--workdir=runs/demo" in args

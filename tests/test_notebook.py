@@ -308,31 +308,37 @@ def test_tokenizer_of_a_natural_text_run(tmp_path):
   )
 
 
+DOCS = ["README.md"] + sorted(
+  os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")
+)
+
+
 def _readme_blocks() -> dict:
-  """README.md's python blocks that read the demo's directory, by the comment before them
-  ('notebook-example', 'export-example') or their first line."""
-  with open(os.path.join(ROOT, "README.md")) as f:
-    readme = f.read()
+  """The python blocks of README.md and docs/*.md that read a run directory, by the comment
+  before them ('notebook-example', 'export-example', …) or their file and first line."""
   blocks = {}
-  for tag, code in re.findall(r"(<!-- [\w-]+ -->\n)?```python\n(.*?)\n```", readme, re.S):
-    if "runs/" in code:
-      blocks[tag.strip()[5:-4] if tag else code.splitlines()[0]] = code
+  for doc in DOCS:
+    with open(os.path.join(ROOT, doc)) as f:
+      text = f.read()
+    for tag, code in re.findall(r"(<!-- [\w-]+ -->\n)?```python\n(.*?)\n```", text, re.S):
+      if "runs/" in code:
+        blocks[tag.strip()[5:-4] if tag else f"{doc}: {code.splitlines()[0]}"] = code
   return blocks
 
 
 def test_the_readme_blocks_read_what_the_readme_creates():
-  """Every python block of the README that reads a run reads the demo's (`make demo`:
-  runs/demo), and the notebook and export examples are among them."""
+  """Every python block of the README and docs/ that reads a run reads the demo's (`make demo`:
+  runs/demo), and the quick, notebook and export examples are among them."""
   blocks = _readme_blocks()
-  assert {"notebook-example", "export-example"} <= set(blocks), list(blocks)
+  assert {"quick-example", "notebook-example", "export-example"} <= set(blocks), list(blocks)
   for name, code in blocks.items():
     assert set(re.findall(r"runs/\w+", code)) == {"runs/demo"}, (name, code)
 
 
 def test_the_readme_examples_run_on_a_tiny_sweep(swept, tmp_path, monkeypatch, capsys):
-  """The README's python blocks that read runs/demo (but the TransformerLens one, which
-  tests/test_export.py runs on a 2-layer run), executed as written with runs/demo a tiny
-  sweep."""
+  """The python blocks of the README and docs/ that read runs/demo (but the TransformerLens
+  one, which tests/test_export.py runs on a 2-layer run), executed as written with runs/demo a
+  tiny sweep."""
   os.makedirs(tmp_path / "runs")
   os.symlink(swept, tmp_path / "runs" / "demo")
   monkeypatch.chdir(tmp_path)
@@ -343,7 +349,11 @@ def test_the_readme_examples_run_on_a_tiny_sweep(swept, tmp_path, monkeypatch, c
       exec(compile(code, f"README.md:{name}", "exec"), namespace)
       if name == "notebook-example":
         found = namespace
-        found["run"].close()
+      if name == "quick-example":
+        t = namespace["run"].probes(namespace["cell"]).repeated.shape[1]
+        assert namespace["attn"].shape == (1, 4, 2, t, t)  # 1 layer, 2 heads
+      if "run" in namespace:
+        namespace["run"].close()
   out = capsys.readouterr().out
   L = found["L"]
   assert found["logits"].shape == (2 * L, 64)
