@@ -810,8 +810,9 @@ COMMAND_HELP = {
                comma-separated: configs/default.py:tiny,python_docs)
   --workdir    run directory (created if missing): config.json, metrics.jsonl
   --progress   progress bar (default on; --noprogress turns it off)
-  --config.SECTION.FIELD=VALUE overrides any field; the fields are listed in the README and in
-               configs/default.py and ihsweep/data/__init__.py (default_config).""",
+  --config.SECTION.FIELD=VALUE overrides any field; the fields are listed in
+               docs/configuration.md, configs/default.py and ihsweep/data/__init__.py
+               (default_config).""",
   "corpus": """usage: ihsweep corpus fetch NAME [--cache_dir=DIR]
        ihsweep corpus prepare --config=FILE[:VARIANT] [--config.data.FIELD=VALUE ...]
 

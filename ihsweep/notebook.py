@@ -250,11 +250,12 @@ class Run:
 
   @property
   def metrics(self) -> pd.DataFrame:
-    """The online evaluations of every group (``metrics.jsonl``, README "Online metrics"): one
-    row per (cell, step) with ``group``, ``cell``, ``seed``, ``step`` (updates), ``tokens`` (per
-    model), ``train_loss``, ``val_loss`` (nats/token), ``ps`` (``[layer][head]`` lists),
-    ``ps_max``, ``la_max``, ``dla_max``, ``ar_acc``, ``ar_rank``, ``icl_score``, …; sorted by
-    cell and step. Empty if evaluation was off (``eval.every_steps = 0``)."""
+    """The online evaluations of every group (``metrics.jsonl``; docs/usage.md, "Online
+    metrics"): one row per (cell, step) with ``group``, ``cell``, ``seed``, ``step`` (updates),
+    ``tokens`` (per model), ``train_loss``, ``val_loss`` (nats/token), ``ps``
+    (``[layer][head]`` lists), ``ps_max``, ``la_max``, ``dla_max``, ``ar_acc``, ``ar_rank``,
+    ``icl_score``, …; sorted by cell and step. Empty if evaluation was off
+    (``eval.every_steps = 0``)."""
     if self._metrics is None:
       frames = []
       for g in self._groups.values():
@@ -533,7 +534,7 @@ def load_run(path: str | os.PathLike) -> Run:
   """Opens a run directory for a notebook (read-only): a sweep (``ihsweep run``) or a single run
   (``ihsweep train``), finished or still training.
 
-  Example (README "From a notebook")::
+  Example (docs/analysis.md "From a notebook")::
 
     run = ihsweep.load_run("runs/induction")
     run.metrics.pivot(index="step", columns="cell", values="ps_max")

@@ -281,7 +281,7 @@ def auto_vmap_chunk(
   = 0). Accelerators: all of them. CPU: the largest divisor of ``local_models`` whose logits
   (c · B · C · V float32) fit in 2 MiB, at least 1 — on CPU the step is bound by cache misses
   on the logit-sized arrays, and a vmap over more models than the cache holds ran slower per
-  model than one model alone (benchmarks/throughput.py; numbers in the README)."""
+  model than one model alone (benchmarks/throughput.py; numbers in docs/benchmarks.md)."""
   backend = backend or jax.default_backend()
   if backend != "cpu":
     return local_models
