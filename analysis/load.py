@@ -222,23 +222,6 @@ def unwritable(directory: str) -> OSError | None:
     return e
 
 
-def _read_jsonl(path: str) -> list[dict]:
-  """The JSON objects of a JSONL log; unreadable lines (a write cut short) are skipped."""
-  rows = []
-  try:
-    with open(path) as f:
-      for line in f:
-        try:
-          row = json.loads(line)
-        except ValueError:
-          continue
-        if isinstance(row, dict):
-          rows.append(row)
-  except OSError:
-    pass
-  return rows
-
-
 def logged_divergence(group_dir: str, cell_ids: list[int]) -> dict[int, int]:
   """The models of a group directory whose loss turned NaN/inf, from the trainer's own logs:
   cell id -> update count at divergence (``TrainState.diverged_at``).
@@ -251,14 +234,16 @@ def logged_divergence(group_dir: str, cell_ids: list[int]) -> dict[int, int]:
   """
   found: dict[int, int] = {}  # exact, from evaluations
   bounds: dict[int, int] = {}  # from the training log
-  for row in _read_jsonl(os.path.join(group_dir, "metrics.jsonl")):
+  from ihsweep.rundir import read_jsonl
+
+  for row in read_jsonl(os.path.join(group_dir, "metrics.jsonl")):
     try:
       if row.get("diverged") is True:
         cell, step = int(row["cell"]), int(row["diverged_step"])
         found[cell] = min(step, found.get(cell, step))
     except (KeyError, TypeError, ValueError):
       continue
-  for row in _read_jsonl(os.path.join(group_dir, "train_log.jsonl")):
+  for row in read_jsonl(os.path.join(group_dir, "train_log.jsonl")):
     try:
       losses = row["loss"] if isinstance(row["loss"], list) else [row["loss"]]
       start = int(row["step"]) - int(row["updates"])

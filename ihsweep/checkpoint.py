@@ -64,7 +64,7 @@ class DiskFull(Exception):
     )
 
 
-_NO_SPACE = (
+NO_SPACE_MESSAGES = (
   "No space left on device",
   "Disk quota exceeded",
   "os_error_code='28'",
@@ -83,7 +83,7 @@ def disk_full_cause(error: BaseException) -> BaseException | None:
     if (
       isinstance(error, DiskFull)
       or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
-      or (isinstance(error, ValueError) and any(m in str(error) for m in _NO_SPACE))
+      or (isinstance(error, ValueError) and any(m in str(error) for m in NO_SPACE_MESSAGES))
     ):
       return error
     error = error.__cause__ or error.__context__

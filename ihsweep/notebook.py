@@ -284,10 +284,12 @@ class Run:
     the call), ``loss`` (mean training loss over the call's updates, nats/token; NaN once the
     model diverged) and ``grad_norm``; sorted by cell and step."""
     if self._train_log is None:
+      from ihsweep import rundir
+
       rows = []
       for g in self._groups.values():
         order = [int(c) for c in g.cells["cell"]]
-        for row in _load._read_jsonl(os.path.join(g.dir, "train_log.jsonl")):
+        for row in rundir.read_jsonl(os.path.join(g.dir, "train_log.jsonl")):
           try:
             losses, norms = row["loss"], row.get("grad_norm")
             losses = losses if isinstance(losses, list) else [losses]

@@ -588,6 +588,27 @@ def atomic_write_json(path: str, obj, **dump_args) -> None:
     json.dump(obj, f, **{"indent": 2, **dump_args})
 
 
+def read_jsonl(path: str, warn: bool = False) -> list[dict]:
+  """The JSON objects of a JSONL log (``metrics.jsonl``, ``train_log.jsonl``), in order; [] if
+  the file is missing or cannot be read. A line that is not a JSON object (cut short by a kill,
+  or damaged) is skipped, with a warning naming the file if ``warn``."""
+  rows = []
+  try:
+    with open(path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except ValueError:
+          row = None
+        if isinstance(row, dict):
+          rows.append(row)
+        elif warn:
+          logging.getLogger("ihsweep").warning("skipping an unreadable line in %s", path)
+  except OSError:
+    pass
+  return rows
+
+
 def last_step(path: str) -> int | None:
   """The ``step`` of the last readable line of a JSONL log (None if none)."""
   try:

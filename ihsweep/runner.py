@@ -47,10 +47,7 @@ def write_resolved_config(cfg, workdir: str) -> str:
   """Writes ``workdir/config.json`` (every field, after command-line overrides)."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "config.json")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(_jsonable(cfg), f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  rundir.atomic_write_json(path, _jsonable(cfg), sort_keys=True)
   return path
 
 
@@ -130,24 +127,9 @@ def _added_field_default(field: str):
   return tuple(node) if isinstance(node, list) else node
 
 
-def _read_jsonl(path: str) -> list[dict]:
-  if not os.path.exists(path):
-    return []
-  rows = []
-  with open(path) as f:
-    for line in f:
-      try:
-        rows.append(json.loads(line))
-      except ValueError:  # a line cut by a kill (or damaged): skipped, the rest kept
-        log.warning("skipping an unreadable line in %s", path)
-  return rows
-
-
 def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with rundir.atomic_file(path) as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
-  os.replace(tmp, path)
 
 
 def _short(values, limit: int = 8) -> str:
@@ -732,7 +714,7 @@ def _quiet_failed_writes() -> None:
     error = record.exc_info[1] if record.exc_info else None
     return not (
       checkpoint.disk_full_cause(error)
-      or any(m in record.getMessage() for m in checkpoint._NO_SPACE)
+      or any(m in record.getMessage() for m in checkpoint.NO_SPACE_MESSAGES)
     )
 
   keep.ihsweep_disk_full = True
@@ -942,8 +924,8 @@ class _Training:
             log.warning("replacing %s: no checkpoint to resume from in %s", path, self.workdir)
             os.remove(path)
     else:
-      train_rows = [r for r in _read_jsonl(self.log_path) if r["step"] <= done]
-      rows = [r for r in _read_jsonl(self.metrics_path) if r["step"] <= done]
+      train_rows = [r for r in rundir.read_jsonl(self.log_path, warn=True) if r["step"] <= done]
+      rows = [r for r in rundir.read_jsonl(self.metrics_path, warn=True) if r["step"] <= done]
       # The resumed step's evaluation rows, if all were logged before the kill.
       self.evaluated = sum(r["step"] == done for r in rows) == self.n_models
       if not self.evaluated:
