@@ -43,6 +43,7 @@ EXECUTION_FIELDS = (
   "log.wandb_mode",
 )
 PLACEMENTS = ("worker", "global")
+BUDGETS = ("updates", "tokens", "law", "emergence")  # sweep.budget
 
 
 def default_eval():
@@ -565,7 +566,7 @@ def _validate_log(cfg) -> None:
     raise ConfigError("log.wandb_mode", mode, f"one of {', '.join(map(repr, WANDB_MODES))}")
 
 
-def _kinds(kinds) -> str:
+def source_words(kinds) -> str:
   """``data.READS`` keys in words: "'natural' or 'markov' (transitions 'bigram')"."""
   from ihsweep.data import TRANSITIONS
 
@@ -608,8 +609,8 @@ def _check_unread_data(data_cfg) -> None:
     raise ConfigError(
       field,
       value,
-      f"its default {default!r} with data.source = {_kinds([kind])}, which does "
-      f"not read it (only data.source = {_kinds(data.readers(name))} does: "
+      f"its default {default!r} with data.source = {source_words([kind])}, which does "
+      f"not read it (only data.source = {source_words(data.readers(name))} does: "
       f"e.g. {hint})",
     )
 
@@ -830,4 +831,72 @@ def validate(cfg, devices=None) -> None:
       chunk,
       f"0 (auto) or a divisor of the {local} models per device "
       f"(E = {size} over an ensemble mesh axis of {n_ens})",
+    )
+
+
+def validate_sweep(cfg, n_devices: int) -> None:
+  """The ``sweep`` section of a sweep's config, and the fields a sweep fills per group, before
+  anything is planned (``plan.make_plan``); ``n_devices``: the devices the sweep may use.
+
+  Raises:
+    ConfigError: naming the field, the value and what is allowed.
+  """
+  sub = {"sweep": cfg.sweep}
+  _int(sub, "sweep", "seeds", 0, hint=" (0 = ensemble.size)")
+  budget = _choice(sub, "sweep", "budget", BUDGETS)
+  if budget == "tokens":
+    _int(sub, "sweep", "tokens", 1, hint=" (tokens per model for budget 'tokens')")
+  if budget in ("law", "emergence"):
+    _real(sub, "sweep", "law_multiple", 0.0, lo_open=True)
+    if cfg.sweep.law_file:
+      from ihsweep.law import Law, LawError
+
+      try:
+        Law.from_json(os.path.expanduser(cfg.sweep.law_file))
+      except LawError as e:
+        raise ConfigError("sweep.law_file", cfg.sweep.law_file, str(e)) from None
+  if budget == "emergence":
+    from ihsweep import metric_registry
+
+    # The metrics that may stop a group, and their thresholds: ihsweep.metric_registry.
+    metric = _choice(sub, "sweep", "stop_metric", metric_registry.stop_names())
+    rule = metric_registry.get(metric).stop
+    _real(
+      sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open, hi_open=rule.hi_open
+    )
+    _real(sub, "sweep", "stop_margin", 1.0)
+    if not cfg.eval.every_steps and not cfg.eval.every_tokens:
+      raise ConfigError(
+        "eval.every_steps",
+        cfg.eval.every_steps,
+        "> 0 for sweep.budget = 'emergence' (the stop rule reads the online metrics)",
+      )
+  for field in (
+    "ensemble.peak_lrs",
+    "ensemble.seeds",
+    "ensemble.cell_ids",
+    "data.frequencies",
+    "data.reliabilities",
+  ):
+    section, name = field.split(".")
+    value = cfg[section].get(name, ())
+    if value:
+      raise ConfigError(
+        field,
+        value,
+        "empty in a sweep: the planner fills it per group (vary "
+        "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)",
+      )
+  placement = _choice(sub, "sweep", "placement", PLACEMENTS)
+  if not isinstance(cfg.sweep.wait_to_take_over, bool):
+    raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
+  _int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
+  if (
+    placement == "global" and jax.process_count() > 1 and cfg.mesh.num_devices not in (0, n_devices)
+  ):
+    raise ConfigError(
+      "mesh.num_devices",
+      cfg.mesh.num_devices,
+      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
+      f"sweep.placement = 'global': every group runs on the global mesh",
     )

@@ -27,7 +27,7 @@ from ihsweep import config as config_lib
 from ihsweep import metric_registry
 from ihsweep.config import ConfigError
 
-BUDGETS = ("updates", "tokens", "law", "emergence")
+BUDGETS = config_lib.BUDGETS
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
 VALUE_FIELDS = {
   "seed": "ensemble.seeds",
@@ -213,68 +213,6 @@ def grid_points(cfg) -> tuple[list[str], list[dict]]:
   return [p for p, _ in grid] + [p for p, _ in zipped], points
 
 
-def _validate_sweep(cfg, n_devices: int) -> None:
-  sub = {"sweep": cfg.sweep}
-  config_lib._int(sub, "sweep", "seeds", 0, hint=" (0 = ensemble.size)")
-  budget = config_lib._choice(sub, "sweep", "budget", BUDGETS)
-  if budget == "tokens":
-    config_lib._int(sub, "sweep", "tokens", 1, hint=" (tokens per model for budget 'tokens')")
-  if budget in ("law", "emergence"):
-    config_lib._real(sub, "sweep", "law_multiple", 0.0, lo_open=True)
-    if cfg.sweep.law_file:
-      from ihsweep.law import Law, LawError
-
-      try:
-        Law.from_json(os.path.expanduser(cfg.sweep.law_file))
-      except LawError as e:
-        raise ConfigError("sweep.law_file", cfg.sweep.law_file, str(e)) from None
-  if budget == "emergence":
-    # The metrics that may stop a group, and their thresholds: ihsweep.metric_registry.
-    metric = config_lib._choice(sub, "sweep", "stop_metric", metric_registry.stop_names())
-    rule = metric_registry.get(metric).stop
-    config_lib._real(
-      sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open, hi_open=rule.hi_open
-    )
-    config_lib._real(sub, "sweep", "stop_margin", 1.0)
-    if not cfg.eval.every_steps and not cfg.eval.every_tokens:
-      raise ConfigError(
-        "eval.every_steps",
-        cfg.eval.every_steps,
-        "> 0 for sweep.budget = 'emergence' (the stop rule reads the online metrics)",
-      )
-  for field in (
-    "ensemble.peak_lrs",
-    "ensemble.seeds",
-    "ensemble.cell_ids",
-    "data.frequencies",
-    "data.reliabilities",
-  ):
-    section, name = field.split(".")
-    value = cfg[section].get(name, ())
-    if value:
-      raise ConfigError(
-        field,
-        value,
-        "empty in a sweep: the planner fills it per group (vary "
-        "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)",
-      )
-  import jax
-
-  placement = config_lib._choice(sub, "sweep", "placement", config_lib.PLACEMENTS)
-  if not isinstance(cfg.sweep.wait_to_take_over, bool):
-    raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
-  config_lib._int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
-  if (
-    placement == "global" and jax.process_count() > 1 and cfg.mesh.num_devices not in (0, n_devices)
-  ):
-    raise ConfigError(
-      "mesh.num_devices",
-      cfg.mesh.num_devices,
-      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
-      f"sweep.placement = 'global': every group runs on the global mesh",
-    )
-
-
 def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, str]:
   """``(updates, why)`` for a cell of a sweep with ``cfg.sweep.budget``."""
   sweep = cfg.sweep
@@ -317,8 +255,8 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
     name = path.split(".")[1] if path.startswith("data.") else ""
     if name in unread_fields(cell.cfg.data):
       why = (
-        f"data.source = {config_lib._kinds([source_kind(cell.cfg.data)])} does not read "
-        f"{path}; only data.source = {config_lib._kinds(readers(name))} does"
+        f"data.source = {config_lib.source_words([source_kind(cell.cfg.data)])} does not read "
+        f"{path}; only data.source = {config_lib.source_words(readers(name))} does"
       )
     else:
       why = f"{a!r} and {b!r} are the same value {get_field(cell.cfg, path)!r} once {path} holds it"
@@ -399,7 +337,7 @@ def make_plan(cfg) -> Plan:
     with cfg.unlocked():
       cfg.sweep = config_lib.default_sweep()
   n_devices = len(jax.devices())
-  _validate_sweep(cfg, n_devices)
+  config_lib.validate_sweep(cfg, n_devices)
   axes, points = grid_points(cfg)
   n_seeds = cfg.sweep.seeds or cfg.ensemble.size
   law = Law.from_json(os.path.expanduser(cfg.sweep.law_file)) if cfg.sweep.law_file else Law()
