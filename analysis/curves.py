@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ihsweep import checkpoint, metric_registry
-from ihsweep.rundir import atomic_file
+from ihsweep.atomic import atomic_file
 
 from .load import Group, GroupError, Run, unwritable, warn
 

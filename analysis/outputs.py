@@ -22,7 +22,7 @@ import json
 import os
 import stat
 
-from ihsweep.rundir import atomic_write_json
+from ihsweep.atomic import atomic_write_json
 
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"

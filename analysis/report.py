@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ihsweep import metric_registry
-from ihsweep.rundir import atomic_file
+from ihsweep.atomic import atomic_file
 
 from . import curves as curves_lib
 from . import emergence as emergence_lib

@@ -4,8 +4,9 @@
 a Hugging Face ``GPT2LMHeadModel`` holding one ihsweep model's params (``model``: a notebook
 ``Model`` from ``ihsweep.load_run(DIR).model(cell, step)``, or a params dict with its
 ``ihsweep.model.ModelConfig``). Both compute the same logits as ``ihsweep.model.Transformer``
-(tests/test_export.py: float64 to 1e-9, float32 to 1e-4). ``export_run(DIR, cell, step, to,
-out)`` (``ihsweep export``, ``Run.export``) writes one of them to a file:
+(tests/test_export.py: float64 to 1e-9, float32 to 1e-4). ``export_run(run, cell, step, to,
+out)`` (``ihsweep export``, ``Run.export``; ``run`` from ``ihsweep.load_run``) writes one of
+them to a file:
 
 * ``to='transformer_lens'``: ``out`` is one file, ``torch.save`` of a dict with ``cfg`` (the
   ``HookedTransformerConfig`` keyword arguments), ``state_dict`` (the model's
@@ -554,22 +555,19 @@ def save(
   return out
 
 
-def export_run(workdir, cell: int, step: int | None = None, to: str = "transformer_lens", out=None):
-  """``ihsweep export``: model ``cell`` of the run directory ``workdir`` after ``step`` updates
-  (default: its last saved step) written to the new path ``out`` for ``to``
-  (``'transformer_lens'``: one torch file; ``'hf'``: a ``save_pretrained`` directory); without
-  ``out``, under the run's ``analysis/export/`` (``default_out``).
+def export_run(run, cell: int, step: int | None = None, to: str = "transformer_lens", out=None):
+  """``ihsweep export``: model ``cell`` of ``run`` (an ``ihsweep.load_run`` result: this module
+  does not open run directories itself) after ``step`` updates (default: its last saved step)
+  written to the new path ``out`` for ``to`` (``'transformer_lens'``: one torch file; ``'hf'``:
+  a ``save_pretrained`` directory); without ``out``, under the run's ``analysis/export/``
+  (``default_out``).
 
   Returns: ``(out, step)``.
-  Raises: ``ihsweep.notebook.NotARun`` (workdir), ``UnknownCell`` (cell, naming the valid ids),
-  ``StepNotSaved`` (step, naming the saved steps), ``CheckpointUnreadable`` (a damaged
-  checkpoint at that step), ``ExportError`` (also for ``out`` inside the run directory),
-  ModuleNotFoundError.
+  Raises: ``ihsweep.notebook.UnknownCell`` (cell, naming the valid ids), ``StepNotSaved`` (step,
+  naming the saved steps), ``CheckpointUnreadable`` (a damaged checkpoint at that step),
+  ``ExportError`` (also for ``out`` inside the run directory), ModuleNotFoundError.
   """
-  from ihsweep import notebook
-
   _check_target(to)
-  run = workdir if isinstance(workdir, notebook.Run) else notebook.load_run(workdir)
   cfg = run.model_config(cell)  # UnknownCell first, before any checkpoint is read
   _check(cfg, to)
   model = run.model(cell, step)  # StepNotSaved

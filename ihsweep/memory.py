@@ -32,7 +32,7 @@ import time
 from typing import Callable
 
 from ihsweep.config import ConfigError
-from ihsweep.placement import divisors
+from ihsweep.sharding import divisors
 
 log = logging.getLogger("ihsweep")
 

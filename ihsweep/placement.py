@@ -44,6 +44,7 @@ import math
 from typing import Any
 
 from ihsweep import sharding
+from ihsweep.sharding import divisors
 
 
 class LayoutError(ValueError):
@@ -330,10 +331,6 @@ class PhasedSchedule:
   def utilisation(self) -> float:
     """Σ m · t / (N · makespan) over every phase's groups, in [0, 1]."""
     return busy_share(self.slots, self.n_devices, self.makespan_s)
-
-
-def divisors(n: int) -> list[int]:
-  return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def fills(job, devices: int) -> bool:

@@ -115,6 +115,11 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   return n
 
 
+def divisors(n: int) -> list[int]:
+  """The positive divisors of ``n``, ascending (a mesh axis, a microbatch count)."""
+  return [k for k in range(1, n + 1) if n % k == 0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Team:
   """The processes of a ``jax.distributed`` job that train one group together: those owning

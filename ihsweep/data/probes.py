@@ -56,7 +56,7 @@ class Probes:
 
   def save(self, path: str) -> None:
     """Writes ``path`` (an ``.npz``) atomically."""
-    from ihsweep.rundir import atomic_file
+    from ihsweep.atomic import atomic_file
 
     with atomic_file(path, "wb") as f:
       np.savez(
