@@ -153,6 +153,13 @@ def cautions(points: pd.DataFrame) -> pd.Series:
   return pd.Series(out, index=points.index, dtype=object)
 
 
+def flagged(points: pd.DataFrame) -> pd.DataFrame:
+  """The emerged rows of ``points`` with a caution: its ``caution`` column, or ``cautions``
+  computed where the table has none."""
+  why = points["caution"].fillna("").astype(str) if "caution" in points else cautions(points)
+  return points[(why != "") & ~points["censored"].astype(bool)]
+
+
 def _log(steps: np.ndarray) -> np.ndarray:
   # Step 0 sits half a step before step 1 on the log axis (log 0 is undefined).
   return np.log(np.maximum(steps, 0.5))

@@ -256,18 +256,11 @@ def _point_caution(cells: pd.DataFrame) -> str:
   return "; ".join(f"{name} {r[name]}: {r['caution']}" for _, r in flagged.iterrows())
 
 
-def _flagged(points: pd.DataFrame) -> pd.DataFrame:
-  """The emerged models with a caution (``analysis.emergence.caution``)."""
-  if "caution" not in points:
-    return points.iloc[:0]
-  return points[(points["caution"].fillna("") != "") & ~points["censored"].astype(bool)]
-
-
 def _sensitivity(points: pd.DataFrame, opts) -> dict | None:
   """The law refitted with the flagged models censored at their last checkpoint (``last_step``,
   their cap or end of training): ``LawFit.to_dict()``, ``{"error": why}`` when it cannot be
   fitted, None when no model is flagged."""
-  flagged = _flagged(points)
+  flagged = emergence_lib.flagged(points)
   if flagged.empty:
     return None
   try:
@@ -388,7 +381,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     )
     if c in points
   ]  # fmt: skip
-  written["cautions"] = _flagged(points)[cols].to_dict("records")
+  written["cautions"] = emergence_lib.flagged(points)[cols].to_dict("records")
 
   doc.h(2, "Emergence points")
   n_cens = len(points) - n_emerged

@@ -687,14 +687,11 @@ def _caution_words(
   how the law moves with them censored at their last checkpoint (``sensitivity``: that refit's
   ``LawFit.to_dict()``, or ``{"error": why not}``); '' when none is flagged. A clause: it follows
   'No model was censored, but' or stands as a sentence after the censored models."""
-  from .emergence import cautions
+  from . import emergence
 
-  if "caution" in points:
-    why = points["caution"].fillna("").astype(str)
-  else:
-    why = cautions(points)
   censored = points[points["censored"].astype(bool)]
-  flagged = points[(why != "") & ~points["censored"].astype(bool)]
+  flagged = emergence.flagged(points)
+  why = flagged["caution"] if "caution" in flagged else emergence.cautions(flagged)
   if flagged.empty:
     return ""
   k = len(flagged)
