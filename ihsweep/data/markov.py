@@ -28,7 +28,7 @@ Where the second half begins (``data.induction_start``): 'half' puts m at ⌊n/2
 sequence, so a recurrence or copy never sits before ⌊n/2⌋ and a model can learn to copy only
 there (the demo's heads trained this way fire only when the later occurrence is past C/2,
 docs/results.md). 'anywhere' draws m per sequence uniformly from {1, …, n − 1}
-(``induction_starts``) and applies the rules above with that m: the later occurrence of a pattern
+(``induction_start_of``) and applies the rules above with that m: the later occurrence of a pattern
 can sit at any position from 2 on and the earlier one anywhere before it (a copy's source is
 spread over the first part, which ends anywhere), while the share of positions in the second
 part stays ~1/2 on average, as with 'half'.
@@ -201,13 +201,12 @@ def generate_sequence(
 
   ``frequency``, ``reliability``: float32 scalars in [0, 1] (traced; per model).
   ``arrays``: ``transition_arrays(...)``. ``induction_start``: 'half' (the second part's rules
-  from m = ⌊n/2⌋) or 'anywhere' (m drawn per sequence, ``induction_starts``). Jit/vmap-safe.
+  from m = ⌊n/2⌋) or 'anywhere' (m drawn per sequence, ``induction_start_of``). Jit/vmap-safe.
   """
   probs, cdf, first_cdf = arrays["probs"], arrays["cdf"], arrays["first_cdf"]
   vocab = probs.shape[0]
   if induction_start == "anywhere":
-    key, k_start = jax.random.split(key)
-    half = induction_starts(k_start, length)
+    key, half = induction_start_of(key, length)
   else:
     half = length // 2
   q = frequency / (1.0 + reliability)
@@ -259,10 +258,13 @@ def generate_sequence(
   return x_Cp1
 
 
-def induction_starts(key: jax.Array, length: int, shape: tuple[int, ...] = ()) -> jax.Array:
-  """Where the second part's rules begin with ``data.induction_start = 'anywhere'``: m uniform on
-  {1, …, length − 1} (int32, ``shape``), so a copy and its source can sit anywhere."""
-  return jax.random.randint(key, shape, 1, length, dtype=jnp.int32)
+def induction_start_of(key: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:
+  """A sequence's key → (the key its tokens are drawn with, its boundary m with
+  ``data.induction_start = 'anywhere'``: int32, uniform on {1, …, length − 1}, so a copy and its
+  source can sit anywhere). ``generate_sequence`` and ``MarkovSource.boundaries`` both draw m
+  here."""
+  key, k_start = jax.random.split(key)
+  return key, jax.random.randint(k_start, (), 1, length, dtype=jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -319,12 +321,12 @@ class MarkovSource(Source):
 
   def boundaries(self, key: jax.Array) -> np.ndarray:
     """int32 ``[B]``: where the second part begins (m) in each sequence ``sample(key, …)``
-    draws — ⌊(C + 1)/2⌋ with 'half', ``induction_starts``' draw with 'anywhere'."""
+    draws — ⌊(C + 1)/2⌋ with 'half', ``induction_start_of``'s draw with 'anywhere'."""
     length = self.context_size + 1
     if self.induction_start != "anywhere":
       return np.full(self.batch_size, length // 2, np.int32)
     keys = jax.random.split(key, self.batch_size)
-    first = jax.vmap(lambda k: induction_starts(jax.random.split(k)[1], length))
+    first = jax.vmap(lambda k: induction_start_of(k, length)[1])
     return np.asarray(first(keys), np.int32)
 
   def describe(self) -> str:
