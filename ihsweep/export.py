@@ -436,9 +436,8 @@ def _in_run(path: str, run_dir) -> bool:
 def _in_exports(path: str, run_dir) -> bool:
   """``path`` lies strictly under the run's export folder, where that folder is where it
   should be (a symlinked analysis/ pointing elsewhere inside the run does not count)."""
-  root = os.path.realpath(os.fspath(run_dir))
   folder = os.path.realpath(export_dir(run_dir))
-  expected = os.path.join(root, "analysis", "export")
+  expected = export_dir(os.path.realpath(os.fspath(run_dir)))
   real = os.path.realpath(path)
   placed = folder == expected or not _in_run(folder, run_dir)
   return placed and real != folder and os.path.commonpath([real, folder]) == folder
