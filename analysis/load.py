@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ihsweep.errors import IhsweepError
+
 log = logging.getLogger("analysis")
 
 # cells.csv columns that are not grid axes (ihsweep.rundir.cells_table).
@@ -59,12 +61,12 @@ CELL_COLUMNS = (
 SINGLE_RUN_GROUP = "run"
 
 
-class GroupError(ValueError):
+class GroupError(IhsweepError, ValueError):
   """A group whose files cannot be used (damaged probes, a config that does not match its
   checkpoints); the analysis skips it with a warning."""
 
 
-class NotARun(ValueError):
+class NotARun(IhsweepError, ValueError):
   """A directory that holds neither a sweep (cells.csv) nor a single run (config.json with
   checkpoints or metrics.jsonl)."""
 

@@ -23,6 +23,7 @@ import os
 import stat
 
 from ihsweep.atomic import atomic_write_json
+from ihsweep.errors import IhsweepError
 
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"
@@ -52,7 +53,7 @@ FIGURES = (
 NAMES = FILES + tuple(f"figures/{f}.{ext}" for f in FIGURES for ext in ("png", "pdf"))
 
 
-class OutputError(ValueError):
+class OutputError(IhsweepError, ValueError):
   """The report's output directory cannot be written, or holds files that are not the
   report's where it would write."""
 

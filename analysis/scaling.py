@@ -50,6 +50,7 @@ import pandas as pd
 from scipy import special
 
 from ihsweep import law as law_lib
+from ihsweep.errors import IhsweepError
 
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
 V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
@@ -62,7 +63,7 @@ LSQ = "least squares on emerged cells"
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class FitError(ValueError):
+class FitError(IhsweepError, ValueError):
   """Emergence points from which the law cannot be fitted (too few, not identifiable, bad
   values)."""
 

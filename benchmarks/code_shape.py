@@ -19,7 +19,7 @@ Reads the packages' source with ``ast`` (nothing is imported) and reports:
 * private names used across modules: ``from m import _x`` or ``m._x`` where ``m`` is an own
   module other than the user's;
 * exception classes (a base whose name ends in Error or Exception, or another exception class of
-  the packages) and the files they live in, and whether they share a common base of the packages.
+  the packages) and the files they live in, and the roots of their hierarchy (one root: one base).
 """
 
 from __future__ import annotations
@@ -234,6 +234,12 @@ def measure(root: str, packages: list[str], module_lines=500, function_lines=60)
   exceptions = sorted(
     c["name"] for c in classes if c["name"].rsplit(":", 1)[1].rsplit(".", 1)[-1] in known
   )
+  # the hierarchy's roots: own exception classes with no own exception class among their bases
+  roots = [
+    c["name"]
+    for c in classes
+    if c["name"] in exceptions and not any(b.rsplit(".", 1)[-1] in known for b in c["bases"])
+  ]
   long_functions = sorted((f for f in functions if f[1] > function_lines), key=lambda f: -f[1])
   return {
     "packages": packages,
@@ -259,6 +265,7 @@ def measure(root: str, packages: list[str], module_lines=500, function_lines=60)
     "exception_classes": len(exceptions),
     "exception_files": len({e.split(":")[0] for e in exceptions}),
     "exceptions": exceptions,
+    "exception_roots": sorted(roots),
   }
 
 
@@ -281,7 +288,8 @@ def _text(r: dict) -> str:
     *(f"  {p}" for p in r["private_names_across_modules"]),
     f"importlib of own modules: {len(r['importlib_of_own_modules'])}",
     *(f"  {p}" for p in r["importlib_of_own_modules"]),
-    f"exception classes: {r['exception_classes']} in {r['exception_files']} files",
+    f"exception classes: {r['exception_classes']} in {r['exception_files']} files, "
+    f"{len(r['exception_roots'])} root(s): {', '.join(r['exception_roots'])}",
   ]
   return "\n".join(out)
 

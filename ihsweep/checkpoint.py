@@ -40,6 +40,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ihsweep.data.errors import DataError
+from ihsweep.errors import IhsweepError
 
 log = logging.getLogger("ihsweep")
 
@@ -48,7 +49,7 @@ class CheckpointError(DataError):
   """A run directory whose checkpoints cannot be restored."""
 
 
-class DiskFull(Exception):
+class DiskFull(IhsweepError):
   """No space left on the device holding ``directory``; the message is one line for the user.
   The ``ihsweep`` command prints it and exits with status ``EXIT_CODE`` (75, sysexits'
   EX_TEMPFAIL: rerun the same command once space is freed; it resumes from the last complete

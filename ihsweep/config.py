@@ -15,6 +15,7 @@ from numbers import Integral, Real
 import jax
 
 from ihsweep.data import SOURCES
+from ihsweep.errors import IhsweepError
 from ihsweep.model import DTYPES, POS_ENCODINGS
 from ihsweep.sharding import MeshError, mesh_shape, usable_devices
 
@@ -183,7 +184,7 @@ def default_log():
   )
 
 
-class ConfigError(ValueError):
+class ConfigError(IhsweepError, ValueError):
   """A config field has a value that is not allowed."""
 
   def __init__(self, field: str, value, allowed: str):

@@ -54,13 +54,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ihsweep.errors import IhsweepError
+
 TARGETS = ("transformer_lens", "hf")
 DTYPES = ("float32", "float64")
 INSTALL = "pip install 'ihsweep[interop]'"
 TL_FORMAT = "ihsweep-transformer-lens/1"
 
 
-class ExportError(ValueError):
+class ExportError(IhsweepError, ValueError):
   """A model, target or output path that cannot be exported (the message names what is
   allowed)."""
 

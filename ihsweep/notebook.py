@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ihsweep.errors import IhsweepError
+
 
 def _reader():
   """The analysis package's run reader, ``load``: under its installed name ``ihsweep_analysis``
@@ -62,15 +64,15 @@ _load = _reader()
 NotARun = _load.NotARun
 
 
-class UnknownCell(ValueError):
+class UnknownCell(IhsweepError, ValueError):
   """A cell id that is not a model of this run (or whose group cannot be read)."""
 
 
-class StepNotSaved(ValueError):
+class StepNotSaved(IhsweepError, ValueError):
   """An update at which the cell's params were not saved."""
 
 
-class CheckpointUnreadable(ValueError):
+class CheckpointUnreadable(IhsweepError, ValueError):
   """A params checkpoint listed as complete that cannot be read (a file damaged or cut short
   after it was written)."""
 

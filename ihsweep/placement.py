@@ -44,10 +44,11 @@ import math
 from typing import Any
 
 from ihsweep import sharding
+from ihsweep.errors import IhsweepError
 from ihsweep.sharding import divisors
 
 
-class LayoutError(ValueError):
+class LayoutError(IhsweepError, ValueError):
   """Devices per worker that do not fit the devices (not a divisor of N, over a host and not
   whole processes), a team size that does not divide the processes, or a team some group
   cannot fill."""

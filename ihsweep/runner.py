@@ -31,6 +31,7 @@ from ihsweep import schedule as schedule_lib
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.data.source import host_batch_array
+from ihsweep.errors import IhsweepError
 
 # EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
 # ihsweep.evaluation.
@@ -338,7 +339,7 @@ def install_stop_handlers() -> None:
     signal.signal(sig, request_stop)
 
 
-class Interrupted(Exception):
+class Interrupted(IhsweepError):
   """Training stopped on request (SIGTERM) after writing a full-state checkpoint."""
 
   def __init__(self, workdir: str, step: int):

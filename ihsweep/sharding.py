@@ -27,10 +27,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ihsweep.errors import IhsweepError
+
 AXES = ("ensemble", "data")
 
 
-class MeshError(ValueError):
+class MeshError(IhsweepError, ValueError):
   """No (ensemble, data) split of the devices fits E and B."""
 
 

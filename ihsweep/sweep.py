@@ -47,13 +47,14 @@ import traceback
 
 from ihsweep import plan as plan_lib
 from ihsweep import rundir
+from ihsweep.errors import IhsweepError
 from ihsweep.plan import Plan, make_plan
 from ihsweep.rundir import group_dir, read_status, write_cells, write_status
 
 log = logging.getLogger("ihsweep")
 
 
-class GroupFailed(RuntimeError):
+class GroupFailed(IhsweepError, RuntimeError):
   """A group raised under several processes (recorded in its status.json); the sweep ends."""
 
   def __init__(self, group_id: str, error: Exception):
@@ -885,7 +886,7 @@ def format_summary(summary: dict) -> str:
   return "\n".join(lines)
 
 
-class NotASweep(ValueError):
+class NotASweep(IhsweepError, ValueError):
   """A directory without a sweep's cells.csv."""
 
 

@@ -26,6 +26,8 @@ import dataclasses
 import os
 import re
 
+from ihsweep.errors import IhsweepError
+
 GB = 1e9
 
 
@@ -55,7 +57,7 @@ GPUS = {
 }
 
 
-class TargetError(ValueError):
+class TargetError(IhsweepError, ValueError):
   """A target name or device count that cannot be planned for (one line)."""
 
 

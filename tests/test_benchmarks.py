@@ -91,5 +91,8 @@ def test_code_shape_finds_cycles_long_functions_and_back_doors(tmp_path):
   assert r["private_names_across_modules"] == ["pkg/a.py uses pkg.b._hidden"]
   assert r["importlib_of_own_modules"] == ["pkg/b.py: import_module('pkg.sub.c')"]
   assert r["exception_classes"] == 2 and r["exception_files"] == 2
+  assert r["exception_roots"] == ["pkg/a.py:AError"]
   here = code_shape.measure(ROOT, ["ihsweep", "analysis"])
   assert here["modules"] > 40 and here["lines_total"] > 10_000
+  # one error base class: every exception ihsweep or analysis defines derives from IhsweepError
+  assert here["exception_roots"] == ["ihsweep/errors.py:IhsweepError"], here["exception_roots"]

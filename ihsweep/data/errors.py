@@ -1,7 +1,9 @@
 """The error every data source raises for input it cannot use."""
 
+from ihsweep.errors import IhsweepError
 
-class DataError(ValueError):
+
+class DataError(IhsweepError, ValueError):
   """Data that cannot be read, built or sampled as configured. ``field`` names the config field
   to change ("" when the fix lies outside the config)."""
 
