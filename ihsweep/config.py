@@ -43,7 +43,7 @@ EXECUTION_FIELDS = (
   "log.wandb_project",
   "log.wandb_mode",
 )
-PLACEMENTS = ("worker", "global")
+PLACEMENTS = ("worker",)
 BUDGETS = ("updates", "tokens", "law", "emergence")  # sweep.budget
 
 
@@ -133,8 +133,8 @@ def default_sweep():
   placement (how groups meet devices; ``ihsweep.sweep``): 'worker' = every ``ihsweep run``
     process on the run directory is a worker taking groups one at a time onto its own local
     devices (several processes, or the processes of one jax.distributed job, train groups side
-    by side); 'global' = every process trains every group together on one mesh of all devices,
-    one group after another. wait_to_take_over: a worker with nothing left to take waits while
+    by side; a worker spanning several processes trains a group on all their devices:
+    processes_per_worker). wait_to_take_over: a worker with nothing left to take waits while
     other workers hold groups, to take over any whose worker dies (False: it exits; a rerun
     takes over). processes_per_worker (inside one jax.distributed job of several processes;
     'worker' placement): 0 = phases chosen from the groups' costs
@@ -888,16 +888,7 @@ def validate_sweep(cfg, n_devices: int) -> None:
         "empty in a sweep: the planner fills it per group (vary "
         "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)",
       )
-  placement = _choice(sub, "sweep", "placement", PLACEMENTS)
+  _choice(sub, "sweep", "placement", PLACEMENTS)
   if not isinstance(cfg.sweep.wait_to_take_over, bool):
     raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
   _int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
-  if (
-    placement == "global" and jax.process_count() > 1 and cfg.mesh.num_devices not in (0, n_devices)
-  ):
-    raise ConfigError(
-      "mesh.num_devices",
-      cfg.mesh.num_devices,
-      f"0 (all {n_devices} devices) with {jax.process_count()} processes and "
-      f"sweep.placement = 'global': every group runs on the global mesh",
-    )

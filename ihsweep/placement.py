@@ -1,8 +1,6 @@
 """Placing a sweep's groups on N devices and predicting its time (``ihsweep plan``): no training.
 
-Two rules, side by side:
-
-* **workers** (``sweep.placement = 'worker'``, ``ihsweep.sweep``): the N devices form workers
+The rule (``ihsweep.sweep``): the N devices form workers
   that take the planned groups in plan order (most expensive first) and dynamically: a worker
   that finishes takes the next pending group. A group trains on the largest number m of its
   worker's D devices its mesh can use (``sharding.usable_devices``: at most E · B); the
@@ -14,11 +12,8 @@ Two rules, side by side:
   phase's groups, a group going to teams of p > 1 only if its mesh uses all p · d devices; a
   phase starts when the previous one has finished its groups. Independent processes (no
   jax.distributed) are one phase of p = 1.
-* **global** (``sweep.placement = 'global'``, the rule before workers): every group on one mesh
-  of all N devices, one after another; refused when a group cannot use all N
-  (``sharding.mesh_shape``).
 
-For either: makespan = the last group's end; utilisation = the busy share of device-time,
+Makespan = the last group's end; utilisation = the busy share of device-time,
 Σ_g m_g · t_g / (N · makespan) (a device is busy while a group's mesh holds it, idle devices of a
 worker whose group cannot use them all are not).
 
@@ -118,7 +113,7 @@ class Schedule:
   why the rule cannot run the sweep (no slots then); ``unpredicted``: why its times are unknown
   (e.g. a mesh larger than the measuring machine)."""
 
-  rule: str  # "worker" | "global"
+  rule: str  # "worker"
   n_devices: int
   devices_per_worker: int
   slots: list
@@ -201,38 +196,12 @@ def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> in
 
 
 def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:
-  """The new rule: W = N / D workers, each group on m = ``group_devices`` of its worker."""
+  """W = N / D workers, each group on m = ``group_devices`` of its worker."""
   entries = [
     _entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
     for job in jobs
   ]
   return simulate(entries, n_devices, devices_per_worker, "worker")
-
-
-def global_schedule(jobs, model, n_devices: int) -> Schedule:
-  """Today's rule: every group on one mesh of all N devices, one after another; refused (with
-  ``mesh_shape``'s reason) at the first group that cannot use all N."""
-  refused = []
-  for job in jobs:
-    try:
-      sharding.mesh_shape(job.n_models, job.batch_size, n_devices)
-    except sharding.MeshError as e:
-      refused.append((job, e))
-  if refused:
-    job, e = refused[0]
-    return Schedule(
-      "global",
-      n_devices,
-      n_devices,
-      [],
-      refused=f"{len(refused)} of {len(jobs)} groups cannot use all {n_devices} "
-      f"devices, e.g. group {job.id} (E = {job.n_models}, B = "
-      f"{job.batch_size}): {e}",
-    )
-  why = model.cannot_time(n_devices)
-  if why:
-    return Schedule("global", n_devices, n_devices, [], unpredicted=why)
-  return simulate([_entry(j, model, n_devices) for j in jobs], n_devices, n_devices, "global")
 
 
 def candidate_layouts(n_devices: int, devices_per_host: int) -> list[int]:
@@ -272,7 +241,7 @@ class Phase:
   The processes form ``n_workers`` = P / p workers ("teams") of ``processes_per_worker`` = p
   consecutive processes: team t is processes t · p … t · p + p − 1 (process indices), and trains
   a group on a mesh over all its ``devices_per_worker`` = p · d devices (p = 1: one process's
-  local devices, of which a group may use part; p = P: today's one global mesh). The teams claim
+  local devices, of which a group may use part; p = P: one global mesh). The teams claim
   the phase's ``groups`` dynamically in the order given (plan order: most expensive first); the
   phase ends when all of them are done, then the next phase starts.
 
@@ -315,7 +284,7 @@ class Phase:
 
 @dataclasses.dataclass
 class PhasedSchedule:
-  """The new rule's schedule: ``phases`` one after another on ``n_devices``."""
+  """The schedule: ``phases`` one after another on ``n_devices``."""
 
   n_devices: int
   phases: list
@@ -669,7 +638,7 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them;
   ``sweep.processes_per_worker = 0``: checked against this machine's process count otherwise),
   so that planning N devices this machine lacks is not refused here; the rules are applied by
-  ``plan_phases``, ``worker_schedule`` and ``global_schedule``.
+  ``plan_phases`` and ``worker_schedule``.
 
   Raises:
     ConfigError, DataError (``check_data``), LawError: as ``plan.make_plan``.
@@ -728,10 +697,9 @@ def layout_schedule(
 
 @dataclasses.dataclass
 class Prediction:
-  """What ``ihsweep plan`` prints: the jobs, the throughput model, the new rule's phases
+  """What ``ihsweep plan`` prints: the jobs, the throughput model, the phases
   (``phased``; ``phases_reason``: where they came from) on ``n_processes`` × ``devices_per_process``
-  devices, every one-phase layout tried (``layouts``; ``layout``: the best of them), and today's
-  rule (``global_``)."""
+  devices, and every one-phase layout tried (``layouts``; ``layout``: the best of them)."""
 
   n_devices: int
   budget: str
@@ -742,7 +710,6 @@ class Prediction:
   phases_reason: str
   layouts: list
   layout: Schedule
-  global_: Schedule
   n_processes: int = 1
   devices_per_process: int = 1
   updates_note: str = ""
@@ -799,8 +766,6 @@ class Prediction:
         "times": times,
         "checkpoints": self.checkpoints(job),
       }
-      if self.global_.makespan_s is not None:
-        row["global_seconds"] = self.model.seconds(job, self.n_devices)["total_s"]
       rows.append(row)
     one = phases[0] if len(phases) == 1 else None
     return {
@@ -835,7 +800,6 @@ class Prediction:
         }
         for s in self.layouts
       ],
-      "global": {**self.global_.to_json(), **self.communication(self.global_.slots)},
     }
 
 
@@ -850,14 +814,14 @@ def predict(
   law=None,
   log=lambda line: None,
 ) -> Prediction:
-  """Plans ``cfg``'s sweep on ``n_devices`` under both rules. With ``flops_per_s`` the time is
+  """Plans ``cfg``'s sweep on ``n_devices``. With ``flops_per_s`` the time is
   FLOPs-based (``timing.FlopsModel``, communication priced on ``network``, a ``timing.Network``,
   or none for None; data is not read); without, measured on this machine
   (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
 
   The N devices are P processes of d (``processes_of``: d = ``devices_per_host``, default
   ``DEFAULT_DEVICES_PER_HOST``, with ``flops_per_s``; measured, this machine's device count).
-  The new rule's phases (``plan_phases``, chosen and timed with the model; a jax.distributed
+  The phases (``plan_phases``, chosen and timed with the model; a jax.distributed
   job chooses with ``timing.runtime_model``: relative FLOPs, or on a known accelerator its
   FLOP/s and network): ``devices_per_worker`` D, else the config's
   ``mesh.num_devices`` (a worker uses at most that many), give one phase of N / D workers (D a
@@ -963,7 +927,6 @@ def predict(
     phases_reason=reason,
     layouts=layouts,
     layout=choose_layout(layouts),
-    global_=global_schedule(jobs, model, n_devices),
     n_processes=n_processes,
     devices_per_process=per_process,
     updates_note=note,
@@ -1013,7 +976,7 @@ def format_text(p: Prediction) -> str:
   from ihsweep import schedule as schedule_lib
   from ihsweep.plan import ranges
 
-  phased, g, phases, d = p.phased, p.global_, p.phased.phases, p.devices_per_process
+  phased, phases, d = p.phased, p.phased.phases, p.devices_per_process
   lines = [
     f"{p.n_cells} cells in {len(p.jobs)} groups (budget '{p.budget}') on N = "
     f"{p.n_devices} devices: {p.n_processes} process(es) × {d}",
@@ -1024,22 +987,17 @@ def format_text(p: Prediction) -> str:
   lines += [
     "",
     f"{'group':6} {'cells':>9} {'E':>3} {'B':>5} {'C':>5} {'updates':>10} "
-    f"{'(cap)':>10} {'FLOPs':>9} {'phase':>5}  {'devices (e×d)':>13} {'time':>9}  "
-    f"{'global':>9}",
+    f"{'(cap)':>10} {'FLOPs':>9} {'phase':>5}  {'devices (e×d)':>13} {'time':>9}",
   ]
   for job in p.jobs:
     slot = p.slot(job)
     m = slot.devices
     e, dd = sharding.mesh_shape(job.n_models, job.batch_size, m)
-    on_all = (
-      duration(p.model.seconds(job, p.n_devices)["total_s"]) if g.makespan_s is not None else "—"
-    )
     lines.append(
       f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
       f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
       f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g} {slot.phase + 1:>5}  "
-      f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}  "
-      f"{on_all:>9}"
+      f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}"
     )
   totals = schedule_lib.checkpoint_totals([p.checkpoints(job) for job in p.jobs])
   lines += [schedule_lib.describe_checkpoint_totals(totals)]
@@ -1061,7 +1019,7 @@ def format_text(p: Prediction) -> str:
     )
   lines += [
     "",
-    f"phases, new rule: {p.phases_reason}",
+    f"phases: {p.phases_reason}",
     f"  {'phase':>5}  {'workers × devices':<28} {'groups':>6} {'start':>9} {'end':>9} "
     f"{'utilisation':>11}  groups",
   ]
@@ -1074,7 +1032,7 @@ def format_text(p: Prediction) -> str:
     )
   lines += [
     "",
-    "schedule, new rule (in each phase the groups most expensive first, each to "
+    "schedule (in each phase the groups most expensive first, each to "
     "the worker free first; a phase starts when the previous one ends):",
     f"  {'phase':>5} {'worker':>6}  {'group':6} {'devices':>7} {'start':>9} {'end':>9}",
   ]
@@ -1083,25 +1041,16 @@ def format_text(p: Prediction) -> str:
       f"  {s.phase + 1:>5} {s.worker:>6}  {s.group:6} {s.devices:>7} "
       f"{duration(s.start_s):>9} {duration(s.end_s):>9}"
     )
-  today = (
-    f"refused: {g.refused}"
-    if g.refused
-    else f"not predicted: {g.unpredicted}"
-    if g.unpredicted
-    else f"makespan {duration(g.makespan_s)}, utilisation {_percent(g.utilisation)}"
-    + _comm_text(p, g.slots)
-  )
   shape = ", then ".join(_layout_name(ph.devices_per_worker, ph.n_workers, d) for ph in phases)
   best = p.layout
   lines += [
     "",
-    f"new rule (sweep.placement=worker, {len(phases)} phase(s): {shape}): "
+    f"the sweep ({len(phases)} phase(s): {shape}): "
     f"makespan {duration(phased.makespan_s)}, utilisation "
     f"{_percent(phased.utilisation)}" + _comm_text(p, phased.slots),
     f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
     f": makespan {duration(best.makespan_s)}, utilisation "
     f"{_percent(best.utilisation)}" + _comm_text(p, best.slots),
-    f"today's rule (sweep.placement=global, one mesh of {p.n_devices}): {today}",
   ]
   why = _why_best(p)
   if why:

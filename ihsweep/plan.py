@@ -416,9 +416,7 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
   """``config.validate`` of a group's run config; an error in a field the grid sets is reported
   under the sweep field, with the group's cells."""
   try:
-    config_lib.validate(
-      group.cfg, None if sweep_cfg.sweep.placement == "global" else _worker_devices(group.cfg)
-    )
+    config_lib.validate(group.cfg, _worker_devices(group.cfg))
   except ConfigError as e:
     field = e.field.split("[")[0]
     reverse = {v: k for k, v in VALUE_FIELDS.items()}
@@ -427,16 +425,6 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
     if field in axes:
       raise ConfigError(
         f"sweep.{_section(sweep_cfg, field)}.{field}", e.value, f"{e.allowed} [{place}]"
-      ) from None
-    if e.field == "mesh.num_devices" and sweep_cfg.sweep.placement == "global":
-      import jax
-
-      raise ConfigError(
-        "mesh.num_devices",
-        e.value,
-        f"{e.allowed} [{place}; every group runs on all {len(jax.devices())} devices of "
-        f"{jax.process_count()} process(es), so it must be able to use them all: a group uses "
-        f"at most E · B devices; use fewer processes or devices, or more seeds]",
       ) from None
     raise ConfigError(e.field, e.value, f"{e.allowed} [{place}]") from None
 

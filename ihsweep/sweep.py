@@ -2,7 +2,7 @@
 vmapped ensemble (``runner.fit``); the run directory (``ihsweep.rundir``) is their only meeting
 point: no scheduler of our own.
 
-Placement ``sweep.placement = "worker"`` (default). Every ``ihsweep run`` process on the same
+Every ``ihsweep run`` process on the same
 run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
 ``mesh.num_devices`` of them): independent processes (SLURM job-array tasks, one per GPU or
 several sharing one; one per TPU host; several local processes) or the processes of one
@@ -23,10 +23,6 @@ take waits for that while others hold groups, unless ``sweep.wait_to_take_over``
 by a rerun — and resumed from its last full-state checkpoint. A group that fails is recorded
 and not retried by workers that saw it fail; a rerun retries it.
 
-Placement ``"global"`` (the rule before workers): every process trains every group together,
-one group after another, on one global mesh over all devices, so each group must be able to
-use all of them (refused before compiling otherwise), and one process holds the directory.
-
 Run directory (``ihsweep run --workdir=DIR``)::
 
   DIR/config.json      the sweep's resolved config
@@ -39,6 +35,7 @@ Run directory (``ihsweep run --workdir=DIR``)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -88,9 +85,6 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
   with runner.logs_above_bars(progress):
-    if cfg.sweep.placement == "global":
-      with rundir.workdir_lock(workdir):
-        return _run_global(cfg, plan, workdir, progress)
     return _run_worker(cfg, plan, workdir, progress)
 
 
@@ -621,7 +615,17 @@ def _work(
     try:
       ahead.wait_for(group)
       ahead.after(group, worker.groups, devices, worker.local)
-      with rundir.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat:
+      # A worker spanning processes: a peer that stops answering ends this process (the others
+      # may wait for it inside the group's collectives), and the group is marked failed first.
+      lost = sharding.when_peer_lost(
+        lambda reason: write_status(
+          workdir, group.id, state="failed", **common, error=reason, process=jax.process_index()
+        )
+      )
+      with (
+        lost if several else contextlib.nullcontext(),
+        rundir.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat,
+      ):
         out = runner.fit(
           group.cfg,
           group_dir(workdir, group.id),
@@ -704,119 +708,6 @@ class _NoHeartbeat:
 
   def __exit__(self, *exc):
     return False
-
-
-def _run_global(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
-  import jax
-
-  from ihsweep import runner, sharding
-
-  lead = jax.process_index() == 0
-  if os.path.exists(os.path.join(workdir, "cells.csv")):
-    runner.check_resumable(cfg, workdir)
-  states = {g.id: read_status(workdir, g.id) for g in plan.groups}
-  sharding.barrier("ihsweep-sweep-planned")  # every process read the statuses
-  if lead:
-    runner.write_resolved_config(cfg, workdir)
-    write_cells(plan, workdir)
-  n = len(plan.groups)
-  log.info(
-    "sweep: %d cells in %d groups (%s budget) on %d device(s) in %d process(es); cells.csv in %s",
-    len(plan.cells),
-    n,
-    plan.budget,
-    len(jax.devices()),
-    jax.process_count(),
-    workdir,
-  )
-  tracker = _Progress(cfg, plan, workdir, jax.devices(), False, progress)
-  try:
-    return _global_groups(cfg, plan, workdir, progress, states, tracker)
-  finally:
-    tracker.close()
-
-
-def _global_groups(cfg, plan: Plan, workdir: str, progress: bool, states: dict, tracker):
-  """``_run_global``'s loop: every group in plan order on the global mesh (``states``: each
-  group's status, updated), the sweep's progress reported after each; then sweep.json."""
-  import jax
-
-  from ihsweep import runner, sharding
-
-  lead, n = jax.process_index() == 0, len(plan.groups)
-  tracker.report()
-  interrupted = False
-  for i, group in enumerate(plan.groups):
-    gdir = group_dir(workdir, group.id)
-    common = _common(group)
-    if states[group.id]["state"] == "done":
-      log.info("group %s (%d/%d) done before: skipped", group.id, i + 1, n)
-      continue
-    if sharding.any_process(runner.stop_requested()):  # a signal between groups
-      interrupted = True
-      break
-    attempts = int(states[group.id].get("attempts", 0)) + 1
-    common["attempts"] = attempts  # how many times a process started (or resumed) this group
-    if lead:
-      write_status(workdir, group.id, state="running", **common, processes=jax.process_count())
-      write_cells(plan, workdir)
-    _describe(group, i, n, common)
-    desc = (
-      f"p{jax.process_index()} {group.id} {i + 1}/{n} B={group.cfg.train.batch_size} "
-      f"C={group.cfg.train.context_size} E={len(group.cells)}"
-    )
-    try:  # a peer that stops answering ends this process: the group is then marked failed
-      with sharding.when_peer_lost(
-        lambda reason: write_status(
-          workdir, group.id, state="failed", **common, error=reason, process=jax.process_index()
-        )
-      ):
-        out = runner.fit(
-          group.cfg,
-          gdir,
-          progress=progress,
-          desc=desc,
-          stop_rule=_stop_rule(cfg, group),
-          keep_bar=False,  # the sweep's bar and progress line follow the group
-        )
-    except runner.Interrupted as e:
-      states[group.id] = (
-        write_status(workdir, group.id, state="interrupted", step=e.step, **common)
-        if lead
-        else {"state": "interrupted"}
-      )
-      interrupted = True
-      if lead:
-        write_cells(plan, workdir)
-      break
-    except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
-      raise
-    except Exception as e:  # noqa: BLE001 — recorded, and the sweep goes on
-      log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
-      states[group.id] = write_status(
-        workdir,
-        group.id,
-        state="failed",
-        **common,
-        error=f"{type(e).__name__}: {e}",
-        traceback=traceback.format_exc(),
-        process=jax.process_index(),
-      )
-      if jax.process_count() > 1:
-        # The other processes may wait for this one inside the group's collectives, so they
-        # cannot agree to skip it: end the sweep (the launcher stops the rest; a rerun retries).
-        raise GroupFailed(group.id, e) from e
-    else:
-      done = _done_status(group, out, common)
-      states[group.id] = write_status(workdir, group.id, **done) if lead else done
-      tracker.finished(group, out, len(jax.devices()))
-    if lead:
-      write_cells(plan, workdir)
-    tracker.report()
-  summary = summarize(plan, workdir) if lead else {}
-  if lead:
-    rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
-  return SweepResult(groups=states, summary=summary, interrupted=interrupted)
 
 
 def summarize(plan: Plan, workdir: str) -> dict:

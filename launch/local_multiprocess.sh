@@ -6,9 +6,8 @@
 #
 # Joined (default): the N processes form one jax.distributed job through a localhost
 # coordinator: the code path of a pod, on one machine. Each process is a worker training
-# process-local groups on its own devices (sweep.placement = 'worker'; with
-# --config.sweep.placement=global every process trains each group together on one global
-# mesh; ihsweep/sweep.py explains both). Environment it sets per process:
+# process-local groups on its own devices, or, in phases, workers spanning several processes
+# (--config.sweep.processes_per_worker=k; ihsweep/sweep.py explains it). Environment it sets per process:
 # IHSWEEP_COORDINATOR=localhost:PORT, IHSWEEP_NUM_PROCESSES=N, IHSWEEP_PROCESS_ID=k.
 # Independent (--independent): N separate `ihsweep run` processes with the same flags, no
 # coordinator (IHSWEEP_COORDINATOR, IHSWEEP_NUM_PROCESSES, IHSWEEP_PROCESS_ID and

@@ -3,12 +3,11 @@
 # `gcloud … ssh --worker=all` as a detached process (setsid nohup) that outlives the SSH session;
 # jax.distributed.initialize() finds the other hosts itself (IHSWEEP_DISTRIBUTED=1): the hosts
 # of a slice must join one job to use its chips.
-# Groups are process-local by default (config sweep.placement = 'worker'): each host's process
+# Groups are process-local by default: each host's process
 # is a worker over its own chips that claims the next pending group in the run directory (most
 # expensive first), trains it, then takes the next; a v4-32 slice (4 hosts × 4 chips) trains 4
-# groups side by side. `--config.sweep.placement=global`: every host trains every group together
-# on one mesh over all chips of the slice, one group after another. ihsweep/sweep.py explains
-# both.
+# groups side by side; large groups go, in later phases, to workers spanning several hosts
+# (--config.sweep.processes_per_worker=k fixes k). ihsweep/sweep.py explains it.
 # Usage:
 #   launch/tpu_pod.sh TPU_NAME ZONE [--sync] [--dry-run] --config=configs/exp1_natural.py \
 #       --workdir=/mnt/shared/exp1 --config.data.tfds_data_dir=$TFDS [more run flags]

@@ -45,10 +45,10 @@ TINY = [
   "--config.ensemble.size=2",
   "--config.sweep.seeds=2",
 ]
-# The joined failure tests: placement 'global', both processes train the group together, so one's
-# failure reaches the other (with process-local groups, the default, only the worker holding the
-# group trains it).
-FLAGS = ["--config.sweep.placement=global", *TINY]
+# The joined failure tests: one worker spanning both processes (sweep.processes_per_worker = 2),
+# both train the group together, so one's failure reaches the other (with process-local groups,
+# the default, only the worker holding the group trains it).
+FLAGS = ["--config.sweep.processes_per_worker=2", *TINY]
 # What JAX's runtime prints when it aborts a process (an absl FATAL line "F1201 hh:mm:ss...",
 # a stack trace; bash's "Aborted"), and Python's tracebacks.
 CRASH = re.compile(r"^F\d{4} |Aborted|Check fail|stack trace|terminate called|Traceback", re.M)

@@ -1,5 +1,5 @@
 """ihsweep/placement.py and ihsweep/timing.py: the schedule simulation on hand-built groups with
-known answers, today's rule, the layouts, the time models, and `ihsweep plan`."""
+known answers, one worker of all devices, the layouts, the time models, and `ihsweep plan`."""
 
 import copy
 import dataclasses
@@ -95,25 +95,25 @@ def test_time_is_cost_over_devices_times_flops():
     (2, 2, 3),
   ],
 )
-def test_todays_rule_is_refused_exactly_when_the_mesh_is(e, b, n):
+def test_one_worker_of_all_devices_gives_each_group_what_its_mesh_can_use(e, b, n):
+  """One worker of all n devices (a worker spanning every process: one global mesh): the
+  groups one after another, each on the most devices its mesh can use (all n exactly when
+  ``mesh_shape`` accepts n); utilisation counts only the devices a group holds."""
   jobs = [job("g0", e=2, b=64, updates=10), job("g1", e=e, b=b, updates=30)]
   try:
-    sharding.mesh_shape(2, 64, n)
     sharding.mesh_shape(e, b, n)
     fits = True
   except sharding.MeshError:
     fits = False
-  s = placement.global_schedule(jobs, timing.FlopsModel(1.0), n)
-  assert (s.refused is None) == fits
-  if fits:  # one group after another on all n devices
-    assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
-      (n, 0, 10 / n),
-      (n, 10 / n, 40 / n),
-    ]
-    assert s.utilisation == pytest.approx(1.0) and s.makespan_s == pytest.approx(40 / n)
-  else:
-    assert s.slots == [] and s.makespan_s is None and s.utilisation is None
-    assert "cannot use all" in s.refused and f"{n} devices" in s.refused
+  s = placement.worker_schedule(jobs, timing.FlopsModel(1.0), n, n)
+  m0, m1 = (placement.group_devices(j.n_models, j.batch_size, n) for j in jobs)
+  assert (m1 == n) == fits and m1 <= min(n, e * b)
+  assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
+    (m0, 0, 10 / m0),
+    (m1, 10 / m0, 10 / m0 + 30 / m1),
+  ]
+  assert s.makespan_s == pytest.approx(10 / m0 + 30 / m1)
+  assert s.utilisation == pytest.approx(40 / (n * s.makespan_s))
 
 
 def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
@@ -298,7 +298,7 @@ def test_measured_times_on_one_machine_give_one_phase_of_processes(monkeypatch):
     ] == [(1, 4, workers, 3)]
     assert [s.devices_per_worker for s in p.layouts] == [4]
   # one worker: 3 groups of 1 s start-up + 100 updates of 0.01 s, one after another
-  assert p.global_.unpredicted and placement.predict(cfg, 4).phased.makespan_s == pytest.approx(6)
+  assert placement.predict(cfg, 4).phased.makespan_s == pytest.approx(6)
 
 
 class _Group:
@@ -460,7 +460,6 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
     "makespan_s",
     "utilisation",
     "layouts",
-    "global",
     "devices_per_worker",
     "n_workers",
     "throughput",
@@ -516,10 +515,8 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
   assert p["makespan_s"] == pytest.approx(p["phases"][1]["end_s"])
   assert p["n_workers"] is None and p["devices_per_worker"] is None  # two phases
   assert [s["phase"] for s in p["schedule"]] == [0] * 24 + [1]
-  assert p["global"]["refused"].startswith("10 of 25 groups cannot use all 64 devices")
-  assert p["global"]["utilisation"] is None and p["global"]["makespan_s"] is None
   assert p["throughput"]["model"] == "flops"
-  # on 8 devices today's rule runs: every group on all 8, one after another
+  # on 8 devices, one phase of 4 workers of 2
   code, out, err = _plan(
     capsys,
     "--config=configs/exp1_natural.py",
@@ -530,10 +527,9 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
     "--json",
   )
   p = json.loads(out)
-  assert p["global"]["refused"] is None and p["global"]["utilisation"] == pytest.approx(1.0)
+  assert "global" not in p and "global_seconds" not in p["groups"][0]
   assert p["n_workers"] == 4 and p["layouts"][0]["devices_per_worker"] == 2
   total = sum(g["cost_flops"] + g["eval_flops"] for g in p["groups"])
-  assert p["global"]["makespan_s"] == pytest.approx(total / (8 * 4e14))
   assert p["utilisation"] == pytest.approx(total / 4e14 / (8 * p["makespan_s"]))
 
 
@@ -547,12 +543,8 @@ def test_plan_text_says_what_it_assumes(capsys):
   )
   assert code == 0, err
   assert "perfect data-parallel scaling" in out and "no start-up" in out
-  assert "today's rule (sweep.placement=global, one mesh of 8): makespan" in out
   assert "<- best" in out
-  assert (
-    "new rule (sweep.placement=worker, 1 phase(s): 1 × 8): makespan 1.4 h, "
-    "utilisation 100.0%" in out
-  )
+  assert "the sweep (1 phase(s): 1 × 8): makespan 1.4 h, utilisation 100.0%" in out
   code, out, err = _plan(
     capsys,
     "--config=configs/exp1_natural.py",
@@ -562,7 +554,7 @@ def test_plan_text_says_what_it_assumes(capsys):
   )
   assert code == 0, err
   assert (
-    "new rule (sweep.placement=worker, 3 phase(s): 16 × 16 (2 processes each), then "
+    "the sweep (3 phase(s): 16 × 16 (2 processes each), then "
     "8 × 32 (4 processes each), then 1 × 256 (32 processes each)): makespan 3.0 min, "
     "utilisation 96.1%"
   ) in out

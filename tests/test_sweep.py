@@ -81,7 +81,8 @@ def _env(devices_per_process: int, **extra):
 
 def _launch_two(workdir, extra_flags=(), **env):
   """Two processes joined by jax.distributed, training each group together on one global mesh
-  (placement 'global'; tests/test_workers.py has process-local groups)."""
+  (one worker spanning both: sweep.processes_per_worker = 2; tests/test_workers.py has
+  process-local groups)."""
   cmd = [
     "bash",
     os.path.join(LAUNCH, "local_multiprocess.sh"),
@@ -91,7 +92,7 @@ def _launch_two(workdir, extra_flags=(), **env):
     "--noprogress",
     *SWEEP_FLAGS,
     *_cli_flags(),
-    "--config.sweep.placement=global",
+    "--config.sweep.processes_per_worker=2",
     *extra_flags,
   ]
   return subprocess.run(
@@ -351,9 +352,11 @@ def test_unwritable_workdir_fails_before_compiling(tiny, tmp_path, no_compile):
 
 def test_one_run_per_directory(tiny, tmp_path, no_compile):
   work = str(tmp_path / "run")
-  with rundir.workdir_lock(work):  # another run holds it (placement 'global': one at a time)
+  with rundir.workdir_lock(work):  # another `ihsweep train` holds it: one at a time
     with pytest.raises(ConfigError, match=r"in use by pid \d+"):
-      sweep.run(_config(tiny, **{"sweep.placement": "global"}), work, progress=False)
+      runner.fit(tiny(), work, progress=False)
+  with pytest.raises(ConfigError, match="'worker'"):  # the global placement is gone
+    sweep.run(_config(tiny, **{"sweep.placement": "global"}), work, progress=False)
   (tmp_path / "train_run").mkdir()
   (tmp_path / "train_run" / "train_log.jsonl").write_text("")
   with pytest.raises(ConfigError, match="no ihsweep run"):  # a log alone is no run
