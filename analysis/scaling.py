@@ -589,11 +589,8 @@ def fit_law(
   than coefficients, or a rank-deficient design, e.g. one batch size) are redrawn, as are the
   rare ones in which the MLE does not converge. Small-sample factor: each percentile end is
   moved away from the estimate by c = sqrt(G/(G − 1))·t(G − 1)/z (``_small_sample_factor``;
-  1.05 for 36 points, 1.25 for 9). Measured on the 6 × 6 × 2-seed known-answer grid of
-  tests/test_scaling.py (σ 0.4, ~32% censored), over 1,000 draws: coverage of the 95%
-  intervals of ln T, α, β 93.6%, 94.0%, 94.4% (92.6%, 92.7%, 93.1% without c); on a 3 × 3 ×
-  2 grid like the demo's (B 8–32, C 16–64, budget 30,000: 36% censored), 95.6%, 96.9%, 95.6%
-  (91.4%, 92.7%, 91.0% without c; 4% of draws had too few points for intervals). ``cov`` is
+  1.05 for 36 points, 1.25 for 9; the intervals' measured coverage: docs/benchmarks.md,
+  "Interval coverage of the law fit"). ``cov`` is
   the covariance of the bootstrap coefficients times G/(G − 1), read with t(G − 1) quantiles
   (prediction intervals).
 
@@ -607,8 +604,7 @@ def fit_law(
     with_params: also fit γ for + γ ln n_params.
     n_boot: bootstrap resamples (0: no intervals; none either with fewer than
       ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom, or fewer grid points with emerged
-      cells than free coefficients + ``MIN_DOF_FOR_INTERVALS``). A 72-cell grid takes ~0.2 s
-      per 1,000 resamples.
+      cells than free coefficients + ``MIN_DOF_FOR_INTERVALS``).
     seed: the bootstrap's random seed.
     fixed: coefficients held at given values instead of fitted, e.g. ``{"alpha": 0.37}`` when
       only C was varied (both fits).

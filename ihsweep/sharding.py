@@ -106,8 +106,8 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   ``jax.devices()``); afterwards it changes nothing. Returns the count requested (0 if left).
 
   Why: each CPU device runs its share of the ensemble as its own program, so two cores train
-  two models side by side instead of splitting every small op between them; on the 2-core
-  benchmark machine this raised E = 16 throughput by 12% (reference) and 40% (tiny workload).
+  two models side by side instead of splitting every small op between them (measured gain:
+  docs/benchmarks.md, "What makes it fast on CPU").
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" in flags:
