@@ -180,8 +180,9 @@ def _fit_law(args) -> int:
 
 
 def _report(args) -> int:
+  from ihsweep.reader import NotARun
+
   from . import report
-  from .load import NotARun
 
   if args.n_boot < 0:
     return _fail(f"--n-boot {args.n_boot}: must be >= 0")

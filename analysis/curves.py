@@ -38,8 +38,7 @@ import pandas as pd
 
 from ihsweep import checkpoint, metric_registry
 from ihsweep.atomic import atomic_file
-
-from .load import Group, GroupError, Run, unwritable, warn
+from ihsweep.reader import Group, GroupError, Run, unwritable, warn
 
 log = logging.getLogger("analysis")
 
@@ -245,8 +244,7 @@ def evaluate_group(
   from ihsweep import sharding as sharding_lib
   from ihsweep import train
   from ihsweep.evaluation import Evaluator
-
-  from .load import device_sharding
+  from ihsweep.reader import device_sharding
 
   if not steps:
     return pd.DataFrame()
@@ -336,7 +334,7 @@ def compute_curves(
   """The run's metric curves (module docstring), recomputing only checkpoints not yet cached.
 
   Args:
-    run: from ``analysis.load.load_run``.
+    run: from ``ihsweep.reader.load_run``.
     source: 'auto' (checkpoints where a group has them, its metrics.jsonl otherwise),
       'checkpoints' (groups without checkpoints are skipped with a warning) or 'online'.
     cache: read and update ``<out_dir or DIR/analysis>/curves.parquet``.

@@ -108,7 +108,7 @@ def head_positions(run, cells=None, n_probes: int = 64, seed: int = 0) -> pd.Dat
   ``ps_end`` (that head's prefix-matching score, in [0, 1]) and ``acc_start``, ``acc_middle``,
   ``acc_end`` (next-token accuracy on the second block, in [0, 1]).
 
-  ``run``: an ``ihsweep.notebook.Run`` or an ``analysis.load.Run``; ``cells``: the cell ids
+  ``run``: an ``ihsweep.notebook.Run`` or an ``ihsweep.reader.Run``; ``cells``: the cell ids
   (default all readable); ``n_probes``: how many of the run's probe blocks (at most those saved).
   Cells whose group has no probes or params are left out.
   """

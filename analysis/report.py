@@ -36,6 +36,7 @@ import pandas as pd
 
 from ihsweep import metric_registry
 from ihsweep.atomic import atomic_file
+from ihsweep.reader import dir_identity, load_runs, unwritable
 
 from . import curves as curves_lib
 from . import emergence as emergence_lib
@@ -43,7 +44,6 @@ from . import frontier as frontier_lib
 from . import plots, scaling
 from . import positions as positions_lib
 from . import summary as summary_lib
-from .load import dir_identity, load_runs, unwritable
 from .outputs import OutputError, Outputs
 
 log = logging.getLogger("analysis")
@@ -277,7 +277,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   ``law_error``, counts).
 
   Raises:
-    analysis.load.NotARun: a directory that is not a run.
+    ihsweep.reader.NotARun: a directory that is not a run.
     OutputError: the output directory cannot be written (e.g. a read-only run directory
       without ``out_dir``), lies inside a run directory but outside its ``analysis/``, or holds
       a file the report did not write under a name it writes (raised before anything is

@@ -140,7 +140,7 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   from analysis import curves as curves_lib
   from analysis import report
-  from analysis.load import load_run
+  from ihsweep.reader import load_run
 
   with tempfile.TemporaryDirectory(prefix="ihsweep-bench-analysis-") as tmp:
     workdir = args.keep or os.path.join(tmp, "run")

@@ -19,9 +19,9 @@ time:
 
 Everything is read-only: nothing is written into the run directory (checkpoints are opened
 read-only, so a run still training can be read; only its complete checkpoints are listed).
-Built on the analysis package's reader (``analysis/load.py``, installed as
-``ihsweep_analysis.load``), whose ``Run`` ``run.analysis`` exposes (for
-``ihsweep_analysis.curves.compute_curves`` and the rest of the report's machinery).
+Built on the run-directory reader ``ihsweep.reader`` (which the analysis package uses too),
+whose ``Run`` ``run.analysis`` exposes (for ``ihsweep_analysis.curves.compute_curves`` and the
+rest of the report's machinery).
 
 Errors are ``ValueError`` subclasses that say what is allowed: ``NotARun`` for a directory that
 holds no run, ``UnknownCell`` naming the valid cell ids, ``StepNotSaved`` naming the saved
@@ -37,31 +37,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ihsweep import reader
 from ihsweep.errors import IhsweepError
 
-
-def _reader():
-  """The analysis package's run reader, ``load``: under its installed name ``ihsweep_analysis``
-  (``pip install -e .``; from any directory), else as ``analysis`` (a checkout on sys.path).
-  Imported here, never by the training modules: ``import ihsweep`` and training stay free of
-  it (ihsweep.cli's ``report`` reaches the package the same way)."""
-  import importlib
-
-  for name in ("ihsweep_analysis", "analysis"):
-    try:
-      return importlib.import_module(f"{name}.load")
-    except ModuleNotFoundError as e:
-      if e.name not in (name, f"{name}.load"):
-        raise
-  raise ModuleNotFoundError(
-    "ihsweep.load_run needs the analysis package (ihsweep_analysis): "
-    "`pip install -e .` in the repository installs it",
-    name="ihsweep_analysis",
-  )
-
-
-_load = _reader()
-NotARun = _load.NotARun
+NotARun = reader.NotARun
 
 
 class UnknownCell(IhsweepError, ValueError):
@@ -195,10 +174,10 @@ class Run:
     config: the resolved config (``config.json``; for a sweep the sweep's, each group's own with
       ``config_of(cell)``).
     warnings: what was skipped while reading (a group not started, a damaged file, …).
-    analysis: the underlying ``ihsweep_analysis.load.Run`` (the analysis package's reader).
+    analysis: the underlying ``ihsweep.reader.Run`` (the run-directory reader).
   """
 
-  def __init__(self, inner: _load.Run):
+  def __init__(self, inner: reader.Run):
     self.analysis = inner
     self.dir, self.kind, self.config, self.warnings = (
       inner.dir,
@@ -322,7 +301,7 @@ class Run:
 
   # ------------------------------------------------------------------ one model
 
-  def _locate(self, cell) -> tuple[_load.Group, int]:
+  def _locate(self, cell) -> tuple[reader.Group, int]:
     """(group, ensemble index) of ``cell``, or ``UnknownCell`` naming the valid ids."""
     valid = self.cell_ids
     shown = _ids(valid)
@@ -360,7 +339,7 @@ class Run:
     empty if its run saved none (``checkpoint.params_schedule = 'none'``)."""
     return self._locate(cell)[0].steps()
 
-  def _step(self, cell, step) -> tuple[_load.Group, int, int]:
+  def _step(self, cell, step) -> tuple[reader.Group, int, int]:
     """(group, ensemble index, step) with ``step`` checked against the saved ones (None: the
     last saved)."""
     group, index = self._locate(cell)
@@ -548,4 +527,4 @@ def load_run(path: str | os.PathLike) -> Run:
     NotARun: ``path`` is not a directory, or holds neither a sweep (cells.csv) nor a run
       (config.json with checkpoints/ or metrics.jsonl).
   """
-  return Run(_load.load_run(os.fspath(path)))
+  return Run(reader.load_run(os.fspath(path)))

@@ -15,8 +15,8 @@ import pytest
 from analysis import __main__ as cli
 from analysis import curves as curves_lib
 from analysis import emergence, frontier, scaling
-from analysis.load import NotARun, load_run
 from ihsweep import rundir, schedule
+from ihsweep.reader import NotARun, load_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
@@ -673,7 +673,7 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
 
 
 def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
-  from analysis.load import load_runs
+  from ihsweep.reader import load_runs
 
   sweep = _fake_sweep(trained, tmp_path)
   os.symlink(os.path.join(sweep, "groups", "g000"), tmp_path / "link")

@@ -12,7 +12,7 @@ import pytest
 
 from analysis import curves as curves_lib
 from analysis import report
-from analysis.load import load_run
+from ihsweep.reader import load_run
 
 FAST = {
   "model.n_layers": 1,

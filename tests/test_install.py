@@ -72,12 +72,13 @@ def test_analysis_commands_work_from_any_directory_and_analysis_does_not_clash(t
   assert r.returncode != 0 or not os.path.realpath(r.stdout.strip()).startswith(ROOT), r.stdout
   # ... while ihsweep_analysis is: the repository's analysis/ folder (editable install, as
   # `make` does) or its copy in site-packages (a wheel)
-  r = _run([sys.executable, "-c", "import ihsweep_analysis.load as m; print(m.__file__)"], tmp_path)
+  code = "import ihsweep_analysis.report as m; print(m.__file__)"
+  r = _run([sys.executable, "-c", code], tmp_path)
   assert r.returncode == 0, r.stderr
   path = os.path.realpath(r.stdout.strip())
   assert path in (
-    os.path.join(os.path.realpath(ROOT), "analysis", "load.py"),
-    os.path.join(os.path.dirname(os.path.dirname(path)), "ihsweep_analysis", "load.py"),
+    os.path.join(os.path.realpath(ROOT), "analysis", "report.py"),
+    os.path.join(os.path.dirname(os.path.dirname(path)), "ihsweep_analysis", "report.py"),
   ), path
 
 

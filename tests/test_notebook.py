@@ -77,7 +77,7 @@ def test_import_ihsweep_stays_cheap():
 
 
 def test_load_run_from_a_directory_outside_the_repository(single, tmp_path):
-  """A notebook anywhere: the analysis package is reached under its installed name."""
+  """A notebook anywhere: the run-directory reader is ihsweep's own (ihsweep.reader)."""
   code = (
     f"import ihsweep; run = ihsweep.load_run({single!r}); "
     f"print(run.cell_ids, run.steps(1)[-1], type(run.analysis).__module__)"
@@ -87,7 +87,7 @@ def test_load_run_from_a_directory_outside_the_repository(single, tmp_path):
     [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
   )
   assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.split("\n")[-2] == "[0, 1] 20 ihsweep_analysis.load"
+  assert out.stdout.split("\n")[-2] == "[0, 1] 20 ihsweep.reader"
 
 
 def test_a_single_run_tables_params_model_and_probes(single):
