@@ -12,7 +12,7 @@ from ihsweep.commands.flags import FLAGS
 NAME = "predict"
 DESCRIPTION = "updates and tokens until induction heads form, by the emergence law"
 FLAG_NAMES = ("batch_size", "context_size", "law", "json")
-FLAGS_ONLY, COMPILES, TRAINS = False, False, False
+FLAGS_ONLY, COMPILES, TRAINS = True, False, False
 USAGE = "usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]"
 ABOUT = """\
 Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form."""
@@ -23,10 +23,9 @@ def main(argv) -> int:
   (``cov``, ``sigma``: ``python -m analysis fit-law``), the 95% interval of the median and the
   95% prediction interval for one cell (``Law.interval``); a warning (stderr, and ``warnings``
   in --json) for a B or C outside the law's fitted ``range``."""
+  del argv
   from ihsweep.law import Law, LawError
 
-  if len(argv) > 1:
-    return fail(f"predict takes flags only, got {' '.join(argv[1:])!r}")
   if FLAGS.batch_size is None or FLAGS.context_size is None:
     return fail("predict needs --batch_size=B and --context_size=C")
   failed = empty_law("study's")
