@@ -569,7 +569,7 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
 
 
 def test_cli_prints_the_fitted_law_beside_the_study():
-  from analysis.__main__ import _law_lines
+  from analysis.commands.report import law_lines as _law_lines
 
   law = {
     "log_T": 9.674,

@@ -1,0 +1,90 @@
+"""What the analysis commands share: the flags both take, each defined once
+(``ARGUMENTS``, added by ``add``), the one-line failure (``fail``) and the table of fitted
+laws beside the study's (``law_table``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# Flags of more than one command: argparse keyword arguments, help included.
+ARGUMENTS = {
+  "--n-boot": dict(type=int, default=2000, help="bootstrap resamples (default 2000)"),
+  "--with-params": dict(
+    action="store_true", help="also fit + gamma ln n_params (model-size dependence)"
+  ),
+}
+
+
+def add(parser: argparse.ArgumentParser, *names: str) -> None:
+  """Adds the shared flags ``names`` (``ARGUMENTS``) to ``parser``."""
+  for name in names:
+    parser.add_argument(name, **ARGUMENTS[name])
+
+
+def fail(args, message: str) -> int:
+  """``PROG: message`` on stderr (``args.prog``: the command as typed); exit code 2."""
+  print(f"{args.prog}: {message}", file=sys.stderr)
+  return 2
+
+
+def bad_n_boot(args) -> int | None:
+  """Exit code 2 after one line for a negative --n-boot; None if it is fine."""
+  if args.n_boot < 0:
+    return fail(args, f"--n-boot {args.n_boot}: must be >= 0")
+  return None
+
+
+def law_table(law: dict, sensitivity: dict | None = None) -> str:
+  """The fitted law(s) beside the study's, one row each: the main fit ("fitted", or "censored
+  MLE" when the law has an ``emerged_only`` fit, which gets the next row), the law refitted with
+  the flagged cells censored ("flagged censored", ``sensitivity``: its ``to_dict()``, when
+  given and fitted), the study; columns ln T, alpha, beta (95% intervals where there are any),
+  sigma (where the law has it), r ("-" where withheld), cells."""
+  from tabulate import tabulate
+
+  from ..scaling import MLE, STUDY
+
+  with_sigma = "sigma" in law
+
+  def row(label, fit, cells):
+    ci = fit.get("ci") or {}
+
+    def value(name):
+      text = f"{fit[name]:.2f}"
+      if name in (fit.get("fixed") or {}):
+        return text + " (fixed)"
+      return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
+
+    r = "-" if fit.get("r") is None else f"{fit['r']:.2f}"
+    return (
+      (label, value("log_T"), value("alpha"), value("beta"))
+      + ((value("sigma") if "sigma" in fit else "",) if with_sigma else ())
+      + (r, cells)
+    )
+
+  n, n_cens = law["n"], law.get("n_censored") or 0
+  if law.get("method") == MLE:
+    cells = f"{n}" + (f" ({n_cens} censored)" if n_cens else "")
+  else:  # a law from before the censored fit: n counts emerged cells only
+    cells = f"{n}" + (f" (+{n_cens} censored)" if n_cens else "")
+  only = law.get("emerged_only")
+  rows = [row("censored MLE" if only else "fitted", law, cells)]
+  if only:
+    rows.append(
+      row("emerged only", only, f"{only['n']}" + (f" (+{n_cens} left out)" if n_cens else ""))
+    )
+  if sensitivity and "alpha" in sensitivity:
+    s_cens = sensitivity.get("n_censored") or 0
+    rows.append(row("flagged censored", sensitivity, f"{sensitivity['n']} ({s_cens} censored)"))
+  # The study's law, scored on these cells (its published r, 0.98, is on the study's own)
+  study_r = "-" if law.get("study_r") is None else f"{law['study_r']:.2f}"
+  rows.append(
+    ("study (published)", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}")
+    + (("",) if with_sigma else ())
+    + (study_r, f"(published r {STUDY['r']:.2f} on the study's cells)")
+  )
+  headers = (
+    ("", "ln T", "alpha (B)", "beta (C)") + (("sigma",) if with_sigma else ()) + ("r", "cells")
+  )
+  return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)

@@ -1,0 +1,248 @@
+"""What the ``ihsweep`` commands share: the one-line failure (``fail``), loading the config
+(``load_config``, with one line for a config file that fails or an override of no field), the
+run directory of a training command (``config_and_workdir``) and one line for bad input
+(``bad_input``).
+
+No JAX at module level: ``ihsweep --help`` imports this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+import traceback
+
+from absl import flags
+
+from ihsweep.commands.flags import ARGV, FLAGS, config_arg, split_args
+
+CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError, ImportError)
+
+
+def fail(message: str) -> int:
+  """Prints ``ihsweep: message`` on stderr; exit code 2."""
+  print(f"ihsweep: {message}", file=sys.stderr)
+  return 2
+
+
+def empty_law(default: str) -> int | None:
+  """Exit code 2 after one line when --law is given empty (it would read as not given);
+  ``default``: whose law applies without --law ("study's", "sweep's")."""
+  if FLAGS.law == "":
+    return fail(f"--law= is empty: give a law JSON file, or leave --law out for the {default} law")
+  return None
+
+
+def load_config():
+  """``(cfg, None)``, or ``(None, exit code)`` after printing why the config did not load."""
+  try:  # a config file that failed to load raises on first use, not on parsing
+    cfg = FLAGS.config
+    if cfg is not None:
+      cfg.keys()
+    return cfg, None
+  except CONFIG_LOAD_ERRORS as e:
+    return None, config_load_failed(e, split_args(ARGV[1:])[0])
+
+
+def config_and_workdir(command: str):
+  """``(cfg, None)`` for a training command, or ``(None, exit code)`` after printing why the
+  config or ``--workdir`` cannot be used."""
+  cfg, failed = load_config()
+  if failed is not None:
+    return None, failed
+  if cfg is None or FLAGS.workdir is None:
+    return None, fail(f"{command} needs --config=FILE and --workdir=DIR")
+  if not FLAGS.workdir:
+    return None, fail(f"--workdir= is empty: give {command} a run directory")
+  if os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+    return None, fail(f"--workdir={FLAGS.workdir} exists and is not a directory")
+  return cfg, None
+
+
+def bad_input(e: Exception) -> int:
+  """One line for a ConfigError (WorkdirError included) or DataError (CheckpointError included)
+  raised before or while training; exit code 2."""
+  from ihsweep.checkpoint import CheckpointError
+  from ihsweep.config import ConfigError, WorkdirError
+
+  if isinstance(e, WorkdirError):  # a flag, not a config field: "--workdir=DIR ..."
+    return fail(str(e))
+  kind = (
+    "invalid config"
+    if isinstance(e, ConfigError)
+    else "checkpoint"
+    if isinstance(e, CheckpointError)
+    else "data"
+  )
+  return fail(f"{kind}: {e}")
+
+
+def bad_override(found) -> str | None:
+  """The first ``--config.PATH`` override in ``found`` that names no field of the config file,
+  and which fields there are; None if there is none (or the config file does not load)."""
+  paths = [name.split(".", 1)[1] for name, flag, _ in found if flag == "config" and "." in name]
+  if not paths or not config_arg(found):
+    return None
+  try:
+    cfg = FLAGS["config"].parser.parse(config_arg(found))
+    cfg.keys()
+  except Exception:  # the config file itself fails: config_load_failed says why
+    return None
+  for path in paths:
+    problem = _no_field(cfg, path)
+    if problem:
+      return problem
+  return None
+
+
+def _no_field(cfg, path: str) -> str | None:
+  """Why ``--config.PATH`` names no field of ``cfg`` (with the fields there are), or None."""
+  node, done = cfg, []
+  for part in path.split("."):
+    here = ".".join(done) or "the config"
+    if not hasattr(node, "keys"):
+      return f"--config.{path}: {here} is a {type(node).__name__}, not a section"
+    if part not in node:
+      fields = sorted(node.keys())
+      close = difflib.get_close_matches(part, fields, n=1)
+      hint = f"; did you mean {'.'.join(done + close)}?" if close else ""
+      has = f"{here} has: {', '.join(fields)}" if fields else f"{here} has no fields"
+      axis = (
+        " (an override --config.sweep.grid.X only changes an axis the config file "
+        "defines; add an axis with --grid=FIELD=V1,V2,...)"
+        if done[:2] in (["sweep", "grid"], ["sweep", "zip"])
+        else ""
+      )
+      return (
+        f"--config.{path}: the config has no field {'.'.join(done + [part])}{hint} ({has}){axis}"
+      )
+    node, done = node[part], done + [part]
+  return None
+
+
+def config_imports_siblings(config_arg: str) -> None:
+  """Lets a config file (``--config`` value ``config_arg``) import its siblings as a package
+  (``from configs import default``): appends the directory above the config file's directory to
+  ``sys.path`` (appended, so it never shadows an installed module)."""
+  if config_arg:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(config_arg.split(":", 1)[0])))
+    if root not in sys.path:
+      sys.path.append(root)
+
+
+def config_file_error(e: BaseException, config_arg: str) -> str | None:
+  """``FILE line N: Type: message`` for the error that the config file (``--config`` value
+  ``config_arg``) raised, found in ``e``'s chain (causes, contexts) by the innermost traceback
+  frame — or, for a SyntaxError, the position — inside that file; None if the file raised
+  nothing."""
+  path = config_arg.split(":", 1)[0]
+  if not path:
+    return None
+  here, found, seen = os.path.abspath(path), None, set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == here:
+      found = f"{path} line {e.lineno}: {type(e).__name__}: {e.msg}"
+    else:
+      lines = [
+        f.lineno
+        for f in traceback.extract_tb(e.__traceback__)
+        if os.path.abspath(f.filename) == here
+      ]
+      if lines:
+        found = f"{path} line {lines[-1]}: {type(e).__name__}: {_one_line(e)}"
+    e = e.__cause__ or e.__context__
+  return found
+
+
+def _one_line(err: BaseException) -> str:
+  """``err``'s message on one line (a KeyError's quotes around its key removed)."""
+  text = " ".join(str(err).replace("\\n", " ").split()).replace("\\'", "'")
+  return text[1:-1] if isinstance(err, KeyError) and text[:1] in "'\"" else text
+
+
+def config_load_failed(e: Exception, found=()) -> int:
+  """One line for a config file that raises (where in the file, and what), has no
+  get_config(), or an override of no field (``found``: the flags, ``split_args``)."""
+  bad = bad_override(found)
+  if bad is not None:
+    return fail(f"cannot load the config: {bad}")
+  path = config_arg(found).split(":", 1)[0]
+  in_file = config_file_error(e, path)
+  if in_file:
+    return fail(f"cannot load the config: {in_file}")
+  root = e
+  while root.__cause__ is not None or root.__context__ is not None:
+    root = root.__cause__ or root.__context__
+  if isinstance(root, AttributeError) and getattr(root, "name", None) == "get_config":
+    return fail(
+      f"{path} has no get_config() (a config file is Python defining get_config(), "
+      f"e.g. configs/default.py)"
+    )
+  msg = (
+    _one_line(root) if root is e else f"{_one_line(e)} ({type(root).__name__}: {_one_line(root)})"
+  )
+  return fail(f"cannot load the config: {path + ': ' if path else ''}{msg}")
+
+
+def parse(command: str, argv: list[str], args: list[str], found) -> tuple[list[str], int | None]:
+  """``(positional words, None)`` after absl parsed ``args`` (the words after ``command``,
+  ``--flagfile`` expanded) into ``FLAGS``; or ``([], exit code)`` after one line saying why the
+  flags or the config file they name cannot be used."""
+  config_imports_siblings(config_arg(found))
+  try:  # parse here, not in app.run, so that a bad config file or override is one line
+    ARGV[:] = [f"{argv[0]} {command}"] + args
+    rest = FLAGS(list(ARGV))
+  except flags.Error as e:  # ml_collections puts the config file's traceback in the message
+    if config_file_error(e, config_arg(found)):
+      return [], config_load_failed(e, found)
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return [], fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
+  except Exception as e:  # loading runs the config file: any error (SyntaxError, NameError, ...)
+    return [], config_load_failed(e, found)
+  if FLAGS.workdir:  # `--workdir=~/runs/x`: the shell leaves a `~` after `=` alone
+    FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
+  return rest, None
+
+
+def run_guarded(handler, rest: list[str]) -> int:
+  """``handler(rest)``'s exit code; a full disk anywhere (checkpoints, logs, a sweep's tables)
+  is one line and its exit code, device memory exhausted one line and exit 1 at once."""
+  try:
+    return int(handler(rest) or 0)
+  except Exception as e:
+    from ihsweep.checkpoint import DiskFull, disk_full_cause
+
+    if disk_full_cause(e) is not None:
+      print(
+        f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}", file=sys.stderr
+      )
+      return DiskFull.EXIT_CODE
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
+      raise
+    # Device memory: the model, B × C or the evaluation's probes do not fit. Exit at once:
+    # orbax's background threads would otherwise wait minutes for the save that failed.
+    first = text.splitlines()[0][:200]
+    print(
+      f"ihsweep: out of device memory ({first}); lower train.batch_size, "
+      f"train.context_size, the model size or eval.n_probes (the run directory keeps its last "
+      f"complete checkpoint: rerun to resume)",
+      file=sys.stderr,
+      flush=True,
+    )
+    os._exit(1)
+
+
+def start_logging() -> None:
+  """One CPU device per core (before JAX picks its devices) and the log format."""
+  from ihsweep.sharding import use_one_cpu_device_per_core
+
+  use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
+  logging.basicConfig(
+    level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+  )
+  logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
+  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines

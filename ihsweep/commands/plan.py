@@ -1,0 +1,201 @@
+"""``ihsweep plan``: a sweep's schedule, makespan and device utilisation on N devices without
+training (``ihsweep.placement.predict``), or with ``--target`` every group compiled for an
+accelerator this machine need not have (``ihsweep.targets``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from ihsweep.commands.common import bad_input, empty_law, fail, load_config
+from ihsweep.commands.flags import FLAGS
+
+NAME = "plan"
+DESCRIPTION = "a sweep's schedule, makespan and device utilisation on N devices (no training)"
+FLAG_NAMES = (
+  "config",
+  "grid",
+  "zip",
+  "devices",
+  "devices_per_worker",
+  "devices_per_host",
+  "flops_per_s",
+  "network",
+  "law",
+  "json",
+  "target",
+)
+FLAGS_ONLY, COMPILES, TRAINS = True, True, False
+DEFAULT_HOST = 8  # placement.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
+USAGE = """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
+                    [--flops_per_s=F [--devices_per_host=H] [--network=NAME]] [--law=FILE]
+                    [--json]
+                    [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
+                    [--config.SECTION.FIELD=VALUE ...]
+       ihsweep plan --config=FILE[:VARIANT] --target=NAME [--devices=N] [--law=FILE] [--json]"""
+ABOUT = """\
+Predicts, without training, how the config's sweep runs on N devices: each group's cost
+(FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of
+device-time), under the new rule (sweep.placement=worker: in one or more phases, workers of
+one or several processes take the phase's groups most expensive first, each group on as many
+of its worker's devices as it can use; phases chosen as `ihsweep run` chooses them with
+sweep.processes_per_worker=0) and today's (sweep.placement=global: every group on one mesh
+of all N, or refused).
+
+--target=NAME compiles every group's train and evaluation programs for an accelerator this
+machine need not have — a TPU topology (v5e:8x8, v4:4x4x4, v5p:4x4x4, v6e:8x8: the TPU
+compiler, from libtpu: pip install 'ihsweep[tpu]') or a GPU (h100-80gb, h200-141gb,
+a100-80gb, with --devices=N: the XLA CPU compiler's memory analysis, an estimate) — and
+reports per group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device
+against the device's memory, FLOPs and a roofline time (compiled on the fewest devices per
+worker at which every group fits), then the layout with the shortest roofline makespan
+(exit 1 if some group fits nowhere)."""
+
+
+def flag_problem() -> str | None:
+  """Why ``plan``'s numeric flags do not fit together (one line), or None."""
+  from ihsweep import timing
+
+  n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host, FLAGS.flops_per_s)
+  if n is None:
+    return "plan needs --config=FILE and --devices=N (the devices the sweep runs on)"
+  if n < 1:
+    return f"--devices={n} is not allowed: an integer >= 1 (the devices the sweep runs on)"
+  if f is not None and not (math.isfinite(f) and f > 0):
+    return (
+      f"--flops_per_s={f:g} is not allowed: a finite number > 0 (sustained FLOP/s per "
+      f"device, e.g. 4e14), or leave it out to measure on this machine"
+    )
+  if FLAGS.network is not None and f is None:
+    return (
+      f"--network={FLAGS.network} is not allowed without --flops_per_s: measured times are "
+      f"one process's, with no communication between processes to price"
+    )
+  if FLAGS.network is not None and FLAGS.network not in timing.NETWORKS:
+    return f"--network={FLAGS.network} is not allowed: one of {', '.join(timing.NETWORKS)}"
+  if h is not None and f is None:
+    return (
+      f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
+      f"this machine's, whose devices are its host's"
+    )
+  if h is not None and h < 1:
+    return f"--devices_per_host={h} is not allowed: an integer >= 1"
+  if h is not None and n > h and n % h:
+    return (
+      f"--devices_per_host={h} is not allowed with --devices={n}: a divisor of it (every host "
+      f"holds as many devices), or at least N (one host)"
+    )
+  return _worker_problem(n, d, h, f)
+
+
+def _worker_problem(n: int, d: int | None, h: int | None, f: float | None) -> str | None:
+  """Why --devices_per_worker=D does not fit --devices=N and the devices per host, or None."""
+  if d is None:
+    return None
+  divisors = [k for k in range(1, n + 1) if n % k == 0]
+  if d < 1 or n % d:
+    return (
+      f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
+      f"({', '.join(map(str, divisors))}): the workers share the devices equally"
+    )
+  host = h or DEFAULT_HOST
+  if f is not None and d > host and d % host:
+    return (
+      f"--devices_per_worker={d} is not allowed: at most --devices_per_host={host} "
+      f"(a worker of one process), or a multiple of it (a worker spanning hosts, "
+      f"inside one jax.distributed job)"
+    )
+  return None
+
+
+def main(argv) -> int:
+  del argv
+  import jax
+
+  from ihsweep import placement, timing
+  from ihsweep import plan as plan_lib
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  from ihsweep.law import Law, LawError
+
+  cfg, failed = load_config()
+  if failed is not None:
+    return failed
+  if FLAGS.target is not None:
+    return _plan_target(cfg)
+  if cfg is None:
+    return fail("plan needs --config=FILE and --devices=N (the devices the sweep runs on)")
+  problem = flag_problem()
+  if problem:
+    return fail(problem)
+  failed = empty_law("sweep's")
+  if failed is not None:
+    return failed
+  if FLAGS.flops_per_s is None and FLAGS.devices_per_worker:
+    local = len(jax.local_devices())
+    if FLAGS.devices_per_worker > local:
+      return fail(
+        f"--devices_per_worker={FLAGS.devices_per_worker} is not allowed without "
+        f"--flops_per_s: at most this machine's {local} device(s), on which times "
+        f"are measured"
+      )
+  try:
+    law = Law.from_json(FLAGS.law) if FLAGS.law else None
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    prediction = placement.predict(
+      cfg,
+      FLAGS.devices,
+      devices_per_worker=FLAGS.devices_per_worker,
+      devices_per_host=FLAGS.devices_per_host,
+      flops_per_s=FLAGS.flops_per_s,
+      network=timing.NETWORKS[FLAGS.network or "h100"],
+      law=law,
+      log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+  except (ConfigError, DataError) as e:
+    return bad_input(e)
+  except LawError as e:
+    return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
+  except placement.LayoutError as e:  # the config's mesh.num_devices does not fit N
+    return fail(f"cannot plan: {e}")
+  print(json.dumps(prediction.to_json()) if FLAGS.json else placement.format_text(prediction))
+  return 0
+
+
+def _plan_target(cfg) -> int:
+  """``ihsweep plan --target=NAME``: every group compiled for the target (``ihsweep.targets``)."""
+  from ihsweep import plan as plan_lib
+  from ihsweep import targets
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  from ihsweep.law import Law, LawError
+
+  if cfg is None:
+    return fail(f"plan --target needs --config=FILE; --target: {targets.names()}")
+  for name in ("devices_per_worker", "devices_per_host", "flops_per_s", "network"):
+    if getattr(FLAGS, name) is not None:
+      return fail(
+        f"--{name} is not allowed with --target: the target sets devices per host and "
+        f"times come from its compiled programs"
+      )
+  failed = empty_law("sweep's")
+  if failed is not None:
+    return failed
+  try:
+    law = Law.from_json(FLAGS.law) if FLAGS.law else None
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    target = targets.make_target(FLAGS.target, FLAGS.devices)
+    result = targets.plan_for_target(
+      cfg, target, law, log=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+  except targets.TargetError as e:
+    return fail(str(e))
+  except (ConfigError, DataError) as e:
+    return bad_input(e)
+  except LawError as e:
+    return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
+  print(json.dumps(result) if FLAGS.json else targets.format_plan(result))
+  return 0 if result["fits"] else 1

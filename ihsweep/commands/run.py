@@ -1,0 +1,77 @@
+"""``ihsweep run``: a sweep, the config's sweep.grid × seeds, one ensemble per group of cells
+with equal shapes (``ihsweep.sweep.run``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ihsweep.commands.common import bad_input, config_and_workdir, fail
+from ihsweep.commands.flags import FLAGS
+
+NAME = "run"
+DESCRIPTION = "run a sweep: the config's sweep.grid × seeds, one ensemble per group of equal shapes"
+FLAG_NAMES = ("config", "workdir", "progress", "grid", "zip")
+FLAGS_ONLY, COMPILES, TRAINS = True, True, True
+USAGE = """usage: ihsweep run --config=FILE[:VARIANT] --workdir=DIR [--noprogress]
+                   [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
+                   [--config.SECTION.FIELD=VALUE ...]"""
+ABOUT = """\
+Trains every cell of the config's sweep section (grid × zip × seeds; no section: one grid
+point with ensemble.size seeds), one compiled ensemble per group of cells with equal shapes,
+and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.json.
+Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
+running group's state and exits with status 143. Several processes on one run directory are
+workers that take groups side by side (launch/*.sh: independent processes, or the processes
+of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes);
+--config.sweep.placement=global trains every group on one mesh of all devices.
+--config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
+--config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/config.py default_sweep)"""
+
+
+def main(argv) -> int:
+  del argv
+  import jax
+
+  from ihsweep import plan as plan_lib
+  from ihsweep import sweep
+  from ihsweep.config import ConfigError
+  from ihsweep.data.errors import DataError
+  from ihsweep.law import LawError
+
+  cfg, failed = config_and_workdir("run")
+  if failed is not None:
+    return failed
+  try:
+    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
+    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
+  except sweep.GroupFailed as e:
+    fail(
+      f"{e} (process {jax.process_index()}); details in its status.json; rerun the command "
+      f"to retry it"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # not jax.distributed's shutdown barrier: a peer may be gone
+  except (ConfigError, DataError) as e:
+    return bad_input(e)
+  except LawError as e:  # a cell's (B, C) outside the budget's law
+    return fail(f"sweep.budget = {cfg.sweep.budget!r}: {e}")
+  failed_groups = [g for g, s in result.groups.items() if s["state"] == "failed"]
+  if jax.process_index() == 0:
+    print(sweep.format_summary(result.summary))
+  if result.interrupted:
+    print(
+      f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",
+      file=sys.stderr,
+    )
+    return 143
+  if failed_groups:
+    print(
+      f"ihsweep: groups {', '.join(failed_groups)} failed (errors in their status.json; "
+      f"`ihsweep status --workdir={FLAGS.workdir}`); rerun to retry them",
+      file=sys.stderr,
+    )
+    return 1
+  return 0

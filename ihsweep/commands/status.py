@@ -1,0 +1,45 @@
+"""``ihsweep status``: the per-group state of a sweep's run directory."""
+
+from __future__ import annotations
+
+from ihsweep.commands.common import fail
+from ihsweep.commands.flags import FLAGS
+
+NAME = "status"
+DESCRIPTION = "per-group state of a sweep's run directory (done, running, pending, failed)"
+FLAG_NAMES = ("workdir",)
+FLAGS_ONLY, COMPILES, TRAINS = True, False, False
+USAGE = "usage: ihsweep status --workdir=DIR"
+ABOUT = """\
+Reads a sweep's run directory (cells.csv, groups/*/status.json, train logs) and prints each
+group's state — done, running, pending, failed, interrupted — with its progress and diverged
+cells. Touches nothing."""
+
+
+def main(argv) -> int:
+  del argv
+  from ihsweep import rundir, sweep
+
+  if not FLAGS.workdir:
+    return fail("status needs --workdir=DIR (a sweep's run directory)")
+  try:
+    print(sweep.format_status(FLAGS.workdir))
+  except sweep.NotASweep as e:
+    workdir = FLAGS.workdir
+    try:
+      kind, group = rundir.run_kind(workdir), rundir.sweep_group(workdir)
+    except OSError:
+      kind = group = None
+    if group:
+      return fail(
+        f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: its "
+        f"status is in `ihsweep status --workdir={group[0]}`"
+      )
+    if kind == "train":
+      return fail(
+        f"--workdir={workdir} holds an ihsweep train run, not a sweep: its progress "
+        f"is in train_log.jsonl and metrics.jsonl (python -m analysis report "
+        f"{workdir} reads it)"
+      )
+    return fail(str(e))
+  return 0
