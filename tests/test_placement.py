@@ -502,7 +502,7 @@ def test_plan_json_at_study_scale_without_the_corpus(capsys):
   ]
   assert [x["devices_per_worker"] for x in p["layouts"] if x["best"]] == [16]
   assert max(x["utilisation"] or 0 for x in p["layouts"]) == pytest.approx(0.8975, abs=5e-5)
-  # the new rule: 24 groups on the 8 hosts alone, then the most expensive on all of them
+  # the phases: 24 groups on the 8 hosts alone, then the most expensive on all of them
   assert (p["n_processes"], p["devices_per_process"]) == (8, 8)
   assert [
     (x["processes_per_worker"], x["devices_per_worker"], x["n_workers"], len(x["groups"]))

@@ -57,7 +57,7 @@ flags.DEFINE_bool(
   False,
   "one JSON object. predict: batch_size, context_size, updates, tokens, interval, "
   "prediction_interval, warnings, law; plan: groups, phases, schedule, makespan_s, "
-  "utilisation, layouts, global (today's rule, with refused)",
+  "utilisation, layouts (each with refused and best)",
 )
 flags.DEFINE_string(
   "target",

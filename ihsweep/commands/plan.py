@@ -37,11 +37,10 @@ USAGE = """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_pe
 ABOUT = """\
 Predicts, without training, how the config's sweep runs on N devices: each group's cost
 (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of
-device-time), under the new rule (sweep.placement=worker: in one or more phases, workers of
-one or several processes take the phase's groups most expensive first, each group on as many
-of its worker's devices as it can use; phases chosen as `ihsweep run` chooses them with
-sweep.processes_per_worker=0) and today's (sweep.placement=global: every group on one mesh
-of all N, or refused).
+device-time): in one or more phases, workers of one or several processes take the phase's
+groups most expensive first, each group on as many of its worker's devices as it can use
+(phases chosen as `ihsweep run` chooses them with sweep.processes_per_worker=0); beside
+them, every one-phase layout of workers.
 
 --target=NAME compiles every group's train and evaluation programs for an accelerator this
 machine need not have — a TPU topology (v5e:8x8, v4:4x4x4, v5p:4x4x4, v6e:8x8: the TPU

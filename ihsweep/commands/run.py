@@ -23,8 +23,7 @@ and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.jso
 Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
 running group's state and exits with status 143. Several processes on one run directory are
 workers that take groups side by side (launch/*.sh: independent processes, or the processes
-of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes);
---config.sweep.placement=global trains every group on one mesh of all devices.
+of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes).
 --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
 --config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/config.py default_sweep)"""
 
