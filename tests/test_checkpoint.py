@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, runner, schedule
+from ihsweep import checkpoint, hooks, runner, schedule
 from ihsweep import config as config_lib
 from ihsweep.runner import fit, write_resolved_config
 
@@ -196,7 +196,7 @@ def test_state_checkpoints_follow_the_clock_and_resume_exactly(tiny, tmp_path, m
   and params."""
   fit(tiny(**RUN), str(tmp_path / "ref"), progress=False)  # saves by count: 20, 40, 60
   minutes = itertools.count()
-  monkeypatch.setattr(runner, "_clock", lambda: 60.0 * next(minutes))
+  monkeypatch.setattr(hooks, "_clock", lambda: 60.0 * next(minutes))
   by_time = {
     **RUN,
     "checkpoint.state_every_steps": 0,
@@ -211,7 +211,7 @@ def test_state_checkpoints_follow_the_clock_and_resume_exactly(tiny, tmp_path, m
   for step in (30, 45, 60):  # the kill: only the save at 15 was complete
     shutil.rmtree(run / "checkpoints" / "state" / str(step))
   shutil.rmtree(run / "checkpoints" / "params" / "60")
-  monkeypatch.setattr(runner, "_clock", lambda: 0.0)  # no save by time on the way
+  monkeypatch.setattr(hooks, "_clock", lambda: 0.0)  # no save by time on the way
   resumed = fit(tiny(**by_time), str(run), progress=False)
   assert resumed["resumed_from"] == 15, resumed
   _assert_same_run(tmp_path / "ref", run)

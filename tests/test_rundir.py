@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ihsweep import checkpoint, rundir, runner, sweep
+from ihsweep import checkpoint, rundir, runner, stopping, sweep
 from ihsweep.config import ConfigError, WorkdirError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,9 +218,9 @@ def test_a_second_ctrl_c_waits_for_the_checkpoint(tmp_path):
 
 def test_a_third_stop_request_exits_at_once_saying_what_is_lost(monkeypatch, capsys):
   exits = []
-  monkeypatch.setattr(runner.os, "_exit", exits.append)
-  monkeypatch.setattr(runner, "_STOP_REQUESTED", runner.threading.Event())
-  monkeypatch.setattr(runner, "_STOP_SIGNALS", [0])
+  monkeypatch.setattr(stopping.os, "_exit", exits.append)
+  monkeypatch.setattr(stopping, "_STOP_REQUESTED", stopping.threading.Event())
+  monkeypatch.setattr(stopping, "_STOP_SIGNALS", [0])
   runner.request_stop(signal.SIGINT)
   runner.request_stop(signal.SIGTERM)  # no KeyboardInterrupt: the save goes on
   assert runner.stop_requested() and exits == []

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, runner, sharding
+from ihsweep import checkpoint, hooks, progress, runner, sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
@@ -269,7 +269,7 @@ def test_precompile_fills_the_persistent_cache_that_fit_then_reads(tmp_path):
 
 
 class FakeDevice:
-  """A device on a fake clock (``runner._progress_clock``): every update takes 1 s; a call
+  """A device on a fake clock (``progress._progress_clock``): every update takes 1 s; a call
   starts when the previous one has ended (or at its dispatch) and the host's own work takes no
   time, so the clock moves only when the host waits for a call — reading its values, saving
   the state it makes, or reading an evaluation dispatched after it. Rates read off it are
@@ -278,7 +278,7 @@ class FakeDevice:
   def __init__(self, monkeypatch):
     self.now = self.busy_until = 0.0
     self.ends = {}  # id(dispatched values) -> (values, the fake time they are ready)
-    monkeypatch.setattr(runner, "_progress_clock", lambda: self.now)
+    monkeypatch.setattr(progress, "_progress_clock", lambda: self.now)
     make_program = runner._Group.train_program
 
     def train_program(group):
@@ -292,16 +292,16 @@ class FakeDevice:
 
       return call
 
-    evaluation = runner._Training._evaluation
+    evaluation = hooks.Evaluate.dispatch
 
-    def evaluate(training, step):
-      item = evaluation(training, step)
+    def evaluate(hook, step, state):
+      item = evaluation(hook, step, state)
       self.ends[id(item[2])] = (item[2], self.busy_until)  # ready after the calls before it
       return item
 
     to_host, block = sharding.to_host, jax.block_until_ready
     monkeypatch.setattr(runner._Group, "train_program", train_program)
-    monkeypatch.setattr(runner._Training, "_evaluation", evaluate)
+    monkeypatch.setattr(hooks.Evaluate, "dispatch", evaluate)
     monkeypatch.setattr(sharding, "to_host", lambda tree: (self.wait(tree), to_host(tree))[1])
     monkeypatch.setattr(jax, "block_until_ready", lambda tree: (self.wait(tree), block(tree))[1])
     for name in ("save_params", "save_state"):  # they read the state the last call made
@@ -332,13 +332,13 @@ def test_a_resumed_run_reports_the_speed_and_eta_of_an_uninterrupted_one(
   it), so a resume with two calls left divided that call's tokens by no time at all."""
   FakeDevice(monkeypatch)
   seen = []
-  log_call = runner._Training._log_call
+  on_call = hooks.Progress.on_call
 
-  def record(training, step, host, k):
-    log_call(training, step, host, k)
-    seen.append(training.rate.snapshot())
+  def record(bar, row, loss):
+    on_call(bar, row, loss)
+    seen.append(bar.rate.snapshot())
 
-  monkeypatch.setattr(runner._Training, "_log_call", record)
+  monkeypatch.setattr(hooks.Progress, "on_call", record)
   cfg = tiny(**{
     **RUN,
     "train.num_steps": 60,
