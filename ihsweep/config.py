@@ -6,7 +6,6 @@ override on the command line costs a second, not a compilation.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -14,12 +13,13 @@ from numbers import Integral, Real
 
 import jax
 
+from ihsweep import schema
 from ihsweep.data import SOURCES
 from ihsweep.errors import IhsweepError
 from ihsweep.model import DTYPES, POS_ENCODINGS
 from ihsweep.sharding import MeshError, mesh_shape, usable_devices
 
-SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+SCHEDULES = schema.choices("train.schedule")
 # Fields that change how a run executes but not the models it trains (the same batches and
 # updates; results equal up to float rounding): a sweep axis over one would train copies.
 EXECUTION_FIELDS = (
@@ -43,8 +43,8 @@ EXECUTION_FIELDS = (
   "log.wandb_project",
   "log.wandb_mode",
 )
-PLACEMENTS = ("worker", "global")
-BUDGETS = ("updates", "tokens", "law", "emergence")  # sweep.budget
+PLACEMENTS = schema.choices("sweep.placement")
+BUDGETS = schema.choices("sweep.budget")
 
 
 def default_eval():
@@ -64,22 +64,7 @@ def default_eval():
     associative recall).
   icl_early / icl_late: positions of the ICL score (0 = C/10 and C − 1).
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      every_steps=100,
-      every_tokens=0,
-      n_probes=100,
-      probe_len=0,
-      probe_position="start",
-      probe_top_k=0,
-      probe_seed=0,
-      n_sequences=32,
-      icl_early=0,
-      icl_late=0,
-    )
-  )
+  return schema.defaults("eval")
 
 
 def default_checkpoint():
@@ -96,21 +81,7 @@ def default_checkpoint():
     accelerator runs 500 small updates in seconds, so a count that suits one cell makes disk
     I/O set the pace of another (levanter's checkpointer saves by time too).
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      params_schedule="log",
-      points_per_octave=2,
-      law_window=4.0,
-      law_points_per_octave=8,
-      law_file="",
-      state_every_steps=0,
-      state_every_minutes=15.0,
-      keep_state=2,
-      async_save=True,
-    )
-  )
+  return schema.defaults("checkpoint")
 
 
 def default_sweep():
@@ -143,28 +114,10 @@ def default_sweep():
     group on all their devices; all: one global mesh); k = one phase, workers of k
     consecutive processes.
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      grid=ml_collections.ConfigDict(),
-      zip=ml_collections.ConfigDict(),
-      seeds=0,
-      budget="updates",
-      tokens=0,
-      law_multiple=3.0,
-      law_file="",
-      stop_metric="ps_max",
-      stop_threshold=0.4,
-      stop_margin=2.0,
-      placement="worker",
-      wait_to_take_over=True,
-      processes_per_worker=0,
-    )
-  )
+  return schema.defaults("sweep")
 
 
-WANDB_MODES = ("offline", "online")
+WANDB_MODES = schema.choices("log.wandb_mode")
 
 
 def default_log():
@@ -177,11 +130,7 @@ def default_log():
     directory (needs wandb), in project wandb_project; wandb_mode: 'offline' (files under the
     run directory's ``wandb/``; upload with ``wandb sync``) or 'online'.
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(tensorboard=False, wandb=False, wandb_project="ihsweep", wandb_mode="offline")
-  )
+  return schema.defaults("log")
 
 
 class ConfigError(IhsweepError, ValueError):
@@ -205,30 +154,15 @@ class WorkdirError(ConfigError):
     return self.args[0]
 
 
-INT32_MAX = 2**31 - 1  # seeds and the update counter are int32 on the device
+INT32_MAX = schema.INT32_MAX  # seeds and the update counter are int32 on the device
 
 
 def section_fields(section: str) -> tuple[str, ...] | None:
   """The fields a run config's ``section`` may have (``seed`` and the section names for
   ``"config"``; ``data.synthetic`` for that sub-section); None for a section whose keys are
   free (``sweep.grid``, ``sweep.zip``: axes named by field paths) or unknown."""
-  from ihsweep import data, model, train
-
-  data_cfg = data.default_config()
-  fields = {
-    "model": [f.name for f in dataclasses.fields(model.ModelConfig)],
-    "train": [f.name for f in dataclasses.fields(train.TrainConfig)],
-    "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
-    "data": data_cfg.keys(),
-    "data.synthetic": data_cfg.synthetic.keys(),
-    "mesh": ["num_devices"],
-    "eval": default_eval().keys(),
-    "checkpoint": default_checkpoint().keys(),
-    "sweep": default_sweep().keys(),
-    "log": default_log().keys(),
-  }
-  fields["config"] = ["seed"] + [k for k in fields if "." not in k]
-  return tuple(sorted(fields[section])) if section in fields else None
+  names = schema.names("" if section == "config" else section)
+  return None if names is None else tuple(sorted(names))
 
 
 def _check_known_fields(cfg, section: str = "config") -> None:
