@@ -90,7 +90,7 @@ def _f(path, default, help, **kw) -> Field:
 _EVERY_SOURCE = "'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'"
 
 SECTIONS = {
-  "": "top level",
+  "": "the top level of the config",
   "model": "architecture of every model of an ensemble (ihsweep.model.ModelConfig)",
   "train": "optimisation, shared by the ensemble (ihsweep.train.TrainConfig); memory choices "
   "give the same numbers either way (docs/planning.md)",

@@ -58,3 +58,12 @@ def test_help_text_lists_the_chosen_sections():
   assert "--config.train.lr=0.001" in text and "peak learning rate" in text
   assert "model.n_layers" not in text
   assert all(f"--config.{f.path}=" in schema.help_text() for f in schema.FIELDS)
+
+
+def test_the_reference_in_docs_is_the_generated_one():
+  with open(schema.DOC) as f:
+    text = f.read()
+  assert schema.generated_part(text) == schema.reference_markdown(), (
+    f"{os.path.relpath(schema.DOC)}'s generated reference is stale: regenerate it with "
+    "`python -m ihsweep.schema --markdown --write`"
+  )
