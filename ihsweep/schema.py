@@ -87,8 +87,6 @@ def _f(path, default, help, **kw) -> Field:
   return Field(path, default, help=help, **kw)
 
 
-_EVERY_SOURCE = "'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'"
-
 SECTIONS = {
   "": "the top level of the config",
   "model": "architecture of every model of an ensemble (ihsweep.model.ModelConfig)",
@@ -524,10 +522,10 @@ FIELDS: tuple[Field, ...] = (
     "offline (upload with wandb sync) or online",
     choices=("offline", "online"),
   ),
-  # mesh comes before eval in configs/default.py
 )
 _BY_PATH = {f.path: f for f in FIELDS}
 SECTION_ORDER = ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint", "sweep", "log")
+_ORDER = ("", *SECTION_ORDER[:4], "data.synthetic", *SECTION_ORDER[4:])  # of the reference
 
 
 def field(path: str) -> Field:
@@ -581,7 +579,7 @@ def _default_text(f: Field) -> str:
 def reference_markdown() -> str:
   """The configuration reference: one table per section, generated from ``FIELDS``."""
   out = []
-  for section in ("", *SECTION_ORDER[:4], "data.synthetic", *SECTION_ORDER[4:]):
+  for section in _ORDER:
     title = f"`{section}`" if section else "top level"
     out += [f"### {title}", "", SECTIONS[section][0].upper() + SECTIONS[section][1:] + ".", ""]
     out += ["| field | default | allowed | unit | help |", "|---|---|---|---|---|"]
@@ -595,20 +593,17 @@ def reference_markdown() -> str:
 
 
 def help_text(sections=None) -> str:
-  """Plain text for a command's --help: every field of ``sections`` (default all) with its
-  default, what is allowed and its help, one line each under a line per section."""
-  order = ("", *SECTION_ORDER[:4], "data.synthetic", *SECTION_ORDER[4:])
-  chosen = order if sections is None else [s for s in order if s in sections]
+  """Plain text for a command's --help: every field of ``sections`` (names such as 'train';
+  '' = the top level; a section brings its sub-sections; default: all), one line each under a
+  line per section: the flag with its default, the help, what is allowed and the unit."""
+  chosen = [s for s in _ORDER if sections is None or s in sections or s.split(".")[0] in sections]
   lines = []
   for section in chosen:
     lines.append(f"{section or 'top level'}: {SECTIONS[section]}")
     for f in fields(section):
-      allowed = f.allowed()
-      extra = ", ".join(x for x in (allowed, f.unit) if x)
+      extra = "; ".join(x for x in (f.allowed() and f"allowed: {f.allowed()}", f.unit) if x)
       lines.append(
-        f"  --config.{f.path}={_default_text(f)}"
-        + (f"  [{extra}]" if extra else "")
-        + f"  {f.help}"
+        f"  --config.{f.path}={_default_text(f)}  {f.help}" + (f" ({extra})" if extra else "")
       )
   return "\n".join(lines) + "\n"
 

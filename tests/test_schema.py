@@ -57,6 +57,7 @@ def test_help_text_lists_the_chosen_sections():
   text = schema.help_text(["train"])
   assert "--config.train.lr=0.001" in text and "peak learning rate" in text
   assert "model.n_layers" not in text
+  assert "--config.data.synthetic.marginal=" in schema.help_text(["data"])  # with its sub-section
   assert all(f"--config.{f.path}=" in schema.help_text() for f in schema.FIELDS)
 
 
