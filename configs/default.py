@@ -13,65 +13,25 @@ model.vocab_size; run ``ihsweep corpus fetch python-docs`` once first), or both:
 
 import ml_collections
 
-from ihsweep import config, data
+from ihsweep import config, data, schema
 
 
 def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
-  c.seed = 0  # model i of the ensemble uses seed + i
-
-  c.model = ml_collections.ConfigDict(
-    dict(
-      n_layers=2,
-      n_heads=4,
-      d_model=128,
-      d_mlp=512,
-      vocab_size=4096,
-      max_context=128,
-      pos_encoding="learned",
-      tie_embeddings=True,
-      dtype="auto",
-      param_dtype="float32",
-    )
-  )
-
-  c.train = ml_collections.ConfigDict(
-    dict(
-      batch_size=16,
-      context_size=128,
-      num_steps=200,
-      steps_per_call=50,
-      lr=1e-3,
-      schedule="cosine",
-      warmup_frac=0.01,
-      b1=0.9,
-      b2=0.999,
-      eps=1e-8,
-      weight_decay=0.0,
-      grad_clip=1.0,
-      # Memory (same numbers either way; ihsweep.memory): k microbatches of B/k per update
-      # and block rematerialisation, 0 / auto = the cheapest that fits the device's memory
-      # (on a CPU, which reports none: k = 1, no remat).
-      gradient_accumulation_steps=0,
-      remat="auto",
-    )
-  )
-
-  # seeds: per-model seeds (empty = seed + i); cell_ids: ids in logs (empty = 0…E-1; a sweep
-  # sets both); vmap_chunk: models vmapped together per device (0 = auto: all on GPU/TPU,
-  # cache-sized on CPU)
-  c.ensemble = ml_collections.ConfigDict(
-    dict(size=4, peak_lrs=(), seeds=(), cell_ids=(), vmap_chunk=0)
-  )
-
-  c.data = data.default_config()  # every field documented in ihsweep.data.default_config
+  c.seed = schema.field("seed").default  # model i of the ensemble uses seed + i
+  # Every section's fields, defaults, allowed values and help: ihsweep.schema (and the reference
+  # in docs/configuration.md generated from it).
+  c.model = schema.defaults("model")
+  c.train = schema.defaults("train")  # memory choices 0 / auto: chosen by device memory
+  c.ensemble = schema.defaults("ensemble")  # per-model seeds, cell_ids, peak_lrs: empty = shared
+  c.data = data.default_config()
   c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
 
-  c.mesh = ml_collections.ConfigDict(dict(num_devices=0))  # 0 = every device
-  c.eval = config.default_eval()  # online metrics; fields in ihsweep.config.default_eval
-  c.checkpoint = config.default_checkpoint()  # fields in ihsweep.config.default_checkpoint
-  c.sweep = config.default_sweep()  # `ihsweep run`'s grid and budget: ihsweep.config.default_sweep
-  c.log = config.default_log()  # live TensorBoard / W&B writers: ihsweep.config.default_log
+  c.mesh = schema.defaults("mesh")  # 0 = every device
+  c.eval = config.default_eval()  # online metrics
+  c.checkpoint = config.default_checkpoint()
+  c.sweep = config.default_sweep()  # `ihsweep run`'s grid and budget
+  c.log = config.default_log()  # live TensorBoard / W&B writers
 
   for variant in filter(None, arg.split(",")):
     if variant == "tiny":

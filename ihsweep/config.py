@@ -6,7 +6,6 @@ override on the command line costs a second, not a compilation.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -14,12 +13,11 @@ from numbers import Integral, Real
 
 import jax
 
-from ihsweep.data import SOURCES
+from ihsweep import schema
 from ihsweep.errors import IhsweepError
-from ihsweep.model import DTYPES, POS_ENCODINGS
 from ihsweep.sharding import MeshError, mesh_shape, usable_devices
 
-SCHEDULES = ("cosine", "constant", "inverse_sqrt")
+SCHEDULES = schema.choices("train.schedule")
 # Fields that change how a run executes but not the models it trains (the same batches and
 # updates; results equal up to float rounding): a sweep axis over one would train copies.
 EXECUTION_FIELDS = (
@@ -43,8 +41,8 @@ EXECUTION_FIELDS = (
   "log.wandb_project",
   "log.wandb_mode",
 )
-PLACEMENTS = ("worker",)
-BUDGETS = ("updates", "tokens", "law", "emergence")  # sweep.budget
+PLACEMENTS = schema.choices("sweep.placement")
+BUDGETS = schema.choices("sweep.budget")
 
 
 def default_eval():
@@ -64,22 +62,7 @@ def default_eval():
     associative recall).
   icl_early / icl_late: positions of the ICL score (0 = C/10 and C − 1).
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      every_steps=100,
-      every_tokens=0,
-      n_probes=100,
-      probe_len=0,
-      probe_position="start",
-      probe_top_k=0,
-      probe_seed=0,
-      n_sequences=32,
-      icl_early=0,
-      icl_late=0,
-    )
-  )
+  return schema.defaults("eval")
 
 
 def default_checkpoint():
@@ -96,21 +79,7 @@ def default_checkpoint():
     accelerator runs 500 small updates in seconds, so a count that suits one cell makes disk
     I/O set the pace of another (levanter's checkpointer saves by time too).
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      params_schedule="log",
-      points_per_octave=2,
-      law_window=4.0,
-      law_points_per_octave=8,
-      law_file="",
-      state_every_steps=0,
-      state_every_minutes=15.0,
-      keep_state=2,
-      async_save=True,
-    )
-  )
+  return schema.defaults("checkpoint")
 
 
 def default_sweep():
@@ -143,28 +112,10 @@ def default_sweep():
     group on all their devices; all: one global mesh); k = one phase, workers of k
     consecutive processes.
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(
-      grid=ml_collections.ConfigDict(),
-      zip=ml_collections.ConfigDict(),
-      seeds=0,
-      budget="updates",
-      tokens=0,
-      law_multiple=3.0,
-      law_file="",
-      stop_metric="ps_max",
-      stop_threshold=0.4,
-      stop_margin=2.0,
-      placement="worker",
-      wait_to_take_over=True,
-      processes_per_worker=0,
-    )
-  )
+  return schema.defaults("sweep")
 
 
-WANDB_MODES = ("offline", "online")
+WANDB_MODES = schema.choices("log.wandb_mode")
 
 
 def default_log():
@@ -177,11 +128,7 @@ def default_log():
     directory (needs wandb), in project wandb_project; wandb_mode: 'offline' (files under the
     run directory's ``wandb/``; upload with ``wandb sync``) or 'online'.
   """
-  import ml_collections
-
-  return ml_collections.ConfigDict(
-    dict(tensorboard=False, wandb=False, wandb_project="ihsweep", wandb_mode="offline")
-  )
+  return schema.defaults("log")
 
 
 class ConfigError(IhsweepError, ValueError):
@@ -205,30 +152,15 @@ class WorkdirError(ConfigError):
     return self.args[0]
 
 
-INT32_MAX = 2**31 - 1  # seeds and the update counter are int32 on the device
+INT32_MAX = schema.INT32_MAX  # seeds and the update counter are int32 on the device
 
 
 def section_fields(section: str) -> tuple[str, ...] | None:
   """The fields a run config's ``section`` may have (``seed`` and the section names for
   ``"config"``; ``data.synthetic`` for that sub-section); None for a section whose keys are
   free (``sweep.grid``, ``sweep.zip``: axes named by field paths) or unknown."""
-  from ihsweep import data, model, train
-
-  data_cfg = data.default_config()
-  fields = {
-    "model": [f.name for f in dataclasses.fields(model.ModelConfig)],
-    "train": [f.name for f in dataclasses.fields(train.TrainConfig)],
-    "ensemble": ["size", "peak_lrs", "seeds", "cell_ids", "vmap_chunk"],
-    "data": data_cfg.keys(),
-    "data.synthetic": data_cfg.synthetic.keys(),
-    "mesh": ["num_devices"],
-    "eval": default_eval().keys(),
-    "checkpoint": default_checkpoint().keys(),
-    "sweep": default_sweep().keys(),
-    "log": default_log().keys(),
-  }
-  fields["config"] = ["seed"] + [k for k in fields if "." not in k]
-  return tuple(sorted(fields[section])) if section in fields else None
+  names = schema.names("" if section == "config" else section)
+  return None if names is None else tuple(sorted(names))
 
 
 def _check_known_fields(cfg, section: str = "config") -> None:
@@ -253,10 +185,34 @@ def _check_known_fields(cfg, section: str = "config") -> None:
       _check_known_fields(cfg[key], parent + key)
 
 
-def _int(
-  cfg, section: str, name: str, lo: int | None = None, hi: int | None = None, hint: str = ""
-) -> int:
-  return _check_int(f"{section}.{name}", cfg[section][name], lo, hi, hint)
+_UNSET = object()
+
+
+def _check(cfg, path: str, value=_UNSET, *, lo=None, hi=None, hint: str | None = None):
+  """The schema's simple check of the field ``path`` ('train.lr'): its kind and its range or
+  choices (``ihsweep.schema``); ``lo``/``hi``/``hint`` replace the schema's, and must be given
+  for a bound that depends on other fields. ``value``: the field's, unless given (a default
+  for a field an older config lacks). Returns the value (an int or float as such)."""
+  f = schema.field(path)
+  if value is _UNSET:
+    value = cfg
+    for part in path.split("."):
+      value = value[part]
+  if f.kind == "bool" and not isinstance(value, bool):
+    raise ConfigError(path, value, "True or False")
+  if f.kind == "str" and not isinstance(value, str):
+    raise ConfigError(path, value, "a string")
+  if f.kind == "choice":
+    return _check_choice(path, value, f.choices)
+  if f.kind not in ("int", "float"):
+    return value
+  lo, hi = f.lo if lo is None else lo, f.hi if hi is None else hi
+  if isinstance(lo, str) or isinstance(hi, str):
+    raise TypeError(f"config.{path}: the bound {lo if isinstance(lo, str) else hi} is not given")
+  if f.kind == "int":
+    return _check_int(path, value, lo, hi, f.hint if hint is None else hint)
+  _check_real(path, value, lo, math.inf if hi is None else hi, f.lo_open, f.hi_open)
+  return float(value)
 
 
 def _check_int(
@@ -270,22 +226,6 @@ def _check_int(
   return int(value)
 
 
-def _real(
-  cfg,
-  section: str,
-  name: str,
-  lo: float,
-  hi: float = math.inf,
-  *,
-  lo_open: bool = False,
-  hi_open: bool = True,
-) -> float:
-  value = cfg[section][name]
-  field = f"{section}.{name}"
-  _check_real(field, value, lo, hi, lo_open, hi_open)
-  return float(value)
-
-
 def _check_real(field, value, lo, hi, lo_open, hi_open):
   ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
   if ok:
@@ -295,10 +235,9 @@ def _check_real(field, value, lo, hi, lo_open, hi_open):
     raise ConfigError(field, value, f"a finite number in {left}{lo}, {hi}{right}")
 
 
-def _choice(cfg, section: str, name: str, allowed) -> str:
-  value = cfg[section][name]
+def _check_choice(field: str, value, allowed):
   if value not in allowed:
-    raise ConfigError(f"{section}.{name}", value, f"one of {', '.join(map(repr, allowed))}")
+    raise ConfigError(field, value, f"one of {', '.join(map(repr, allowed))}")
   return value
 
 
@@ -341,14 +280,17 @@ def _probe_excluded(cfg, source: str) -> tuple[int, str]:
 def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
   """Cheap checks of a natural-text data section; the corpus itself is read (and its length
   checked) when the source is built, still before compiling."""
-  from ihsweep.data import LOADERS, natural
+  from ihsweep.data import natural
 
-  _choice(cfg, "data", "loader", LOADERS)
-  _real(cfg, "data", "device_budget_mb", 0.0)
-  _real(cfg, "data", "val_fraction", 0.0, 1.0)
-  _int(cfg, "data", "split_seed", 0)
-  _int(cfg, "data", "sample_seed", 0)
-  _int(cfg, "data", "max_documents", 0, hint=" (0 = all)")
+  for name in (
+    "loader",
+    "device_budget_mb",
+    "val_fraction",
+    "split_seed",
+    "sample_seed",
+    "max_documents",
+  ):
+    _check(cfg, f"data.{name}")
   if cfg.data.sample_seed and not cfg.data.max_documents:
     raise ConfigError(
       "data.sample_seed",
@@ -366,8 +308,7 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
     "tokenizer",
     "cache_dir",
   ):
-    if not isinstance(cfg.data[name], str):
-      raise ConfigError(f"data.{name}", cfg.data[name], "a string")
+    _check(cfg, f"data.{name}")
   tokenizer = cfg.data.tokenizer
   if tokenizer == "bpe":
     if vocab < natural.BYTE_LEVEL_MIN_VOCAB:
@@ -387,12 +328,10 @@ def _validate_natural(cfg, vocab: int, vocab_field: str) -> None:
 def _validate_markov(cfg, vocab: int, n_models: int) -> None:
   """The markov source's knobs and transitions (a user matrix and synthetic targets are checked
   in full when the source is built, before compiling)."""
-  from ihsweep.data import TRANSITIONS, markov
-
-  kind = _choice(cfg, "data", "transitions", TRANSITIONS)
-  _choice(cfg, "data", "induction_start", markov.INDUCTION_STARTS)
+  kind = _check(cfg, "data.transitions")
+  _check(cfg, "data.induction_start")
   for name, plural in (("frequency", "frequencies"), ("reliability", "reliabilities")):
-    _real(cfg, "data", name, 0.0, 1.0, hi_open=False)
+    _check(cfg, f"data.{name}")
     values = cfg.data[plural]
     if values and len(values) != n_models:
       raise ConfigError(
@@ -402,8 +341,8 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
       )
     for i, v in enumerate(values):
       _check_real(f"data.{plural}[{i}]", v, 0.0, 1.0, False, False)
-  _real(cfg, "data", "smoothing", 0.0)
-  _int(cfg, "data", "tokenizer_vocab", 0, hint=" (0 = 2 · model.vocab_size)")
+  _check(cfg, "data.smoothing")
+  _check(cfg, "data.tokenizer_vocab")
   context = cfg.train.context_size
   if vocab < context + 1:
     raise ConfigError(
@@ -423,63 +362,38 @@ def _validate_markov(cfg, vocab: int, n_models: int) -> None:
     from ihsweep.data import synthetic
 
     syn = cfg.data.synthetic
-    if syn.marginal not in synthetic.MARGINALS:
-      raise ConfigError(
-        "data.synthetic.marginal",
-        syn.marginal,
-        f"one of {', '.join(map(repr, synthetic.MARGINALS))}",
-      )
-    if syn.categoriality not in synthetic.CATEGORIALITY:
-      raise ConfigError(
-        "data.synthetic.categoriality",
-        syn.categoriality,
-        f"one of {', '.join(map(repr, synthetic.CATEGORIALITY))}",
-      )
-    sub = {"data.synthetic": syn}
-    _int(sub, "data.synthetic", "iterations", 1)
-    _int(sub, "data.synthetic", "power_iterations", 1)
-    _int(sub, "data.synthetic", "n_groups", 1)
-    _real(sub, "data.synthetic", "lr", 0.0, lo_open=True)
+    for name in ("marginal", "categoriality", "iterations", "power_iterations", "n_groups", "lr"):
+      _check(cfg, f"data.synthetic.{name}")
     if kind == "synthetic":  # unreachable targets (raises markov.MarkovError with both values)
       synthetic.check_spec(synthetic.SyntheticSpec.from_config(syn, vocab))
 
 
 def _validate_eval(cfg, vocab: int, source: str) -> None:
-  every = _int(cfg, "eval", "every_steps", 0, hint=" (0 = no online evaluation)")
-  every = _int(cfg, "eval", "every_tokens", 0, hint=" (0 = use eval.every_steps)") or every
-  _int(cfg, "eval", "n_probes", 1, 100_000)
-  _int(cfg, "eval", "n_sequences", 1, 100_000)
-  _int(cfg, "eval", "probe_seed", 0)
+  every = _check(cfg, "eval.every_steps")
+  every = _check(cfg, "eval.every_tokens") or every
+  for name in ("n_probes", "n_sequences", "probe_seed"):
+    _check(cfg, f"eval.{name}")
   context = cfg.train.context_size
-  probe_len = _int(
+  probe_len = _check(
     cfg,
-    "eval",
-    "probe_len",
-    0,
-    context // 2,
+    "eval.probe_len",
+    hi=context // 2,
     hint=f" (0 = min(50, C/2); two copies must fit in C = {context})",
   )
-  from ihsweep.data.probes import (
-    MAX_BLOCK,
-    MIN_BLOCK,
-    MIN_BLOCK_REASON,
-    POSITIONS,
-    block_length,
-    probe_layout,
-  )
+  from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON
 
   if 0 < probe_len < MIN_BLOCK:  # even with evaluation off: the analysis makes probes from it
     raise ConfigError(
       "eval.probe_len", probe_len, f"0 (= min(50, C/2)) or >= {MIN_BLOCK}: {MIN_BLOCK_REASON}"
     )
-  top_k = _int(cfg, "eval", "probe_top_k", 0, hint=" (0 = the whole vocabulary)")
-  position = _choice(cfg, "eval", "probe_position", POSITIONS)
+  top_k = _check(cfg, "eval.probe_top_k")
+  position = _check(cfg, "eval.probe_position")
   from ihsweep.metrics import icl_positions
 
   early, late = icl_positions(
     context,
-    _int(cfg, "eval", "icl_early", 0, context - 1, hint=" (0 = C/10)"),
-    _int(cfg, "eval", "icl_late", 0, context - 1, hint=" (0 = C - 1)"),
+    _check(cfg, "eval.icl_early", hi=context - 1),
+    _check(cfg, "eval.icl_late", hi=context - 1),
   )
   if not every:  # no metric computed while training: any C trains (loss curves only)
     return
@@ -490,6 +404,21 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
       f">= {2 * MIN_BLOCK} when evaluating, or eval.every_steps = 0: the probes "
       f"hold a block of L = min(50, C/2) tokens twice, and {MIN_BLOCK_REASON}",
     )
+  _check_probe_ids(cfg, vocab, source, probe_len, top_k, position)
+  if early >= late:
+    raise ConfigError(
+      "eval.icl_early",
+      cfg.eval.icl_early,
+      f"a position before eval.icl_late (resolved: early {early} >= late {late})",
+    )
+
+
+def _check_probe_ids(cfg, vocab: int, source: str, probe_len: int, top_k: int, position: str):
+  """A probe block's distinct ids (and a filler id) must exist among the usable ids, or among
+  the ``eval.probe_top_k`` most frequent."""
+  from ihsweep.data.probes import block_length, probe_layout
+
+  context = cfg.train.context_size
   block = block_length(context, probe_len)
   excluded, what = _probe_excluded(cfg, source)  # a corpus's end-of-text and special ids
   usable = vocab - excluded
@@ -512,27 +441,22 @@ def _validate_eval(cfg, vocab: int, source: str) -> None:
       f"a block of at most {usable - (1 if filler else 0)} distinct ids{why} "
       f"(model.vocab_size = {vocab}" + (f", {what} excluded)" if what else ")"),
     )
-  if early >= late:
-    raise ConfigError(
-      "eval.icl_early",
-      cfg.eval.icl_early,
-      f"a position before eval.icl_late (resolved: early {early} >= late {late})",
-    )
 
 
 def _validate_checkpoint(cfg) -> None:
   from ihsweep.law import Law, LawError
-  from ihsweep.schedule import PARAMS_SCHEDULES
 
-  _choice(cfg, "checkpoint", "params_schedule", PARAMS_SCHEDULES)
-  _int(cfg, "checkpoint", "points_per_octave", 1, 64)
-  _int(cfg, "checkpoint", "law_points_per_octave", 0, 64, hint=" (0 = no extra density)")
-  _real(cfg, "checkpoint", "law_window", 1.0)
-  _int(cfg, "checkpoint", "state_every_steps", 0, hint=" (0 = none by count)")
-  _real(cfg, "checkpoint", "state_every_minutes", 0.0)
-  _int(cfg, "checkpoint", "keep_state", 1)
-  if not isinstance(cfg.checkpoint.async_save, bool):
-    raise ConfigError("checkpoint.async_save", cfg.checkpoint.async_save, "True or False")
+  for name in (
+    "params_schedule",
+    "points_per_octave",
+    "law_points_per_octave",
+    "law_window",
+    "state_every_steps",
+    "state_every_minutes",
+    "keep_state",
+    "async_save",
+  ):
+    _check(cfg, f"checkpoint.{name}")
   if cfg.checkpoint.law_file:
     try:
       Law.from_json(os.path.expanduser(cfg.checkpoint.law_file)).updates(
@@ -549,9 +473,7 @@ def _validate_log(cfg) -> None:
   if "log" not in cfg:
     return
   for name, package in (("tensorboard", "tensorboardX"), ("wandb", "wandb")):
-    value = cfg.log.get(name, False)
-    if not isinstance(value, bool):
-      raise ConfigError(f"log.{name}", value, "True or False")
+    value = _check(cfg, f"log.{name}", cfg.log.get(name, schema.field(f"log.{name}").default))
     if value and importlib.util.find_spec(package) is None:
       raise ConfigError(
         f"log.{name}",
@@ -559,12 +481,10 @@ def _validate_log(cfg) -> None:
         f"False, or True with {package} installed "
         f"(pip install {package}, or pip install 'ihsweep[logging]')",
       )
-  project = cfg.log.get("wandb_project", "ihsweep")
+  project = cfg.log.get("wandb_project", schema.field("log.wandb_project").default)
   if not isinstance(project, str) or not project:
     raise ConfigError("log.wandb_project", project, "a non-empty string (the W&B project)")
-  mode = cfg.log.get("wandb_mode", "offline")
-  if mode not in WANDB_MODES:
-    raise ConfigError("log.wandb_mode", mode, f"one of {', '.join(map(repr, WANDB_MODES))}")
+  _check(cfg, "log.wandb_mode", cfg.log.get("wandb_mode", schema.field("log.wandb_mode").default))
 
 
 def source_words(kinds) -> str:
@@ -647,14 +567,12 @@ def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
   """``train.gradient_accumulation_steps`` (0 = chosen by device memory, else k dividing B with
   B/k split evenly over the mesh's 'data' axis) and ``train.remat``; a config written before
   they existed has neither (k = 1, no remat)."""
-  from ihsweep.train import REMAT
-
   field = "train.gradient_accumulation_steps"
-  k = _check_int(
+  k = _check(
+    cfg,
     field,
     cfg.train.get("gradient_accumulation_steps", 1),
-    0,
-    batch,
+    hi=batch,
     hint=f" (0 = chosen by device memory; at most train.batch_size = {batch})",
   )
   if k and batch % k:
@@ -673,67 +591,60 @@ def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
       f"sequences is split over the mesh's 'data' axis of {n_data} devices",
     )
   remat = cfg.train.get("remat", "none")
-  if remat not in REMAT:
-    raise ConfigError("train.remat", remat, f"one of {', '.join(REMAT)}")
+  if remat not in schema.choices("train.remat"):
+    raise ConfigError("train.remat", remat, f"one of {', '.join(schema.choices('train.remat'))}")
 
 
-def validate(cfg, devices=None) -> None:
-  """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
-  bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
-  Does not touch devices beyond counting them: ``devices`` are those the run may use (default
-  ``jax.devices()``; a sweep's worker passes its local devices). With ``mesh.num_devices`` = 0
-  and one process (or given ``devices``), an ensemble that cannot use them all runs on as many
-  as it can (``sharding.usable_devices``); several processes on one global mesh must use all."""
-  for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
-    if section not in cfg:
-      raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
-  _check_known_fields(cfg)
-
-  n_layers = _int(cfg, "model", "n_layers", 1)
-  n_heads = _int(cfg, "model", "n_heads", 1)
-  d_model = _int(cfg, "model", "d_model", 1)
+def _validate_model(cfg) -> int:
+  """The ``model`` section; returns model.vocab_size."""
+  _check(cfg, "model.n_layers")
+  n_heads = _check(cfg, "model.n_heads")
+  d_model = _check(cfg, "model.d_model")
   if d_model % n_heads:
     divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
     raise ConfigError(
       "model.n_heads", n_heads, f"a divisor of model.d_model = {d_model}: one of {divisors}"
     )
-  del n_layers
-  _int(cfg, "model", "d_mlp", 0, hint=" (0 = attention-only)")
-  vocab = _int(cfg, "model", "vocab_size", 2)
-  max_context = _int(cfg, "model", "max_context", 1)
-  pos = _choice(cfg, "model", "pos_encoding", POS_ENCODINGS)
-  if pos == "rotary" and (d_model // n_heads) % 2:
+  _check(cfg, "model.d_mlp")
+  vocab = _check(cfg, "model.vocab_size")
+  _check(cfg, "model.max_context")
+  if _check(cfg, "model.pos_encoding") == "rotary" and (d_model // n_heads) % 2:
     raise ConfigError(
       "model.n_heads",
       n_heads,
       f"rotary needs an even head size; d_model / n_heads = {d_model // n_heads}",
     )
-  _choice(cfg, "model", "dtype", DTYPES)
-  _choice(cfg, "model", "param_dtype", ("float32", "bfloat16"))
-  if not isinstance(cfg.model.tie_embeddings, bool):
-    raise ConfigError("model.tie_embeddings", cfg.model.tie_embeddings, "True or False")
+  for name in ("dtype", "param_dtype", "tie_embeddings"):
+    _check(cfg, f"model.{name}")
+  return vocab
 
-  batch = _int(cfg, "train", "batch_size", 1)
-  _int(
-    cfg,
-    "train",
-    "context_size",
-    1,
-    max_context,
-    hint=f" (at most model.max_context = {max_context})",
-  )
-  _int(cfg, "train", "num_steps", 1, INT32_MAX, hint=" (updates; the update counter is int32)")
-  _int(cfg, "train", "steps_per_call", 1)
-  _real(cfg, "train", "lr", 0.0, lo_open=True)
-  _choice(cfg, "train", "schedule", SCHEDULES)
-  _real(cfg, "train", "warmup_frac", 0.0, 1.0)
-  _real(cfg, "train", "b1", 0.0, 1.0)
-  _real(cfg, "train", "b2", 0.0, 1.0)
-  _real(cfg, "train", "eps", 0.0, lo_open=True)
-  _real(cfg, "train", "weight_decay", 0.0)
-  _real(cfg, "train", "grad_clip", 0.0)
 
-  size = _int(cfg, "ensemble", "size", 1)
+def _validate_train(cfg) -> int:
+  """The ``train`` section but its memory choices; returns train.batch_size."""
+  batch = _check(cfg, "train.batch_size")
+  max_context = cfg.model.max_context
+  hint = f" (at most model.max_context = {max_context})"
+  _check(cfg, "train.context_size", hi=max_context, hint=hint)
+  for name in (
+    "num_steps",
+    "steps_per_call",
+    "lr",
+    "schedule",
+    "warmup_frac",
+    "b1",
+    "b2",
+    "eps",
+    "weight_decay",
+    "grad_clip",
+  ):
+    _check(cfg, f"train.{name}")
+  return batch
+
+
+def _validate_ensemble(cfg) -> int:
+  """The ``ensemble`` section's per-model values and the top-level seed; returns
+  ensemble.size."""
+  size = _check(cfg, "ensemble.size")
   peak_lrs = cfg.ensemble.peak_lrs
   if peak_lrs:
     if len(peak_lrs) != size:
@@ -760,7 +671,7 @@ def validate(cfg, devices=None) -> None:
       )
     if name == "cell_ids" and len(set(values)) != len(values):
       raise ConfigError("ensemble.cell_ids", values, "distinct ids")
-  seed = _check_int("seed", cfg.seed, 0, INT32_MAX, " (seeds are int32)")
+  seed = _check(cfg, "seed")
   if not cfg.ensemble.get("seeds") and seed + size - 1 > INT32_MAX:
     raise ConfigError(
       "seed",
@@ -769,54 +680,47 @@ def validate(cfg, devices=None) -> None:
       f"seeds seed … seed + ensemble.size - 1 = {seed + size - 1}, and seeds are "
       f"int32, at most 2^31 - 1 = {INT32_MAX}",
     )
+  return size
 
-  source = _choice(cfg, "data", "source", SOURCES)
+
+def _validate_data(cfg, vocab: int, size: int) -> str:
+  """The ``data`` section: the chosen source's fields, and the default of every other one;
+  returns data.source."""
+  source = _check(cfg, "data.source")
   if source == "markov_chain":
-    _int(cfg, "data", "n_successors", 1, vocab, hint=f" (at most model.vocab_size = {vocab})")
-    _int(cfg, "data", "chain_seed", 0)
+    hint = f" (at most model.vocab_size = {vocab})"
+    _check(cfg, "data.n_successors", hi=vocab, hint=hint)
+    _check(cfg, "data.chain_seed")
   if source == "repeated_blocks":
     longest = (cfg.train.context_size + 1) // 2
-    block_min = _int(
-      cfg,
-      "data",
-      "block_min",
-      1,
-      longest,
-      hint=f" (a block must fit twice in C + 1 = {cfg.train.context_size + 1})",
-    )
-    _int(cfg, "data", "block_max", 0, longest, hint=" (0 = (C + 1) // 2)")
+    hint = f" (a block must fit twice in C + 1 = {cfg.train.context_size + 1})"
+    block_min = _check(cfg, "data.block_min", hi=longest, hint=hint)
+    _check(cfg, "data.block_max", hi=longest)
     if cfg.data.block_max and cfg.data.block_max < block_min:
       raise ConfigError(
         "data.block_max", cfg.data.block_max, f"0 or >= data.block_min = {block_min}"
       )
-  text = source == "natural" or (source == "markov" and cfg.data.transitions == "bigram")
   if source == "markov":
     _validate_markov(cfg, vocab, size)
-  if text:
+  if source == "natural":
+    _validate_natural(cfg, vocab, "model.vocab_size")
+  elif source == "markov" and cfg.data.transitions == "bigram":
     from ihsweep.data import bigram_corpus_tokens
 
-    if source == "natural":
-      _validate_natural(cfg, vocab, "model.vocab_size")
-    else:
-      _validate_natural(cfg, *bigram_corpus_tokens(cfg.data, vocab))
+    _validate_natural(cfg, *bigram_corpus_tokens(cfg.data, vocab))
   _check_unread_data(cfg.data)
   _check_distinct_models(cfg, size, source)
+  return source
 
-  _validate_eval(cfg, vocab, source)
-  _validate_checkpoint(cfg)
-  _validate_log(cfg)
 
+def _validate_devices(cfg, size: int, batch: int, devices) -> None:
+  """``mesh.num_devices`` against the devices (see ``validate``), then the choices that depend
+  on the mesh: memory, and ``ensemble.vmap_chunk``."""
   whole = devices is None and jax.process_count() > 1  # one global mesh
   devices = jax.devices() if devices is None else devices
   n_avail = len(devices)
-  n_dev = _int(
-    cfg,
-    "mesh",
-    "num_devices",
-    0,
-    n_avail,
-    hint=f" (0 = as many of the {n_avail} available devices as the ensemble can use)",
-  )
+  hint = f" (0 = as many of the {n_avail} available devices as the ensemble can use)"
+  n_dev = _check(cfg, "mesh.num_devices", hi=n_avail, hint=hint)
   if not n_dev and not whole:  # a small ensemble runs on part of the devices
     n_dev = len(usable_devices(size, batch, devices))
   try:
@@ -824,7 +728,7 @@ def validate(cfg, devices=None) -> None:
   except MeshError as e:
     raise ConfigError("mesh.num_devices", n_dev, str(e)) from None
   _validate_memory_choices(cfg, batch, (n_dev or n_avail) // n_ens)
-  chunk = _int(cfg, "ensemble", "vmap_chunk", 0, hint=" (0 = auto)")
+  chunk = _check(cfg, "ensemble.vmap_chunk")
   local = size // n_ens
   if chunk and local % chunk:
     raise ConfigError(
@@ -835,20 +739,36 @@ def validate(cfg, devices=None) -> None:
     )
 
 
-def validate_sweep(cfg, n_devices: int) -> None:
-  """The ``sweep`` section of a sweep's config, and the fields a sweep fills per group, before
-  anything is planned (``plan.make_plan``); ``n_devices``: the devices the sweep may use.
+def validate(cfg, devices=None) -> None:
+  """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
+  bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
+  Each field's kind, range or choices come from ``ihsweep.schema``; the rules between fields
+  are the code below. Does not touch devices beyond counting them: ``devices`` are those the
+  run may use (default ``jax.devices()``; a sweep's worker passes its local devices). With
+  ``mesh.num_devices`` = 0 and one process (or given ``devices``), an ensemble that cannot use
+  them all runs on as many as it can (``sharding.usable_devices``); several processes on one
+  global mesh must use all."""
+  for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
+    if section not in cfg:
+      raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
+  _check_known_fields(cfg)
+  vocab = _validate_model(cfg)
+  batch = _validate_train(cfg)
+  size = _validate_ensemble(cfg)
+  source = _validate_data(cfg, vocab, size)
+  _validate_eval(cfg, vocab, source)
+  _validate_checkpoint(cfg)
+  _validate_log(cfg)
+  _validate_devices(cfg, size, batch, devices)
 
-  Raises:
-    ConfigError: naming the field, the value and what is allowed.
-  """
-  sub = {"sweep": cfg.sweep}
-  _int(sub, "sweep", "seeds", 0, hint=" (0 = ensemble.size)")
-  budget = _choice(sub, "sweep", "budget", BUDGETS)
+
+def _validate_budget(cfg) -> None:
+  """``sweep.budget`` and the fields it reads."""
+  budget = _check(cfg, "sweep.budget")
   if budget == "tokens":
-    _int(sub, "sweep", "tokens", 1, hint=" (tokens per model for budget 'tokens')")
+    _check(cfg, "sweep.tokens")
   if budget in ("law", "emergence"):
-    _real(sub, "sweep", "law_multiple", 0.0, lo_open=True)
+    _check(cfg, "sweep.law_multiple")
     if cfg.sweep.law_file:
       from ihsweep.law import Law, LawError
 
@@ -860,18 +780,28 @@ def validate_sweep(cfg, n_devices: int) -> None:
     from ihsweep import metric_registry
 
     # The metrics that may stop a group, and their thresholds: ihsweep.metric_registry.
-    metric = _choice(sub, "sweep", "stop_metric", metric_registry.stop_names())
+    metric = _check_choice("sweep.stop_metric", cfg.sweep.stop_metric, metric_registry.stop_names())
     rule = metric_registry.get(metric).stop
-    _real(
-      sub, "sweep", "stop_threshold", rule.lo, rule.hi, lo_open=rule.lo_open, hi_open=rule.hi_open
-    )
-    _real(sub, "sweep", "stop_margin", 1.0)
+    threshold = cfg.sweep.stop_threshold
+    _check_real("sweep.stop_threshold", threshold, rule.lo, rule.hi, rule.lo_open, rule.hi_open)
+    _check(cfg, "sweep.stop_margin")
     if not cfg.eval.every_steps and not cfg.eval.every_tokens:
       raise ConfigError(
         "eval.every_steps",
         cfg.eval.every_steps,
         "> 0 for sweep.budget = 'emergence' (the stop rule reads the online metrics)",
       )
+
+
+def validate_sweep(cfg, n_devices: int) -> None:
+  """The ``sweep`` section of a sweep's config, and the fields a sweep fills per group, before
+  anything is planned (``plan.make_plan``); ``n_devices``: the devices the sweep may use.
+
+  Raises:
+    ConfigError: naming the field, the value and what is allowed.
+  """
+  _check(cfg, "sweep.seeds")
+  _validate_budget(cfg)
   for field in (
     "ensemble.peak_lrs",
     "ensemble.seeds",
@@ -888,7 +818,6 @@ def validate_sweep(cfg, n_devices: int) -> None:
         "empty in a sweep: the planner fills it per group (vary "
         "learning rates and data knobs with sweep.grid, seeds with sweep.seeds)",
       )
-  _choice(sub, "sweep", "placement", PLACEMENTS)
-  if not isinstance(cfg.sweep.wait_to_take_over, bool):
-    raise ConfigError("sweep.wait_to_take_over", cfg.sweep.wait_to_take_over, "True or False")
-  _int(sub, "sweep", "processes_per_worker", 0, jax.process_count())
+  _check(cfg, "sweep.placement")
+  _check(cfg, "sweep.wait_to_take_over")
+  _check(cfg, "sweep.processes_per_worker", hi=jax.process_count())

@@ -22,18 +22,20 @@ import os
 
 import numpy as np
 
+from ihsweep import schema
 from ihsweep.data import markov, natural, synthetic
 from ihsweep.data.builtin import MarkovChainSource, RepeatedBlocksSource, UniformSource
 from ihsweep.data.source import Source
 
-SOURCES = ("uniform", "markov_chain", "repeated_blocks", "natural", "markov")
-TRANSITIONS = ("bigram", "synthetic", "iid", "file")
-LOADERS = ("auto", "device", "host")
+SOURCES = schema.choices("data.source")
+TRANSITIONS = schema.choices("data.transitions")
+LOADERS = schema.choices("data.loader")
 
 
 def default_config():
   """The ``data`` config section with every field at its default (``configs/*.py`` start from
-  this; unknown fields cannot be added from the command line, so all live here).
+  this; unknown fields cannot be added from the command line, so all live in ``ihsweep.schema``,
+  which gives each one's default, allowed values and help).
 
   source: 'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'.
   markov_chain: n_successors (successors per token), chain_seed.
@@ -58,47 +60,7 @@ def default_config():
     if the training tokens fit device_budget_mb MiB per device, 'device', 'host').
   A field the chosen source does not read (``READS``) must keep its default value here.
   """
-  import ml_collections
-
-  from ihsweep.data.synthetic import SyntheticSpec
-
-  synthetic = {
-    f.name: f.default for f in dataclasses.fields(SyntheticSpec) if f.name != "vocab_size"
-  }
-  return ml_collections.ConfigDict(
-    dict(
-      source="markov_chain",
-      n_successors=4,
-      chain_seed=0,
-      block_min=4,
-      block_max=0,
-      transitions="bigram",
-      matrix_file="",
-      frequency=0.5,
-      reliability=0.5,
-      induction_start="half",
-      frequencies=(),
-      reliabilities=(),
-      smoothing=1e-6,
-      tokenizer_vocab=0,
-      synthetic=ml_collections.ConfigDict(synthetic),
-      corpus="",
-      files="",
-      tfds_name="",
-      tfds_split="train",
-      tfds_data_dir="",
-      tfds_download=False,
-      text_field="text",
-      max_documents=0,
-      sample_seed=0,
-      tokenizer="bpe",
-      val_fraction=0.01,
-      split_seed=0,
-      cache_dir="",
-      loader="auto",
-      device_budget_mb=1024.0,
-    )
-  )
+  return schema.defaults("data")
 
 
 # The data fields each source reads ('markov/T': the markov source with data.transitions T;

@@ -1,0 +1,70 @@
+"""ihsweep.schema: the one declaration of the config's fields agrees with the code that reads
+them, stays cheap to import, and the reference in docs/configuration.md is the generated one."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+from ihsweep import schema
+
+
+def test_fields_are_those_the_dataclasses_read():
+  from ihsweep.data.synthetic import SyntheticSpec
+  from ihsweep.model import ModelConfig
+  from ihsweep.train import TrainConfig
+
+  assert set(schema.names("model")) == {f.name for f in dataclasses.fields(ModelConfig)}
+  assert set(schema.names("train")) == {f.name for f in dataclasses.fields(TrainConfig)}
+  spec = {f.name: f.default for f in dataclasses.fields(SyntheticSpec) if f.name != "vocab_size"}
+  assert schema.defaults("data.synthetic").to_dict() == spec
+  assert list(schema.names("data.synthetic")) == list(spec)
+
+
+def test_choices_are_those_the_modules_accept():
+  from ihsweep import model, schedule, train
+  from ihsweep.data import markov, probes, synthetic
+
+  assert schema.choices("model.pos_encoding") == model.POS_ENCODINGS
+  assert schema.choices("model.dtype") == model.DTYPES
+  assert schema.choices("train.remat") == train.REMAT
+  assert schema.choices("checkpoint.params_schedule") == schedule.PARAMS_SCHEDULES
+  assert schema.choices("eval.probe_position") == probes.POSITIONS
+  assert schema.choices("data.induction_start") == markov.INDUCTION_STARTS
+  assert schema.choices("data.synthetic.marginal") == synthetic.MARGINALS
+  assert schema.choices("data.synthetic.categoriality") == synthetic.CATEGORIALITY
+
+
+def test_every_field_has_help_and_a_well_formed_entry():
+  assert len({f.path for f in schema.FIELDS}) == len(schema.FIELDS)
+  for f in schema.FIELDS:
+    assert f.help and "\n" not in f.help, f.path
+    assert f.section in schema.SECTIONS, f.path
+    if f.choices:
+      assert f.default in f.choices, f.path
+
+
+def test_schema_imports_nothing_heavy():
+  code = (
+    "import sys, ihsweep, ihsweep.schema as s; s.help_text(); s.reference_markdown(); "
+    "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'pandas')))"
+  )
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
+
+
+def test_help_text_lists_the_chosen_sections():
+  text = schema.help_text(["train"])
+  assert "--config.train.lr=0.001" in text and "peak learning rate" in text
+  assert "model.n_layers" not in text
+  assert "--config.data.synthetic.marginal=" in schema.help_text(["data"])  # with its sub-section
+  assert all(f"--config.{f.path}=" in schema.help_text() for f in schema.FIELDS)
+
+
+def test_the_reference_in_docs_is_the_generated_one():
+  with open(schema.DOC) as f:
+    text = f.read()
+  assert schema.generated_part(text) == schema.reference_markdown(), (
+    f"{os.path.relpath(schema.DOC)}'s generated reference is stale: regenerate it with "
+    "`python -m ihsweep.schema --markdown --write`"
+  )
