@@ -13,6 +13,7 @@ import sys
 
 from absl import flags
 
+from ihsweep import schema
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
 from ihsweep.commands.common import fail, parse, run_guarded, start_logging
 from ihsweep.commands.flags import FLAGS, FORMS, check, flag_list, help_text
@@ -42,6 +43,12 @@ COMMAND_HELP = {  # each flag once, in the order its command (or subcommands) na
 }
 
 
+CONFIG_FIELDS_HEADER = (
+  "config fields (--config.SECTION.FIELD=VALUE overrides the config file's value; the default "
+  "is shown; the same table: docs/configuration.md):"
+)
+
+
 def _check_flags(command: str, found, positional) -> str | None:
   """Why the flags ``found`` (``split_args``) do not suit ``command`` (``flags.check``)."""
   return check(command, found, positional, COMMAND_FLAGS)
@@ -67,6 +74,8 @@ def main(argv=None) -> int:
     return 2
   if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[2:]):
     print(f"{COMMAND_HELP[command]}\n\n  flags: {flag_list(COMMAND_FLAGS, command)}")
+    if "config" in COMMAND_FLAGS.get(command, ()):  # the config's fields, from the one schema
+      print(f"\n{CONFIG_FIELDS_HEADER}\n{schema.help_text()}")
     return 0
   try:
     args = FLAGS.read_flags_from_files(argv[2:], force_gnu=False)

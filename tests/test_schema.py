@@ -59,6 +59,17 @@ def test_help_text_lists_the_chosen_sections():
   assert "model.n_layers" not in text
   assert "--config.data.synthetic.marginal=" in schema.help_text(["data"])  # with its sub-section
   assert all(f"--config.{f.path}=" in schema.help_text() for f in schema.FIELDS)
+  # the --help of each command that takes a config lists every field, from the schema
+  import contextlib
+  import io
+
+  from ihsweep import cli
+
+  for command, listed in (("run", True), ("train", True), ("plan", True), ("status", False)):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      assert cli.main(["ihsweep", command, "--help"]) == 0
+    assert (schema.help_text() in out.getvalue()) == listed, command
 
 
 def test_the_reference_in_docs_is_the_generated_one():
