@@ -254,7 +254,7 @@ class _Progress:
 
   def _eta(self, left_s: float, counts: dict) -> tuple[str, str]:
     """``(ETA as the bar shows it, the log line's ETA with what it is based on)``."""
-    from ihsweep.placement import duration
+    from ihsweep.prediction import duration
 
     if not counts["running"] and not counts["pending"]:
       return "—", "nothing left"

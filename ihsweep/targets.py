@@ -451,7 +451,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
 def format_plan(p: dict) -> str:
   """The text ``ihsweep plan --target`` prints."""
   from ihsweep.memory import gib
-  from ihsweep.placement import duration
+  from ihsweep.prediction import duration
   from ihsweep.schedule import describe_checkpoint_totals
 
   t = p["target"]
