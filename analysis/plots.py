@@ -380,9 +380,31 @@ def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
   fit's emerged cells come from its residual table; censored cells, from ``points`` (rows with
   ``censored`` true and a ``censor_step``), are drawn as open triangles at their last
   checkpoint (a lower bound). ``fig.axes``: [observed vs predicted, one panel per C …]."""
-  from .scaling import STUDY
-
   plt = _plt()
+  b, c, obs, pred, cens = _law_cells(fit, points)
+  cs = np.unique(c)
+  cols = max(1, min(len(cs), max_per_row))
+  rows = math.ceil(len(cs) / cols)
+  fig = plt.figure(figsize=(5.0 + 3.0 * cols, max(4.2, 3.0 * rows)))
+  grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[1.6] + [1.0] * cols)
+  ax1 = fig.add_subplot(grid[:, 0])
+  panels = []
+  for k in range(len(cs)):
+    share = panels[0] if panels else None
+    panels.append(fig.add_subplot(grid[k // cols, 1 + k % cols], sharey=share))
+  _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens)
+  how = _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens)
+  if panels:
+    _law_legend(panels[0], cens.any(), how)
+  fig.suptitle(_law_title(fit), fontsize=10)
+  fig.tight_layout()
+  fig.band_source = how  # for the report's caption
+  return fig
+
+
+def _law_cells(fit, points: pd.DataFrame | None) -> tuple:
+  """``(B, C, observed, predicted updates, censored)`` per cell: the fit's emerged cells (its
+  residual table), then the censored ones of ``points`` at their last checkpoint."""
   res = fit.residuals
   b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)
   obs = res["observed_updates"].to_numpy(float)
@@ -396,17 +418,15 @@ def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
       obs = np.concatenate([obs, extra["censor_step"].to_numpy(float)])
       pred = np.concatenate([pred, fit.predict_updates(eb, ec)])
       cens = np.concatenate([cens, np.ones(len(extra), bool)])
+  return b, c, obs, pred, cens
+
+
+def _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens) -> None:
+  """Panel (1) of ``figure_law``: observed against predicted updates, for the fitted law and
+  the study's, censored cells as open triangles."""
+  from .scaling import STUDY
+
   study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
-  cs = np.unique(c)
-  cols = max(1, min(len(cs), max_per_row))
-  rows = math.ceil(len(cs) / cols)
-  fig = plt.figure(figsize=(5.0 + 3.0 * cols, max(4.2, 3.0 * rows)))
-  grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[1.6] + [1.0] * cols)
-  ax1 = fig.add_subplot(grid[:, 0])
-  panels = []
-  for k in range(len(cs)):
-    share = panels[0] if panels else None
-    panels.append(fig.add_subplot(grid[k // cols, 1 + k % cols], sharey=share))
   r = getattr(fit, "r", math.nan)
   r_text = "" if r is None or not np.isfinite(r) else f" (r={r:.3f})"
   ax1.loglog(
@@ -438,6 +458,12 @@ def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
   ax1.set_ylabel("observed updates to the transition")
   ax1.legend(fontsize=7)
   ax1.grid(alpha=0.3, which="both")
+
+
+def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None:
+  """Panels (2) of ``figure_law``: updates against B, one per C, with the fitted law's line
+  and band. Returns the band's source (``law_band``), None without one."""
+  res = fit.residuals
   cmap = plt.get_cmap("viridis")
   shade = lambda k: cmap(0.85 * k / max(len(cs) - 1, 1))  # noqa: E731 (viridis' end is pale)
   bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
@@ -469,30 +495,33 @@ def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
       ax2.set_ylabel("updates to the transition", fontsize=8)
   for k, ax2 in enumerate(panels):  # after every set_yscale: it resets the shared axes' ticks
     ax2.tick_params(which="both", labelleft=k % cols == 0)
-  if panels:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+  return how
 
-    gray = "0.35"
-    handles = [Line2D([], [], ls="", marker="o", color=gray, label="emerged")]
-    if cens.any():
-      handles.append(Line2D([], [], ls="", marker="^", mfc="none", color=gray, label="censored"))
-    handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
-    if how:
-      handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
-    panels[0].legend(handles=handles, fontsize=6, loc="best")
+
+def _law_legend(ax, censored: bool, how: str | None) -> None:
+  """The first panel's legend: emerged, censored, the fitted law, and its band's source."""
+  from matplotlib.lines import Line2D
+  from matplotlib.patches import Patch
+
+  gray = "0.35"
+  handles = [Line2D([], [], ls="", marker="o", color=gray, label="emerged")]
+  if censored:
+    handles.append(Line2D([], [], ls="", marker="^", mfc="none", color=gray, label="censored"))
+  handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
+  if how:
+    handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
+  ax.legend(handles=handles, fontsize=6, loc="best")
+
+
+def _law_title(fit) -> str:
+  """``figure_law``'s title: how many cells the law was fitted to, and how."""
   n_cens = getattr(fit, "n_censored", 0)
   if "MLE" in str(getattr(fit, "method", "")):
-    title = (
+    return (
       f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
       f"censored cells (censored-data maximum likelihood)"
     )
-  else:
-    title = f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.band_source = how  # for the report's caption
-  return fig
+  return f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
 
 
 def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:

@@ -285,24 +285,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   """
   opts = options or Options()
   runs = load_runs(dirs)
-  out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
-  for run in runs:  # a run's own files (checkpoints, groups) are never the report's place
-    real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
-    inside = os.path.commonpath([real, root]) == root
-    if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
-      root, "analysis"
-    ):
-      raise OutputError(
-        f"--out {out_dir} is inside the run directory {run.dir}: the report "
-        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
-        f"default) — give that or a directory outside the run"
-      )
-  error = unwritable(os.path.join(out_dir, "figures"))
-  if error is not None:
-    raise OutputError(
-      f"cannot write the report into {out_dir} ({error.strerror or error}); "
-      f"give a writable directory with --out"
-    )
+  out_dir = _output_dir(runs, out_dir)
   default = {dir_identity(os.path.join(r.dir, "analysis")) for r in runs}
   outs = Outputs(out_dir, legacy=dir_identity(out_dir) in default)
   outs.check_and_clear()
@@ -322,12 +305,64 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   finally:
     for r in runs:
       r.close()
-  warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
   written: dict = {"out_dir": out_dir, "figures": []}
   doc = _Doc(out_dir)
-  names = ", ".join(r.dir for r in runs)
   doc.h(1, "Induction-head emergence report")
   summary_at = doc.mark()  # the generated summary goes here once the law is fitted
+  _overview(doc, runs, curves, all_axes)
+  if curves.empty or "ps_max" not in curves:
+    doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
+    return _finish(doc, outs, written, runs)
+
+  curves.to_csv(outs.claim("curves.csv"), index=False)
+  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
+  written["emergence_csv"] = outs.claim("emergence.csv")
+  table.to_csv(written["emergence_csv"], index=False)
+  points = _with_reach(
+    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
+  )
+  points["caution"] = emergence_lib.cautions(points)
+  _emergence_section(doc, points, axes, opts, outs, written)
+  _curve_figures(doc, curves, table, axes, opts, outs, written)
+  _positions_section(doc, runs, outs, written)
+  _agreement_section(doc, table, opts, outs)
+  _law_section(doc, points, opts, outs, written)
+  _frontier_section(doc, points, outs, written)
+  doc.insert(summary_at, lambda d: _summary_section(d, points, runs, axes, opts, written))
+  return _finish(doc, outs, written, runs)
+
+
+def _output_dir(runs, out_dir: str | None) -> str:
+  """The report's directory (default: the first run's ``analysis/``), absolute.
+
+  Raises:
+    OutputError: inside a run directory but outside its ``analysis/``, or not writable.
+  """
+  out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
+  for run in runs:  # a run's own files (checkpoints, groups) are never the report's place
+    real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
+    inside = os.path.commonpath([real, root]) == root
+    if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
+      root, "analysis"
+    ):
+      raise OutputError(
+        f"--out {out_dir} is inside the run directory {run.dir}: the report "
+        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
+        f"default) — give that or a directory outside the run"
+      )
+  error = unwritable(os.path.join(out_dir, "figures"))
+  if error is not None:
+    raise OutputError(
+      f"cannot write the report into {out_dir} ({error.strerror or error}); "
+      f"give a writable directory with --out"
+    )
+  return out_dir
+
+
+def _overview(doc: _Doc, runs, curves: pd.DataFrame, all_axes: list[str]) -> None:
+  """The runs, what was read from them, and the warnings (the runs' own and diverged cells)."""
+  warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
+  names = ", ".join(r.dir for r in runs)
   doc.p(
     f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
     f"`python -m analysis report`."
@@ -359,18 +394,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   if warnings:
     doc.h(2, "Warnings")
     doc.p(" • ".join(warnings))
-  if curves.empty or "ps_max" not in curves:
-    doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
-    return _finish(doc, outs, written, runs)
 
-  curves.to_csv(outs.claim("curves.csv"), index=False)
-  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
-  written["emergence_csv"] = outs.claim("emergence.csv")
-  table.to_csv(written["emergence_csv"], index=False)
-  points = _with_reach(
-    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
-  )
-  points["caution"] = emergence_lib.cautions(points)
+
+def _emergence_section(doc: _Doc, points, axes, opts, outs: Outputs, written) -> None:
+  """How many cells emerged and how that was measured, the per-point table, and the B × C
+  heatmap; records the counts and the cautions in ``written``."""
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
   cols = [
@@ -412,6 +440,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
       f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
       "a censored seed, so it is only known to exceed s.",
     )
+
+
+def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written) -> None:
+  """One figure of curves per metric in ``CURVE_FIGURES`` (none while every curve has only
+  its update-0 point)."""
   if not (curves["step"] > 0).any():
     doc.p(
       "No curve figures: every curve has only its update-0 point so far (the figures' "
@@ -429,8 +462,9 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"emergence points ({opts.method}) marked o, censored x.",
       )
 
-  _positions_section(doc, runs, outs, written)
 
+def _agreement_section(doc: _Doc, table, opts, outs: Outputs) -> None:
+  """How the other metrics and methods agree with the primary one (agreement.csv)."""
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
   agree.to_csv(outs.claim("agreement.csv"), index=False)
@@ -441,30 +475,27 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   )
   doc.table(agree)
 
-  _law_section(doc, points, opts, outs, written)
-  _frontier_section(doc, points, outs, written)
 
-  def summary(d: _Doc) -> None:
-    d.h(2, "Summary")
-    for text in summary_lib.summary(
-      points,
-      written["law"],
-      config=runs[0].config,
-      axes=axes,
-      law_error=written["law_error"],
-      metric=opts.metric,
-      method=opts.method,
-      n_runs=len(runs),
-      sensitivity=written.get("law_sensitivity"),
-    ):
-      d.p(text)
-    d.p(
-      "What the study measured and found, and where ihsweep differs from it: docs/study.md "
-      "in the ihsweep repository."
-    )
-
-  doc.insert(summary_at, summary)
-  return _finish(doc, outs, written, runs)
+def _summary_section(d: _Doc, points, runs, axes, opts, written) -> None:
+  """The generated summary (``summary.summary``), inserted after the title once the law is
+  fitted."""
+  d.h(2, "Summary")
+  for text in summary_lib.summary(
+    points,
+    written["law"],
+    config=runs[0].config,
+    axes=axes,
+    law_error=written["law_error"],
+    metric=opts.metric,
+    method=opts.method,
+    n_runs=len(runs),
+    sensitivity=written.get("law_sensitivity"),
+  ):
+    d.p(text)
+  d.p(
+    "What the study measured and found, and where ihsweep differs from it: docs/study.md "
+    "in the ihsweep repository."
+  )
 
 
 def _with_reach(points: pd.DataFrame, curves: pd.DataFrame, runs, metric: str) -> pd.DataFrame:

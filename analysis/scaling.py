@@ -620,17 +620,7 @@ def fit_law(
   """
   fixed = dict(fixed or {})
   all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
-  unknown = set(fixed) - set(all_names)
-  if unknown:
-    raise FitError(
-      f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
-      + ("" if with_params else " (gamma only with the n_params term)")
-    )
-  for name, value in fixed.items():
-    if not math.isfinite(value):
-      raise FitError(f"fixed {name} = {value}: must be a finite number")
-  if set(fixed) == set(all_names):
-    raise FitError("every coefficient is fixed: nothing to fit")
+  _check_fixed(fixed, all_names, with_params)
   pts, censored = _clean(points, with_params)
   emerged = ~censored
   n_em, n_cens = int(emerged.sum()), int(censored.sum())
@@ -675,78 +665,138 @@ def fit_law(
     pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]
   ).factorize()[0]
   n_groups = int(cluster.max()) + 1
-  factor = _small_sample_factor(n_groups) if n_groups > 1 else math.nan
   em_points = len(np.unique(cluster[emerged]))
-  boot, ci_note = None, None
+  boot, ci_note = None, _no_interval_note(n_boot, dof, em_points, k)
+  if ci_note is None:
+    boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
+    if not len(boot[0]):
+      boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
+  problem = _Problem(
+    pts=pts,
+    full=full,
+    all_names=all_names,
+    names=names,
+    free=free,
+    fixed=fixed,
+    emerged=emerged,
+    y=y,
+    dof=dof,
+    with_params=with_params,
+    n_groups=n_groups,
+    factor=_small_sample_factor(n_groups) if n_groups > 1 else math.nan,
+    ci_note=ci_note,
+  )
+  no = (None, None, None, None)
+  ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
+  emerged_only = _law_fit(problem, coef_ls, s_ls, ls_draws, ls_sig, LSQ, n_em, emerged)
+  all_cells = np.ones(len(pts), bool)
+  fit = _law_fit(problem, coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), all_cells)
+  fit.emerged_only = emerged_only
+  return fit
+
+
+def _check_fixed(fixed: dict, all_names: list[str], with_params: bool) -> None:
+  """Raises ``FitError`` for fixed coefficients that are unknown, not finite, or all of them."""
+  unknown = set(fixed) - set(all_names)
+  if unknown:
+    raise FitError(
+      f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
+      + ("" if with_params else " (gamma only with the n_params term)")
+    )
+  for name, value in fixed.items():
+    if not math.isfinite(value):
+      raise FitError(f"fixed {name} = {value}: must be a finite number")
+  if set(fixed) == set(all_names):
+    raise FitError("every coefficient is fixed: nothing to fit")
+
+
+def _no_interval_note(n_boot: int, dof: int, em_points: int, k: int) -> str | None:
+  """Why ``fit_law`` draws no bootstrap (``LawFit.ci_note``), or None when it does."""
   if not n_boot:
-    ci_note = "no bootstrap (n_boot = 0)"
-  elif dof < MIN_DOF_FOR_INTERVALS:
-    ci_note = (
+    return "no bootstrap (n_boot = 0)"
+  if dof < MIN_DOF_FOR_INTERVALS:
+    return (
       f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "
       f"bootstrap of so few cells mostly redraws the same design"
     )
-  elif em_points - k < MIN_DOF_FOR_INTERVALS:
-    ci_note = (
+  if em_points - k < MIN_DOF_FOR_INTERVALS:
+    return (
       f"{em_points} grid point(s) with emerged cells for {k} coefficient(s): a "
       f"bootstrap over grid points needs at least {k + MIN_DOF_FOR_INTERVALS} (with "
       f"fewer, nearly every resample that identifies the law is the grid itself)"
     )
-  else:
-    boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
-    if not len(boot[0]):
-      boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
-  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in pts]
-  y_em = y[emerged]
+  return None
 
-  def make(coef, sigma, draws, sigmas, method, n, cells):
-    values = dict(fixed)
-    values.update(zip(names, (float(c) for c in coef)))
-    pred = full[emerged] @ np.array([values[n_] for n_ in all_names])
-    r, r_note = _r(pred, y_em, dof)
-    residuals = pts.loc[emerged, keep].reset_index(drop=True)
-    residuals["observed_updates"] = np.exp(y_em)
-    residuals["predicted_updates"] = np.exp(pred)
-    residuals["residual_ln"] = y_em - pred
-    ci, cov, all_draws = {}, None, None
-    if draws is not None:
-      all_draws = np.tile(np.array([values[n_] for n_ in all_names]), (len(draws), 1))
-      all_draws[:, free] = draws
-      ci = _percentiles(draws, names, values, sigmas, sigma, factor)
-      cov = np.zeros((len(all_names), len(all_names)))  # fixed coefficients: exactly 0
-      cov[np.ix_(free, free)] = (
-        np.atleast_2d(np.cov(draws, rowvar=False)) * n_groups / (n_groups - 1)
-      )
-    return LawFit(
-      log_T=values["log_T"],
-      alpha=values["alpha"],
-      beta=values["beta"],
-      r=r,
-      n=n,
-      ci=ci,
-      residuals=residuals,
-      gamma=values["gamma"] if with_params else None,
-      n_censored=n_cens,
-      n_boot=0 if draws is None else len(draws),
-      fixed=fixed,
-      dof=dof,
-      sigma=float(sigma),
-      method=method,
-      n_emerged=n_em,
-      r_note=r_note,
-      names=list(all_names),
-      draws=all_draws,
-      cov=cov,
-      range=_range(pts[cells], with_params),
-      n_grid_points=n_groups,
-      ci_note=ci_note,
+
+@dataclasses.dataclass
+class _Problem:
+  """What ``fit_law``'s two fits share: the cleaned points (``pts``), the full design over
+  ``all_names`` and which of them are free (``names``, their columns ``free``) or ``fixed``,
+  which cells emerged, ln of their times ``y``, the residual degrees of freedom, the grid
+  points (``n_groups``) with the intervals' small-sample ``factor``, and ``ci_note``."""
+
+  pts: pd.DataFrame
+  full: np.ndarray
+  all_names: list
+  names: list
+  free: list
+  fixed: dict
+  emerged: np.ndarray
+  y: np.ndarray
+  dof: int
+  with_params: bool
+  n_groups: int
+  factor: float
+  ci_note: str | None
+
+
+def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFit:
+  """One fit as a ``LawFit``: free coefficients ``coef`` and scatter ``sigma`` (``method``, on
+  ``n`` cells), its residuals over the emerged cells, and with bootstrap ``draws`` its
+  intervals and covariance; ``cells``: the rows whose range it covers."""
+  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in q.pts]
+  y_em = q.y[q.emerged]
+  values = dict(q.fixed)
+  values.update(zip(q.names, (float(c) for c in coef)))
+  pred = q.full[q.emerged] @ np.array([values[n_] for n_ in q.all_names])
+  r, r_note = _r(pred, y_em, q.dof)
+  residuals = q.pts.loc[q.emerged, keep].reset_index(drop=True)
+  residuals["observed_updates"] = np.exp(y_em)
+  residuals["predicted_updates"] = np.exp(pred)
+  residuals["residual_ln"] = y_em - pred
+  ci, cov, all_draws = {}, None, None
+  if draws is not None:
+    all_draws = np.tile(np.array([values[n_] for n_ in q.all_names]), (len(draws), 1))
+    all_draws[:, q.free] = draws
+    ci = _percentiles(draws, q.names, values, sigmas, sigma, q.factor)
+    cov = np.zeros((len(q.all_names), len(q.all_names)))  # fixed coefficients: exactly 0
+    cov[np.ix_(q.free, q.free)] = (
+      np.atleast_2d(np.cov(draws, rowvar=False)) * q.n_groups / (q.n_groups - 1)
     )
-
-  no = (None, None, None, None)
-  ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
-  emerged_only = make(coef_ls, s_ls, ls_draws, ls_sig, LSQ, n_em, emerged)
-  fit = make(coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), np.ones(len(pts), bool))
-  fit.emerged_only = emerged_only
-  return fit
+  return LawFit(
+    log_T=values["log_T"],
+    alpha=values["alpha"],
+    beta=values["beta"],
+    r=r,
+    n=n,
+    ci=ci,
+    residuals=residuals,
+    gamma=values["gamma"] if q.with_params else None,
+    n_censored=int((~q.emerged).sum()),
+    n_boot=0 if draws is None else len(draws),
+    fixed=q.fixed,
+    dof=q.dof,
+    sigma=float(sigma),
+    method=method,
+    n_emerged=int(q.emerged.sum()),
+    r_note=r_note,
+    names=list(q.all_names),
+    draws=all_draws,
+    cov=cov,
+    range=_range(q.pts[cells], q.with_params),
+    n_grid_points=q.n_groups,
+    ci_note=q.ci_note,
+  )
 
 
 def censor(points: pd.DataFrame, mask, at: str = "last_step") -> pd.DataFrame:
