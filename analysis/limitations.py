@@ -20,68 +20,13 @@ def limitations_paragraph(
   cens = points["censored"].astype(bool)
   n_c = int(cens.sum())
   if n_c:
-    where = points[cens].groupby(["batch_size", "context_size"]).size()
-    spots = ", ".join(
-      f"B {b:g}/C {c:g}" + (f" ({m})" if m > 1 else "") for (b, c), m in where.items()
-    )
-    treated = ""
-    if law is not None:
-      method = str(law.get("method") or "")
-      if "MLE" in method or "censored" in method:
-        eo = law.get("emerged_only") or {}
-        them = "it" if n_c == 1 else "them"
-        treated = (
-          f" The law counts {them} as censored; fitted to the emerged models alone it "
-          f"would give α = {eo['alpha']:.2f}, β = {eo['beta']:.2f}."
-          if "alpha" in eo
-          else f" The law counts {them} as censored."
-        )
-      else:
-        treated = (
-          " The law leaves censored models out, which biases it towards early "
-          "emergence where they cluster."
-        )
-    items.append(
-      f"{n_c} of {len(points)} models had not emerged by their last checkpoint "
-      f"(censored; {spots}): "
-      + (
-        "its emergence point is a lower bound."
-        if n_c == 1
-        else "their emergence points are lower bounds."
-      )
-      + treated
-    )
+    items.append(_censored_words(points, cens, law))
   caution = _caution_words(points, law, sensitivity, any_censored=bool(n_c))
   if not n_c:
     items.append("No model was censored" + (f", but {caution}" if caution else "."))
   elif caution:
     items.append(sentence(caution))
-  lo, hi = seeds_per_point(points, keys)
-  if hi <= 1:
-    items.append(
-      "One seed per grid point: seed-to-seed scatter is not measured, and each "
-      "emergence point is one model's."
-    )
-  else:
-    em = points[~cens]
-    spread = (
-      em.groupby(keys)["emergence_step"]
-      .agg(lambda s: float(s.max() / s.min()) if len(s) > 1 else math.nan)
-      .dropna()
-    )
-    seeds = f"{lo}" if lo == hi else f"{lo}–{hi}"
-    text = f"{seeds} seeds per grid point"
-    if len(spread):
-      text += (
-        f"; seeds of a grid point emerged up to {spread.max():.2f}× apart (median "
-        f"{spread.median():.2f}×)"
-      )
-    if law is not None and law.get("sigma") is not None and np.isfinite(law["sigma"]):
-      text += (
-        f"; the scatter of models about the law is σ = {law['sigma']:.2f} in ln UPT (a "
-        f"typical model within {math.exp(law['sigma']):.2f}× of it)"
-      )
-    items.append(text + ".")
+  items.append(_seed_words(points, cens, law, keys))
   items.append(_resolution_words(points))
   probe = _probe_words(points, cfg)
   if probe:
@@ -105,6 +50,71 @@ def limitations_paragraph(
       f"extrapolation."
     )
   return "**Limitations.** " + " ".join(i for i in items if i)
+
+
+def _censored_words(points: pd.DataFrame, cens, law: dict | None) -> str:
+  """How many models are censored, at which grid points, and how the law treated them."""
+  n_c = int(cens.sum())
+  where = points[cens].groupby(["batch_size", "context_size"]).size()
+  spots = ", ".join(
+    f"B {b:g}/C {c:g}" + (f" ({m})" if m > 1 else "") for (b, c), m in where.items()
+  )
+  treated = ""
+  if law is not None:
+    method = str(law.get("method") or "")
+    if "MLE" in method or "censored" in method:
+      eo = law.get("emerged_only") or {}
+      them = "it" if n_c == 1 else "them"
+      treated = (
+        f" The law counts {them} as censored; fitted to the emerged models alone it "
+        f"would give α = {eo['alpha']:.2f}, β = {eo['beta']:.2f}."
+        if "alpha" in eo
+        else f" The law counts {them} as censored."
+      )
+    else:
+      treated = (
+        " The law leaves censored models out, which biases it towards early "
+        "emergence where they cluster."
+      )
+  return (
+    f"{n_c} of {len(points)} models had not emerged by their last checkpoint "
+    f"(censored; {spots}): "
+    + (
+      "its emergence point is a lower bound."
+      if n_c == 1
+      else "their emergence points are lower bounds."
+    )
+    + treated
+  )
+
+
+def _seed_words(points: pd.DataFrame, cens, law: dict | None, keys) -> str:
+  """Seeds per grid point, how far apart they emerged, and the models' scatter about the law."""
+  lo, hi = seeds_per_point(points, keys)
+  if hi <= 1:
+    return (
+      "One seed per grid point: seed-to-seed scatter is not measured, and each "
+      "emergence point is one model's."
+    )
+  em = points[~cens]
+  spread = (
+    em.groupby(keys)["emergence_step"]
+    .agg(lambda s: float(s.max() / s.min()) if len(s) > 1 else math.nan)
+    .dropna()
+  )
+  seeds = f"{lo}" if lo == hi else f"{lo}–{hi}"
+  text = f"{seeds} seeds per grid point"
+  if len(spread):
+    text += (
+      f"; seeds of a grid point emerged up to {spread.max():.2f}× apart (median "
+      f"{spread.median():.2f}×)"
+    )
+  if law is not None and law.get("sigma") is not None and np.isfinite(law["sigma"]):
+    text += (
+      f"; the scatter of models about the law is σ = {law['sigma']:.2f} in ln UPT (a "
+      f"typical model within {math.exp(law['sigma']):.2f}× of it)"
+    )
+  return text + "."
 
 
 def _model_name(row) -> str:

@@ -608,9 +608,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
     raise ValueError(
       f"emergence points need columns {sorted(need)}; missing {sorted(need - set(points))}"
     )
-  from matplotlib import ticker
   from matplotlib.colors import LogNorm
-  from matplotlib.patches import Rectangle
 
   plt = _plt()
   by = [k for k in by if k in points and points[k].nunique(dropna=False) > 1]
@@ -620,11 +618,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   bs = np.sort(grid["batch_size"].unique())
   cs = np.sort(grid["context_size"].unique())
 
-  def positive(v):  # log colour scale: a bound of 0 (censored at update 0) gets no colour
-    v = np.asarray(v, float)
-    return np.where(v > 0, v, np.nan)
-
-  values = positive(grid["median_updates"])
+  values = _positive(grid["median_updates"])
   finite = values[np.isfinite(values)]
   lo, hi = (finite.min(), finite.max()) if len(finite) else (1.0, 10.0)
   norm = LogNorm(lo, hi if hi > lo else lo * 1.01)
@@ -641,33 +635,9 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
       index=bs, columns=cs
     )
     im = ax.imshow(
-      positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm, aspect="auto"
+      _positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm, aspect="auto"
     )
-    for _, row in panel.iterrows():
-      i = int(np.searchsorted(bs, row["batch_size"]))
-      j = int(np.searchsorted(cs, row["context_size"]))
-      v = row["median_updates"]
-      if not np.isfinite(v):
-        continue
-      text = f"{v:,.0f}"
-      if bool(row["censored"]):
-        text = f"> {v:,.0f}"
-        ax.add_patch(
-          Rectangle(
-            (j - 0.5, i - 0.5),
-            1,
-            1,
-            fill=False,
-            hatch="//",
-            edgecolor="white",
-            lw=0.8,
-            label="censored",
-          )
-        )
-      if 0 < row["emerged"] < row["n"]:
-        text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
-      light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
-      ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
+    _label_cells(ax, panel, bs, cs, norm)
     ax.set_xticks(range(len(cs)), [_number(v) for v in cs])
     ax.set_yticks(range(len(bs)), [_number(v) for v in bs])
     ax.set_xlabel("context size C (tokens per sequence)", fontsize=8)
@@ -678,24 +648,71 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   for ax in list(axs.flat)[len(shown) :]:
     ax.set_visible(False)
   if im is not None:
-    bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
-    bar.set_label("median updates to emergence (log scale)", fontsize=8)
-    bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(_number))
-    bar.ax.yaxis.set_minor_formatter(
-      ticker.FuncFormatter(
-        lambda v, _p: (
-          _number(v)
-          if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5)
-          else ""
-        )
-      )
-    )
+    _median_colorbar(fig, im, axs, lo, hi)
   note = f" (first {max_panels} of {len(panels)} panels)" if len(panels) > max_panels else ""
   fig.suptitle(
     f"Median emergence update over seeds; hatched '> s': median censored, later than s{note}",
     fontsize=9,
   )
   return fig
+
+
+def _positive(v):
+  """``v`` with values <= 0 as NaN: on the log colour scale a bound of 0 (censored at update 0)
+  gets no colour."""
+  v = np.asarray(v, float)
+  return np.where(v > 0, v, np.nan)
+
+
+def _label_cells(ax, panel: pd.DataFrame, bs, cs, norm) -> None:
+  """Each grid point's median ('> s' and hatched where censored; 'k/n seeds' where only some
+  emerged), in black on light colours."""
+  from matplotlib.patches import Rectangle
+
+  for _, row in panel.iterrows():
+    i = int(np.searchsorted(bs, row["batch_size"]))
+    j = int(np.searchsorted(cs, row["context_size"]))
+    v = row["median_updates"]
+    if not np.isfinite(v):
+      continue
+    text = f"{v:,.0f}"
+    if bool(row["censored"]):
+      text = f"> {v:,.0f}"
+      ax.add_patch(
+        Rectangle(
+          (j - 0.5, i - 0.5),
+          1,
+          1,
+          fill=False,
+          hatch="//",
+          edgecolor="white",
+          lw=0.8,
+          label="censored",
+        )
+      )
+    if 0 < row["emerged"] < row["n"]:
+      text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
+    light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
+    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
+
+
+def _median_colorbar(fig, im, axs, lo: float, hi: float) -> None:
+  """The heat map's colour bar: median updates, log scale, minor labels at 2, 3, 5 within a
+  decade."""
+  from matplotlib import ticker
+
+  bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
+  bar.set_label("median updates to emergence (log scale)", fontsize=8)
+  bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(_number))
+  bar.ax.yaxis.set_minor_formatter(
+    ticker.FuncFormatter(
+      lambda v, _p: (
+        _number(v)
+        if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5)
+        else ""
+      )
+    )
+  )
 
 
 def plot_emergence_heatmap(points: pd.DataFrame, out_base: str, by: list[str] = ()) -> list[str]:
