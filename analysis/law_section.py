@@ -54,6 +54,22 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
       f"nothing, and no intervals are given. Treat this law as a description of these "
       f"cells only."
     )
+  _censored_check(doc, fit, points, outs)
+  doc.p(
+    "Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
+    "than the law predicts):"
+  )
+  doc.table(scaling.compare(fit))
+  _model_size(doc, points, opts)
+  fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
+  doc.p("Residuals per cell (`residuals.csv`):")
+  doc.table(fit.residuals)
+  _law_figure(doc, fit, points, outs, written)
+
+
+def _censored_check(doc, fit, points, outs: Outputs) -> None:
+  """Censored cells the law predicts to have emerged before their last checkpoint
+  (censored_check.csv)."""
   check = scaling.censored_check(fit, points)
   if len(check):
     check.to_csv(outs.claim("censored_check.csv"), index=False)
@@ -72,11 +88,10 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
       )
     )
     doc.table(check)
-  doc.p(
-    "Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
-    "than the law predicts):"
-  )
-  doc.table(scaling.compare(fit))
+
+
+def _model_size(doc, points, opts) -> None:
+  """With several model sizes (or ``opts.with_params``), the law refitted with + γ ln n_params."""
   sizes = points["n_params"].nunique() if "n_params" in points else 0
   if opts.with_params or sizes > 1:
     try:
@@ -88,9 +103,10 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
       )
     except scaling.FitError as e:
       doc.p(f"Model-size term not fitted: {e}")
-  fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
-  doc.p("Residuals per cell (`residuals.csv`):")
-  doc.table(fit.residuals)
+
+
+def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
+  """The law's figure (``plots.figure_law``), its paths added to ``written["figures"]``."""
   fig = plots.figure_law(fit, points)
   band = getattr(fig, "band_source", None)
   paths = plots.save(fig, outs.figure("law"))
