@@ -335,18 +335,7 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
   n, k = len(points), int(emerged.sum())
   parts = [f"**Finding.** {k} of {n} models emerged by their last checkpoint"]
   if k == 0:
-    last = points["censor_step"].astype(float)
-    where = (
-      f"update {number(last.min())}"
-      if last.min() == last.max()
-      else f"updates {number(last.min())}–{number(last.max())}"
-    )
-    parts[0] += (
-      f"; none did, so every emergence point is only known to lie beyond the last "
-      f"checkpoint ({where}), and nothing is said here about how emergence moves "
-      f"with B or C."
-    )
-    return parts[0]
+    return parts[0] + _none_emerged(points)
   em = points[emerged]
   steps = em["emergence_step"].astype(float)
   first, last = em.loc[steps.idxmin()], em.loc[steps.idxmax()]
@@ -363,9 +352,32 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
       "below."
     )
     return " ".join(parts)
+  parts += _law_finding(law, em)
+  return " ".join(parts)
+
+
+def _none_emerged(points: pd.DataFrame) -> str:
+  """The finding's clause when no model emerged: where the checkpoints ended."""
+  last = points["censor_step"].astype(float)
+  where = (
+    f"update {number(last.min())}"
+    if last.min() == last.max()
+    else f"updates {number(last.min())}–{number(last.max())}"
+  )
+  return (
+    f"; none did, so every emergence point is only known to lie beyond the last "
+    f"checkpoint ({where}), and nothing is said here about how emergence moves "
+    f"with B or C."
+  )
+
+
+def _law_finding(law: dict, em: pd.DataFrame) -> list[str]:
+  """The finding's sentences about the fitted law: how emergence moves with B and C, in
+  updates and in sequences and tokens, and whether a roughly fixed number of sequences fits
+  (``em``: the emerged models)."""
   fixed = set((law.get("fixed") or {}).keys())
   how = _fit_words(law)
-  parts.append(f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}.")
+  parts = [f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}."]
   why = law.get("ci_note") or ("no bootstrap" if law.get("n_boot") == 0 else "")
   a_text, a_sign = _trend(
     "alpha",
@@ -410,7 +422,7 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
       f"number of sequences, whatever B and C (UPT·B of the emerged models: median "
       f"{number(seqs.median())}, range {number_span(seqs.min(), seqs.max())})."
     )
-  return " ".join(parts)
+  return parts
 
 
 def _fit_words(law: dict) -> str:
