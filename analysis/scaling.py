@@ -501,19 +501,7 @@ def fit_law(
       + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens)
     )
   dof = n_em - k
-  ones = np.ones((1, len(pts)))
-  coef_ls, s_ls = fit_ols(x[emerged], v[emerged], ones[:, emerged])
-  coef_ls, s_ls = coef_ls[0], float(s_ls[0])
-  s0 = math.sqrt(max(s_ls**2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
-  a = np.concatenate([-x, v[:, None]], axis=1)
-  p, ok = fit_mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
-  if not ok[0]:
-    raise FitError(
-      f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
-      f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
-      f"so the scatter sigma -> 0"
-    )
-  p = p[0]
+  coef_ls, s_ls, a, p = _least_squares_then_mle(x, v, emerged, n_cens, dof)
   coef_ml, s_ml = p[:-1] / p[-1], 1.0 / p[-1]
 
   cluster = pd.MultiIndex.from_frame(
@@ -548,6 +536,29 @@ def fit_law(
   fit = _law_fit(problem, coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), all_cells)
   fit.emerged_only = emerged_only
   return fit
+
+
+def _least_squares_then_mle(x, v, emerged, n_cens: int, dof: int) -> tuple:
+  """``(LSQ coefficients, LSQ scale, rows a, MLE p)``: least squares on the emerged cells, and
+  from it the censored MLE in Olsen's parameters (``fit_mle``).
+
+  Raises:
+    FitError: the MLE does not converge.
+  """
+  n_em = int(emerged.sum())
+  ones = np.ones((1, len(v)))
+  coef_ls, s_ls = fit_ols(x[emerged], v[emerged], ones[:, emerged])
+  coef_ls, s_ls = coef_ls[0], float(s_ls[0])
+  s0 = math.sqrt(max(s_ls**2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
+  a = np.concatenate([-x, v[:, None]], axis=1)
+  p, ok = fit_mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
+  if not ok[0]:
+    raise FitError(
+      f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
+      f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
+      f"so the scatter sigma -> 0"
+    )
+  return coef_ls, s_ls, a, p[0]
 
 
 def _check_fixed(fixed: dict, all_names: list[str], with_params: bool) -> None:
