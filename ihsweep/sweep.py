@@ -563,17 +563,7 @@ def _train_group(
     state = "interrupted"
     raise
   except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
-    log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
-    write_status(
-      workdir,
-      group.id,
-      state="failed",
-      **common,
-      worker=me,
-      error=f"{type(e).__name__}: {e}",
-      traceback=traceback.format_exc(),
-      failed_at=time.time(),
-    )
+    _record_failure(workdir, group, common, me, e)
     if several:
       # The team's other processes may wait for this one inside the group's collectives,
       # so they cannot agree to skip it: end the sweep (a rerun retries).
@@ -584,6 +574,22 @@ def _train_group(
     if lead:
       write_cells(plan, workdir)
   return state
+
+
+def _record_failure(workdir: str, group, common: dict, me: str, e: Exception) -> None:
+  """Logs a group that raised ``e`` and records it failed, with the traceback being handled
+  (call inside the ``except``)."""
+  log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
+  write_status(
+    workdir,
+    group.id,
+    state="failed",
+    **common,
+    worker=me,
+    error=f"{type(e).__name__}: {e}",
+    traceback=traceback.format_exc(),
+    failed_at=time.time(),
+  )
 
 
 def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult:
