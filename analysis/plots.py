@@ -139,27 +139,7 @@ def figure_curves(
     points = points.set_index(["run", "cell"])
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, panel) in zip(axs.flat, shown):
-    for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
-      line = line[line["step"] > 0].sort_values("step")  # left of the axis' start: clipped
-      color = colors[j % len(colors)]
-      seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
-      ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
-      if points is None or not len(line) or (line["run"].iloc[0], cell) not in points.index:
-        continue
-      e = points.loc[(line["run"].iloc[0], cell)]
-      if not bool(e["censored"]):
-        y = np.interp(
-          np.log(e["emergence_step"]),
-          np.log(line["step"].to_numpy(float)),
-          line[metric].to_numpy(float),
-        )
-        ax.plot(
-          [e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6, clip_on=False
-        )
-      else:
-        last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
-        if last is not None:
-          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5, clip_on=False)
+    _draw_seeds(ax, panel, points, metric, colors)
     log_updates_axis(ax, lo, hi)
     ax.set_title(_panel_title(key, keys) if keys_shown else "", fontsize=8)
     ax.grid(alpha=0.3)
@@ -180,6 +160,32 @@ def figure_curves(
   )
   fig.tight_layout()
   return fig
+
+
+def _draw_seeds(ax, panel: pd.DataFrame, points, metric: str, colors) -> None:
+  """One panel's seeds as lines (from the first non-zero update), each marked at its emergence
+  point (o) or, censored, at its last point (x); ``points``: emergence rows by (run, cell)."""
+  for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
+    line = line[line["step"] > 0].sort_values("step")  # left of the axis' start: clipped
+    color = colors[j % len(colors)]
+    seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
+    ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
+    if points is None or not len(line) or (line["run"].iloc[0], cell) not in points.index:
+      continue
+    e = points.loc[(line["run"].iloc[0], cell)]
+    if not bool(e["censored"]):
+      y = np.interp(
+        np.log(e["emergence_step"]),
+        np.log(line["step"].to_numpy(float)),
+        line[metric].to_numpy(float),
+      )
+      ax.plot(
+        [e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6, clip_on=False
+      )
+    else:
+      last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
+      if last is not None:
+        ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5, clip_on=False)
 
 
 def plot_curves(
