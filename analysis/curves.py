@@ -357,9 +357,6 @@ def compute_curves(
     run, source, store, n_probes, n_sequences
   )
 
-  def matching(table: pd.DataFrame, gid: str) -> pd.Series:
-    return _matching(table, gid, sizes)
-
   def skip(group: Group, error: Exception) -> None:
     warn(run.warnings, f"{error}; the group is skipped")
     todo.pop(group.id, None)
@@ -394,7 +391,7 @@ def compute_curves(
       if fresh.empty:
         continue
       if not store.empty:
-        store = store[~(matching(store, group.id) & store["step"].isin(fresh["step"]))]
+        store = store[~(_matching(store, group.id, sizes) & store["step"].isin(fresh["step"]))]
       store = pd.concat([store, fresh], ignore_index=True) if not store.empty else fresh
       if cache:
         _write_cache(path, store.sort_values(list(CACHE_KEYS)), run.warnings)
@@ -403,7 +400,7 @@ def compute_curves(
   parts = []
   for gid in todo:  # the cache may also hold steps whose checkpoints are gone: not shown
     if not store.empty:
-      parts.append(store[matching(store, gid) & store["step"].isin(on_disk[gid])])
+      parts.append(store[_matching(store, gid, sizes) & store["step"].isin(on_disk[gid])])
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
   if not recomputed.empty:
     recomputed["source"] = "checkpoint"
