@@ -353,40 +353,14 @@ def compute_curves(
     raise ValueError(f"source = {source!r}: allowed {', '.join(SOURCES)}")
   path = _cache_path(run, out_dir)
   store = read_cache(path, run.warnings) if cache and source != "online" else pd.DataFrame()
-  todo: dict[str, list[int]] = {}
-  sizes: dict[str, tuple[int, int]] = {}
-  on_disk: dict[str, set] = {}
-  online_groups = []
-
-  def matching(table: pd.DataFrame, gid: str) -> pd.Series:
-    want_p, want_s = sizes[gid]
-    return (
-      (table["group"] == gid) & (table["n_probes"] == want_p) & (table["n_sequences"] == want_s)
-    )
+  todo, sizes, on_disk, online_groups = _checkpoints_to_evaluate(
+    run, source, store, n_probes, n_sequences
+  )
 
   def skip(group: Group, error: Exception) -> None:
     warn(run.warnings, f"{error}; the group is skipped")
     todo.pop(group.id, None)
 
-  for group in run.groups:
-    steps = [] if source == "online" else group.steps()
-    if not steps:
-      if source == "checkpoints":
-        warn(run.warnings, f"group {group.id} has no params checkpoints yet; skipped")
-      else:
-        online_groups.append(group)
-      continue
-    try:
-      sizes[group.id] = _want_sizes(group, n_probes, n_sequences)
-    except GroupError as e:
-      skip(group, e)
-      continue
-    on_disk[group.id] = set(steps)
-    done = set()
-    if not store.empty:
-      mine = store[matching(store, group.id)]
-      done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
-    todo[group.id] = [s for s in steps if s not in done]
   total = sum(len(v) for v in todo.values())
   if total:
     log.info(
@@ -417,7 +391,7 @@ def compute_curves(
       if fresh.empty:
         continue
       if not store.empty:
-        store = store[~(matching(store, group.id) & store["step"].isin(fresh["step"]))]
+        store = store[~(_matching(store, group.id, sizes) & store["step"].isin(fresh["step"]))]
       store = pd.concat([store, fresh], ignore_index=True) if not store.empty else fresh
       if cache:
         _write_cache(path, store.sort_values(list(CACHE_KEYS)), run.warnings)
@@ -426,10 +400,58 @@ def compute_curves(
   parts = []
   for gid in todo:  # the cache may also hold steps whose checkpoints are gone: not shown
     if not store.empty:
-      parts.append(store[matching(store, gid) & store["step"].isin(on_disk[gid])])
+      parts.append(store[_matching(store, gid, sizes) & store["step"].isin(on_disk[gid])])
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
   if not recomputed.empty:
     recomputed["source"] = "checkpoint"
+  online = _online_curves(online_groups, run)
+  table = (
+    pd.concat([recomputed, *online], ignore_index=True)
+    if (not recomputed.empty or online)
+    else pd.DataFrame(columns=["group", "cell", "step"])
+  )
+  return _with_cells(table, run)
+
+
+def _matching(table: pd.DataFrame, gid: str, sizes: dict) -> pd.Series:
+  """Rows of ``table`` for group ``gid`` computed with its wanted probe and sequence counts."""
+  want_p, want_s = sizes[gid]
+  return (table["group"] == gid) & (table["n_probes"] == want_p) & (table["n_sequences"] == want_s)
+
+
+def _checkpoints_to_evaluate(run: Run, source: str, store: pd.DataFrame, n_probes, n_sequences):
+  """``(todo, sizes, on_disk, online groups)`` for ``compute_curves``: per group with params
+  checkpoints the steps not yet in ``store``, its (probes, sequences) counts and every saved
+  step; the groups read from their metrics.jsonl instead."""
+  todo: dict[str, list[int]] = {}
+  sizes: dict[str, tuple[int, int]] = {}
+  on_disk: dict[str, set] = {}
+  online_groups = []
+  for group in run.groups:
+    steps = [] if source == "online" else group.steps()
+    if not steps:
+      if source == "checkpoints":
+        warn(run.warnings, f"group {group.id} has no params checkpoints yet; skipped")
+      else:
+        online_groups.append(group)
+      continue
+    try:
+      sizes[group.id] = _want_sizes(group, n_probes, n_sequences)
+    except GroupError as e:
+      warn(run.warnings, f"{e}; the group is skipped")
+      todo.pop(group.id, None)
+      continue
+    on_disk[group.id] = set(steps)
+    done = set()
+    if not store.empty:
+      mine = store[_matching(store, group.id, sizes)]
+      done = {s for s, n in mine.groupby("step").size().items() if n == group.n_models}
+    todo[group.id] = [s for s in steps if s not in done]
+  return todo, sizes, on_disk, online_groups
+
+
+def _online_curves(online_groups: list, run: Run) -> list:
+  """The metrics.jsonl rows of groups without params checkpoints (``source`` 'online')."""
   online = []
   for g in online_groups:
     rows = _online_rows(g, run.warnings)
@@ -439,12 +461,7 @@ def compute_curves(
       )
     else:
       online.append(rows.assign(source="online"))
-  table = (
-    pd.concat([recomputed, *online], ignore_index=True)
-    if (not recomputed.empty or online)
-    else pd.DataFrame(columns=["group", "cell", "step"])
-  )
-  return _with_cells(table, run)
+  return online
 
 
 def _with_cells(table: pd.DataFrame, run: Run) -> pd.DataFrame:

@@ -20,7 +20,6 @@ the ``figure_*`` objects (axis scales, limits, tick labels, patches).
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 
 import numpy as np
@@ -28,25 +27,12 @@ import pandas as pd
 
 from ihsweep import metric_registry
 
+from .figure_axes import log_updates_axis, pyplot, save, tick_number
 
-def _plt():
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
-def _save(fig, out_base: str) -> list[str]:
-  os.makedirs(os.path.dirname(out_base) or ".", exist_ok=True)
-  paths = []
-  for ext in ("png", "pdf"):
-    path = f"{out_base}.{ext}"
-    fig.savefig(path, dpi=150 if ext == "png" else None, bbox_inches="tight")
-    paths.append(path)
-  _plt().close(fig)
-  return paths
+# ``X as X``: plots' public names that live in ``analysis.law_figure``, importable from here
+from .law_figure import figure_law as figure_law
+from .law_figure import law_band as law_band
+from .law_figure import plot_law as plot_law
 
 
 def __getattr__(name: str):
@@ -54,58 +40,6 @@ def __getattr__(name: str):
   if name == "LABELS":
     return {n: metric_registry.label(n) for n in metric_registry.names()}
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _number(v: float, _pos=None) -> str:
-  """A tick label as a plain number: 8, 16, 1,000 (not 10^1 or 2×10^1)."""
-  return f"{v:,.0f}" if v >= 1 and float(v).is_integer() else f"{v:g}"
-
-
-def log_updates_axis(ax, lo: float, hi: float) -> None:
-  """A log x axis over updates [lo, hi] (lo > 0), labelled with plain numbers: decades when the
-  range spans more than two of them, else 1, 2, 5 × each decade; minor ticks unlabelled."""
-  from matplotlib import ticker
-
-  ax.set_xscale("log")
-  ax.set_xlim(lo, hi)
-  subs = (1.0,) if hi / lo > 100 else (1.0, 2.0, 5.0)
-  ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
-  ax.xaxis.set_major_formatter(ticker.FuncFormatter(_number))
-  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-
-
-def number_axis(ax, which: str) -> None:
-  """Plain-number labels on a log axis (``which`` 'x' or 'y'): 1,000 rather than 10^3; where the
-  axis spans less than two decades its minor ticks at 2 and 5 × a power of 10 are labelled too
-  (less than one decade: 2, 3, 4, 5, 6 and 8 ×)."""
-  from matplotlib import ticker
-
-  axis = ax.xaxis if which == "x" else ax.yaxis
-  limits = ax.get_xlim if which == "x" else ax.get_ylim
-
-  def minor(v, _pos=None):
-    lo, hi = sorted(limits())
-    if lo <= 0 or hi / lo >= 100 or v <= 0:
-      return ""
-    mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6)
-    shown = (2.0, 3.0, 4.0, 5.0, 6.0, 8.0) if hi / lo < 10 else (2.0, 5.0)
-    return _number(v) if mantissa in shown else ""
-
-  axis.set_major_formatter(ticker.FuncFormatter(_number))
-  axis.set_minor_formatter(ticker.FuncFormatter(minor))
-
-
-def grid_axis(ax, which: str, values) -> None:
-  """A log axis (``which`` 'x' or 'y') whose ticks are exactly the grid's ``values`` (e.g. B 8,
-  16, 32), labelled as plain numbers, with no other tick labels."""
-  from matplotlib import ticker
-
-  axis = ax.xaxis if which == "x" else ax.yaxis
-  (ax.set_xscale if which == "x" else ax.set_yscale)("log")
-  values = sorted(float(v) for v in values)
-  axis.set_major_locator(ticker.FixedLocator(values))
-  axis.set_major_formatter(ticker.FixedFormatter([_number(v) for v in values]))
-  axis.set_minor_locator(ticker.NullLocator())
 
 
 def panel_keys(curves: pd.DataFrame, axes: list[str]) -> list[str]:
@@ -183,7 +117,7 @@ def figure_curves(
   Raises:
     ValueError: ``curves`` has no row with step > 0 (nothing to draw on a log axis).
   """
-  plt = _plt()
+  plt = pyplot()
   keys = panel_keys(curves, list(axes))
   panels = list(curves.groupby(keys, sort=True, dropna=False))
   if len(curves["run"].unique()) == 1:
@@ -205,27 +139,7 @@ def figure_curves(
     points = points.set_index(["run", "cell"])
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, panel) in zip(axs.flat, shown):
-    for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
-      line = line[line["step"] > 0].sort_values("step")  # left of the axis' start: clipped
-      color = colors[j % len(colors)]
-      seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
-      ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
-      if points is None or not len(line) or (line["run"].iloc[0], cell) not in points.index:
-        continue
-      e = points.loc[(line["run"].iloc[0], cell)]
-      if not bool(e["censored"]):
-        y = np.interp(
-          np.log(e["emergence_step"]),
-          np.log(line["step"].to_numpy(float)),
-          line[metric].to_numpy(float),
-        )
-        ax.plot(
-          [e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6, clip_on=False
-        )
-      else:
-        last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
-        if last is not None:
-          ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5, clip_on=False)
+    _draw_seeds(ax, panel, points, metric, colors)
     log_updates_axis(ax, lo, hi)
     ax.set_title(_panel_title(key, keys) if keys_shown else "", fontsize=8)
     ax.grid(alpha=0.3)
@@ -248,6 +162,32 @@ def figure_curves(
   return fig
 
 
+def _draw_seeds(ax, panel: pd.DataFrame, points, metric: str, colors) -> None:
+  """One panel's seeds as lines (from the first non-zero update), each marked at its emergence
+  point (o) or, censored, at its last point (x); ``points``: emergence rows by (run, cell)."""
+  for j, (cell, line) in enumerate(panel.groupby("cell", sort=True)):
+    line = line[line["step"] > 0].sort_values("step")  # left of the axis' start: clipped
+    color = colors[j % len(colors)]
+    seed = line["seed"].iloc[0] if "seed" in line and len(line) else cell
+    ax.plot(line["step"], line[metric], color=color, lw=1.2, label=f"seed {seed}")
+    if points is None or not len(line) or (line["run"].iloc[0], cell) not in points.index:
+      continue
+    e = points.loc[(line["run"].iloc[0], cell)]
+    if not bool(e["censored"]):
+      y = np.interp(
+        np.log(e["emergence_step"]),
+        np.log(line["step"].to_numpy(float)),
+        line[metric].to_numpy(float),
+      )
+      ax.plot(
+        [e["emergence_step"]], [y], "o", color=color, ms=6, mec="black", mew=0.6, clip_on=False
+      )
+    else:
+      last = line.dropna(subset=[metric]).iloc[-1] if line[metric].notna().any() else None
+      if last is not None:
+        ax.plot([last["step"]], [last[metric]], "x", color=color, ms=7, mew=1.5, clip_on=False)
+
+
 def plot_curves(
   curves: pd.DataFrame,
   emergence: pd.DataFrame | None,
@@ -265,246 +205,12 @@ def plot_curves(
       (points of ``metric``/``method`` are marked) or None.
     axes: the grid's axis columns (panels are grid points).
   """
-  return _save(
+  return save(
     figure_curves(
       curves, emergence, metric=metric, method=method, axes=axes, max_panels=max_panels
     ),
     out_base,
   )
-
-
-# ---------------------------------------------------------------- the law and its band
-
-_LAW_NAMES = ("log_T", "alpha", "beta")
-
-
-def _law_dict(fit) -> dict:
-  return fit.to_dict() if hasattr(fit, "to_dict") else dict(fit)
-
-
-def _cov_matrix(cov, names) -> np.ndarray | None:
-  """A covariance over ``names`` from the forms a law JSON may hold: {name: {name: v}},
-  {"names"|"params": [...], "matrix": [[...]]}, or a bare matrix in ``names`` order."""
-  try:
-    if isinstance(cov, dict) and all(isinstance(v, dict) for v in cov.values()):
-      return np.array([[float(cov.get(a, {}).get(b, 0.0)) for b in names] for a in names])
-    if isinstance(cov, dict):
-      order = list(cov.get("names") or cov.get("params") or cov.get("coefficients") or [])
-      m = np.asarray(cov["matrix"], float)
-    else:
-      order, m = list(names), np.asarray(cov, float)
-    out = np.zeros((len(names), len(names)))
-    for i, a in enumerate(names):
-      for j, b in enumerate(names):
-        if a in order and b in order:
-          out[i, j] = m[order.index(a), order.index(b)]
-    return out
-  except (KeyError, TypeError, ValueError, IndexError):
-    return None
-
-
-def law_band(fit, batch_size, context_size, level: float = 0.95):
-  """The fitted law's 95% prediction band for one cell's UPT at arrays of B and C (a law
-  without a model-size term).
-
-  Returns ``(lo, hi, how)``: updates (arrays like B) and a phrase saying where the band comes
-  from, or None when the fit carries nothing to make one from. ``fit``: a ``LawFit`` or its
-  ``to_dict()``. Sources, in order: the fit's ``cov`` (covariance of log_T, alpha, beta: a matrix
-  with ``names``, or nested dicts), plus ``sigma`` (the cell-to-cell scatter in ln UPT) when
-  present — without it the band is the law's own (its median's); else the least-squares
-  covariance s²(XᵀX)⁻¹ and scatter s² rebuilt from the fit's residual table (emerged cells;
-  the coefficients' bootstrap intervals alone give no joint distribution). Fixed coefficients
-  contribute no variance. Band: ln UPT ± q·sqrt(gᵀΣg + σ²), g = (1, −ln B, −ln C), q the
-  ``level`` quantile of Student's t with the cov's ``t_dof`` (grid points − 1; as ``ihsweep
-  predict`` and ``LawFit.predict_interval`` compute it), else of the normal distribution.
-  """
-  from scipy import stats
-
-  law = _law_dict(fit)
-  if law.get("gamma") is not None:
-    return None
-  t_dof = law["cov"].get("t_dof") if isinstance(law.get("cov"), dict) else None
-  z = float(
-    stats.t.ppf(0.5 + level / 2, t_dof) if t_dof and t_dof > 0 else stats.norm.ppf(0.5 + level / 2)
-  )
-  b = np.asarray(batch_size, float)
-  c = np.asarray(context_size, float)
-  b, c = np.broadcast_arrays(b, c)
-  g = np.stack([np.ones_like(b), -np.log(b), -np.log(c)], axis=-1)
-  center = law["log_T"] - law["alpha"] * np.log(b) - law["beta"] * np.log(c)
-  fixed = set((law.get("fixed") or {}).keys())
-  cov = _cov_matrix(law["cov"], list(_LAW_NAMES)) if law.get("cov") is not None else None
-  sigma = law.get("sigma")
-  if cov is not None:
-    how = "95% band of the law's median (the fit's covariance)"
-    var = np.einsum("...i,ij,...j->...", g, cov, g)
-    if sigma is not None and np.isfinite(sigma):
-      var = var + float(sigma) ** 2
-      how = (
-        "95% prediction band for a cell (the fit's covariance and its scatter "
-        f"σ = {float(sigma):.2f})"
-      )
-  else:
-    res = getattr(fit, "residuals", None)
-    free = [i for i, n in enumerate(_LAW_NAMES) if n not in fixed]
-    if res is None or "residual_ln" not in res or len(res) <= len(free):
-      return None
-    if "censored" in res:
-      res = res[~res["censored"].astype(bool)]
-    x = np.stack(
-      [
-        np.ones(len(res)),
-        -np.log(res["batch_size"].to_numpy(float)),
-        -np.log(res["context_size"].to_numpy(float)),
-      ],
-      axis=1,
-    )[:, free]
-    dof = len(res) - len(free)
-    if dof <= 0 or np.linalg.matrix_rank(x) < len(free):
-      return None
-    s2 = float(np.sum(res["residual_ln"].to_numpy(float) ** 2) / dof)
-    cov_free = s2 * np.linalg.inv(x.T @ x)
-    cov = np.zeros((3, 3))
-    cov[np.ix_(free, free)] = cov_free
-    var = np.einsum("...i,ij,...j->...", g, cov, g) + s2
-    how = "95% prediction band (least-squares covariance and residual scatter of the emerged cells)"
-  sd = np.sqrt(np.maximum(var, 0))
-  return np.exp(center - z * sd), np.exp(center + z * sd), how
-
-
-def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
-  """The figure of ``plot_law``: (1) observed vs predicted UPT, log-log, for the fitted law and
-  the study's; (2) UPT against B, one panel per C (``max_per_row`` panels a row, one shared log
-  y axis, ticks at the grid's B) with the fitted law's line and its band (``law_band``; its
-  source in the figure's ``band_source``), so the C values' bands and lines do not overlap. The
-  fit's emerged cells come from its residual table; censored cells, from ``points`` (rows with
-  ``censored`` true and a ``censor_step``), are drawn as open triangles at their last
-  checkpoint (a lower bound). ``fig.axes``: [observed vs predicted, one panel per C …]."""
-  from .scaling import STUDY
-
-  plt = _plt()
-  res = fit.residuals
-  b, c = res["batch_size"].to_numpy(float), res["context_size"].to_numpy(float)
-  obs = res["observed_updates"].to_numpy(float)
-  pred = res["predicted_updates"].to_numpy(float)
-  cens = np.zeros(len(res), bool)
-  if points is not None and fit.gamma is None and {"censored", "censor_step"} <= set(points):
-    extra = points[points["censored"].astype(bool) & points["censor_step"].notna()]
-    if len(extra):
-      eb, ec = extra["batch_size"].to_numpy(float), extra["context_size"].to_numpy(float)
-      b, c = np.concatenate([b, eb]), np.concatenate([c, ec])
-      obs = np.concatenate([obs, extra["censor_step"].to_numpy(float)])
-      pred = np.concatenate([pred, fit.predict_updates(eb, ec)])
-      cens = np.concatenate([cens, np.ones(len(extra), bool)])
-  study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
-  cs = np.unique(c)
-  cols = max(1, min(len(cs), max_per_row))
-  rows = math.ceil(len(cs) / cols)
-  fig = plt.figure(figsize=(5.0 + 3.0 * cols, max(4.2, 3.0 * rows)))
-  grid = fig.add_gridspec(rows, 1 + cols, width_ratios=[1.6] + [1.0] * cols)
-  ax1 = fig.add_subplot(grid[:, 0])
-  panels = []
-  for k in range(len(cs)):
-    share = panels[0] if panels else None
-    panels.append(fig.add_subplot(grid[k // cols, 1 + k % cols], sharey=share))
-  r = getattr(fit, "r", math.nan)
-  r_text = "" if r is None or not np.isfinite(r) else f" (r={r:.3f})"
-  ax1.loglog(
-    pred[~cens],
-    obs[~cens],
-    "o",
-    label=f"fitted: ln T={fit.log_T:.2f}, α={fit.alpha:.2f}, β={fit.beta:.2f}{r_text}",
-    alpha=0.8,
-  )
-  ax1.loglog(
-    study[~cens], obs[~cens], "s", mfc="none", label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8
-  )
-  if cens.any():
-    ax1.loglog(
-      pred[cens],
-      obs[cens],
-      "^",
-      mfc="none",
-      color="tab:red",
-      label="censored: last checkpoint (fitted law)",
-      alpha=0.8,
-    )
-  lo = min(obs.min(), pred.min(), study.min()) / 1.5
-  hi = max(obs.max(), pred.max(), study.max()) * 1.5
-  ax1.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="observed = predicted")
-  number_axis(ax1, "x")
-  number_axis(ax1, "y")
-  ax1.set_xlabel("predicted updates to the transition")
-  ax1.set_ylabel("observed updates to the transition")
-  ax1.legend(fontsize=7)
-  ax1.grid(alpha=0.3, which="both")
-  cmap = plt.get_cmap("viridis")
-  shade = lambda k: cmap(0.85 * k / max(len(cs) - 1, 1))  # noqa: E731 (viridis' end is pale)
-  bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
-  how = None
-  for k, (ax2, cv) in enumerate(zip(panels, cs)):
-    color = shade(k)
-    m = c == cv
-    ax2.plot(b[m & ~cens], obs[m & ~cens], "o", color=color, alpha=0.8)
-    if (m & cens).any():
-      ax2.plot(b[m & cens], obs[m & cens], "^", mfc="none", color=color, alpha=0.8)
-    scale = 1.0
-    if fit.gamma is not None:
-      scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
-    law = fit.T * bs**-fit.alpha * cv**-fit.beta * scale
-    ax2.plot(bs, law, "-", color=color, lw=1)
-    band = law_band(fit, bs, np.full_like(bs, cv))
-    if band is not None:
-      ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.2, lw=0)
-      how = band[2]
-    grid_axis(ax2, "x", np.unique(b))
-    ax2.set_yscale("log")
-    number_axis(ax2, "y")
-    ax2.set_title(f"C = {cv:g}", fontsize=9)
-    ax2.grid(alpha=0.3, which="both")
-    ax2.tick_params(labelsize=8)
-    if k // cols == rows - 1 or k + cols >= len(cs):
-      ax2.set_xlabel("batch size B", fontsize=8)
-    if k % cols == 0:
-      ax2.set_ylabel("updates to the transition", fontsize=8)
-  for k, ax2 in enumerate(panels):  # after every set_yscale: it resets the shared axes' ticks
-    ax2.tick_params(which="both", labelleft=k % cols == 0)
-  if panels:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    gray = "0.35"
-    handles = [Line2D([], [], ls="", marker="o", color=gray, label="emerged")]
-    if cens.any():
-      handles.append(Line2D([], [], ls="", marker="^", mfc="none", color=gray, label="censored"))
-    handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
-    if how:
-      handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
-    panels[0].legend(handles=handles, fontsize=6, loc="best")
-  n_cens = getattr(fit, "n_censored", 0)
-  if "MLE" in str(getattr(fit, "method", "")):
-    title = (
-      f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
-      f"censored cells (censored-data maximum likelihood)"
-    )
-  else:
-    title = f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
-  fig.band_source = how  # for the report's caption
-  return fig
-
-
-def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:
-  """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B in one
-  panel per C with the fitted law's line and band (``figure_law``). ``fit``:
-  ``analysis.scaling.LawFit``. Returns the PNG and PDF paths."""
-  return _save(figure_law(fit, points), out_base)
-
-
-def save(fig, out_base: str) -> list[str]:
-  """Writes ``fig`` as ``out_base``.png and .pdf and closes it; returns the two paths."""
-  return _save(fig, out_base)
 
 
 # ---------------------------------------------------------------- B × C heat map
@@ -579,11 +285,9 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
     raise ValueError(
       f"emergence points need columns {sorted(need)}; missing {sorted(need - set(points))}"
     )
-  from matplotlib import ticker
   from matplotlib.colors import LogNorm
-  from matplotlib.patches import Rectangle
 
-  plt = _plt()
+  plt = pyplot()
   by = [k for k in by if k in points and points[k].nunique(dropna=False) > 1]
   grid = emergence_grid(points, by)
   panels = list(grid.groupby(by, sort=True, dropna=False)) if by else [((), grid)]
@@ -591,11 +295,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   bs = np.sort(grid["batch_size"].unique())
   cs = np.sort(grid["context_size"].unique())
 
-  def positive(v):  # log colour scale: a bound of 0 (censored at update 0) gets no colour
-    v = np.asarray(v, float)
-    return np.where(v > 0, v, np.nan)
-
-  values = positive(grid["median_updates"])
+  values = _positive(grid["median_updates"])
   finite = values[np.isfinite(values)]
   lo, hi = (finite.min(), finite.max()) if len(finite) else (1.0, 10.0)
   norm = LogNorm(lo, hi if hi > lo else lo * 1.01)
@@ -612,35 +312,11 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
       index=bs, columns=cs
     )
     im = ax.imshow(
-      positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm, aspect="auto"
+      _positive(med.to_numpy(float)), origin="lower", cmap=cmap, norm=norm, aspect="auto"
     )
-    for _, row in panel.iterrows():
-      i = int(np.searchsorted(bs, row["batch_size"]))
-      j = int(np.searchsorted(cs, row["context_size"]))
-      v = row["median_updates"]
-      if not np.isfinite(v):
-        continue
-      text = f"{v:,.0f}"
-      if bool(row["censored"]):
-        text = f"> {v:,.0f}"
-        ax.add_patch(
-          Rectangle(
-            (j - 0.5, i - 0.5),
-            1,
-            1,
-            fill=False,
-            hatch="//",
-            edgecolor="white",
-            lw=0.8,
-            label="censored",
-          )
-        )
-      if 0 < row["emerged"] < row["n"]:
-        text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
-      light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
-      ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
-    ax.set_xticks(range(len(cs)), [_number(v) for v in cs])
-    ax.set_yticks(range(len(bs)), [_number(v) for v in bs])
+    _label_cells(ax, panel, bs, cs, norm)
+    ax.set_xticks(range(len(cs)), [tick_number(v) for v in cs])
+    ax.set_yticks(range(len(bs)), [tick_number(v) for v in bs])
     ax.set_xlabel("context size C (tokens per sequence)", fontsize=8)
     ax.set_ylabel("batch size B (sequences per update)", fontsize=8)
     key = key if isinstance(key, tuple) else (key,)
@@ -649,18 +325,7 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   for ax in list(axs.flat)[len(shown) :]:
     ax.set_visible(False)
   if im is not None:
-    bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
-    bar.set_label("median updates to emergence (log scale)", fontsize=8)
-    bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(_number))
-    bar.ax.yaxis.set_minor_formatter(
-      ticker.FuncFormatter(
-        lambda v, _p: (
-          _number(v)
-          if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5)
-          else ""
-        )
-      )
-    )
+    _median_colorbar(fig, im, axs, lo, hi)
   note = f" (first {max_panels} of {len(panels)} panels)" if len(panels) > max_panels else ""
   fig.suptitle(
     f"Median emergence update over seeds; hatched '> s': median censored, later than s{note}",
@@ -669,10 +334,68 @@ def figure_emergence_heatmap(points: pd.DataFrame, by: list[str] = (), max_panel
   return fig
 
 
+def _positive(v):
+  """``v`` with values <= 0 as NaN: on the log colour scale a bound of 0 (censored at update 0)
+  gets no colour."""
+  v = np.asarray(v, float)
+  return np.where(v > 0, v, np.nan)
+
+
+def _label_cells(ax, panel: pd.DataFrame, bs, cs, norm) -> None:
+  """Each grid point's median ('> s' and hatched where censored; 'k/n seeds' where only some
+  emerged), in black on light colours."""
+  from matplotlib.patches import Rectangle
+
+  for _, row in panel.iterrows():
+    i = int(np.searchsorted(bs, row["batch_size"]))
+    j = int(np.searchsorted(cs, row["context_size"]))
+    v = row["median_updates"]
+    if not np.isfinite(v):
+      continue
+    text = f"{v:,.0f}"
+    if bool(row["censored"]):
+      text = f"> {v:,.0f}"
+      ax.add_patch(
+        Rectangle(
+          (j - 0.5, i - 0.5),
+          1,
+          1,
+          fill=False,
+          hatch="//",
+          edgecolor="white",
+          lw=0.8,
+          label="censored",
+        )
+      )
+    if 0 < row["emerged"] < row["n"]:
+      text += f"\n{int(row['emerged'])}/{int(row['n'])} seeds"
+    light = v <= 0 or norm(v) > 0.6  # no colour (a bound of 0): black text
+    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
+
+
+def _median_colorbar(fig, im, axs, lo: float, hi: float) -> None:
+  """The heat map's colour bar: median updates, log scale, minor labels at 2, 3, 5 within a
+  decade."""
+  from matplotlib import ticker
+
+  bar = fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.9)
+  bar.set_label("median updates to emergence (log scale)", fontsize=8)
+  bar.ax.yaxis.set_major_formatter(ticker.FuncFormatter(tick_number))
+  bar.ax.yaxis.set_minor_formatter(
+    ticker.FuncFormatter(
+      lambda v, _p: (
+        tick_number(v)
+        if hi / lo < 10 and round(v / 10 ** math.floor(math.log10(v))) in (2, 3, 5)
+        else ""
+      )
+    )
+  )
+
+
 def plot_emergence_heatmap(points: pd.DataFrame, out_base: str, by: list[str] = ()) -> list[str]:
   """The B × C heat map of median emergence updates (``figure_emergence_heatmap``). Returns the
   PNG and PDF paths."""
-  return _save(figure_emergence_heatmap(points, by), out_base)
+  return save(figure_emergence_heatmap(points, by), out_base)
 
 
 def plot_emergence_map(
@@ -685,7 +408,7 @@ def plot_emergence_map(
 ) -> list[str]:
   """Heat map of the emergence rate over the x × y grid, each cell annotated with the rate and
   median emergence step; the frontier (``analysis.frontier.pareto_frontier``) drawn on top."""
-  plt = _plt()
+  plt = pyplot()
   xs, ys = np.sort(emap[x].unique()), np.sort(emap[y].unique())
   rate = emap.pivot(index=y, columns=x, values="rate").reindex(index=ys, columns=xs)
   med = emap.pivot(index=y, columns=x, values="median_step").reindex(index=ys, columns=xs)
@@ -723,13 +446,13 @@ def plot_emergence_map(
   fig.colorbar(im, ax=ax, label="emergence rate (share of seeds)")
   ax.set_title("Emergence rate (median emergence step below)", fontsize=9)
   fig.tight_layout()
-  return _save(fig, out_base)
+  return save(fig, out_base)
 
 
 def plot_factorial(table: pd.DataFrame, out_base: str) -> list[str]:
   """Bar chart of the emergence rate per condition (``analysis.frontier.factorial_table``),
   the median emergence step written above each bar."""
-  plt = _plt()
+  plt = pyplot()
   conds = [c for c in table.columns if c not in ("n", "emerged", "rate", "median_step")]
   labels = [" / ".join(str(row[c]) for c in conds) for _, row in table.iterrows()]
   fig, ax = plt.subplots(figsize=(max(4, 0.7 * len(table) + 1.5), 3.6))
@@ -751,4 +474,4 @@ def plot_factorial(table: pd.DataFrame, out_base: str) -> list[str]:
   ax.set_ylabel("emergence rate")
   ax.set_title(" × ".join(conds) + " (median emergence step above bars)", fontsize=9)
   fig.tight_layout()
-  return _save(fig, out_base)
+  return save(fig, out_base)

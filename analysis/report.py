@@ -25,9 +25,6 @@ import base64
 import dataclasses
 import datetime
 import html
-import json
-import logging
-import math
 import os
 import re
 
@@ -41,12 +38,11 @@ from ihsweep.reader import dir_identity, load_runs, unwritable
 from . import curves as curves_lib
 from . import emergence as emergence_lib
 from . import frontier as frontier_lib
-from . import plots, scaling
+from . import plots
 from . import positions as positions_lib
 from . import summary as summary_lib
+from .law_section import law_section
 from .outputs import OutputError, Outputs
-
-log = logging.getLogger("analysis")
 
 CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
 METHOD_TEXT = {
@@ -256,20 +252,6 @@ def _point_caution(cells: pd.DataFrame) -> str:
   return "; ".join(f"{name} {r[name]}: {r['caution']}" for _, r in flagged.iterrows())
 
 
-def _sensitivity(points: pd.DataFrame, opts) -> dict | None:
-  """The law refitted with the flagged models censored at their last checkpoint (``last_step``,
-  their cap or end of training): ``LawFit.to_dict()``, ``{"error": why}`` when it cannot be
-  fitted, None when no model is flagged."""
-  flagged = emergence_lib.flagged(points)
-  if flagged.empty:
-    return None
-  try:
-    moved = scaling.censor(points, points.index.isin(flagged.index), at="last_step")
-    return scaling.fit_law(moved, n_boot=opts.n_boot, seed=opts.seed).to_dict()
-  except scaling.FitError as e:
-    return {"error": str(e)}
-
-
 def report(dirs: list[str], out_dir: str | None = None, options: Options | None = None) -> dict:
   """Analyses the run directories and writes the report files (module docstring).
 
@@ -285,24 +267,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   """
   opts = options or Options()
   runs = load_runs(dirs)
-  out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
-  for run in runs:  # a run's own files (checkpoints, groups) are never the report's place
-    real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
-    inside = os.path.commonpath([real, root]) == root
-    if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
-      root, "analysis"
-    ):
-      raise OutputError(
-        f"--out {out_dir} is inside the run directory {run.dir}: the report "
-        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
-        f"default) — give that or a directory outside the run"
-      )
-  error = unwritable(os.path.join(out_dir, "figures"))
-  if error is not None:
-    raise OutputError(
-      f"cannot write the report into {out_dir} ({error.strerror or error}); "
-      f"give a writable directory with --out"
-    )
+  out_dir = _output_dir(runs, out_dir)
   default = {dir_identity(os.path.join(r.dir, "analysis")) for r in runs}
   outs = Outputs(out_dir, legacy=dir_identity(out_dir) in default)
   outs.check_and_clear()
@@ -322,12 +287,64 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   finally:
     for r in runs:
       r.close()
-  warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
   written: dict = {"out_dir": out_dir, "figures": []}
   doc = _Doc(out_dir)
-  names = ", ".join(r.dir for r in runs)
   doc.h(1, "Induction-head emergence report")
   summary_at = doc.mark()  # the generated summary goes here once the law is fitted
+  _overview(doc, runs, curves, all_axes)
+  if curves.empty or "ps_max" not in curves:
+    doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
+    return _finish(doc, outs, written, runs)
+
+  curves.to_csv(outs.claim("curves.csv"), index=False)
+  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
+  written["emergence_csv"] = outs.claim("emergence.csv")
+  table.to_csv(written["emergence_csv"], index=False)
+  points = _with_reach(
+    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
+  )
+  points["caution"] = emergence_lib.cautions(points)
+  _emergence_section(doc, points, axes, opts, outs, written)
+  _curve_figures(doc, curves, table, axes, opts, outs, written)
+  _positions_section(doc, runs, outs, written)
+  _agreement_section(doc, table, opts, outs)
+  law_section(doc, points, opts, outs, written)
+  _frontier_section(doc, points, outs, written)
+  doc.insert(summary_at, lambda d: _summary_section(d, points, runs, axes, opts, written))
+  return _finish(doc, outs, written, runs)
+
+
+def _output_dir(runs, out_dir: str | None) -> str:
+  """The report's directory (default: the first run's ``analysis/``), absolute.
+
+  Raises:
+    OutputError: inside a run directory but outside its ``analysis/``, or not writable.
+  """
+  out_dir = os.path.abspath(out_dir or os.path.join(runs[0].dir, "analysis"))
+  for run in runs:  # a run's own files (checkpoints, groups) are never the report's place
+    real, root = os.path.realpath(out_dir), os.path.realpath(run.dir)
+    inside = os.path.commonpath([real, root]) == root
+    if inside and os.path.commonpath([real, os.path.join(root, "analysis")]) != os.path.join(
+      root, "analysis"
+    ):
+      raise OutputError(
+        f"--out {out_dir} is inside the run directory {run.dir}: the report "
+        f"writes there only into {os.path.join(run.dir, 'analysis')} (the "
+        f"default) — give that or a directory outside the run"
+      )
+  error = unwritable(os.path.join(out_dir, "figures"))
+  if error is not None:
+    raise OutputError(
+      f"cannot write the report into {out_dir} ({error.strerror or error}); "
+      f"give a writable directory with --out"
+    )
+  return out_dir
+
+
+def _overview(doc: _Doc, runs, curves: pd.DataFrame, all_axes: list[str]) -> None:
+  """The runs, what was read from them, and the warnings (the runs' own and diverged cells)."""
+  warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
+  names = ", ".join(r.dir for r in runs)
   doc.p(
     f"Runs: {names}. Written {datetime.datetime.now().isoformat(timespec='seconds')} by "
     f"`python -m analysis report`."
@@ -359,18 +376,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   if warnings:
     doc.h(2, "Warnings")
     doc.p(" • ".join(warnings))
-  if curves.empty or "ps_max" not in curves:
-    doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
-    return _finish(doc, outs, written, runs)
 
-  curves.to_csv(outs.claim("curves.csv"), index=False)
-  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
-  written["emergence_csv"] = outs.claim("emergence.csv")
-  table.to_csv(written["emergence_csv"], index=False)
-  points = _with_reach(
-    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
-  )
-  points["caution"] = emergence_lib.cautions(points)
+
+def _emergence_section(doc: _Doc, points, axes, opts, outs: Outputs, written) -> None:
+  """How many cells emerged and how that was measured, the per-point table, and the B × C
+  heatmap; records the counts and the cautions in ``written``."""
   n_emerged = int((~points["censored"]).sum())
   written.update(n_cells=len(points), n_emerged=n_emerged)
   cols = [
@@ -412,6 +422,11 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
       f"({opts.metric}, {opts.method}); hatched '> s': the median falls on "
       "a censored seed, so it is only known to exceed s.",
     )
+
+
+def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written) -> None:
+  """One figure of curves per metric in ``CURVE_FIGURES`` (none while every curve has only
+  its update-0 point)."""
   if not (curves["step"] > 0).any():
     doc.p(
       "No curve figures: every curve has only its update-0 point so far (the figures' "
@@ -429,8 +444,9 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
         f"emergence points ({opts.method}) marked o, censored x.",
       )
 
-  _positions_section(doc, runs, outs, written)
 
+def _agreement_section(doc: _Doc, table, opts, outs: Outputs) -> None:
+  """How the other metrics and methods agree with the primary one (agreement.csv)."""
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
   agree.to_csv(outs.claim("agreement.csv"), index=False)
@@ -441,30 +457,27 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   )
   doc.table(agree)
 
-  _law_section(doc, points, opts, outs, written)
-  _frontier_section(doc, points, outs, written)
 
-  def summary(d: _Doc) -> None:
-    d.h(2, "Summary")
-    for text in summary_lib.summary(
-      points,
-      written["law"],
-      config=runs[0].config,
-      axes=axes,
-      law_error=written["law_error"],
-      metric=opts.metric,
-      method=opts.method,
-      n_runs=len(runs),
-      sensitivity=written.get("law_sensitivity"),
-    ):
-      d.p(text)
-    d.p(
-      "What the study measured and found, and where ihsweep differs from it: docs/study.md "
-      "in the ihsweep repository."
-    )
-
-  doc.insert(summary_at, summary)
-  return _finish(doc, outs, written, runs)
+def _summary_section(d: _Doc, points, runs, axes, opts, written) -> None:
+  """The generated summary (``summary.summary``), inserted after the title once the law is
+  fitted."""
+  d.h(2, "Summary")
+  for text in summary_lib.summary(
+    points,
+    written["law"],
+    config=runs[0].config,
+    axes=axes,
+    law_error=written["law_error"],
+    metric=opts.metric,
+    method=opts.method,
+    n_runs=len(runs),
+    sensitivity=written.get("law_sensitivity"),
+  ):
+    d.p(text)
+  d.p(
+    "What the study measured and found, and where ihsweep differs from it: docs/study.md "
+    "in the ihsweep repository."
+  )
 
 
 def _with_reach(points: pd.DataFrame, curves: pd.DataFrame, runs, metric: str) -> pd.DataFrame:
@@ -486,189 +499,6 @@ def _with_reach(points: pd.DataFrame, curves: pd.DataFrame, runs, metric: str) -
       b["budget_updates"] = pd.to_numeric(b["budget_updates"], errors="coerce")
       out = out.merge(b, on=["run", "cell"], how="left")
   return out
-
-
-def _law_section(doc, points, opts, outs: Outputs, written) -> None:
-  doc.h(2, "Emergence law")
-  written["law"], written["law_error"] = None, None
-  try:
-    fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
-  except scaling.FitError as e:
-    written["law_error"] = str(e)
-    doc.p(f"Not fitted, so no law.json is written: {e}")
-    return
-  law = fit.to_dict()
-  with open(outs.claim("law.json"), "w") as f:
-    json.dump(law, f, indent=2)
-  written["law"] = law
-  written["law_sensitivity"] = _sensitivity(points, opts)
-  doc.p(
-    _law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
-    "prints the prediction with its interval."
-    + (
-      " The column `flagged censored` is the law refitted with the models flagged in the "
-      "emergence table's `caution` column censored at their last checkpoint (its intervals: "
-      "the summary's limitations)."
-      if written["law_sensitivity"] and "alpha" in written["law_sensitivity"]
-      else ""
-    )
-  )
-  doc.table(_law_table(fit, written["law_sensitivity"]))
-  n_emerged = getattr(fit, "n_emerged", 0) or fit.n
-  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
-    doc.p(
-      f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
-      f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
-      f"nothing, and no intervals are given. Treat this law as a description of these "
-      f"cells only."
-    )
-  check = scaling.censored_check(fit, points)
-  if len(check):
-    check.to_csv(outs.claim("censored_check.csv"), index=False)
-    bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
-    censored_fit = _is_censored_fit(fit)
-    doc.p(
-      f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
-      f"the law's median predicts emergence before their last checkpoint, yet they had not "
-      f"emerged"
-      + (
-        " (the censored fit already counts them: with scatter σ some such cells are expected)."
-        if censored_fit and bad
-        else " — evidence that the law, fitted without them, predicts too early there."
-        if bad
-        else "."
-      )
-    )
-    doc.table(check)
-  doc.p(
-    "Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
-    "than the law predicts):"
-  )
-  doc.table(scaling.compare(fit))
-  sizes = points["n_params"].nunique() if "n_params" in points else 0
-  if opts.with_params or sizes > 1:
-    try:
-      gfit = scaling.fit_law(points, with_params=True, n_boot=opts.n_boot, seed=opts.seed)
-      lo, hi = gfit.ci.get("gamma", [math.nan, math.nan])
-      doc.p(
-        f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
-        f"{hi:.3f}); the study finds UPT independent of model size (γ = 0)."
-      )
-    except scaling.FitError as e:
-      doc.p(f"Model-size term not fitted: {e}")
-  fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
-  doc.p("Residuals per cell (`residuals.csv`):")
-  doc.table(fit.residuals)
-  fig = plots.figure_law(fit, points)
-  band = getattr(fig, "band_source", None)
-  paths = plots.save(fig, outs.figure("law"))
-  written["figures"] += paths
-  doc.figure(
-    paths[0],
-    "Observed vs predicted updates to the transition (fitted and study laws), "
-    "and updates vs batch size, one panel per context size, with the fitted law"
-    + (f" and its {band}" if band else "")
-    + "; censored cells as open "
-    "triangles at their last checkpoint (emergence later than that).",
-  )
-
-
-def _is_censored_fit(fit) -> bool:
-  return getattr(fit, "method", None) == getattr(scaling, "MLE", object())
-
-
-def _law_words(fit) -> str:
-  """How the law was fitted, for the law section (both the censored fit of analysis.scaling and
-  a fit without ``method``: least squares on the emerged cells)."""
-  n_cens = fit.n_censored
-  if _is_censored_fit(fit):
-    text = (
-      f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
-      f"{fit.n_emerged} emerged and {n_cens} censored cell{'' if n_cens == 1 else 's'} "
-      f"(log-normal scatter; a "
-      f"censored cell enters by the probability that it emerges after its last "
-      f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law."
-    )
-    if fit.n_boot:
-      grid = getattr(fit, "n_grid_points", 0)
-      text += (
-        f" 95% intervals from {fit.n_boot} bootstrap resamples of the "
-        f"{grid or ''} grid points (all seeds of a point together)."
-      ).replace("  ", " ")
-    if getattr(fit, "emerged_only", None) is not None:
-      text += (
-        " The column `emerged_only` is least squares on the emerged cells alone (the "
-        "fit used before censored cells entered)"
-        + (
-          f"; it leaves the censored cell{'' if n_cens == 1 else 's'} ({n_cens}) out and is "
-          f"biased towards early emergence where censored cells cluster."
-          if n_cens
-          else "; with no censored cell both fits estimate the same law."
-        )
-      )
-    return text
-  text = (
-    f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
-    f"({n_cens} censored, excluded); 95% intervals from {fit.n_boot} bootstrap resamples."
-  )
-  if n_cens:
-    text += (
-      f" Caution: leaving the {n_cens} censored cells out biases the law towards early "
-      f"emergence where they cluster."
-    )
-  return text
-
-
-def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
-  """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, the
-  law refitted with the flagged models censored (``sensitivity``, ``_sensitivity``) where there
-  is one, the study's published values (its r on its own cells), and the study's law's r on
-  these cells."""
-  law, ci = fit.to_dict(), fit.ci
-  eo = law.get("emerged_only") or None
-  flagged = sensitivity if sensitivity and "alpha" in sensitivity else None
-  names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
-  if "sigma" in law:
-    names.append("sigma")
-  rows = []
-  for k in names:
-    row = {
-      "coefficient": k,
-      "estimate": law.get(k, math.nan),
-      "ci_low": ci.get(k, [math.nan] * 2)[0],
-      "ci_high": ci.get(k, [math.nan] * 2)[1],
-    }
-    if eo is not None:
-      row["emerged_only"] = eo.get(k, math.nan)
-    if flagged is not None:
-      row["flagged censored"] = flagged.get(k, math.nan)
-    row["study (published)"] = (
-      math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
-    )
-    rows.append(row)
-  r = law.get("r")
-  row = {
-    "coefficient": "r",
-    "estimate": math.nan if r is None else r,
-    "ci_low": math.nan,
-    "ci_high": math.nan,
-  }
-  if eo is not None:
-    row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
-  if flagged is not None:
-    row["flagged censored"] = math.nan if flagged.get("r") is None else flagged["r"]
-  row["study (published)"] = scaling.STUDY["r"]  # on the study's own cells
-  rows.append(row)
-  if law.get("study_r") is not None:  # the study's law on these cells
-    rows.append(
-      {
-        "coefficient": "r of the study's law on these cells",
-        "estimate": law["study_r"],
-        "ci_low": math.nan,
-        "ci_high": math.nan,
-      }
-    )
-  return pd.DataFrame(rows)
 
 
 def _frontier_section(doc, points, outs: Outputs, written) -> None:

@@ -52,6 +52,15 @@ from scipy import special
 from ihsweep import law as law_lib
 from ihsweep.errors import IhsweepError
 
+from .censored_fit import (
+  cluster_bootstrap,
+  fit_mle,
+  fit_ols,
+  identifiable,
+  percentile_intervals,
+  small_sample_factor,
+)
+
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
 V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
 
@@ -60,7 +69,6 @@ MIN_DOF_FOR_INTERVALS = 3
 
 MLE = "censored log-normal MLE"
 LSQ = "least squares on emerged cells"
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class FitError(IhsweepError, ValueError):
@@ -86,7 +94,7 @@ class LawFit:
     n_boot: bootstrap resamples used (0: none).
     draws: float64 array (n_boot, len(names)) of the bootstrap's coefficients, fixed ones
       constant; None without a bootstrap. ``cov``: their covariance times G/(G − 1) (G =
-      ``n_grid_points``; see ``_small_sample_factor``), float64 (len(names), len(names)); None
+      ``n_grid_points``; see ``small_sample_factor``), float64 (len(names), len(names)); None
       without. ``names``: log_T, alpha, beta (, gamma).
     range: {"batch_size": [min, max], "context_size": [min, max] (, "n_params")} over the cells
       in the fit.
@@ -361,85 +369,6 @@ def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
   return np.stack([cols[n] for n in names], axis=1)
 
 
-def _log_lik(p: np.ndarray, a: np.ndarray, emerged: np.ndarray, w: np.ndarray) -> np.ndarray:
-  """Censored log-normal log-likelihood (without the constant −ln sqrt(2π) per emerged cell) in
-  Olsen's parameters ``p`` = (δ, τ), (R, k + 1), for rows ``a`` = (−x_i, v_i) (n, k + 1) with
-  v_i the cell's ln UPT (emerged) or ln censor_step (censored), minus the fixed coefficients'
-  part; ``w`` (R, n) cell weights. Returns (R,); −inf where τ <= 0."""
-  u = p @ a.T
-  tau = p[:, -1:]
-  with np.errstate(divide="ignore", invalid="ignore"):
-    term = np.where(emerged, np.log(tau) - 0.5 * u * u, special.log_ndtr(-u))
-  out = (w * term).sum(1)
-  return np.where(tau[:, 0] > 0, out, -np.inf)
-
-
-def _mle(
-  a: np.ndarray, emerged: np.ndarray, w: np.ndarray, p0: np.ndarray, max_iter: int = 100
-) -> tuple[np.ndarray, np.ndarray]:
-  """Maximises ``_log_lik`` for each of R weightings at once by Newton's method with
-  step-halving (the log-likelihood is concave in (δ, τ): Olsen 1978). Gradient and Hessian are
-  analytic: an emerged cell adds ln τ − u²/2 with u = τ v − x·δ = a·p; a censored one adds
-  ln Φ(−u), whose derivative in u is −h(u), h = φ(u)/Φ(−u) the inverse Mills ratio, and second
-  derivative −h(h − u) ∈ (−1, 0).
-
-  Returns ``(p, converged)``: (R, k + 1) and bool (R,) — False where the Newton decrement did
-  not fall below 1e-10 within ``max_iter`` steps (e.g. emerged cells exactly on a law: σ → 0).
-  """
-  p = p0.astype(float).copy()
-  f = _log_lik(p, a, emerged, w)
-  n_em = w @ emerged.astype(float)
-  done = np.zeros(len(p), bool)
-  for _ in range(max_iter):
-    u = p @ a.T
-    tau = p[:, -1]
-    log_s = special.log_ndtr(-u)
-    h = np.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_s)
-    g = np.where(emerged, -u, -h)
-    c = np.where(emerged, 1.0, h * (h - u))
-    grad = (w * g) @ a
-    grad[:, -1] += n_em / tau
-    neg_hess = np.einsum("ri,ij,ik->rjk", w * c, a, a)
-    neg_hess[:, -1, -1] += n_em / tau**2
-    step = np.linalg.solve(neg_hess, grad[..., None])[..., 0]
-    decrement = np.einsum("rj,rj->r", grad, step)
-    done |= decrement < 1e-10
-    step[done] = 0.0
-    if done.all():
-      break
-    t = np.ones(len(p))
-    for _ in range(50):  # step-halving until the log-likelihood does not fall
-      new = p + t[:, None] * step
-      f_new = _log_lik(new, a, emerged, w)
-      worse = ~(f_new >= f - 1e-12 * np.abs(f)) & ~done
-      if not worse.any():
-        break
-      t[worse] /= 2
-    p, f = np.where(worse[:, None], p, new), np.where(worse, f, f_new)
-    done |= worse  # no ascent left at machine precision
-  return p, done & np.isfinite(f)
-
-
-def _ols(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Weighted least squares for R weightings: coefficients (R, k) and residual scatter
-  sqrt(Σ w r² / (Σ w − k)) (R,); rows of ``x`` (n, k), ``y`` (n,), weights ``w`` (R, n)."""
-  k = x.shape[1]
-  gram = np.einsum("ri,ij,ik->rjk", w, x, x)
-  coef = np.linalg.solve(gram, ((w * y) @ x)[..., None])[..., 0]
-  resid = y - coef @ x.T
-  dof = np.maximum(w.sum(1) - k, 1e-300)
-  return coef, np.sqrt((w * resid**2).sum(1) / dof)
-
-
-def _identifiable(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-  """Bool (R,): the cells with weight > 0 (rows of ``x``, (n, k)) identify k coefficients with a
-  residual left — more distinct cells than coefficients and a full-rank design."""
-  k = x.shape[1]
-  used = w > 0
-  full = np.linalg.matrix_rank(used[..., None] * x[None]) == k
-  return full & (used.sum(1) > k)
-
-
 def _fix_hint(
   x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts: pd.DataFrame, n_censored: int
 ) -> str:
@@ -458,7 +387,7 @@ def _fix_hint(
   for words, extra in options:
     extra = {k: v for k, v in extra.items() if k not in fixed}
     free = [i for i, n in enumerate(all_names) if n not in fixed and n not in extra]
-    if extra and free and _identifiable(x_all[:, free], np.ones((1, len(x_all))))[0]:
+    if extra and free and identifiable(x_all[:, free], np.ones((1, len(x_all))))[0]:
       flags = " ".join(f"--fix {k}={v:g}" for k, v in extra.items())
       return (
         f" ({words}, e.g. `python -m analysis fit-law --csv DIR/analysis/emergence.csv {flags}`)"
@@ -466,80 +395,6 @@ def _fix_hint(
   if n_censored:
     return f" (train the {n_censored} censored cell(s) longer, or add grid points)"
   return " (add grid points or seeds)"
-
-
-def _small_sample_factor(g: int, level: float = 0.95) -> float:
-  """c = sqrt(G / (G − 1)) · t_{G−1} / z at the ``level`` quantile: a bootstrap over G grid
-  points underestimates the variance by (G − 1)/G, and a spread estimated from G clusters has
-  G − 1 degrees of freedom (the CR1 correction and t(G − 1) critical values for G clusters:
-  Cameron & Miller 2015, J. Human Resources 50:317, §VI). G = 36: 1.051; G = 9: 1.25."""
-  from scipy import stats
-
-  q = (1 + level) / 2
-  return math.sqrt(g / (g - 1)) * stats.t.ppf(q, g - 1) / stats.norm.ppf(q)
-
-
-def _percentiles(
-  draws: np.ndarray,
-  names: list[str],
-  estimate: dict,
-  sigmas: np.ndarray,
-  sigma: float,
-  factor: float,
-) -> dict:
-  """95% percentile intervals of each free coefficient, T and σ, their ends moved away from the
-  estimate by ``factor`` (``_small_sample_factor``): [e − c(e − lo), e + c(hi − e)]."""
-
-  def interval(values, e):
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return [float(e - factor * (e - lo)), float(e + factor * (hi - e))]
-
-  ci = {n: interval(draws[:, j], estimate[n]) for j, n in enumerate(names)}
-  if "log_T" in ci:
-    ci["T"] = [math.exp(ci["log_T"][0]), math.exp(ci["log_T"][1])]
-  lo, hi = interval(sigmas, sigma)
-  ci["sigma"] = [max(lo, 0.0), hi]  # a scatter is >= 0; the widening can cross it
-  return ci
-
-
-def _bootstrap(
-  cluster: np.ndarray,
-  x: np.ndarray,
-  v: np.ndarray,
-  emerged: np.ndarray,
-  a: np.ndarray,
-  p_hat: np.ndarray,
-  n_boot: int,
-  seed: int,
-):
-  """Cluster bootstrap: each resample draws G grid points with replacement out of G (cell
-  weight = times its point was drawn) and refits both fits. Returns the MLE's and the emerged
-  least squares' coefficient draws (n_boot, k) and σ draws (n_boot,), fewer if too many
-  resamples had to be redrawn (more than 20 · n_boot tried)."""
-  rng = np.random.default_rng(seed)
-  g = int(cluster.max()) + 1
-  ml, ml_s, ls, ls_s = [], [], [], []
-  kept, tried = 0, 0
-  while kept < n_boot and tried < 20 * n_boot:
-    r = min(max(2 * (n_boot - kept), 64), 4096)
-    tried += r
-    w = rng.multinomial(g, np.full(g, 1.0 / g), size=r)[:, cluster].astype(float)
-    ok = _identifiable(x[emerged], w[:, emerged])
-    w = w[ok]
-    if not len(w):
-      continue
-    p, conv = _mle(a, emerged, w, np.repeat(p_hat[None], len(w), 0))
-    coef_ls, s_ls = _ols(x[emerged], v[emerged], w[:, emerged])
-    p, coef_ls, s_ls = p[conv], coef_ls[conv], s_ls[conv]
-    take = min(len(p), n_boot - kept)
-    ml.append(p[:take, :-1] / p[:take, -1:])
-    ml_s.append(1.0 / p[:take, -1])
-    ls.append(coef_ls[:take])
-    ls_s.append(s_ls[:take])
-    kept += take
-  k = x.shape[1]
-  cat = lambda parts, shape: np.concatenate(parts) if parts else np.zeros(shape)  # noqa: E731
-  return (cat(ml, (0, k)), cat(ml_s, (0,)), cat(ls, (0, k)), cat(ls_s, (0,)))
 
 
 def _r(pred: np.ndarray, y: np.ndarray, dof: int) -> tuple[float, str | None]:
@@ -588,7 +443,7 @@ def fit_law(
   Resamples whose emerged cells cannot identify the free coefficients (no more distinct cells
   than coefficients, or a rank-deficient design, e.g. one batch size) are redrawn, as are the
   rare ones in which the MLE does not converge. Small-sample factor: each percentile end is
-  moved away from the estimate by c = sqrt(G/(G − 1))·t(G − 1)/z (``_small_sample_factor``;
+  moved away from the estimate by c = sqrt(G/(G − 1))·t(G − 1)/z (``small_sample_factor``;
   1.05 for 36 points, 1.25 for 9; the intervals' measured coverage: docs/benchmarks.md,
   "Interval coverage of the law fit"). ``cov`` is
   the covariance of the bootstrap coefficients times G/(G − 1), read with t(G − 1) quantiles
@@ -620,17 +475,7 @@ def fit_law(
   """
   fixed = dict(fixed or {})
   all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
-  unknown = set(fixed) - set(all_names)
-  if unknown:
-    raise FitError(
-      f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
-      + ("" if with_params else " (gamma only with the n_params term)")
-    )
-  for name, value in fixed.items():
-    if not math.isfinite(value):
-      raise FitError(f"fixed {name} = {value}: must be a finite number")
-  if set(fixed) == set(all_names):
-    raise FitError("every coefficient is fixed: nothing to fit")
+  _check_fixed(fixed, all_names, with_params)
   pts, censored = _clean(points, with_params)
   emerged = ~censored
   n_em, n_cens = int(emerged.sum()), int(censored.sum())
@@ -647,7 +492,7 @@ def fit_law(
   )
   y = np.log(time)  # ln UPT (emerged) or ln censor_step (censored)
   v = y - offset
-  if not _identifiable(x[emerged], np.ones((1, n_em)))[0]:
+  if not identifiable(x[emerged], np.ones((1, n_em)))[0]:
     varied = {c: int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size")}
     raise FitError(
       f"{n_em} emerged cell(s) ({n_cens} censored) with distinct values {varied} cannot "
@@ -656,97 +501,168 @@ def fit_law(
       + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens)
     )
   dof = n_em - k
-  ones = np.ones((1, len(pts)))
-  coef_ls, s_ls = _ols(x[emerged], v[emerged], ones[:, emerged])
-  coef_ls, s_ls = coef_ls[0], float(s_ls[0])
-  s0 = math.sqrt(max(s_ls**2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
-  a = np.concatenate([-x, v[:, None]], axis=1)
-  p, ok = _mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
-  if not ok[0]:
-    raise FitError(
-      f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
-      f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
-      f"so the scatter sigma -> 0"
-    )
-  p = p[0]
+  coef_ls, s_ls, a, p = _least_squares_then_mle(x, v, emerged, n_cens, dof)
   coef_ml, s_ml = p[:-1] / p[-1], 1.0 / p[-1]
 
   cluster = pd.MultiIndex.from_frame(
     pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]
   ).factorize()[0]
   n_groups = int(cluster.max()) + 1
-  factor = _small_sample_factor(n_groups) if n_groups > 1 else math.nan
   em_points = len(np.unique(cluster[emerged]))
-  boot, ci_note = None, None
+  boot, ci_note = None, _no_interval_note(n_boot, dof, em_points, k)
+  if ci_note is None:
+    boot = cluster_bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
+    if not len(boot[0]):
+      boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
+  problem = _Problem(
+    pts=pts,
+    full=full,
+    all_names=all_names,
+    names=names,
+    free=free,
+    fixed=fixed,
+    emerged=emerged,
+    y=y,
+    dof=dof,
+    with_params=with_params,
+    n_groups=n_groups,
+    factor=small_sample_factor(n_groups) if n_groups > 1 else math.nan,
+    ci_note=ci_note,
+  )
+  no = (None, None, None, None)
+  ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
+  emerged_only = _law_fit(problem, coef_ls, s_ls, ls_draws, ls_sig, LSQ, n_em, emerged)
+  all_cells = np.ones(len(pts), bool)
+  fit = _law_fit(problem, coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), all_cells)
+  fit.emerged_only = emerged_only
+  return fit
+
+
+def _least_squares_then_mle(x, v, emerged, n_cens: int, dof: int) -> tuple:
+  """``(LSQ coefficients, LSQ scale, rows a, MLE p)``: least squares on the emerged cells, and
+  from it the censored MLE in Olsen's parameters (``fit_mle``).
+
+  Raises:
+    FitError: the MLE does not converge.
+  """
+  n_em = int(emerged.sum())
+  ones = np.ones((1, len(v)))
+  coef_ls, s_ls = fit_ols(x[emerged], v[emerged], ones[:, emerged])
+  coef_ls, s_ls = coef_ls[0], float(s_ls[0])
+  s0 = math.sqrt(max(s_ls**2 * dof / n_em, 1e-12))  # the ML scale of the LSQ residuals
+  a = np.concatenate([-x, v[:, None]], axis=1)
+  p, ok = fit_mle(a, emerged, ones, np.append(coef_ls / s0, 1.0 / s0)[None])
+  if not ok[0]:
+    raise FitError(
+      f"the censored maximum-likelihood fit did not converge ({n_em} emerged, "
+      f"{n_cens} censored cells): the emerged cells lie (nearly) exactly on a law, "
+      f"so the scatter sigma -> 0"
+    )
+  return coef_ls, s_ls, a, p[0]
+
+
+def _check_fixed(fixed: dict, all_names: list[str], with_params: bool) -> None:
+  """Raises ``FitError`` for fixed coefficients that are unknown, not finite, or all of them."""
+  unknown = set(fixed) - set(all_names)
+  if unknown:
+    raise FitError(
+      f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
+      + ("" if with_params else " (gamma only with the n_params term)")
+    )
+  for name, value in fixed.items():
+    if not math.isfinite(value):
+      raise FitError(f"fixed {name} = {value}: must be a finite number")
+  if set(fixed) == set(all_names):
+    raise FitError("every coefficient is fixed: nothing to fit")
+
+
+def _no_interval_note(n_boot: int, dof: int, em_points: int, k: int) -> str | None:
+  """Why ``fit_law`` draws no bootstrap (``LawFit.ci_note``), or None when it does."""
   if not n_boot:
-    ci_note = "no bootstrap (n_boot = 0)"
-  elif dof < MIN_DOF_FOR_INTERVALS:
-    ci_note = (
+    return "no bootstrap (n_boot = 0)"
+  if dof < MIN_DOF_FOR_INTERVALS:
+    return (
       f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "
       f"bootstrap of so few cells mostly redraws the same design"
     )
-  elif em_points - k < MIN_DOF_FOR_INTERVALS:
-    ci_note = (
+  if em_points - k < MIN_DOF_FOR_INTERVALS:
+    return (
       f"{em_points} grid point(s) with emerged cells for {k} coefficient(s): a "
       f"bootstrap over grid points needs at least {k + MIN_DOF_FOR_INTERVALS} (with "
       f"fewer, nearly every resample that identifies the law is the grid itself)"
     )
-  else:
-    boot = _bootstrap(cluster, x, v, emerged, a, p, n_boot, seed)
-    if not len(boot[0]):
-      boot, ci_note = None, f"none of {20 * n_boot} resamples of grid points identified the law"
-  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in pts]
-  y_em = y[emerged]
+  return None
 
-  def make(coef, sigma, draws, sigmas, method, n, cells):
-    values = dict(fixed)
-    values.update(zip(names, (float(c) for c in coef)))
-    pred = full[emerged] @ np.array([values[n_] for n_ in all_names])
-    r, r_note = _r(pred, y_em, dof)
-    residuals = pts.loc[emerged, keep].reset_index(drop=True)
-    residuals["observed_updates"] = np.exp(y_em)
-    residuals["predicted_updates"] = np.exp(pred)
-    residuals["residual_ln"] = y_em - pred
-    ci, cov, all_draws = {}, None, None
-    if draws is not None:
-      all_draws = np.tile(np.array([values[n_] for n_ in all_names]), (len(draws), 1))
-      all_draws[:, free] = draws
-      ci = _percentiles(draws, names, values, sigmas, sigma, factor)
-      cov = np.zeros((len(all_names), len(all_names)))  # fixed coefficients: exactly 0
-      cov[np.ix_(free, free)] = (
-        np.atleast_2d(np.cov(draws, rowvar=False)) * n_groups / (n_groups - 1)
-      )
-    return LawFit(
-      log_T=values["log_T"],
-      alpha=values["alpha"],
-      beta=values["beta"],
-      r=r,
-      n=n,
-      ci=ci,
-      residuals=residuals,
-      gamma=values["gamma"] if with_params else None,
-      n_censored=n_cens,
-      n_boot=0 if draws is None else len(draws),
-      fixed=fixed,
-      dof=dof,
-      sigma=float(sigma),
-      method=method,
-      n_emerged=n_em,
-      r_note=r_note,
-      names=list(all_names),
-      draws=all_draws,
-      cov=cov,
-      range=_range(pts[cells], with_params),
-      n_grid_points=n_groups,
-      ci_note=ci_note,
+
+@dataclasses.dataclass
+class _Problem:
+  """What ``fit_law``'s two fits share: the cleaned points (``pts``), the full design over
+  ``all_names`` and which of them are free (``names``, their columns ``free``) or ``fixed``,
+  which cells emerged, ln of their times ``y``, the residual degrees of freedom, the grid
+  points (``n_groups``) with the intervals' small-sample ``factor``, and ``ci_note``."""
+
+  pts: pd.DataFrame
+  full: np.ndarray
+  all_names: list
+  names: list
+  free: list
+  fixed: dict
+  emerged: np.ndarray
+  y: np.ndarray
+  dof: int
+  with_params: bool
+  n_groups: int
+  factor: float
+  ci_note: str | None
+
+
+def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFit:
+  """One fit as a ``LawFit``: free coefficients ``coef`` and scatter ``sigma`` (``method``, on
+  ``n`` cells), its residuals over the emerged cells, and with bootstrap ``draws`` its
+  intervals and covariance; ``cells``: the rows whose range it covers."""
+  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in q.pts]
+  y_em = q.y[q.emerged]
+  values = dict(q.fixed)
+  values.update(zip(q.names, (float(c) for c in coef)))
+  pred = q.full[q.emerged] @ np.array([values[n_] for n_ in q.all_names])
+  r, r_note = _r(pred, y_em, q.dof)
+  residuals = q.pts.loc[q.emerged, keep].reset_index(drop=True)
+  residuals["observed_updates"] = np.exp(y_em)
+  residuals["predicted_updates"] = np.exp(pred)
+  residuals["residual_ln"] = y_em - pred
+  ci, cov, all_draws = {}, None, None
+  if draws is not None:
+    all_draws = np.tile(np.array([values[n_] for n_ in q.all_names]), (len(draws), 1))
+    all_draws[:, q.free] = draws
+    ci = percentile_intervals(draws, q.names, values, sigmas, sigma, q.factor)
+    cov = np.zeros((len(q.all_names), len(q.all_names)))  # fixed coefficients: exactly 0
+    cov[np.ix_(q.free, q.free)] = (
+      np.atleast_2d(np.cov(draws, rowvar=False)) * q.n_groups / (q.n_groups - 1)
     )
-
-  no = (None, None, None, None)
-  ml_draws, ml_sig, ls_draws, ls_sig = boot if boot is not None else no
-  emerged_only = make(coef_ls, s_ls, ls_draws, ls_sig, LSQ, n_em, emerged)
-  fit = make(coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), np.ones(len(pts), bool))
-  fit.emerged_only = emerged_only
-  return fit
+  return LawFit(
+    log_T=values["log_T"],
+    alpha=values["alpha"],
+    beta=values["beta"],
+    r=r,
+    n=n,
+    ci=ci,
+    residuals=residuals,
+    gamma=values["gamma"] if q.with_params else None,
+    n_censored=int((~q.emerged).sum()),
+    n_boot=0 if draws is None else len(draws),
+    fixed=q.fixed,
+    dof=q.dof,
+    sigma=float(sigma),
+    method=method,
+    n_emerged=int(q.emerged.sum()),
+    r_note=r_note,
+    names=list(q.all_names),
+    draws=all_draws,
+    cov=cov,
+    range=_range(q.pts[cells], q.with_params),
+    n_grid_points=q.n_groups,
+    ci_note=q.ci_note,
+  )
 
 
 def censor(points: pd.DataFrame, mask, at: str = "last_step") -> pd.DataFrame:

@@ -33,6 +33,9 @@ import pandas as pd
 
 from ihsweep import metric_registry
 
+from .limitations import limitations_paragraph
+from .prose import config_field, interval_of, number, number_span, seeds_per_point, sentence
+
 # The study's law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1; docs/study.md).
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
 # Our count (ihsweep.plan.n_params) of the study's reference model: 2 layers, 8 heads, d_model
@@ -51,33 +54,9 @@ METHOD_WORDS = {
 }
 
 
-def _get(cfg, path: str, default=None):
-  """``cfg``'s field at a dotted path (ConfigDict or nested dicts), else ``default``."""
-  node = cfg
-  for part in path.split("."):
-    try:
-      node = node[part]
-    except (KeyError, TypeError, AttributeError, IndexError):
-      return default
-  return node
-
-
-def _n(v: float) -> str:
-  """A count or update number for prose: 1,234; 12.3k is not used."""
-  if v is None or not np.isfinite(v):
-    return "?"
-  return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.3g}"
-
-
 def _models(n: int, what: str = "model") -> str:
   """'1 model', '3 models'."""
   return f"{n} {what}{'' if n == 1 else 's'}"
-
-
-def _span(lo: float, hi: float) -> str:
-  """'1,200–3,400', or '1,200' when both ends print alike."""
-  a, b = _n(lo), _n(hi)
-  return a if a == b else f"{a}–{b}"
 
 
 def _values(values) -> str:
@@ -98,55 +77,60 @@ def _big(v: float) -> str:
 
 def data_words(cfg) -> str:
   """The data source of a run config in words (its ``data`` section)."""
-  source = _get(cfg, "data.source", "?")
+  source = config_field(cfg, "data.source", "?")
   corpus = (
-    _get(cfg, "data.corpus") or _get(cfg, "data.tfds_name") or _get(cfg, "data.files") or "a corpus"
+    config_field(cfg, "data.corpus")
+    or config_field(cfg, "data.tfds_name")
+    or config_field(cfg, "data.files")
+    or "a corpus"
   )
-  vocab = _get(cfg, "model.vocab_size")
+  vocab = config_field(cfg, "model.vocab_size")
   if source == "natural":
-    return f"natural text ({corpus}, a BPE vocabulary of {_n(vocab)} types)"
+    return f"natural text ({corpus}, a BPE vocabulary of {number(vocab)} types)"
   if source == "markov":
     knobs = (
       f"induction patterns A B … A → B injected at frequency "
-      f"{_get(cfg, 'data.frequency'):g} and reliability {_get(cfg, 'data.reliability'):g}"
+      f"{config_field(cfg, 'data.frequency'):g} and reliability "
+      f"{config_field(cfg, 'data.reliability'):g}"
     )
-    transitions = _get(cfg, "data.transitions", "bigram")
+    transitions = config_field(cfg, "data.transitions", "bigram")
     if transitions == "bigram":
-      smoothing = _get(cfg, "data.smoothing", 0.0)
+      smoothing = config_field(cfg, "data.smoothing", 0.0)
       mixed = ""
       if vocab and smoothing and smoothing * vocab > 0.1:
         share = smoothing * vocab / (1 + smoothing * vocab)
         mixed = f", each row mixed {share:.0%} with uniform (smoothing {smoothing:g})"
       return (
-        f"semi-natural Markov data: the bigram statistics of {corpus} over its {_n(vocab)} "
+        f"semi-natural Markov data: the bigram statistics of {corpus} over its {number(vocab)} "
         f"most frequent types{mixed}, with {knobs}"
       )
     if transitions == "synthetic":
       return (
-        f"synthetic Markov data (a {_n(vocab)}-type transition matrix optimised to a "
-        f"{_get(cfg, 'data.synthetic.marginal', '?')} marginal, categoriality "
-        f"{_get(cfg, 'data.synthetic.categoriality', '?')}), with {knobs}"
+        f"synthetic Markov data (a {number(vocab)}-type transition matrix optimised to a "
+        f"{config_field(cfg, 'data.synthetic.marginal', '?')} marginal, categoriality "
+        f"{config_field(cfg, 'data.synthetic.categoriality', '?')}), with {knobs}"
       )
     if transitions == "iid":
-      return f"i.i.d. tokens from a fixed marginal ({_n(vocab)} types), with {knobs}"
-    return f"Markov data from a given transition matrix ({_n(vocab)} types), with {knobs}"
+      return f"i.i.d. tokens from a fixed marginal ({number(vocab)} types), with {knobs}"
+    return f"Markov data from a given transition matrix ({number(vocab)} types), with {knobs}"
   if source == "repeated_blocks":
     return (
-      f"the classic induction task: uniform random tokens ({_n(vocab)} types) with a repeated block"
+      f"the classic induction task: uniform random tokens ({number(vocab)} types) with a "
+      f"repeated block"
     )
   if source == "markov_chain":
     return (
-      f"a fixed sparse Markov chain ({_n(vocab)} types, "
-      f"{_get(cfg, 'data.n_successors', '?')} successors per token)"
+      f"a fixed sparse Markov chain ({number(vocab)} types, "
+      f"{config_field(cfg, 'data.n_successors', '?')} successors per token)"
     )
   if source == "uniform":
-    return f"uniform random tokens ({_n(vocab)} types)"
+    return f"uniform random tokens ({number(vocab)} types)"
   return f"data source {source!r}"
 
 
 def model_words(cfg, points: pd.DataFrame) -> str:
-  layers, heads = _get(cfg, "model.n_layers"), _get(cfg, "model.n_heads")
-  d, mlp = _get(cfg, "model.d_model"), _get(cfg, "model.d_mlp")
+  layers, heads = config_field(cfg, "model.n_layers"), config_field(cfg, "model.n_heads")
+  d, mlp = config_field(cfg, "model.d_model"), config_field(cfg, "model.d_mlp")
   kind = "attention-only" if mlp == 0 else f"with MLPs (d_mlp {mlp})"
   text = (
     f"{layers}-layer {kind} transformers, {heads} head{'s' if heads != 1 else ''} per "
@@ -165,22 +149,22 @@ def model_words(cfg, points: pd.DataFrame) -> str:
 def budget_words(cfg, points: pd.DataFrame) -> str:
   """How long each cell trained and when it stopped (``sweep.budget``), with the updates each
   cell's curve reached (``last_step``, else ``budget_updates``)."""
-  budget = _get(cfg, "sweep.budget", "updates")
-  law = "the study's law" if not _get(cfg, "sweep.law_file") else "a fitted law"
-  mult = _get(cfg, "sweep.law_multiple", 1.0)
+  budget = config_field(cfg, "sweep.budget", "updates")
+  law = "the study's law" if not config_field(cfg, "sweep.law_file") else "a fitted law"
+  mult = config_field(cfg, "sweep.law_multiple", 1.0)
   if budget == "emergence":
     text = (
-      f"each group stopped once every model's online {_get(cfg, 'sweep.stop_metric')} "
-      f"had passed {_get(cfg, 'sweep.stop_threshold'):g} and training had gone on to "
-      f"{_get(cfg, 'sweep.stop_margin'):g}× that update, or at a cap of {mult:g}× "
+      f"each group stopped once every model's online {config_field(cfg, 'sweep.stop_metric')} "
+      f"had passed {config_field(cfg, 'sweep.stop_threshold'):g} and training had gone on to "
+      f"{config_field(cfg, 'sweep.stop_margin'):g}× that update, or at a cap of {mult:g}× "
       f"{law}'s predicted updates for the cell"
     )
   elif budget == "law":
     text = f"each cell trained for {mult:g}× {law}'s predicted updates"
   elif budget == "tokens":
-    text = f"each cell trained on {_n(_get(cfg, 'sweep.tokens'))} tokens per model"
+    text = f"each cell trained on {number(config_field(cfg, 'sweep.tokens'))} tokens per model"
   else:
-    text = f"each cell trained for {_n(_get(cfg, 'train.num_steps'))} updates"
+    text = f"each cell trained for {number(config_field(cfg, 'train.num_steps'))} updates"
   reach = None
   for col in ("last_step", "budget_updates"):
     if col in points and points[col].notna().any():
@@ -189,16 +173,11 @@ def budget_words(cfg, points: pd.DataFrame) -> str:
   if reach is not None:
     lo, hi = reach.min(), reach.max()
     text += (
-      f" (curves reach update {_n(lo)})"
+      f" (curves reach update {number(lo)})"
       if lo == hi
-      else f" (curves reach updates {_n(lo)}–{_n(hi)})"
+      else f" (curves reach updates {number(lo)}–{number(hi)})"
     )
   return text
-
-
-def _seeds(points: pd.DataFrame, keys: list[str]) -> tuple[int, int]:
-  per = points.groupby(keys, dropna=False).size()
-  return int(per.min()), int(per.max())
 
 
 def _other_axes(points: pd.DataFrame, axes) -> list[str]:
@@ -232,7 +211,7 @@ def _by_axis_words(points: pd.DataFrame, axes, max_values: int = 8) -> str:
 
 
 def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str:
-  lo, hi = _seeds(points, keys)
+  lo, hi = seeds_per_point(points, keys)
   seeds = f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
   others = _other_axes(points, axes)
   if points["batch_size"].nunique() == 1 and points["context_size"].nunique() == 1:
@@ -249,13 +228,13 @@ def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str
     )
     if others:
       grid += " × " + " × ".join(f"{a} ∈ {_axis_values(points, a)}" for a in others)
-  lr = _get(cfg, "train.lr")
-  schedule = _get(cfg, "train.schedule", "")
+  lr = config_field(cfg, "train.lr")
+  schedule = config_field(cfg, "train.schedule", "")
   opt = ""
   if lr is not None:
     opt = (
       f"; AdamW, peak learning rate {lr:g}, {schedule} schedule after "
-      f"{_get(cfg, 'train.warmup_frac', 0):.0%} warmup"
+      f"{config_field(cfg, 'train.warmup_frac', 0):.0%} warmup"
     )
   runs = f" ({n_runs} run directories; the setup is the first's)" if n_runs > 1 else ""
   words = METHOD_WORDS.get(method, "the emergence point of {metric} by " + method).format(
@@ -271,13 +250,6 @@ def setup_paragraph(points, cfg, keys, axes, metric, method, n_runs: int) -> str
 
 
 # ---------------------------------------------------------------- finding
-
-
-def _ci(law: dict, name: str):
-  ci = (law.get("ci") or {}).get(name)
-  if ci is None or len(ci) != 2 or not all(np.isfinite(ci)):
-    return None
-  return float(ci[0]), float(ci[1])
 
 
 def _interval(lo: float, hi: float) -> str:
@@ -363,24 +335,13 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
   n, k = len(points), int(emerged.sum())
   parts = [f"**Finding.** {k} of {n} models emerged by their last checkpoint"]
   if k == 0:
-    last = points["censor_step"].astype(float)
-    where = (
-      f"update {_n(last.min())}"
-      if last.min() == last.max()
-      else f"updates {_n(last.min())}–{_n(last.max())}"
-    )
-    parts[0] += (
-      f"; none did, so every emergence point is only known to lie beyond the last "
-      f"checkpoint ({where}), and nothing is said here about how emergence moves "
-      f"with B or C."
-    )
-    return parts[0]
+    return parts[0] + _none_emerged(points)
   em = points[emerged]
   steps = em["emergence_step"].astype(float)
   first, last = em.loc[steps.idxmin()], em.loc[steps.idxmax()]
   parts[0] += (
-    f", between update {_n(steps.min())} (B {first['batch_size']:g}, C "
-    f"{first['context_size']:g}) and {_n(steps.max())} (B {last['batch_size']:g}, "
+    f", between update {number(steps.min())} (B {first['batch_size']:g}, C "
+    f"{first['context_size']:g}) and {number(steps.max())} (B {last['batch_size']:g}, "
     f"C {last['context_size']:g})."
   )
   if law is None:
@@ -391,23 +352,52 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
       "below."
     )
     return " ".join(parts)
+  parts += _law_finding(law, em)
+  return " ".join(parts)
+
+
+def _none_emerged(points: pd.DataFrame) -> str:
+  """The finding's clause when no model emerged: where the checkpoints ended."""
+  last = points["censor_step"].astype(float)
+  where = (
+    f"update {number(last.min())}"
+    if last.min() == last.max()
+    else f"updates {number(last.min())}–{number(last.max())}"
+  )
+  return (
+    f"; none did, so every emergence point is only known to lie beyond the last "
+    f"checkpoint ({where}), and nothing is said here about how emergence moves "
+    f"with B or C."
+  )
+
+
+def _law_finding(law: dict, em: pd.DataFrame) -> list[str]:
+  """The finding's sentences about the fitted law: how emergence moves with B and C, in
+  updates and in sequences and tokens, and whether a roughly fixed number of sequences fits
+  (``em``: the emerged models)."""
   fixed = set((law.get("fixed") or {}).keys())
   how = _fit_words(law)
-  parts.append(f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}.")
+  parts = [f"The law ln UPT = ln T − α ln B − β ln C was fitted {how}."]
   why = law.get("ci_note") or ("no bootstrap" if law.get("n_boot") == 0 else "")
   a_text, a_sign = _trend(
     "alpha",
     law["alpha"],
-    _ci(law, "alpha"),
+    interval_of(law, "alpha"),
     "B",
     "how emergence moves with B",
     "alpha" in fixed,
     why,
   )
   b_text, b_sign = _trend(
-    "beta", law["beta"], _ci(law, "beta"), "C", "how emergence moves with C", "beta" in fixed, why
+    "beta",
+    law["beta"],
+    interval_of(law, "beta"),
+    "C",
+    "how emergence moves with C",
+    "beta" in fixed,
+    why,
   )
-  a_ci, b_ci = _ci(law, "alpha"), _ci(law, "beta")
+  a_ci, b_ci = interval_of(law, "alpha"), interval_of(law, "beta")
   seq = tok_c = (None, None)
   sentences = [f"Batch size: {a_text}"]
   if a_ci is not None and "alpha" not in fixed:
@@ -424,21 +414,15 @@ def _finding(points: pd.DataFrame, law: dict | None, law_error: str | None, keys
       1 - law["beta"], (1 - b_ci[1], 1 - b_ci[0]), "C", "number of tokens (UPT·B·C; at a given B)"
     )
     sentences.append(tok_c[0])
-  parts.append(" ".join(_sentence(t) for t in sentences if t))
+  parts.append(" ".join(sentence(t) for t in sentences if t))
   if seq[1] == "fixed" and b_sign == 0:
     seqs = em["emergence_step"].astype(float) * em["batch_size"].astype(float)
     parts.append(
       f"Together: over this grid, induction heads formed after a roughly fixed "
       f"number of sequences, whatever B and C (UPT·B of the emerged models: median "
-      f"{_n(seqs.median())}, range {_span(seqs.min(), seqs.max())})."
+      f"{number(seqs.median())}, range {number_span(seqs.min(), seqs.max())})."
     )
-  return " ".join(parts)
-
-
-def _sentence(text: str) -> str:
-  """A clause as a sentence: first letter capitalised, a full stop at the end."""
-  text = text.strip()
-  return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+  return parts
 
 
 def _fit_words(law: dict) -> str:
@@ -463,7 +447,7 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
   if law is not None:
     inside = []
     for name, sym in (("alpha", "α"), ("beta", "β")):
-      ci = _ci(law, name)
+      ci = interval_of(law, name)
       study = STUDY[name]
       fixed = name in (law.get("fixed") or {})
       if fixed:
@@ -494,7 +478,7 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
     )
     parts.append(
       f"Scored on the {len(em)} emerged models, the study's law predicts "
-      f"{_span(pred.min(), pred.max())} updates, on average (geometric mean) "
+      f"{number_span(pred.min(), pred.max())} updates, on average (geometric mean) "
       f"{side}."
     )
   cens = points[points["censored"].astype(bool) & points["censor_step"].notna()]
@@ -508,17 +492,17 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
         f"update the study's law predicts for it without emerging."
       )
     else:
-      last = _span(cens["censor_step"].min(), cens["censor_step"].max())
+      last = number_span(cens["censor_step"].min(), cens["censor_step"].max())
       if len(cens) == 1:
         parts.append(
           f"The censored model had not reached the update the study's law predicts "
-          f"for it ({_span(pred.min(), pred.max())}; its last checkpoint {last}), so "
+          f"for it ({number_span(pred.min(), pred.max())}; its last checkpoint {last}), so "
           f"its not emerging does not contradict it."
         )
       else:
         parts.append(
           f"None of the {len(cens)} censored models reached the update the study's "
-          f"law predicts for it ({_span(pred.min(), pred.max())}; their last "
+          f"law predicts for it ({number_span(pred.min(), pred.max())}; their last "
           f"checkpoints {last}), so their not emerging does not contradict it."
         )
   parts.append(_scale_words(points, cfg))
@@ -528,11 +512,12 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
 def _scale_words(points: pd.DataFrame, cfg) -> str:
   """Why the comparison crosses data and scale: the study's data, model size and tokens beside
   this run's."""
-  source = _get(cfg, "data.source", "?")
+  source = config_field(cfg, "data.source", "?")
   if source == "natural":
     data = (
       "natural text here too, but another corpus and tokenizer "
-      f"({_get(cfg, 'data.corpus') or _get(cfg, 'data.tfds_name') or 'a corpus'}) than "
+      f"({config_field(cfg, 'data.corpus') or config_field(cfg, 'data.tfds_name') or 'a corpus'})"
+      f" than "
       f"the study's Common Crawl text"
     )
   else:
@@ -566,237 +551,6 @@ def _scale_words(points: pd.DataFrame, cfg) -> str:
 
 
 # ---------------------------------------------------------------- limitations
-
-
-def limitations_paragraph(
-  points: pd.DataFrame, law: dict | None, cfg, keys, sensitivity: dict | None = None
-) -> str:
-  items = []
-  cens = points["censored"].astype(bool)
-  n_c = int(cens.sum())
-  if n_c:
-    where = points[cens].groupby(["batch_size", "context_size"]).size()
-    spots = ", ".join(
-      f"B {b:g}/C {c:g}" + (f" ({m})" if m > 1 else "") for (b, c), m in where.items()
-    )
-    treated = ""
-    if law is not None:
-      method = str(law.get("method") or "")
-      if "MLE" in method or "censored" in method:
-        eo = law.get("emerged_only") or {}
-        them = "it" if n_c == 1 else "them"
-        treated = (
-          f" The law counts {them} as censored; fitted to the emerged models alone it "
-          f"would give α = {eo['alpha']:.2f}, β = {eo['beta']:.2f}."
-          if "alpha" in eo
-          else f" The law counts {them} as censored."
-        )
-      else:
-        treated = (
-          " The law leaves censored models out, which biases it towards early "
-          "emergence where they cluster."
-        )
-    items.append(
-      f"{n_c} of {len(points)} models had not emerged by their last checkpoint "
-      f"(censored; {spots}): "
-      + (
-        "its emergence point is a lower bound."
-        if n_c == 1
-        else "their emergence points are lower bounds."
-      )
-      + treated
-    )
-  caution = _caution_words(points, law, sensitivity, any_censored=bool(n_c))
-  if not n_c:
-    items.append("No model was censored" + (f", but {caution}" if caution else "."))
-  elif caution:
-    items.append(_sentence(caution))
-  lo, hi = _seeds(points, keys)
-  if hi <= 1:
-    items.append(
-      "One seed per grid point: seed-to-seed scatter is not measured, and each "
-      "emergence point is one model's."
-    )
-  else:
-    em = points[~cens]
-    spread = (
-      em.groupby(keys)["emergence_step"]
-      .agg(lambda s: float(s.max() / s.min()) if len(s) > 1 else math.nan)
-      .dropna()
-    )
-    seeds = f"{lo}" if lo == hi else f"{lo}–{hi}"
-    text = f"{seeds} seeds per grid point"
-    if len(spread):
-      text += (
-        f"; seeds of a grid point emerged up to {spread.max():.2f}× apart (median "
-        f"{spread.median():.2f}×)"
-      )
-    if law is not None and law.get("sigma") is not None and np.isfinite(law["sigma"]):
-      text += (
-        f"; the scatter of models about the law is σ = {law['sigma']:.2f} in ln UPT (a "
-        f"typical model within {math.exp(law['sigma']):.2f}× of it)"
-      )
-    items.append(text + ".")
-  items.append(_resolution_words(points))
-  probe = _probe_words(points, cfg)
-  if probe:
-    items.append(probe)
-  if "n_params" in points and points["n_params"].nunique() == 1:
-    items.append(
-      "One model size, so the study's finding that the emergence point does not "
-      "depend on model size is not tested."
-    )
-  if law is not None:
-    dof = law.get("dof")
-    if dof is not None and dof < 3:
-      items.append(
-        f"The law has {dof} residual degree(s) of freedom: it passes (nearly) "
-        f"through its points and describes these models only."
-      )
-    items.append(
-      f"The fitted law describes B {points['batch_size'].min():g}–"
-      f"{points['batch_size'].max():g} and C {points['context_size'].min():g}–"
-      f"{points['context_size'].max():g} on this data; outside that range it is an "
-      f"extrapolation."
-    )
-  return "**Limitations.** " + " ".join(i for i in items if i)
-
-
-def _model_name(row) -> str:
-  """'B 8/C 64 seed 1' (the seed, else the cell id, where the table has one)."""
-  name = f"B {float(row['batch_size']):g}/C {float(row['context_size']):g}"
-  for col in ("seed", "cell"):
-    if col in row and pd.notna(row[col]):
-      v = row[col]
-      v = int(v) if isinstance(v, (float, np.floating)) and float(v).is_integer() else v
-      return f"{name} {col} {v}"
-  return name
-
-
-def _estimate(law: dict, name: str, fmt) -> str:
-  """'0.62 [0.50, 0.70]': a coefficient with its 95% interval where the law has one."""
-  ci = _ci(law, name)
-  return fmt(law[name]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
-
-
-def _caution_words(
-  points: pd.DataFrame, law: dict | None, sensitivity: dict | None, any_censored: bool
-) -> str:
-  """The emerged models whose point lies at the end of their curve (``analysis.emergence
-  .caution``: the last checkpoint interval, or a late plateau on fewer than 3 checkpoints) and
-  how the law moves with them censored at their last checkpoint (``sensitivity``: that refit's
-  ``LawFit.to_dict()``, or ``{"error": why not}``); '' when none is flagged. A clause: it follows
-  'No model was censored, but' or stands as a sentence after the censored models."""
-  from . import emergence
-
-  censored = points[points["censored"].astype(bool)]
-  flagged = emergence.flagged(points)
-  why = flagged["caution"] if "caution" in flagged else emergence.cautions(flagged)
-  if flagged.empty:
-    return ""
-  k = len(flagged)
-  listed = []
-  for i, row in flagged.head(8).iterrows():
-    where = ""
-    if {"step_before", "step_after"} <= set(row.index) and pd.notna(row["step_after"]):
-      where = f": jumped between updates {_n(row['step_before'])} and {_n(row['step_after'])}"
-      if "last_step" in row and pd.notna(row["last_step"]):
-        where += f", last checkpoint {_n(row['last_step'])}"
-    listed.append(f"{_model_name(row)} ({why[i]}{where})")
-  if k > 8:
-    listed.append(f"and {k - 8} more")
-  one = k == 1
-  text = (
-    f"{'besides, ' if any_censored else ''}{k} of the {len(points) - len(censored)} "
-    f"emerged models jumped so close to the end of training that a slightly shorter run would "
-    f"have censored {'it' if one else 'them'} — {'its' if one else 'their'} late plateau "
-    f"rests on the last checkpoints only, unconfirmed by later ones: " + "; ".join(listed) + "."
-  )
-  em = points[~points["censored"].astype(bool)]
-  steps = em["emergence_step"].astype(float)
-  slowest = steps.idxmax() if len(em) and (steps == steps.max()).sum() == 1 else None
-  if law is not None and slowest in flagged.index:
-    text += f" {_model_name(points.loc[slowest])} is the slowest emergence point in the fit."
-  if law is None or sensitivity is None:
-    return text
-  them = "it" if one else "them"
-  if sensitivity.get("error"):
-    return text + f" With {them} censored the law cannot be fitted ({sensitivity['error']})."
-  two = lambda v: f"{v:.2f}"  # noqa: E731
-  changes = [
-    f"{sym} {_estimate(law, name, two)} → {_estimate(sensitivity, name, two)}"
-    for name, sym in (("alpha", "α"), ("beta", "β"))
-    if name in law and name in sensitivity
-  ]
-  if "T" in law and "T" in sensitivity:
-    changes.append(f"T {_estimate(law, 'T', _n)} → {_estimate(sensitivity, 'T', _n)}")
-  return text + (
-    f" The law counts {them} as emerged; with {them} censored at "
-    f"{'its' if one else 'their'} last checkpoint (95% intervals in brackets): "
-    + ", ".join(changes)
-    + "."
-  )
-
-
-def _resolution_words(points: pd.DataFrame) -> str:
-  """How finely the checkpoints around the emergence points resolve them (``step_before``,
-  ``step_after``: the checkpoints bracketing each emerged model's point)."""
-  em = points[~points["censored"].astype(bool)]
-  if not {"step_before", "step_after"} <= set(em) or em.empty:
-    return ""
-  before, after = em["step_before"].astype(float), em["step_after"].astype(float)
-  ok = (before > 0) & (after > before)
-  if not ok.any():
-    return ""
-  gap, factor = (after - before)[ok], (after / before)[ok]
-  return (
-    f"Checkpoint resolution: the checkpoints around the emergence points lie "
-    f"{_span(gap.min(), gap.max())} updates apart (a factor {factor.median():.2f} "
-    f"between neighbours, median; at most {factor.max():.2f}); each point is interpolated "
-    f"between them, so differences between models much smaller than that spacing are not "
-    f"resolved."
-  )
-
-
-def _probe_length(context_size: int, probe_len) -> int | None:
-  """The probes' block length L at context size C, as ``ihsweep.data.probes.block_length``
-  decides it (the study's min(50, C/2) unless ``eval.probe_len`` fixes it); None if refused."""
-  try:
-    from ihsweep.data.probes import block_length
-
-    return int(block_length(int(context_size), probe_len))
-  except Exception:  # an L the probes refuse (< 3), or a block_length of another signature
-    if not probe_len:
-      return min(50, int(context_size) // 2)
-    return int(probe_len) if isinstance(probe_len, (int, np.integer)) and probe_len > 0 else None
-
-
-def _probe_words(points: pd.DataFrame, cfg) -> str:
-  """A probe block length that follows C (``eval.probe_len`` 0: L = min(50, C/2)) confounds the C
-  effect with the probe's; one length at every C is said so."""
-  probe_len = _get(cfg, "eval.probe_len", None)
-  cs = sorted(points["context_size"].astype(int).unique())
-  if probe_len is None or len(cs) < 2:
-    return ""
-  lengths = [_probe_length(c, probe_len) for c in cs]
-  if any(v is None for v in lengths):
-    return ""
-  if len(set(lengths)) == 1:
-    where = {
-      "end": "as the last 2L tokens of a full C-token input (eval.probe_position 'end')",
-      "middle": "with the second block starting at position C/2 (eval.probe_position 'middle')",
-    }.get(
-      _get(cfg, "eval.probe_position", "start"),
-      f"at positions 0–{2 * lengths[0] - 1} of the input, however long C is",
-    )
-    return f"Probes of one block length L = {lengths[0]} at every C, {where}."
-  return (
-    f"The probes' block length follows C (L = {', '.join(map(str, lengths))} at C = "
-    f"{', '.join(map(str, cs))}), so the measured effect of C includes the probe's."
-  )
-
-
-# ---------------------------------------------------------------- all together
 
 
 def summary(

@@ -327,8 +327,8 @@ def load_run(path: str) -> Run:
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
+  from ihsweep import claims, rundir
   from ihsweep import plan as plan_lib
-  from ihsweep import rundir
 
   try:
     cfg = rundir.read_config_json(config_path)
@@ -366,7 +366,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     members = cells[cells["group"] == gid]
     gdir = rundir.group_dir(path, gid)
     status = rundir.read_status(path, gid)
-    state = rundir.group_state(path, gid, status)
+    state = claims.group_state(path, gid, status)
     if not os.path.isdir(gdir):
       listed = str(members["status"].iloc[0]) if "status" in members else "pending"
       why = (

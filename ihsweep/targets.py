@@ -287,14 +287,58 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
   ``makespan_s``, ``utilisation``) and ``fits``.
   """
-  from ihsweep import memory, placement, runner, schedule, sharding
+  from ihsweep import memory, placement, schedule, timing
 
   _, jobs = placement.make_jobs(cfg, law, check_data=False)
-  by_id = {j.id: j for j in jobs}
-  memo: dict = {}
+  compile_group = _GroupCompiler(target, log)
   refused = []
+  layout = _first_fitting_layout(jobs, target, compile_group, refused)
+  if layout is None:
+    return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
+  d, sizes = layout
+  comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
+  groups, entries = [], []
+  for j in jobs:
+    m = sizes[j.id]
+    row = _group_row(j, m, compile_group, target, comm_model)
+    groups.append(row)
+    entries.append((j, m, row["roofline_s"]))
+  layouts = _wider_layouts(jobs, target, d, entries, comm_model)
+  best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
+  return {
+    "target": target.to_json(),
+    "devices_per_worker": best["devices_per_worker"],
+    "n_workers": best["n_workers"],
+    "compiled_devices_per_worker": d,
+    "refused": refused,
+    "groups": groups,
+    "layouts": [{k: v for k, v in lay.items() if k != "schedule"} for lay in layouts],
+    "schedule": best["schedule"],
+    "makespan_s": best["makespan_s"],
+    "utilisation": best["utilisation"],
+    "fits": all(g["memory"]["fits"] for g in groups),
+    "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
+    "headroom": memory.HEADROOM,
+    "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
+    "FLOPs and bytes from the compiled program (update_cost), + the gradient all-reduce over "
+    "a data axis on the chip's network ("
+    + (target.network.describe() if target.network else "no published figure: not priced")
+    + "); evaluation, checkpoints and start-up not counted",
+  }
 
-  def compile_group(job, m):
+
+class _GroupCompiler:
+  """``(compiled config, memory.Choice, why it does not fit or None)`` of a job on its first m
+  devices of the target (``runner.resolve_memory``, bf16 compute where the dtype is 'auto'),
+  compiled once per (job, m), with progress lines to ``log``."""
+
+  def __init__(self, target: Target, log):
+    self.target, self.log, self.memo = target, log, {}
+
+  def __call__(self, job, m: int) -> tuple:
+    from ihsweep import memory, runner
+
+    target, log, memo = self.target, self.log, self.memo
     if (job.id, m) not in memo:
       log(
         f"compiling group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = "
@@ -323,7 +367,10 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
       )
     return memo[(job.id, m)]
 
-  layout = None
+
+def _first_fitting_layout(jobs, target: Target, compile_group, refused: list):
+  """``(D, {group id: devices})``: the first of ``candidate_layouts`` at which every group
+  fits, or None; the layouts refused before it are appended to ``refused`` with why."""
   for d in candidate_layouts(target):
     sizes = _layout_sizes(jobs, target, d)
     if sizes is None:
@@ -341,62 +388,61 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
         bad = why
         break
     if bad is None:
-      layout = (d, sizes)
-      break
+      return d, sizes
     refused.append({"devices_per_worker": d, "why": bad})
-  if layout is None:
-    return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
-  d, sizes = layout
-  from ihsweep import timing
+  return None
 
-  comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
-  groups, entries = [], []
-  for j in jobs:
-    m = sizes[j.id]
-    out, choice, _ = compile_group(j, m)
-    mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
-    flops, n_bytes = update_cost(choice, out, mesh)
-    roofline = max(flops / target.peak_flops, n_bytes / target.hbm_bytes_per_s)
-    all_reduce = comm_model.all_reduce_s(j, m)
-    per_update = roofline + all_reduce
-    s = choice.setting
-    groups.append(
-      {
-        "id": j.id,
-        "batch_size": j.batch_size,
-        "context_size": j.context_size,
-        "n_models": j.n_models,
-        "n_params": j.n_params,
-        "devices": m,
-        "mesh": list(mesh),
-        "gradient_accumulation_steps": s.gradient_accumulation_steps,
-        "vmap_chunk": s.vmap_chunk,
-        "remat": s.remat,
-        "memory": {
-          "per_device_bytes": choice.per_device_bytes,
-          "argument_bytes": choice.train.argument_bytes,
-          "temp_bytes": choice.train.temp_bytes,
-          "capacity_bytes": target.capacity_bytes,
-          "fits": choice.fits,
-        },
-        "compiled_settings": len(choice.tried),
-        "compile_s": sum(t for _, _, t in choice.tried),
-        "tried": choice.to_json()["tried"],
-        "flops_per_update": flops,
-        "analytic_flops_per_update": by_id[j.id].flops_per_update / m,
-        "bytes_per_update": n_bytes,
-        "roofline_update_s": roofline,
-        "all_reduce_s": all_reduce,
-        "update_s": per_update,
-        "updates": j.updates,
-        "roofline_s": roofline * j.updates,
-        "seconds": per_update * j.updates,
-        "checkpoints": schedule.checkpoint_bytes(
-          j.cfg, j.n_params, j.updates, per_update * j.updates
-        ),
-      }
-    )
-    entries.append((j, m, roofline * j.updates))
+
+def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
+  """One group of ``plan_for_target``'s ``groups``: compiled on m devices, its memory, FLOPs,
+  roofline and all-reduce time per update, and its updates' time."""
+  from ihsweep import schedule, sharding
+
+  out, choice, _ = compile_group(j, m)
+  mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
+  flops, n_bytes = update_cost(choice, out, mesh)
+  roofline = max(flops / target.peak_flops, n_bytes / target.hbm_bytes_per_s)
+  all_reduce = comm_model.all_reduce_s(j, m)
+  per_update = roofline + all_reduce
+  s = choice.setting
+  return {
+    "id": j.id,
+    "batch_size": j.batch_size,
+    "context_size": j.context_size,
+    "n_models": j.n_models,
+    "n_params": j.n_params,
+    "devices": m,
+    "mesh": list(mesh),
+    "gradient_accumulation_steps": s.gradient_accumulation_steps,
+    "vmap_chunk": s.vmap_chunk,
+    "remat": s.remat,
+    "memory": {
+      "per_device_bytes": choice.per_device_bytes,
+      "argument_bytes": choice.train.argument_bytes,
+      "temp_bytes": choice.train.temp_bytes,
+      "capacity_bytes": target.capacity_bytes,
+      "fits": choice.fits,
+    },
+    "compiled_settings": len(choice.tried),
+    "compile_s": sum(t for _, _, t in choice.tried),
+    "tried": choice.to_json()["tried"],
+    "flops_per_update": flops,
+    "analytic_flops_per_update": j.flops_per_update / m,
+    "bytes_per_update": n_bytes,
+    "roofline_update_s": roofline,
+    "all_reduce_s": all_reduce,
+    "update_s": per_update,
+    "updates": j.updates,
+    "roofline_s": roofline * j.updates,
+    "seconds": per_update * j.updates,
+    "checkpoints": schedule.checkpoint_bytes(j.cfg, j.n_params, j.updates, per_update * j.updates),
+  }
+
+
+def _wider_layouts(jobs, target: Target, d: int, entries, comm_model) -> list[dict]:
+  """D and every wider layout, each list-scheduled (``placement.simulate``)."""
+  from ihsweep import placement
+
   # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its compute time
   # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
   # m' devices, and its memory per device no larger than at m (compiled there). The layout with
@@ -425,33 +471,13 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
         "schedule": [dataclasses.asdict(slot) for slot in sched.slots],
       }
     )
-  best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
-  return {
-    "target": target.to_json(),
-    "devices_per_worker": best["devices_per_worker"],
-    "n_workers": best["n_workers"],
-    "compiled_devices_per_worker": d,
-    "refused": refused,
-    "groups": groups,
-    "layouts": [{k: v for k, v in lay.items() if k != "schedule"} for lay in layouts],
-    "schedule": best["schedule"],
-    "makespan_s": best["makespan_s"],
-    "utilisation": best["utilisation"],
-    "fits": all(g["memory"]["fits"] for g in groups),
-    "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
-    "headroom": memory.HEADROOM,
-    "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
-    "FLOPs and bytes from the compiled program (update_cost), + the gradient all-reduce over "
-    "a data axis on the chip's network ("
-    + (target.network.describe() if target.network else "no published figure: not priced")
-    + "); evaluation, checkpoints and start-up not counted",
-  }
+  return layouts
 
 
 def format_plan(p: dict) -> str:
   """The text ``ihsweep plan --target`` prints."""
   from ihsweep.memory import gib
-  from ihsweep.placement import duration
+  from ihsweep.prediction import duration
   from ihsweep.schedule import describe_checkpoint_totals
 
   t = p["target"]

@@ -253,13 +253,52 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
   (a and b from their medians), evaluations, and params and full-state checkpoints (orbax,
   in a temporary directory, written to the end). Returns the fields of ``Measured`` but
   ``group``."""
-  import tempfile
+  import jax
 
+  state, hp, data, k, exe, evaluator, compile_s, startup_s = _compiled_group(cfg, devices)
+
+  def timed(fn):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t
+
+  def call(n_active):
+    nonlocal state
+    state, metrics = exe(state, hp, data, n_active)
+    return metrics
+
+  timed(lambda: call(k))  # warm-up
+  full = [timed(lambda: call(k)) for _ in range(repeats)]
+  one = [timed(lambda: call(1)) for _ in range(repeats)]
+  update_s = max(0.0, (_median(full) - _median(one)) / (k - 1)) if k > 1 else 0.0
+  call_s = max(0.0, _median(one) - update_s)
+  eval_s = (
+    _median([timed(lambda: evaluator(state.params)) for _ in range(repeats)])
+    if evaluator is not None
+    else 0.0
+  )
+  params_save_s, state_save_s = _checkpoint_seconds(cfg, state, repeats)
+  return dict(
+    devices=len(devices),
+    startup_s=startup_s,
+    compile_s=compile_s,
+    call_s=call_s,
+    update_s=update_s,
+    eval_s=eval_s,
+    params_save_s=params_save_s,
+    state_save_s=state_save_s,
+  )
+
+
+def _compiled_group(cfg, devices) -> tuple:
+  """``measure_group``'s start-up, as ``runner.fit`` does it: ``(state, hparams, one call's
+  data, K, the compiled training program, the evaluator or None, compile seconds, start-up
+  seconds)``."""
   import jax
   import numpy as np
 
-  from ihsweep import checkpoint, train
   from ihsweep import schedule as schedule_lib
+  from ihsweep import train
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
   from ihsweep.data.source import host_batch_array
@@ -300,27 +339,16 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     jax.block_until_ready(evaluator(state.params))
   compile_s = time.perf_counter() - t
   startup_s = time.perf_counter() - t0
+  return state, hp, data, k, exe, evaluator, compile_s, startup_s
 
-  def timed(fn):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t
 
-  def call(n_active):
-    nonlocal state
-    state, metrics = exe(state, hp, data, n_active)
-    return metrics
+def _checkpoint_seconds(cfg, state, repeats: int) -> tuple[float, float]:
+  """``(seconds per params checkpoint, seconds of a full-state checkpoint)``, written to the
+  end with orbax in a temporary directory."""
+  import tempfile
 
-  timed(lambda: call(k))  # warm-up
-  full = [timed(lambda: call(k)) for _ in range(repeats)]
-  one = [timed(lambda: call(1)) for _ in range(repeats)]
-  update_s = max(0.0, (_median(full) - _median(one)) / (k - 1)) if k > 1 else 0.0
-  call_s = max(0.0, _median(one) - update_s)
-  eval_s = (
-    _median([timed(lambda: evaluator(state.params)) for _ in range(repeats)])
-    if evaluator is not None
-    else 0.0
-  )
+  from ihsweep import checkpoint
+
   with tempfile.TemporaryDirectory(prefix="ihsweep-plan-") as tmp:
     ckpts = checkpoint.RunCheckpoints(
       tmp,
@@ -339,16 +367,7 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
     ckpts.wait()
     state_save_s = time.perf_counter() - t
     ckpts.close()
-  return dict(
-    devices=len(devices),
-    startup_s=startup_s,
-    compile_s=compile_s,
-    call_s=call_s,
-    update_s=update_s,
-    eval_s=eval_s,
-    params_save_s=params_save_s,
-    state_save_s=state_save_s,
-  )
+  return params_save_s, state_save_s
 
 
 def representative(jobs: list, limit: int = 3) -> list:

@@ -407,7 +407,7 @@ def test_censor_turns_rows_censored_at_their_last_checkpoint():
 def test_the_scatters_interval_stays_at_or_above_zero():
   """The small-sample widening moves an interval's ends away from the estimate; for σ, a
   scatter, the low end stops at 0 (it went to -0.02 on five grid points)."""
-  from analysis.scaling import _percentiles
+  from analysis.censored_fit import percentile_intervals as _percentiles
 
   sigmas = np.array([0.0, 0.01, 0.02, 0.2, 0.21])
   ci = _percentiles(np.zeros((5, 0)), [], {}, sigmas, 0.15, factor=2.0)

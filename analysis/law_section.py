@@ -1,0 +1,233 @@
+"""The report's law section (``law_section``): the emergence law fitted to the emergence points
+(``analysis.scaling.fit_law``), written as law.json, described in words and a table, refitted
+with flagged models censored, compared with the study's, and drawn (``plots.figure_law``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pandas as pd
+
+from . import emergence as emergence_lib
+from . import plots, scaling
+from .outputs import Outputs
+
+log = logging.getLogger("analysis")
+
+
+def law_section(doc, points, opts, outs: Outputs, written) -> None:
+  """The report's "Emergence law" section: the fit (law.json), its words and table, the refit
+  with flagged models censored, the comparison with the study, and the law's figure; records
+  ``law``, ``law_error`` and ``law_sensitivity`` in ``written``."""
+  doc.h(2, "Emergence law")
+  written["law"], written["law_error"] = None, None
+  try:
+    fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
+  except scaling.FitError as e:
+    written["law_error"] = str(e)
+    doc.p(f"Not fitted, so no law.json is written: {e}")
+    return
+  law = fit.to_dict()
+  with open(outs.claim("law.json"), "w") as f:
+    json.dump(law, f, indent=2)
+  written["law"] = law
+  written["law_sensitivity"] = _sensitivity(points, opts)
+  doc.p(
+    _law_words(fit) + " `law.json` is accepted by `ihsweep predict --law=FILE`, which "
+    "prints the prediction with its interval."
+    + (
+      " The column `flagged censored` is the law refitted with the models flagged in the "
+      "emergence table's `caution` column censored at their last checkpoint (its intervals: "
+      "the summary's limitations)."
+      if written["law_sensitivity"] and "alpha" in written["law_sensitivity"]
+      else ""
+    )
+  )
+  doc.table(_law_table(fit, written["law_sensitivity"]))
+  n_emerged = getattr(fit, "n_emerged", 0) or fit.n
+  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
+    doc.p(
+      f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
+      f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
+      f"nothing, and no intervals are given. Treat this law as a description of these "
+      f"cells only."
+    )
+  _censored_check(doc, fit, points, outs)
+  doc.p(
+    "Against the study's laws on the same cells (ln-UPT residuals; a positive mean = later "
+    "than the law predicts):"
+  )
+  doc.table(scaling.compare(fit))
+  _model_size(doc, points, opts)
+  fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
+  doc.p("Residuals per cell (`residuals.csv`):")
+  doc.table(fit.residuals)
+  _law_figure(doc, fit, points, outs, written)
+
+
+def _censored_check(doc, fit, points, outs: Outputs) -> None:
+  """Censored cells the law predicts to have emerged before their last checkpoint
+  (censored_check.csv)."""
+  check = scaling.censored_check(fit, points)
+  if len(check):
+    check.to_csv(outs.claim("censored_check.csv"), index=False)
+    bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
+    censored_fit = _is_censored_fit(fit)
+    doc.p(
+      f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
+      f"the law's median predicts emergence before their last checkpoint, yet they had not "
+      f"emerged"
+      + (
+        " (the censored fit already counts them: with scatter σ some such cells are expected)."
+        if censored_fit and bad
+        else " — evidence that the law, fitted without them, predicts too early there."
+        if bad
+        else "."
+      )
+    )
+    doc.table(check)
+
+
+def _model_size(doc, points, opts) -> None:
+  """With several model sizes (or ``opts.with_params``), the law refitted with + γ ln n_params."""
+  sizes = points["n_params"].nunique() if "n_params" in points else 0
+  if opts.with_params or sizes > 1:
+    try:
+      gfit = scaling.fit_law(points, with_params=True, n_boot=opts.n_boot, seed=opts.seed)
+      lo, hi = gfit.ci.get("gamma", [math.nan, math.nan])
+      doc.p(
+        f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
+        f"{hi:.3f}); the study finds UPT independent of model size (γ = 0)."
+      )
+    except scaling.FitError as e:
+      doc.p(f"Model-size term not fitted: {e}")
+
+
+def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
+  """The law's figure (``plots.figure_law``), its paths added to ``written["figures"]``."""
+  fig = plots.figure_law(fit, points)
+  band = getattr(fig, "band_source", None)
+  paths = plots.save(fig, outs.figure("law"))
+  written["figures"] += paths
+  doc.figure(
+    paths[0],
+    "Observed vs predicted updates to the transition (fitted and study laws), "
+    "and updates vs batch size, one panel per context size, with the fitted law"
+    + (f" and its {band}" if band else "")
+    + "; censored cells as open "
+    "triangles at their last checkpoint (emergence later than that).",
+  )
+
+
+def _is_censored_fit(fit) -> bool:
+  return getattr(fit, "method", None) == getattr(scaling, "MLE", object())
+
+
+def _law_words(fit) -> str:
+  """How the law was fitted, for the law section (both the censored fit of analysis.scaling and
+  a fit without ``method``: least squares on the emerged cells)."""
+  n_cens = fit.n_censored
+  if _is_censored_fit(fit):
+    text = (
+      f"ln UPT = ln T − α ln B − β ln C, fitted by maximum likelihood to "
+      f"{fit.n_emerged} emerged and {n_cens} censored cell{'' if n_cens == 1 else 's'} "
+      f"(log-normal scatter; a "
+      f"censored cell enters by the probability that it emerges after its last "
+      f"checkpoint); σ = {fit.sigma:.3f} is the scatter of ln UPT about the law."
+    )
+    if fit.n_boot:
+      grid = getattr(fit, "n_grid_points", 0)
+      text += (
+        f" 95% intervals from {fit.n_boot} bootstrap resamples of the "
+        f"{grid or ''} grid points (all seeds of a point together)."
+      ).replace("  ", " ")
+    if getattr(fit, "emerged_only", None) is not None:
+      text += (
+        " The column `emerged_only` is least squares on the emerged cells alone (the "
+        "fit used before censored cells entered)"
+        + (
+          f"; it leaves the censored cell{'' if n_cens == 1 else 's'} ({n_cens}) out and is "
+          f"biased towards early emergence where censored cells cluster."
+          if n_cens
+          else "; with no censored cell both fits estimate the same law."
+        )
+      )
+    return text
+  text = (
+    f"ln UPT = ln T − α ln B − β ln C, least squares on {fit.n} emerged cells "
+    f"({n_cens} censored, excluded); 95% intervals from {fit.n_boot} bootstrap resamples."
+  )
+  if n_cens:
+    text += (
+      f" Caution: leaving the {n_cens} censored cells out biases the law towards early "
+      f"emergence where they cluster."
+    )
+  return text
+
+
+def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
+  """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, the
+  law refitted with the flagged models censored (``sensitivity``, ``_sensitivity``) where there
+  is one, the study's published values (its r on its own cells), and the study's law's r on
+  these cells."""
+  law, ci = fit.to_dict(), fit.ci
+  eo = law.get("emerged_only") or None
+  flagged = sensitivity if sensitivity and "alpha" in sensitivity else None
+  names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
+  if "sigma" in law:
+    names.append("sigma")
+  rows = []
+  for k in names:
+    row = {
+      "coefficient": k,
+      "estimate": law.get(k, math.nan),
+      "ci_low": ci.get(k, [math.nan] * 2)[0],
+      "ci_high": ci.get(k, [math.nan] * 2)[1],
+    }
+    if eo is not None:
+      row["emerged_only"] = eo.get(k, math.nan)
+    if flagged is not None:
+      row["flagged censored"] = flagged.get(k, math.nan)
+    row["study (published)"] = (
+      math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
+    )
+    rows.append(row)
+  r = law.get("r")
+  row = {
+    "coefficient": "r",
+    "estimate": math.nan if r is None else r,
+    "ci_low": math.nan,
+    "ci_high": math.nan,
+  }
+  if eo is not None:
+    row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
+  if flagged is not None:
+    row["flagged censored"] = math.nan if flagged.get("r") is None else flagged["r"]
+  row["study (published)"] = scaling.STUDY["r"]  # on the study's own cells
+  rows.append(row)
+  if law.get("study_r") is not None:  # the study's law on these cells
+    rows.append(
+      {
+        "coefficient": "r of the study's law on these cells",
+        "estimate": law["study_r"],
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+      }
+    )
+  return pd.DataFrame(rows)
+
+
+def _sensitivity(points: pd.DataFrame, opts) -> dict | None:
+  """The law refitted with the flagged models censored at their last checkpoint (``last_step``,
+  their cap or end of training): ``LawFit.to_dict()``, ``{"error": why}`` when it cannot be
+  fitted, None when no model is flagged."""
+  flagged = emergence_lib.flagged(points)
+  if flagged.empty:
+    return None
+  try:
+    moved = scaling.censor(points, points.index.isin(flagged.index), at="last_step")
+    return scaling.fit_law(moved, n_boot=opts.n_boot, seed=opts.seed).to_dict()
+  except scaling.FitError as e:
+    return {"error": str(e)}
