@@ -1,6 +1,6 @@
 """Metric curves: every checkpoint of every model re-evaluated with ihsweep's own metrics.
 
-For each group the ensemble evaluation (``ihsweep.metrics.make_eval_fn``, vmapped over the
+For each group the ensemble evaluation (``ihsweep.training.metrics.make_eval_fn``, vmapped over the
 group's models and compiled once per group) runs on the group's saved probes at every params
 checkpoint, restored lazily one step at a time onto the devices present. The result is one tidy
 DataFrame, one row per (cell, step):
@@ -9,7 +9,8 @@ DataFrame, one row per (cell, step):
   tokens, <metrics>, {ps,la,dla}_layer / _head (the best head), diverged, diverged_step,
   source, n_probes, n_sequences
 
-where <metrics> are the metrics of ``ihsweep.metric_registry`` (``METRICS``, read from it at
+where <metrics> are the metrics of ``ihsweep.training.metric_registry`` (``METRICS``, read from it
+at
 call time): ps_max, la_max (the study's logit attribution), dla_max (direct logit
 attribution), ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from
 the run's data), icl_score, val_loss, and any metric registered there.
@@ -36,9 +37,15 @@ import time
 import numpy as np
 import pandas as pd
 
-from ihsweep import checkpoint, metric_registry
-from ihsweep.atomic import atomic_file
-from ihsweep.reader import Group, GroupError, Run, unwritable, warn
+from ihsweep.data import make_source
+from ihsweep.data import probes as probes_lib
+from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON, block_length
+from ihsweep.runs import checkpoint
+from ihsweep.runs.atomic import atomic_file
+from ihsweep.runs.reader import Group, GroupError, Run, device_sharding, unwritable, warn
+from ihsweep.training import metric_registry, train
+from ihsweep.training.evaluation import Evaluator
+from ihsweep.workers import sharding as sharding_lib
 
 log = logging.getLogger("analysis")
 
@@ -139,8 +146,6 @@ def _check_block(group: Group, probes) -> None:
     GroupError: naming the block length L and the context size C (or eval.probe_len) that
       gives it.
   """
-  from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON, block_length
-
   cannot = (
     f"so the probe metrics (prefix-matching score, logit attribution, associative "
     f"recall) cannot be computed for group {group.id}"
@@ -204,10 +209,6 @@ def _group_probes(group: Group, n_probes: int | None = None, n_sequences: int | 
 def _make_probes(group: Group):
   import jax
 
-  from ihsweep import train
-  from ihsweep.data import make_source
-  from ihsweep.data import probes as probes_lib
-
   cfg = group.config
   mcfg, tcfg = train.model_and_train_config(cfg)
   source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
@@ -228,7 +229,8 @@ def evaluate_group(
 ) -> pd.DataFrame:
   """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
 
-  One evaluation program is compiled for the group (``ihsweep.evaluation.Evaluator``: the metric
+  One evaluation program is compiled for the group (``ihsweep.training.evaluation.Evaluator``: the
+  metric
   functions vmapped over the ensemble, split over the local devices); while step k is evaluated
   on the devices, step k + 1's params are read from disk. A checkpoint that cannot be restored
   (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
@@ -240,11 +242,6 @@ def evaluate_group(
     (``METRICS``) and ``HEAD_COLUMNS``.
   """
   import jax
-
-  from ihsweep import sharding as sharding_lib
-  from ihsweep import train
-  from ihsweep.evaluation import Evaluator
-  from ihsweep.reader import device_sharding
 
   if not steps:
     return pd.DataFrame()
@@ -334,7 +331,7 @@ def compute_curves(
   """The run's metric curves (module docstring), recomputing only checkpoints not yet cached.
 
   Args:
-    run: from ``ihsweep.reader.load_run``.
+    run: from ``ihsweep.runs.reader.load_run``.
     source: 'auto' (checkpoints where a group has them, its metrics.jsonl otherwise),
       'checkpoints' (groups without checkpoints are skipped with a warning) or 'online'.
     cache: read and update ``<out_dir or DIR/analysis>/curves.parquet``.

@@ -22,8 +22,8 @@ import json
 import os
 import stat
 
-from ihsweep.atomic import atomic_write_json
 from ihsweep.errors import IhsweepError
+from ihsweep.runs.atomic import atomic_write_json
 
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"

@@ -25,7 +25,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 
-from ihsweep import metric_registry
+from ihsweep.training import metric_registry
 
 from .figure_axes import log_updates_axis, pyplot, save, tick_number
 
@@ -36,7 +36,7 @@ from .law_figure import plot_law as plot_law
 
 
 def __getattr__(name: str):
-  # LABELS: metric → axis label, from ihsweep.metric_registry at access time.
+  # LABELS: metric → axis label, from ihsweep.training.metric_registry at access time.
   if name == "LABELS":
     return {n: metric_registry.label(n) for n in metric_registry.names()}
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

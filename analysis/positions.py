@@ -18,7 +18,7 @@ filler ids are drawn from the ids of the saved probes minus the probe's block (a
 the vocabulary if that leaves none; ``probes.repeated_token_probes``'s rule, so each
 second-block token's only earlier occurrence is its copy). Where 2L = C the three places are the
 same input, and where L = C/2 start and middle are. Besides the
-prefix-matching score (Olsson et al. 2022; ``ihsweep.metrics.prefix_matching_score``), the
+prefix-matching score (Olsson et al. 2022; ``ihsweep.training.metrics.prefix_matching_score``), the
 table gives the model's next-token accuracy on the second block (the argmax logit equals the
 token the first block says comes next; the block's last position excluded, since its next token
 is outside the probe).
@@ -74,7 +74,7 @@ def _forward(cfg):
   """One compiled forward (logits, attention) per model config, shared by every model of it."""
   import jax
 
-  from ihsweep.model import Transformer
+  from ihsweep.training.model import Transformer
 
   module = Transformer(cfg)
 
@@ -86,11 +86,11 @@ def _forward(cfg):
 
 
 def place_scores(model, tokens_NxT: np.ndarray, block_len: int) -> dict:
-  """Scores of one model (``ihsweep.notebook.Model``: its ``config`` and ``params``) on probes
+  """Scores of one model (``ihsweep.runs.notebook.Model``: its ``config`` and ``params``) on probes
   ``[N, T]`` whose blocks are the last 2L tokens: ``ps`` float ``[n_layers, n_heads]`` (the
   prefix-matching score) and ``acc`` float, the next-token accuracy over second-block positions
   T − L … T − 2."""
-  from ihsweep.metrics import prefix_matching_score
+  from ihsweep.training.metrics import prefix_matching_score
 
   logits, attn = _forward(model.config)(model.params, np.asarray(tokens_NxT, np.int32))
   ps = np.asarray(prefix_matching_score(attn, block_len))
@@ -108,11 +108,12 @@ def head_positions(run, cells=None, n_probes: int = 64, seed: int = 0) -> pd.Dat
   ``ps_end`` (that head's prefix-matching score, in [0, 1]) and ``acc_start``, ``acc_middle``,
   ``acc_end`` (next-token accuracy on the second block, in [0, 1]).
 
-  ``run``: an ``ihsweep.notebook.Run`` or an ``ihsweep.reader.Run``; ``cells``: the cell ids
+  ``run``: an ``ihsweep.runs.notebook.Run`` or an ``ihsweep.runs.reader.Run``; ``cells``: the cell
+  ids
   (default all readable); ``n_probes``: how many of the run's probe blocks (at most those saved).
   Cells whose group has no probes or params are left out.
   """
-  from ihsweep.notebook import Run as NotebookRun
+  from ihsweep.runs.notebook import Run as NotebookRun
 
   nb = run if isinstance(run, NotebookRun) else NotebookRun(run)
   table = nb.cells.set_index("cell")

@@ -31,9 +31,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from ihsweep import metric_registry
-from ihsweep.atomic import atomic_file
-from ihsweep.reader import dir_identity, load_runs, unwritable
+from ihsweep.runs.atomic import atomic_file
+from ihsweep.runs.reader import dir_identity, load_runs, unwritable
+from ihsweep.training import metric_registry
 
 from . import curves as curves_lib
 from . import emergence as emergence_lib
@@ -259,7 +259,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   ``law_error``, counts).
 
   Raises:
-    ihsweep.reader.NotARun: a directory that is not a run.
+    ihsweep.runs.reader.NotARun: a directory that is not a run.
     OutputError: the output directory cannot be written (e.g. a read-only run directory
       without ``out_dir``), lies inside a run directory but outside its ``analysis/``, or holds
       a file the report did not write under a name it writes (raised before anything is

@@ -33,7 +33,7 @@ passes (nearly) through its points and r says nothing.
 Uncertainty: a percentile bootstrap over grid points with a small-sample factor (``fit_law``
 says why not over cells, and what coverage it measured).
 Predictions carry an interval from the bootstrap covariance of the coefficients
-(``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.law``).
+(``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.planning.law``).
 
 The comparison table (``compare``) scores, on the emerged cells: the fitted law, the study's law
 as published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T
@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from ihsweep import law as law_lib
 from ihsweep.errors import IhsweepError
+from ihsweep.planning import law as law_lib
 
 from .censored_fit import (
   cluster_bootstrap,
@@ -171,7 +171,8 @@ class LawFit:
     """``(median, lo, hi)`` in updates, arrays broadcast over B, C (, n_params): the predicted
     UPT and its ``level`` interval — of the law's median (the fit's uncertainty), or with
     ``cell`` the prediction interval for one new cell (adds the scatter σ²). On ln UPT:
-    ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²)), q the t(G − 1) quantile (``ihsweep.law.log_half_width``;
+    ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²)), q the t(G − 1) quantile
+    (``ihsweep.planning.law.log_half_width``;
     ``ihsweep predict`` computes the same from law.json). E.g. the band over B at one C for a
     figure: ``predict_interval(np.geomspace(8, 32, 50), 64)``.
 
@@ -193,7 +194,8 @@ class LawFit:
 
   def to_dict(self) -> dict:
     """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
-    ``ihsweep.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when withheld,
+    ``ihsweep.planning.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when
+    withheld,
     with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
     ``ci_note``), study_r (the study's published law's r on the same emerged cells, with r),
     n_boot, units, form,

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ihsweep.sharding import use_one_cpu_device_per_core  # noqa: E402
+from ihsweep.workers.sharding import use_one_cpu_device_per_core  # noqa: E402
 
 use_one_cpu_device_per_core()
 
@@ -64,11 +64,12 @@ WORKLOADS = {
 def build_run(workdir: str, workload: str, n_models: int, n_checkpoints: int) -> None:
   """A single-run directory with ``n_checkpoints`` params checkpoints of ``n_models`` models."""
   import configs.default
-  from ihsweep import checkpoint, train
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
-  from ihsweep.model import Transformer
-  from ihsweep.runner import cell_metadata, write_resolved_config
+  from ihsweep.runs import checkpoint
+  from ihsweep.training import train
+  from ihsweep.training.model import Transformer
+  from ihsweep.training.runner import cell_metadata, write_resolved_config
 
   w = WORKLOADS[workload]
   cfg = configs.default.get_config()
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   from analysis import curves as curves_lib
   from analysis import report
-  from ihsweep.reader import load_run
+  from ihsweep.runs.reader import load_run
 
   with tempfile.TemporaryDirectory(prefix="ihsweep-bench-analysis-") as tmp:
     workdir = args.keep or os.path.join(tmp, "run")

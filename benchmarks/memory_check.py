@@ -8,12 +8,13 @@ chooses, the bytes it predicted against the device's measured peak, and its spee
 The cell: ``configs/exp1_natural.py`` at study scale (2 layers, 8 heads, d_model 768, d_mlp
 3072, V 50,257, tied, bf16 compute) at B 128 × C 1024, E = 2, trained for ``--updates`` updates
 on uniform random tokens generated in-graph (the corpus is not needed to measure memory and
-speed: the program is the same but for its data argument). ``ihsweep.runner.fit`` chooses the
+speed: the program is the same but for its data argument). ``ihsweep.training.runner.fit`` chooses
+the
 setting (``train.gradient_accumulation_steps`` = 0, ``train.remat`` = auto) from the compiled
 programs' memory analysis, as ``ihsweep train`` does.
 
 Prints one JSON object: ``{"device", "cell", "setting" (k, vmap chunk, remat, as recorded in the
-run's config.json), "predicted_bytes" (ihsweep.memory's need per device), "capacity_bytes",
+run's config.json), "predicted_bytes" (ihsweep.planning.memory's need per device), "capacity_bytes",
 "peak_bytes" (the device's peak_bytes_in_use after training; null on a CPU), "peak_over_predicted",
 "tokens_per_s" (after the compiling call), "mfu" (model FLOPs per token × tokens/s over the
 nominal dense bf16 peak: 989.4 TFLOP/s for H100/H200, null elsewhere), "updates", "wall_s"}``.
@@ -67,13 +68,15 @@ def main(argv=None) -> int:
 
   import jax
 
-  from ihsweep import compile_cache, memory, runner
+  from ihsweep.planning import memory
+  from ihsweep.training import runner
+  from ihsweep.workers import compile_cache
 
   # As `ihsweep run`: a persistent compilation cache, so that fit loads the programs the
   # memory search compiled (a temporary one unless JAX_COMPILATION_CACHE_DIR chooses).
   cache = tempfile.TemporaryDirectory(prefix="ihsweep-memory-check-xla-")
   compile_cache.enable(cache.name)
-  from ihsweep.model import ModelConfig, flops_per_token
+  from ihsweep.training.model import ModelConfig, flops_per_token
 
   cfg = cell_config(args.smoke, args.updates)
   device = jax.devices()[0]

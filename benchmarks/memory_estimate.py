@@ -40,7 +40,8 @@ def main(argv=None) -> int:
 
   import jax
 
-  from ihsweep import placement, runner, targets
+  from ihsweep.planning import placement, targets
+  from ihsweep.training import runner
 
   path, _, arg = args.config.partition(":")
   spec = importlib.util.spec_from_file_location("config_module", path)

@@ -26,7 +26,8 @@ frequency 0.5, reliability 0.5) generated in-graph.
 tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the best round is the
 least disturbed); the median is reported beside it.
 
-Model FLOPs per token: ``ihsweep.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C (PaLM,
+Model FLOPs per token: ``ihsweep.training.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C
+(PaLM,
 appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
 matmul peak measured in the same process (best of a few square matmuls).
 
@@ -45,10 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ihsweep import data as data_lib
-from ihsweep import sharding, train
 from ihsweep.data.builtin import UniformSource
-from ihsweep.model import ModelConfig, flops_per_token
-from ihsweep.runner import HostLoader
+from ihsweep.training import train
+from ihsweep.training.model import ModelConfig, flops_per_token
+from ihsweep.training.runner import HostLoader
+from ihsweep.workers import sharding
 
 WORKLOADS = {
   "reference": dict(
@@ -179,9 +181,9 @@ def eval_overhead(
   ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
   import ml_collections
 
-  from ihsweep import config as config_lib
+  from ihsweep.configuration import config as config_lib
   from ihsweep.data import probes as probes_lib
-  from ihsweep.runner import Evaluator
+  from ihsweep.training.runner import Evaluator
 
   mcfg, tcfg, init, step, hp, feed, source = _build(
     workload, n_models, steps_per_call, updates, "uniform", "device"

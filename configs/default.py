@@ -13,13 +13,15 @@ model.vocab_size; run ``ihsweep corpus fetch python-docs`` once first), or both:
 
 import ml_collections
 
-from ihsweep import config, data, schema
+from ihsweep import data
+from ihsweep.configuration import config, schema
 
 
 def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.seed = schema.field("seed").default  # model i of the ensemble uses seed + i
-  # Every section's fields, defaults, allowed values and help: ihsweep.schema (and the reference
+  # Every section's fields, defaults, allowed values and help: ihsweep.configuration.schema (and the
+  # reference
   # in docs/configuration.md generated from it).
   c.model = schema.defaults("model")
   c.train = schema.defaults("train")  # memory choices 0 / auto: chosen by device memory

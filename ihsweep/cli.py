@@ -13,11 +13,11 @@ import sys
 
 from absl import flags
 
-from ihsweep import schema
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
 from ihsweep.commands.common import fail, parse, run_guarded, start_logging
 from ihsweep.commands.flags import FLAGS, FORMS, check, flag_list, help_text
 from ihsweep.commands.flags import split_args as _split_args
+from ihsweep.configuration import schema
 
 MODULES = {m.NAME: m for m in (run, status, train, corpus, predict, plan, export)}
 COMMANDS = {name: m.DESCRIPTION for name, m in MODULES.items()}
@@ -96,12 +96,12 @@ def main(argv=None) -> int:
       f"{command} takes flags only, got {' '.join(rest[1:])!r} (quote values that contain spaces)"
     )
   if module.COMPILES:
-    from ihsweep import compile_cache
+    from ihsweep.workers import compile_cache
 
     compile_cache.enable()  # a rerun or the next group of equal shapes compiles nothing again
   if module.TRAINS:
-    from ihsweep.runner import install_stop_handlers
-    from ihsweep.sharding import initialize_distributed
+    from ihsweep.training.runner import install_stop_handlers
+    from ihsweep.workers.sharding import initialize_distributed
 
     initialize_distributed()
     install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit

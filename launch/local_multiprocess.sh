@@ -7,7 +7,7 @@
 # Joined (default): the N processes form one jax.distributed job through a localhost
 # coordinator: the code path of a pod, on one machine. Each process is a worker training
 # process-local groups on its own devices, or, in phases, workers spanning several processes
-# (--config.sweep.processes_per_worker=k; ihsweep/sweep.py explains it). Environment it sets per process:
+# (--config.sweep.processes_per_worker=k; ihsweep/workers/sweep.py explains it). Environment it sets per process:
 # IHSWEEP_COORDINATOR=localhost:PORT, IHSWEEP_NUM_PROCESSES=N, IHSWEEP_PROCESS_ID=k.
 # Independent (--independent): N separate `ihsweep run` processes with the same flags, no
 # coordinator (IHSWEEP_COORDINATOR, IHSWEEP_NUM_PROCESSES, IHSWEEP_PROCESS_ID and
@@ -38,7 +38,7 @@
 # others are then stopped: SIGTERM, SIGKILL after IHSWEEP_GRACE_S (default 30) seconds; a process
 # found stopped (SIGSTOP; it cannot act on SIGTERM) is killed at once. A process that stops
 # answering without exiting is noticed by the others within IHSWEEP_HEARTBEAT_S
-# (ihsweep/sharding.py).
+# (ihsweep/workers/sharding.py).
 # Exit status, independent: the workers do not depend on each other, so one that fails (or is
 # killed) does not stop the others: a line names it when it ends ("the others go on"), the
 # others finish their groups and take over the groups it held (at once for a dead process on

@@ -7,7 +7,7 @@
 # is a worker over its own chips that claims the next pending group in the run directory (most
 # expensive first), trains it, then takes the next; a v4-32 slice (4 hosts × 4 chips) trains 4
 # groups side by side; large groups go, in later phases, to workers spanning several hosts
-# (--config.sweep.processes_per_worker=k fixes k). ihsweep/sweep.py explains it.
+# (--config.sweep.processes_per_worker=k fixes k). ihsweep/workers/sweep.py explains it.
 # Usage:
 #   launch/tpu_pod.sh TPU_NAME ZONE [--sync] [--dry-run] --config=configs/exp1_natural.py \
 #       --workdir=/mnt/shared/exp1 --config.data.tfds_data_dir=$TFDS [more run flags]

@@ -58,7 +58,7 @@ def tiny():
 @pytest.fixture
 def no_compile(monkeypatch):
   """Fails the test if anything reaches compilation (bad input must be refused before)."""
-  from ihsweep import train
+  from ihsweep.training import train
 
   def boom(*a, **k):
     raise AssertionError("compiled before rejecting bad input")

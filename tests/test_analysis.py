@@ -15,8 +15,9 @@ import pytest
 from analysis import __main__ as cli
 from analysis import curves as curves_lib
 from analysis import emergence, frontier, scaling
-from ihsweep import rundir, schedule
-from ihsweep.reader import NotARun, load_run
+from ihsweep.runs import rundir
+from ihsweep.runs.reader import NotARun, load_run
+from ihsweep.training import schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
@@ -400,7 +401,7 @@ def trained(tmp_path_factory):
   """One small `ihsweep train` run: 2 models, params checkpoints at 0, 1, 2, 3, 4, 6, … 40."""
   from conftest import tiny_config
 
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   workdir = str(tmp_path_factory.mktemp("analysis") / "run")
   fit(tiny_config(**ONE_LAYER), workdir, progress=False)
@@ -673,7 +674,7 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
 
 
 def test_a_group_given_beside_its_sweep_is_counted_once(trained, tmp_path):
-  from ihsweep.reader import load_runs
+  from ihsweep.runs.reader import load_runs
 
   sweep = _fake_sweep(trained, tmp_path)
   os.symlink(os.path.join(sweep, "groups", "g000"), tmp_path / "link")
@@ -793,7 +794,7 @@ def test_probes_at_the_end_of_the_context_are_saved_and_rescored_alike(tmp_path)
   from conftest import tiny_config
 
   from ihsweep.data.probes import Probes
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   workdir = str(tmp_path / "run")
   end = {"eval.probe_position": "end", "eval.probe_len": 4, "train.num_steps": 20}

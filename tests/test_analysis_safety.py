@@ -12,7 +12,7 @@ import pytest
 
 from analysis import curves as curves_lib
 from analysis import report
-from ihsweep.reader import load_run
+from ihsweep.runs.reader import load_run
 
 FAST = {
   "model.n_layers": 1,
@@ -29,7 +29,7 @@ def diverged_run(tmp_path_factory):
   """An `ihsweep train` run of 2 models over 20 updates; model 1 (lr 1e30) diverges early."""
   from conftest import tiny_config
 
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   workdir = str(tmp_path_factory.mktemp("diverged") / "run")
   fit(
@@ -80,7 +80,7 @@ def test_a_diverged_model_of_a_single_run_reads_as_diverged(diverged_run, tmp_pa
 def test_a_run_too_short_for_probes_is_skipped_with_the_reason(tmp_path):
   from conftest import tiny_config
 
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   workdir = str(tmp_path / "c1")
   fit(

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, hooks, runner, schedule
-from ihsweep import config as config_lib
-from ihsweep.runner import fit, write_resolved_config
+from ihsweep.configuration import config as config_lib
+from ihsweep.runs import checkpoint
+from ihsweep.training import hooks, runner, schedule
+from ihsweep.training.runner import fit, write_resolved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer: compiling the evaluation dominates this file's runs.

@@ -551,7 +551,7 @@ def test_a_workdir_under_home_is_expanded(tmp_path):
 
 def _fake_runs(tmp_path):
   """A sweep with one group directory, and a train run, as their markers make them."""
-  from ihsweep import rundir
+  from ihsweep.runs import rundir
 
   runs = {"sweep": tmp_path / "sweep", "train": tmp_path / "train"}
   for kind, d in runs.items():
@@ -593,7 +593,7 @@ def test_status_of_a_train_run_says_where_its_progress_is(tmp_path):
 def test_out_of_device_memory_is_one_line_and_exits_at_once(tmp_path, monkeypatch, capsys):
   """A model or batch too large for the device (seen with C = 65,536: a 17.7 TB allocation)
   raised a JAX traceback, then hung ~5 min in orbax's threads; now one line and exit 1."""
-  from ihsweep import runner
+  from ihsweep.training import runner
 
   def too_big(*args, **kwargs):
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17677012668608 bytes.")

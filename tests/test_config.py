@@ -1,7 +1,7 @@
 import pytest
 
-from ihsweep import runner
-from ihsweep.config import ConfigError, validate
+from ihsweep.configuration.config import ConfigError, validate
+from ihsweep.training import runner
 
 
 @pytest.mark.parametrize(
@@ -227,7 +227,7 @@ def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
 
 
 def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
-  from ihsweep import plan as plan_lib
+  from ihsweep.planning import grid as grid_lib
 
   cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
   with pytest.raises(
@@ -235,9 +235,9 @@ def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
     match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
     r"allowed: an integer in \[0, 2147483647\]",
   ):
-    plan_lib.make_plan(cfg)
+    grid_lib.make_plan(cfg)
   cfg.sweep.seeds = 1
-  assert [c.seed for c in plan_lib.make_plan(cfg).cells] == [INT32_MAX]
+  assert [c.seed for c in grid_lib.make_plan(cfg).cells] == [INT32_MAX]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from ihsweep import plan as plan_lib
+from ihsweep.planning import grid as grid_lib
 
 # (config, argument) → (cells, groups, models per group)
 EXPECTED = {
@@ -33,7 +33,7 @@ def test_config_plans_its_grid(name, arg, text_file):
   if cfg.data.source in ("natural", "markov") and cfg.data.transitions != "synthetic":
     cfg.data.update(corpus="", tfds_name="", files=text_file)
   cfg.mesh.num_devices = 2  # the test session has 4 fake devices; every grid fits on 2
-  plan = plan_lib.make_plan(cfg)
+  plan = grid_lib.make_plan(cfg)
   n_cells, n_groups, per_group = EXPECTED[(name, arg)]
   assert (len(plan.cells), len(plan.groups)) == (n_cells, n_groups)
   assert {g.cfg.ensemble.size for g in plan.groups} == {per_group}
@@ -41,7 +41,7 @@ def test_config_plans_its_grid(name, arg, text_file):
 
 def test_exp1_model_size_axis():
   cfg = importlib.import_module("configs.exp1_natural").get_config("scale=study,models=3")
-  axes, points = plan_lib.grid_points(cfg)  # the grid only: validating 75 groups takes ~12 s
+  axes, points = grid_lib.grid_points(cfg)  # the grid only: validating 75 groups takes ~12 s
   assert len(points) == 75 and "model.d_model" in axes
   assert sorted({p["model.d_model"] for p in points}) == [256, 512, 768]
 

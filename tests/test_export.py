@@ -1,11 +1,11 @@
-"""ihsweep.export: a model in TransformerLens (HookedTransformer) and Hugging Face (GPT-2),
+"""ihsweep.runs.export: a model in TransformerLens (HookedTransformer) and Hugging Face (GPT-2),
 cross-checked against code we did not write.
 
 Each architecture ihsweep trains (learned or rotary positions × attention-only or with MLPs ×
 tied or untied embeddings) is exported with every parameter perturbed away from its init
 (biases and LayerNorms nonzero, so a dropped bias shows), a non-default ``ln_eps`` and
 ``rotary_base`` (so a default used by mistake shows), and its logits compared with ihsweep's
-own forward (``ihsweep.model.Transformer``) on random tokens:
+own forward (``ihsweep.training.model.Transformer``) on random tokens:
 
 * float64 (jax_enable_x64, torch float64): to 1e-9. Both sides compute the same function in
   double precision; what differs is the order of summation (XLA's dots vs torch's BLAS), whose
@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch", reason="the interop extra: pip install 'ihs
 pytest.importorskip("transformer_lens", reason="the interop extra")
 pytest.importorskip("transformers", reason="the interop extra")
 
-from ihsweep import export  # noqa: E402
+from ihsweep.runs import export  # noqa: E402
 
 VARIANTS = list(itertools.product(("learned", "rotary"), (0, 24), (True, False)))
 IDS = [f"{p}-{'mlp' if m else 'attn_only'}-{'tied' if t else 'untied'}" for p, m, t in VARIANTS]
@@ -52,7 +52,7 @@ def _model(pos, d_mlp, tie, dtype="float32", seed=0):
   (N(0, 0.3²) added: nonzero biases, LayerNorm scales away from 1)."""
   import jax
 
-  from ihsweep.model import ModelConfig, Transformer
+  from ihsweep.training.model import ModelConfig, Transformer
 
   cfg = ModelConfig(
     n_layers=2,
@@ -80,7 +80,7 @@ def _tokens(seed=0, b=3):
 
 
 def _ihsweep(params, cfg, tokens, internals=False):
-  from ihsweep.model import Transformer
+  from ihsweep.training.model import Transformer
 
   out = Transformer(cfg).apply({"params": params}, tokens, return_internals=internals)
   if internals:
@@ -100,7 +100,7 @@ def _hf_logits(model, tokens):
 
 def test_import_ihsweep_and_export_stays_free_of_torch():
   code = (
-    "import sys, ihsweep, ihsweep.export, ihsweep.cli, ihsweep.notebook; "
+    "import sys, ihsweep, ihsweep.runs.export, ihsweep.cli, ihsweep.runs.notebook; "
     "print(sorted(m for m in ('torch', 'transformer_lens', 'transformers') if m in sys.modules))"
   )
   out = subprocess.run(
@@ -291,8 +291,8 @@ def test_the_extra_missing_says_how_to_install(monkeypatch):
 def swept(tmp_path_factory):
   """`ihsweep run` over model.pos_encoding ∈ {learned, rotary}, one seed each: cell 0 learned,
   cell 1 rotary (groups g000, g001), 10 updates, params saved at 0 and 10."""
-  from ihsweep import plan as plan_lib
-  from ihsweep import sweep
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.workers import sweep
 
   cfg = tiny_config(
     **{
@@ -306,7 +306,7 @@ def swept(tmp_path_factory):
       "checkpoint.state_every_steps": 0,
     }
   )
-  plan_lib.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
+  grid_lib.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
   workdir = str(tmp_path_factory.mktemp("export") / "sweep")
   sweep.run(cfg, workdir, progress=False)
   return workdir
@@ -485,7 +485,7 @@ def test_cli_damaged_checkpoint_is_one_line(swept, tmp_path, capsys):
   import shutil
 
   import ihsweep
-  from ihsweep.notebook import CheckpointUnreadable
+  from ihsweep.runs.notebook import CheckpointUnreadable
 
   copy = str(tmp_path / "run")
   shutil.copytree(swept, copy)
@@ -526,7 +526,7 @@ def test_notebook_methods(swept, tmp_path):
   np.testing.assert_allclose(
     _tl_logits(export.load_transformer_lens(path), tokens), ref1, atol=F32_TOL
   )
-  from ihsweep.notebook import StepNotSaved, UnknownCell
+  from ihsweep.runs.notebook import StepNotSaved, UnknownCell
 
   with pytest.raises(UnknownCell, match="valid cells: 0, 1"):
     run.export(2, to="hf", out=tmp_path / "x")
@@ -545,7 +545,7 @@ def induction(tmp_path_factory):
   0.6 at layer 1 from update ~600), the other not yet. Probes: 16 of block length L = 16
   (2L = 32 < max_context 64, as TransformerLens's detector needs)."""
   from configs import induction as induction_config
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   c = induction_config.get_config()
   c.ensemble.size = 2
@@ -562,7 +562,7 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
   block again; no BOS):
 
   * exact: the prefix-matching score PS (mean over probes and second-block positions i of the
-    attention from i to i − L + 1; ihsweep.metrics.prefix_matching_score) computed from
+    attention from i to i − L + 1; ihsweep.training.metrics.prefix_matching_score) computed from
     TransformerLens's attention pattern (``run_with_cache``, ``pattern``) equals PS from
     ihsweep's forward, and the PS the run recorded in metrics.jsonl at that step, to 1e-5
     (attention probabilities in [0, 1] rounded in float32 at ~1e-7);
@@ -578,7 +578,7 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
   from transformer_lens.head_detector import detect_head
 
   import ihsweep
-  from ihsweep.metrics import prefix_matching_score
+  from ihsweep.training.metrics import prefix_matching_score
 
   run = ihsweep.load_run(induction)
   last = run.metrics.groupby("cell").tail(1).set_index("cell")
@@ -624,7 +624,7 @@ def test_the_readme_example_runs(induction, capsys):
   written but for the run (runs/demo → this 2-layer run of the classic induction task). The
   printed stripe is the prefix-matching score that ihsweep's own forward gives on the same
   tokens."""
-  from ihsweep.metrics import prefix_matching_score
+  from ihsweep.training.metrics import prefix_matching_score
 
   text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   block = text.split("<!-- export-example -->\n```python\n", 1)[1].split("```", 1)[0]
@@ -653,13 +653,13 @@ def test_the_readme_export_command_names_the_demo_cell_it_says(swept, tmp_path, 
   import shlex
 
   from configs import demo
-  from ihsweep import plan as plan_lib
+  from ihsweep.planning import grid as grid_lib
 
   text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   line = text.split("<!-- export-command -->\n```bash\n", 1)[1].splitlines()[0]
   args = shlex.split(line, comments=True)
   assert args[:2] == ["ihsweep", "export"] and "--cell=10" in args and "--workdir=runs/demo" in args
-  cell = plan_lib.make_plan(demo.get_config()).cells[10]
+  cell = grid_lib.make_plan(demo.get_config()).cells[10]
   assert (cell.cfg.train.batch_size, cell.cfg.train.context_size, cell.seed) == (16, 64, 0)
   assert "Cell 10 of the demo is B 16 × C 64, seed 0" in " ".join(text.split())
   os.makedirs(tmp_path / "runs")

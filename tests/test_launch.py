@@ -21,7 +21,8 @@ import time
 import jax
 import pytest
 
-from ihsweep import rundir, sharding, sweep
+from ihsweep.runs import rundir
+from ihsweep.workers import sharding, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import config as config_lib
+from ihsweep.configuration import config as config_lib
 from ihsweep.data import make_source, markov, natural, synthetic
-from ihsweep.runner import fit
+from ihsweep.training.runner import fit
 
 
 def random_chain(vocab=200, concentration=0.1, seed=0):

@@ -1,4 +1,4 @@
-"""ihsweep/memory.py and runner.resolve_memory: the memory setting chosen from the compiled
+"""ihsweep/planning/memory.py and runner.resolve_memory: the memory setting chosen from the compiled
 programs before anything trains."""
 
 import json
@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep import memory, runner
+from ihsweep.planning import memory
+from ihsweep.training import runner
 
 MIB = 1 << 20
 
@@ -151,7 +152,7 @@ def test_a_sweep_refuses_a_group_that_fits_nowhere_before_any_group_trains(
   the sweep stops before training either, naming the B = 8 group."""
   import ml_collections
 
-  from ihsweep import sweep
+  from ihsweep.workers import sweep
 
   cfg = _cfg(tiny, **{"model.vocab_size": 64})
   cfg.sweep.grid = ml_collections.ConfigDict(

@@ -1,4 +1,4 @@
-"""The metric registry (ihsweep/metric_registry.py), the one home of every metric: a metric
+"""The metric registry (ihsweep/training/metric_registry.py), the one home of every metric: a metric
 registered in one place is computed by the evaluation, written to metrics.jsonl, accepted (and
 range-checked) by the stop rule, kept by the curves and tabulated by the emergence analysis."""
 
@@ -18,12 +18,12 @@ from test_metrics import CFG, L, _evaluate, _probes, induction_circuit
 from analysis import curves as curves_lib
 from analysis import emergence, plots
 from analysis import summary as summary_lib
-from ihsweep import config as config_lib
-from ihsweep import metric_registry, metrics, runner
-from ihsweep import plan as plan_lib
-from ihsweep.config import ConfigError
+from ihsweep.configuration import config as config_lib
+from ihsweep.configuration.config import ConfigError
 from ihsweep.data import probes
-from ihsweep.evaluation import Evaluator
+from ihsweep.planning import grid as grid_lib
+from ihsweep.training import metric_registry, metrics, runner
+from ihsweep.training.evaluation import Evaluator
 
 STEPS = np.asarray([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
 
@@ -165,7 +165,7 @@ def _sweep_config(tiny, **sweep):
 
 
 def test_the_stop_rule_accepts_a_registered_metric_with_its_rules(ps_mean, tiny, no_compile):
-  plan = plan_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=0.3))
+  plan = grid_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=0.3))
   assert len(plan.groups) == 1 and plan.budget == "emergence"
   # C = 32: probe blocks of L = 16, where uniform attention scores 0.0424 (the untrained level).
   for threshold, words in (
@@ -174,11 +174,11 @@ def test_the_stop_rule_accepts_a_registered_metric_with_its_rules(ps_mean, tiny,
     (1.5, "a finite number in (0.0, 1.0]"),
   ):
     with pytest.raises(ConfigError) as e:
-      plan_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=threshold))
+      grid_lib.make_plan(_sweep_config(tiny, stop_metric="ps_mean", stop_threshold=threshold))
     assert e.value.field == "sweep.stop_threshold" and words in str(e.value), e.value
   # A falling metric has no stop rule; the error lists the registered metric among the allowed.
   with pytest.raises(ConfigError) as e:
-    plan_lib.make_plan(_sweep_config(tiny, stop_metric="val_loss"))
+    grid_lib.make_plan(_sweep_config(tiny, stop_metric="val_loss"))
   assert e.value.field == "sweep.stop_metric"
   assert "'ar_data_acc', 'ps_mean'" in str(e.value)
 

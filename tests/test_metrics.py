@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import metric_registry, metrics
 from ihsweep.data import probes
-from ihsweep.law import Law, LawError
-from ihsweep.model import ModelConfig, Transformer
+from ihsweep.planning.law import Law, LawError
+from ihsweep.training import metric_registry, metrics
+from ihsweep.training.model import ModelConfig, Transformer
 
 V, C, D = 32, 32, 128
 TOK, POS, PREV, OUT = 0, 32, 64, 96  # residual subspaces of the hand-built model
@@ -224,7 +224,7 @@ def test_last_position_target_is_the_block_first_token():
 
 def test_diverged_model_reads_nan_not_perfect_recall():
   import configs.default
-  from ihsweep.runner import Evaluator
+  from ihsweep.training.runner import Evaluator
 
   nan = jax.tree_util.tree_map(lambda x: x * jnp.nan, induction_circuit())
   out = jax.tree_util.tree_map(np.asarray, _evaluate(nan))
@@ -258,7 +258,7 @@ def test_diverged_model_reads_nan_not_perfect_recall():
 
 
 def test_probe_blocks_shorter_than_three_are_refused(tiny):
-  from ihsweep.config import ConfigError, validate
+  from ihsweep.configuration.config import ConfigError, validate
 
   for overrides, field, words in [
     (
@@ -433,7 +433,7 @@ def test_evaluation_split_over_the_data_axis_equals_one_device():
   the axis (``make_eval_fn(mesh=...)``); the metrics equal the unsplit evaluation's. The only
   float32 difference is the order of the additions over 20 items (relative ~20 · 6e-8), so
   rtol 2e-5, as for vmapped against one by one; the counts and argmaxes are exact."""
-  from ihsweep import sharding
+  from ihsweep.workers import sharding
 
   cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=V, max_context=C)
   params = [
@@ -472,7 +472,9 @@ def test_evaluation_micro_batches_follow_the_device_memory(monkeypatch):
   """An eighth of the usable memory for one micro-batch's float32 logits: at study scale (C
   1024, V 50,257) on a v5e core (15.75 GiB) 8 of 32 held-out sequences at once (the old fixed
   16 MiB: one); 16 MiB where the memory is unknown (a CPU)."""
-  from ihsweep import evaluation, memory, sharding
+  from ihsweep.planning import memory
+  from ihsweep.training import evaluation
+  from ihsweep.workers import sharding
 
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   monkeypatch.delenv(memory.CAPACITY_ENV, raising=False)

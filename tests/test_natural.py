@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ihsweep import config as config_lib
-from ihsweep import runner
+from ihsweep.configuration import config as config_lib
 from ihsweep.data import corpus, documents, make_source, natural
-from ihsweep.runner import fit
+from ihsweep.training import runner
+from ihsweep.training.runner import fit
 
 WORDS = (
   "the induction head copies a token after the previous occurrence of its prefix while "
@@ -217,8 +217,8 @@ def test_host_loader_draws_the_windows_the_device_draws(tiny, tmp_path):
 def test_host_batch_array_reads_each_device_part_once(tiny, tmp_path, monkeypatch):
   """The global batch of a 2 × 2 mesh (E over 'ensemble', B over 'data') is assembled from
   per-device parts: each part read once, only its models and rows, equal to the whole batch."""
-  from ihsweep import sharding
   from ihsweep.data.source import host_batch_array
+  from ihsweep.workers import sharding
 
   cfg = natural_cfg(tiny, tmp_path)
   source = make_source(cfg.data, 300, 8, 32)

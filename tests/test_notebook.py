@@ -1,4 +1,4 @@
-"""The notebook API (ihsweep/notebook.py): ihsweep.load_run on a tiny run and a tiny sweep."""
+"""The notebook API (ihsweep/runs/notebook.py): ihsweep.load_run on a tiny run and a tiny sweep."""
 
 import os
 import re
@@ -44,7 +44,7 @@ def _tree(path):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
   """`ihsweep train` of 2 models (cells 0 and 1)."""
-  from ihsweep.runner import fit
+  from ihsweep.training.runner import fit
 
   workdir = str(tmp_path_factory.mktemp("notebook") / "run")
   fit(tiny_config(**RUN), workdir, progress=False)
@@ -55,11 +55,11 @@ def single(tmp_path_factory):
 def swept(tmp_path_factory):
   """`ihsweep run` over B ∈ {4, 8} × 2 seeds: cells 0, 1 (B 4) and 2, 3 (B 8) in two groups
   of 2 (g000 and g001, in the plan's order), 10 updates."""
-  from ihsweep import plan as plan_lib
-  from ihsweep import sweep
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.workers import sweep
 
   cfg = tiny_config(**{**RUN, "train.num_steps": 10, "sweep.seeds": 2})
-  plan_lib.add_axes(cfg, ["train.batch_size=4,8"])
+  grid_lib.add_axes(cfg, ["train.batch_size=4,8"])
   workdir = str(tmp_path_factory.mktemp("notebook") / "sweep")
   sweep.run(cfg, workdir, progress=False)
   return workdir
@@ -73,11 +73,11 @@ def test_import_ihsweep_stays_cheap():
   out = subprocess.run(
     [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
   )
-  assert out.stdout.strip() == "ihsweep.notebook"
+  assert out.stdout.strip() == "ihsweep.runs.notebook"
 
 
 def test_load_run_from_a_directory_outside_the_repository(single, tmp_path):
-  """A notebook anywhere: the run-directory reader is ihsweep's own (ihsweep.reader)."""
+  """A notebook anywhere: the run-directory reader is ihsweep's own (ihsweep.runs.reader)."""
   code = (
     f"import ihsweep; run = ihsweep.load_run({single!r}); "
     f"print(run.cell_ids, run.steps(1)[-1], type(run.analysis).__module__)"
@@ -87,16 +87,16 @@ def test_load_run_from_a_directory_outside_the_repository(single, tmp_path):
     [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
   )
   assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.split("\n")[-2] == "[0, 1] 20 ihsweep.reader"
+  assert out.stdout.split("\n")[-2] == "[0, 1] 20 ihsweep.runs.reader"
 
 
 def test_a_single_run_tables_params_model_and_probes(single):
   import jax
 
   import ihsweep
-  from ihsweep.checkpoint import RunCheckpoints
   from ihsweep.data.probes import Probes
-  from ihsweep.model import ModelConfig, Transformer
+  from ihsweep.runs.checkpoint import RunCheckpoints
+  from ihsweep.training.model import ModelConfig, Transformer
 
   before = _tree(single)
   run = ihsweep.load_run(single)
@@ -165,7 +165,7 @@ def test_a_single_run_tables_params_model_and_probes(single):
   np.testing.assert_allclose(model.attention(tokens[2]), one["attn"], atol=1e-7)
   np.testing.assert_allclose(model(tokens[2]), one_logits, atol=1e-6)
   # The attention patterns give the prefix-matching score the online evaluation logged.
-  from ihsweep.metrics import prefix_matching_score
+  from ihsweep.training.metrics import prefix_matching_score
 
   ps = np.asarray(prefix_matching_score(internals["attn"], L))
   logged = metrics.set_index(["cell", "step"]).loc[(1, 20), "ps"]
@@ -178,7 +178,7 @@ def test_a_sweep_slices_each_cell_from_its_own_group(swept):
   import jax
 
   import ihsweep
-  from ihsweep.checkpoint import RunCheckpoints
+  from ihsweep.runs.checkpoint import RunCheckpoints
 
   before = _tree(swept)
   with ihsweep.load_run(swept) as run:
@@ -212,7 +212,7 @@ def test_a_cell_of_a_skipped_group_says_why(swept, tmp_path):
   import shutil
 
   import ihsweep
-  from ihsweep import notebook
+  from ihsweep.runs import notebook
 
   work = tmp_path / "sweep"
   shutil.copytree(swept, work)
@@ -234,7 +234,7 @@ def test_a_cell_of_a_skipped_group_says_why(swept, tmp_path):
 
 def test_errors_name_what_is_allowed(single, tmp_path):
   import ihsweep
-  from ihsweep import notebook
+  from ihsweep.runs import notebook
 
   run = ihsweep.load_run(single)
   with pytest.raises(
@@ -275,8 +275,8 @@ def test_errors_name_what_is_allowed(single, tmp_path):
 
 def test_a_run_without_checkpoints_or_probes_says_so(tmp_path):
   import ihsweep
-  from ihsweep import notebook
-  from ihsweep.runner import write_resolved_config
+  from ihsweep.runs import notebook
+  from ihsweep.training.runner import write_resolved_config
 
   write_resolved_config(tiny_config(), str(tmp_path))  # a run that has not evaluated or saved
   open(tmp_path / "metrics.jsonl", "w").close()
@@ -293,7 +293,7 @@ def test_tokenizer_of_a_natural_text_run(tmp_path):
 
   import ihsweep
   from ihsweep.data import natural
-  from ihsweep.runner import write_resolved_config
+  from ihsweep.training.runner import write_resolved_config
 
   cfg = natural_cfg(tiny_config, tmp_path)
   corpus = natural.prepare_corpus(cfg.data, 300)  # as training fills the cache

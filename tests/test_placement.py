@@ -1,4 +1,5 @@
-"""ihsweep/placement.py and ihsweep/timing.py: the schedule simulation on hand-built groups with
+"""ihsweep/planning/placement.py and ihsweep/planning/timing.py: the schedule simulation on
+hand-built groups with
 known answers, one worker of all devices, the layouts, the time models, and `ihsweep plan`."""
 
 import copy
@@ -13,9 +14,11 @@ import ml_collections
 import pytest
 from conftest import tiny_config
 
-from ihsweep import cli, placement, sharding, timing
-from ihsweep import schedule as schedule_lib
-from ihsweep.law import Law
+from ihsweep import cli
+from ihsweep.planning import placement, timing
+from ihsweep.planning.law import Law
+from ihsweep.training import schedule as schedule_lib
+from ihsweep.workers import sharding
 
 
 def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
@@ -330,7 +333,7 @@ def _jobs_with_configs(n=3):
   for i, (b, c) in enumerate([(8, 32), (16, 32), (8, 16)][:n]):
     g = copy.deepcopy(cfg)
     g.train.batch_size, g.train.context_size = b, c
-    from ihsweep import model as model_lib
+    from ihsweep.training import model as model_lib
 
     fpt = model_lib.flops_per_token(model_lib.ModelConfig.from_config(g.model), c)
     jobs.append(

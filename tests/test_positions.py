@@ -8,7 +8,7 @@ from test_metrics import CFG, induction_circuit
 
 from analysis import positions
 from ihsweep.data import probes
-from ihsweep.notebook import Model
+from ihsweep.runs.notebook import Model
 
 C = CFG.max_context  # 32
 BLOCK = 4

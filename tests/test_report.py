@@ -367,8 +367,9 @@ def _sigmoid_sweep(
   import ml_collections
 
   import configs.induction
-  from ihsweep import plan as plan_lib
-  from ihsweep import rundir, runner
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.runs import rundir
+  from ihsweep.training import runner
 
   cfg = configs.induction.get_config()
   cfg.sweep.grid = ml_collections.ConfigDict(
@@ -378,7 +379,7 @@ def _sigmoid_sweep(
   cfg.train.num_steps = cap or 4096
   workdir = str(root / "sweep")
   os.makedirs(workdir)
-  plan = plan_lib.make_plan(cfg)
+  plan = grid_lib.make_plan(cfg)
   runner.write_resolved_config(cfg, workdir)
   rundir.write_cells(plan, workdir)
   steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)] + ([cap] if cap else [])

@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from ihsweep import checkpoint, rundir, runner, stopping, sweep
-from ihsweep.config import ConfigError, WorkdirError
+from ihsweep.configuration.config import ConfigError, WorkdirError
+from ihsweep.runs import checkpoint, rundir
+from ihsweep.training import runner, stopping
+from ihsweep.workers import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_FLAGS = [
@@ -167,7 +169,9 @@ def test_a_run_made_before_the_marker_resumes(tiny, tmp_path):
 # that the test's second Ctrl-C surely lands in the middle of it.
 SLOW_FINAL_SAVE = """
 import sys, time
-from ihsweep import checkpoint, cli, runner
+from ihsweep.runs import checkpoint
+from ihsweep import cli
+from ihsweep.training import runner
 save = checkpoint.RunCheckpoints.save_state
 def slow(self, *args, **kwargs):
   if runner.stop_requested():

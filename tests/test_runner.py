@@ -11,7 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep import checkpoint, hooks, progress, runner, sharding
+from ihsweep.runs import checkpoint
+from ihsweep.training import hooks, progress, runner
+from ihsweep.workers import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
@@ -77,7 +79,8 @@ sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
 from conftest import tiny_config  # sets XLA_FLAGS for 4 devices: replaced below
 os.environ["XLA_FLAGS"] = os.environ["CHILD_XLA_FLAGS"]
 import jax
-from ihsweep import runner, sharding
+from ihsweep.training import runner
+from ihsweep.workers import sharding
 sharding.initialize_distributed()
 overrides, workdir = json.loads(sys.argv[2]), sys.argv[3]
 cfg = tiny_config(**overrides[jax.process_index()])
@@ -168,7 +171,8 @@ CACHE_CHILD = r"""
 import json, logging, os, re, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
 from conftest import tiny_config
-from ihsweep import compile_cache, runner
+from ihsweep.workers import compile_cache
+from ihsweep.training import runner
 path = compile_cache.enable()
 events = []
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import scaling
-from ihsweep.law import Law
+from ihsweep.planning.law import Law
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUE = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}

@@ -1,4 +1,5 @@
-"""Live metric writers (ihsweep/sinks.py): TensorBoard event files and W&B runs hold the values
+"""Live metric writers (ihsweep/training/sinks.py): TensorBoard event files and W&B runs hold the
+values
 of metrics.jsonl and train_log.jsonl, one scalar per cell and metric, each step once."""
 
 import glob
@@ -12,9 +13,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from ihsweep import config as config_lib
-from ihsweep import sinks
-from ihsweep.runner import fit
+from ihsweep.configuration import config as config_lib
+from ihsweep.training import sinks
+from ihsweep.training.runner import fit
 
 HAVE_WANDB = importlib.util.find_spec("wandb") is not None
 # 30 updates in calls of 10, evaluated every 10; cells with sweep-style ids.

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import runner
 from ihsweep.data import builtin, make_source, markov, natural, probes
 from ihsweep.data.source import Source
+from ihsweep.training import runner
 
 BUILTIN = {
   builtin.UniformSource,

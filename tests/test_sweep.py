@@ -14,9 +14,11 @@ import pandas as pd
 import pytest
 from conftest import tiny_config
 
-from ihsweep import checkpoint, rundir, runner, sweep
-from ihsweep import plan as plan_lib
-from ihsweep.config import ConfigError
+from ihsweep.configuration.config import ConfigError
+from ihsweep.planning import grid as grid_lib
+from ihsweep.runs import checkpoint, rundir
+from ihsweep.training import runner
+from ihsweep.workers import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
@@ -41,9 +43,9 @@ RUN = {
 
 def _config(tiny, grid=GRID, **overrides):
   cfg = tiny(**{**RUN, **overrides})
-  plan_lib.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
+  grid_lib.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
   for path in (k for k, v in grid.items() if not v):  # an empty axis, as a config file may have
-    plan_lib.add_axes(cfg, [f"{path}=0"])
+    grid_lib.add_axes(cfg, [f"{path}=0"])
     section, name = path.split(".")
     cfg.sweep.grid[section][name] = ()
   return cfg
@@ -128,7 +130,7 @@ def reference(tmp_path_factory):
 
 def test_plan_cells_groups_and_cost_order(tiny):
   cfg = _config(tiny, grid={**GRID, "train.lr": (1e-3, 3e-3)})
-  plan = plan_lib.make_plan(cfg)
+  plan = grid_lib.make_plan(cfg)
   assert len(plan.cells) == 2 * 2 * 2 * 2  # B × C × lr × seeds
   assert len(plan.groups) == 4  # lr and seed are vmapped: one group per (B, C)
   assert plan.axes == ["train.batch_size", "train.context_size", "train.lr"]
@@ -166,8 +168,8 @@ def test_plan_cells_groups_and_cost_order(tiny):
 
 def test_plan_zip_budgets_and_single_cell(tiny):
   cfg = _config(tiny, grid={})
-  plan_lib.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
-  plan = plan_lib.make_plan(cfg)
+  grid_lib.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
+  plan = grid_lib.make_plan(cfg)
   assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
   assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
     (4, 16),
@@ -175,23 +177,23 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   }
   # A zip axis may repeat a value as long as the zipped points differ …
   cfg = _config(tiny, grid={})
-  plan_lib.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
-  assert len(plan_lib.make_plan(cfg).groups) == 3
+  grid_lib.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
+  assert len(grid_lib.make_plan(cfg).groups) == 3
   cfg = _config(tiny, grid={})  # … but not a whole point
-  plan_lib.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
+  grid_lib.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
   with pytest.raises(ConfigError, match="distinct points"):
-    plan_lib.make_plan(cfg)
+    grid_lib.make_plan(cfg)
   cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
   steps = {
     (g.cfg.train.batch_size, g.cfg.train.context_size): g.num_steps
-    for g in plan_lib.make_plan(cfg).groups
+    for g in grid_lib.make_plan(cfg).groups
   }
   assert steps[(4, 16)] == 157 and steps[(8, 32)] == 40  # ceil(10,000 / (B · C))
   cfg = _config(tiny, **{"sweep.budget": "law", "sweep.law_multiple": 0.001})
-  g = plan_lib.make_plan(cfg).groups[0]
+  g = grid_lib.make_plan(cfg).groups[0]
   assert g.num_steps == int(np.ceil(0.001 * g.law_updates))
   plain = tiny()  # no axes: one grid point with ensemble.size seeds, = `ihsweep train`
-  plan = plan_lib.make_plan(plain)
+  plan = grid_lib.make_plan(plain)
   assert len(plan.groups) == 1 and plan.groups[0].cfg.ensemble.seeds == (0, 1)
 
 
@@ -366,7 +368,7 @@ def test_one_run_per_directory(tiny, tmp_path, no_compile):
   with pytest.raises(ConfigError, match="no ihsweep run"):
     runner.fit(tiny(), str(tmp_path / "sweep_run"), progress=False)
   with pytest.raises(ConfigError, match="one --grid/--zip flag per field"):
-    plan_lib.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
+    grid_lib.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
 
 
 def test_cli_reports_bad_axis_in_one_line(tmp_path):
@@ -428,7 +430,7 @@ def test_axis_flags_without_values_or_with_nan(tiny):
     ("train.lr=1e999", "NaN and infinity are not allowed"),
   ]:
     with pytest.raises(ConfigError) as e:
-      plan_lib.add_axes(tiny(), [spec])
+      grid_lib.add_axes(tiny(), [spec])
     assert words in str(e.value), str(e.value)
     assert "string" not in str(e.value) and "distinct" not in str(e.value)
 
@@ -573,7 +575,7 @@ def _finished(work: str, group_id: str, step: int) -> None:
 def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_path):
   """`ihsweep status` on a sweep whose cells.csv was cut short (`head -c 250`): every group
   directory is shown, its cells rebuilt from the group's config.json and status.json."""
-  plan = plan_lib.make_plan(_config(tiny))
+  plan = grid_lib.make_plan(_config(tiny))
   work = str(tmp_path / "sweep")
   os.makedirs(work)
   for i, g in enumerate(plan.groups):  # as if g000, g001 finished and g002 ran; g003 not started
@@ -703,7 +705,7 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
       "sweep.seeds": 2,
     },
   )
-  plan = plan_lib.make_plan(cfg)
+  plan = grid_lib.make_plan(cfg)
   cap = plan.groups[0].num_steps
   assert cap > 10
   with caplog.at_level("INFO", logger="ihsweep"):
@@ -767,7 +769,7 @@ def test_the_sweep_eta_expects_early_stops_as_the_finished_groups_had():
   """With an 'emergence' budget, groups that stopped at half their predicted updates make the
   ETA count half of the remaining groups' updates (the demo's ETA was 1.2–1.7× too high while
   it counted them to their caps); without that budget, all of them."""
-  from ihsweep.timing import FlopsModel
+  from ihsweep.planning.timing import FlopsModel
 
   progress = sweep._Progress.__new__(sweep._Progress)
   progress.model = FlopsModel(1.0)

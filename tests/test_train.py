@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep import schedule, sharding, train
 from ihsweep.data import make_source
-from ihsweep.model import Transformer
-from ihsweep.runner import fit
+from ihsweep.training import schedule, train
+from ihsweep.training.model import Transformer
+from ihsweep.training.runner import fit
+from ihsweep.workers import sharding
 
 # Equivalence tests run in float64 (jax_enable_x64, ModelConfig dtype float64). The claims —
 # vmapped == one model at a time, sharded == one device, chunked == whole — are about program

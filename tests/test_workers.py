@@ -1,5 +1,5 @@
 """Workers sharing one sweep directory: independent processes and the processes of one
-jax.distributed job take groups through claims in the run directory (``ihsweep.sweep``)."""
+jax.distributed job take groups through claims in the run directory (``ihsweep.workers.sweep``)."""
 
 import collections
 import json
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from ihsweep import rundir
+from ihsweep.runs import rundir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 8 groups of one model each (B × C × d_model), a few seconds of compiling and training apiece;
@@ -86,7 +86,7 @@ def _losses(workdir, group: str) -> list:
 
 
 def _final_params(workdir, group: str):
-  from ihsweep.checkpoint import RunCheckpoints
+  from ihsweep.runs.checkpoint import RunCheckpoints
 
   ckpts = RunCheckpoints(os.path.join(workdir, "groups", group, "checkpoints"))
   try:
@@ -269,7 +269,7 @@ def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path, ref
   for g in groups:
     status = rundir.read_status(work, g)
     assert status["devices"] == 2 and status["processes"] in ([0, 1], [2, 3]), status
-  from ihsweep import sweep
+  from ihsweep.workers import sweep
 
   workers = {r["worker"].split(" ", 1)[1] for r in sweep.status_rows(work)}  # as status shows
   assert workers == {"with processes 0–1", "with processes 2–3"}, workers
@@ -309,12 +309,12 @@ def test_phases_in_one_jax_distributed_job(tmp_path):
 def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
   """A sweep's config.json from before ``sweep.placement`` existed: still resumable (the new
   fields only change how the sweep executes), while a changed training field is refused."""
-  from ihsweep import runner
-  from ihsweep.config import ConfigError
+  from ihsweep.configuration.config import ConfigError
+  from ihsweep.training import runner
 
   cfg = tiny()
   with cfg.unlocked():
-    from ihsweep import config as config_lib
+    from ihsweep.configuration import config as config_lib
 
     cfg.sweep = config_lib.default_sweep()
   runner.write_resolved_config(cfg, str(tmp_path))

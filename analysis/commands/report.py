@@ -88,7 +88,7 @@ def main(args) -> int:
 
 
 def _report(args) -> int:
-  from ihsweep.reader import NotARun
+  from ihsweep.runs.reader import NotARun
 
   from .. import report
 

@@ -64,8 +64,8 @@ def config_and_workdir(command: str):
 def bad_input(e: Exception) -> int:
   """One line for a ConfigError (WorkdirError included) or DataError (CheckpointError included)
   raised before or while training; exit code 2."""
-  from ihsweep.checkpoint import CheckpointError
-  from ihsweep.config import ConfigError, WorkdirError
+  from ihsweep.configuration.config import ConfigError, WorkdirError
+  from ihsweep.runs.checkpoint import CheckpointError
 
   if isinstance(e, WorkdirError):  # a flag, not a config field: "--workdir=DIR ..."
     return fail(str(e))
@@ -213,7 +213,7 @@ def run_guarded(handler, rest: list[str]) -> int:
   try:
     return int(handler(rest) or 0)
   except Exception as e:
-    from ihsweep.checkpoint import DiskFull, disk_full_cause
+    from ihsweep.runs.checkpoint import DiskFull, disk_full_cause
 
     if disk_full_cause(e) is not None:
       print(
@@ -238,7 +238,7 @@ def run_guarded(handler, rest: list[str]) -> int:
 
 def start_logging() -> None:
   """One CPU device per core (before JAX picks its devices) and the log format."""
-  from ihsweep.sharding import use_one_cpu_device_per_core
+  from ihsweep.workers.sharding import use_one_cpu_device_per_core
 
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(

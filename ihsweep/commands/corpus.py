@@ -45,7 +45,7 @@ def main(argv) -> int:
 
 
 def _prepare() -> int:
-  from ihsweep import config as config_lib
+  from ihsweep.configuration import config as config_lib
   from ihsweep.data import bigram_corpus_tokens, natural
 
   cfg, failed = load_config()

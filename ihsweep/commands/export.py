@@ -1,5 +1,6 @@
 """``ihsweep export``: one model of a run directory as a TransformerLens HookedTransformer or a
-Hugging Face GPT-2 (``ihsweep.export.export_run``); each bad flag value is one line naming it."""
+Hugging Face GPT-2 (``ihsweep.runs.export.export_run``); each bad flag value is one line naming
+it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ forward. Needs the interop extra: pip install 'ihsweep[interop]'."""
 
 def main(argv) -> int:
   del argv
-  from ihsweep import export, notebook
+  from ihsweep.runs import export, notebook
 
   targets = "|".join(export.TARGETS)
   usage = f"export needs --workdir=DIR --cell=N --to={targets} (--step=S, --out=PATH optional)"

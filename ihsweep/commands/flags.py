@@ -106,7 +106,7 @@ flags.DEFINE_string(
   "to",
   None,
   "transformer_lens: one file (torch.save: cfg, state_dict); open it with "
-  "ihsweep.export.load_transformer_lens(PATH), or "
+  "ihsweep.runs.export.load_transformer_lens(PATH), or "
   'HookedTransformer(blob["cfg"]).load_state_dict(blob["state_dict"]). Every ihsweep '
   "architecture (learned or rotary positions, MLPs or attention-only, tied or untied "
   "embeddings). hf: a save_pretrained directory: GPT2LMHeadModel.from_pretrained(PATH); "

@@ -1,6 +1,6 @@
 """``ihsweep plan``: a sweep's schedule, makespan and device utilisation on N devices without
-training (``ihsweep.placement.predict``), or with ``--target`` every group compiled for an
-accelerator this machine need not have (``ihsweep.targets``)."""
+training (``ihsweep.planning.placement.predict``), or with ``--target`` every group compiled for an
+accelerator this machine need not have (``ihsweep.planning.targets``)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ worker at which every group fits), then the layout with the shortest roofline ma
 
 def flag_problem() -> str | None:
   """Why ``plan``'s numeric flags do not fit together (one line), or None."""
-  from ihsweep import timing
+  from ihsweep.planning import timing
 
   n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host, FLAGS.flops_per_s)
   if n is None:
@@ -112,11 +112,11 @@ def main(argv) -> int:
   del argv
   import jax
 
-  from ihsweep import placement, timing
-  from ihsweep import plan as plan_lib
-  from ihsweep.config import ConfigError
+  from ihsweep.configuration.config import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.law import Law, LawError
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.planning import placement, timing
+  from ihsweep.planning.law import Law, LawError
 
   cfg, failed = load_config()
   if failed is not None:
@@ -141,8 +141,8 @@ def main(argv) -> int:
       )
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else None
-    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
-    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
+    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
     prediction = placement.predict(
       cfg,
       FLAGS.devices,
@@ -164,12 +164,13 @@ def main(argv) -> int:
 
 
 def _plan_target(cfg) -> int:
-  """``ihsweep plan --target=NAME``: every group compiled for the target (``ihsweep.targets``)."""
-  from ihsweep import plan as plan_lib
-  from ihsweep import targets
-  from ihsweep.config import ConfigError
+  """``ihsweep plan --target=NAME``: every group compiled for the target
+  (``ihsweep.planning.targets``)."""
+  from ihsweep.configuration.config import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.law import Law, LawError
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.planning import targets
+  from ihsweep.planning.law import Law, LawError
 
   if cfg is None:
     return fail(f"plan --target needs --config=FILE; --target: {targets.names()}")
@@ -184,8 +185,8 @@ def _plan_target(cfg) -> int:
     return failed
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else None
-    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
-    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
+    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
     target = targets.make_target(FLAGS.target, FLAGS.devices)
     result = targets.plan_for_target(
       cfg, target, law, log=lambda line: print(line, file=sys.stderr, flush=True)

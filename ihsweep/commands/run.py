@@ -1,5 +1,5 @@
 """``ihsweep run``: a sweep, the config's sweep.grid × seeds, one ensemble per group of cells
-with equal shapes (``ihsweep.sweep.run``)."""
+with equal shapes (``ihsweep.workers.sweep.run``)."""
 
 from __future__ import annotations
 
@@ -25,25 +25,26 @@ running group's state and exits with status 143. Several processes on one run di
 workers that take groups side by side (launch/*.sh: independent processes, or the processes
 of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes).
 --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
---config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/config.py default_sweep)"""
+--config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/configuration/config.py
+default_sweep)"""
 
 
 def main(argv) -> int:
   del argv
   import jax
 
-  from ihsweep import plan as plan_lib
-  from ihsweep import sweep
-  from ihsweep.config import ConfigError
+  from ihsweep.configuration.config import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.law import LawError
+  from ihsweep.planning import grid as grid_lib
+  from ihsweep.planning.law import LawError
+  from ihsweep.workers import sweep
 
   cfg, failed = config_and_workdir("run")
   if failed is not None:
     return failed
   try:
-    plan_lib.add_axes(cfg, FLAGS.grid, "grid")
-    plan_lib.add_axes(cfg, FLAGS.zip, "zip")
+    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
+    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except sweep.GroupFailed as e:
     fail(

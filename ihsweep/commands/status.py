@@ -18,7 +18,8 @@ cells. Touches nothing."""
 
 def main(argv) -> int:
   del argv
-  from ihsweep import rundir, sweep
+  from ihsweep.runs import rundir
+  from ihsweep.workers import sweep
 
   if not FLAGS.workdir:
     return fail("status needs --workdir=DIR (a sweep's run directory)")

@@ -1,5 +1,5 @@
 """``ihsweep train``: one ensemble (config sections model/train/ensemble/data/mesh), by
-``ihsweep.runner.fit``."""
+``ihsweep.training.runner.fit``."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ into the run directory; rerunning the same command resumes at its last checkpoin
 
 def main(argv) -> int:
   del argv
-  from ihsweep import config as config_lib
-  from ihsweep import rundir
+  from ihsweep.configuration import config as config_lib
   from ihsweep.data.errors import DataError
-  from ihsweep.runner import Interrupted, fit
+  from ihsweep.runs import rundir
+  from ihsweep.training.runner import Interrupted, fit
 
   cfg, failed = config_and_workdir("train")
   if failed is not None:

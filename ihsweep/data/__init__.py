@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from ihsweep import schema
+from ihsweep.configuration import schema
 from ihsweep.data import markov, natural, synthetic
 from ihsweep.data.builtin import MarkovChainSource, RepeatedBlocksSource, UniformSource
 from ihsweep.data.source import Source
@@ -34,7 +34,8 @@ LOADERS = schema.choices("data.loader")
 
 def default_config():
   """The ``data`` config section with every field at its default (``configs/*.py`` start from
-  this; unknown fields cannot be added from the command line, so all live in ``ihsweep.schema``,
+  this; unknown fields cannot be added from the command line, so all live in
+  ``ihsweep.configuration.schema``,
   which gives each one's default, allowed values and help).
 
   source: 'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'.
@@ -123,7 +124,8 @@ def readers(name: str) -> list[str]:
 
 
 def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -> Source:
-  """Builds the source named by ``data_cfg.source`` (validated beforehand by ``ihsweep.config``).
+  """Builds the source named by ``data_cfg.source`` (validated beforehand by
+  ``ihsweep.configuration.config``).
 
   Raises:
     natural.CorpusError: a natural-text corpus that cannot be read, tokenized or sampled.

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ihsweep.data.corpus import bigram_counts, unigram_counts
 from ihsweep.data.errors import DataError
 from ihsweep.data.source import Source
 
@@ -408,8 +409,6 @@ def bigram_transitions(
   Raises:
     MarkovError: the corpus has fewer than ``vocab_size`` types that occur.
   """
-  from ihsweep.data.corpus import bigram_counts, unigram_counts
-
   tok_vocab = int(corpus.tokenizer.get_vocab_size())
   unigram = unigram_counts(corpus.train, max(tok_vocab, corpus.vocab_size))
   unigram[corpus.eot_id] = 0

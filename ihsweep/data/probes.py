@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from ihsweep.data.keys import step_keys
+from ihsweep.runs.atomic import atomic_file
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
 MIN_BLOCK = 3
@@ -56,8 +57,6 @@ class Probes:
 
   def save(self, path: str) -> None:
     """Writes ``path`` (an ``.npz``) atomically."""
-    from ihsweep.atomic import atomic_file
-
     with atomic_file(path, "wb") as f:
       np.savez(
         f,

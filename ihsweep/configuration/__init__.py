@@ -1,0 +1,1 @@
+"""Configuration: the config's fields, defaults and checks (validated before anything compiles)."""

@@ -1,0 +1,527 @@
+"""Planning a sweep: a config's grid → cells → groups of equal shapes, with their budgets and
+costs. Pure host work: validates every group's config before anything is compiled.
+
+A **cell** is one model: a grid point (values of the config fields in ``sweep.grid`` and
+``sweep.zip``) and a seed. Cells whose configs differ only in values the trainer vmaps — the
+seed, ``train.lr`` and the Markov knobs ``data.frequency`` / ``data.reliability`` — form one
+**group**, trained as one ensemble by one compiled program (``runner.fit``); anything else
+(batch size, context size, model shape, vocabulary, schedule, …) makes a separate group.
+
+Groups are ordered by predicted cost, most expensive first: E · updates · B · C · training
+FLOPs per token (``model.flops_per_token``), where updates is the group's budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from ihsweep.configuration import config as config_lib
+from ihsweep.configuration.config import ConfigError
+from ihsweep.data import unread_fields
+from ihsweep.data.probes import eval_layout
+from ihsweep.planning.law import Law
+from ihsweep.training import metric_registry
+from ihsweep.training import model as model_lib
+from ihsweep.training.model import Transformer
+
+BUDGETS = config_lib.BUDGETS
+# Config fields the trainer vmaps (one value per model) → the per-model field it fills.
+VALUE_FIELDS = {
+  "seed": "ensemble.seeds",
+  "train.lr": "ensemble.peak_lrs",
+  "data.frequency": "data.frequencies",
+  "data.reliability": "data.reliabilities",
+}
+# Fields a sweep sets itself (not grid axes).
+PLANNER_FIELDS = (
+  "seed",
+  "ensemble.size",
+  "ensemble.seeds",
+  "ensemble.cell_ids",
+  "ensemble.peak_lrs",
+  "data.frequencies",
+  "data.reliabilities",
+  "train.num_steps",
+)
+
+
+@dataclasses.dataclass
+class Cell:
+  """One model of the sweep: ``id`` (row of cells.csv, grid order with the seed innermost),
+  its grid ``coords`` (field path → value), ``seed`` and group."""
+
+  id: int
+  coords: dict
+  seed: int
+  cfg: Any  # the cell's full config (one model)
+  group: str = ""
+
+
+@dataclasses.dataclass
+class Group:
+  """Cells sharing every config value but the vmapped ones; ``cfg`` is their ensemble's run
+  config (``ensemble.seeds``/``cell_ids``/``peak_lrs``… filled, ``train.num_steps`` = budget)."""
+
+  id: str
+  cells: list
+  cfg: Any
+  num_steps: int
+  cap_reason: str  # where num_steps comes from (the budget)
+  cost_flops: float
+  law_updates: float
+  n_params: int
+
+
+@dataclasses.dataclass
+class Plan:
+  cells: list
+  groups: list
+  axes: list  # grid field paths, in order
+  budget: str
+
+
+def get_field(cfg, path: str):
+  node = cfg
+  for part in path.split("."):
+    node = node[part]
+  return node
+
+
+def _set(cfg, path: str, value, sweep_field: str) -> None:
+  *parents, name = path.split(".")
+  node = cfg
+  for part in parents:
+    node = node[part]
+  try:
+    node[name] = value
+  except (TypeError, ValueError, KeyError) as e:
+    raise ConfigError(
+      sweep_field, value, f"a value {path} can hold ({type(e).__name__}: {e})"
+    ) from None
+
+
+def _leaves(node, prefix: str = "") -> list[tuple[str, Any]]:
+  """(dotted path, value) of a nested ConfigDict's leaves."""
+  out = []
+  for key in sorted(node.keys()):
+    value = node[key]
+    if hasattr(value, "keys"):
+      out += _leaves(value, f"{prefix}{key}.")
+    else:
+      out.append((f"{prefix}{key}", value))
+  return out
+
+
+def _key(value) -> str:
+  return json.dumps(value, sort_keys=True, default=str)
+
+
+def _axis_values(section: str, path: str, values, distinct: bool = True) -> list:
+  field = f"sweep.{section}.{path}"
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+    raise ConfigError(field, values, "a tuple of values, e.g. (8, 16)")
+  if len(values) == 0:
+    raise ConfigError(field, values, "a non-empty tuple of values (an empty axis has no cells)")
+  if distinct and len({_key(v) for v in values}) != len(values):
+    raise ConfigError(
+      field,
+      values,
+      "distinct values (a repeated value trains the same cells "
+      "twice; use sweep.seeds for replicates)",
+    )
+  return list(values)
+
+
+def _check_axis_field(cfg, section: str, path: str) -> None:
+  field = f"sweep.{section}.{path}"
+  if path.startswith("sweep.") or path in PLANNER_FIELDS:
+    raise ConfigError(
+      field,
+      "(axis)",
+      "an axis over any config field except the sweep section "
+      "and the fields the planner sets: "
+      + ", ".join(PLANNER_FIELDS)
+      + " (vary seeds with sweep.seeds, learning rates with sweep.grid.train.lr)",
+    )
+  try:
+    value = get_field(cfg, path)
+  except (KeyError, AttributeError):
+    raise ConfigError(
+      field, "(axis)", f"an existing config field ({path} is not one; see configs/default.py)"
+    ) from None
+  if hasattr(value, "keys"):
+    raise ConfigError(field, "(axis)", f"a field, not the section {path}")
+  if path in config_lib.EXECUTION_FIELDS:
+    raise ConfigError(
+      field,
+      "(axis)",
+      f"an axis over a field that changes the trained models; "
+      f"{path} only changes how a run executes (so do "
+      f"{', '.join(config_lib.EXECUTION_FIELDS)}): its cells would be copies",
+    )
+
+
+def grid_points(cfg) -> tuple[list[str], list[dict]]:
+  """``(axis paths, points)``: the product of ``sweep.grid`` axes (in field-path order, the first
+  outermost) with the
+  ``sweep.zip`` axes varying together as one more axis; each point maps path → value.
+
+  Raises:
+    ConfigError: an empty or non-tuple axis, an unknown field, zip axes of unequal length.
+  """
+  sweep = cfg.sweep
+  grid = [(p, _axis_values("grid", p, v)) for p, v in _leaves(sweep.grid)]
+  # A zip axis may repeat a value (transitions = ('synthetic', 'synthetic', 'iid')); its
+  # points, the tuples across all zip axes, must be distinct (checked below).
+  zipped = [(p, _axis_values("zip", p, v, distinct=False)) for p, v in _leaves(sweep.zip)]
+  for section, axes in (("grid", grid), ("zip", zipped)):
+    for path, _ in axes:
+      _check_axis_field(cfg, section, path)
+  both = {p for p, _ in grid} & {p for p, _ in zipped}
+  if both:
+    path = sorted(both)[0]
+    raise ConfigError(
+      f"sweep.zip.{path}",
+      get_field(sweep.zip, path),
+      "an axis of sweep.grid or sweep.zip, not both",
+    )
+  factors = [[{p: v} for v in values] for p, values in grid]
+  if zipped:
+    n = len(zipped[0][1])
+    for path, values in zipped:
+      if len(values) != n:
+        raise ConfigError(
+          f"sweep.zip.{path}",
+          tuple(values),
+          f"{n} values, as many as sweep.zip.{zipped[0][0]} (zipped axes vary together)",
+        )
+    zip_points = [{p: values[i] for p, values in zipped} for i in range(n)]
+    if len({_key(p) for p in zip_points}) != n:
+      raise ConfigError(
+        "sweep.zip",
+        {p: tuple(v) for p, v in zipped},
+        "distinct points (zipped axes whose tuples repeat a combination train "
+        "the same cells twice; use sweep.seeds for replicates)",
+      )
+    factors.append(zip_points)
+  points = [
+    {k: v for part in combo for k, v in part.items()} for combo in itertools.product(*factors)
+  ]
+  return [p for p, _ in grid] + [p for p, _ in zipped], points
+
+
+def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, str]:
+  """``(updates, why)`` for a cell of a sweep with ``cfg.sweep.budget``."""
+  sweep = cfg.sweep
+  if sweep.budget == "updates":
+    return int(cfg.train.num_steps), "train.num_steps"
+  if sweep.budget == "tokens":
+    n = math.ceil(sweep.tokens / (batch_size * context_size))
+    return n, f"{sweep.tokens:,} tokens"
+  n = max(1, math.ceil(sweep.law_multiple * law.updates(batch_size, context_size)))
+  what = "cap: " if sweep.budget == "emergence" else ""
+  return n, f"{what}{sweep.law_multiple:g} × law"
+
+
+def _model_key(cell_cfg) -> str:
+  """What decides the model a cell trains: its config without execution-only fields and the
+  data fields its source does not read."""
+  d = json.loads(cell_cfg.to_json_best_effort())
+  for path in config_lib.EXECUTION_FIELDS:
+    section, name = path.split(".")
+    d.get(section, {}).pop(name, None)
+  for name in unread_fields(cell_cfg.data) if "data" in d else ():
+    d["data"].pop(name, None)
+  return json.dumps(d, sort_keys=True)
+
+
+def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
+  """Two cells that would train the same model (values equal once cast to the field's type, or
+  an axis over a field the cell's data source does not read) are refused, naming the axis."""
+  from ihsweep.data import readers, source_kind, unread_fields
+
+  first: dict[str, Cell] = {}
+  for cell in cells:
+    other = first.setdefault(_model_key(cell.cfg), cell)
+    if other is cell:
+      continue
+    path = next(p for p in axes if _key(other.coords[p]) != _key(cell.coords[p]))
+    a, b = other.coords[path], cell.coords[path]
+    name = path.split(".")[1] if path.startswith("data.") else ""
+    if name in unread_fields(cell.cfg.data):
+      why = (
+        f"data.source = {config_lib.source_words([source_kind(cell.cfg.data)])} does not read "
+        f"{path}; only data.source = {config_lib.source_words(readers(name))} does"
+      )
+    else:
+      why = f"{a!r} and {b!r} are the same value {get_field(cell.cfg, path)!r} once {path} holds it"
+    section = _section(cfg, path)
+    raise ConfigError(
+      f"sweep.{section}.{path}",
+      tuple(get_field(cfg.sweep[section], path)),
+      f"values that train different models: cells {other.id} and {cell.id} "
+      f"would be the same model ({why})",
+    )
+
+
+def _check_stop_threshold(cfg, group: "Group", where: str) -> None:
+  """Under the 'emergence' budget, a threshold an untrained model already reaches (the stop
+  metric's ``StopRule.untrained`` level for this group's probes, e.g. ps_max of uniform
+  attention) would stop the group at update 0."""
+  if cfg.sweep.budget != "emergence":
+    return
+  rule = metric_registry.get(cfg.sweep.stop_metric).stop
+  if rule is None or rule.untrained is None:
+    return
+  context = int(group.cfg.train.context_size)
+  block, length = eval_layout(group.cfg.eval, context)
+  base = rule.untrained(block, length)
+  if cfg.sweep.stop_threshold <= base:
+    raise ConfigError(
+      "sweep.stop_threshold",
+      cfg.sweep.stop_threshold,
+      f"above {base:.4f}, {rule.untrained_text} on probe blocks of "
+      f"L = {block}{' after filler' if length > 2 * block else ''} (C = {context}): an "
+      f"untrained model reaches it, so the group would stop at update 0 [{where}]",
+    )
+
+
+def _group_key(cell_cfg) -> str:
+  d = json.loads(cell_cfg.to_json_best_effort())
+  for path in VALUE_FIELDS:
+    *parents, name = path.split(".")
+    node = d
+    for part in parents:
+      node = node[part]
+    node.pop(name, None)
+  return json.dumps(d, sort_keys=True)
+
+
+def n_params(mcfg, context_size: int) -> int:
+  import jax
+  import jax.numpy as jnp
+
+  shapes = jax.eval_shape(
+    lambda: Transformer(mcfg).init(jax.random.PRNGKey(0), jnp.zeros((1, context_size), jnp.int32))[
+      "params"
+    ]
+  )
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+
+
+def make_plan(cfg) -> Plan:
+  """Cells and groups of ``cfg`` (a config with an optional ``sweep`` section; without one, or
+  with an empty grid, the sweep is one grid point with ``ensemble.size`` seeds). Validates the
+  sweep section and every group's run config; compiles nothing.
+
+  Raises:
+    ConfigError: naming the ``sweep.*`` field (or the config field) and the value at fault.
+    DataError: data that cannot be found (e.g. a missing corpus), as ``config.validate``.
+  """
+  import jax
+
+  if "sweep" not in cfg:
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+      cfg.sweep = config_lib.default_sweep()
+  n_devices = len(jax.devices())
+  config_lib.validate_sweep(cfg, n_devices)
+  axes, points = grid_points(cfg)
+  n_seeds = cfg.sweep.seeds or cfg.ensemble.size
+  law = Law.from_json(os.path.expanduser(cfg.sweep.law_file)) if cfg.sweep.law_file else Law()
+
+  base = copy.deepcopy(cfg)
+  with base.unlocked():
+    del base["sweep"]
+  cells: list[Cell] = []
+  for point in points:
+    for k in range(n_seeds):
+      c = copy.deepcopy(base)
+      with c.unlocked():
+        for path, value in point.items():
+          _set(c, path, value, f"sweep.{_section(cfg, path)}.{path}")
+        c.seed = int(c.seed) + k
+      cells.append(Cell(id=len(cells), coords=dict(point), seed=int(c.seed), cfg=c))
+
+  _refuse_copies(cfg, cells, axes)
+  by_key: dict[str, list[Cell]] = {}
+  for cell in cells:
+    by_key.setdefault(_group_key(cell.cfg), []).append(cell)
+
+  groups = []
+  for members in by_key.values():
+    g = copy.deepcopy(members[0].cfg)
+    with g.unlocked():
+      g.ensemble.size = len(members)
+      g.ensemble.seeds = tuple(m.seed for m in members)
+      g.ensemble.cell_ids = tuple(m.id for m in members)
+      g.ensemble.peak_lrs = tuple(float(m.cfg.train.lr) for m in members)
+      if g.data.source == "markov":
+        g.data.frequencies = tuple(float(m.cfg.data.frequency) for m in members)
+        g.data.reliabilities = tuple(float(m.cfg.data.reliability) for m in members)
+      g.seed = members[0].seed
+    group = Group(
+      id="",
+      cells=members,
+      cfg=g,
+      num_steps=0,
+      cap_reason="",
+      cost_flops=0.0,
+      law_updates=0.0,
+      n_params=0,
+    )
+    _validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
+    _check_stop_threshold(cfg, group, where(group))
+    b, c_size = int(g.train.batch_size), int(g.train.context_size)
+    group.num_steps, group.cap_reason = budget_updates(cfg, b, c_size, law)
+    group.law_updates = law.updates(b, c_size)
+    with g.unlocked():
+      g.train.num_steps = group.num_steps
+    mcfg = model_lib.ModelConfig.from_config(g.model)
+    group.cost_flops = (
+      len(members) * group.num_steps * b * c_size * model_lib.flops_per_token(mcfg, c_size)
+    )
+    group.n_params = n_params(mcfg, c_size)
+    groups.append(group)
+  groups.sort(key=lambda g: (-g.cost_flops, g.cells[0].id))
+  for i, group in enumerate(groups):
+    group.id = f"g{i:03d}"
+    for cell in group.cells:
+      cell.group = group.id
+  return Plan(cells=cells, groups=groups, axes=axes, budget=cfg.sweep.budget)
+
+
+def _section(cfg, path: str) -> str:
+  """'grid' or 'zip': which sweep section holds the axis ``path``."""
+  try:
+    get_field(cfg.sweep.grid, path)
+    return "grid"
+  except (KeyError, AttributeError):
+    return "zip"
+
+
+def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
+  """``config.validate`` of a group's run config; an error in a field the grid sets is reported
+  under the sweep field, with the group's cells."""
+  try:
+    config_lib.validate(group.cfg, _worker_devices(group.cfg))
+  except ConfigError as e:
+    field = e.field.split("[")[0]
+    reverse = {v: k for k, v in VALUE_FIELDS.items()}
+    field = reverse.get(field, field)
+    place = where(group)
+    if field in axes:
+      raise ConfigError(
+        f"sweep.{_section(sweep_cfg, field)}.{field}", e.value, f"{e.allowed} [{place}]"
+      ) from None
+    raise ConfigError(e.field, e.value, f"{e.allowed} [{place}]") from None
+
+
+def _worker_devices(cfg) -> list:
+  """The devices of the worker that will train a group (``sweep`` module: placement 'worker')."""
+  import jax
+
+  return jax.local_devices()[: cfg.mesh.num_devices or None]
+
+
+def where(group: Group) -> str:
+  return (
+    f"the group of cells {ranges([c.id for c in group.cells])}: B = "
+    f"{group.cfg.train.batch_size}, C = {group.cfg.train.context_size}, E = "
+    f"{group.cfg.ensemble.size} models"
+  )
+
+
+def ranges(ids: list[int]) -> str:
+  out, start = [], None
+  ids = sorted(ids)
+  for i, v in enumerate(ids):
+    if start is None:
+      start = v
+    if i + 1 == len(ids) or ids[i + 1] != v + 1:
+      out.append(f"{start}" if start == v else f"{start}-{v}")
+      start = None
+  return ",".join(out)
+
+
+def add_axes(cfg, specs, section: str = "grid"):
+  """Adds (or replaces) sweep axes given as ``FIELD=V1,V2,…`` strings (the ``--grid`` and
+  ``--zip`` flags of ``ihsweep run``); each value is read as a Python literal, else kept as a
+  string. Returns ``cfg`` (changed in place).
+
+  Raises:
+    ConfigError: a spec without ``=``, without values, with an empty value, or with NaN or
+      infinity (no config field allows them).
+  """
+  import ast
+
+  import ml_collections
+
+  if not specs:
+    return cfg
+  seen = set()
+  with cfg.unlocked():
+    if "sweep" not in cfg:
+      cfg.sweep = config_lib.default_sweep()
+    for spec in specs:
+      path, sep, text = spec.partition("=")
+      path = path.strip()
+      if path in seen:
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          "one --grid/--zip flag per field (give all its values in one: FIELD=V1,V2,...)",
+        )
+      seen.add(path)
+      if not sep or not path:
+        raise ConfigError(
+          f"sweep.{section}", spec, "FIELD=V1,V2,... (e.g. --grid=train.batch_size=8,16)"
+        )
+      items = [item.strip() for item in text.split(",")]
+      if not any(items):
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          f"at least one value: the axis has none (FIELD=V1,V2,..., e.g. --grid={path}=V1,V2)",
+        )
+      if not all(items):
+        raise ConfigError(
+          f"sweep.{section}.{path}",
+          spec,
+          "a value between every two commas "
+          f"(value {items.index('') + 1} of {len(items)} is empty)",
+        )
+      values = []
+      for item in items:
+        try:
+          value = ast.literal_eval(item)
+        except (ValueError, SyntaxError):
+          value = item
+        if item.lower().lstrip("+-") in ("nan", "inf", "infinity") or (
+          isinstance(value, float) and not math.isfinite(value)
+        ):
+          raise ConfigError(
+            f"sweep.{section}.{path}",
+            item,
+            f"a finite number (or another value "
+            f"{path} can hold): NaN and infinity are not allowed for any field",
+          )
+        values.append(value)
+      node = cfg.sweep[section]
+      *parents, name = path.split(".")
+      for part in parents:
+        if part not in node:
+          node[part] = ml_collections.ConfigDict()
+        node = node[part]
+      if name in node:
+        del node[name]  # a new tuple may differ in length and type
+      node[name] = tuple(values)
+  return cfg

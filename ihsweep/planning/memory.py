@@ -1,0 +1,285 @@
+"""Device memory of a group's programs, known before anything trains.
+
+A group's train program is compiled ahead of time (``jax.jit(...).lower(shapes).compile()``) and
+the compiler's own ``memory_analysis()`` gives the bytes it needs per device: its arguments
+(the train state of the device's models, their hyper-parameters, a call's batches), outputs,
+temporaries and code, less the donated state that the outputs reuse. For
+``train.gradient_accumulation_steps = 0`` (and ``train.remat = 'auto'``, ``ensemble.vmap_chunk =
+0``) ``choose`` searches, cheapest first, for the first setting that fits the device with
+``HEADROOM`` to spare:
+
+  1. everything at once: k = 1, no rematerialisation, the vmap chunk by its usual rule;
+  2. fewer models vmapped at once (the chunk halved down to 1);
+  3. gradient accumulation: the smallest k (a divisor of B that keeps B/k divisible by the mesh's
+     'data' axis) that fits, by bisection (memory falls as k grows);
+  4. the same with block rematerialisation (~1/3 more compute).
+
+The evaluation program runs beside the resident train state; it is compiled once and its
+temporaries are added to the state's bytes. A group that fits at no setting is refused with
+``DoesNotFit``, one line naming the group, the bytes it needs and those available.
+
+Capacity: ``device.memory_stats()['bytes_limit']`` (GPUs, TPUs), the ``IHSWEEP_DEVICE_MEMORY``
+environment variable (bytes; overrides it: a smaller budget, or a CPU, where JAX reports none and
+nothing is checked without it), or a ``Target``'s table for compile-only TPU devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Callable
+
+from ihsweep.configuration.config import ConfigError
+from ihsweep.workers.sharding import divisors
+
+log = logging.getLogger("ihsweep")
+
+HEADROOM = 0.10  # of capacity kept free: the runtime's own buffers, fragmentation
+CAPACITY_ENV = "IHSWEEP_DEVICE_MEMORY"
+GIB = 1 << 30
+
+
+def gib(n_bytes: float) -> str:
+  """``15.75 GiB``, or ``125.0 MiB`` below one GiB."""
+  return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / (1 << 20):.1f} MiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramMemory:
+  """One compiled program's bytes per device (``jax.stages.Compiled.memory_analysis()``) and its
+  cost (``cost_analysis()``: FLOPs and bytes accessed per device, as XLA counts them)."""
+
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int  # outputs written into donated arguments
+  temp_bytes: int
+  code_bytes: int
+  flops: float = 0.0
+  bytes_accessed: float = 0.0
+
+  @property
+  def peak_bytes(self) -> int:
+    """Arguments + outputs − aliased + temporaries + code: what the program holds at once."""
+    return (
+      self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+    )
+
+  def to_json(self) -> dict:
+    return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
+
+
+def analyse(compiled) -> ProgramMemory:
+  """``ProgramMemory`` of a ``jax.stages.Compiled`` (or an object with ``executable``)."""
+  compiled = getattr(compiled, "executable", compiled)
+  m = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+    cost = cost[0] if cost else {}
+  return ProgramMemory(
+    argument_bytes=int(m.argument_size_in_bytes),
+    output_bytes=int(m.output_size_in_bytes),
+    alias_bytes=int(m.alias_size_in_bytes),
+    temp_bytes=int(m.temp_size_in_bytes),
+    code_bytes=int(m.generated_code_size_in_bytes),
+    flops=float(cost.get("flops", 0.0)),
+    bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+  )
+
+
+def exhausted_bytes(message: str, capacity_bytes: int) -> int:
+  """The bytes a compiler's RESOURCE_EXHAUSTED message says a program needs (XLA TPU: "HLO
+  temporaries 43.71G exceed available HBM 15.75G" and the like: the first size in it), else
+  just over ``capacity_bytes``."""
+  import re
+
+  sizes = re.findall(r"(\d+(?:\.\d+)?)\s*([KMGT])i?B?\b", message)
+  scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+  values = [float(v) * scale[u] for v, u in sizes]
+  return int(max(values)) if values else capacity_bytes + 1
+
+
+def device_capacity(device) -> int | None:
+  """Bytes a program may use on ``device``: ``$IHSWEEP_DEVICE_MEMORY`` if set, else the
+  device's ``bytes_limit`` (None on a CPU, where JAX reports no limit).
+
+  Raises:
+    ValueError: ``$IHSWEEP_DEVICE_MEMORY`` is not a positive integer.
+  """
+  value = os.environ.get(CAPACITY_ENV)
+  if value:
+    try:
+      n = int(float(value))
+    except ValueError:
+      n = 0
+    if n <= 0:
+      raise ValueError(f"{CAPACITY_ENV}={value!r} is not allowed: a number of bytes > 0")
+    return n
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 — compile-only or CPU devices
+    return None
+  return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """The memory choices of one compile: k microbatches, models vmapped at once, remat."""
+
+  gradient_accumulation_steps: int
+  vmap_chunk: int
+  remat: str
+
+  def describe(self) -> str:
+    return (
+      f"gradient_accumulation_steps={self.gradient_accumulation_steps}, "
+      f"vmap_chunk={self.vmap_chunk}, remat={self.remat}"
+    )
+
+
+@dataclasses.dataclass
+class Choice:
+  """What ``choose`` found: the setting, its programs' memory, the bytes per device it needs
+  (train program, or resident state + evaluation, whichever is larger; plus a prefetched
+  call's batches for host-fed data) against ``capacity_bytes``; ``tried`` every setting
+  compiled, with its bytes and compile seconds."""
+
+  setting: Setting
+  train: ProgramMemory
+  eval: ProgramMemory | None
+  per_device_bytes: int
+  capacity_bytes: int | None
+  tried: list
+
+  @property
+  def fits(self) -> bool:
+    return self.capacity_bytes is None or self.per_device_bytes <= usable(self.capacity_bytes)
+
+  def to_json(self) -> dict:
+    return {
+      "per_device_bytes": self.per_device_bytes,
+      "capacity_bytes": self.capacity_bytes,
+      "usable_bytes": usable(self.capacity_bytes) if self.capacity_bytes else None,
+      "fits": self.fits,
+      "train": self.train.to_json(),
+      "eval": self.eval.to_json() if self.eval else None,
+      "tried": [
+        {**dataclasses.asdict(s), "per_device_bytes": b, "compile_s": round(t, 2)}
+        for s, b, t in self.tried
+      ],
+    }
+
+
+def usable(capacity_bytes: int) -> int:
+  return int(capacity_bytes * (1.0 - HEADROOM))
+
+
+class DoesNotFit(ConfigError):
+  """A group whose programs fit its devices at no memory setting (one line)."""
+
+  def __init__(self, group: str, choice: Choice):
+    self.choice = choice
+    best = min(choice.tried, key=lambda t: t[1])
+    message = (
+      f"{group} does not fit its devices: it needs {gib(best[1])} per device at the smallest "
+      f"setting tried ({best[0].describe()}); a device has {gib(choice.capacity_bytes)}, of "
+      f"which {gib(usable(choice.capacity_bytes))} usable ({HEADROOM:.0%} headroom): lower "
+      f"train.batch_size or train.context_size, or spread the group over more devices "
+      f"(mesh.num_devices)"
+    )
+    super().__init__("train.gradient_accumulation_steps", 0, message)
+    self.args = (message,)
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
+def accumulation_candidates(batch_size: int, data_axis: int) -> list[int]:
+  """k that divide B with B/k a multiple of the 'data' axis (each microbatch on every device)."""
+  return [k for k in divisors(batch_size) if (batch_size // k) % data_axis == 0]
+
+
+def choose(
+  compile_train: Callable[[Setting], ProgramMemory],
+  *,
+  batch_size: int,
+  data_axis: int,
+  local_models: int,
+  default_chunk: int,
+  fixed_k: int = 0,
+  fixed_chunk: int = 0,
+  remat: str = "auto",
+  capacity_bytes: int | None,
+  resident_extra_bytes: int = 0,
+  eval_memory: ProgramMemory | None = None,
+  group: str = "the group",
+) -> Choice:
+  """The cheapest setting whose programs fit (module docstring), compiling as few as needed.
+
+  Args:
+    compile_train: compiles the train program for a ``Setting`` and returns its memory.
+    batch_size / data_axis / local_models: B, the mesh's 'data' axis, models per device.
+    default_chunk: the vmap chunk of ``ensemble.vmap_chunk = 0`` (``train.auto_vmap_chunk``).
+    fixed_k / fixed_chunk / remat: the config's values (0 / 0 / 'auto': chosen here).
+    capacity_bytes: per device; None = unknown (nothing compiled: the first setting is taken).
+    resident_extra_bytes: bytes beside the train program's (a prefetched call's batches).
+    eval_memory: the evaluation program's, run beside the resident train state.
+
+  Raises:
+    DoesNotFit: with the capacity known, no setting fits.
+  """
+  ks = [fixed_k] if fixed_k else accumulation_candidates(batch_size, data_axis)
+  chunks = [fixed_chunk] if fixed_chunk else _halvings(default_chunk, local_models)
+  remats = [remat] if remat != "auto" else ["none", "blocks"]
+  first = Setting(ks[0], chunks[0], remats[0])
+  tried: list = []
+  memo: dict = {}
+
+  def need(setting: Setting) -> int:
+    if setting not in memo:
+      start = time.perf_counter()
+      train_mem = compile_train(setting)
+      eval_need = 0
+      if eval_memory is not None:  # the state stays resident while the evaluation runs
+        eval_need = train_mem.alias_bytes + eval_memory.peak_bytes
+      memo[setting] = (train_mem, max(train_mem.peak_bytes, eval_need) + resident_extra_bytes)
+      tried.append((setting, memo[setting][1], time.perf_counter() - start))
+    return memo[setting][1]
+
+  def result(setting: Setting) -> Choice:
+    need(setting)
+    train_mem, n = memo[setting]
+    return Choice(setting, train_mem, eval_memory, n, capacity_bytes, tried)
+
+  if capacity_bytes is None:
+    return result(first)
+  limit = usable(capacity_bytes)
+  if need(first) <= limit:
+    return result(first)
+  for chunk in chunks[1:]:  # 2. fewer models at once
+    s = Setting(ks[0], chunk, remats[0])
+    if need(s) <= limit:
+      return result(s)
+  chunk = chunks[-1]
+  for r in remats:  # 3., 4. the smallest k that fits, by bisection
+    lo, hi = 0, len(ks) - 1
+    if need(Setting(ks[hi], chunk, r)) > limit:
+      continue
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if need(Setting(ks[mid], chunk, r)) <= limit:
+        hi = mid
+      else:
+        lo = mid + 1
+    return result(Setting(ks[lo], chunk, r))
+  raise DoesNotFit(group, result(min(tried, key=lambda t: t[1])[0]))
+
+
+def _halvings(chunk: int, local_models: int) -> list[int]:
+  """``chunk``, then smaller divisors of ``local_models`` down to 1, about halving each time."""
+  out = [chunk]
+  for d in sorted(divisors(local_models), reverse=True):
+    if d < out[-1] and d <= out[-1] // 2 or (d == 1 and out[-1] != 1):
+      out.append(d)
+  return out

@@ -1,0 +1,532 @@
+"""Accelerators a sweep can be planned for without them (``ihsweep plan --target=NAME``).
+
+TPU targets are topologies libtpu knows (``v5e:8x8``, ``v4:4x4x4``, ``v5p:4x4x4``, ``v6e:8x8``):
+``jax.experimental.topologies.get_topology_desc`` gives compile-only devices, so every group's
+programs are compiled by the real TPU compiler on this machine (libtpu from PyPI: ``pip install
+'ihsweep[tpu-plan]'``). A device's capacity is the compiler's own ("exceeds available HBM
+(15.75G)" for a v5e core, read from a program made to exceed it). The topology's devices are
+what libtpu lists: one per TensorCore (a v4 chip is two devices of 15.25 GiB there; on a v4 VM
+JAX's megacore mode shows one of 32 GiB: the plan is the compile-only view).
+
+GPU targets (``h100-80gb``, ``h200-141gb``, ``a100-80gb``, with ``--devices=N``) cannot be
+compiled for here: their programs are compiled by the XLA CPU compiler for this machine's CPU
+devices, whose memory analysis of the same program is the estimate (``docs/planning.md``
+gives its error against the TPU compiler).
+
+Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published specifications:
+Google Cloud TPU docs (v4: 275 TFLOP/s, 1,228 GB/s per chip; v5e: 197, 819; v5p: 459, 2,765;
+v6e: 918, 1,640 — per chip; a v4/v5p chip's two TensorCores each get half), NVIDIA data sheets
+(H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+
+from ihsweep.errors import IhsweepError
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Peak dense bf16 FLOP/s and HBM bytes/s per device, and (GPUs) memory per device."""
+
+  name: str
+  platform: str  # tpu | gpu
+  peak_flops: float
+  hbm_bytes_per_s: float
+  capacity_bytes: int = 0  # GPUs; TPUs read theirs from the compiler
+  cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (the peak is per chip)
+  network: str = ""  # its timing.NETWORKS entry ('': no published figure there, not priced)
+
+
+TPU_CHIPS = {
+  "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2),
+  "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB, network="v5e"),
+  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2, network="v5p"),
+  "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB),
+}
+GPUS = {
+  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, 80 * GB, network="h100"),
+  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, 141 * GB, network="h100"),
+  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, 80 * GB),
+}
+
+
+class TargetError(IhsweepError, ValueError):
+  """A target name or device count that cannot be planned for (one line)."""
+
+
+@dataclasses.dataclass
+class Target:
+  """Where a plan compiles: ``devices`` (compile-only TPU devices, or this machine's CPU
+  devices standing in for GPUs), per device ``capacity_bytes``, ``peak_flops`` and
+  ``hbm_bytes_per_s``, and ``devices_per_host``."""
+
+  name: str
+  chip: Chip
+  devices: list
+  capacity_bytes: int
+  devices_per_host: int
+  estimate: str  # how memory is known: "TPU compiler" | "XLA CPU compiler (estimate)"
+
+  @property
+  def peak_flops(self) -> float:
+    return self.chip.peak_flops / self.chip.cores_per_chip
+
+  @property
+  def hbm_bytes_per_s(self) -> float:
+    return self.chip.hbm_bytes_per_s / self.chip.cores_per_chip
+
+  @property
+  def network(self):
+    """The chip's ``timing.Network`` per device (a chip's links shared by its cores), or None
+    where the table has no published figure (v4, v6e, A100: communication not priced)."""
+    from ihsweep.planning import timing
+
+    net = timing.NETWORKS.get(self.chip.network)
+    if net is None or self.chip.cores_per_chip == 1:
+      return net
+    k = self.chip.cores_per_chip
+    return dataclasses.replace(
+      net,
+      intra_host_bytes_per_s=net.intra_host_bytes_per_s / k,
+      inter_host_bytes_per_s=net.inter_host_bytes_per_s / k,
+    )
+
+  def to_json(self) -> dict:
+    return {
+      "name": self.name,
+      "chip": self.chip.name,
+      "devices": len(self.devices),
+      "devices_per_host": self.devices_per_host,
+      "capacity_bytes": self.capacity_bytes,
+      "peak_flops_per_device": self.peak_flops,
+      "hbm_bytes_per_s_per_device": self.hbm_bytes_per_s,
+      "network": None if self.network is None else dataclasses.asdict(self.network),
+      "memory_from": self.estimate,
+    }
+
+
+def names() -> str:
+  return (
+    "a TPU topology (" + ", ".join(f"{c}:AxB[xC]" for c in TPU_CHIPS) + ", e.g. v5e:8x8) or a GPU "
+    "(" + ", ".join(GPUS) + ") with --devices=N"
+  )
+
+
+def tpu_capacity(device) -> int:
+  """The bytes the TPU compiler lets one program use on ``device``: the "available HBM" its
+  RESOURCE_EXHAUSTED message names for a program made to need far more."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import SingleDeviceSharding
+
+  x = jax.ShapeDtypeStruct((1 << 18, 1 << 18), jnp.float32, sharding=SingleDeviceSharding(device))
+  try:
+    jax.jit(lambda a: (a * 2).sum(0) + (a + 1).sum(1)).lower(x).compile()
+  except Exception as e:  # noqa: BLE001 — the message is the answer
+    found = re.search(r"available HBM \(?(\d+(?:\.\d+)?)\s*([KMGT])", str(e))
+    if found:
+      scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[found.group(2)]
+      return int(float(found.group(1)) * scale)
+    raise TargetError(f"the TPU compiler did not name its memory: {str(e)[:200]}") from None
+  raise TargetError("a 256 GiB program compiled for one TPU device: cannot read its memory")
+
+
+def make_target(name: str, n_devices: int | None = None) -> Target:
+  """The devices and numbers of target ``name`` (``names()``).
+
+  Raises:
+    TargetError: an unknown name, a GPU without ``n_devices`` or with more than this machine's
+      CPU devices, or libtpu missing for a TPU topology.
+  """
+  import jax
+
+  chip_name = name.split(":", 1)[0]
+  if chip_name in TPU_CHIPS and ":" in name:
+    if n_devices is not None:
+      raise TargetError(
+        f"--devices={n_devices} is not allowed with --target={name}: a TPU "
+        f"topology has its own device count"
+      )
+    try:
+      import libtpu  # noqa: F401
+    except ImportError:
+      raise TargetError(
+        f"--target={name} compiles for TPU with libtpu: pip install 'ihsweep[tpu-plan]' "
+        f"(libtpu from PyPI; no TPU needed)"
+      ) from None
+    from jax.experimental import topologies
+
+    # libtpu locks /tmp/libtpu_lockfile for the one process that drives a TPU; compile-only
+    # devices drive none, so plans may run side by side (and beside a training on a TPU VM).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Programs for compile-only devices cannot be loaded back from the persistent compilation
+    # cache (JAX warns for each), and no run here would use them.
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+      topo = topologies.get_topology_desc(topology_name=name, platform="tpu")
+    except Exception as e:  # noqa: BLE001 — libtpu's own words
+      raise TargetError(f"--target={name}: libtpu does not know this topology ({e})") from None
+    devices = list(topo.devices)
+    per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
+    return Target(
+      name, TPU_CHIPS[chip_name], devices, tpu_capacity(devices[0]), per_host, "TPU compiler"
+    )
+  if name in GPUS:
+    if n_devices is None:
+      raise TargetError(f"--target={name} needs --devices=N (the GPUs the sweep runs on)")
+    local = jax.devices("cpu")
+    if n_devices > len(local):
+      raise TargetError(
+        f"--devices={n_devices} with --target={name}: this machine has {len(local)} CPU "
+        f"device(s) to compile on; set XLA_FLAGS=--xla_force_host_platform_device_count="
+        f"{n_devices} before the command"
+      )
+    chip = GPUS[name]
+    per_host = min(n_devices, int(os.environ.get("IHSWEEP_GPUS_PER_HOST", "8")))
+    return Target(
+      name, chip, local[:n_devices], chip.capacity_bytes, per_host, "XLA CPU compiler (estimate)"
+    )
+  raise TargetError(f"--target={name} is not allowed: {names()}")
+
+
+def planned_source(cfg):
+  """The data source a group's programs are compiled with for a target: the config's own,
+  except that natural text (whose corpus need not be on this machine) is a host-fed stand-in
+  of the corpus dtype (``[E, U, B, C + 1]`` per call, as at study scale)."""
+  from ihsweep.data import make_source
+  from ihsweep.data.source import Source
+
+  mcfg, tr = cfg.model, cfg.train
+  if cfg.data.source != "natural":
+    return make_source(cfg.data, mcfg.vocab_size, tr.batch_size, tr.context_size)
+  import numpy as np
+
+  dtype = np.uint16 if mcfg.vocab_size <= 1 << 16 else np.uint32
+
+  @dataclasses.dataclass
+  class PlannedText(Source):
+    vocab_size: int
+    batch_size: int
+    context_size: int
+    on_device = False
+    has_held_out_windows = True
+
+    def sample(self, key, data_params, arrays):
+      raise NotImplementedError("a planned corpus is host-fed")
+
+    def host_batches(self, keys, first_step, n_steps):
+      return np.zeros((len(keys), n_steps, self.batch_size, self.context_size + 1), dtype)
+
+  return PlannedText(mcfg.vocab_size, tr.batch_size, tr.context_size)
+
+
+def update_cost(choice, cfg, mesh_shape: tuple) -> tuple[float, float]:
+  """FLOPs and bytes accessed per device for one update of the group, from the compiled train
+  program's ``cost_analysis``. XLA counts a loop's body once, so its numbers are one microbatch
+  of one vmap chunk with one vocabulary tile of the loss: they are scaled by k × chunks, and the
+  other tiles' FLOPs (8 · t · D per token: forward, recomputed forward, two gradients) are added.
+  Bytes of the other tiles are not (a lower bound where the loss is tiled)."""
+  from ihsweep.training import losses
+
+  s = choice.setting
+  n_ens, n_data = mesh_shape
+  local = int(cfg.ensemble.size) // n_ens
+  k, chunks = s.gradient_accumulation_steps, local // s.vmap_chunk
+  b, c = int(cfg.train.batch_size), int(cfg.train.context_size)
+  v, d = int(cfg.model.vocab_size), int(cfg.model.d_model)
+  tokens = b // k * c  # per microbatch per model
+  tile = losses.auto_vocab_tile(v, tokens)
+  n_tiles = -(-v // tile)
+  missing = 8.0 * (n_tiles - 1) * tile * d * (tokens / n_data) * s.vmap_chunk if tile < v else 0.0
+  scale = k * chunks
+  return (choice.train.flops + missing) * scale, choice.train.bytes_accessed * scale
+
+
+def candidate_layouts(target: Target) -> list[int]:
+  """Devices per worker, smallest first: those ``ihsweep plan`` tries on N devices of H per
+  host (``placement.candidate_layouts``: divisors of N up to H), then teams of 2, … hosts."""
+  from ihsweep.planning import placement
+
+  host, n = target.devices_per_host, len(target.devices)
+  teams = [p * host for p in placement.divisors(n // host) if p > 1]
+  return placement.candidate_layouts(n, host) + teams
+
+
+def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
+  """Each group's devices on workers of ``d`` (``placement.group_devices``), or None when
+  ``d`` spans hosts and a group cannot use all of them (``placement.fills``)."""
+  from ihsweep.planning import placement
+
+  if d > target.devices_per_host and not all(placement.fills(j, d) for j in jobs):
+    return None
+  return {j.id: placement.group_devices(j.n_models, j.batch_size, d) for j in jobs}
+
+
+def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
+  """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
+  D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
+  group's memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
+  devices (``placement.simulate``, plan order, each on its worker's ``group_devices``).
+
+  Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
+  ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
+  ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``memory`` {``per_device_bytes``,
+  ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``}, ``flops_per_update``,
+  ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token), ``bytes_per_update``,
+  ``roofline_update_s``, ``all_reduce_s`` (per update, over its data axis on the chip's
+  network; 0 without one or where the table has no figure), ``update_s`` (their sum),
+  ``updates``, ``roofline_s``, ``seconds`` at D), ``refused`` (layouts tried before
+  D and why), ``layouts`` (D and every wider layout: groups on more devices, times scaled by
+  the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
+  ``makespan_s``, ``utilisation``) and ``fits``.
+  """
+  from ihsweep.planning import memory, placement, timing
+  from ihsweep.training import schedule
+
+  _, jobs = placement.make_jobs(cfg, law, check_data=False)
+  compile_group = _GroupCompiler(target, log)
+  refused = []
+  layout = _first_fitting_layout(jobs, target, compile_group, refused)
+  if layout is None:
+    return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
+  d, sizes = layout
+  comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
+  groups, entries = [], []
+  for j in jobs:
+    m = sizes[j.id]
+    row = _group_row(j, m, compile_group, target, comm_model)
+    groups.append(row)
+    entries.append((j, m, row["roofline_s"]))
+  layouts = _wider_layouts(jobs, target, d, entries, comm_model)
+  best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
+  return {
+    "target": target.to_json(),
+    "devices_per_worker": best["devices_per_worker"],
+    "n_workers": best["n_workers"],
+    "compiled_devices_per_worker": d,
+    "refused": refused,
+    "groups": groups,
+    "layouts": [{k: v for k, v in lay.items() if k != "schedule"} for lay in layouts],
+    "schedule": best["schedule"],
+    "makespan_s": best["makespan_s"],
+    "utilisation": best["utilisation"],
+    "fits": all(g["memory"]["fits"] for g in groups),
+    "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
+    "headroom": memory.HEADROOM,
+    "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
+    "FLOPs and bytes from the compiled program (update_cost), + the gradient all-reduce over "
+    "a data axis on the chip's network ("
+    + (target.network.describe() if target.network else "no published figure: not priced")
+    + "); evaluation, checkpoints and start-up not counted",
+  }
+
+
+class _GroupCompiler:
+  """``(compiled config, memory.Choice, why it does not fit or None)`` of a job on its first m
+  devices of the target (``runner.resolve_memory``, bf16 compute where the dtype is 'auto'),
+  compiled once per (job, m), with progress lines to ``log``."""
+
+  def __init__(self, target: Target, log):
+    self.target, self.log, self.memo = target, log, {}
+
+  def __call__(self, job, m: int) -> tuple:
+    from ihsweep.planning import memory
+    from ihsweep.training import runner
+
+    target, log, memo = self.target, self.log, self.memo
+    if (job.id, m) not in memo:
+      log(
+        f"compiling group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = "
+        f"{job.context_size}) for {target.name} on {m} device(s) ..."
+      )
+      cfg = copy.deepcopy(job.cfg)
+      if cfg.model.dtype == "auto":  # as on the target: bf16 compute (ModelConfig.dtype)
+        with cfg.unlocked():
+          cfg.model.dtype = "bfloat16"
+      try:
+        out, choice = runner.resolve_memory(
+          cfg,
+          target.devices[:m],
+          f"group {job.id}",
+          target.capacity_bytes,
+          planned_source(job.cfg),
+          target.chip.platform,
+        )
+        memo[(job.id, m)] = (out, choice, None)
+      except memory.DoesNotFit as e:
+        memo[(job.id, m)] = (cfg, e.choice, str(e))
+      c = memo[(job.id, m)][1]
+      log(
+        f"  {c.setting.describe()}: {memory.gib(c.per_device_bytes)} per device "
+        f"({len(c.tried)} setting(s) compiled in {sum(t for _, _, t in c.tried):.0f} s)"
+      )
+    return memo[(job.id, m)]
+
+
+def _first_fitting_layout(jobs, target: Target, compile_group, refused: list):
+  """``(D, {group id: devices})``: the first of ``candidate_layouts`` at which every group
+  fits, or None; the layouts refused before it are appended to ``refused`` with why."""
+  for d in candidate_layouts(target):
+    sizes = _layout_sizes(jobs, target, d)
+    if sizes is None:
+      refused.append(
+        {
+          "devices_per_worker": d,
+          "why": "a group cannot use every device of a worker spanning hosts",
+        }
+      )
+      continue
+    bad = None
+    for j in jobs:
+      _, _, why = compile_group(j, sizes[j.id])
+      if why:
+        bad = why
+        break
+    if bad is None:
+      return d, sizes
+    refused.append({"devices_per_worker": d, "why": bad})
+  return None
+
+
+def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
+  """One group of ``plan_for_target``'s ``groups``: compiled on m devices, its memory, FLOPs,
+  roofline and all-reduce time per update, and its updates' time."""
+  from ihsweep.training import schedule
+  from ihsweep.workers import sharding
+
+  out, choice, _ = compile_group(j, m)
+  mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
+  flops, n_bytes = update_cost(choice, out, mesh)
+  roofline = max(flops / target.peak_flops, n_bytes / target.hbm_bytes_per_s)
+  all_reduce = comm_model.all_reduce_s(j, m)
+  per_update = roofline + all_reduce
+  s = choice.setting
+  return {
+    "id": j.id,
+    "batch_size": j.batch_size,
+    "context_size": j.context_size,
+    "n_models": j.n_models,
+    "n_params": j.n_params,
+    "devices": m,
+    "mesh": list(mesh),
+    "gradient_accumulation_steps": s.gradient_accumulation_steps,
+    "vmap_chunk": s.vmap_chunk,
+    "remat": s.remat,
+    "memory": {
+      "per_device_bytes": choice.per_device_bytes,
+      "argument_bytes": choice.train.argument_bytes,
+      "temp_bytes": choice.train.temp_bytes,
+      "capacity_bytes": target.capacity_bytes,
+      "fits": choice.fits,
+    },
+    "compiled_settings": len(choice.tried),
+    "compile_s": sum(t for _, _, t in choice.tried),
+    "tried": choice.to_json()["tried"],
+    "flops_per_update": flops,
+    "analytic_flops_per_update": j.flops_per_update / m,
+    "bytes_per_update": n_bytes,
+    "roofline_update_s": roofline,
+    "all_reduce_s": all_reduce,
+    "update_s": per_update,
+    "updates": j.updates,
+    "roofline_s": roofline * j.updates,
+    "seconds": per_update * j.updates,
+    "checkpoints": schedule.checkpoint_bytes(j.cfg, j.n_params, j.updates, per_update * j.updates),
+  }
+
+
+def _wider_layouts(jobs, target: Target, d: int, entries, comm_model) -> list[dict]:
+  """D and every wider layout, each list-scheduled (``placement.simulate``)."""
+  from ihsweep.planning import placement
+
+  # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its compute time
+  # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
+  # m' devices, and its memory per device no larger than at m (compiled there). The layout with
+  # the shortest makespan is the plan's.
+  n = len(target.devices)
+  layouts = []
+  for wide in [w for w in candidate_layouts(target) if w >= d]:
+    m_wide = _layout_sizes(jobs, target, wide)
+    if m_wide is None:
+      continue
+    rows = [
+      (
+        j.id,
+        m_wide[j.id],
+        sec * m / m_wide[j.id] + j.updates * comm_model.all_reduce_s(j, m_wide[j.id]),
+      )
+      for j, m, sec in entries
+    ]
+    sched = placement.simulate(rows, n, wide)
+    layouts.append(
+      {
+        "devices_per_worker": wide,
+        "n_workers": n // wide,
+        "makespan_s": sched.makespan_s,
+        "utilisation": sched.utilisation,
+        "schedule": [dataclasses.asdict(slot) for slot in sched.slots],
+      }
+    )
+  return layouts
+
+
+def format_plan(p: dict) -> str:
+  """The text ``ihsweep plan --target`` prints."""
+  from ihsweep.planning.memory import gib
+  from ihsweep.planning.prediction import duration
+  from ihsweep.training.schedule import describe_checkpoint_totals
+
+  t = p["target"]
+  lines = [
+    f"target {t['name']}: {t['devices']} {t['chip']} device(s), {t['devices_per_host']} per host, "
+    f"{gib(t['capacity_bytes'])} each (memory from the {t['memory_from']}); peak "
+    f"{t['peak_flops_per_device'] / 1e12:.0f} TFLOP/s bf16 and "
+    f"{t['hbm_bytes_per_s_per_device'] / 1e9:.0f} GB/s per device",
+  ]
+  for r in p["refused"]:
+    lines.append(f"  {r['devices_per_worker']} device(s) per worker refused: {r['why']}")
+  if not p["groups"]:
+    lines.append("no layout fits every group")
+    return "\n".join(lines)
+  lines.append(
+    f"compiled on workers of {p['compiled_devices_per_worker']} device(s), the fewest at which "
+    f"every group fits; per group (memory per device with {p['headroom']:.0%} headroom):"
+  )
+  lines.append(
+    "  group     B     C  E  dev  mesh   k  chunk remat   memory/device       fits  "
+    "TFLOP/upd  roofline/upd  all-reduce/upd      time"
+  )
+  for g in p["groups"]:
+    mem = g["memory"]
+    lines.append(
+      f"  {g['id']:<6} {g['batch_size']:>4} {g['context_size']:>5} {g['n_models']:>2} "
+      f"{g['devices']:>4}  {g['mesh'][0]}x{g['mesh'][1]:<3} {g['gradient_accumulation_steps']:>3} "
+      f"{g['vmap_chunk']:>5} {g['remat']:<6} {gib(mem['per_device_bytes']):>9} / "
+      f"{gib(mem['capacity_bytes']):<9} {'yes' if mem['fits'] else 'NO':<4} "
+      f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms  "
+      f"{g['all_reduce_s'] * 1e3:>11.2f} ms  {duration(g['seconds']):>8}"
+    )
+  lines.append(
+    "layouts (wider workers: compute scaled by devices, all-reduces on the wider mesh, memory "
+    "no larger):"
+  )
+  for lay in p["layouts"]:
+    mark = "  <- best" if lay["devices_per_worker"] == p["devices_per_worker"] else ""
+    lines.append(
+      f"  {lay['n_workers']:>4} worker(s) × {lay['devices_per_worker']:>3} device(s): roofline "
+      f"makespan {duration(lay['makespan_s'])}, utilisation {lay['utilisation']:.0%}{mark}"
+    )
+  lines.append(
+    f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} on "
+    f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s) ({p['roofline']})"
+  )
+  lines.append(describe_checkpoint_totals(p["checkpoints"]) + " (roofline times)")
+  lines.append("every group fits" if p["fits"] else "NOT every group fits")
+  return "\n".join(lines)

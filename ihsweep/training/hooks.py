@@ -1,0 +1,313 @@
+"""The training loop's hooks (``loop.Trainer``), each a small class with its own state.
+
+A hook runs at two kinds of moment. ``at_update(loop, step, final)``: after the host call that
+ends at update ``step`` (and at update 0, before a fresh run's first call) — evaluations and
+checkpoints are dispatched here, on the schedule's steps. ``on_call`` / ``on_eval``: when the
+loop reads a dispatched call's or evaluation's values, which trails the devices by one call —
+logs, sinks, the progress bar and the stop rule's record are written here. ``close`` ends
+a hook's files. The loop calls the hooks in the order it is given them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from ihsweep.training import sinks
+from ihsweep.training.progress import Throughput
+
+log = logging.getLogger("ihsweep")
+
+
+class Unread(NamedTuple):
+  """Values dispatched to the devices and not yet read by the loop."""
+
+  kind: str  # "train" (a host call's metrics) or "eval" (an evaluation's values)
+  step: int  # the update they were computed at
+  values: Any  # train: {"loss", "grad_norm"} [K, E]; eval: (Evaluator values, diverged_at [E])
+  updates: int  # the call's updates (K or fewer); 0 for an evaluation
+
+
+class Hook:
+  """A hook that does nothing: a subclass overrides the moments it needs."""
+
+  def at_update(self, loop, step: int, final: bool = False) -> None:
+    """After the call ending at update ``step`` (0: before a fresh run's first call).
+    ``final``: the run stops here, early or on request."""
+
+  def on_call(self, row: dict, loss: np.ndarray) -> None:
+    """A call's values were read: ``row`` its ``train_log.jsonl`` row (``step``, ``tokens``,
+    ``updates``, per-model ``loss`` and ``grad_norm``), ``loss`` its mean loss, ``[E]`` float."""
+
+  def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
+    """An evaluation's values were read: ``rows`` its ``metrics.jsonl`` rows (one per model),
+    ``host`` the evaluator's ``[E]`` arrays, ``diverged_at`` ``[E]`` int (-1: not diverged)."""
+
+  def close(self) -> None:
+    """The run ends (also on an error)."""
+
+
+class Evaluate(Hook):
+  """Dispatches the online evaluation (``Evaluator``) at the schedule's evaluation updates, and
+  turns its values into ``metrics.jsonl`` rows when read. Keeps the training loss since the
+  last evaluation (per model, summed over updates), which each row averages."""
+
+  def __init__(self, evaluator, schedule, cfg, tokens_per_step: int, loss_sum, loss_updates):
+    self.evaluator, self.schedule, self.cfg = evaluator, schedule, cfg
+    self.tokens_per_step = tokens_per_step
+    self.loss_sum, self.loss_updates = loss_sum, loss_updates
+
+  def at_update(self, loop, step: int, final: bool = False) -> None:
+    if self.schedule.eval_due(step) and not final:
+      loop.unread.append(self.dispatch(step, loop.state))
+
+  def dispatch(self, step: int, state):
+    """The evaluation of ``state``'s params at update ``step``, as the loop's unread values."""
+    # diverged_at copied: the state is donated to the next call before this is read.
+    return Unread("eval", step, (self.evaluator(state.params), jnp.copy(state.diverged_at)), 0)
+
+  def on_call(self, row: dict, loss: np.ndarray) -> None:
+    self.loss_sum += loss * row["updates"]
+    self.loss_updates += row["updates"]
+
+  def rows(self, step: int, host: dict, diverged_at: np.ndarray) -> list[dict]:
+    """The ``metrics.jsonl`` rows of the evaluation at ``step``; restarts the training loss."""
+    train_loss = self.loss_sum / self.loss_updates if self.loss_updates else None
+    rows = self.evaluator.rows(host, step, self.tokens_per_step, self.cfg, train_loss, diverged_at)
+    self.loss_sum, self.loss_updates = np.zeros_like(self.loss_sum), 0
+    return rows
+
+
+class StopRule(Hook):
+  """The 'until emergence + margin' budget (``EmergenceStop``): records every evaluation's
+  metric per model; at an evaluation update before the last, says whether training stops."""
+
+  def __init__(self, rule, schedule, num_steps: int):
+    self.rule, self.schedule, self.num_steps = rule, schedule, num_steps
+
+  def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
+    self.rule.observe(step, [r[self.rule.metric] for r in rows], diverged_at >= 0)
+
+  def decides(self, step: int) -> bool:
+    """Whether the rule decides at ``step`` (an evaluation update): the loop reads first."""
+    return self.schedule.eval_due(step)
+
+  def stops(self, step: int) -> bool:
+    """Whether every model is past its transition by the margin at ``step`` (< the last)."""
+    return step < self.num_steps and self.rule.done(step)
+
+
+class SaveParams(Hook):
+  """Saves the params (``checkpoints/params``) at the schedule's params updates, and at an early
+  stop. Reads the dispatched calls first when any is unread: the save waits for the last one
+  anyway, and a read after it would time the save as training (``Throughput``)."""
+
+  def __init__(self, ckpts, schedule, tokens_per_step: int):
+    self.ckpts, self.schedule, self.tokens_per_step = ckpts, schedule, tokens_per_step
+    self.saved: set[int] = set()  # by this run
+
+  def at_update(self, loop, step: int, final: bool = False) -> None:
+    due = self.schedule.params_due(step) or (final and loop.stopped_early)
+    if not due or step in self.saved:
+      return
+    if any(u.kind == "train" for u in loop.unread):
+      loop.read()
+    self.ckpts.save_params(step, loop.state.params, {"tokens": step * self.tokens_per_step})
+    self.saved.add(step)
+
+
+def _clock() -> float:
+  """Seconds on a monotonic clock: the time between full-state checkpoints (a test replaces it)."""
+  return time.monotonic()
+
+
+class SaveState(Hook):
+  """Saves the full state (``checkpoints/state``) at the schedule's state updates, at the last
+  update of a stop, and when ``checkpoint.state_every_minutes`` have passed (``clock_due``).
+  Everything logged up to the step is read and written first, so a resume from it never lacks
+  rows."""
+
+  def __init__(self, ckpts, schedule, tokens_per_step: int, workdir: str, every_minutes: float):
+    self.ckpts, self.schedule, self.tokens_per_step = ckpts, schedule, tokens_per_step
+    self.workdir = workdir
+    self.every_s = 60.0 * every_minutes  # 0: none by time
+    self.saved_t = None  # the clock at the last save (or the loop's start)
+    self.saved: set[int] = set()  # by this run
+
+  def at_update(self, loop, step: int, final: bool = False) -> None:
+    if (self.schedule.state_due(step) or final) and step not in self.saved:
+      self.save(loop, step)
+
+  def start_clock(self) -> None:
+    """The loop starts: ``state_every_minutes`` count from now."""
+    self.saved_t = _clock()
+
+  def clock_due(self) -> bool:
+    """Whether ``checkpoint.state_every_minutes`` have passed since the last save."""
+    return bool(self.every_s) and _clock() - self.saved_t >= self.every_s
+
+  def save(self, loop, step: int) -> None:
+    """Reads the unread values, then saves the state at ``step``; restarts the clock."""
+    loop.read()
+    _fault_injection(step, self.workdir, "DISK_FULL")
+    self.ckpts.save_state(step, loop.state, {"tokens": step * self.tokens_per_step})
+    self.saved.add(step)
+    self.saved_t = _clock()
+    _fault_injection(step, self.workdir, "KILL")
+
+
+def _fault_injection(step: int, workdir: str, fault: str) -> None:
+  """Test hook around the full-state save at update s: ``IHSWEEP_FAULT_DISK_FULL_AT_STEP=s``
+  (``fault`` "DISK_FULL", before the save) fails it as orbax does on a full disk (the
+  ``ValueError`` its tensorstore writes raise); ``IHSWEEP_FAULT_KILL_AT_STEP=s`` ("KILL", after)
+  SIGKILLs this process right after it has started (its asynchronous write possibly
+  unfinished). ``IHSWEEP_FAULT_PROCESS=p`` limits either to process p of a multi-process run,
+  ``IHSWEEP_FAULT_GROUP=g`` to the run directory named g (a sweep's group)."""
+  env = os.environ
+  at = env.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
+  only, group = env.get("IHSWEEP_FAULT_PROCESS"), env.get("IHSWEEP_FAULT_GROUP")
+  if not (
+    at
+    and int(at) == step
+    and (not only or int(only) == jax.process_index())
+    and (not group or os.path.basename(os.path.normpath(workdir)) == group)
+  ):
+    return
+  if fault == "KILL":
+    os.kill(os.getpid(), signal.SIGKILL)
+  tmp = os.path.join(workdir, "checkpoints", "state", f"{step}.orbax-checkpoint-tmp")
+  raise ValueError(
+    f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
+    f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
+    f"No space left on device [os_error_code='28'] (IHSWEEP_FAULT_DISK_FULL)"
+  )
+
+
+def _short(values, limit: int = 8) -> str:
+  """Per-model values for a log line: up to ``limit`` of them, 2 decimals."""
+  v = [f"{x:.2f}" for x in np.asarray(values)[:limit]]
+  return "[" + " ".join(v) + (" …]" if len(values) > limit else "]")
+
+
+class Log(Hook):
+  """Appends each call's row to ``train_log.jsonl`` and each evaluation's rows to
+  ``metrics.jsonl`` (the team's lead only; flushed at once), and logs each evaluation in one
+  line. ``who`` prefixes the line (a sweep's group id)."""
+
+  def __init__(self, workdir: str, lead: bool, tokens_per_step: int, who: str = ""):
+    self.tokens_per_step, self.who = tokens_per_step, who
+    self.metrics = open(os.path.join(workdir, "metrics.jsonl"), "a") if lead else None
+    self.train_log = open(os.path.join(workdir, "train_log.jsonl"), "a") if lead else None
+
+  def on_call(self, row: dict, loss: np.ndarray) -> None:
+    if self.train_log:
+      self.train_log.write(json.dumps(row) + "\n")
+      self.train_log.flush()
+
+  def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
+    if self.metrics:
+      self.metrics.writelines(json.dumps(r) + "\n" for r in rows)
+      self.metrics.flush()
+    log.info(
+      "%seval at update %d (%s tokens per model): ps_max %s, ar_acc %s, val_loss %s%s",
+      self.who,
+      step,
+      f"{step * self.tokens_per_step:,}",
+      _short(host["ps_max"]),
+      _short(host["ar_acc"]),
+      _short(host["val_loss"]),
+      f"; diverged: {int((diverged_at >= 0).sum())}" if (diverged_at >= 0).any() else "",
+    )
+
+  def close(self) -> None:
+    for f in (self.metrics, self.train_log):
+      if f:
+        f.close()
+
+
+class Sinks(Hook):
+  """Writes the rows as scalars to the live metric writers the config's ``log`` section opens
+  (TensorBoard, W&B: ``ihsweep.training.sinks``), lead only."""
+
+  def __init__(self, writers: sinks.Writers, cell_ids: list[int]):
+    self.writers, self.cell_ids = writers, cell_ids
+
+  def on_call(self, row: dict, loss: np.ndarray) -> None:
+    self.writers.write_scalars(row["step"], sinks.train_scalars(row, self.cell_ids))
+
+  def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
+    self.writers.write_scalars(step, sinks.metric_scalars(rows))
+
+  def close(self) -> None:
+    self.writers.close()
+
+
+class Progress(Hook):
+  """The progress bar and the training speed after start-up (``Throughput``). ``begin`` ends
+  start-up once the first call has run: logs its seconds and opens the bar at the updates done;
+  each later call's read adds to the rate (the first one's is start-up's, not timed)."""
+
+  def __init__(self, num_steps: int, tokens_per_call_update: int, *, show: bool, desc, keep: bool):
+    self.num_steps = num_steps
+    self.tokens_per_update = tokens_per_call_update  # all models together
+    self.show, self.desc, self.keep = show, desc, keep
+    self.rate = Throughput(num_steps)
+    self.first_read, self.bar = True, None
+
+  def begin(self, step: int, metrics, started: float, compile_s: float, who: str = "") -> None:
+    """After the first call's dispatch (at ``perf_counter`` ``started`` + its set-up): waits
+    for the call — the origin of ``Throughput`` — then logs start-up and opens the bar."""
+    jax.block_until_ready(metrics)
+    self.rate.begin(step)
+    log.info(
+      "%sstart-up took %.1f s up to the end of the first call, %.1f s of it compiling (or "
+      "loading) the train program; training from update %d of %d",
+      who,
+      time.perf_counter() - started,
+      compile_s,
+      step,
+      self.num_steps,
+    )
+    self.bar = tqdm(
+      total=self.num_steps,
+      initial=step,
+      disable=not self.show,
+      unit="upd",
+      dynamic_ncols=True,
+      desc=self.desc,
+      smoothing=0,  # the average since start-up: the rate and ETA Throughput reports
+      leave=self.keep,
+    )
+
+  def on_call(self, row: dict, loss: np.ndarray) -> None:
+    step, k = row["step"], row["updates"]
+    if self.first_read:  # the first call is start-up's (Throughput): not timed
+      self.first_read = False
+    else:
+      self.rate.add(step, k, k * self.tokens_per_update)
+    if self.bar is None:
+      return
+    if step > self.bar.n:  # the first call is in the bar's initial count
+      self.bar.update(step - self.bar.n)
+    finite = loss[np.isfinite(loss)]
+    tok_s = self.rate.tokens_per_s
+    self.bar.set_postfix(
+      loss=f"{finite.mean():.4f}" if finite.size else "nan",
+      tok_s="-" if math.isnan(tok_s) else f"{tok_s:,.0f}",
+    )
+    if step == self.num_steps:  # its last line at the last read, not after the last save
+      self.bar.close()
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()

@@ -1,0 +1,166 @@
+"""A run directory's config and logs across a resume: ``config.json`` written at the start
+(``write_resolved_config``), the check that a resumed config keeps the run's numbers
+(``check_resumable``), and the logs cut back to the restored step (``line_up_logs``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+
+from ihsweep import data
+from ihsweep.configuration import config as config_lib
+from ihsweep.runs import rundir
+from ihsweep.training.evaluation import replay
+from ihsweep.workers import sharding
+
+log = logging.getLogger("ihsweep")
+
+
+def _jsonable(cfg) -> dict:
+  return json.loads(cfg.to_json_best_effort()) if hasattr(cfg, "to_json_best_effort") else cfg
+
+
+def write_resolved_config(cfg, workdir: str) -> str:
+  """Writes ``workdir/config.json`` (every field, after command-line overrides)."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  rundir.atomic_write_json(path, _jsonable(cfg), sort_keys=True)
+  return path
+
+
+RESUME_FREE_FIELDS = (*config_lib.EXECUTION_FIELDS, "checkpoint.")
+"""Fields a resumed run may change (a trailing dot: a whole section): they move work between
+devices, calls and workers, or choose what is saved, not the numbers (a run directory made
+before such a field existed resumes under any value of it). Everything else — including
+``train.num_steps``, which sets the learning-rate schedule — must match."""
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resumable(cfg, workdir: str) -> None:
+  """Refuses to resume a run directory under a config that changes its numbers.
+
+  Raises:
+    ConfigError: naming the first field whose value differs from the stored ``config.json``
+      (fields in ``RESUME_FREE_FIELDS`` may differ); ``WorkdirError`` if that file is missing
+      or unreadable.
+  """
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path) as f:
+      old = _flatten(json.load(f))
+  except (OSError, ValueError) as e:
+    raise config_lib.WorkdirError(
+      workdir,
+      f"a run directory whose config.json can be read to check the resumed "
+      f"config ({e}); its checkpoints cannot be verified: use a new --workdir",
+    ) from None
+  new = _flatten(_jsonable(cfg))
+  for field in sorted(set(old) | set(new)):
+    free = any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUME_FREE_FIELDS)
+    if free or old.get(field) == new.get(field):
+      continue
+    if field not in old and new.get(field) == _added_field_default(field):
+      continue  # a field added after the run was made, at its default: the run's behaviour
+    if field in old:
+      was = f"{old[field]!r}, as in the run being resumed in {workdir}"
+    else:
+      default = _added_field_default(field)
+      was = f"absent from the run being resumed in {workdir} (made before the field existed" + (
+        f"; its default {default!r} reproduces that run)" if default is not _MISSING else ")"
+      )
+    raise config_lib.ConfigError(
+      field,
+      new.get(field, "(absent)"),
+      f"{was} (it has checkpoints); use a new --workdir to train with a different value",
+    )
+
+
+_MISSING = object()
+
+
+def _added_field_default(field: str):
+  """The default of a ``data``/``eval`` field (``data.default_config``,
+  ``config.default_eval``), or a sentinel equal to nothing. Such a field added to ihsweep
+  defaults to what runs did before it existed (e.g. ``data.induction_start`` 'half',
+  ``eval.probe_position`` 'start'), so a run directory made before it resumes at that value."""
+  section, _, rest = field.partition(".")
+  defaults = {"data": data.default_config, "eval": config_lib.default_eval}.get(section)
+  node = defaults() if defaults else None
+  for key in rest.split("."):
+    if node is None or not hasattr(node, "keys") or key not in node:
+      return _MISSING
+    node = node[key]
+  return tuple(node) if isinstance(node, list) else node
+
+
+def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
+  with rundir.atomic_file(path) as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def line_up_logs(workdir: str, team, start, schedule, n_models: int, stop_rule=None) -> tuple:
+  """Starts the logs afresh (``start`` None), or cuts them back to the restored update
+  ``start`` (what was logged after it will be logged again, identically); the stop rule's
+  record is replayed from them. Every process of ``team`` reads; its lead writes.
+
+  Returns:
+    ``(evaluated, loss_sum, loss_updates)``: whether all of update ``start``'s evaluation rows
+    were logged before; the training loss (per model, ``[E]`` float, summed over updates) and
+    the updates since the last evaluation logged, which its next row averages.
+  """
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  log_path = os.path.join(workdir, "train_log.jsonl")
+  done, every, evaluated = start or 0, schedule.eval_every, False
+  if start is None:
+    train_rows = []
+    sharding.barrier("ihsweep-fit-fresh", team)  # nobody still reads the old files
+    if team.leads:
+      for path in (metrics_path, log_path):
+        if os.path.exists(path):
+          log.warning("replacing %s: no checkpoint to resume from in %s", path, workdir)
+          os.remove(path)
+  else:
+    train_rows = [r for r in rundir.read_jsonl(log_path, warn=True) if r["step"] <= done]
+    rows = [r for r in rundir.read_jsonl(metrics_path, warn=True) if r["step"] <= done]
+    # The resumed step's evaluation rows, if all were logged before the kill.
+    evaluated = sum(r["step"] == done for r in rows) == n_models
+    if not evaluated:
+      rows = [r for r in rows if r["step"] < done]
+    if stop_rule is not None:
+      replay(stop_rule, rows, stop_rule.metric)
+    sharding.barrier("ihsweep-fit-read", team)  # all have read before the rewrite
+    if team.leads:
+      _rewrite_jsonl(log_path, train_rows)
+      _rewrite_jsonl(metrics_path, rows)
+  last_eval = 0  # the last evaluation logged: at `done` if its rows were, else the one before
+  if every and done:
+    last_eval = done if evaluated and schedule.eval_due(done) else schedule.last_eval(done)
+  loss_sum, loss_updates = np.zeros(n_models), 0
+  for r in train_rows:
+    if r["step"] > last_eval:
+      loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
+      loss_updates += r["updates"]
+  return evaluated, loss_sum, loss_updates
+
+
+def check_config(cfg, workdir: str) -> None:
+  """``check_resumable`` when ``workdir`` holds checkpoints (params-only too: saved steps are
+  never overwritten); nothing for a fresh directory."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if any(
+    os.path.isdir(os.path.join(ckpt_dir, kind)) and os.listdir(os.path.join(ckpt_dir, kind))
+    for kind in ("params", "state")
+  ):
+    check_resumable(cfg, workdir)

@@ -1,0 +1,441 @@
+"""Training one group: ``fit`` (validate, choose memory, lock the directory, run
+``ihsweep.training.loop``), the group its programs are built from (``_Group``), and those programs
+compiled ahead of time (``precompile``) or against a device's memory (``resolve_memory``).
+
+The pieces of a run live in their own modules, re-exported here where callers read them:
+``ihsweep.training.resume`` (config.json, the resume check), ``ihsweep.training.startup`` (state,
+checkpoints,
+probes), ``ihsweep.training.loop`` and ``ihsweep.training.hooks`` (the loop),
+``ihsweep.training.progress``,
+``ihsweep.training.stopping`` (stop requests) and ``ihsweep.training.loader`` (host-fed batches).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from ihsweep.configuration import config as config_lib
+from ihsweep.data import make_source
+from ihsweep.data import probes as probes_lib
+from ihsweep.planning import memory
+from ihsweep.runs import checkpoint, rundir
+from ihsweep.training import loop, resume, train
+from ihsweep.training import schedule as schedule_lib
+
+# EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
+# ihsweep.training.evaluation.
+from ihsweep.training.evaluation import EmergenceStop, Evaluator
+from ihsweep.training.loader import HostLoader
+from ihsweep.training.progress import Throughput, logs_above_bars
+from ihsweep.training.resume import RESUME_FREE_FIELDS, check_resumable, write_resolved_config
+from ihsweep.training.startup import cell_metadata
+from ihsweep.training.stopping import (
+  Interrupted,
+  install_stop_handlers,
+  request_stop,
+  stop_requested,
+)
+from ihsweep.workers import sharding
+
+__all__ = [
+  "RESUME_FREE_FIELDS",
+  "EmergenceStop",
+  "Evaluator",
+  "HostLoader",
+  "Interrupted",
+  "Throughput",
+  "cell_metadata",
+  "check_resumable",
+  "checkpoint",
+  "fit",
+  "group_devices",
+  "install_stop_handlers",
+  "logs_above_bars",
+  "make_source",
+  "precompile",
+  "request_stop",
+  "resolve_memory",
+  "stop_requested",
+  "write_resolved_config",
+]
+
+log = logging.getLogger("ihsweep")
+
+
+def group_devices(cfg, devices=None, local: bool = False) -> list:
+  """The devices a run's mesh uses (``config.validate`` checks the same choice): the first
+  ``mesh.num_devices`` of ``devices`` if that is set; else all of them when the run is one mesh
+  over every process (several processes, no ``devices``, not ``local``); else the longest prefix
+  of them the ensemble can use whole (``sharding.usable_devices``: a group smaller than a
+  worker runs on part of it). ``devices`` default: ``jax.local_devices()`` with ``local``, else
+  ``jax.devices()``."""
+  whole = devices is None and not local and jax.process_count() > 1
+  if devices is None:
+    devices = jax.local_devices() if local else jax.devices()
+  devices = list(devices)
+  if cfg.mesh.num_devices or whole:
+    return devices[: cfg.mesh.num_devices or None]
+  return sharding.usable_devices(cfg.ensemble.size, cfg.train.batch_size, devices)
+
+
+def _validate(cfg, devices, local: bool):
+  """``config.validate`` for the devices the run may use; returns them (None: the default of
+  a run that is one mesh over every process, or of one process)."""
+  if devices is None and not local:
+    config_lib.validate(cfg)
+    return None
+  devices = list(jax.local_devices() if devices is None else devices)
+  config_lib.validate(cfg, devices)
+  return devices
+
+
+class _Group:
+  """What ``fit`` and ``precompile`` build alike from a run's config on its devices, before any
+  run directory: the mesh, model and data source, the hyper-parameters, and the programs —
+  built once here so that a program ``precompile`` compiled is the one ``fit`` runs."""
+
+  def __init__(self, cfg, devices: list, source=None):
+    self.cfg = cfg
+    self.mcfg, self.tcfg = train.model_and_train_config(cfg)
+    self.n_models = cfg.ensemble.size
+    self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
+    self.model = train.training_model(self.mcfg, self.tcfg)
+    self.source = source or make_source(
+      cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
+    )
+    self.host_fed = not self.source.on_device
+    self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
+
+  def hparams(self) -> train.HParams:
+    """Per-model peak learning rates and data knobs (numpy, leading axis E)."""
+    return train.HParams(
+      peak_lr=np.asarray(train.peak_lrs(self.cfg), np.float32), data=self.data_params
+    )
+
+  def init_fn(self):
+    """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``)."""
+    return train.make_init_fn(self.model, self.tcfg, self.mesh)
+
+  def train_program(self):
+    """The ensemble's train program (``train.make_ensemble_train_fn``): one compilation serves
+    every call length up to ``train.steps_per_call``, the short last call included."""
+    tcfg = self.tcfg
+    return train.make_ensemble_train_fn(
+      self.model,
+      tcfg,
+      None if self.host_fed else self.source.sample,
+      self.mesh,
+      min(tcfg.steps_per_call, tcfg.num_steps),
+      self.cfg.ensemble.vmap_chunk,
+    )
+
+  def abstract_data(self):
+    """The train program's ``data`` argument as ``jax.ShapeDtypeStruct``: the source's shared
+    arrays replicated, or a call's host-fed batches ``[E, K, B, C + 1]``."""
+    tcfg = self.tcfg
+    if self.host_fed:  # one tiny gather for the corpus's dtype
+      keys = np.zeros((self.n_models, 2), np.uint32)
+      dtype = np.asarray(self.source.host_batches(keys, 0, 1)).dtype
+      shape = (
+        self.n_models,
+        min(tcfg.steps_per_call, tcfg.num_steps),
+        tcfg.batch_size,
+        tcfg.context_size + 1,
+      )
+      return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
+    return _abstract(self.source.arrays(), sharding.replicated(self.mesh))
+
+
+def _abstract(tree, where):
+  """``jax.ShapeDtypeStruct`` of each numpy leaf of ``tree`` as ``jax.device_put(tree, where)``
+  would place it (the dtype JAX gives it: float64 becomes float32 without x64)."""
+  return jax.tree_util.tree_map(
+    lambda x: jax.ShapeDtypeStruct(
+      np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype), sharding=where
+    ),
+    tree,
+  )
+
+
+def _per_device_bytes(tree) -> int:
+  """Bytes of one device's shards of the ``jax.ShapeDtypeStruct`` leaves of ``tree``."""
+  total = 0
+  for x in jax.tree_util.tree_leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def resolve_memory(
+  cfg, devices: list, name: str = "the run", capacity=None, source=None, platform=None
+):
+  """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.planning.memory``):
+  ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
+  become the values ``memory.choose`` finds by compiling the group's programs against the
+  devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
+  k = 1, no remat and the usual chunk rule, without compiling anything.
+
+  ``capacity`` (bytes per device) replaces the devices' own, ``source`` the data source the
+  group would build, and ``platform`` (``gpu``, ``tpu``) the devices' own for the default vmap
+  chunk (``ihsweep plan --target``: compile-only devices, no corpus; a GPU target compiled on
+  CPU devices still starts from every model at once, as on the GPU).
+
+  Returns:
+    ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
+    nothing was automatic), and the ``memory.Choice`` (None if nothing was compiled).
+
+  Raises:
+    memory.DoesNotFit: the capacity is known and no setting fits (before anything trains).
+  """
+  k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
+  auto_k, auto_remat = k == 0, remat == "auto"
+  auto_chunk = cfg.ensemble.vmap_chunk == 0
+  capacity = capacity or memory.device_capacity(devices[0])
+  if capacity is None and not (auto_k or auto_remat):
+    return cfg, None
+  out = copy.deepcopy(cfg)
+  with out.unlocked():  # the first setting; the group is built once with it
+    out.train.gradient_accumulation_steps = k or 1
+    out.train.remat = "none" if auto_remat else remat
+  if capacity is None:
+    return out, None
+  group = _Group(out, devices, source)
+  ens_sh = sharding.ensemble_sharding(group.mesh)
+  state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
+  hp, data = _abstract(group.hparams(), ens_sh), group.abstract_data()
+  n_ens, n_data = group.mesh.shape["ensemble"], group.mesh.shape["data"]
+  local = group.n_models // n_ens
+  n_steps = min(group.tcfg.steps_per_call, group.tcfg.num_steps)
+
+  def compile_train(setting: memory.Setting) -> memory.ProgramMemory:
+    tcfg = dataclasses.replace(
+      group.tcfg,
+      gradient_accumulation_steps=setting.gradient_accumulation_steps,
+      remat=setting.remat,
+    )
+    program = train.make_ensemble_train_fn(
+      train.training_model(group.mcfg, tcfg),
+      tcfg,
+      None if group.host_fed else group.source.sample,
+      group.mesh,
+      n_steps,
+      setting.vmap_chunk,
+    )
+    try:
+      return memory.analyse(program.compile(state, hp, data))
+    except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
+      if "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      return memory.ProgramMemory(0, 0, 0, memory.exhausted_bytes(str(e), capacity), 0)
+
+  eval_mem = None
+  if schedule_lib.eval_interval(out):
+    evaluator = Evaluator(out, group.mcfg, None, group.mesh, capacity)
+    eval_mem = memory.analyse(evaluator.lower(state.params).compile())
+  prefetch = _per_device_bytes(data) if group.host_fed else 0
+  platform = platform or getattr(devices[0], "platform", "cpu")
+  choice = memory.choose(
+    compile_train,
+    batch_size=group.tcfg.batch_size,
+    data_axis=n_data,
+    local_models=local,
+    default_chunk=cfg.ensemble.vmap_chunk
+    or train.auto_vmap_chunk(local, group.tcfg, group.mcfg.vocab_size, platform),
+    fixed_k=k,
+    fixed_chunk=cfg.ensemble.vmap_chunk,
+    remat=remat,
+    capacity_bytes=capacity,
+    resident_extra_bytes=prefetch,
+    eval_memory=eval_mem,
+    group=name,
+  )
+  s = choice.setting
+  with out.unlocked():
+    out.train.gradient_accumulation_steps = s.gradient_accumulation_steps
+    out.train.remat = s.remat
+    if auto_chunk:
+      out.ensemble.vmap_chunk = s.vmap_chunk
+  log.info(
+    "%s: %s per device of %s (%s; %d setting(s) compiled)",
+    name,
+    memory.gib(choice.per_device_bytes),
+    memory.gib(capacity),
+    s.describe(),
+    len(choice.tried),
+  )
+  return out, choice
+
+
+def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
+  """Compiles a run's programs ahead of time, as ``fit(cfg, ..., devices=devices,
+  local=local)`` builds them — the initialisation, the train program (which also serves the
+  short last call) and, with evaluation on, the evaluation — from their shapes alone
+  (``jax.ShapeDtypeStruct`` inputs with the run's shardings): nothing is trained and no file
+  is written; data sources are built as ``fit`` builds them (a corpus is read from its cache,
+  or tokenized into it).
+
+  With the persistent compilation cache on (``compile_cache.enable``), a later ``fit`` of the
+  same config on the same devices loads these programs from it instead of compiling them: a
+  worker calls this for its next group on a background thread while it trains the current one
+  (JAX compiles on any thread; the training's own dispatches go on meanwhile). Without the
+  cache it only measures the compile time. In a job of several processes without ``local``
+  (one global mesh), every process must call it, as every process runs ``fit``.
+
+  Returns:
+    Seconds spent compiling each program: ``{"init": s, "train": s[, "eval": s[, "probes":
+    s]]}`` ("probes": a generated source's sampler of held-out sequences, compiled by drawing
+    them once, as a fresh ``fit`` does); a program already in the persistent cache takes the
+    time to load it.
+
+  Raises:
+    ConfigError, DataError: as ``fit`` does, before anything is compiled.
+  """
+  devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  cfg, _ = resolve_memory(cfg, devices)
+  group = _Group(cfg, devices)
+  ens_sh = sharding.ensemble_sharding(group.mesh)
+  seconds = {}
+
+  def compile_(name: str, lowered):
+    start = time.perf_counter()
+    lowered.compile()
+    seconds[name] = time.perf_counter() - start
+
+  init = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32))
+  compile_("init", init)
+  state = init.out_info  # TrainState of ShapeDtypeStruct, with the ensemble sharding
+  compile_(
+    "train",
+    group.train_program().lower(state, _abstract(group.hparams(), ens_sh), group.abstract_data()),
+  )
+  if schedule_lib.eval_interval(cfg):
+    compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))
+    if not group.source.has_held_out_windows:
+      # A generated source's held-out sequences come from its sampler, jitted by
+      # probes.held_out_sequences when a fresh run makes its probes: compiled by drawing them
+      # (E · eval.n_sequences sequences, discarded).
+      start = time.perf_counter()
+      probes_lib.held_out_sequences(
+        group.source,
+        group.data_params,
+        jax.tree_util.tree_map(np.asarray, group.source.arrays()),
+        cfg.eval.probe_seed,
+        cfg.eval.n_sequences,
+        group.n_models,
+      )
+      seconds["probes"] = time.perf_counter() - start
+  return seconds
+
+
+def fit(
+  cfg,
+  workdir: str,
+  *,
+  progress: bool = True,
+  desc: str | None = None,
+  stop_rule: EmergenceStop | None = None,
+  devices=None,
+  local: bool = False,
+  keep_bar: bool = True,
+) -> dict[str, Any]:
+  """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
+  evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
+
+  Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
+  ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
+  averaged over them, null for a diverged model); ``metrics.jsonl`` (every
+  ``schedule.eval_interval`` updates and at the end, one row per model: see
+  ``Evaluator.rows``); ``probes.npz``; ``checkpoints/`` (``ihsweep.runs.checkpoint``).
+
+  Devices (``group_devices``): ``devices`` are those the run may use, default all. The
+  processes owning the mesh's devices (``sharding.Team``) train it together and the first of
+  them writes the files: under several processes without ``devices`` or ``local``, every
+  process on one global mesh; with ``devices`` of some processes (a worker spanning hosts),
+  those processes only (collectives and barriers among them, checkpoint managers over them);
+  with ``local``, this process alone on (part of) its own devices (a worker's process-local
+  group: no collective or barrier with the others, ``RunCheckpoints`` over this process).
+
+  A model whose loss turns NaN/inf is frozen (``train.train_step``) and the others go on.
+  ``stop_rule`` (``EmergenceStop``) ends training early at an evaluation step. After
+  ``request_stop`` (SIGTERM) the state is checkpointed and ``Interrupted`` is raised.
+
+  Progress (``progress``): start-up — building, restoring, compiling or loading the programs,
+  the first evaluation and call — is its own phase, logged with its seconds once; the bar opens
+  when the first call has finished, at the updates done, and its rate, ETA and ``tok_s`` count
+  the calls after it only (``Throughput``), so a resumed run shows the speed an uninterrupted
+  one does. ``desc``: the bar's label (its first word, e.g. a sweep's group id, prefixes this
+  run's log lines); ``keep_bar``: whether the finished bar stays on screen (a sweep with its
+  own bar over groups clears it). While the bar is open, log lines are written above it
+  (``logs_above_bars``).
+
+  Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
+  (None if nothing was left to train), "tokens_per_s" and "updates_per_s": throughput after
+  start-up (all models' tokens; ``Throughput``; NaN when only one call was trained), "resumed_from":
+  update count restored or None, "step": updates done,
+  "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none),
+  "crossed": the stop rule's first evaluation step at or above its threshold per model (None
+  without a stop rule), "timings": wall seconds {"setup_s": from entry until the first
+  training call is dispatched (validating, building, restoring, compiling; the whole call if
+  nothing was left to train), "train_s": the rest (training calls, evaluations, checkpoints,
+  waiting for the last writes), "total_s": both[, "compile_s": the first training call's
+  dispatch, which compiles the train program or loads it from the persistent cache (part of
+  setup_s)]}}``.
+
+  Raises:
+    ConfigError: before anything is compiled, if a field is invalid or the directory holds a
+      run with a different config.
+    DataError: data that cannot be read or built (``CheckpointError``: checkpoints present but
+      none restorable).
+    Interrupted: stopped on request, after the checkpoint.
+  """
+  started = time.perf_counter()
+  devices = group_devices(cfg, _validate(cfg, devices, local), local)
+  cfg, _ = resolve_memory(cfg, devices, f"group {desc.split()[0]}" if desc else workdir)
+  team = sharding.Team.of(devices)
+  # The team's lead marks and locks the directory (process 0 for one global mesh).
+  here = team.leads and not team.is_everyone
+  rundir.claim_workdir(workdir, "train", here)
+  _quiet_failed_writes()
+  try:
+    with rundir.workdir_lock(workdir, here), logs_above_bars(progress):
+      resume.check_config(cfg, workdir)  # a changed config is refused before anything is built
+      return loop.train_group(
+        _Group(cfg, devices),
+        workdir,
+        team=team,
+        progress=progress,
+        desc=desc,
+        stop_rule=stop_rule,
+        started=started,
+        keep_bar=keep_bar,
+      )
+  except Exception as e:
+    if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
+      raise
+    raise checkpoint.DiskFull(workdir) from e
+
+
+def _quiet_failed_writes() -> None:
+  """Silences orbax's error logs (with tracebacks) from its writer threads when a write failed
+  for want of space, which ``DiskFull`` reports in one line (the "Event loop is closed" echoes
+  of its abandoned writes: ``checkpoint.RunCheckpoints``)."""
+  absl = logging.getLogger("absl")
+  if any(getattr(f, "ihsweep_disk_full", False) for f in absl.filters):
+    return
+
+  def keep(record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (
+      checkpoint.disk_full_cause(error)
+      or any(m in record.getMessage() for m in checkpoint.NO_SPACE_MESSAGES)
+    )
+
+  keep.ihsweep_disk_full = True
+  absl.addFilter(keep)

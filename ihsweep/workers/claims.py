@@ -1,0 +1,235 @@
+"""Claims: which worker trains which group of a sweep. The run directory is the only meeting
+point of the workers (independent processes, SLURM array tasks, the processes of a
+jax.distributed job): a worker claims a group by writing ``groups/<id>/claim.json`` under a brief
+exclusive lock of ``.claims.lock`` (``fcntl.flock``, which NFSv4 and Lustre mounted with
+``flock`` support), refreshes the claim's heartbeat while it trains, and removes it when the
+group is finished. ``claims.jsonl`` logs every claim, takeover and release."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import time
+
+import jax
+
+from ihsweep.configuration import config as config_lib
+from ihsweep.runs.atomic import atomic_write_json
+
+CLAIM_FILE = "claim.json"
+CLAIMS_LOG = "claims.jsonl"
+
+
+def _claim_path(workdir: str, group_id: str) -> str:
+  """``groups/<id>/claim.json``, in ``rundir.group_dir`` (not imported from there: rundir
+  imports this module)."""
+  return os.path.join(workdir, "groups", group_id, CLAIM_FILE)
+
+
+def claim_heartbeat_s() -> float:
+  """Seconds between a worker's claim refreshes (``IHSWEEP_CLAIM_HEARTBEAT_S``, default 10)."""
+  return _env_seconds("IHSWEEP_CLAIM_HEARTBEAT_S", 10.0)
+
+
+def claim_stale_s() -> float:
+  """Seconds without a refresh after which a claim is stale and its group may be taken over
+  (``IHSWEEP_CLAIM_STALE_S``, default 12 heartbeats). Workers on several hosts compare their
+  clocks with the heartbeat written by another: keep the hosts' clocks synchronised (NTP) and
+  this well above the skew. On the claim's own host a dead pid makes it stale at once."""
+  return _env_seconds("IHSWEEP_CLAIM_STALE_S", 12 * claim_heartbeat_s())
+
+
+def _env_seconds(name: str, default: float) -> float:
+  text = os.environ.get(name, "")
+  if not text:
+    return default
+  try:
+    value = float(text)
+  except ValueError:
+    value = float("nan")
+  if not value > 0 or value == float("inf"):
+    raise config_lib.ConfigError(f"(environment) {name}", text, "a number of seconds > 0")
+  return value
+
+
+@contextlib.contextmanager
+def claims_lock(workdir: str):
+  """Holds the exclusive lock under which workers read and change claims (blocking; held for
+  milliseconds)."""
+  with open(os.path.join(workdir, ".claims.lock"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def worker_id() -> str:
+  """This worker's name in claims: ``host:pid`` (``/pN`` added for process N of a
+  jax.distributed job)."""
+  name = f"{socket.gethostname()}:{os.getpid()}"
+  return f"{name}/p{jax.process_index()}" if jax.process_count() > 1 else name
+
+
+def read_claim(workdir: str, group_id: str) -> dict | None:
+  """A group's claim (``worker``, ``host``, ``pid``, ``devices``, ``claimed``, ``heartbeat``:
+  Unix time of the last refresh), or None if it has none (an unreadable claim reads as stale:
+  ``heartbeat`` 0)."""
+  path = _claim_path(workdir, group_id)
+  try:
+    with open(path) as f:
+      claim = json.load(f)
+    if isinstance(claim, dict) and "worker" in claim:
+      return claim
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError):
+    pass
+  return {"worker": "(unreadable claim)", "heartbeat": 0.0}
+
+
+def alive(status: dict) -> bool | None:
+  """Whether a 'running' group's process still exists (None: another host, cannot tell)."""
+  if status.get("host") != socket.gethostname() or "pid" not in status:
+    return None
+  try:
+    os.kill(int(status["pid"]), 0)
+    return True
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+
+
+def claim_is_stale(claim: dict, now: float | None = None) -> bool:
+  """Whether a claim's worker is gone: a dead pid on this host, or no heartbeat for
+  ``claim_stale_s()`` seconds."""
+  if alive(claim) is False:
+    return True
+  now = time.time() if now is None else now
+  return now - float(claim.get("heartbeat", 0.0)) > claim_stale_s()
+
+
+def group_state(workdir: str, group_id: str, status: dict) -> str:
+  """``status["state"]``, except that a 'running' group whose worker is gone (its claim stale,
+  or without a claim its process dead on this host) reads 'stopped'."""
+  if status["state"] != "running":
+    return status["state"]
+  claim = read_claim(workdir, group_id)
+  gone = claim_is_stale(claim) if claim is not None else alive(status) is False
+  return "stopped" if gone else "running"
+
+
+def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
+  row = {
+    "time": round(time.time(), 3),
+    "event": event,
+    "group": group_id,
+    "worker": worker_id(),
+    **fields,
+  }
+  with open(os.path.join(workdir, CLAIMS_LOG), "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
+  path = _claim_path(workdir, group_id)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  atomic_write_json(path, claim)
+
+
+def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
+  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale; call under
+  ``claims_lock``. Returns None if another live worker holds it, else the event logged:
+  ``"claimed"`` or ``"taken over"`` (from a stale claim, whose worker is named in the log)."""
+  old = read_claim(workdir, group_id)
+  if old is not None and not claim_is_stale(old):
+    return None
+  now = time.time()
+  _write_claim(
+    workdir,
+    group_id,
+    {
+      "group": group_id,
+      "worker": worker_id(),
+      "host": socket.gethostname(),
+      "pid": os.getpid(),
+      "process": jax.process_index(),
+      "devices": devices,
+      "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "heartbeat": now,
+    },
+  )
+  if old is None:
+    _log_claim(workdir, "claimed", group_id, devices=devices)
+    return "claimed"
+  _log_claim(
+    workdir,
+    "taken over",
+    group_id,
+    devices=devices,
+    previous=old.get("worker"),
+    previous_heartbeat=old.get("heartbeat"),
+  )
+  return "taken over"
+
+
+def refresh_claim(workdir: str, group_id: str) -> bool:
+  """Refreshes this worker's claim on ``group_id`` (its heartbeat); False if the claim is no
+  longer this worker's (taken over after this worker stopped answering)."""
+  with claims_lock(workdir):
+    claim = read_claim(workdir, group_id)
+    if claim is None or claim.get("worker") != worker_id():
+      return False
+    claim["heartbeat"] = time.time()
+    _write_claim(workdir, group_id, claim)
+    return True
+
+
+def release_claim(workdir: str, group_id: str, state: str) -> None:
+  """Removes this worker's claim on ``group_id`` (the group is ``state`` now); a claim that is
+  no longer this worker's is left alone."""
+  with claims_lock(workdir):
+    claim = read_claim(workdir, group_id)
+    if claim is not None and claim.get("worker") == worker_id():
+      os.remove(_claim_path(workdir, group_id))
+      _log_claim(workdir, "released", group_id, state=state)
+
+
+class ClaimHeartbeat:
+  """A daemon thread refreshing this worker's claim on a group every ``claim_heartbeat_s()``
+  seconds while it trains (``with ClaimHeartbeat(workdir, group_id) as beat``); ``beat.lost``
+  is set if the claim was taken over."""
+
+  def __init__(self, workdir: str, group_id: str):
+    import threading
+
+    self.workdir, self.group_id = workdir, group_id
+    self.lost = threading.Event()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name=f"ihsweep-claim-{group_id}", daemon=True)
+
+  def _run(self) -> None:
+    while not self._stop.wait(claim_heartbeat_s()):
+      try:
+        if not refresh_claim(self.workdir, self.group_id):
+          self.lost.set()
+          return
+      except OSError as e:  # a filesystem hiccup: the next beat tries again
+        import logging
+
+        logging.getLogger("ihsweep").warning(
+          "could not refresh the claim on %s: %s", self.group_id, e
+        )
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()

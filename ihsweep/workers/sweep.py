@@ -1,0 +1,595 @@
+"""Running a sweep: workers take the planned groups (``ihsweep.planning.grid``) and train each as
+one
+vmapped ensemble (``runner.fit``); the run directory (``ihsweep.runs.rundir``) is their only meeting
+point: no scheduler of our own.
+
+Every ``ihsweep run`` process on the same
+run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
+``mesh.num_devices`` of them): independent processes (SLURM job-array tasks, one per GPU or
+several sharing one; one per TPU host; several local processes) or the processes of one
+jax.distributed job. Inside such a job the sweep runs in phases (``phases``:
+``placement.plan_phases``, computed alike by every process; ``sweep.processes_per_worker``):
+in each, the processes form workers of p consecutive processes (``sharding.Team``) — p = 1:
+process-local groups; p > 1: a worker spanning p hosts, whose first process claims and writes
+and whose processes all train the group on a mesh over their devices — that take the phase's
+groups; a process done with its share waits on the run directory for the phase's other groups
+(``_wait_for_phase``), then all form the next phase's workers. A worker takes the next group
+that is neither done nor held, most expensive first, by writing a claim in the group's
+directory (``claims.try_claim``); it trains the group on as many of its devices as the
+group's mesh can use (at most E · B: ``sharding.usable_devices``), refreshing the claim's
+heartbeat, then takes the next. A group is trained by one worker at a time; a group whose
+worker died (a dead pid on the same host, or a heartbeat older than
+``IHSWEEP_CLAIM_STALE_S``) is taken over — by a worker still running (one with nothing left to
+take waits for that while others hold groups, unless ``sweep.wait_to_take_over`` is False) or
+by a rerun — and resumed from its last full-state checkpoint. A group that fails is recorded
+and not retried by workers that saw it fail; a rerun retries it.
+
+Run directory (``ihsweep run --workdir=DIR``)::
+
+  DIR/config.json      the sweep's resolved config
+  DIR/cells.csv        one row per cell (written before training; status columns refreshed)
+  DIR/claims.jsonl     every claim, takeover and release: which worker trained which group
+  DIR/sweep.json       summary: per-group state, budget, compute saved by early stops
+  DIR/groups/g000/     one group's run directory (runner.fit) + status.json (+ claim.json
+                       while a worker holds it)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+import traceback
+
+from ihsweep.configuration.config import ConfigError
+from ihsweep.errors import IhsweepError
+from ihsweep.planning import grid as grid_lib
+from ihsweep.planning import placement, timing
+from ihsweep.planning.grid import Plan, make_plan
+from ihsweep.runs import rundir
+from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
+from ihsweep.training import runner
+from ihsweep.workers import claims, compile_cache, sharding
+from ihsweep.workers.sweep_progress import SweepProgress
+
+# ``X as X``: sweep's public names that live in ``ihsweep.workers.sweep_status``, importable from
+# here
+from ihsweep.workers.sweep_status import NotASweep as NotASweep
+from ihsweep.workers.sweep_status import format_status as format_status
+from ihsweep.workers.sweep_status import format_summary as format_summary
+from ihsweep.workers.sweep_status import status_rows as status_rows
+from ihsweep.workers.sweep_status import summarize
+
+log = logging.getLogger("ihsweep")
+_Progress = SweepProgress  # the name tests/test_sweep.py gives it
+
+
+class GroupFailed(IhsweepError, RuntimeError):
+  """A group raised under several processes (recorded in its status.json); the sweep ends."""
+
+  def __init__(self, group_id: str, error: Exception):
+    self.group_id = group_id
+    super().__init__(f"group {group_id} failed: {type(error).__name__}: {error}")
+
+
+@dataclasses.dataclass
+class SweepResult:
+  groups: dict  # group id → status dict
+  summary: dict
+  interrupted: bool = False
+
+
+def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
+  """Plans and trains a sweep into ``workdir`` (module docstring: layout and scheduling rule).
+
+  Groups already ``done`` are skipped, partial ones resume from their checkpoints, failed ones
+  are retried. A group that raises is recorded as ``failed`` (error and traceback in its
+  ``status.json``) and the sweep goes on. A stop request (SIGTERM) checkpoints the running group,
+  marks it ``interrupted`` and returns with ``interrupted=True``.
+
+  Raises:
+    ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
+      workdir; a workdir holding a sweep with a different config).
+  """
+  plan = make_plan(cfg)
+  rundir.check_workdir(workdir, "sweep")
+  # Every process of a jax.distributed job has checked the directory before any writes in it.
+  sharding.barrier("ihsweep-workdir-checked")
+  with runner.logs_above_bars(progress):
+    return _run_worker(cfg, plan, workdir, progress)
+
+
+def _common(group) -> dict:
+  """The status fields every state of a group records."""
+  return {
+    "cells": [c.id for c in group.cells],
+    "num_steps": group.num_steps,
+    "batch_size": int(group.cfg.train.batch_size),
+    "context_size": int(group.cfg.train.context_size),
+  }
+
+
+def _done_status(group, out: dict, common: dict) -> dict:
+  ids = [c.id for c in group.cells]
+  diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
+  crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
+  if diverged:
+    log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id, ", ".join(diverged))
+  timings = {k: round(float(v), 3) for k, v in (out.get("timings") or {}).items()}
+  return dict(
+    state="done",
+    **common,
+    step=out["step"],
+    stopped_early=out["stopped_early"],
+    diverged=diverged,
+    resumed_from=out["resumed_from"],
+    crossed=crossed,
+    **({"timings": timings} if timings else {}),
+  )
+
+
+def _stop_rule(cfg, group):
+  if cfg.sweep.budget != "emergence":
+    return None
+  return runner.EmergenceStop(
+    cfg.sweep.stop_metric, cfg.sweep.stop_threshold, cfg.sweep.stop_margin, len(group.cells)
+  )
+
+
+def _describe(group, i: int, n: int, common: dict) -> None:
+  log.info(
+    "group %s (%d/%d): cells %s, E = %d, B = %d, C = %d, %s updates (%s); law: "
+    "transition near update %s",
+    group.id,
+    i + 1,
+    n,
+    grid_lib.ranges(common["cells"]),
+    len(group.cells),
+    common["batch_size"],
+    common["context_size"],
+    f"{group.num_steps:,}",
+    group.cap_reason,
+    f"{group.law_updates:,.0f}",
+  )
+
+
+def _prepare(cfg, plan: Plan, workdir: str) -> None:
+  """Writes config.json and cells.csv, or checks that a sweep already there has the same
+  config (under the claims lock: workers may start together)."""
+  with claims.claims_lock(workdir):
+    if os.path.exists(os.path.join(workdir, "cells.csv")):
+      runner.check_resumable(cfg, workdir)
+    runner.write_resolved_config(cfg, workdir)
+    write_cells(plan, workdir)
+
+
+def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
+  """``(group, event, waiting)``: the first of ``groups`` (plan order: most expensive first)
+  this worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)``
+  with ``waiting`` the groups other live workers hold."""
+  waiting = []
+  with claims.claims_lock(workdir):
+    for group in groups:
+      status = read_status(workdir, group.id)
+      if status["state"] == "done" or (
+        status["state"] == "failed" and float(status.get("failed_at", 0)) >= since
+      ):
+        continue
+      event = claims.try_claim(workdir, group.id, devices)
+      if event:
+        return group, event, []
+      waiting.append(group.id)
+  return None, None, waiting
+
+
+class _CompileAhead:
+  """Compiles the programs of the group a worker will probably take next on a background thread
+  while it trains the current one (``runner.precompile`` into the persistent compilation
+  cache), so that the next ``fit`` loads them instead of compiling."""
+
+  def __init__(self, plan: Plan, workdir: str):
+    import concurrent.futures
+
+    self.plan, self.workdir = plan, workdir
+    self.on = compile_cache.enabled()
+    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
+    self.pending: dict = {}  # group id → future
+
+  def after(self, group, groups: list, devices: list, local: bool) -> None:
+    """Starts compiling the first of ``groups`` after ``group`` in plan order that nobody holds
+    or has finished, for ``devices`` (another worker may take it first: then the cache still
+    serves equal shapes)."""
+    if not self.on or group not in groups:
+      return
+    for later in groups[groups.index(group) + 1 :]:
+      if later.id in self.pending:
+        return
+      if (
+        read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
+        and claims.read_claim(self.workdir, later.id) is None
+      ):
+        self.pending[later.id] = self.pool.submit(self._compile, later, devices, local)
+        return
+
+  def _compile(self, group, devices: list, local: bool) -> None:
+    try:
+      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, devices, local), local)
+      log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
+    except Exception as e:  # noqa: BLE001 — its fit reports any real error
+      log.debug("compiling group %s ahead failed: %s", group.id, e)
+
+  def wait_for(self, group) -> None:
+    """Before training ``group``: lets a compilation of it that is under way finish (its fit
+    then loads the programs rather than compiling them a second time beside it)."""
+    future = self.pending.pop(group.id, None)
+    if future is not None:
+      future.result()
+
+  def close(self) -> None:
+    self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclasses.dataclass
+class _Worker:
+  """Where a worker trains: its devices and the processes owning them (``sharding.Team``:
+  this process alone for independent processes and process-local groups; several processes of
+  a jax.distributed job for a worker spanning hosts), and the groups it may take."""
+
+  devices: list
+  team: object  # sharding.Team
+  groups: list
+  local: bool  # a process-local worker inside a jax.distributed job
+
+
+def phases(cfg, plan: Plan) -> list:
+  """The phases of a sweep inside a jax.distributed job of several processes
+  (``placement.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
+  processes take that phase's groups; every process computes the same list). One phase of
+  process-local workers holding every group when the job has one process.
+
+  Raises:
+    ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
+      with a group that cannot use all of a worker's devices; ``mesh.num_devices`` below a
+      process's device count when a phase has workers spanning processes.
+  """
+  import jax
+
+  n = jax.process_count()
+  k = int(cfg.sweep.processes_per_worker)
+  if n == 1:
+    return [placement.Phase(1, tuple(g.id for g in plan.groups))]
+  if k and n % k:
+    raise ConfigError(
+      "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
+    )
+  local = len(jax.local_devices())
+  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
+  try:
+    steps = placement.plan_phases(
+      placement.jobs_from_plan(cfg, plan),
+      n,
+      per_process,
+      k,
+      model=timing.runtime_model(jax.devices()),
+    )
+  except placement.LayoutError as e:
+    why = str(e)  # the field and value once: ConfigError names them
+    why = (
+      why[len(f"sweep.processes_per_worker={k}: ") :]
+      if why.startswith(f"sweep.processes_per_worker={k}: ")
+      else why
+    )
+    raise ConfigError("sweep.processes_per_worker", k, why) from None
+  if per_process < local and any(p.processes_per_worker > 1 for p in steps):
+    # A team's mesh over part of each process's devices ends in mismatched collectives (gloo
+    # aborts the job on CPU); refused before anything is compiled.
+    raise ConfigError(
+      "mesh.num_devices",
+      cfg.mesh.num_devices,
+      f"0 or {local} (all of a process's devices) when workers span processes "
+      f"(sweep.processes_per_worker = {k}"
+      f"{' chose phases with teams' if not k else ''}); or "
+      f"sweep.processes_per_worker = 1 to keep every worker in one process",
+    )
+  return steps
+
+
+def _phase_worker(cfg, plan: Plan, phase) -> _Worker:
+  """This process's worker in ``phase``: the team of ``processes_per_worker`` consecutive
+  processes it belongs to, their devices, and the phase's groups."""
+  import jax
+
+  k = int(phase.processes_per_worker)
+  wanted = set(phase.groups)
+  groups = [g for g in plan.groups if g.id in wanted]
+  if k == 1:
+    devices = jax.local_devices()[: cfg.mesh.num_devices or None]
+    return _Worker(
+      devices, sharding.Team((jax.process_index(),)), groups, local=jax.process_count() > 1
+    )
+  first = jax.process_index() // k * k
+  team = sharding.Team(tuple(range(first, first + k)))
+  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
+  devices = []
+  for p in team.processes:
+    devices += [d for d in jax.devices() if d.process_index == p][:per_process]
+  return _Worker(devices, team, groups, local=False)
+
+
+def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
+  import jax
+
+  steps = phases(cfg, plan)
+  _prepare(cfg, plan, workdir)
+  log.info(
+    "sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
+    len(plan.cells),
+    len(plan.groups),
+    plan.budget,
+    claims.worker_id(),
+    "; ".join(
+      f"phase {i + 1}: {len(p.groups)} group(s) on workers of {p.processes_per_worker} process(es)"
+      for i, p in enumerate(steps)
+    )
+    if jax.process_count() > 1
+    else f"{len(jax.local_devices())} {jax.default_backend()} device(s)",
+    workdir,
+  )
+  ahead = _CompileAhead(plan, workdir)
+  first = _phase_worker(cfg, plan, steps[0])
+  tracker = SweepProgress(cfg, plan, workdir, first.devices, first.local, progress)
+  tracker.report()
+  result, trained = None, []
+  try:
+    for i, phase in enumerate(steps):
+      worker = _phase_worker(cfg, plan, phase)
+      result = _work(cfg, plan, workdir, progress, worker, ahead, trained, tracker)
+      if jax.process_count() > 1 and i + 1 < len(steps):
+        # Every process ends the phase together (the next one forms other workers): it waits
+        # on the run directory until the phase's groups are finished, then meets the others;
+        # a stop request in any process stops all of them here.
+        _wait_for_phase(workdir, worker.groups, result.interrupted)
+        if sharding.any_process(result.interrupted or runner.stop_requested()):
+          result.interrupted = True
+          break
+      elif jax.process_count() > 1 and not result.interrupted:
+        # The last phase: a process done with its share still waits on the run directory for
+        # the other workers' groups; exiting now would leave it in jax.distributed's shutdown
+        # barrier, which ends every process of the job (the ones still training included)
+        # after its timeout (300 s). Then its result reports the whole sweep.
+        _wait_for_phase(workdir, worker.groups, False)
+        result = _recorded_result(plan, workdir, runner.stop_requested())
+  finally:
+    ahead.close()
+    tracker.close()
+  log.info("worker %s: trained %s", claims.worker_id(), ", ".join(trained) or "no group")
+  return result
+
+
+def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
+  """Returns once every group of a phase is done or failed, or one was interrupted (here or by
+  another worker), or this process is asked to stop: a process that finished its share of a
+  phase waits on the run directory, not inside a collective, while the others train."""
+  while not (interrupted or runner.stop_requested()):
+    states = [read_status(workdir, g.id)["state"] for g in groups]
+    if "interrupted" in states or all(s in ("done", "failed") for s in states):
+      return
+    time.sleep(min(claims.claim_heartbeat_s(), 2.0))
+
+
+def _fit_memory(worker: _Worker, workdir: str) -> None:
+  """Before any group trains: each of the worker's unfinished groups gets its memory setting
+  for the worker's devices (``runner.resolve_memory``: compiled against the devices' capacity
+  where it is known, recorded in the group's config), so a group that fits at no setting is
+  refused (``memory.DoesNotFit``) before hours of other groups."""
+  for group in worker.groups:
+    if read_status(workdir, group.id)["state"] == "done":
+      continue
+    devices = runner.group_devices(group.cfg, worker.devices, worker.local)
+    group.cfg, _ = runner.resolve_memory(group.cfg, devices, f"group {group.id}")
+
+
+def _work(
+  cfg,
+  plan: Plan,
+  workdir: str,
+  progress: bool,
+  worker: _Worker,
+  ahead: _CompileAhead,
+  trained: list,
+  tracker: SweepProgress,
+) -> SweepResult:
+  """A worker's loop: claim the next of its groups, train it, record it (and report the
+  sweep's progress: ``SweepProgress``); until none is left.
+  In a worker of several processes its lead claims and writes and tells the others which
+  group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
+  finished to ``trained`` (every phase's, for the sweep's last log line)."""
+  import jax
+
+  since, n = time.time(), len(plan.groups)
+  _fit_memory(worker, workdir)
+  # Inside a jax.distributed job a dead process ends the job: nobody is left to take over.
+  wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
+  interrupted, announced = False, None
+  while True:
+    if sharding.any_process(runner.stop_requested(), worker.team):
+      interrupted = True
+      break
+    group, event, waiting = _agree_on_next(plan, worker, workdir, since)
+    if group is None:
+      if not waiting or not wait:
+        break
+      if announced != waiting:
+        log.info(
+          "nothing left to take: waiting while other workers hold %s (to take over any "
+          "whose worker dies)",
+          ", ".join(waiting),
+        )
+        announced = waiting
+      time.sleep(claims.claim_heartbeat_s())
+      continue
+    announced = None
+    common, group_devices = _start_group(plan, workdir, worker, group, event)
+    _describe(group, plan.groups.index(group), n, common)
+    state = _train_group(
+      cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker
+    )
+    if state == "lost":
+      continue
+    interrupted = state == "interrupted"
+    tracker.report()
+    if interrupted:
+      break
+  return _recorded_result(plan, workdir, interrupted)
+
+
+def _agree_on_next(plan: Plan, worker: _Worker, workdir: str, since: float) -> tuple:
+  """``(group or None, claim event, groups others hold)``: the lead claims the next group
+  (``_next_group``); a worker of several processes then agrees on it with its lead."""
+  team = worker.team
+  group, event, waiting = None, None, []
+  if team.leads:
+    group, event, waiting = _next_group(
+      worker.groups, workdir, since, [str(d) for d in worker.devices]
+    )
+  if len(team.processes) > 1:
+    index = sharding.lead_value(plan.groups.index(group) if group else -1, team)
+    group = plan.groups[index] if index >= 0 else None
+  return group, event, waiting
+
+
+def _start_group(plan: Plan, workdir: str, worker: _Worker, group, event) -> tuple[dict, list]:
+  """``(the status fields common to the group's records, its devices)`` for a group just
+  claimed (``event``: how); its lead records it running."""
+  team = worker.team
+  common = _common(group)
+  attempts = int(read_status(workdir, group.id).get("attempts", 0)) + 1
+  common["attempts"] = attempts
+  if event == "taken over":
+    log.warning(
+      "group %s: taken over from a worker that stopped answering (claims.jsonl); "
+      "resuming from its last checkpoint",
+      group.id,
+    )
+  group_devices = runner.group_devices(group.cfg, worker.devices, worker.local)
+  common["devices"] = len(group_devices)
+  if len(team.processes) > 1:
+    common["processes"] = list(team.processes)
+  if team.leads:
+    write_status(workdir, group.id, state="running", **common, worker=claims.worker_id())
+    write_cells(plan, workdir)
+  return common, group_devices
+
+
+def _train_group(
+  cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker
+) -> str:
+  """Trains one claimed group and records how it ended: 'done' (appended to ``trained``,
+  counted by ``tracker``), 'lost' (its claim was taken over meanwhile), 'interrupted', or
+  'failed' (recorded; in a worker of several processes, raised as ``GroupFailed``)."""
+  import jax
+
+  me, several, lead = claims.worker_id(), len(worker.team.processes) > 1, worker.team.leads
+  desc = f"{group.id} B={common['batch_size']} C={common['context_size']} E={len(group.cells)}"
+  state = "failed"
+  try:
+    ahead.wait_for(group)
+    ahead.after(group, worker.groups, worker.devices, worker.local)
+    # A worker spanning processes: a peer that stops answering ends this process (the others
+    # may wait for it inside the group's collectives), and the group is marked failed first.
+    lost = sharding.when_peer_lost(
+      lambda reason: write_status(
+        workdir, group.id, state="failed", **common, error=reason, process=jax.process_index()
+      )
+    )
+    with (
+      lost if several else contextlib.nullcontext(),
+      claims.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat,
+    ):
+      out = runner.fit(
+        group.cfg,
+        group_dir(workdir, group.id),
+        progress=progress,
+        desc=desc,
+        stop_rule=_stop_rule(cfg, group),
+        devices=group_devices,
+        local=worker.local,
+        keep_bar=False,  # the sweep's bar and progress line follow the group
+      )
+    if beat.lost.is_set():
+      log.error(
+        "group %s: this worker's claim was taken over while it trained (it stopped "
+        "answering for over %gs); its results are left to the new worker",
+        group.id,
+        claims.claim_stale_s(),
+      )
+      state = "lost"
+      return state
+    if lead:
+      write_status(workdir, group.id, **_done_status(group, out, common), worker=me)
+    state = "done"
+    trained.append(group.id)
+    tracker.finished(group, out, len(group_devices))
+  except runner.Interrupted as e:
+    if lead:
+      write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
+    state = "interrupted"
+  except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
+    state = "interrupted"
+    raise
+  except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
+    _record_failure(workdir, group, common, me, e)
+    if several:
+      # The team's other processes may wait for this one inside the group's collectives,
+      # so they cannot agree to skip it: end the sweep (a rerun retries).
+      raise GroupFailed(group.id, e) from e
+  finally:
+    if state != "lost" and lead:
+      claims.release_claim(workdir, group.id, state)
+    if lead:
+      write_cells(plan, workdir)
+  return state
+
+
+def _record_failure(workdir: str, group, common: dict, me: str, e: Exception) -> None:
+  """Logs a group that raised ``e`` and records it failed, with the traceback being handled
+  (call inside the ``except``)."""
+  log.error("group %s failed: %s: %s", group.id, type(e).__name__, e)
+  write_status(
+    workdir,
+    group.id,
+    state="failed",
+    **common,
+    worker=me,
+    error=f"{type(e).__name__}: {e}",
+    traceback=traceback.format_exc(),
+    failed_at=time.time(),
+  )
+
+
+def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult:
+  """Writes sweep.json from every group's status (under the claims lock: workers finish
+  together) and returns the sweep's result as the run directory now records it."""
+  with claims.claims_lock(workdir):
+    summary = summarize(plan, workdir)
+    rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
+  return SweepResult(
+    groups={g.id: read_status(workdir, g.id) for g in plan.groups},
+    summary=summary,
+    interrupted=interrupted,
+  )
+
+
+class _NoHeartbeat:
+  """A team member that is not its lead keeps no claim: nothing to refresh."""
+
+  def __enter__(self):
+    import threading
+
+    self.lost = threading.Event()
+    return self
+
+  def __exit__(self, *exc):
+    return False
