@@ -305,7 +305,7 @@ def test_measured_times_on_one_machine_give_one_phase_of_processes(monkeypatch):
 
 
 class _Group:
-  """The fields of plan.Group that predicted_updates reads."""
+  """The fields of grid.Group that predicted_updates reads."""
 
   def __init__(self, cfg, num_steps, law_updates):
     self.cfg, self.num_steps, self.law_updates = cfg, num_steps, law_updates

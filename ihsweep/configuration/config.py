@@ -781,7 +781,7 @@ def _validate_budget(cfg) -> None:
 
 def validate_sweep(cfg, n_devices: int) -> None:
   """The ``sweep`` section of a sweep's config, and the fields a sweep fills per group, before
-  anything is planned (``plan.make_plan``); ``n_devices``: the devices the sweep may use.
+  anything is planned (``grid.make_plan``); ``n_devices``: the devices the sweep may use.
 
   Raises:
     ConfigError: naming the field, the value and what is allowed.

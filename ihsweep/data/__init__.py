@@ -67,7 +67,7 @@ def default_config():
 # The data fields each source reads ('markov/T': the markov source with data.transitions T;
 # data.source itself is read by all). A field the chosen source does not read changes nothing in
 # its models: ``config.validate`` refuses it at any value but its default, and a sweep axis over
-# it would train copies (``plan.make_plan`` refuses it).
+# it would train copies (``grid.make_plan`` refuses it).
 _CORPUS = (
   "corpus",
   "files",

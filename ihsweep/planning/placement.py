@@ -22,7 +22,7 @@ given
 FLOP/s per device (perfect data-parallel scaling inside a worker, no start-up), or times
 measured on this machine with the trainer's own programs.
 
-Updates per group: its budget (``plan.Group.num_steps``), except under the 'emergence' budget,
+Updates per group: its budget (``grid.Group.num_steps``), except under the 'emergence' budget,
 whose groups stop at ``sweep.stop_margin`` × the first evaluation at which every model has
 emerged: predicted from an emergence law (``predicted_updates``), capped by the budget.
 """
@@ -160,7 +160,7 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   ``plan_phases`` and ``worker_schedule``.
 
   Raises:
-    ConfigError, DataError (``check_data``), LawError: as ``plan.make_plan``.
+    ConfigError, DataError (``check_data``), LawError: as ``grid.make_plan``.
   """
   cfg = copy.deepcopy(cfg)
   with cfg.unlocked():
@@ -243,7 +243,7 @@ def predict(
     LayoutError: a D that fits neither a host nor whole processes, a team some group cannot
       fill, or a ``sweep.processes_per_worker`` that does not divide P (the CLI checks its
       flags first; the config's fields are checked here).
-    ConfigError, DataError, LawError: as ``plan.make_plan``.
+    ConfigError, DataError, LawError: as ``grid.make_plan``.
   """
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   model, host, n_processes, per_process = _throughput(
