@@ -65,7 +65,7 @@ def test_a_worker_that_finishes_takes_the_next_group():
 
 def test_a_group_that_uses_half_a_worker_leaves_the_other_half_idle():
   # E = 1, B = 2: at most E · B = 2 devices of a 4-device worker
-  assert placement.group_devices(1, 2, 4) == 2
+  assert placement.usable_device_count(1, 2, 4) == 2
   model = timing.FlopsModel(10.0)
   s = placement.worker_schedule([job("g0", e=1, b=2, updates=40)], model, 4, 4)
   assert [(x.devices, x.end_s) for x in s.slots] == [(2, 40 / (2 * 10.0))]
@@ -109,7 +109,7 @@ def test_one_worker_of_all_devices_gives_each_group_what_its_mesh_can_use(e, b, 
   except sharding.MeshError:
     fits = False
   s = placement.worker_schedule(jobs, timing.FlopsModel(1.0), n, n)
-  m0, m1 = (placement.group_devices(j.n_models, j.batch_size, n) for j in jobs)
+  m0, m1 = (placement.usable_device_count(j.n_models, j.batch_size, n) for j in jobs)
   assert (m1 == n) == fits and m1 <= min(n, e * b)
   assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
     (m0, 0, 10 / m0),

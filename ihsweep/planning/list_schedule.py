@@ -1,6 +1,6 @@
 """List scheduling of a sweep's groups on workers of D devices (``simulate``): the jobs
 (``Job``), their slots (``Slot``) and schedules (``Schedule``), how many of a worker's devices a
-group uses (``group_devices``), and the one-phase layouts tried and chosen
+group uses (``usable_device_count``), and the one-phase layouts tried and chosen
 (``candidate_layouts``, ``choose_layout``). The rule it simulates:
 ``ihsweep.planning.placement``."""
 
@@ -152,7 +152,7 @@ def schedule_entry(job, model, devices: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
-def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> int:
+def usable_device_count(n_models: int, batch_size: int, devices_per_worker: int) -> int:
   """m: how many of a worker's D devices a group of E models with batch size B trains on (the
   longest prefix ``sharding.usable_devices`` accepts; at most E · B)."""
   try:  # the common case, D itself, in one call (usable_devices tries D, D − 1, … in turn)
@@ -168,9 +168,11 @@ def group_devices(n_models: int, batch_size: int, devices_per_worker: int) -> in
 
 
 def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:
-  """W = N / D workers, each group on m = ``group_devices`` of its worker."""
+  """W = N / D workers, each group on m = ``usable_device_count`` of its worker."""
   entries = [
-    schedule_entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
+    schedule_entry(
+      job, model, usable_device_count(job.n_models, job.batch_size, devices_per_worker)
+    )
     for job in jobs
   ]
   return simulate(entries, n_devices, devices_per_worker, "worker")

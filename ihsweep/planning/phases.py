@@ -14,9 +14,9 @@ from ihsweep.planning import timing
 from ihsweep.planning.list_schedule import (
   LayoutError,
   busy_share,
-  group_devices,
   schedule_entry,
   simulate,
+  usable_device_count,
 )
 from ihsweep.workers.sharding import divisors
 
@@ -98,14 +98,14 @@ def fills(job, devices: int) -> bool:
   """Whether a group's mesh can use all ``devices`` (``sharding.mesh_shape`` accepts the
   count): what a team of several processes needs, as none of its processes may be left without
   devices."""
-  return group_devices(job.n_models, job.batch_size, devices) == devices
+  return usable_device_count(job.n_models, job.batch_size, devices) == devices
 
 
 def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=None) -> list:
   """``[(processes_per_worker p, group ids)]`` (or ``Phase``\\ s) timed one after another with
   ``model`` (default ``timing.FlopsModel(1.0)``): each phase list-scheduled (``simulate``) on its
-  P / p teams of p · d devices, each group on ``group_devices`` of them (all of them where p > 1,
-  which ``plan_phases`` ensures), starting ``model.phase_switch_s`` after the previous one.
+  P / p teams of p · d devices, each group on ``usable_device_count`` of them (all of them where
+  p > 1, which ``plan_phases`` ensures), starting ``model.phase_switch_s`` after the previous one.
   Returns ``Phase``\\ s with slots, start and end; a slot's ``worker`` is its team
   within the phase and ``phase`` the phase's index."""
   model = model or timing.FlopsModel(1.0)
@@ -128,7 +128,9 @@ def timed_phase(
   jobs, model, n_devices, devices_per_worker, processes_per_worker, start_s, index
 ) -> Phase:
   entries = [
-    schedule_entry(job, model, group_devices(job.n_models, job.batch_size, devices_per_worker))
+    schedule_entry(
+      job, model, usable_device_count(job.n_models, job.batch_size, devices_per_worker)
+    )
     for job in jobs
   ]
   s = simulate(entries, n_devices, devices_per_worker)
@@ -254,7 +256,7 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
   for p in sizes:
     teams, devices = n_processes // p, p * d
     entries = [
-      schedule_entry(job, model, group_devices(job.n_models, job.batch_size, devices))
+      schedule_entry(job, model, usable_device_count(job.n_models, job.batch_size, devices))
       for job in jobs
     ]  # plan order
     table = span[p] = {}

@@ -52,8 +52,8 @@ from ihsweep.planning.list_schedule import (
   choose_layout,
   worker_schedule,
 )
-from ihsweep.planning.list_schedule import group_devices as group_devices
 from ihsweep.planning.list_schedule import simulate as simulate
+from ihsweep.planning.list_schedule import usable_device_count as usable_device_count
 from ihsweep.planning.phases import (
   MAX_PHASES,
   PHASE_TIE,

@@ -260,20 +260,20 @@ def candidate_layouts(target: Target) -> list[int]:
 
 
 def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
-  """Each group's devices on workers of ``d`` (``placement.group_devices``), or None when
+  """Each group's devices on workers of ``d`` (``placement.usable_device_count``), or None when
   ``d`` spans hosts and a group cannot use all of them (``placement.fills``)."""
   from ihsweep.planning import placement
 
   if d > target.devices_per_host and not all(placement.fills(j, d) for j in jobs):
     return None
-  return {j.id: placement.group_devices(j.n_models, j.batch_size, d) for j in jobs}
+  return {j.id: placement.usable_device_count(j.n_models, j.batch_size, d) for j in jobs}
 
 
 def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
   """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
   D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
   group's memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
-  devices (``placement.simulate``, plan order, each on its worker's ``group_devices``).
+  devices (``placement.simulate``, plan order, each on its worker's ``usable_device_count``).
 
   Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
   ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
@@ -446,7 +446,7 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model) -> list[di
   """D and every wider layout, each list-scheduled (``placement.simulate``)."""
   from ihsweep.planning import placement
 
-  # Wider workers: each group on m' = group_devices(E, B, D') ≥ m devices, its compute time
+  # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
   # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
   # m' devices, and its memory per device no larger than at m (compiled there). The layout with
   # the shortest makespan is the plan's.
