@@ -10,8 +10,7 @@ DataFrame, one row per (cell, step):
   source, n_probes, n_sequences
 
 where <metrics> are the metrics of ``ihsweep.training.metric_registry`` (``METRICS``, read from it
-at
-call time): ps_max, la_max (the study's logit attribution), dla_max (direct logit
+at call time): ps_max, la_max (the study's logit attribution), dla_max (direct logit
 attribution), ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from
 the run's data), icl_score, val_loss, and any metric registered there.
 
@@ -230,10 +229,9 @@ def evaluate_group(
   """Recomputes the metrics of every model of ``group`` at ``steps`` (params checkpoints).
 
   One evaluation program is compiled for the group (``ihsweep.training.evaluation.Evaluator``: the
-  metric
-  functions vmapped over the ensemble, split over the local devices); while step k is evaluated
-  on the devices, step k + 1's params are read from disk. A checkpoint that cannot be restored
-  (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
+  metric functions vmapped over the ensemble, split over the local devices); while step k is
+  evaluated on the devices, step k + 1's params are read from disk. A checkpoint that cannot be
+  restored (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
   ``n_sequences``: evaluate on the first that many of the run's probes / held-out sequences
   (None: all, exactly as online).
 

@@ -109,9 +109,8 @@ def head_positions(run, cells=None, n_probes: int = 64, seed: int = 0) -> pd.Dat
   ``acc_end`` (next-token accuracy on the second block, in [0, 1]).
 
   ``run``: an ``ihsweep.runs.notebook.Run`` or an ``ihsweep.runs.reader.Run``; ``cells``: the cell
-  ids
-  (default all readable); ``n_probes``: how many of the run's probe blocks (at most those saved).
-  Cells whose group has no probes or params are left out.
+  ids (default all readable); ``n_probes``: how many of the run's probe blocks (at most those
+  saved). Cells whose group has no probes or params are left out.
   """
   from ihsweep.runs.notebook import Run as NotebookRun
 

@@ -195,8 +195,7 @@ class LawFit:
   def to_dict(self) -> dict:
     """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
     ``ihsweep.planning.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when
-    withheld,
-    with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
+    withheld, with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
     ``ci_note``), study_r (the study's published law's r on the same emerged cells, with r),
     n_boot, units, form,
     range, n_grid_points, fixed (if any), cov (``{"names": [...], "matrix": [[...]], "t_dof":

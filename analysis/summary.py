@@ -39,8 +39,7 @@ from .prose import config_field, interval_of, number, number_span, seeds_per_poi
 # The study's law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1; docs/study.md).
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
 # Our count (ihsweep.planning.grid.n_params) of the study's reference model: 2 layers, 8 heads,
-# d_model
-# 768, d_mlp 3072, GPT-2 vocabulary 50,257, 1,024 positions, tied embeddings.
+# d_model 768, d_mlp 3072, GPT-2 vocabulary 50,257, 1,024 positions, tied embeddings.
 STUDY_N_PARAMS = 53_561_088
 STUDY_TOKENS = 1_000_000_000  # training tokens per model in the study's Experiment 1
 # |exponent| at most this: "roughly fixed" (doubling changes the count by at most 2^0.25 = 19%,

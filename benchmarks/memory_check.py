@@ -9,8 +9,7 @@ The cell: ``configs/exp1_natural.py`` at study scale (2 layers, 8 heads, d_model
 3072, V 50,257, tied, bf16 compute) at B 128 × C 1024, E = 2, trained for ``--updates`` updates
 on uniform random tokens generated in-graph (the corpus is not needed to measure memory and
 speed: the program is the same but for its data argument). ``ihsweep.training.runner.fit`` chooses
-the
-setting (``train.gradient_accumulation_steps`` = 0, ``train.remat`` = auto) from the compiled
+the setting (``train.gradient_accumulation_steps`` = 0, ``train.remat`` = auto) from the compiled
 programs' memory analysis, as ``ihsweep train`` does.
 
 Prints one JSON object: ``{"device", "cell", "setting" (k, vmap chunk, remat, as recorded in the

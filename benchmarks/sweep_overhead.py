@@ -74,8 +74,7 @@ def run_flags(args) -> list[str]:
 def cache_env(cache_dir: str, off: bool = False) -> dict:
   """JAX's persistent compilation cache in ``cache_dir`` with ihsweep's own thresholds (every
   program cached: ``ihsweep.workers.compile_cache``; a cache named by JAX_COMPILATION_CACHE_DIR
-  would
-  otherwise keep JAX's, which skip programs compiled in under a second); ``off``: no cache."""
+  would otherwise keep JAX's, which skip programs compiled in under a second); ``off``: no cache."""
   if off:
     return {"JAX_ENABLE_COMPILATION_CACHE": "false"}
   return {

@@ -27,8 +27,7 @@ tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the bes
 least disturbed); the median is reported beside it.
 
 Model FLOPs per token: ``ihsweep.training.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C
-(PaLM,
-appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
+(PaLM, appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
 matmul peak measured in the same process (best of a few square matmuls).
 
 Prints one JSON object (format in DESIGN.md).

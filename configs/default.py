@@ -21,8 +21,7 @@ def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.seed = schema.field("seed").default  # model i of the ensemble uses seed + i
   # Every section's fields, defaults, allowed values and help: ihsweep.configuration.schema (and the
-  # reference
-  # in docs/configuration.md generated from it).
+  # reference in docs/configuration.md generated from it).
   c.model = schema.defaults("model")
   c.train = schema.defaults("train")  # memory choices 0 / auto: chosen by device memory
   c.ensemble = schema.defaults("ensemble")  # per-model seeds, cell_ids, peak_lrs: empty = shared

@@ -1,6 +1,6 @@
 """ihsweep/training/losses.py: the vocabulary-tiled cross-entropy equals the whole-vocabulary one
-and a
-plain autodiff reference (float64, so the comparison does not depend on the CPU's rounding)."""
+and a plain autodiff reference (float64, so the comparison does not depend on the CPU's
+rounding)."""
 
 import jax
 import jax.numpy as jnp

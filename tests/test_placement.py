@@ -1,6 +1,6 @@
 """ihsweep/planning/placement.py and ihsweep/planning/timing.py: the schedule simulation on
-hand-built groups with
-known answers, one worker of all devices, the layouts, the time models, and `ihsweep plan`."""
+hand-built groups with known answers, one worker of all devices, the layouts, the time models, and
+`ihsweep plan`."""
 
 import copy
 import dataclasses

@@ -1,6 +1,6 @@
 """ihsweep.configuration.schema: the one declaration of the config's fields agrees with the code
-that reads
-them, stays cheap to import, and the reference in docs/configuration.md is the generated one."""
+that reads them, stays cheap to import, and the reference in docs/configuration.md is the generated
+one."""
 
 import dataclasses
 import os

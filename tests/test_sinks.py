@@ -1,6 +1,5 @@
 """Live metric writers (ihsweep/training/sinks.py): TensorBoard event files and W&B runs hold the
-values
-of metrics.jsonl and train_log.jsonl, one scalar per cell and metric, each step once."""
+values of metrics.jsonl and train_log.jsonl, one scalar per cell and metric, each step once."""
 
 import glob
 import importlib.util

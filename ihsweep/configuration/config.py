@@ -128,8 +128,8 @@ WANDB_MODES = schema.choices("log.wandb_mode")
 def default_log():
   """The ``log`` section (optional; absent = JSONL only): live metric writers beside the record,
   ``metrics.jsonl`` and ``train_log.jsonl`` (``ihsweep.training.sinks``: one scalar per cell and
-  metric,
-  tagged ``cell_{id}/{metric}``, step = updates). Execution fields: they never block a resume.
+  metric, tagged ``cell_{id}/{metric}``, step = updates). Execution fields: they never block a
+  resume.
 
   tensorboard: TensorBoard event files in each run directory's ``tensorboard/`` (needs
     tensorboardX: ``pip install 'ihsweep[logging]'``). wandb: a Weights & Biases run per run
@@ -199,8 +199,7 @@ _UNSET = object()
 def _check(cfg, path: str, value=_UNSET, *, lo=None, hi=None, hint: str | None = None):
   """The schema's simple check of the field ``path`` ('train.lr'): its kind and its range or
   choices (``ihsweep.configuration.schema``); ``lo``/``hi``/``hint`` replace the schema's, and must
-  be given
-  for a bound that depends on other fields. ``value``: the field's, unless given (a default
+  be given for a bound that depends on other fields. ``value``: the field's, unless given (a default
   for a field an older config lacks). Returns the value (an int or float as such)."""
   f = schema.field(path)
   if value is _UNSET:
@@ -732,8 +731,7 @@ def validate(cfg, devices=None) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).
   Each field's kind, range or choices come from ``ihsweep.configuration.schema``; the rules between
-  fields
-  are the code below. Does not touch devices beyond counting them: ``devices`` are those the
+  fields are the code below. Does not touch devices beyond counting them: ``devices`` are those the
   run may use (default ``jax.devices()``; a sweep's worker passes its local devices). With
   ``mesh.num_devices`` = 0 and one process (or given ``devices``), an ensemble that cannot use
   them all runs on as many as it can (``sharding.usable_devices``); several processes on one

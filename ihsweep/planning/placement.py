@@ -18,8 +18,7 @@ Makespan = the last group's end; utilisation = the busy share of device-time,
 worker whose group cannot use them all are not).
 
 Time t_g of a group on m devices comes from a throughput model (``ihsweep.planning.timing``): a
-given
-FLOP/s per device (perfect data-parallel scaling inside a worker, no start-up), or times
+given FLOP/s per device (perfect data-parallel scaling inside a worker, no start-up), or times
 measured on this machine with the trainer's own programs.
 
 Updates per group: its budget (``grid.Group.num_steps``), except under the 'emergence' budget,

@@ -1,3 +1,2 @@
 """Checkpoints and the run directory: its files, atomic writes, orbax checkpoints, the reader, the
-notebook API and export.
-"""
+notebook API and export."""

@@ -568,8 +568,7 @@ def export_run(run, cell: int, step: int | None = None, to: str = "transformer_l
 
   Returns: ``(out, step)``.
   Raises: ``ihsweep.runs.notebook.UnknownCell`` (cell, naming the valid ids), ``StepNotSaved``
-  (step,
-  naming the saved steps), ``CheckpointUnreadable`` (a damaged checkpoint at that step),
+  (step, naming the saved steps), ``CheckpointUnreadable`` (a damaged checkpoint at that step),
   ``ExportError`` (also for ``out`` inside the run directory), ModuleNotFoundError.
   """
   _check_target(to)

@@ -369,8 +369,7 @@ class Run:
     ensemble checkpoint's slice at the cell's index (nested dict of jax arrays on the first
     local device, storage dtype — float32 unless ``model.param_dtype`` says otherwise — shaped
     as one ``ihsweep.training.model.Transformer``'s params, no ensemble axis). The ensemble of the
-    last
-    step read is kept, so other cells of the group at that step cost no second read.
+    last step read is kept, so other cells of the group at that step cost no second read.
 
     Raises:
       UnknownCell: ``cell`` is not a readable model of this run (the message lists the valid ids).

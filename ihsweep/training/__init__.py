@@ -1,3 +1,2 @@
 """The training loop: one group = one vmapped ensemble, its model, train step, schedule, hooks and
-online metrics.
-"""
+online metrics."""

@@ -1,7 +1,6 @@
 """The training loop of one group (``train_group``): start-up, then ``Trainer`` — one host call
 of the compiled train program after another, each followed by the hooks (``ihsweep.training.hooks``)
-due
-at its last update.
+due at its last update.
 
 The loop dispatches host call i+1 before it reads call i's values (as nanodo does), so the
 device never waits on Python; all per-step values come back as ``[K, E]`` arrays once per call.

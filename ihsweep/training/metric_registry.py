@@ -6,12 +6,11 @@ induction head forms (``direction``), how large that move must be to count as em
 (``min_jump``), and whether and with which thresholds it may stop a group under the 'emergence'
 budget (``stop``). Everything else reads ``REGISTRY`` at call time:
 
-* ``ihsweep.training.metrics.evaluate`` computes every metric that has a ``compute`` function, so it
-is
-  in the online evaluation, ``metrics.jsonl`` and the analysis's recomputed curves;
-* ``ihsweep.planning.grid`` accepts ``sweep.stop_metric`` = any metric with a ``stop`` rule and
-checks
-  ``sweep.stop_threshold`` against it (range, and the untrained model's level where known);
+* ``ihsweep.training.metrics.evaluate`` computes every metric that has a ``compute`` function,
+  so it is in the online evaluation, ``metrics.jsonl`` and the analysis's recomputed curves;
+* ``ihsweep.planning.grid`` accepts ``sweep.stop_metric`` = any metric with a ``stop`` rule
+  and checks ``sweep.stop_threshold`` against it (range, and the untrained model's level where
+  known);
 * ``analysis.curves`` keeps every registered metric as a column (``analysis.curves.METRICS``);
   ``analysis.emergence`` reads direction, ``min_jump`` and transform from here and tabulates
   the metrics with ``emergence=True`` by default; the report's axis labels and sentences come
@@ -115,9 +114,8 @@ class Metric:
     emergence: in the analysis's emergence table by default (``emergence_names``).
     stop: the thresholds at which it may stop a group (``sweep.stop_metric``), None if it may
       not. Only rising metrics (direction +1) may stop a group.
-    compute: ``fn(out) -> float32 scalar`` from ``ihsweep.training.metrics.evaluate``'s outputs for
-    ONE
-      model (traced inside the ensemble vmap and jit): ``ps``, ``la``, ``dla`` ``[n_layers,
+    compute: ``fn(out) -> float32 scalar`` from ``ihsweep.training.metrics.evaluate``'s outputs
+      for ONE model (traced inside the ensemble vmap and jit): ``ps``, ``la``, ``dla`` ``[n_layers,
       n_heads]``, ``ar_acc``, ``ar_rank``, ``ar_data_acc``, ``ar_data_rank``, ``ar_data_n``,
       ``val_loss``, ``icl_score`` and the metrics registered before it. None: ``evaluate``
       itself returns the value under ``name``.

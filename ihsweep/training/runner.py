@@ -4,10 +4,9 @@ compiled ahead of time (``precompile``) or against a device's memory (``resolve_
 
 The pieces of a run live in their own modules, re-exported here where callers read them:
 ``ihsweep.training.resume`` (config.json, the resume check), ``ihsweep.training.startup`` (state,
-checkpoints,
-probes), ``ihsweep.training.loop`` and ``ihsweep.training.hooks`` (the loop),
-``ihsweep.training.progress``,
-``ihsweep.training.stopping`` (stop requests) and ``ihsweep.training.loader`` (host-fed batches).
+checkpoints, probes), ``ihsweep.training.loop`` and ``ihsweep.training.hooks`` (the loop),
+``ihsweep.training.progress``, ``ihsweep.training.stopping`` (stop requests) and
+``ihsweep.training.loader`` (host-fed batches).
 """
 
 from __future__ import annotations

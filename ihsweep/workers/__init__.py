@@ -1,3 +1,2 @@
 """Workers: processes that take groups from the run directory, meshes and jax.distributed, the
-compilation cache.
-"""
+compilation cache."""

@@ -1,7 +1,6 @@
 """Running a sweep: workers take the planned groups (``ihsweep.planning.grid``) and train each as
-one
-vmapped ensemble (``runner.fit``); the run directory (``ihsweep.runs.rundir``) is their only meeting
-point: no scheduler of our own.
+one vmapped ensemble (``runner.fit``); the run directory (``ihsweep.runs.rundir``) is their only
+meeting point: no scheduler of our own.
 
 Every ``ihsweep run`` process on the same
 run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
