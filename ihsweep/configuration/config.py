@@ -23,7 +23,6 @@ from ihsweep.training import metric_registry
 from ihsweep.training.metrics import icl_positions
 from ihsweep.workers.sharding import MeshError, mesh_shape, usable_devices
 
-SCHEDULES = schema.choices("train.schedule")
 # Fields that change how a run executes but not the models it trains (the same batches and
 # updates; results equal up to float rounding): a sweep axis over one would train copies.
 EXECUTION_FIELDS = (
@@ -47,8 +46,6 @@ EXECUTION_FIELDS = (
   "log.wandb_project",
   "log.wandb_mode",
 )
-PLACEMENTS = schema.choices("sweep.placement")
-BUDGETS = schema.choices("sweep.budget")
 
 
 def default_eval():
@@ -120,9 +117,6 @@ def default_sweep():
     consecutive processes.
   """
   return schema.defaults("sweep")
-
-
-WANDB_MODES = schema.choices("log.wandb_mode")
 
 
 def default_log():

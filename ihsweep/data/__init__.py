@@ -29,7 +29,6 @@ from ihsweep.data.source import Source
 
 SOURCES = schema.choices("data.source")
 TRANSITIONS = schema.choices("data.transitions")
-LOADERS = schema.choices("data.loader")
 
 
 def default_config():

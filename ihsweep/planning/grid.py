@@ -32,7 +32,6 @@ from ihsweep.training import metric_registry
 from ihsweep.training import model as model_lib
 from ihsweep.training.model import Transformer
 
-BUDGETS = config_lib.BUDGETS
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
 VALUE_FIELDS = {
   "seed": "ensemble.seeds",
