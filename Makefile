@@ -17,8 +17,13 @@ $(BIN)/python:
 # importable JAX probes for a TPU at every start; `ihsweep plan --target=v5e:…` and its test
 # (tests/test_targets.py) put it on PYTHONPATH. On a TPU VM install '.[tpu]' instead.
 LIBTPU := build/libtpu
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+# setuptools' editable finder answers after the path's folders, so a notebook started beside a
+# clone named ihsweep got that folder as an empty namespace package; ihsweep-first.pth moves the
+# finder (which answers for ihsweep and ihsweep_analysis only) to the front.
+FIRST_PTH := import sys; sys.meta_path[:] = sorted(sys.meta_path, key=lambda f: not str(getattr(f, "__module__", "")).startswith("__editable___ihsweep_"))
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,interop]'
+	$(BIN)/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/ihsweep-first.pth", "w").write(sys.argv[1] + "\n")' '$(FIRST_PTH)'
 	$(BIN)/pip install --quiet --no-deps --upgrade -c constraints.txt --target $(LIBTPU) libtpu
 	touch $(STAMP)
 

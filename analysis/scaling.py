@@ -71,6 +71,11 @@ MLE = "censored log-normal MLE"
 LSQ = "least squares on emerged cells"
 
 
+# Every column of an emergence table is a count (updates, sequences, tokens, parameters): a
+# value past what a 64-bit counter holds is a unit or typing error, and would drag the fit.
+MAX_COUNT = 2**63 - 1
+
+
 class FitError(IhsweepError, ValueError):
   """Emergence points from which the law cannot be fitted (too few, not identifiable, bad
   values)."""
@@ -284,6 +289,13 @@ def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.nd
     checks += [("censor_step", censored)]
   for c, rows in checks:
     v = pts[c].to_numpy(float)
+    too_large = np.flatnonzero(rows & np.isfinite(v) & (v > MAX_COUNT))
+    if len(too_large):
+      raise FitError(
+        f"column {c}: {_where(pts, int(too_large[0]))} has {float(v[too_large[0]])!r}, more "
+        f"than any step or size counter holds (at most 2^63 - 1 = {MAX_COUNT:.3g}); is the "
+        f"column in another unit?"
+      )
     bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
     if len(bad) and c == "censor_step" and np.isnan(v[bad[0]]):
       raise FitError(

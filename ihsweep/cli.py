@@ -13,6 +13,7 @@ import sys
 
 from absl import flags
 
+from ihsweep import environment
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
 from ihsweep.commands.common import fail, parse, run_guarded, start_logging
 from ihsweep.commands.flags import FLAGS, FORMS, check, flag_list, help_text
@@ -86,6 +87,10 @@ def main(argv=None) -> int:
   if problem is not None:
     return fail(problem)
   module = MODULES[command]
+  try:  # every variable the tool reads, before anything is created or compiled
+    environment.check(distributed=module.TRAINS)
+  except environment.EnvironmentVariableError as e:
+    return fail(str(e))
   start_logging()
   rest, failed = parse(command, argv, args, found)
   if failed is not None:

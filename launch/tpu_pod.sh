@@ -60,6 +60,9 @@ if (( stop )) && (( sync || ${#args[@]} > 1 )); then
 fi
 tpu=${positional[0]} zone=${positional[1]}
 repo=${IHSWEEP_REPO:-'~/ihsweep'}
+# The checkout's path as the hosts' shell reads it: quoted (a space in it is one word), with a
+# leading ~/ left for that shell to expand to each host's home.
+if [[ "$repo" == "~/"* ]]; then repo="~/$(printf '%q' "${repo#\~/}")"; else repo=$(printf '%q' "$repo"); fi
 ssh=(gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all ${GCLOUD_PROJECT:+--project="$GCLOUD_PROJECT"})
 logs=$(printf '%q' "$workdir/logs")
 host='$(hostname)'

@@ -23,6 +23,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ihsweep-test-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+# Nothing of the user's: the tests never read (or fill) ~/.cache/ihsweep. Each pytest process
+# gets an empty cache root, so a test that needs a corpus must make one (``python_docs_corpus``)
+# or fetch it itself, as on a new machine (an IHSWEEP_CACHE set by the caller is replaced too).
+import tempfile  # noqa: E402
+
+os.environ["IHSWEEP_CACHE"] = tempfile.mkdtemp(prefix="ihsweep-test-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -53,6 +59,43 @@ def tiny_config(**overrides):
 @pytest.fixture
 def tiny():
   return tiny_config
+
+
+def write_python_docs_corpus(cache_dir) -> str:
+  """A small stand-in for the fetched python-docs corpus (``ihsweep corpus fetch``'s layout:
+  ``corpora/python-docs/**/*.rst.txt`` and ``SOURCE.json``) in ``cache_dir``: 12 generated
+  reStructuredText files of ~6 KB, enough for a config that names the corpus to validate and to
+  build a 256-type BPE vocabulary. Returns the corpus directory."""
+  import json
+  import random
+
+  root = os.path.join(str(cache_dir), "corpora", "python-docs")
+  os.makedirs(os.path.join(root, "library"), exist_ok=True)
+  rng = random.Random(0)
+  words = (
+    "the function returns a list of values from the module and raises an error when the "
+    "argument is not a string object class method attribute default keyword iterator file "
+    "path name value type int float dict tuple set open read write close import from return"
+  ).split()
+  for i in range(12):
+    lines = [f"Module {i}", "=" * 10, ""]
+    for _ in range(120):
+      lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(5, 12))) + ".")
+    with open(os.path.join(root, "library", f"mod{i}.rst.txt"), "w") as f:
+      f.write("\n".join(lines))
+  with open(os.path.join(root, "SOURCE.json"), "w") as f:
+    json.dump({"corpus": "python-docs", "package": "stand-in (tests)", "files": 12}, f)
+  return root
+
+
+@pytest.fixture
+def python_docs_corpus(tmp_path, monkeypatch):
+  """``IHSWEEP_CACHE`` pointed at a temporary cache holding ``write_python_docs_corpus``'s
+  stand-in python-docs corpus; returns the cache directory."""
+  cache = tmp_path / "ihsweep-cache"
+  write_python_docs_corpus(cache)
+  monkeypatch.setenv("IHSWEEP_CACHE", str(cache))
+  return str(cache)
 
 
 @pytest.fixture

@@ -645,7 +645,9 @@ def test_the_readme_example_runs(induction, capsys):
   assert abs(float(ps[1, 0]) - float(found.group(2))) <= 0.006, (ps, out)
 
 
-def test_the_readme_export_command_names_the_demo_cell_it_says(swept, tmp_path, monkeypatch):
+def test_the_readme_export_command_names_the_demo_cell_it_says(
+  swept, tmp_path, monkeypatch, python_docs_corpus
+):
   """docs/analysis.md's `ihsweep export --workdir=runs/demo --cell=10 …` line: cell 10 of the
   demo's plan (configs/demo.py) is B 16 × C 64, seed 0, as it says; the line runs as written
   (on a tiny sweep as runs/demo, whose cells are 0 and 1: cell 10 → 1) and writes where its

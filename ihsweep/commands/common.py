@@ -36,14 +36,63 @@ def empty_law(default: str) -> int | None:
 
 
 def load_config():
-  """``(cfg, None)``, or ``(None, exit code)`` after printing why the config did not load."""
+  """``(cfg, None)``, or ``(None, exit code)`` after printing why the config did not load
+  (or why an override would be ignored: ``overridden_axis``)."""
+  found = split_args(ARGV[1:])[0]
   try:  # a config file that failed to load raises on first use, not on parsing
     cfg = FLAGS.config
     if cfg is not None:
       cfg.keys()
-    return cfg, None
   except CONFIG_LOAD_ERRORS as e:
-    return None, config_load_failed(e, split_args(ARGV[1:])[0])
+    return None, config_load_failed(e, found)
+  if cfg is None and config_arg(found):
+    return None, fail(
+      f"cannot load the config: {config_arg(found).split(':', 1)[0]}: get_config() returned "
+      f"None (it must return the config, a ml_collections.ConfigDict)"
+    )
+  problem = overridden_axis(cfg, found) if cfg is not None else None
+  if problem:
+    return None, fail(problem)
+  return cfg, None
+
+
+def _axis_values(cfg, path: str):
+  """The values the config's ``sweep.grid`` or ``sweep.zip`` gives the field ``path``
+  (``train.batch_size``), with the section's name; None if no axis sets it."""
+  sweep = cfg.get("sweep") if hasattr(cfg, "get") else None
+  for section in ("grid", "zip"):
+    node = sweep.get(section) if sweep is not None and hasattr(sweep, "get") else None
+    for part in path.split("."):
+      if node is None or not hasattr(node, "keys") or part not in node:
+        node = None
+        break
+      node = node[part]
+    if node is not None and not hasattr(node, "keys"):
+      return section, node
+  return None
+
+
+def overridden_axis(cfg, found) -> str | None:
+  """Why an override ``--config.PATH=V`` (``found``: the flags) would be ignored: a field that
+  an axis of the sweep (``sweep.grid`` / ``sweep.zip``) sets for every cell, so ``V`` would
+  never be used; None if no override is."""
+  for name, flag, value in found:
+    if flag != "config" or "." not in name:
+      continue
+    path = name.split(".", 1)[1]
+    if path.startswith("sweep."):
+      continue
+    axis = _axis_values(cfg, path)
+    if axis is None:
+      continue
+    section, values = axis
+    values = tuple(values) if isinstance(values, (list, tuple)) else values
+    return (
+      f"--config.{path}={value} would be ignored: the sweep's axis sweep.{section}.{path} "
+      f"= {values!r} sets it for every cell; change the axis instead "
+      f"(--config.sweep.{section}.{path}='(V1, V2)', or --{section}={path}=V1,V2)"
+    )
+  return None
 
 
 def config_and_workdir(command: str):
@@ -122,14 +171,21 @@ def _no_field(cfg, path: str) -> str | None:
   return None
 
 
+# The checkout ihsweep runs from (an editable install): its configs/ are importable by any config
+# file (``from configs import default``), wherever that file lies.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def config_imports_siblings(config_arg: str) -> None:
   """Lets a config file (``--config`` value ``config_arg``) import its siblings as a package
-  (``from configs import default``): appends the directory above the config file's directory to
-  ``sys.path`` (appended, so it never shadows an installed module)."""
+  (``from configs import default``) and the checkout's ``configs`` package: appends the
+  directory above the config file's directory, then ihsweep's checkout (when it has
+  ``configs/``), to ``sys.path`` (appended, so they never shadow an installed module)."""
   if config_arg:
     root = os.path.dirname(os.path.dirname(os.path.abspath(config_arg.split(":", 1)[0])))
-    if root not in sys.path:
-      sys.path.append(root)
+    for path in (root, CHECKOUT):
+      if path not in sys.path and (path == root or os.path.isdir(os.path.join(path, "configs"))):
+        sys.path.append(path)
 
 
 def config_file_error(e: BaseException, config_arg: str) -> str | None:

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 
+from ihsweep import numbers
 from ihsweep.commands.common import bad_input, empty_law, fail, load_config
 from ihsweep.commands.flags import FLAGS
 
@@ -44,7 +45,7 @@ them, every one-phase layout of workers.
 
 --target=NAME compiles every group's train and evaluation programs for an accelerator this
 machine need not have — a TPU topology (v5e:8x8, v4:4x4x4, v5p:4x4x4, v6e:8x8: the TPU
-compiler, from libtpu: pip install 'ihsweep[tpu]') or a GPU (h100-80gb, h200-141gb,
+compiler: libtpu, which `make install` puts in build/libtpu) or a GPU (h100-80gb, h200-141gb,
 a100-80gb, with --devices=N: the XLA CPU compiler's memory analysis, an estimate) — and
 reports per group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device
 against the device's memory, FLOPs and a roofline time (compiled on the fewest devices per
@@ -92,11 +93,10 @@ def _worker_problem(n: int, d: int | None, h: int | None, f: float | None) -> st
   """Why --devices_per_worker=D does not fit --devices=N and the devices per host, or None."""
   if d is None:
     return None
-  divisors = [k for k in range(1, n + 1) if n % k == 0]
   if d < 1 or n % d:
     return (
       f"--devices_per_worker={d} is not allowed: a divisor of --devices={n} "
-      f"({', '.join(map(str, divisors))}): the workers share the devices equally"
+      f"({numbers.some(numbers.divisors(n), d)}): the workers share the devices equally"
     )
   host = h or DEFAULT_HOST
   if f is not None and d > host and d % host:
@@ -180,6 +180,10 @@ def _plan_target(cfg) -> int:
         f"--{name} is not allowed with --target: the target sets devices per host and "
         f"times come from its compiled programs"
       )
+  if FLAGS.devices is not None and FLAGS.devices < 1:
+    return fail(
+      f"--devices={FLAGS.devices} is not allowed: an integer >= 1 (the GPUs the sweep runs on)"
+    )
   failed = empty_law("sweep's")
   if failed is not None:
     return failed

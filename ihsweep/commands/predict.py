@@ -24,7 +24,7 @@ def main(argv) -> int:
   95% prediction interval for one cell (``Law.interval``); a warning (stderr, and ``warnings``
   in --json) for a B or C outside the law's fitted ``range``."""
   del argv
-  from ihsweep.planning.law import Law, LawError
+  from ihsweep.planning.law import STUDY_BATCH_RANGE, STUDY_CONTEXT_RANGE, Law, LawError
 
   if FLAGS.batch_size is None or FLAGS.context_size is None:
     return fail("predict needs --batch_size=B and --context_size=C")
@@ -32,7 +32,10 @@ def main(argv) -> int:
   if failed is not None:
     return failed
   try:
-    law = Law.from_json(FLAGS.law) if FLAGS.law else Law()
+    if FLAGS.law:
+      law = Law.from_json(FLAGS.law)
+    else:  # the study's law, with the grid it was fitted on
+      law = Law(batch_range=STUDY_BATCH_RANGE, context_range=STUDY_CONTEXT_RANGE)
     b, c = FLAGS.batch_size, FLAGS.context_size
     updates, tokens = law.updates(b, c), law.tokens(b, c)
     median = law.interval(b, c) if law.cov is not None else None

@@ -13,7 +13,7 @@ from numbers import Integral, Real
 
 import jax
 
-from ihsweep import data
+from ihsweep import data, numbers
 from ihsweep.configuration import schema
 from ihsweep.data import TRANSITIONS, bigram_corpus_tokens, natural, synthetic
 from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, block_length, probe_layout
@@ -560,18 +560,18 @@ def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
     hint=f" (0 = chosen by device memory; at most train.batch_size = {batch})",
   )
   if k and batch % k:
-    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
     raise ConfigError(
       field,
       k,
-      f"0 (chosen by device memory) or a divisor of train.batch_size = {batch}: one of {divisors}",
+      f"0 (chosen by device memory) or a divisor of train.batch_size = {batch}: one of "
+      f"{numbers.some(numbers.divisors(batch), k)}",
     )
   if k and (batch // k) % n_data:
-    good = [d for d in range(1, batch + 1) if batch % d == 0 and (batch // d) % n_data == 0]
+    good = [d for d in numbers.divisors(batch) if (batch // d) % n_data == 0]
     raise ConfigError(
       field,
       k,
-      f"0 or one of {good}: each microbatch of B/k = {batch // k} "
+      f"0 or one of {numbers.some(good, k)}: each microbatch of B/k = {batch // k} "
       f"sequences is split over the mesh's 'data' axis of {n_data} devices",
     )
   remat = cfg.train.get("remat", "none")
@@ -585,9 +585,11 @@ def _validate_model(cfg) -> int:
   n_heads = _check(cfg, "model.n_heads")
   d_model = _check(cfg, "model.d_model")
   if d_model % n_heads:
-    divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
     raise ConfigError(
-      "model.n_heads", n_heads, f"a divisor of model.d_model = {d_model}: one of {divisors}"
+      "model.n_heads",
+      n_heads,
+      f"a divisor of model.d_model = {d_model}: one of "
+      f"{numbers.some(numbers.divisors(d_model), n_heads)}",
     )
   _check(cfg, "model.d_mlp")
   vocab = _check(cfg, "model.vocab_size")

@@ -15,13 +15,15 @@ import shutil
 import socket
 import tempfile
 
+from ihsweep import environment
 from ihsweep.data.errors import CorpusError
 
 
 def default_cache_dir() -> str:
   """``$IHSWEEP_CACHE``, else ``$XDG_CACHE_HOME/ihsweep``, else ``~/.cache/ihsweep``."""
-  if os.environ.get("IHSWEEP_CACHE"):
-    return os.environ["IHSWEEP_CACHE"]
+  chosen = environment.get("IHSWEEP_CACHE")
+  if chosen:
+    return chosen
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(base, "ihsweep")
 

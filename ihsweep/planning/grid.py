@@ -222,10 +222,28 @@ def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, s
   sweep = cfg.sweep
   if sweep.budget == "updates":
     return int(cfg.train.num_steps), "train.num_steps"
+  cell = f"B = {batch_size}, C = {context_size}"
   if sweep.budget == "tokens":
     n = math.ceil(sweep.tokens / (batch_size * context_size))
+    if n > config_lib.INT32_MAX:
+      raise ConfigError(
+        "sweep.tokens",
+        sweep.tokens,
+        f"a budget of at most {config_lib.INT32_MAX:,} updates per cell (the update counter is "
+        f"int32): {n:,} updates at {cell}",
+      )
     return n, f"{sweep.tokens:,} tokens"
-  n = max(1, math.ceil(sweep.law_multiple * law.updates(batch_size, context_size)))
+  predicted = law.updates(batch_size, context_size)
+  updates = sweep.law_multiple * predicted
+  if not updates <= config_lib.INT32_MAX:  # inf and NaN too
+    raise ConfigError(
+      "sweep.law_multiple",
+      sweep.law_multiple,
+      f"a multiple that keeps every cell within {config_lib.INT32_MAX:,} updates (the update "
+      f"counter is int32): the law predicts {predicted:.4g} updates at {cell}, so at most "
+      f"{config_lib.INT32_MAX / predicted:.4g} there (or a law with a smaller T: sweep.law_file)",
+    )
+  n = max(1, math.ceil(updates))
   what = "cap: " if sweep.budget == "emergence" else ""
   return n, f"{what}{sweep.law_multiple:g} × law"
 

@@ -86,6 +86,12 @@ def _show(v) -> str:
   return repr(v)
 
 
+# The B and C of the study's experiment 1 grid (reproduced by configs/exp1_natural.py at study
+# scale): where its published law was fitted, so where ``ihsweep predict`` with it interpolates.
+STUDY_BATCH_RANGE = (8, 128)
+STUDY_CONTEXT_RANGE = (64, 1024)
+
+
 @dataclasses.dataclass(frozen=True)
 class Law:
   """``UPT = exp(log_T) / (B^alpha · C^beta)`` (natural log; the study's values by default)."""

@@ -128,7 +128,9 @@ def simulate(entries, n_devices: int, devices_per_worker: int, rule: str = "work
   frees first (the lowest index among ties), as workers claiming the next pending group do.
   ``first_s`` (default 0) is added when the group is its worker's first: start-up that later
   groups hide behind the previous group's training (compiling ahead)."""
-  n_workers = n_devices // devices_per_worker
+  # Ties go to the lowest index, so only the first len(entries) workers can ever start a group:
+  # the simulation's cost does not grow with the device count.
+  n_workers = min(n_devices // devices_per_worker, len(entries))
   free = [(0.0, w) for w in range(n_workers)]  # (free at, worker), a heap
   started = set()
   slots = []

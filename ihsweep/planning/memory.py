@@ -31,8 +31,11 @@ import os
 import time
 from typing import Callable
 
+from ihsweep import environment
 from ihsweep.configuration.config import ConfigError
-from ihsweep.workers.sharding import divisors
+from ihsweep.numbers import divisors
+from ihsweep.planning import grid
+from ihsweep.training.model import ModelConfig
 
 log = logging.getLogger("ihsweep")
 
@@ -105,17 +108,11 @@ def device_capacity(device) -> int | None:
   device's ``bytes_limit`` (None on a CPU, where JAX reports no limit).
 
   Raises:
-    ValueError: ``$IHSWEEP_DEVICE_MEMORY`` is not a positive integer.
+    EnvironmentVariableError: ``$IHSWEEP_DEVICE_MEMORY`` is not a number of bytes >= 1.
   """
-  value = os.environ.get(CAPACITY_ENV)
-  if value:
-    try:
-      n = int(float(value))
-    except ValueError:
-      n = 0
-    if n <= 0:
-      raise ValueError(f"{CAPACITY_ENV}={value!r} is not allowed: a number of bytes > 0")
-    return n
+  value = environment.get(CAPACITY_ENV)
+  if value is not None:
+    return value
   try:
     stats = device.memory_stats()
   except Exception:  # noqa: BLE001 — compile-only or CPU devices
@@ -173,6 +170,68 @@ class Choice:
 
 def usable(capacity_bytes: int) -> int:
   return int(capacity_bytes * (1.0 - HEADROOM))
+
+
+def host_memory_bytes() -> int | None:
+  """This machine's physical memory (``sysconf``), or None where it cannot be read."""
+  try:
+    return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def minimum_bytes(cfg, n_devices: int, n_params: int) -> int:
+  """A lower bound, per device, on the bytes any memory setting needs for a group on
+  ``n_devices`` (its mesh: ``sharding.mesh_shape``): the train state of the device's models
+  (parameters and AdamW's two moments, float32: 12 bytes a parameter) and one update's token
+  batch of its share of B (``[B, C + 1]`` int32: what gradient accumulation splits, not what it
+  avoids). Arithmetic only: it answers at once at any size, before anything is compiled."""
+  from ihsweep.workers.sharding import mesh_shape
+
+  size, batch = int(cfg.ensemble.size), int(cfg.train.batch_size)
+  n_ens, n_data = mesh_shape(size, batch, n_devices)
+  models = size // n_ens
+  tokens = (batch // n_data) * (int(cfg.train.context_size) + 1)
+  return models * (12 * n_params + 4 * tokens)
+
+
+def check_possible(cfg, devices: list, name: str, capacity=None) -> None:
+  """Refuses a group that cannot fit ``devices`` at any setting by arithmetic alone
+  (``minimum_bytes``), before its run directory or a program exists: against ``capacity``
+  (bytes per device), else the devices' own (``device_capacity``), else on CPU devices this
+  machine's memory shared by the process's CPU devices.
+
+  Raises:
+    TooLarge: the lower bound exceeds the capacity.
+  """
+  import jax
+
+  if capacity is None:
+    capacity = device_capacity(devices[0])
+  if capacity is None and devices[0].platform == "cpu":
+    host = host_memory_bytes()
+    capacity = host // max(1, len(jax.local_devices(backend="cpu"))) if host else None
+  if capacity is None:
+    return
+  params = grid.n_params(ModelConfig.from_config(cfg.model), int(cfg.train.context_size))
+  need = minimum_bytes(cfg, len(devices), params)
+  if need > capacity:
+    raise TooLarge(name, cfg, need, capacity)
+
+
+class TooLarge(ConfigError):
+  """A group whose train state and token batch alone exceed a device (one line)."""
+
+  def __init__(self, name: str, cfg, need: int, capacity: int):
+    message = (
+      f"{name} cannot fit its devices at any memory setting: its models' train state and one "
+      f"update's tokens alone need {gib(need)} per device (B = {cfg.train.batch_size}, C = "
+      f"{cfg.train.context_size}, E = {cfg.ensemble.size}, d_model = {cfg.model.d_model}, "
+      f"V = {cfg.model.vocab_size}), a device has {gib(capacity)}: lower train.batch_size, "
+      f"the model's size or ensemble.size, or use more devices"
+    )
+    super().__init__("train.batch_size", cfg.train.batch_size, message)
+    self.args = (message,)
 
 
 class DoesNotFit(ConfigError):

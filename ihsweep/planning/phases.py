@@ -10,6 +10,7 @@ import heapq
 import itertools
 import math
 
+from ihsweep.numbers import divisors
 from ihsweep.planning import timing
 from ihsweep.planning.list_schedule import (
   LayoutError,
@@ -18,7 +19,6 @@ from ihsweep.planning.list_schedule import (
   simulate,
   usable_device_count,
 )
-from ihsweep.workers.sharding import divisors
 
 PHASE_TIE = 0.01  # phase plans within 1% of the best makespan count as equal (see plan_phases)
 MAX_PHASES = 3

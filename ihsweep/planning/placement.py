@@ -36,6 +36,7 @@ from typing import Any
 from ihsweep.configuration import config as config_lib
 from ihsweep.data import natural
 from ihsweep.data.probes import eval_layout
+from ihsweep.numbers import divisors
 from ihsweep.planning import grid as grid_lib
 from ihsweep.planning import timing
 
@@ -68,7 +69,6 @@ from ihsweep.planning.prediction import format_text as format_text
 from ihsweep.training import model as model_lib
 from ihsweep.training import schedule, train
 from ihsweep.training import schedule as schedule_lib
-from ihsweep.workers.sharding import divisors
 
 # ---- updates: the budget, or where an 'emergence' budget stops ----
 

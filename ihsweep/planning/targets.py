@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import re
 
+from ihsweep import environment, numbers
 from ihsweep.errors import IhsweepError
 
 GB = 1e9
@@ -55,6 +57,36 @@ GPUS = {
   "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, 141 * GB, network="h100"),
   "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, 80 * GB),
 }
+
+
+# The slice shapes each TPU generation is sold in (Cloud TPU documentation, "TPU versions":
+# v4, v5e, v5p and v6e pages), checked before libtpu sees a name: its compiler aborts the whole
+# process (a C++ Check failure) on some shapes that its topology parser accepted, e.g. v5e:32x32.
+_2D_SLICES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")  # up to 256 chips
+_3D_SMALL = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
+_3D_MAX_CHIPS = {"v4": 4096, "v5p": 8960}
+
+
+def tpu_topology_problem(chip: str, shape: str) -> str | None:
+  """Why ``chip:shape`` is no slice that TPU generation has (one line listing those it has),
+  or None."""
+  if chip not in _3D_MAX_CHIPS:
+    if shape in _2D_SLICES:
+      return None
+    return f"{chip} slices are 2D: {', '.join(_2D_SLICES)} (chips along each side)"
+  dims = shape.split("x")
+  most = _3D_MAX_CHIPS[chip]
+  rule = (
+    f"{chip} slices are 3D: {', '.join(_3D_SMALL)}, or AxBxC with A, B, C multiples of 4 and at "
+    f"most {most:,} chips (e.g. 4x4x4, 4x8x8, 8x8x16)"
+  )
+  if shape in _3D_SMALL:
+    return None
+  if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 and int(d) % 4 == 0 for d in dims):
+    return rule
+  if math.prod(int(d) for d in dims) > most:
+    return rule
+  return None
 
 
 class TargetError(IhsweepError, ValueError):
@@ -138,6 +170,28 @@ def tpu_capacity(device) -> int:
   raise TargetError("a 256 GiB program compiled for one TPU device: cannot read its memory")
 
 
+# Where `make install` puts libtpu (the TPU compiler, from PyPI) in a checkout: not in the venv,
+# since with libtpu importable JAX probes for a TPU at every start.
+CHECKOUT_LIBTPU = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "libtpu"
+)
+
+
+def _find_libtpu() -> bool:
+  """Whether libtpu imports, after putting ``CHECKOUT_LIBTPU`` on ``sys.path`` if it is
+  there and libtpu is not importable otherwise."""
+  import importlib.util
+  import sys
+
+  if importlib.util.find_spec("libtpu") is not None:
+    return True
+  if os.path.isdir(os.path.join(CHECKOUT_LIBTPU, "libtpu")):
+    sys.path.append(CHECKOUT_LIBTPU)
+    importlib.invalidate_caches()
+    return importlib.util.find_spec("libtpu") is not None
+  return False
+
+
 def make_target(name: str, n_devices: int | None = None) -> Target:
   """The devices and numbers of target ``name`` (``names()``).
 
@@ -154,13 +208,15 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
         f"--devices={n_devices} is not allowed with --target={name}: a TPU "
         f"topology has its own device count"
       )
-    try:
-      import libtpu  # noqa: F401
-    except ImportError:
+    problem = tpu_topology_problem(chip_name, name.split(":", 1)[1])
+    if problem:
+      raise TargetError(f"--target={name} is not allowed: {problem}")
+    if not _find_libtpu():
       raise TargetError(
-        f"--target={name} compiles for TPU with libtpu: pip install 'ihsweep[tpu-plan]' "
-        f"(libtpu from PyPI; no TPU needed)"
-      ) from None
+        f"--target={name} compiles for TPU with libtpu, which is neither importable nor in "
+        f"{CHECKOUT_LIBTPU}: `make install` puts it there (or `pip install libtpu`; no TPU "
+        f"needed)"
+      )
     from jax.experimental import topologies
 
     # libtpu locks /tmp/libtpu_lockfile for the one process that drives a TPU; compile-only
@@ -189,7 +245,7 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
         f"{n_devices} before the command"
       )
     chip = GPUS[name]
-    per_host = min(n_devices, int(os.environ.get("IHSWEEP_GPUS_PER_HOST", "8")))
+    per_host = min(n_devices, environment.get("IHSWEEP_GPUS_PER_HOST"))
     return Target(
       name, chip, local[:n_devices], chip.capacity_bytes, per_host, "XLA CPU compiler (estimate)"
     )
@@ -255,7 +311,7 @@ def candidate_layouts(target: Target) -> list[int]:
   from ihsweep.planning import placement
 
   host, n = target.devices_per_host, len(target.devices)
-  teams = [p * host for p in placement.divisors(n // host) if p > 1]
+  teams = [p * host for p in numbers.divisors(n // host) if p > 1]
   return placement.candidate_layouts(n, host) + teams
 
 
@@ -290,10 +346,17 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   from ihsweep.planning import memory, placement, timing
   from ihsweep.training import schedule
 
+  fixed = int(cfg.mesh.num_devices)
+  if fixed and fixed not in candidate_layouts(target):
+    raise TargetError(
+      f"config.mesh.num_devices = {fixed} is not allowed with --target={target.name} on "
+      f"{len(target.devices)} device(s): 0 (the plan chooses the devices per worker) or one of "
+      f"{', '.join(map(str, candidate_layouts(target)))}"
+    )
   _, jobs = placement.make_jobs(cfg, law, check_data=False)
   compile_group = _GroupCompiler(target, log)
   refused = []
-  layout = _first_fitting_layout(jobs, target, compile_group, refused)
+  layout = _first_fitting_layout(jobs, target, compile_group, refused, fixed)
   if layout is None:
     return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
   d, sizes = layout
@@ -304,7 +367,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     row = _group_row(j, m, compile_group, target, comm_model)
     groups.append(row)
     entries.append((j, m, row["roofline_s"]))
-  layouts = _wider_layouts(jobs, target, d, entries, comm_model)
+  layouts = _wider_layouts(jobs, target, d, entries, comm_model, fixed)
   best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
   return {
     "target": target.to_json(),
@@ -370,10 +433,11 @@ class _GroupCompiler:
     return memo[(job.id, m)]
 
 
-def _first_fitting_layout(jobs, target: Target, compile_group, refused: list):
-  """``(D, {group id: devices})``: the first of ``candidate_layouts`` at which every group
-  fits, or None; the layouts refused before it are appended to ``refused`` with why."""
-  for d in candidate_layouts(target):
+def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fixed: int = 0):
+  """``(D, {group id: devices})``: the first of ``candidate_layouts`` (only ``fixed``, the
+  config's mesh.num_devices, if set) at which every group fits, or None; the layouts refused
+  before it are appended to ``refused`` with why."""
+  for d in [fixed] if fixed else candidate_layouts(target):
     sizes = _layout_sizes(jobs, target, d)
     if sizes is None:
       refused.append(
@@ -442,8 +506,9 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   }
 
 
-def _wider_layouts(jobs, target: Target, d: int, entries, comm_model) -> list[dict]:
-  """D and every wider layout, each list-scheduled (``placement.simulate``)."""
+def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int = 0) -> list[dict]:
+  """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
+  list-scheduled (``placement.simulate``)."""
   from ihsweep.planning import placement
 
   # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
@@ -452,7 +517,7 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model) -> list[di
   # the shortest makespan is the plan's.
   n = len(target.devices)
   layouts = []
-  for wide in [w for w in candidate_layouts(target) if w >= d]:
+  for wide in [w for w in candidate_layouts(target) if w >= d and (not fixed or w == d)]:
     m_wide = _layout_sizes(jobs, target, wide)
     if m_wide is None:
       continue

@@ -425,7 +425,8 @@ def load_runs(paths: list[str]) -> list[Run]:
   as many trailing path components as make the names unique.
 
   Raises:
-    NotARun: as ``load_run``.
+    NotARun: as ``load_run``; or two of the directories are copies of one run
+      (``rundir.run_identity``), whose models would be counted twice.
   """
   from ihsweep.runs import rundir
 
@@ -437,6 +438,17 @@ def load_runs(paths: list[str]) -> list[Run]:
       unique.append(os.path.realpath(p))
   if len(unique) < len(paths):
     log.warning("a run directory was given more than once; it is read once")
+  copies = {}  # run identity -> the first directory that has it
+  for p in unique:
+    ident = rundir.run_identity(p)
+    if ident is None:
+      continue
+    if ident in copies:
+      raise NotARun(
+        f"{p} and {copies[ident]} are copies of one run (the same run id): their models would "
+        f"be counted twice; give one of them"
+      )
+    copies[ident] = p
   runs = [load_run(p) for p in unique]
   group_dirs = {}  # a sweep's group directories -> (sweep, group id)
   for r in runs:

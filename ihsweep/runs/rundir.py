@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
 import socket
 import time
+import uuid
 from typing import Callable
 
 import jax
@@ -24,7 +26,7 @@ import numpy as np
 
 from ihsweep.configuration import config as config_lib
 from ihsweep.planning import grid as grid_lib
-from ihsweep.runs.atomic import atomic_file, atomic_write_json
+from ihsweep.runs.atomic import LOCK_FILE, atomic_file, atomic_write_json, lock_text
 from ihsweep.training import train
 
 # ``X as X``: rundir's public names that live in ``ihsweep.workers.claims``, importable from here
@@ -108,6 +110,28 @@ def _marker_kind(path: str) -> str | None:
     return kind if kind in ("train", "sweep") else None
   except (OSError, ValueError, AttributeError):
     return None
+
+
+def run_identity(path: str) -> str | None:
+  """What stays the same when a run directory is copied (``cp -a``, rsync) and differs between
+  two runs: the ``run_id`` its ``RUN_MARKER`` holds (a random id written when the run was
+  created), else, for a run made before ids, the marker's creation time with the resolved
+  ``config.json``. None when there is no marker."""
+  try:
+    with open(os.path.join(path, RUN_MARKER)) as f:
+      marker = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(marker, dict):
+    return None
+  if marker.get("run_id"):
+    return str(marker["run_id"])
+  try:
+    with open(os.path.join(path, "config.json"), "rb") as f:
+      config = hashlib.sha256(f.read()).hexdigest()
+  except OSError:
+    return None
+  return f"{marker.get('created')}|{config}"
 
 
 def _layout_kind(path: str) -> str | None:
@@ -225,9 +249,12 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
   try:
     os.makedirs(workdir, exist_ok=True)
     if not os.path.exists(path):
-      atomic_write_json(
-        path, {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=None
-      )
+      marker = {
+        "kind": kind,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_id": uuid.uuid4().hex,  # run_identity: tells a copy of this run from another run
+      }
+      atomic_write_json(path, marker, indent=None)
   except OSError as e:
     raise config_lib.WorkdirError(
       workdir, f"a directory this process can write ({e.strerror or e})"
@@ -239,7 +266,8 @@ def workdir_lock(workdir: str, local: bool = False):
   """Holds an exclusive lock on ``workdir/.ihsweep.lock`` so that two runs never write one
   directory (``fcntl.flock``: released when the process ends, even by SIGKILL). In a
   multi-process run process 0 takes it for all (this process with ``local``: a worker's
-  process-local group).
+  process-local group). Tries for a quarter of a second before giving up: another worker's
+  ``atomic.lock_holder`` probe holds it for an instant.
 
   Raises:
     WorkdirError: another live process holds it.
@@ -248,22 +276,27 @@ def workdir_lock(workdir: str, local: bool = False):
     yield
     return
   os.makedirs(workdir, exist_ok=True)
-  f = open(os.path.join(workdir, ".ihsweep.lock"), "a+")
-  try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    f.seek(0)
-    holder = f.read().strip() or "another process"
-    f.close()
-    raise config_lib.WorkdirError(
-      workdir,
-      f"a directory no other run is using (in use by {holder}); wait for "
-      f"that run or stop it (its progress: ihsweep status)",
-    ) from None
+  f = open(os.path.join(workdir, LOCK_FILE), "a+")
+  for attempt in range(6):
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      break
+    except BlockingIOError:
+      if attempt < 5:
+        time.sleep(0.05)
+        continue
+      f.seek(0)
+      holder = f.read().strip() or "another process"
+      f.close()
+      raise config_lib.WorkdirError(
+        workdir,
+        f"a directory no other run is using (in use by {holder}); wait for "
+        f"that run or stop it (its progress: ihsweep status)",
+      ) from None
   try:
     f.seek(0)
     f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.write(f"{lock_text()}\n")
     f.flush()
     yield
   finally:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from ihsweep import environment
 from ihsweep.training import sinks
 from ihsweep.training.progress import Throughput
 
@@ -173,13 +174,12 @@ def _fault_injection(step: int, workdir: str, fault: str) -> None:
   SIGKILLs this process right after it has started (its asynchronous write possibly
   unfinished). ``IHSWEEP_FAULT_PROCESS=p`` limits either to process p of a multi-process run,
   ``IHSWEEP_FAULT_GROUP=g`` to the run directory named g (a sweep's group)."""
-  env = os.environ
-  at = env.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
-  only, group = env.get("IHSWEEP_FAULT_PROCESS"), env.get("IHSWEEP_FAULT_GROUP")
+  at = environment.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
+  only, group = environment.get("IHSWEEP_FAULT_PROCESS"), environment.get("IHSWEEP_FAULT_GROUP")
   if not (
-    at
-    and int(at) == step
-    and (not only or int(only) == jax.process_index())
+    at is not None
+    and at == step
+    and (only is None or only == jax.process_index())
     and (not group or os.path.basename(os.path.normpath(workdir)) == group)
   ):
     return

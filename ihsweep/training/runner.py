@@ -396,7 +396,9 @@ def fit(
   """
   started = time.perf_counter()
   devices = group_devices(cfg, _validate(cfg, devices, local), local)
-  cfg, _ = resolve_memory(cfg, devices, f"group {desc.split()[0]}" if desc else workdir)
+  name = f"group {desc.split()[0]}" if desc else workdir
+  memory.check_possible(cfg, devices, name)  # before the run directory exists
+  cfg, _ = resolve_memory(cfg, devices, name)
   team = sharding.Team.of(devices)
   # The team's lead marks and locks the directory (process 0 for one global mesh).
   here = team.leads and not team.is_everyone

@@ -17,8 +17,8 @@ import time
 
 import jax
 
-from ihsweep.configuration import config as config_lib
-from ihsweep.runs.atomic import atomic_write_json
+from ihsweep import environment
+from ihsweep.runs.atomic import atomic_write_json, lock_holder, lock_text
 
 CLAIM_FILE = "claim.json"
 CLAIMS_LOG = "claims.jsonl"
@@ -32,28 +32,16 @@ def _claim_path(workdir: str, group_id: str) -> str:
 
 def claim_heartbeat_s() -> float:
   """Seconds between a worker's claim refreshes (``IHSWEEP_CLAIM_HEARTBEAT_S``, default 10)."""
-  return _env_seconds("IHSWEEP_CLAIM_HEARTBEAT_S", 10.0)
+  return environment.claim_heartbeat_s()
 
 
 def claim_stale_s() -> float:
-  """Seconds without a refresh after which a claim is stale and its group may be taken over
-  (``IHSWEEP_CLAIM_STALE_S``, default 12 heartbeats). Workers on several hosts compare their
-  clocks with the heartbeat written by another: keep the hosts' clocks synchronised (NTP) and
-  this well above the skew. On the claim's own host a dead pid makes it stale at once."""
-  return _env_seconds("IHSWEEP_CLAIM_STALE_S", 12 * claim_heartbeat_s())
-
-
-def _env_seconds(name: str, default: float) -> float:
-  text = os.environ.get(name, "")
-  if not text:
-    return default
-  try:
-    value = float(text)
-  except ValueError:
-    value = float("nan")
-  if not value > 0 or value == float("inf"):
-    raise config_lib.ConfigError(f"(environment) {name}", text, "a number of seconds > 0")
-  return value
+  """Seconds without a refresh after which a claim is stale (``IHSWEEP_CLAIM_STALE_S``, default
+  12 heartbeats, at least 3). Workers on several hosts compare their clocks with the heartbeat
+  written by another: keep the hosts' clocks synchronised (NTP) and this well above the skew.
+  On the claim's own host a dead pid makes it stale at once. A stale claim is still not taken
+  over while a live process holds its group's directory (``try_claim``)."""
+  return environment.claim_stale_s()
 
 
 @contextlib.contextmanager
@@ -142,12 +130,38 @@ def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
   atomic_write_json(path, claim)
 
 
+def _group_lock_holder(workdir: str, group_id: str) -> str | None:
+  return lock_holder(os.path.dirname(_claim_path(workdir, group_id)))
+
+
+_left_to_holder: set = set()  # groups this process already said it leaves to their live holder
+
+
 def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
   """Claims ``group_id`` for this worker if nobody holds it or its claim is stale; call under
   ``claims_lock``. Returns None if another live worker holds it, else the event logged:
-  ``"claimed"`` or ``"taken over"`` (from a stale claim, whose worker is named in the log)."""
+  ``"claimed"`` or ``"taken over"`` (from a stale claim, whose worker is named in the log).
+
+  The one rule of a takeover: the group's directory lock, not the claim's heartbeat, says
+  whether its worker lives. A claim that looks stale (no refresh for ``claim_stale_s()``: a
+  paused worker, a slow filesystem) is left alone while a live process holds the group's
+  directory (``atomic.lock_holder``); only a dead or lockless holder's group is taken over."""
   old = read_claim(workdir, group_id)
   if old is not None and not claim_is_stale(old):
+    return None
+  holder = _group_lock_holder(workdir, group_id)
+  if holder is not None:
+    if group_id not in _left_to_holder:
+      _left_to_holder.add(group_id)
+      import logging
+
+      logging.getLogger("ihsweep").warning(
+        "group %s: its claim by %s looks stale, but its directory is in use by %s (alive): "
+        "left to it",
+        group_id,
+        old.get("worker") if old else "nobody",
+        holder,
+      )
     return None
   now = time.time()
   _write_claim(
@@ -178,13 +192,25 @@ def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
   return "taken over"
 
 
+def holds_claim(workdir: str, group_id: str) -> bool:
+  """Whether ``group_id``'s claim is this worker's."""
+  claim = read_claim(workdir, group_id)
+  return claim is not None and claim.get("worker") == worker_id()
+
+
 def refresh_claim(workdir: str, group_id: str) -> bool:
   """Refreshes this worker's claim on ``group_id`` (its heartbeat); False if the claim is no
-  longer this worker's (taken over after this worker stopped answering)."""
+  longer this worker's (taken over after this worker stopped answering). A claim another worker
+  wrote while this process holds the group's directory lock (it trains the group; the other
+  could not) is written back as this worker's and logged ``reclaimed``."""
   with claims_lock(workdir):
     claim = read_claim(workdir, group_id)
     if claim is None or claim.get("worker") != worker_id():
-      return False
+      if _group_lock_holder(workdir, group_id) != lock_text():
+        return False
+      _log_claim(workdir, "reclaimed", group_id, previous=(claim or {}).get("worker"))
+      claim = {**(claim or {}), "group": group_id, "worker": worker_id()}
+      claim.update(host=socket.gethostname(), pid=os.getpid(), process=jax.process_index())
     claim["heartbeat"] = time.time()
     _write_claim(workdir, group_id, claim)
     return True

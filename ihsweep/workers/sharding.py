@@ -14,6 +14,7 @@ over several processes) is refused; ``mesh.num_devices`` sets the count.
 from __future__ import annotations
 
 import atexit
+import bisect
 import contextlib
 import dataclasses
 import math
@@ -27,7 +28,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ihsweep import environment
 from ihsweep.errors import IhsweepError
+from ihsweep.numbers import divisors
 
 AXES = ("ensemble", "data")
 
@@ -43,7 +46,7 @@ def mesh_shape(n_models: int, batch_size: int, n_devices: int) -> tuple[int, int
     MeshError: if no divisor e of n_devices divides n_models with n_devices / e dividing
       batch_size.
   """
-  for e in sorted((e for e in range(1, n_devices + 1) if n_devices % e == 0), reverse=True):
+  for e in reversed(divisors(n_devices)):
     if n_models % e == 0 and batch_size % (n_devices // e) == 0:
       return e, n_devices // e
   raise MeshError(
@@ -58,13 +61,16 @@ def usable_devices(n_models: int, batch_size: int, devices) -> list:
   ``batch_size`` can use whole (``mesh_shape`` accepts its count; at most E · B): a group smaller
   than a worker runs on part of the worker's devices instead of being refused."""
   devices = list(devices)
-  for n in range(len(devices), 0, -1):
-    try:
-      mesh_shape(n_models, batch_size, n)
-      return devices[:n]
-    except MeshError:
-      continue
-  return devices[:1]  # unreachable: one device always fits
+  # A count n fits when n = e · d with e dividing E and d dividing B: the largest such n within
+  # the devices, from the divisors (time independent of the device count).
+  data = divisors(batch_size)
+  best = 1
+  for e in divisors(n_models):
+    if e > len(devices):
+      break
+    d = data[bisect.bisect_right(data, len(devices) // e) - 1]
+    best = max(best, e * d)
+  return devices[:best]
 
 
 def make_mesh(n_models: int, batch_size: int, devices=None) -> Mesh:
@@ -115,11 +121,6 @@ def use_one_cpu_device_per_core(n: int | None = None) -> int:
   n = n or len(os.sched_getaffinity(0))
   os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
   return n
-
-
-def divisors(n: int) -> list[int]:
-  """The positive divisors of ``n``, ascending (a mesh axis, a microbatch count)."""
-  return [k for k in range(1, n + 1) if n % k == 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,17 +287,18 @@ def initialize_distributed() -> int:
   devices. Returns the process count (1 when not launched as several).
 
   Raises:
-    SystemExit: (status 2, after one line naming the variable) a variable that is no number in
-      its range.
+    EnvironmentVariableError: a variable's value is not allowed (``ihsweep.environment``), or
+      ``IHSWEEP_DISTRIBUTED=1`` where JAX detects no cluster.
   """
   env = os.environ
-  if env.get("IHSWEEP_COORDINATOR"):
+  if environment.get("IHSWEEP_COORDINATOR"):
     args = (
-      env["IHSWEEP_COORDINATOR"],
-      _env_number("IHSWEEP_NUM_PROCESSES", int, 1),
-      _env_number("IHSWEEP_PROCESS_ID", int, 0),
+      environment.get("IHSWEEP_COORDINATOR"),
+      environment.get("IHSWEEP_NUM_PROCESSES"),
+      environment.get("IHSWEEP_PROCESS_ID"),
     )
-  elif env.get("IHSWEEP_DISTRIBUTED", "") not in ("", "0"):
+  elif environment.get("IHSWEEP_DISTRIBUTED"):
+    environment.distributed_cluster()
     args = ()
   else:
     return 1
@@ -307,7 +309,7 @@ def initialize_distributed() -> int:
       kwargs["local_device_ids"] = ids
     if why:
       print(f"ihsweep: SLURM task {env.get('SLURM_PROCID')}: {why}", file=sys.stderr, flush=True)
-  heartbeat = _env_number("IHSWEEP_HEARTBEAT_S", float, 0, "100")
+  heartbeat = environment.get("IHSWEEP_HEARTBEAT_S")
   # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
   # the status to it), so it is given twice our bound.
@@ -374,22 +376,16 @@ def slurm_local_device_ids(env=os.environ) -> tuple[list[int] | None, str]:
     ``(ids or None, reason)``: the reason is one line for the log, "" outside SLURM.
 
   Raises:
-    SystemExit: (status 2, after one line) ``IHSWEEP_LOCAL_DEVICE_IDS`` not a list of ids >= 0.
+    EnvironmentVariableError: ``IHSWEEP_LOCAL_DEVICE_IDS`` not a list of distinct ids >= 0.
   """
   raw = env.get("IHSWEEP_LOCAL_DEVICE_IDS", "").strip()
   if raw:
+    var = environment.VARIABLES["IHSWEEP_LOCAL_DEVICE_IDS"]
     try:
-      ids = [int(x) for x in raw.split(",")]
-      if ids and min(ids) >= 0 and len(set(ids)) == len(ids):
-        return ids, f"local device ids {ids} (IHSWEEP_LOCAL_DEVICE_IDS)"
+      ids = var.parse(raw)
     except ValueError:
-      pass
-    print(
-      f"ihsweep: IHSWEEP_LOCAL_DEVICE_IDS={raw!r} is not allowed: distinct device ids >= 0, "
-      "comma-separated (e.g. 0,1)",
-      file=sys.stderr,
-    )
-    raise SystemExit(2)
+      raise environment.EnvironmentVariableError(var.name, raw, var.allowed) from None
+    return ids, f"local device ids {ids} (IHSWEEP_LOCAL_DEVICE_IDS)"
   if "SLURM_PROCID" not in env:
     return None, ""
   platforms = env.get("JAX_PLATFORMS", "").lower()
@@ -433,6 +429,23 @@ def _ids(ids) -> str:
   return f"[{ids[0]}]" if len(ids) == 1 else f"[{ids[0]}…{ids[-1]}]"
 
 
+def slurm_count(env, name: str, typed: bool = False) -> int:
+  """A count SLURM writes into ``env[name]`` (0 when unset or empty); ``typed``: the
+  ``[type:]count`` form of GPU options (``a100:2``, ``gpu:a100:2``).
+
+  Raises:
+    EnvironmentVariableError: a value SLURM would not write.
+  """
+  raw = env.get(name, "").strip()
+  text = raw.rsplit(":", 1)[-1] if typed else raw
+  if not raw:
+    return 0
+  if not text.isdigit():
+    allowed = "[type:]count, e.g. 2 or a100:2" if typed else "a whole number >= 0 (SLURM sets it)"
+    raise environment.EnvironmentVariableError(name, raw, allowed)
+  return int(text)
+
+
 def describe_slurm_tasks(env=os.environ) -> list[str]:
   """One line per task of this node, as ``launch/slurm.sbatch --dry-run`` prints them: the
   ``local_device_ids`` each task of the step would pass (``slurm_local_device_ids``), where srun
@@ -441,8 +454,8 @@ def describe_slurm_tasks(env=os.environ) -> list[str]:
   if "SLURM_JOB_ID" not in env:
     return ["device ids: not inside a SLURM allocation; each task logs its own when it starts"]
   tasks = _tasks_on_this_node(env) or 1
-  per_task = int(env.get("SLURM_GPUS_PER_TASK", "0") or 0)
-  node = int(env.get("SLURM_NODEID", "0") or 0)
+  per_task = slurm_count(env, "SLURM_GPUS_PER_TASK", typed=True)
+  node = slurm_count(env, "SLURM_NODEID")
   lines = []
   for local in range(tasks):
     task_env = {**env, "SLURM_LOCALID": str(local), "SLURM_PROCID": str(node * tasks + local)}
@@ -453,21 +466,6 @@ def describe_slurm_tasks(env=os.environ) -> list[str]:
     ids, why = slurm_local_device_ids(task_env)
     lines.append(f"task {local} of {tasks} on node {node}: {why or 'JAX chooses the devices'}")
   return lines
-
-
-def _env_number(name: str, kind: type, low: float, default: str | None = None):
-  """``kind(os.environ[name])`` (or of ``default``): an int must be >= ``low``, a float finite
-  and > ``low``; otherwise one line on stderr and exit status 2."""
-  raw = os.environ.get(name, default)
-  try:
-    value = kind(raw)
-    if value >= low if kind is int else math.isfinite(value) and value > low:
-      return value
-  except (TypeError, ValueError):
-    pass
-  what = f"an integer >= {low}" if kind is int else f"a finite number of seconds > {low}"
-  print(f"ihsweep: {name}={raw!r} is not allowed: {what}", file=sys.stderr)
-  raise SystemExit(2)
 
 
 _PEER_LOST_ACTIONS = []
@@ -572,4 +570,8 @@ class _Watchdog:
 
 
 if __name__ == "__main__":  # launch/slurm.sbatch --dry-run: each task's device ids
-  print("\n".join(describe_slurm_tasks()))
+  try:
+    print("\n".join(describe_slurm_tasks()))
+  except environment.EnvironmentVariableError as e:
+    print(f"ihsweep: {e}", file=sys.stderr)
+    sys.exit(2)

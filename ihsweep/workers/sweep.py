@@ -42,10 +42,10 @@ import os
 import time
 import traceback
 
-from ihsweep.configuration.config import ConfigError
+from ihsweep.configuration.config import ConfigError, WorkdirError
 from ihsweep.errors import IhsweepError
 from ihsweep.planning import grid as grid_lib
-from ihsweep.planning import placement, timing
+from ihsweep.planning import memory, placement, timing
 from ihsweep.planning.grid import Plan, make_plan
 from ihsweep.runs import rundir
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
@@ -92,7 +92,15 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
     ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
       workdir; a workdir holding a sweep with a different config).
   """
+  import jax
+
   plan = make_plan(cfg)
+  # A group too large for any memory setting, before the run directory exists (on every
+  # device of a multi-process job: the widest placement needs the least per device).
+  everywhere = jax.process_count() > 1
+  for group in plan.groups:
+    devices = runner.group_devices(group.cfg, None, not everywhere)
+    memory.check_possible(group.cfg, devices, f"group {group.id}")
   rundir.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
@@ -494,8 +502,6 @@ def _train_group(
   desc = f"{group.id} B={common['batch_size']} C={common['context_size']} E={len(group.cells)}"
   state = "failed"
   try:
-    ahead.wait_for(group)
-    ahead.after(group, worker.groups, worker.devices, worker.local)
     # A worker spanning processes: a peer that stops answering ends this process (the others
     # may wait for it inside the group's collectives), and the group is marked failed first.
     lost = sharding.when_peer_lost(
@@ -503,10 +509,13 @@ def _train_group(
         workdir, group.id, state="failed", **common, error=reason, process=jax.process_index()
       )
     )
+    # The claim's heartbeat beats from the claim on, through a wait for the compile-ahead.
     with (
       lost if several else contextlib.nullcontext(),
       claims.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat,
     ):
+      ahead.wait_for(group)
+      ahead.after(group, worker.groups, worker.devices, worker.local)
       out = runner.fit(
         group.cfg,
         group_dir(workdir, group.id),
@@ -539,6 +548,9 @@ def _train_group(
     state = "interrupted"
     raise
   except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
+    if lead and _in_use_by_another(e, workdir, group):
+      state = "lost"
+      return state
     _record_failure(workdir, group, common, me, e)
     if several:
       # The team's other processes may wait for this one inside the group's collectives,
@@ -550,6 +562,21 @@ def _train_group(
     if lead:
       write_cells(plan, workdir)
   return state
+
+
+def _in_use_by_another(e: Exception, workdir: str, group) -> bool:
+  """Whether ``e`` says that another live worker trains ``group`` (its directory is locked,
+  or the claim is no longer this worker's): then this worker backs off, records nothing and
+  leaves the group to it (``claims.try_claim``'s rule), instead of recording it failed."""
+  in_use = isinstance(e, WorkdirError) and "in use by" in str(e)
+  if not (in_use or not claims.holds_claim(workdir, group.id)):
+    return False
+  log.warning(
+    "group %s: another worker trains it (%s); left to it",
+    group.id,
+    f"its directory is in use: {e}" if in_use else "its claim was taken over",
+  )
+  return True
 
 
 def _record_failure(workdir: str, group, common: dict, me: str, e: Exception) -> None:

@@ -1,0 +1,103 @@
+"""ihsweep/workers/claims.py: the one rule of a takeover — the group directory's lock, not the
+claim's heartbeat, says whether its worker lives."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ihsweep.runs import atomic, rundir
+from ihsweep.workers import claims
+
+HOLD_LOCK = """
+import fcntl, sys, time
+f = open(sys.argv[1], "a+")
+fcntl.flock(f, fcntl.LOCK_EX)
+f.seek(0); f.truncate(); f.write("pid %d on elsewhere" % __import__("os").getpid()); f.flush()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _stale_claim(workdir, group_id, pid):
+  """A claim of another worker on this host (a live ``pid``) whose heartbeat is long past."""
+  path = os.path.join(workdir, "groups", group_id, claims.CLAIM_FILE)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  claim = {"worker": f"{socket.gethostname()}:{pid}", "host": socket.gethostname(), "pid": pid}
+  with open(path, "w") as f:
+    json.dump({**claim, "heartbeat": time.time() - 3600}, f)
+
+
+@pytest.fixture
+def holder(tmp_path):
+  """A live process holding ``groups/g000``'s directory lock (as a worker training it does)."""
+  group = tmp_path / "groups" / "g000"
+  group.mkdir(parents=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-c", HOLD_LOCK, str(group / atomic.LOCK_FILE)],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  assert proc.stdout.readline().strip() == "locked"
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
+def test_a_stale_claim_whose_directory_is_held_is_not_taken_over(tmp_path, holder):
+  workdir = str(tmp_path)
+  _stale_claim(workdir, "g000", holder.pid)
+  assert claims.claim_is_stale(claims.read_claim(workdir, "g000"))  # by its heartbeat
+  assert (
+    atomic.lock_holder(os.path.join(workdir, "groups", "g000")) == f"pid {holder.pid} on elsewhere"
+  )
+  with claims.claims_lock(workdir):
+    assert claims.try_claim(workdir, "g000", ["cpu:0"]) is None  # its worker lives: left to it
+  assert claims.read_claim(workdir, "g000")["pid"] == holder.pid
+  holder.kill()  # the lock dies with its process: now the group is taken over
+  holder.wait()
+  assert atomic.lock_holder(os.path.join(workdir, "groups", "g000")) is None
+  with claims.claims_lock(workdir):
+    assert claims.try_claim(workdir, "g000", ["cpu:0"]) == "taken over"
+  assert claims.holds_claim(workdir, "g000")
+
+
+def test_the_lock_holder_reclaims_a_claim_taken_while_it_was_silent(tmp_path):
+  """A worker paused past the stale time whose claim another worker took (it could not lock the
+  directory, so it cannot train the group) writes its claim back at its next heartbeat."""
+  workdir = str(tmp_path)
+  group = rundir.group_dir(workdir, "g000")
+  with rundir.workdir_lock(group, local=True):
+    _stale_claim(workdir, "g000", 1)  # the claim now names another worker
+    assert not claims.holds_claim(workdir, "g000")
+    assert claims.refresh_claim(workdir, "g000")
+    assert claims.holds_claim(workdir, "g000")
+  log = [json.loads(line) for line in open(tmp_path / claims.CLAIMS_LOG)]
+  assert log[-1]["event"] == "reclaimed" and log[-1]["previous"] == f"{socket.gethostname()}:1"
+  _stale_claim(workdir, "g000", 1)  # without the lock a lost claim stays lost
+  assert not claims.refresh_claim(workdir, "g000")
+
+
+def test_a_probe_never_makes_the_owner_fail_to_lock(tmp_path):
+  """``lock_holder`` takes a free lock for an instant; ``workdir_lock`` retries through that."""
+  group = str(tmp_path / "g")
+  os.makedirs(group)
+  probing = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import sys; from ihsweep.runs import atomic\n"
+      "for _ in range(3000): atomic.lock_holder(sys.argv[1])",
+      group,
+    ]
+  )
+  try:
+    for _ in range(50):
+      with rundir.workdir_lock(group, local=True):
+        pass
+  finally:
+    probing.wait()
