@@ -23,12 +23,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ihsweep-test-xla-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
-# Nothing of the user's: the tests never read (or fill) ~/.cache/ihsweep. Each pytest process
-# gets an empty cache root, so a test that needs a corpus must make one (``python_docs_corpus``)
-# or fetch it itself, as on a new machine (an IHSWEEP_CACHE set by the caller is replaced too).
-import tempfile  # noqa: E402
+# Nothing of the user's: the tests never read (or fill) ~/.cache/ihsweep. A test session gets an
+# empty cache root (an IHSWEEP_CACHE set by the caller is replaced too), so a test that needs a
+# corpus must make one (``python_docs_corpus``) or fetch it itself, as on a new machine. Its
+# processes (xdist workers, the CLI subprocesses, a child importing this file) inherit it, or
+# the IHSWEEP_CACHE a test gave them.
+if not os.environ.get("IHSWEEP_TEST_SESSION_CACHE"):
+  import atexit
+  import shutil
+  import tempfile
 
-os.environ["IHSWEEP_CACHE"] = tempfile.mkdtemp(prefix="ihsweep-test-cache-")
+  os.environ["IHSWEEP_CACHE"] = tempfile.mkdtemp(prefix="ihsweep-test-cache-")
+  os.environ["IHSWEEP_TEST_SESSION_CACHE"] = os.environ["IHSWEEP_CACHE"]
+  atexit.register(shutil.rmtree, os.environ["IHSWEEP_CACHE"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

@@ -93,3 +93,16 @@ def test_a_run_too_short_for_probes_is_skipped_with_the_reason(tmp_path):
   assert "cannot be computed for group run; the group is skipped" in warnings
   assert "No curves could be read" in open(out["report_md"]).read()
   assert np.isnan(out.get("n_cells", np.nan))  # nothing was computed, nothing made up
+
+
+def test_a_copy_of_a_run_beside_it_is_refused(diverged_run, tmp_path):
+  """`cp -a` keeps the run's id (its run marker): analysed together, every model would count
+  twice; the report refuses before it writes anything."""
+  from ihsweep.runs import reader, rundir
+
+  copy = str(tmp_path / "copy")
+  shutil.copytree(diverged_run, copy, symlinks=True)
+  assert rundir.run_identity(copy) == rundir.run_identity(diverged_run) is not None
+  with pytest.raises(reader.NotARun, match="are copies of one run"):
+    report.report([diverged_run, copy], str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()

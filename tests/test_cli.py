@@ -649,3 +649,108 @@ def test_plan_command_predicts_without_training(tmp_path):
   assert r.returncode == 2 and r.stderr.startswith(
     "ihsweep: --devices_per_worker=4 is not allowed: a divisor of --devices=6 (1, 2, 3, 6)"
   )
+
+
+# ---- issue 37: refused at once, before anything is created or compiled ----
+
+
+def test_numbers_past_what_the_programs_hold_are_refused_before_the_run_directory(tmp_path):
+  cases = [
+    (
+      ["--config.train.batch_size=2000000000"],
+      "config.train.batch_size = 2000000000 is not allowed: at most 16,777,215 at "
+      "train.context_size = 128",
+    ),
+    (
+      [
+        "--config.train.batch_size=200000000",
+        "--config.train.context_size=8",
+        "--config.train.gradient_accumulation_steps=3",
+      ],
+      "a divisor of train.batch_size = 200000000: one of 1, 2, 4, 5, 8, 10",
+    ),
+    (
+      ["--config.model.d_model=2000000000", "--config.model.n_heads=3"],
+      "(110 in all)",
+    ),
+    (
+      ["--config.sweep.budget=law", "--config.sweep.law_multiple=1e40"],
+      "config.sweep.law_multiple = 1e+40 is not allowed: a multiple that keeps every cell within "
+      "2,147,483,647 updates",
+    ),
+    (
+      ["--config.train.batch_size=10000000", "--config.train.context_size=16"],
+      "cannot fit its devices at any memory setting: its models' train state and one update's "
+      "tokens alone need",
+    ),
+  ]
+  for i, (flags, words) in enumerate(cases):
+    work = tmp_path / f"w{i}"
+    env = {"IHSWEEP_DEVICE_MEMORY": "1e9"}  # 2 models of 680 MB of tokens each per device
+    r = _ihsweep_env(env, "run", "--config=configs/default.py", f"--workdir={work}", *flags)
+    assert r.returncode == 2 and words in r.stderr, (flags, r.stderr[-2000:])
+    assert len(r.stderr.strip().splitlines()) == 1 and not work.exists(), r.stderr
+
+
+def _ihsweep_env(extra, *args):
+  exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
+  cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
+  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
+  return subprocess.run(
+    cmd + list(args), cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=300
+  )
+
+
+def test_plan_on_a_billion_devices_answers(tmp_path):
+  """It looped over every worker before (no answer after 60 s)."""
+  r = _ihsweep("plan", "--config=configs/demo.py", "--devices=1000000000", "--flops_per_s=4e14")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "the sweep (1 phase(s): 125000000 × 8)" in r.stdout
+
+
+def test_an_override_the_sweep_axes_would_ignore_is_refused(tmp_path):
+  for value in ("-4", "12"):
+    r = _ihsweep(
+      "run", "--config=configs/demo.py", f"--config.train.batch_size={value}",
+      f"--workdir={tmp_path / 'w'}",
+    )  # fmt: skip
+    assert r.returncode == 2 and not (tmp_path / "w").exists()
+    assert r.stderr == (
+      f"ihsweep: --config.train.batch_size={value} would be ignored: the sweep's axis "
+      "sweep.grid.train.batch_size = (8, 16, 32) sets it for every cell; change the axis "
+      "instead (--config.sweep.grid.train.batch_size='(V1, V2)', or "
+      "--grid=train.batch_size=V1,V2)\n"
+    )
+
+
+def test_a_config_returning_none_and_a_config_outside_the_checkout(tmp_path):
+  (tmp_path / "none.py").write_text("def get_config():\n  return None\n")
+  r = _ihsweep("train", f"--config={tmp_path / 'none.py'}", f"--workdir={tmp_path / 'w'}")
+  assert r.returncode == 2 and not (tmp_path / "w").exists()
+  assert r.stderr.splitlines()[-1] == (
+    f"ihsweep: cannot load the config: {tmp_path / 'none.py'}: get_config() returned None (it "
+    "must return the config, a ml_collections.ConfigDict)"
+  )
+  # `from configs import default` in a config file elsewhere: the checkout's configs
+  (tmp_path / "mine.py").write_text(
+    "from configs import default\n\ndef get_config():\n  return default.get_config()\n"
+  )
+  r = _ihsweep("plan", f"--config={tmp_path / 'mine.py'}", "--devices=2", "--flops_per_s=1e12")
+  assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+  "b,c,words",
+  [
+    (1, 1, ["B = 1 is outside the law's fitted range: fitted on B 8–128; 1 is 8× below",
+            "C = 1 is outside the law's fitted range: fitted on C 64–1024; 1 is 64× below"]),
+    (100000, 100000, ["B = 100000 is outside", "C = 100000 is outside"]),
+    (32, 256, []),
+  ],
+)  # fmt: skip
+def test_predict_with_the_study_law_warns_outside_its_grid(b, c, words):
+  r = _ihsweep("predict", f"--batch_size={b}", f"--context_size={c}", "--json")
+  assert r.returncode == 0, r.stderr
+  warnings = json.loads(r.stdout)["warnings"]
+  assert len(warnings) == len(words) and all(w in " ".join(warnings) for w in words), warnings
+  assert r.stderr.count("ihsweep: warning:") == len(words)

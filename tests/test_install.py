@@ -86,3 +86,16 @@ def test_python_m_analysis_still_works_from_the_repository():
   r = _run([sys.executable, "-m", "analysis", "fit-law", "--help"], ROOT)
   assert r.returncode == 0, r.stderr
   assert r.stdout.startswith("usage: python -m analysis fit-law "), r.stdout
+
+
+def test_import_ihsweep_beside_a_folder_named_ihsweep(tmp_path):
+  """A notebook started in the folder that holds a clone named ``ihsweep``: the clone (no
+  ``__init__.py`` at its top) must not shadow the installed package as an empty namespace
+  package (setuptools' editable finder comes after the path's folders; `make install` puts it
+  first with ihsweep-first.pth)."""
+  (tmp_path / "ihsweep" / "docs").mkdir(parents=True)  # a clone's top level, as a folder
+  code = "import ihsweep; print(ihsweep.__file__, hasattr(ihsweep, 'load_run'))"
+  r = _run([sys.executable, "-c", code], tmp_path)
+  assert r.returncode == 0, r.stderr
+  path, has = r.stdout.split()
+  assert has == "True" and path != "None" and not path.startswith(str(tmp_path)), r.stdout

@@ -537,7 +537,7 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
   stand-in for .venv/bin/ihsweep: it outlives the shell that started it in a session of its own,
   gets the forwarded IHSWEEP_*/JAX_* variables and the flags, and logs to
   WORKDIR/logs/host_<hostname>.log; --stop's command ends it with SIGTERM."""
-  repo, work = tmp_path / "repo", tmp_path / "run"
+  repo, work = tmp_path / "my repo", tmp_path / "run"  # a space: one word on every host
   (repo / ".venv" / "bin").mkdir(parents=True)
   stand_in = repo / ".venv" / "bin" / "ihsweep"
   stand_in.write_text(
@@ -688,20 +688,46 @@ def test_a_slurm_environment_that_names_no_gpus_is_left_to_jax(env):
 
 
 @pytest.mark.parametrize("bad", ["a", "0,0", "-1", "0,,1"])
-def test_a_bad_local_device_ids_override_is_one_line(bad, capsys):
-  with pytest.raises(SystemExit) as e:
+def test_a_bad_local_device_ids_override_is_one_line(bad):
+  from ihsweep.environment import EnvironmentVariableError
+
+  with pytest.raises(EnvironmentVariableError) as e:
     sharding.slurm_local_device_ids({**_TASK, "IHSWEEP_LOCAL_DEVICE_IDS": bad})
-  assert e.value.code == 2
-  assert capsys.readouterr().err.startswith(f"ihsweep: IHSWEEP_LOCAL_DEVICE_IDS={bad!r}")
+  assert str(e.value) == (
+    f"IHSWEEP_LOCAL_DEVICE_IDS={bad!r} is not allowed: distinct device ids >= 0, comma-separated "
+    "(e.g. 0,1)"
+  )
 
 
 def test_initialize_distributed_passes_the_tasks_gpus(monkeypatch, capsys):
   seen = {}
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: seen.update(args=a, **k))
-  for name, value in {**_TASK, "IHSWEEP_DISTRIBUTED": "1", "CUDA_VISIBLE_DEVICES": "3",
+  # a SLURM step as JAX's detection sees one (SlurmCluster: these five variables)
+  step = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_NTASKS": "8"}
+  for name, value in {**_TASK, **step, "IHSWEEP_DISTRIBUTED": "1", "CUDA_VISIBLE_DEVICES": "3",
                       "JAX_PLATFORMS": "cuda"}.items():  # fmt: skip
     monkeypatch.setenv(name, value)
   monkeypatch.delenv("IHSWEEP_COORDINATOR", raising=False)
   assert sharding.initialize_distributed() == 1  # the stand-in joins nothing
   assert seen["args"] == () and seen["local_device_ids"] == [0]
   assert "ihsweep: SLURM task 5: local device ids [0]" in capsys.readouterr().err
+
+
+def test_slurm_dry_run_reads_typed_gpu_counts_and_refuses_what_slurm_would_not_write():
+  env = {
+    "SLURM_JOB_ID": "1",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "JAX_PLATFORMS": "cuda",
+    "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
+  }
+  lines = _lines(_dry("slurm.sbatch", *ARGS, SLURM_GPUS_PER_TASK="a100:2", **env))
+  assert lines[1:] == [
+    "task 0 of 2 on node 0: local device ids [0…1]: the 2 GPU(s) visible to this task "
+    "(CUDA_VISIBLE_DEVICES=0,1)",
+    "task 1 of 2 on node 0: local device ids [0…1]: the 2 GPU(s) visible to this task "
+    "(CUDA_VISIBLE_DEVICES=2,3)",
+  ]
+  for name, value in (("SLURM_NODEID", "x"), ("SLURM_GPUS_PER_TASK", "a100:two")):
+    r = _dry("slurm.sbatch", *ARGS, **{**env, name: value})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"ihsweep: {name}={value!r} is not allowed: "), r.stderr

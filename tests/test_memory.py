@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep.planning import memory
+from ihsweep.planning import grid, memory
 from ihsweep.training import runner
+from ihsweep.training.model import ModelConfig
 
 MIB = 1 << 20
 
@@ -139,9 +140,16 @@ def test_a_run_that_does_not_fit_at_k1_picks_k_records_it_and_trains_the_same(
 
 
 def test_a_group_that_fits_nowhere_is_refused_before_training(tiny, tmp_path, monkeypatch):
-  monkeypatch.setenv(memory.CAPACITY_ENV, str(64 << 10))  # 64 KiB: not even the state
+  cfg = _cfg(tiny)
+  params = grid.n_params(ModelConfig.from_config(cfg.model), cfg.train.context_size)
+  least = memory.minimum_bytes(cfg, 1, params)  # the state and one update's tokens
+  monkeypatch.setenv(memory.CAPACITY_ENV, str(least - 1))  # refused by arithmetic, uncompiled
+  with pytest.raises(memory.TooLarge, match="cannot fit its devices at any memory setting"):
+    runner.fit(cfg, str(tmp_path / "run"), progress=False, devices=jax.devices()[:1])
+  assert not (tmp_path / "run").exists()
+  monkeypatch.setenv(memory.CAPACITY_ENV, str(least + 1))  # above the bound: the compiler says
   with pytest.raises(memory.DoesNotFit, match=r"does not fit its devices: it needs [\d.]+ [MG]iB"):
-    runner.fit(_cfg(tiny), str(tmp_path / "run"), progress=False, devices=jax.devices()[:1])
+    runner.fit(cfg, str(tmp_path / "run"), progress=False, devices=jax.devices()[:1])
   assert not (tmp_path / "run" / "config.json").exists()
 
 

@@ -412,3 +412,13 @@ def test_the_scatters_interval_stays_at_or_above_zero():
   sigmas = np.array([0.0, 0.01, 0.02, 0.2, 0.21])
   ci = _percentiles(np.zeros((5, 0)), [], {}, sigmas, 0.15, factor=2.0)
   assert ci["sigma"][0] == 0.0 and ci["sigma"][1] > 0.21
+
+
+def test_a_count_no_counter_holds_is_refused(tmp_path):
+  """An emergence_step of 1e300 was fitted (α −36.6, exit 0)."""
+  f = tmp_path / "points.csv"
+  f.write_text(
+    "batch_size,context_size,emergence_step\n8,64,1000\n16,64,800\n8,128,700\n16,128,1e300\n"
+  )
+  with pytest.raises(scaling.FitError, match=r"emergence_step: line 5 has 1e\+300, more than any"):
+    scaling.fit_law(scaling.read_points(str(f)))

@@ -97,3 +97,41 @@ def test_memory_estimate_benchmark_compares_the_cpu_and_tpu_compilers():
   (g,) = out["groups"]
   assert g["tpu_bytes"] > 0 and g["cpu_bytes"] > 0
   assert g["cpu_over_tpu"] == pytest.approx(g["cpu_bytes"] / g["tpu_bytes"])
+
+
+def test_a_tpu_topology_the_chip_is_not_sold_in_is_one_line_before_libtpu():
+  """libtpu's compiler aborted the process (a C++ Check failure, exit 134) on these."""
+  from ihsweep.planning import targets
+
+  for name, words in (
+    ("v5e:32x32", "v5e slices are 2D: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
+    ("v5e:4x4x4", "v5e slices are 2D"),
+    ("v6e:1000x1000", "v6e slices are 2D"),
+    ("v4:3x3x3", "v4 slices are 3D: 2x2x1, 2x2x2, 2x2x4, 2x4x4, or AxBxC with A, B, C multiples"),
+    ("v5p:32x32x32", "at most 8,960 chips"),
+  ):
+    r = _plan(f"--target={name}", *TINY, libtpu=False)
+    assert r.returncode == 2 and r.stderr.startswith(f"ihsweep: --target={name} is not allowed: ")
+    assert words in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1
+  for ok in ("v5e:2x2", "v5e:16x16", "v6e:8x16", "v4:2x2x1", "v4:4x4x8", "v5p:16x16x24"):
+    chip, shape = ok.split(":")
+    assert targets.tpu_topology_problem(chip, shape) is None, ok
+
+
+def test_gpu_plans_refuse_what_they_cannot_honour():
+  r = _plan("--target=h100-80gb", "--devices=2", *TINY, "--config.mesh.num_devices=5", libtpu=False)
+  assert r.returncode == 2 and r.stderr == (
+    "ihsweep: config.mesh.num_devices = 5 is not allowed with --target=h100-80gb on 2 "
+    "device(s): 0 (the plan chooses the devices per worker) or one of 1, 2\n"
+  )
+  r = _plan("--target=h100-80gb", "--devices=-1", *TINY, libtpu=False)
+  assert r.returncode == 2 and r.stderr.startswith("ihsweep: --devices=-1 is not allowed: an")
+  # 16 models × B·C ≈ 2·10⁹ int32 tokens each: 137 GB of token batches on one 80 GB GPU
+  r = _plan(
+    "--target=h100-80gb", "--devices=1", "--config=configs/default.py:tiny",
+    "--config.ensemble.size=16", "--config.train.batch_size=120000000",
+    "--config.train.context_size=17", libtpu=False,
+  )  # fmt: skip
+  assert r.returncode == 2 and "cannot fit its devices at any memory setting" in r.stderr
+  assert "compiling" not in r.stderr  # refused by arithmetic, before any compile

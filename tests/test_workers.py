@@ -4,8 +4,10 @@ jax.distributed job take groups through claims in the run directory (``ihsweep.w
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -213,6 +215,7 @@ def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
     rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
     assert rundir.try_claim(work, "g000", ["cpu:0"]) is None
     assert not rundir.refresh_claim(work, "g000")  # not ours
+    monkeypatch.setenv("IHSWEEP_CLAIM_HEARTBEAT_S", "1")
     monkeypatch.setenv("IHSWEEP_CLAIM_STALE_S", "5")
     other["heartbeat"] = time.time() - 6  # silent for longer than the stale limit
     rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
@@ -451,3 +454,47 @@ def test_host_fed_text_over_two_processes_equals_one_process(tmp_path):
   assert status["devices"] == 4 and status["processes"] == [0, 1], status
   assert "host loader" in results[0][1]
   _assert_same_results(work, reference, ["g000"])
+
+
+def test_a_paused_worker_keeps_its_group_and_the_sweep_ends_done(tmp_path):
+  """A worker stopped (SIGSTOP) past the claims' stale time, then continued: its claim looks
+  stale, but it still holds the group's directory, so a second worker leaves the group to it
+  (no takeover, no 'failed'); the group ends done, trained once, and both exit 0."""
+  from ihsweep.runs import atomic
+
+  work = str(tmp_path / "run")
+  flags = [f for f in FLAGS if not f.startswith(("--grid", "--config.train.num_steps"))]
+  flags += ["--config.train.num_steps=3000", "--config.train.batch_size=4"]
+  flags += ["--config.train.context_size=8", "--config.model.d_model=8"]
+  env = _env(1, IHSWEEP_CLAIM_HEARTBEAT_S="0.5", IHSWEEP_CLAIM_STALE_S="1.5")
+  first = _ihsweep("run", f"--workdir={work}", *flags, env=env)
+  group = os.path.join(work, "groups", "g000")
+  deadline = time.time() + 300
+  while atomic.lock_holder(group) is None:
+    assert first.poll() is None and time.time() < deadline, first.communicate()[0][-3000:]
+    time.sleep(0.05)
+  first.send_signal(signal.SIGSTOP)
+  lines = []
+  try:
+    time.sleep(2.5)  # the claim is now stale by its heartbeat
+    second = _ihsweep("run", f"--workdir={work}", *flags, env=env)
+    reader = threading.Thread(target=lambda: lines.extend(second.stdout), daemon=True)
+    reader.start()
+    deadline = time.time() + 300  # until it finds g000's claim stale and its directory held
+    while not any("left to it" in line for line in lines):
+      assert second.poll() is None and time.time() < deadline, "".join(lines)[-3000:]
+      time.sleep(0.1)
+  finally:
+    first.send_signal(signal.SIGCONT)
+  out_first, _ = first.communicate(timeout=600)
+  second.wait(timeout=600)
+  reader.join(timeout=60)
+  assert (first.returncode, second.returncode) == (0, 0), (
+    out_first[-2000:],
+    "".join(lines)[-2000:],
+  )
+  events = _claims(work)["g000"]
+  assert [e for e, _, _ in events] == ["claimed", "released"], events
+  assert events[0][1] == events[1][1] and events[1][2] == "done"
+  status = rundir.read_status(work, "g000")
+  assert status["state"] == "done" and status["step"] == 3000 and status["attempts"] == 1, status

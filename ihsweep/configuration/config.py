@@ -610,7 +610,14 @@ def _validate_train(cfg) -> int:
   batch = _check(cfg, "train.batch_size")
   max_context = cfg.model.max_context
   hint = f" (at most model.max_context = {max_context})"
-  _check(cfg, "train.context_size", hi=max_context, hint=hint)
+  context = _check(cfg, "train.context_size", hi=max_context, hint=hint)
+  if batch * context > INT32_MAX:
+    raise ConfigError(
+      "train.batch_size",
+      batch,
+      f"at most {INT32_MAX // context:,} at train.context_size = {context}: an update's tokens "
+      f"per model, B·C, are counted in int32 (the loss's mean), so B·C <= {INT32_MAX:,}",
+    )
   for name in (
     "num_steps",
     "steps_per_call",

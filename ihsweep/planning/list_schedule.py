@@ -157,16 +157,7 @@ def schedule_entry(job, model, devices: int) -> tuple:
 def usable_device_count(n_models: int, batch_size: int, devices_per_worker: int) -> int:
   """m: how many of a worker's D devices a group of E models with batch size B trains on (the
   longest prefix ``sharding.usable_devices`` accepts; at most E · B)."""
-  try:  # the common case, D itself, in one call (usable_devices tries D, D − 1, … in turn)
-    sharding.mesh_shape(n_models, batch_size, devices_per_worker)
-    return devices_per_worker
-  except sharding.MeshError:
-    pass
-  return len(
-    sharding.usable_devices(
-      n_models, batch_size, list(range(min(devices_per_worker, n_models * batch_size)))
-    )
-  )
+  return sharding.usable_count(n_models, batch_size, devices_per_worker)
 
 
 def worker_schedule(jobs, model, n_devices: int, devices_per_worker: int) -> Schedule:

@@ -182,14 +182,15 @@ def host_memory_bytes() -> int | None:
 
 def minimum_bytes(cfg, n_devices: int, n_params: int) -> int:
   """A lower bound, per device, on the bytes any memory setting needs for a group on
-  ``n_devices`` (its mesh: ``sharding.mesh_shape``): the train state of the device's models
+  ``n_devices`` (its mesh on as many of them as it can use: ``sharding.usable_count``): the train
+  state of the device's models
   (parameters and AdamW's two moments, float32: 12 bytes a parameter) and one update's token
   batch of its share of B (``[B, C + 1]`` int32: what gradient accumulation splits, not what it
   avoids). Arithmetic only: it answers at once at any size, before anything is compiled."""
-  from ihsweep.workers.sharding import mesh_shape
+  from ihsweep.workers.sharding import mesh_shape, usable_count
 
   size, batch = int(cfg.ensemble.size), int(cfg.train.batch_size)
-  n_ens, n_data = mesh_shape(size, batch, n_devices)
+  n_ens, n_data = mesh_shape(size, batch, usable_count(size, batch, n_devices))
   models = size // n_ens
   tokens = (batch // n_data) * (int(cfg.train.context_size) + 1)
   return models * (12 * n_params + 4 * tokens)

@@ -354,6 +354,11 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
       f"{', '.join(map(str, candidate_layouts(target)))}"
     )
   _, jobs = placement.make_jobs(cfg, law, check_data=False)
+  for j in jobs:  # too large on every device of the target at any setting: refused uncompiled
+    widest = placement.usable_device_count(j.n_models, j.batch_size, len(target.devices))
+    memory.check_possible(
+      j.cfg, target.devices[:widest], f"group {j.id}", capacity=target.capacity_bytes
+    )
   compile_group = _GroupCompiler(target, log)
   refused = []
   layout = _first_fitting_layout(jobs, target, compile_group, refused, fixed)

@@ -61,16 +61,21 @@ def usable_devices(n_models: int, batch_size: int, devices) -> list:
   ``batch_size`` can use whole (``mesh_shape`` accepts its count; at most E · B): a group smaller
   than a worker runs on part of the worker's devices instead of being refused."""
   devices = list(devices)
-  # A count n fits when n = e · d with e dividing E and d dividing B: the largest such n within
-  # the devices, from the divisors (time independent of the device count).
+  return devices[: usable_count(n_models, batch_size, len(devices))]
+
+
+def usable_count(n_models: int, batch_size: int, n_devices: int) -> int:
+  """How many of ``n_devices`` an ensemble of E = ``n_models`` with batch size B can use whole
+  (``usable_devices``): the largest n <= N with n = e · d, e dividing E and d dividing B, found
+  from the divisors (time independent of the device count)."""
   data = divisors(batch_size)
   best = 1
   for e in divisors(n_models):
-    if e > len(devices):
+    if e > n_devices:
       break
-    d = data[bisect.bisect_right(data, len(devices) // e) - 1]
+    d = data[bisect.bisect_right(data, n_devices // e) - 1]
     best = max(best, e * d)
-  return devices[:best]
+  return best
 
 
 def make_mesh(n_models: int, batch_size: int, devices=None) -> Mesh:
