@@ -291,6 +291,25 @@ def distributed_cluster() -> str:
   )
 
 
+def reference_table() -> str:
+  """The markdown table of ``VARIABLES`` that docs/usage.md holds (a test keeps them equal)."""
+  rows = ["| variable | allowed | default | what it sets |", "|---|---|---|---|"]
+  for v in VARIABLES.values():
+    default = {
+      "IHSWEEP_CACHE": "`$XDG_CACHE_HOME/ihsweep`, else `~/.cache/ihsweep`",
+      "IHSWEEP_CLAIM_STALE_S": "12 heartbeats",
+    }.get(
+      v.name,
+      "unset"
+      if v.default is None
+      else f"`{int(v.default)}`"
+      if isinstance(v.default, bool)
+      else f"`{v.default}`",
+    )
+    rows.append(f"| `{v.name}` | {v.allowed} | {default} | {v.help} |")
+  return "\n".join(rows)
+
+
 def check(*, distributed: bool = False) -> None:
   """Checks every variable of ``VARIABLES`` that is set, and those that depend on each other
   (the claims' stale time against their heartbeat, the process id against the count); with

@@ -122,3 +122,9 @@ def test_every_variable_the_code_reads_is_listed():
           if ("os.environ" in line or "getenv" in line) and "IHSWEEP_" in line:
             found.append(f"{name}: {line.strip()}")
   assert not found, found
+
+
+def test_the_docs_list_every_variable_as_the_module_does():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  text = open(os.path.join(root, "docs", "usage.md")).read()
+  assert environment.reference_table() in text
