@@ -17,6 +17,10 @@ $(BIN)/python:
 # importable JAX probes for a TPU at every start; `ihsweep plan --target=v5e:…` and its test
 # (tests/test_targets.py) put it on PYTHONPATH. On a TPU VM install '.[tpu]' instead.
 LIBTPU := build/libtpu
+# JAX's CUDA plugin for compile-only GPU devices (`ihsweep plan --target=h100-80gb`: XLA:GPU
+# without a GPU), ~480 MB, the version of the installed jax, --no-deps (no NVIDIA libraries):
+# likewise off the venv's path, so that no other command probes for CUDA.
+JAX_CUDA := build/jax-cuda
 # setuptools' editable finder answers after the path's folders, so a notebook started beside a
 # clone named ihsweep got that folder as an empty namespace package; ihsweep-first.pth moves the
 # finder (which answers for ihsweep and ihsweep_analysis only) to the front.
@@ -25,6 +29,9 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,interop]'
 	$(BIN)/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/ihsweep-first.pth", "w").write(sys.argv[1] + "\n")' '$(FIRST_PTH)'
 	$(BIN)/pip install --quiet --no-deps --upgrade -c constraints.txt --target $(LIBTPU) libtpu
+	v=$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("jax"))'); \
+	$(BIN)/pip install --quiet --no-deps --upgrade --target $(JAX_CUDA) \
+	  "jax-cuda12-plugin==$$v" "jax-cuda12-pjrt==$$v"
 	touch $(STAMP)
 
 install: $(STAMP)

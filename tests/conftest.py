@@ -71,22 +71,23 @@ def tiny():
 def write_python_docs_corpus(cache_dir) -> str:
   """A small stand-in for the fetched python-docs corpus (``ihsweep corpus fetch``'s layout:
   ``corpora/python-docs/**/*.rst.txt`` and ``SOURCE.json``) in ``cache_dir``: 12 generated
-  reStructuredText files of ~6 KB, enough for a config that names the corpus to validate and to
-  build a 256-type BPE vocabulary. Returns the corpus directory."""
+  reStructuredText files of ~10 KB, enough for a config that names the corpus to validate and to
+  build a BPE vocabulary of 512 types (the demo's). Returns the corpus directory."""
   import json
   import random
 
   root = os.path.join(str(cache_dir), "corpora", "python-docs")
   os.makedirs(os.path.join(root, "library"), exist_ok=True)
   rng = random.Random(0)
-  words = (
-    "the function returns a list of values from the module and raises an error when the "
-    "argument is not a string object class method attribute default keyword iterator file "
-    "path name value type int float dict tuple set open read write close import from return"
-  ).split()
+  syllables = (
+    "ar be co de el fi go hu in jo ka le mi no op pu qu ra si te un vo wa xe yo ze".split()
+  )
+  # ~800 made-up words: enough distinct pairs for a BPE vocabulary of 512 types
+  words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(800)]
+  words += "def class return import from the a of ( ) : . , = self".split()
   for i in range(12):
     lines = [f"Module {i}", "=" * 10, ""]
-    for _ in range(120):
+    for _ in range(200):
       lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(5, 12))) + ".")
     with open(os.path.join(root, "library", f"mod{i}.rst.txt"), "w") as f:
       f.write("\n".join(lines))

@@ -60,18 +60,30 @@ def test_plan_compiles_for_a_tpu_topology_without_one():
   assert p["makespan_s"] == pytest.approx(g["roofline_s"] / 4 + g["updates"] * ring)
 
 
-def test_plan_for_a_gpu_is_estimated_on_this_machine_and_bad_targets_are_refused():
-  # B 16: 2 MiB of logits per model, so this CPU would vmap one model at a time; the estimate
-  # is for the GPU's own setting, both models at once.
+JAX_CUDA = ROOT / "build" / "jax-cuda"  # where `make test` installs JAX's CUDA plugin
+needs_jax_cuda = pytest.mark.skipif(
+  not (JAX_CUDA / "jax_plugins").is_dir(), reason="make test installs build/jax-cuda"
+)
+GPU_COMPILER = "XLA GPU compiler (deviceless: no autotuning)"
+H100_BYTES = int(0.75 * 85520809984)  # XLA's default client share of nvidia-smi's 81559 MiB
+
+
+@needs_jax_cuda
+def test_plan_for_a_gpu_is_compiled_by_xla_gpu_and_bad_targets_are_refused():
+  # B 16: 2 MiB of logits per model, so this CPU would vmap one model at a time; the GPU's own
+  # setting is both models at once.
   r = _plan(
     "--target=h100-80gb", "--devices=2", *TINY, "--config.train.batch_size=16", libtpu=False
   )
   assert r.returncode == 0, r.stderr[-2000:]
   p = json.loads(r.stdout)
-  assert p["target"]["memory_from"] == "XLA CPU compiler (estimate)" and p["fits"]
-  assert p["target"]["capacity_bytes"] == 80 * 10**9
+  assert p["target"]["memory_from"] == GPU_COMPILER and p["fits"]
+  assert p["target"]["capacity_bytes"] == H100_BYTES
   (g,) = p["groups"]
-  assert g["devices"] == 1 and g["vmap_chunk"] == 2, g
+  assert g["devices"] == 1 and g["vmap_chunk"] == 2 and g["memory_from"] == GPU_COMPILER, g
+  # FLOPs from XLA's HLO cost analysis of the lowered program: PaLM's count within 15%
+  assert g["cost_from"] == "lowered HLO"
+  assert g["flops_per_update"] == pytest.approx(g["analytic_flops_per_update"], rel=0.15)
   r = _plan("--target=h100-80gb", *TINY, libtpu=False)
   assert r.returncode == 2 and "needs --devices=N" in r.stderr
   r = _plan("--target=v9z:2x2", *TINY, libtpu=False)
@@ -135,3 +147,47 @@ def test_gpu_plans_refuse_what_they_cannot_honour():
   )  # fmt: skip
   assert r.returncode == 2 and "cannot fit its devices at any memory setting" in r.stderr
   assert "compiling" not in r.stderr  # refused by arithmetic, before any compile
+
+
+def test_without_the_cuda_plugin_the_gpu_plan_says_it_is_the_cpu_estimate(monkeypatch):
+  """In this process JAX's backends are already up, so the plugin cannot join: the CPU
+  compiler's estimate, labelled with why."""
+  import jax
+
+  from ihsweep.planning import targets
+
+  monkeypatch.setattr(targets, "CHECKOUT_JAX_CUDA", "/nonexistent/jax-cuda")
+  t = targets.make_target("h100-80gb", 2)
+  assert t.estimate.startswith("XLA CPU compiler (estimate: JAX's ")
+  assert [d.platform for d in t.devices] == ["cpu", "cpu"] and t.devices == jax.devices("cpu")[:2]
+  assert t.capacity_bytes == H100_BYTES
+
+
+@needs_jax_cuda
+def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_compiler(
+  python_docs_corpus,
+):
+  """The demo's largest group (B 32, C 64) on one H100; exp1 at study scale on a node of 8
+  H100s, its smallest (B 8, C 64) and largest (B 128, C 1024) cells and the two between: every
+  group compiled by XLA:GPU, each fits at the setting the plan chooses, and the largest runs
+  both models at once (k = 1, vmap chunk 2: 45 GiB there against the CPU estimate's 96)."""
+  r = _plan("--target=h100-80gb", "--devices=1", "--config=configs/demo.py",
+            "--config.sweep.grid.train.batch_size=(32,)",
+            "--config.sweep.grid.train.context_size=(64,)", "--json", libtpu=False)  # fmt: skip
+  assert r.returncode == 0, r.stderr[-2000:]
+  (g,) = json.loads(r.stdout)["groups"]
+  assert g["memory_from"] == GPU_COMPILER and g["memory"]["fits"], g
+  r = _plan("--target=h100-80gb", "--devices=8", "--config=configs/exp1_natural.py",
+            "--config.sweep.grid.train.batch_size=(8, 128)",
+            "--config.sweep.grid.train.context_size=(64, 1024)", "--json",
+            libtpu=False)  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  p = json.loads(r.stdout)
+  assert p["fits"] and p["target"]["memory_from"] == GPU_COMPILER
+  cells = {(g["batch_size"], g["context_size"]): g for g in p["groups"]}
+  assert set(cells) == {(8, 64), (8, 1024), (128, 64), (128, 1024)}
+  for g in cells.values():
+    assert g["memory_from"] == GPU_COMPILER and g["memory"]["fits"], g
+    assert g["memory"]["capacity_bytes"] == H100_BYTES
+  big = cells[(128, 1024)]
+  assert big["gradient_accumulation_steps"] == 1 and big["vmap_chunk"] == 2, big

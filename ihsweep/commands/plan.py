@@ -118,6 +118,11 @@ def main(argv) -> int:
   from ihsweep.planning import placement, timing
   from ihsweep.planning.law import Law, LawError
 
+  if FLAGS.target is not None:
+    from ihsweep.planning import targets
+
+    if FLAGS.target in targets.GPUS:  # before anything starts JAX's backends
+      targets.use_gpu_compiler()
   cfg, failed = load_config()
   if failed is not None:
     return failed

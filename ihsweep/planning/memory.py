@@ -61,6 +61,7 @@ class ProgramMemory:
   code_bytes: int
   flops: float = 0.0
   bytes_accessed: float = 0.0
+  cost_from: str = "compiled program"  # or "lowered HLO" (analyse)
 
   @property
   def peak_bytes(self) -> int:
@@ -73,13 +74,46 @@ class ProgramMemory:
     return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
 
 
-def analyse(compiled) -> ProgramMemory:
-  """``ProgramMemory`` of a ``jax.stages.Compiled`` (or an object with ``executable``)."""
-  compiled = getattr(compiled, "executable", compiled)
-  m = compiled.memory_analysis()
-  cost = compiled.cost_analysis() or {}
+def _cost(stage) -> dict:
+  cost = stage.cost_analysis() or {}
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
     cost = cost[0] if cost else {}
+  return cost
+
+
+def _lowered_cost(lowered, n_devices: int) -> dict:
+  """XLA's HLO cost analysis of a ``jax.stages.Lowered`` program, per device: its own
+  ``cost_analysis`` where the backend gives one, else the same analysis run by this machine's
+  CPU client on the lowered module (PJRT plugins such as JAX's CUDA plugin implement none; the
+  analysis reads the HLO alone), whose global (unpartitioned) counts are divided by the
+  ``n_devices`` the program is split over."""
+  try:
+    cost = _cost(lowered)
+    if cost:
+      return cost
+  except NotImplementedError:
+    pass
+  import jax
+  from jax._src.lib import _jax
+
+  module = lowered._lowering.hlo().as_hlo_module()
+  cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  return {k: float(v) / n_devices for k, v in cost.items() if k in ("flops", "bytes accessed")}
+
+
+def analyse(compiled, lowered=None, n_devices: int = 1) -> ProgramMemory:
+  """``ProgramMemory`` of a ``jax.stages.Compiled`` (or an object with ``executable``). Where the
+  compiled program reports no FLOPs or bytes accessed (XLA:GPU compiled deviceless reports
+  none), they are XLA's HLO cost analysis of ``lowered`` (its ``jax.stages.Lowered``, split over
+  ``n_devices``: ``_lowered_cost``): the program before the compiler's fusions, so its bytes
+  count every op's operands and results (more than fused kernels move: the roofline's memory
+  term is then an over-estimate, said by ``cost_from`` = "lowered HLO")."""
+  compiled = getattr(compiled, "executable", compiled)
+  m = compiled.memory_analysis()
+  cost, cost_from = _cost(compiled), "compiled program"
+  if lowered is not None and not (cost.get("flops") and cost.get("bytes accessed")):
+    found = _lowered_cost(lowered, n_devices)
+    cost, cost_from = {**found, **{k: v for k, v in cost.items() if v}}, "lowered HLO"
   return ProgramMemory(
     argument_bytes=int(m.argument_size_in_bytes),
     output_bytes=int(m.output_size_in_bytes),
@@ -88,6 +122,7 @@ def analyse(compiled) -> ProgramMemory:
     code_bytes=int(m.generated_code_size_in_bytes),
     flops=float(cost.get("flops", 0.0)),
     bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+    cost_from=cost_from,
   )
 
 

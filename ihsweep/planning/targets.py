@@ -2,25 +2,35 @@
 
 TPU targets are topologies libtpu knows (``v5e:8x8``, ``v4:4x4x4``, ``v5p:4x4x4``, ``v6e:8x8``):
 ``jax.experimental.topologies.get_topology_desc`` gives compile-only devices, so every group's
-programs are compiled by the real TPU compiler on this machine (libtpu from PyPI: ``pip install
-'ihsweep[tpu-plan]'``). A device's capacity is the compiler's own ("exceeds available HBM
+programs are compiled by the real TPU compiler on this machine (libtpu from PyPI, which ``make
+install`` puts in build/libtpu). A device's capacity is the compiler's own ("exceeds available HBM
 (15.75G)" for a v5e core, read from a program made to exceed it). The topology's devices are
 what libtpu lists: one per TensorCore (a v4 chip is two devices of 15.25 GiB there; on a v4 VM
 JAX's megacore mode shows one of 32 GiB: the plan is the compile-only view).
 
-GPU targets (``h100-80gb``, ``h200-141gb``, ``a100-80gb``, with ``--devices=N``) cannot be
-compiled for here: their programs are compiled by the XLA CPU compiler for this machine's CPU
-devices, whose memory analysis of the same program is the estimate (``docs/planning.md``
-gives its error against the TPU compiler).
+GPU targets (``h100-80gb``, ``h200-141gb``, ``a100-80gb``, ``l40s-48gb``, with ``--devices=N``)
+are compiled by XLA:GPU itself, deviceless: JAX's CUDA plugin (``jax-cuda12-plugin`` and
+``jax-cuda12-pjrt``, installed with ``--no-deps`` into build/jax-cuda by ``make install``: no
+NVIDIA library, no driver) and a ``GpuTargetConfig`` of the GPU's published properties
+(``gpu_targets/NAME.txtpb``, each field's source stated) give compile-only GPU devices, on which
+``jit(...).lower(shapes).compile()`` runs the GPU compiler without autotuning. Its memory analysis
+is the plan's; its FLOPs too, while the bytes accessed, which the GPU compile does not report,
+come from XLA's HLO cost analysis of the lowered program (``memory.analyse``). The capacity is
+what a JAX process gets on that GPU (``gpu_capacity``: XLA_PYTHON_CLIENT_MEM_FRACTION, default
+0.75, of its memory). Without the plugin the programs are compiled by the XLA CPU compiler for
+this machine's CPU devices, labelled an estimate (``memory_from``; 1.5–3.4× the GPU compiler's
+bytes on exp1).
 
 Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published specifications:
 Google Cloud TPU docs (v4: 275 TFLOP/s, 1,228 GB/s per chip; v5e: 197, 819; v5p: 459, 2,765;
 v6e: 918, 1,640 — per chip; a v4/v5p chip's two TensorCores each get half), NVIDIA data sheets
-(H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s).
+(H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s; L40S 362,
+0.864 TB/s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -41,7 +51,7 @@ class Chip:
   platform: str  # tpu | gpu
   peak_flops: float
   hbm_bytes_per_s: float
-  capacity_bytes: int = 0  # GPUs; TPUs read theirs from the compiler
+  capacity_bytes: int = 0  # unused: TPUs read theirs from the compiler, GPUs: gpu_capacity
   cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (the peak is per chip)
   network: str = ""  # its timing.NETWORKS entry ('': no published figure there, not priced)
 
@@ -52,10 +62,39 @@ TPU_CHIPS = {
   "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2, network="v5p"),
   "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB),
 }
+# XLA's GPU client takes this share of a GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, default
+# 0.75: JAX documentation, "GPU memory allocation"): the bytes_limit a run reads on the GPU.
+GPU_MEMORY_FRACTION = 0.75
+GPU_TARGET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+GPU_COMPILER = "XLA GPU compiler (deviceless: no autotuning)"
+CPU_ESTIMATE = "XLA CPU compiler (estimate"
+
+
+def gpu_target_config(name: str) -> str:
+  """The ``GpuTargetConfig`` text proto of GPU ``name`` (``gpu_targets/NAME.txtpb``; each
+  field's source in its comments and gpu_targets/README.md)."""
+  with open(os.path.join(GPU_TARGET_DIR, f"{name}.txtpb")) as f:
+    return f.read()
+
+
+def gpu_capacity(name: str) -> int:
+  """The bytes a JAX process may use on GPU ``name``: ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+  (default ``GPU_MEMORY_FRACTION``) of its target config's ``device_memory_size``."""
+  total = int(re.search(r"device_memory_size:\s*(\d+)", gpu_target_config(name)).group(1))
+  try:
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION))
+  except ValueError:
+    fraction = GPU_MEMORY_FRACTION
+  return int(total * fraction)
+
+
+# Peak dense bf16 tensor FLOP/s and memory bandwidth (the datasheets gpu_targets/README.md names);
+# capacity: gpu_capacity.
 GPUS = {
-  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, 80 * GB, network="h100"),
-  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, 141 * GB, network="h100"),
-  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, 80 * GB),
+  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, network="h100"),
+  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, network="h100"),
+  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB),
+  "l40s-48gb": Chip("NVIDIA L40S 48 GB", "gpu", 362e12, 864 * GB),
 }
 
 
@@ -235,21 +274,99 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
       name, TPU_CHIPS[chip_name], devices, tpu_capacity(devices[0]), per_host, "TPU compiler"
     )
   if name in GPUS:
-    if n_devices is None:
-      raise TargetError(f"--target={name} needs --devices=N (the GPUs the sweep runs on)")
-    local = jax.devices("cpu")
-    if n_devices > len(local):
-      raise TargetError(
-        f"--devices={n_devices} with --target={name}: this machine has {len(local)} CPU "
-        f"device(s) to compile on; set XLA_FLAGS=--xla_force_host_platform_device_count="
-        f"{n_devices} before the command"
-      )
-    chip = GPUS[name]
-    per_host = min(n_devices, environment.get("IHSWEEP_GPUS_PER_HOST"))
-    return Target(
-      name, chip, local[:n_devices], chip.capacity_bytes, per_host, "XLA CPU compiler (estimate)"
-    )
+    return _gpu_target(name, n_devices)
   raise TargetError(f"--target={name} is not allowed: {names()}")
+
+
+# Where `make install` puts JAX's CUDA plugin for compile-only GPU devices (jax-cuda12-plugin and
+# jax-cuda12-pjrt, --no-deps: no NVIDIA libraries, no driver): off the venv's path, so that no
+# other command probes for CUDA.
+CHECKOUT_JAX_CUDA = os.path.join(os.path.dirname(CHECKOUT_LIBTPU), "jax-cuda")
+
+
+def use_gpu_compiler() -> str | None:
+  """Makes JAX's CUDA plugin (``CHECKOUT_JAX_CUDA``) discoverable for compile-only GPU devices;
+  call before anything starts JAX's backends. Returns None when it is, else why not (the plan
+  then falls back to the CPU compiler's estimate). Computation stays on the CPU
+  (``jax_platforms`` 'cpu' unless the user chose)."""
+  import importlib.util
+  import sys
+
+  import jax
+  from jax._src import xla_bridge
+
+  if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")
+  try:
+    found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins package at all
+    found = False
+  if not found:
+    if not os.path.isdir(os.path.join(CHECKOUT_JAX_CUDA, "jax_plugins")):
+      return f"JAX's CUDA plugin is neither importable nor in {CHECKOUT_JAX_CUDA} (make install)"
+    if xla_bridge._plugins_registered:
+      return "JAX's plugins were discovered before the CUDA plugin was put on the path"
+    sys.path.append(CHECKOUT_JAX_CUDA)  # jax_plugins is a namespace package: found there too
+    importlib.invalidate_caches()
+  return None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+  """Silences file descriptor 2 inside the block (C++ logging that Python cannot filter); a
+  Python exception raised inside still carries its message."""
+  import sys
+
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, "w") as null:
+      os.dup2(null.fileno(), 2)
+      yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def _gpu_target(name: str, n_devices: int | None) -> Target:
+  """N compile-only devices of GPU ``name`` (XLA:GPU, deviceless), or, without JAX's CUDA
+  plugin, N of this machine's CPU devices standing in for them (the CPU compiler's estimate)."""
+  import jax
+
+  if n_devices is None:
+    raise TargetError(f"--target={name} needs --devices=N (the GPUs the sweep runs on)")
+  chip = GPUS[name]
+  per_host = min(n_devices, environment.get("IHSWEEP_GPUS_PER_HOST"))
+  if n_devices % per_host:
+    raise TargetError(
+      f"--devices={n_devices} is not allowed with --target={name}: a multiple of the "
+      f"{per_host} GPUs per host (IHSWEEP_GPUS_PER_HOST), or at most one host's"
+    )
+  capacity = gpu_capacity(name)
+  why = use_gpu_compiler()
+  if why is None:
+    from jax.experimental import topologies
+
+    # Compile-only programs cannot be loaded back from the persistent cache (as for TPUs).
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+      with _quiet_stderr():  # the plugin's "Could not find cuda drivers" notes (C++ logging)
+        topo = topologies.get_topology_desc(
+          platform="cuda",
+          target_config=gpu_target_config(name),
+          topology=f"1x{n_devices // per_host}x{per_host}",
+        )
+      return Target(name, chip, list(topo.devices), capacity, per_host, GPU_COMPILER)
+    except Exception as e:  # noqa: BLE001 — the plugin's own words, then the fallback
+      why = f"the CUDA plugin made no devices ({str(e)[:200]})"
+  local = jax.devices("cpu")
+  if n_devices > len(local):
+    raise TargetError(
+      f"--devices={n_devices} with --target={name}: {why}, and this machine has "
+      f"{len(local)} CPU device(s) to estimate on; set XLA_FLAGS="
+      f"--xla_force_host_platform_device_count={n_devices} before the command"
+    )
+  return Target(name, chip, local[:n_devices], capacity, per_host, f"{CPU_ESTIMATE}: {why})")
 
 
 def planned_source(cfg):
@@ -488,6 +605,8 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
     "gradient_accumulation_steps": s.gradient_accumulation_steps,
     "vmap_chunk": s.vmap_chunk,
     "remat": s.remat,
+    "memory_from": target.estimate,
+    "cost_from": choice.train.cost_from,
     "memory": {
       "per_device_bytes": choice.per_device_bytes,
       "argument_bytes": choice.train.argument_bytes,

@@ -228,7 +228,8 @@ def resolve_memory(
       setting.vmap_chunk,
     )
     try:
-      return memory.analyse(program.compile(state, hp, data))
+      lowered = program.lower(state, hp, data)
+      return memory.analyse(lowered.compile(), lowered, group.mesh.size)
     except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
@@ -237,7 +238,8 @@ def resolve_memory(
   eval_mem = None
   if schedule_lib.eval_interval(out):
     evaluator = Evaluator(out, group.mcfg, None, group.mesh, capacity)
-    eval_mem = memory.analyse(evaluator.lower(state.params).compile())
+    lowered = evaluator.lower(state.params)
+    eval_mem = memory.analyse(lowered.compile(), lowered, group.mesh.size)
   prefetch = _per_device_bytes(data) if group.host_fed else 0
   platform = platform or getattr(devices[0], "platform", "cpu")
   choice = memory.choose(
