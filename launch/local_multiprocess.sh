@@ -18,7 +18,9 @@
 #
 # Devices. On CPU each process gets IHSWEEP_CPU_DEVICES fake devices (default: cores / N, at
 # least 1) through XLA_FLAGS, unless XLA_FLAGS already sets a count. IHSWEEP_GPUS=0,1,... (GPU
-# ids or UUIDs) hands them out round-robin: process k gets CUDA_VISIBLE_DEVICES=the (k mod G)-th.
+# ids or UUIDs, G of them) hands them out: with N < G, N dividing G, process k gets G/N of them
+# (CUDA_VISIBLE_DEVICES=its consecutive share: 8 GPUs, 4 workers: 0,1 / 2,3 / 4,5 / 6,7, as
+# `ihsweep plan` lays out workers of 2 GPUs); with N >= G round-robin, the (k mod G)-th.
 # Independent workers may share a GPU (tiny models; N > G): the workers of a shared GPU get
 # XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/K (K = workers on
 # that GPU; a value you set yourself is kept). Joined processes cannot share a GPU (NCCL
@@ -91,6 +93,10 @@ if [[ -n "${IHSWEEP_GPUS:-}" ]]; then
       exit 2
     fi
   done
+  if (( n < ${#gpus[@]} && ${#gpus[@]} % n )); then
+    echo "$0: $n processes on ${#gpus[@]} GPUs (IHSWEEP_GPUS=$IHSWEEP_GPUS) is not allowed: a number of processes that divides the GPUs (each gets as many) or at least as many processes as GPUs" >&2
+    exit 2
+  fi
   if (( ! independent && n > ${#gpus[@]} )); then
     echo "$0: $n joined processes on ${#gpus[@]} GPUs (IHSWEEP_GPUS=$IHSWEEP_GPUS): the processes of one jax.distributed job cannot share a GPU; use --independent, or at most ${#gpus[@]} processes" >&2
     exit 2
@@ -110,7 +116,11 @@ env_for() {  # process $1's environment as VAR=value words, into the array `envs
     envs+=("IHSWEEP_COORDINATOR=localhost:$port" "IHSWEEP_NUM_PROCESSES=$n" "IHSWEEP_PROCESS_ID=$k")
   fi
   envs+=("XLA_FLAGS=$xla")
-  if (( ${#gpus[@]} )); then
+  if (( ${#gpus[@]} && n < ${#gpus[@]} )); then  # G/N GPUs each, consecutive
+    local share=$(( ${#gpus[@]} / n ))
+    local mine=("${gpus[@]:k * share:share}")
+    envs+=("CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${mine[*]}")")
+  elif (( ${#gpus[@]} )); then
     local g=$(( k % ${#gpus[@]} ))
     local sharing=$(( n / ${#gpus[@]} + (g < n % ${#gpus[@]} ? 1 : 0) ))
     envs+=("CUDA_VISIBLE_DEVICES=${gpus[g]}")

@@ -284,6 +284,9 @@ def test_independent_workers_dry_run_no_coordinator_cores_split():
     ),  # 3 share GPU 0, 2 share GPU 1
     (4, "GPU-4f2a", None, [("GPU-4f2a", "0.225")] * 4),
     (2, "7", "0.4", [("7", "0.4")] * 2),  # a fraction set by the caller is kept
+    # fewer workers than GPUs: each its consecutive share (the plan's workers of 2 GPUs)
+    (4, "0,1,2,3,4,5,6,7", None, [("0,1", None), ("2,3", None), ("4,5", None), ("6,7", None)]),
+    (1, "a,b", None, [("a,b", None)]),
   ],
 )
 def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, fraction, want):
@@ -295,7 +298,7 @@ def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, frac
   for line, (gpu, share) in zip(lines, want):
     variables, command = _split(line)
     assert command == RUN
-    assert variables["CUDA_VISIBLE_DEVICES"] == gpu
+    assert variables["CUDA_VISIBLE_DEVICES"].replace("\\,", ",") == gpu  # printf %q: 0\,1
     assert variables.get("XLA_PYTHON_CLIENT_MEM_FRACTION") == share
     assert variables.get("XLA_PYTHON_CLIENT_PREALLOCATE") == (share and "false")
     assert "IHSWEEP_COORDINATOR" not in variables
@@ -317,6 +320,8 @@ def test_joined_processes_one_gpu_each_and_never_two_on_one():
   assert len(r.stderr.splitlines()) == 1 and "cannot share a GPU; use --independent" in r.stderr
   r = _dry("local_multiprocess.sh", "2", "--independent", *ARGS, IHSWEEP_GPUS="0;1")
   assert r.returncode == 2 and "IHSWEEP_GPUS=0;1 is not allowed" in r.stderr
+  r = _dry("local_multiprocess.sh", "3", "--independent", *ARGS, IHSWEEP_GPUS="0,1,2,3,4,5,6,7")
+  assert r.returncode == 2 and "a number of processes that divides the GPUs" in r.stderr
 
 
 def _fake_launch(tmp_path, n: int, *flags, term: bool = False, **env):

@@ -304,8 +304,10 @@ def _why_best(p: Prediction) -> str:
     )
   how = (
     f"run it as {best.n_workers} independent worker(s), one process per {d} device(s) not "
-    f"joined by jax.distributed (launch/slurm_array.sbatch, launch/local_multiprocess.sh "
-    f"--independent)"
+    f"joined by jax.distributed (SLURM: sbatch --array=0-{best.n_workers - 1} --gres=gpu:{d} "
+    f"launch/slurm_array.sbatch …; one machine: launch/local_multiprocess.sh "
+    f"{best.n_workers} --independent …, with IHSWEEP_GPUS listing its {best.n_workers * d} "
+    f"GPUs: {d} each)"
     if d <= per_process
     else f"run it with sweep.processes_per_worker={d // per_process}"
   )
