@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -96,3 +98,23 @@ def test_code_shape_finds_cycles_long_functions_and_back_doors(tmp_path):
   assert here["modules"] > 40 and here["lines_total"] > 10_000
   # one error base class: every exception ihsweep or analysis defines derives from IhsweepError
   assert here["exception_roots"] == ["ihsweep/errors.py:IhsweepError"], here["exception_roots"]
+
+
+def test_gpu_plan_table_renders_a_plan_and_its_estimate():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import gpu_plan_table
+
+  def group(b, c, gib, k=1):
+    return {
+      "batch_size": b, "context_size": c, "gradient_accumulation_steps": k, "vmap_chunk": 2,
+      "remat": "none", "memory": {"per_device_bytes": gib * (1 << 30)},
+      "flops_per_update": 2.5e12, "roofline_update_s": 0.0125,
+    }  # fmt: skip
+
+  plan = {"groups": [group(16, 64, 4.0), group(8, 64, 2.0)]}
+  estimate = {"groups": [group(8, 64, 3.0), group(16, 64, 10.0)]}
+  rows = gpu_plan_table.table(plan, estimate).splitlines()
+  assert rows[2] == "| 8 × 64 | 1 | 2 | none | 2.00 | 2.5 | 12 ms | 3.00 | 1.5× |"
+  assert rows[3] == "| 16 × 64 | 1 | 2 | none | 4.00 | 2.5 | 12 ms | 10.00 | 2.5× |"
+  with pytest.raises(ValueError, match="at the setting"):
+    gpu_plan_table.table(plan, {"groups": [group(8, 64, 3.0, k=2), group(16, 64, 1.0)]})
