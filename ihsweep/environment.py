@@ -43,7 +43,7 @@ def _number(kind: type, low: float, *, strict: bool = False) -> Callable[[str], 
 
 
 def _bytes(text: str) -> int:
-  """A byte count > 0, written as an integer or in floating point (``80e9``)."""
+  """A byte count in [1, 2^63), written as an integer or in floating point (``80e9``)."""
   value = float(text)
   if not math.isfinite(value) or value < 1 or value >= 2**63:
     raise ValueError
@@ -71,13 +71,17 @@ def _flag(text: str) -> bool:
 
 
 def _directory(text: str) -> str:
-  """A directory this process can write, or a path that can become one."""
+  """A directory this process can write: created if missing, and a file written and removed in
+  it (permissions alone do not tell: root passes them on /proc)."""
+  import tempfile
+
   path = os.path.abspath(os.path.expanduser(text))
-  at = path
-  while not os.path.exists(at) and os.path.dirname(at) != at:
-    at = os.path.dirname(at)
-  if not os.path.isdir(at) or not os.access(at, os.W_OK | os.X_OK):
-    raise ValueError
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".ihsweep-probe-"):
+      pass
+  except OSError:
+    raise ValueError from None
   return path
 
 
@@ -104,8 +108,7 @@ VARIABLES = {
     Variable(
       "IHSWEEP_CACHE",
       _directory,
-      "a directory this user can write (or a path that can become one: its nearest existing "
-      "parent is a writable directory)",
+      "a directory this user can write, or a path where one can be created",
       None,
       "the cache root: corpora, tokenized corpora, the XLA compilation cache (ihsweep.data.cache)",
     ),
@@ -127,7 +130,7 @@ VARIABLES = {
     Variable(
       "IHSWEEP_DEVICE_MEMORY",
       _bytes,
-      "a number of bytes >= 1 (e.g. 80e9)",
+      "a number of bytes from 1 to 2^63 - 1 (e.g. 80e9)",
       None,
       "bytes a program may use per device, instead of what the device reports "
       "(ihsweep.planning.memory)",
@@ -329,5 +332,13 @@ def check(*, distributed: bool = False) -> None:
       os.environ["IHSWEEP_PROCESS_ID"],
       f"below IHSWEEP_NUM_PROCESSES ({get('IHSWEEP_NUM_PROCESSES')})",
     )
+  for name in ("IHSWEEP_NUM_PROCESSES", "IHSWEEP_PROCESS_ID"):
+    if _raw(name) is not None and get("IHSWEEP_COORDINATOR") is None:
+      raise EnvironmentVariableError(
+        name,
+        os.environ[name],
+        "set only with IHSWEEP_COORDINATOR (host:port of the job's process 0); without it "
+        "this process would run alone",
+      )
   if distributed and get("IHSWEEP_DISTRIBUTED") and get("IHSWEEP_COORDINATOR") is None:
     distributed_cluster()

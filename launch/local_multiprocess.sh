@@ -72,6 +72,20 @@ for a in "$@"; do
   prev=$a
 done
 read -ra ihsweep <<< "${IHSWEEP:-ihsweep}"
+# This script's own variables, checked before anything starts (one line, exit 2).
+whole() {  # $1: name, $2: value, $3: least allowed
+  if [[ -n "$2" && ( ! "$2" =~ ^[0-9]+$ || "$2" -lt "$3" ) ]]; then
+    echo "$0: $1=$2 is not allowed: a whole number >= $3" >&2
+    exit 2
+  fi
+}
+whole IHSWEEP_CPU_DEVICES "${IHSWEEP_CPU_DEVICES:-}" 1
+whole IHSWEEP_GRACE_S "${IHSWEEP_GRACE_S:-}" 0
+whole IHSWEEP_PORT "${IHSWEEP_PORT:-}" 1
+if [[ -n "${IHSWEEP_PORT:-}" ]] && (( IHSWEEP_PORT > 65535 )); then
+  echo "$0: IHSWEEP_PORT=$IHSWEEP_PORT is not allowed: a port from 1 to 65535" >&2
+  exit 2
+fi
 if (( independent )); then
   label=worker; prefix=${IHSWEEP_LOG_PREFIX:-worker_}
 else
@@ -93,6 +107,10 @@ if [[ -n "${IHSWEEP_GPUS:-}" ]]; then
       exit 2
     fi
   done
+  if [[ $(printf '%s\n' "${gpus[@]}" | sort | uniq -d) ]]; then
+    echo "$0: IHSWEEP_GPUS=$IHSWEEP_GPUS is not allowed: distinct GPU ids or UUIDs (a GPU listed twice)" >&2
+    exit 2
+  fi
   if (( n < ${#gpus[@]} && ${#gpus[@]} % n )); then
     echo "$0: $n processes on ${#gpus[@]} GPUs (IHSWEEP_GPUS=$IHSWEEP_GPUS) is not allowed: a number of processes that divides the GPUs (each gets as many) or at least as many processes as GPUs" >&2
     exit 2

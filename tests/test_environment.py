@@ -22,13 +22,14 @@ BAD = [
     "5",
     "at least 3 claim heartbeats (3 × IHSWEEP_CLAIM_HEARTBEAT_S = 30 s)",
   ),
-  ("IHSWEEP_DEVICE_MEMORY", "abc", "a number of bytes >= 1"),
-  ("IHSWEEP_DEVICE_MEMORY", "inf", "a number of bytes >= 1"),
-  ("IHSWEEP_DEVICE_MEMORY", "0", "a number of bytes >= 1"),
+  ("IHSWEEP_DEVICE_MEMORY", "abc", "a number of bytes from 1 to 2^63 - 1"),
+  ("IHSWEEP_DEVICE_MEMORY", "inf", "a number of bytes from 1 to 2^63 - 1"),
+  ("IHSWEEP_DEVICE_MEMORY", "1e30", "a number of bytes from 1 to 2^63 - 1"),
   ("IHSWEEP_GPUS_PER_HOST", "0", "a whole number of GPUs >= 1"),
   ("IHSWEEP_GPUS_PER_HOST", "abc", "a whole number of GPUs >= 1"),
   ("IHSWEEP_HEARTBEAT_S", "0", "a finite number of seconds > 0"),
   ("IHSWEEP_NUM_PROCESSES", "two", "a whole number of processes >= 1"),
+  ("IHSWEEP_NUM_PROCESSES", "2", "set only with IHSWEEP_COORDINATOR"),
   ("IHSWEEP_COORDINATOR", "localhost", "host:port"),
   ("IHSWEEP_LOCAL_DEVICE_IDS", "0,0", "distinct device ids"),
   ("IHSWEEP_DISTRIBUTED", "yes", "1 (JAX detects the cluster"),
@@ -70,11 +71,17 @@ def test_a_cache_that_can_become_a_directory_is_allowed(tmp_path, monkeypatch):
   monkeypatch.setenv("IHSWEEP_CACHE", str(tmp_path / "new" / "cache"))
   environment.check()
   assert environment.get("IHSWEEP_CACHE") == str(tmp_path / "new" / "cache")
-  assert not (tmp_path / "new").exists()  # checked, not created
+  assert os.listdir(tmp_path / "new" / "cache") == []  # created, its probe file removed
+  monkeypatch.setenv("IHSWEEP_CACHE", "/proc/nope")  # writable by permissions for root, not in fact
+  with pytest.raises(environment.EnvironmentVariableError, match="IHSWEEP_CACHE='/proc/nope'"):
+    environment.check()
 
 
 def test_process_id_must_be_below_the_count_and_stale_after_heartbeats(monkeypatch):
   monkeypatch.setenv("IHSWEEP_NUM_PROCESSES", "2")
+  with pytest.raises(environment.EnvironmentVariableError, match="only with IHSWEEP_COORDINATOR"):
+    environment.check()  # it would run alone
+  monkeypatch.setenv("IHSWEEP_COORDINATOR", "localhost:1234")
   monkeypatch.setenv("IHSWEEP_PROCESS_ID", "2")
   with pytest.raises(environment.EnvironmentVariableError, match="below IHSWEEP_NUM_PROCESSES"):
     environment.check()

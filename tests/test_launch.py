@@ -736,3 +736,18 @@ def test_slurm_dry_run_reads_typed_gpu_counts_and_refuses_what_slurm_would_not_w
     r = _dry("slurm.sbatch", *ARGS, **{**env, name: value})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"ihsweep: {name}={value!r} is not allowed: "), r.stderr
+
+
+def test_the_launchers_own_variables_are_checked_before_anything_starts(tmp_path):
+  for name, value, words in (
+    ("IHSWEEP_CPU_DEVICES", "abc", "a whole number >= 1"),
+    ("IHSWEEP_GRACE_S", "-1", "a whole number >= 0"),
+    ("IHSWEEP_PORT", "99999", "a port from 1 to 65535"),
+    ("IHSWEEP_GPUS", "0,0", "distinct GPU ids or UUIDs"),
+  ):
+    work = tmp_path / name
+    r = _dry("local_multiprocess.sh", "2", "--config=configs/exp.py", f"--workdir={work}",
+             **{name: value})  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "" and not work.exists(), r.stderr
+    assert r.stderr.endswith(f"{name}={value} is not allowed: " + r.stderr.split(": ", 2)[2])
+    assert words in r.stderr and len(r.stderr.splitlines()) == 1

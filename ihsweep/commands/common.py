@@ -41,14 +41,14 @@ def load_config():
   found = split_args(ARGV[1:])[0]
   try:  # a config file that failed to load raises on first use, not on parsing
     cfg = FLAGS.config
-    if cfg is not None:
+    if hasattr(cfg, "keys"):  # anything else get_config() returned is named below
       cfg.keys()
   except CONFIG_LOAD_ERRORS as e:
     return None, config_load_failed(e, found)
-  if cfg is None and config_arg(found):
+  if config_arg(found) and not hasattr(cfg, "keys"):
     return None, fail(
       f"cannot load the config: {config_arg(found).split(':', 1)[0]}: get_config() returned "
-      f"None (it must return the config, a ml_collections.ConfigDict)"
+      f"{repr(cfg)[:60]} (it must return the config, a ml_collections.ConfigDict)"
     )
   problem = overridden_axis(cfg, found) if cfg is not None else None
   if problem:
@@ -258,6 +258,9 @@ def parse(command: str, argv: list[str], args: list[str], found) -> tuple[list[s
     return [], fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
   except Exception as e:  # loading runs the config file: any error (SyntaxError, NameError, ...)
     return [], config_load_failed(e, found)
+  except SystemExit as e:  # a config file that exits would end the command, status 0 included
+    path = config_arg(found).split(":", 1)[0]
+    return [], fail(f"cannot load the config: {path} called sys.exit({e.code!r}) while loading")
   if FLAGS.workdir:  # `--workdir=~/runs/x`: the shell leaves a `~` after `=` alone
     FLAGS.workdir = os.path.expanduser(FLAGS.workdir)
   return rest, None
@@ -301,4 +304,7 @@ def start_logging() -> None:
     level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
   )
   logging.getLogger("jax").setLevel(logging.WARNING)  # backend-probing chatter
-  logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save progress lines
+  absl = logging.getLogger("absl")
+  absl.setLevel(logging.WARNING)  # orbax's per-save progress lines
+  # ml_collections' warning for a get_config() returning None: load_config says it in its line
+  absl.addFilter(lambda record: "did you forget a return statement" not in record.getMessage())

@@ -23,14 +23,17 @@ def main(argv) -> int:
   del argv
   from ihsweep.configuration import config as config_lib
   from ihsweep.data.errors import DataError
+  from ihsweep.planning import memory
   from ihsweep.runs import rundir
-  from ihsweep.training.runner import Interrupted, fit
+  from ihsweep.training.runner import Interrupted, fit, group_devices
 
   cfg, failed = config_and_workdir("train")
   if failed is not None:
     return failed
   try:
     config_lib.validate(cfg)  # a bad field first: it leaves no directory behind
+    # too large for any memory setting: refused before the directory exists, as `ihsweep run`
+    memory.check_possible(cfg, group_devices(cfg), FLAGS.workdir)
     rundir.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
     out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:

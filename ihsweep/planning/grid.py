@@ -334,6 +334,28 @@ def n_params(mcfg, context_size: int) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
 
+MAX_CELLS = 100_000  # models in one sweep: each keeps its resolved config and a cells.csv row
+
+
+def _check_cell_count(cfg, n_seeds: int) -> None:
+  """Refuses, before anything is built, a sweep of more than ``MAX_CELLS`` models (grid points ×
+  seeds, from the axes' lengths: time independent of the count)."""
+
+  def lengths(section):  # a malformed axis counts 1 here; grid_points names it
+    return [len(v) if isinstance(v, (tuple, list)) else 1 for _, v in _leaves(section)]
+
+  sizes, zipped = lengths(cfg.sweep.grid), lengths(cfg.sweep.zip)
+  n = math.prod(sizes) * (zipped[0] if zipped else 1) * int(n_seeds)
+  if n > MAX_CELLS:
+    field = "sweep.seeds" if cfg.sweep.seeds else "ensemble.size"
+    raise ConfigError(
+      field,
+      int(n_seeds),
+      f"a sweep of at most {MAX_CELLS:,} models: {n:,} = {' × '.join(map(str, sizes + zipped[:1]))}"
+      f"{' × ' if sizes or zipped else ''}{int(n_seeds):,} seeds (grid points × seeds)",
+    )
+
+
 def make_plan(cfg) -> Plan:
   """Cells and groups of ``cfg`` (a config with an optional ``sweep`` section; without one, or
   with an empty grid, the sweep is one grid point with ``ensemble.size`` seeds). Validates the
@@ -351,8 +373,9 @@ def make_plan(cfg) -> Plan:
       cfg.sweep = config_lib.default_sweep()
   n_devices = len(jax.devices())
   config_lib.validate_sweep(cfg, n_devices)
-  axes, points = grid_points(cfg)
   n_seeds = cfg.sweep.seeds or cfg.ensemble.size
+  _check_cell_count(cfg, n_seeds)
+  axes, points = grid_points(cfg)
   law = Law.from_json(os.path.expanduser(cfg.sweep.law_file)) if cfg.sweep.law_file else Law()
 
   base = copy.deepcopy(cfg)

@@ -340,7 +340,7 @@ def _gpu_target(name: str, n_devices: int | None) -> Target:
   if n_devices % per_host:
     raise TargetError(
       f"--devices={n_devices} is not allowed with --target={name}: a multiple of the "
-      f"{per_host} GPUs per host (IHSWEEP_GPUS_PER_HOST), or at most one host's"
+      f"{per_host} GPUs per host (IHSWEEP_GPUS_PER_HOST), or at most {per_host} (one host)"
     )
   capacity = gpu_capacity(name)
   why = use_gpu_compiler()

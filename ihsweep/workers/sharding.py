@@ -315,6 +315,13 @@ def initialize_distributed() -> int:
     if why:
       print(f"ihsweep: SLURM task {env.get('SLURM_PROCID')}: {why}", file=sys.stderr, flush=True)
   heartbeat = environment.get("IHSWEEP_HEARTBEAT_S")
+  if args:  # JAX waits silently for the others (up to its initialization timeout, 300 s)
+    print(
+      f"ihsweep: process {args[2]} of {args[1]}: joining the job at {args[0]} (JAX waits up to "
+      f"300 s for every process, then aborts)",
+      file=sys.stderr,
+      flush=True,
+    )
   # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
   # the status to it), so it is given twice our bound.
