@@ -70,32 +70,36 @@ def _flag(text: str) -> bool:
   return text.strip() == "1"
 
 
-def _directory(text: str) -> str:
-  """A directory this process can write: created if missing, and a file written and removed in
-  it (permissions alone do not tell: root passes them on /proc)."""
+def _path(text: str) -> str:
+  return os.path.abspath(os.path.expanduser(text))
+
+
+def _writable_directory(path: str) -> None:
+  """``check``'s test of a directory: created if missing, and a file written and removed in it
+  (permissions alone do not tell: root passes them on /proc). Raises ``ValueError``."""
   import tempfile
 
-  path = os.path.abspath(os.path.expanduser(text))
   try:
     os.makedirs(path, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path, prefix=".ihsweep-probe-"):
       pass
   except OSError:
     raise ValueError from None
-  return path
 
 
 @dataclasses.dataclass(frozen=True)
 class Variable:
   """One variable: ``parse`` turns its text into the value (raising ``ValueError`` when the
   text is not allowed, as ``allowed`` says); ``default`` is the value when it is unset or
-  empty."""
+  empty; ``verify`` (optional) tests the value against the machine once, in ``check``, where
+  that needs I/O (``get``, called wherever the value is used, only parses)."""
 
   name: str
   parse: Callable[[str], Any]
   allowed: str
   default: Any
   help: str
+  verify: Callable[[Any], None] | None = None
 
 
 _SECONDS = "a finite number of seconds > 0"
@@ -107,10 +111,11 @@ VARIABLES = {
   for v in (
     Variable(
       "IHSWEEP_CACHE",
-      _directory,
+      _path,
       "a directory this user can write, or a path where one can be created",
       None,
       "the cache root: corpora, tokenized corpora, the XLA compilation cache (ihsweep.data.cache)",
+      _writable_directory,
     ),
     Variable(
       "IHSWEEP_CLAIM_HEARTBEAT_S",
@@ -314,15 +319,21 @@ def reference_table() -> str:
 
 
 def check(*, distributed: bool = False) -> None:
-  """Checks every variable of ``VARIABLES`` that is set, and those that depend on each other
-  (the claims' stale time against their heartbeat, the process id against the count); with
+  """Checks every variable of ``VARIABLES`` that is set (its ``verify`` too), and those that
+  depend on each other (the claims' stale time against their heartbeat, the process id against
+  the count); with
   ``distributed`` (commands that train) also that ``IHSWEEP_DISTRIBUTED=1`` finds a cluster.
 
   Raises:
     EnvironmentVariableError: the first variable whose value is not allowed.
   """
-  for name in VARIABLES:
-    get(name)
+  for name, var in VARIABLES.items():
+    value = get(name)
+    if var.verify is not None and value is not None:
+      try:
+        var.verify(value)
+      except ValueError:
+        raise EnvironmentVariableError(name, os.environ[name], var.allowed) from None
   claim_stale_s()
   if _raw("IHSWEEP_PROCESS_ID") is not None and get("IHSWEEP_PROCESS_ID") >= get(
     "IHSWEEP_NUM_PROCESSES"

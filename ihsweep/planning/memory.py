@@ -231,11 +231,12 @@ def minimum_bytes(cfg, n_devices: int, n_params: int) -> int:
   return models * (12 * n_params + 4 * tokens)
 
 
-def check_possible(cfg, devices: list, name: str, capacity=None) -> None:
+def check_possible(cfg, devices: list, name: str, capacity=None, n_params=None) -> None:
   """Refuses a group that cannot fit ``devices`` at any setting by arithmetic alone
   (``minimum_bytes``), before its run directory or a program exists: against ``capacity``
   (bytes per device), else the devices' own (``device_capacity``), else on CPU devices this
-  machine's memory shared by the process's CPU devices.
+  machine's memory shared by the process's CPU devices. ``n_params``: the model's parameter
+  count where the caller has it (a plan's ``Group.n_params``), else computed.
 
   Raises:
     TooLarge: the lower bound exceeds the capacity.
@@ -249,8 +250,9 @@ def check_possible(cfg, devices: list, name: str, capacity=None) -> None:
     capacity = host // max(1, len(jax.local_devices(backend="cpu"))) if host else None
   if capacity is None:
     return
-  params = grid.n_params(ModelConfig.from_config(cfg.model), int(cfg.train.context_size))
-  need = minimum_bytes(cfg, len(devices), params)
+  if n_params is None:
+    n_params = grid.n_params(ModelConfig.from_config(cfg.model), int(cfg.train.context_size))
+  need = minimum_bytes(cfg, len(devices), n_params)
   if need > capacity:
     raise TooLarge(name, cfg, need, capacity)
 

@@ -216,19 +216,34 @@ CHECKOUT_LIBTPU = os.path.join(
 )
 
 
-def _find_libtpu() -> bool:
-  """Whether libtpu imports, after putting ``CHECKOUT_LIBTPU`` on ``sys.path`` if it is
-  there and libtpu is not importable otherwise."""
+def _has_module(module: str) -> bool:
   import importlib.util
+
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is missing
+    return False
+
+
+def _importable(module: str, directory: str) -> bool:
+  """Whether ``module`` imports, after appending ``directory`` (a folder `make install` fills
+  under build/) to ``sys.path`` where it holds the module's package and the module is not
+  importable otherwise."""
+  import importlib
   import sys
 
-  if importlib.util.find_spec("libtpu") is not None:
+  if _has_module(module):
     return True
-  if os.path.isdir(os.path.join(CHECKOUT_LIBTPU, "libtpu")):
-    sys.path.append(CHECKOUT_LIBTPU)
-    importlib.invalidate_caches()
-    return importlib.util.find_spec("libtpu") is not None
-  return False
+  if not os.path.isdir(os.path.join(directory, module.split(".")[0])):
+    return False
+  sys.path.append(directory)
+  importlib.invalidate_caches()
+  return _has_module(module)
+
+
+def _find_libtpu() -> bool:
+  """Whether libtpu imports (from ``CHECKOUT_LIBTPU`` if not otherwise)."""
+  return _importable("libtpu", CHECKOUT_LIBTPU)
 
 
 def make_target(name: str, n_devices: int | None = None) -> Target:
@@ -289,25 +304,16 @@ def use_gpu_compiler() -> str | None:
   call before anything starts JAX's backends. Returns None when it is, else why not (the plan
   then falls back to the CPU compiler's estimate). Computation stays on the CPU
   (``jax_platforms`` 'cpu' unless the user chose)."""
-  import importlib.util
-  import sys
-
   import jax
   from jax._src import xla_bridge
 
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
-  try:
-    found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-  except ModuleNotFoundError:  # no jax_plugins package at all
-    found = False
-  if not found:
-    if not os.path.isdir(os.path.join(CHECKOUT_JAX_CUDA, "jax_plugins")):
-      return f"JAX's CUDA plugin is neither importable nor in {CHECKOUT_JAX_CUDA} (make install)"
-    if xla_bridge._plugins_registered:
-      return "JAX's plugins were discovered before the CUDA plugin was put on the path"
-    sys.path.append(CHECKOUT_JAX_CUDA)  # jax_plugins is a namespace package: found there too
-    importlib.invalidate_caches()
+  plugin = "jax_plugins.xla_cuda12"  # jax_plugins is a namespace package: found in any folder
+  if xla_bridge._plugins_registered and not _has_module(plugin):
+    return "JAX's plugins were discovered before the CUDA plugin was put on the path"
+  if not _importable(plugin, CHECKOUT_JAX_CUDA):
+    return f"JAX's CUDA plugin is neither importable nor in {CHECKOUT_JAX_CUDA} (make install)"
   return None
 
 
@@ -474,7 +480,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   for j in jobs:  # too large on every device of the target at any setting: refused uncompiled
     widest = placement.usable_device_count(j.n_models, j.batch_size, len(target.devices))
     memory.check_possible(
-      j.cfg, target.devices[:widest], f"group {j.id}", capacity=target.capacity_bytes
+      j.cfg, target.devices[:widest], f"group {j.id}", target.capacity_bytes, j.n_params
     )
   compile_group = _GroupCompiler(target, log)
   refused = []

@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,8 @@ import jax
 
 from ihsweep import environment
 from ihsweep.runs.atomic import atomic_write_json, lock_holder, lock_text
+
+log = logging.getLogger("ihsweep")
 
 CLAIM_FILE = "claim.json"
 CLAIMS_LOG = "claims.jsonl"
@@ -153,9 +156,7 @@ def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
   if holder is not None:
     if group_id not in _left_to_holder:
       _left_to_holder.add(group_id)
-      import logging
-
-      logging.getLogger("ihsweep").warning(
+      log.warning(
         "group %s: its claim by %s looks stale, but its directory is in use by %s (alive): "
         "left to it",
         group_id,
@@ -246,11 +247,7 @@ class ClaimHeartbeat:
           self.lost.set()
           return
       except OSError as e:  # a filesystem hiccup: the next beat tries again
-        import logging
-
-        logging.getLogger("ihsweep").warning(
-          "could not refresh the claim on %s: %s", self.group_id, e
-        )
+        log.warning("could not refresh the claim on %s: %s", self.group_id, e)
 
   def __enter__(self):
     self._thread.start()

@@ -100,7 +100,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   everywhere = jax.process_count() > 1
   for group in plan.groups:
     devices = runner.group_devices(group.cfg, None, not everywhere)
-    memory.check_possible(group.cfg, devices, f"group {group.id}")
+    memory.check_possible(group.cfg, devices, f"group {group.id}", n_params=group.n_params)
   rundir.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
