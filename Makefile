@@ -18,9 +18,12 @@ $(BIN)/python:
 # (tests/test_targets.py) put it on PYTHONPATH. On a TPU VM install '.[tpu]' instead.
 LIBTPU := build/libtpu
 # JAX's CUDA plugin for compile-only GPU devices (`ihsweep plan --target=h100-80gb`: XLA:GPU
-# without a GPU), ~480 MB, the version of the installed jax, --no-deps (no NVIDIA libraries):
-# likewise off the venv's path, so that no other command probes for CUDA.
+# without a GPU), ~480 MB, the version of the installed jax, --no-deps (no other NVIDIA
+# library), and cuDNN (~1.0 GB; JAX's CUDA wheels need >= 9.8, the target configs' dnn version),
+# which builds the train step's flash attention: likewise off the venv's path, so that no other
+# command probes for CUDA.
 JAX_CUDA := build/jax-cuda
+CUDNN    := nvidia-cudnn-cu12==9.8.0.87
 # setuptools' editable finder answers after the path's folders, so a notebook started beside a
 # clone named ihsweep got that folder as an empty namespace package; ihsweep-first.pth moves the
 # finder (which answers for ihsweep and ihsweep_analysis only) to the front.
@@ -31,7 +34,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install --quiet --no-deps --upgrade -c constraints.txt --target $(LIBTPU) libtpu
 	v=$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("jax"))'); \
 	$(BIN)/pip install --quiet --no-deps --upgrade --target $(JAX_CUDA) \
-	  "jax-cuda12-plugin==$$v" "jax-cuda12-pjrt==$$v"
+	  "jax-cuda12-plugin==$$v" "jax-cuda12-pjrt==$$v" "$(CUDNN)"
 	touch $(STAMP)
 
 install: $(STAMP)

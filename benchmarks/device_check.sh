@@ -16,11 +16,17 @@
 #       sharing the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION 0.225 each), each with an empty cache,
 #       then both again with the 1-worker sweep's cache (a rerun): wall time each.
 # Usage, from the repository root:
+#   bash benchmarks/device_check.sh --preflight  # here, first: every program below compiled for
+#                                                # an H200 by XLA:GPU without a GPU
+#                                                # (benchmarks/device_preflight.py), into
+#                                                # $OUT/preflight.json; exit 1 if one fails
 #   bash benchmarks/device_check.sh              # on the GPU machine
 #   bash benchmarks/device_check.sh --cpu-smoke  # here: every part at a tiny size, 2 groups, <= 2 workers
-# With the device tool: run `bash benchmarks/device_check.sh` with carry [".whl"] (the wheel of
-# ml-collections, the one package missing there: `mkdir -p .whl && pip download --no-deps -d
-# .whl ml-collections==1.1.0`), timeout_s 540.
+# With the device tool: run `bash benchmarks/device_check.sh` with carry [".whl",
+# "device_check_out/preflight.json"] (the wheel of ml-collections, the one package missing
+# there: `mkdir -p .whl && pip download --no-deps -d .whl ml-collections==1.1.0`; the
+# pre-flight's results, whose setting part (d) trains at: PREFLIGHT names another file),
+# timeout_s 540.
 # Setup it does: ml_collections from ${IHSWEEP_WHEELS:-.whl} (pip --no-index) if it cannot be
 # imported; the project with `pip install --no-deps -e .` if it is not installed (PYTHONPATH
 # otherwise). Environment: PYTHON (default: .venv/bin/python with --cpu-smoke if there, else
@@ -30,17 +36,22 @@
 # (this script's whole output), sweep_logs.tar.gz (the sweeps' worker logs and status files).
 # A part that fails or runs out of time is reported as such and the others still run.
 set -uo pipefail
-smoke=0
+smoke=0 preflight=0
 for a in "$@"; do
   case "$a" in
     --cpu-smoke) smoke=1 ;;
-    *) echo "usage: $0 [--cpu-smoke]" >&2; exit 2 ;;
+    --preflight) preflight=1 ;;
+    *) echo "usage: $0 [--cpu-smoke | --preflight]" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
 out=${OUT:-./device_check_out}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+if (( preflight )); then
+  exec "${PYTHON:-.venv/bin/python}" benchmarks/device_preflight.py --out "$out/preflight.json"
+fi
+planned=${PREFLIGHT:-$out/preflight.json}
 work=$(mktemp -d "${TMPDIR:-/tmp}/ihsweep-device-check.XXXXXX")
 exec > >(tee "$out/device_check.log") 2>&1
 if [[ -z "${PYTHON:-}" ]]; then
@@ -164,8 +175,17 @@ unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS \
 # --- (d) the study's largest exp1 cell (B 128 × C 1024, E 2, d 768, V 50,257, bf16): the memory
 # setting ihsweep chooses, its predicted bytes against the measured peak, tokens/s and MFU
 # (benchmarks/memory_check.py; --smoke: a tiny cell whose capacity forces accumulation).
+# The pre-flight's setting and prediction where its file is here (not in the CPU smoke: its cell
+# is another).
+plan_args=()
+if (( ! smoke )) && [[ -f "$planned" ]]; then plan_args=(--planned "$planned"); fi
+if (( ${#plan_args[@]} )); then
+  echo "--- (d) at the setting of the pre-flight in $planned"
+else
+  echo "--- (d) at the setting this GPU chooses (no pre-flight file)"
+fi
 part d_largest_cell 90 "$py" benchmarks/memory_check.py --json $( ((smoke)) && echo --smoke ) \
-  > "$work/d.json"
+  "${plan_args[@]}" > "$work/d.json"
 
 # --- (c) and (b): the tiny sweep, 1 worker vs 4 sharing the GPU, cold and warm caches --------
 # The persistent cache with ihsweep's own settings (what a user gets); sweep_overhead.py points
@@ -260,9 +280,12 @@ if d:
   s = d["setting"]
   print(f"{d['device']}: B {d['cell']['batch_size']} x C {d['cell']['context_size']}, E "
         f"{d['cell']['n_models']}: k = {s['gradient_accumulation_steps']}, vmap_chunk "
-        f"{s['vmap_chunk']}, remat {s['remat']}; predicted {gib(d['predicted_bytes'])} of "
-        f"{gib(d['capacity_bytes'])}, measured peak {gib(d['peak_bytes'])}; "
-        f"{d['tokens_per_s']:,.0f} tokens/s, MFU {d['mfu']}")
+        f"{s['vmap_chunk']}, remat {s['remat']}, attention {s.get('attention')}; predicted "
+        f"{gib(d['predicted_bytes'])} of {gib(d['capacity_bytes'])} (compiled on the GPU), "
+        f"measured peak {gib(d['peak_bytes'])}; {d['tokens_per_s']:,.0f} tokens/s, MFU {d['mfu']}")
+  if d.get("planned_bytes"):
+    print(f"  the pre-flight's prediction without a GPU ({d['planned_from']}): "
+          f"{gib(d['planned_bytes'])}; measured peak / it = {d['peak_over_planned']}")
 
 
 def group_setup(sweep, workers):

@@ -1,7 +1,9 @@
 """The per-group table of an `ihsweep plan --target=<GPU> --json` output, as docs/planning.md
 shows it: B × C, the memory setting, GiB per device and which compiler measured them, FLOPs per
-update and the roofline; with ``--estimate`` a second plan's bytes (the XLA CPU compiler's
-estimate of the same programs at the same setting) beside them, and their ratio.
+update and the roofline, the train step's attention and, where it is not the explicit pattern,
+the bytes the explicit pattern needs at the same setting; with ``--estimate`` a second plan's
+bytes (the XLA CPU compiler's estimate of the same programs at the same setting) beside them,
+and their ratio.
 
   ihsweep plan --config=configs/exp1_natural.py --target=h100-80gb --devices=8 --json > gpu.json
   python benchmarks/gpu_plan_table.py gpu.json [--estimate cpu.json]
@@ -26,9 +28,16 @@ def table(plan: dict, estimate: dict | None = None) -> str:
   def setting(g):
     return (g["gradient_accumulation_steps"], g["vmap_chunk"], g["remat"])
 
+  def attention(g):
+    return g.get("attention", {}).get("compiled", "explicit")
+
   other = {(g["batch_size"], g["context_size"]): g for g in (estimate or {}).get("groups", [])}
+  fused = any(attention(g) != "explicit" for g in plan["groups"])
   head = "| B × C | k | chunk | remat | GiB / device | TFLOP / update | roofline / update |"
   rule = "|---|---|---|---|---|---|---|"
+  if fused:
+    head += " attention | explicit pattern GiB |"
+    rule += "---|---|"
   if estimate:
     head += " CPU estimate GiB | estimate ÷ GPU |"
     rule += "---|---|"
@@ -40,6 +49,9 @@ def table(plan: dict, estimate: dict | None = None) -> str:
       f"| {cell[0]} × {cell[1]} | {setting(g)[0]} | {setting(g)[1]} | {setting(g)[2]} | "
       f"{gib:.2f} | {g['flops_per_update'] / 1e12:.1f} | {g['roofline_update_s'] * 1e3:.0f} ms |"
     )
+    if fused:
+      explicit = g["attention"].get("explicit_bytes", g["memory"]["per_device_bytes"]) / GIB
+      row += f" {attention(g)} | {explicit:.2f} |"
     if estimate:
       e = other.get(cell)
       if e is None or setting(e) != setting(g):

@@ -12,8 +12,13 @@ speed: the program is the same but for its data argument). ``ihsweep.training.ru
 the setting (``train.gradient_accumulation_steps`` = 0, ``train.remat`` = auto) from the compiled
 programs' memory analysis, as ``ihsweep train`` does.
 
-Prints one JSON object: ``{"device", "cell", "setting" (k, vmap chunk, remat, as recorded in the
-run's config.json), "predicted_bytes" (ihsweep.planning.memory's need per device), "capacity_bytes",
+With ``--planned FILE`` (benchmarks/device_preflight.py's JSON) the cell trains at the setting
+that the pre-flight chose for this GPU without one, and the measured peak is also compared with
+that deviceless prediction (``planned_bytes``, ``peak_over_planned``).
+
+Prints one JSON object: ``{"device", "cell", "setting" (k, vmap chunk, remat, attention, as
+recorded in the run's config.json), "predicted_bytes" (ihsweep.planning.memory's need per
+device, compiled here), "planned_bytes", "planned_from", "peak_over_planned", "capacity_bytes",
 "peak_bytes" (the device's peak_bytes_in_use after training; null on a CPU), "peak_over_predicted",
 "tokens_per_s" (after the compiling call), "mfu" (model FLOPs per token × tokens/s over the
 nominal dense bf16 peak: 989.4 TFLOP/s for H100/H200, null elsewhere), "updates", "wall_s"}``.
@@ -61,7 +66,17 @@ def main(argv=None) -> int:
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("--smoke", action="store_true", help="a tiny cell on a CPU (a test)")
   p.add_argument("--updates", type=int, default=10)
+  p.add_argument(
+    "--planned",
+    default=None,
+    help="benchmarks/device_preflight.py's JSON: train at the setting it chose without a GPU "
+    "and report the measured peak against its prediction",
+  )
   args = p.parse_args(argv)
+  planned = None
+  if args.planned:
+    with open(args.planned) as f:
+      planned = json.load(f)["largest_cell"]
   if args.smoke:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -86,6 +101,14 @@ def main(argv=None) -> int:
     one.ensemble.vmap_chunk = 1
     need = runner.resolve_memory(one, [device])[1].per_device_bytes
     os.environ[memory.CAPACITY_ENV] = str(int(0.9 * need / (1 - memory.HEADROOM)))
+  if planned and "setting" in planned:  # the plan's setting, compiled again here, on the GPU
+    s = planned["setting"]
+    cfg.train.update(
+      gradient_accumulation_steps=s["gradient_accumulation_steps"],
+      remat=s["remat"],
+      attention=s.get("attention", "auto"),
+    )
+    cfg.ensemble.vmap_chunk = s["vmap_chunk"]
   start = time.perf_counter()
   _, choice = runner.resolve_memory(cfg, [device], "the largest exp1 cell")
   with tempfile.TemporaryDirectory(prefix="ihsweep-memory-check-") as tmp:
@@ -113,8 +136,14 @@ def main(argv=None) -> int:
       "gradient_accumulation_steps": stored["train"]["gradient_accumulation_steps"],
       "vmap_chunk": stored["ensemble"]["vmap_chunk"],
       "remat": stored["train"]["remat"],
+      "attention": stored["train"]["attention"],
     },
     "predicted_bytes": predicted,
+    "planned_bytes": planned.get("predicted_bytes") if planned else None,
+    "planned_from": planned.get("memory_from") if planned else None,
+    "peak_over_planned": peak / planned["predicted_bytes"]
+    if peak and planned and planned.get("predicted_bytes")
+    else None,
     "capacity_bytes": choice.capacity_bytes if choice else None,
     "settings_compiled": len(choice.tried) if choice else 0,
     "peak_bytes": peak,

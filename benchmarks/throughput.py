@@ -99,6 +99,7 @@ def _build(
   data: str,
   loader: str,
   devices=None,
+  attention: str = "auto",
 ):
   w = WORKLOADS[workload]
   mcfg = ModelConfig(**w["model"], dtype="float32")
@@ -108,6 +109,7 @@ def _build(
     num_steps=total_steps,
     steps_per_call=steps_per_call,
     lr=1e-3,
+    attention=attention,  # 'auto': as ihsweep trains on this backend
   )
   model = train.training_model(mcfg, tcfg)
   source = _source(data, loader, mcfg, tcfg)

@@ -118,3 +118,9 @@ def test_gpu_plan_table_renders_a_plan_and_its_estimate():
   assert rows[3] == "| 16 × 64 | 1 | 2 | none | 4.00 | 2.5 | 12 ms | 10.00 | 2.5× |"
   with pytest.raises(ValueError, match="at the setting"):
     gpu_plan_table.table(plan, {"groups": [group(8, 64, 3.0, k=2), group(16, 64, 1.0)]})
+  plan["groups"][0]["attention"] = {"compiled": "cudnn", "explicit_bytes": 6 << 30}
+  plan["groups"][1]["attention"] = {"compiled": "explicit", "saved_bytes": 0}
+  rows = gpu_plan_table.table(plan).splitlines()
+  assert rows[0].endswith("| attention | explicit pattern GiB |")
+  assert rows[2] == "| 8 × 64 | 1 | 2 | none | 2.00 | 2.5 | 12 ms | explicit | 2.00 |"
+  assert rows[3] == "| 16 × 64 | 1 | 2 | none | 4.00 | 2.5 | 12 ms | cudnn | 6.00 |"

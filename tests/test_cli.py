@@ -91,7 +91,7 @@ def test_usage_lists_commands():
       ["--config=configs/default.py", "--config.train.lrr=1"],
       [
         "--config.train.lrr: the config has no field train.lrr; did you mean train.lr?",
-        "train has: b1, b2, batch_size",
+        "train has: attention, b1, b2, batch_size",
       ],
     ),
     (

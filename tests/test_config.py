@@ -52,6 +52,22 @@ def _assert_refused(cfg, tmp_path, field, words):
     ({"eval.every_tokens": -5}, "eval.every_tokens", ["eval.every_tokens = -5"]),
     ({"checkpoint.params_schedule": "daily"}, "checkpoint.params_schedule", ["'log', 'study'"]),
     ({"checkpoint.law_window": 0.5}, "checkpoint.law_window", ["[1.0, inf)"]),
+    ({"train.attention": "flash"}, "train.attention", ["one of auto, explicit, xla, cudnn"]),
+    (
+      {"train.attention": "cudnn"},
+      "train.attention",
+      ["auto, explicit or xla: model.dtype is 'float32'", "takes bfloat16"],
+    ),
+    (
+      {"train.attention": "cudnn", "model.dtype": "bfloat16", "model.n_heads": 8},
+      "train.attention",
+      ["head dimension d_model / n_heads = 4 is not a multiple of 8"],
+    ),
+    (  # allowed by the model's shapes, not by the devices (a CPU)
+      {"train.attention": "cudnn", "model.dtype": "bfloat16"},
+      "train.attention",
+      ["auto, explicit or xla: cuDNN runs on GPUs and these devices are cpu"],
+    ),
     ({"checkpoint.keep_state": 0}, "checkpoint.keep_state", [">= 1"]),
     ({"checkpoint.state_every_minutes": -1.0}, "checkpoint.state_every_minutes", ["[0.0, inf)"]),
     (
@@ -249,10 +265,10 @@ def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
       "train.batchsize",
       [
         "config.train.batchsize = 32 is not allowed: no such field; did you mean train.batch_size?",
-        "(train has: b1, b2, batch_size, context_size,",
+        "(train has: attention, b1, b2, batch_size, context_size,",
       ],
     ),
-    ("train.foo", 1, "train.foo", ["no such field (train has: b1,"]),
+    ("train.foo", 1, "train.foo", ["no such field (train has: attention, b1,"]),
     ("seeds", 3, "seeds", ["did you mean seed?", "(the config has: checkpoint, data,"]),
     ("data.synthetic.lrr", 0.1, "data.synthetic.lrr", ["did you mean data.synthetic.lr?"]),
     ("eval.every_step", 5, "eval.every_step", ["did you mean eval.every_steps?"]),

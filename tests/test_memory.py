@@ -128,6 +128,7 @@ def test_a_run_that_does_not_fit_at_k1_picks_k_records_it_and_trains_the_same(
   stored = json.loads((tmp_path / "auto" / "config.json").read_text())
   k = stored["train"]["gradient_accumulation_steps"]
   assert k > 1 and stored["train"]["remat"] == "none"
+  assert stored["train"]["attention"] == "explicit"  # 'auto' on a CPU
   monkeypatch.delenv(memory.CAPACITY_ENV)
   ref = runner.fit(
     _cfg(tiny, **{"train.gradient_accumulation_steps": 1, "train.remat": "none"}),

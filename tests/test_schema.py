@@ -29,6 +29,7 @@ def test_choices_are_those_the_modules_accept():
   assert schema.choices("model.pos_encoding") == model.POS_ENCODINGS
   assert schema.choices("model.dtype") == model.DTYPES
   assert schema.choices("train.remat") == train.REMAT
+  assert schema.choices("train.attention") == train.ATTENTION
   assert schema.choices("checkpoint.params_schedule") == schedule.PARAMS_SCHEDULES
   assert schema.choices("eval.probe_position") == probes.POSITIONS
   assert schema.choices("data.induction_start") == markov.INDUCTION_STARTS

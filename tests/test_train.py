@@ -288,3 +288,28 @@ def test_an_on_device_training_call_makes_no_implicit_transfers(tiny):
     with pytest.raises(Exception, match="[Dd]isallowed"):
       fn(state, host_hp, arrays)
   assert np.isfinite(np.asarray(metrics["loss"])).all()
+
+
+def test_the_train_steps_attention_is_resolved_for_the_devices(monkeypatch):
+  """'auto' is cuDNN's flash attention on a GPU where the shapes allow and cuDNN is found, the
+  explicit pattern elsewhere; 'cudnn' where it cannot run is refused with why."""
+  from ihsweep.training.model import ModelConfig
+
+  study = ModelConfig(n_heads=8, d_model=768, dtype="bfloat16")  # head dimension 96
+  monkeypatch.setattr(train, "cudnn_available", lambda: True)
+  assert train.resolve_attention("auto", study, "gpu") == "cudnn"
+  assert train.resolve_attention("auto", study, "cpu") == "explicit"
+  assert train.resolve_attention("auto", study, "tpu") == "explicit"
+  float32 = ModelConfig(n_heads=8, d_model=768, dtype="float32")
+  assert train.resolve_attention("auto", float32, "gpu") == "explicit"
+  odd_heads = ModelConfig(n_heads=12, d_model=60, dtype="bfloat16")  # head dimension 5
+  assert train.resolve_attention("auto", odd_heads, "gpu") == "explicit"
+  assert train.resolve_attention("xla", float32, "cpu") == "xla"
+  with pytest.raises(ValueError, match="cuDNN runs on GPUs and these devices are tpu"):
+    train.resolve_attention("cudnn", study, "tpu")
+  with pytest.raises(ValueError, match="head dimension d_model / n_heads = 5"):
+    train.resolve_attention("cudnn", odd_heads, "gpu")
+  monkeypatch.setattr(train, "cudnn_available", lambda: False)
+  assert train.resolve_attention("auto", study, "gpu") == "explicit"
+  assert train.training_model(study, train.TrainConfig(attention="xla")).attention == "xla"
+  assert train.training_model(study, train.TrainConfig(attention="auto")).attention == "explicit"

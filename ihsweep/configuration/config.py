@@ -21,6 +21,7 @@ from ihsweep.errors import IhsweepError
 from ihsweep.planning.law import Law, LawError
 from ihsweep.training import metric_registry
 from ihsweep.training.metrics import icl_positions
+from ihsweep.training.model import ModelConfig, cudnn_attention_problem
 from ihsweep.workers.sharding import MeshError, mesh_shape, usable_devices
 
 # Fields that change how a run executes but not the models it trains (the same batches and
@@ -29,6 +30,7 @@ EXECUTION_FIELDS = (
   "train.steps_per_call",
   "train.gradient_accumulation_steps",
   "train.remat",
+  "train.attention",
   "ensemble.vmap_chunk",
   "mesh.num_devices",
   "checkpoint.async_save",
@@ -549,8 +551,8 @@ def _check_distinct_models(cfg, size: int, source: str) -> None:
 
 def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
   """``train.gradient_accumulation_steps`` (0 = chosen by device memory, else k dividing B with
-  B/k split evenly over the mesh's 'data' axis) and ``train.remat``; a config written before
-  they existed has neither (k = 1, no remat)."""
+  B/k split evenly over the mesh's 'data' axis), ``train.remat`` and ``train.attention``; a
+  config written before they existed has none (k = 1, no remat, the explicit pattern)."""
   field = "train.gradient_accumulation_steps"
   k = _check(
     cfg,
@@ -577,6 +579,14 @@ def _validate_memory_choices(cfg, batch: int, n_data: int) -> None:
   remat = cfg.train.get("remat", "none")
   if remat not in schema.choices("train.remat"):
     raise ConfigError("train.remat", remat, f"one of {', '.join(schema.choices('train.remat'))}")
+  attention = cfg.train.get("attention", "explicit")
+  if attention not in schema.choices("train.attention"):
+    raise ConfigError(
+      "train.attention", attention, f"one of {', '.join(schema.choices('train.attention'))}"
+    )
+  why = attention == "cudnn" and cudnn_attention_problem(ModelConfig.from_config(cfg.model))
+  if why:
+    raise ConfigError("train.attention", attention, f"auto, explicit or xla: {why}")
 
 
 def _validate_model(cfg) -> int:

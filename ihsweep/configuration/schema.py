@@ -155,6 +155,11 @@ FIELDS: tuple[Field, ...] = (
   _f("train.remat", "auto",
     "rematerialise block activations; auto = chosen by device memory",
     choices=("auto", "none", "blocks")),
+  _f("train.attention", "auto",
+    "the train step's attention: the explicit [B·H, C, C] pattern, or jax.nn.dot_product_attention"
+    " (xla, or cudnn: flash attention, GPU only); auto = cudnn on a GPU where it applies, else"
+    " explicit (evaluation and the metrics always read the explicit pattern)",
+    choices=("auto", "explicit", "xla", "cudnn")),
   # ensemble
   _f("ensemble.size", 4, "E, models trained together", lo=1),
   _f("ensemble.peak_lrs", (), "per-model peak learning rates (empty = train.lr for all)"),

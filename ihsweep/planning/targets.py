@@ -314,7 +314,28 @@ def use_gpu_compiler() -> str | None:
     return "JAX's plugins were discovered before the CUDA plugin was put on the path"
   if not _importable(plugin, CHECKOUT_JAX_CUDA):
     return f"JAX's CUDA plugin is neither importable nor in {CHECKOUT_JAX_CUDA} (make install)"
+  _find_cudnn()
   return None
+
+
+def _find_cudnn() -> None:
+  """JAX looks for its CUDA plugin's version module (which reports cuDNN's version, and
+  without which jax.nn.dot_product_attention(implementation='cudnn') refuses) once, when jax is
+  imported, before the plugin was on the path: look again, and give it to the module that
+  imported the name (jax._src.cudnn.fused_attention_stablehlo)."""
+  import importlib
+
+  from jax._src import lib
+
+  if lib.cuda_versions is not None:
+    return
+  try:
+    versions = importlib.import_module("jax_cuda12_plugin._versions")
+  except ImportError:
+    return
+  from jax._src.cudnn import fused_attention_stablehlo
+
+  lib.cuda_versions = fused_attention_stablehlo.cuda_versions = versions
 
 
 @contextlib.contextmanager
@@ -406,12 +427,14 @@ def planned_source(cfg):
   return PlannedText(mcfg.vocab_size, tr.batch_size, tr.context_size)
 
 
-def update_cost(choice, cfg, mesh_shape: tuple) -> tuple[float, float]:
+def update_cost(choice, cfg, mesh_shape: tuple, platform: str = "cpu") -> tuple[float, float]:
   """FLOPs and bytes accessed per device for one update of the group, from the compiled train
   program's ``cost_analysis``. XLA counts a loop's body once, so its numbers are one microbatch
   of one vmap chunk with one vocabulary tile of the loss: they are scaled by k × chunks, and the
-  other tiles' FLOPs (8 · t · D per token: forward, recomputed forward, two gradients) are added.
-  Bytes of the other tiles are not (a lower bound where the loss is tiled)."""
+  other tiles' FLOPs (8 · t · D per token: forward, recomputed forward, two gradients) are added,
+  and with cuDNN's attention the FLOPs of its custom calls (``fused_attention_flops``). Bytes of
+  the other tiles are not (a lower bound where the loss is tiled). ``platform``: that of the
+  devices compiled for (the tile rule, ``losses.logits_budget``)."""
   from ihsweep.training import losses
 
   s = choice.setting
@@ -421,11 +444,24 @@ def update_cost(choice, cfg, mesh_shape: tuple) -> tuple[float, float]:
   b, c = int(cfg.train.batch_size), int(cfg.train.context_size)
   v, d = int(cfg.model.vocab_size), int(cfg.model.d_model)
   tokens = b // k * c  # per microbatch per model
-  tile = losses.auto_vocab_tile(v, tokens)
+  tile = losses.auto_vocab_tile(v, tokens, losses.logits_budget(platform))
   n_tiles = -(-v // tile)
   missing = 8.0 * (n_tiles - 1) * tile * d * (tokens / n_data) * s.vmap_chunk if tile < v else 0.0
   scale = k * chunks
+  if cfg.train.get("attention", "explicit") == "cudnn":
+    missing += fused_attention_flops(cfg, tokens / n_data) * s.vmap_chunk
   return (choice.train.flops + missing) * scale, choice.train.bytes_accessed * scale
+
+
+def fused_attention_flops(cfg, tokens: float) -> float:
+  """Training FLOPs of one model's attention scores and weighted values (QKᵀ, AV) over
+  ``tokens`` tokens, which cuDNN's flash attention computes inside a custom call that XLA's cost
+  analysis counts as none: PaLM's 12 · n_layers · d_model · C per token (Chowdhery et al. 2022,
+  appendix B; forward + backward over the full C × C matrix), halved, because cuDNN skips the
+  tiles the causal mask removes; its backward's recomputed scores are not counted (a lower
+  bound, as the roofline is)."""
+  layers, d, c = int(cfg.model.n_layers), int(cfg.model.d_model), int(cfg.train.context_size)
+  return 0.5 * 12.0 * layers * d * c * tokens
 
 
 def candidate_layouts(target: Target) -> list[int]:
@@ -456,7 +492,10 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
 
   Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
   ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
-  ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``memory`` {``per_device_bytes``,
+  ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``attention`` {``compiled`` (the
+  train step's kernel, ``train.resolve_attention``), ``saved_bytes`` per device against the
+  explicit pattern at the same setting and, where it is not that, ``explicit_bytes``, compiled
+  too}, ``memory`` {``per_device_bytes``,
   ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``}, ``flops_per_update``,
   ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token), ``bytes_per_update``,
   ``roofline_update_s``, ``all_reduce_s`` (per update, over its data axis on the chip's
@@ -560,6 +599,38 @@ class _GroupCompiler:
       )
     return memo[(job.id, m)]
 
+  def explicit_bytes(self, job, m: int) -> int:
+    """Bytes per device of the job's programs on m devices at the setting chosen there, with
+    the explicit attention pattern instead of the chosen kernel (compiled once more)."""
+    from ihsweep.planning import memory
+    from ihsweep.training import runner
+
+    if ("explicit", job.id, m) not in self.memo:
+      out, choice, _ = self(job, m)
+      s = choice.setting
+      cfg = copy.deepcopy(out)
+      with cfg.unlocked():
+        cfg.train.attention = "explicit"
+        cfg.train.gradient_accumulation_steps = s.gradient_accumulation_steps
+        cfg.train.remat = s.remat
+        cfg.ensemble.vmap_chunk = s.vmap_chunk
+      self.log(
+        f"  the same with the explicit attention pattern (what {out.train.attention} saves) ..."
+      )
+      try:
+        _, found = runner.resolve_memory(
+          cfg,
+          self.target.devices[:m],
+          f"group {job.id}",
+          self.target.capacity_bytes,
+          planned_source(job.cfg),
+          self.target.chip.platform,
+        )
+      except memory.DoesNotFit as e:
+        found = e.choice
+      self.memo[("explicit", job.id, m)] = found.per_device_bytes
+    return self.memo[("explicit", job.id, m)]
+
 
 def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fixed: int = 0):
   """``(D, {group id: devices})``: the first of ``candidate_layouts`` (only ``fixed``, the
@@ -595,7 +666,7 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
 
   out, choice, _ = compile_group(j, m)
   mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
-  flops, n_bytes = update_cost(choice, out, mesh)
+  flops, n_bytes = update_cost(choice, out, mesh, target.devices[0].platform)
   # Bytes of the lowered (unfused) program count every op's operands and results, several times
   # what fused kernels move: the roofline is then FLOPs / peak alone, a lower bound.
   flops_only = choice.train.cost_from == "lowered HLO"
@@ -605,6 +676,10 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   all_reduce = comm_model.all_reduce_s(j, m)
   per_update = roofline + all_reduce
   s = choice.setting
+  attention = {"compiled": out.train.get("attention", "explicit"), "saved_bytes": 0}
+  if attention["compiled"] != "explicit":
+    attention["explicit_bytes"] = compile_group.explicit_bytes(j, m)
+    attention["saved_bytes"] = attention["explicit_bytes"] - choice.per_device_bytes
   return {
     "id": j.id,
     "batch_size": j.batch_size,
@@ -616,6 +691,7 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
     "gradient_accumulation_steps": s.gradient_accumulation_steps,
     "vmap_chunk": s.vmap_chunk,
     "remat": s.remat,
+    "attention": attention,
     "memory_from": target.estimate,
     "cost_from": choice.train.cost_from,
     "memory": {
@@ -701,18 +777,30 @@ def format_plan(p: dict) -> str:
     f"every group fits; per group (memory per device with {p['headroom']:.0%} headroom):"
   )
   lines.append(
-    "  group     B     C  E  dev  mesh   k  chunk remat   memory/device       fits  "
-    "TFLOP/upd  roofline/upd  all-reduce/upd      time"
+    "  group     B     C  E  dev  mesh   k  chunk remat  attention   memory/device       "
+    "fits  TFLOP/upd  roofline/upd  all-reduce/upd      time"
   )
   for g in p["groups"]:
     mem = g["memory"]
     lines.append(
       f"  {g['id']:<6} {g['batch_size']:>4} {g['context_size']:>5} {g['n_models']:>2} "
       f"{g['devices']:>4}  {g['mesh'][0]}x{g['mesh'][1]:<3} {g['gradient_accumulation_steps']:>3} "
-      f"{g['vmap_chunk']:>5} {g['remat']:<6} {gib(mem['per_device_bytes']):>9} / "
+      f"{g['vmap_chunk']:>5} {g['remat']:<6} {g['attention']['compiled']:<9}  "
+      f"{gib(mem['per_device_bytes']):>9} / "
       f"{gib(mem['capacity_bytes']):<9} {'yes' if mem['fits'] else 'NO':<4} "
       f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms  "
       f"{g['all_reduce_s'] * 1e3:>11.2f} ms  {duration(g['seconds']):>8}"
+    )
+  fused = [g for g in p["groups"] if g["attention"]["compiled"] != "explicit"]
+  if fused:
+    saved = [g["attention"]["saved_bytes"] for g in fused]
+    widest = max(fused, key=lambda g: (g["context_size"], g["attention"]["saved_bytes"]))
+    before, after = widest["attention"]["explicit_bytes"], widest["memory"]["per_device_bytes"]
+    lines.append(
+      f"attention: {len(fused)} group(s) compiled with {fused[0]['attention']['compiled']} "
+      f"(the explicit pattern needs {gib(min(saved))} to {gib(max(saved))} more per device at "
+      f"the same setting; group {widest['id']}, C = {widest['context_size']}: "
+      f"{gib(before)} -> {gib(after)})"
     )
   lines.append(
     "layouts (wider workers: compute scaled by devices, all-reduces on the wider mesh, memory "

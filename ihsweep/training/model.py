@@ -24,6 +24,11 @@ from ihsweep.training.losses import unembed_cross_entropy
 
 POS_ENCODINGS = ("learned", "rotary")
 DTYPES = ("float32", "bfloat16", "auto")
+# How the train step computes attention (same numbers up to float rounding): the explicit
+# [B·H, C, C] pattern (which evaluation and every metric read), or jax.nn.dot_product_attention
+# with XLA's implementation or cuDNN's flash attention (GPU only: never materialises the pattern).
+ATTENTIONS = ("explicit", "xla", "cudnn")
+CUDNN_MAX_HEAD_DIM = 128  # jax._src.cudnn.fused_attention_stablehlo: ≤ 128 (≤ 256 from Hopper)
 INIT_STD = 0.02
 
 
@@ -130,10 +135,30 @@ def rotary(x_BxTxHxK: jax.Array, positions_T: jax.Array, base: float) -> jax.Arr
   return out.astype(x_BxTxHxK.dtype)
 
 
+def cudnn_attention_problem(cfg: ModelConfig) -> str | None:
+  """Why cuDNN's flash attention cannot compute ``cfg``'s attention, or None: it takes bf16 or
+  f16 inputs and a head dimension that is a multiple of 8 and at most ``CUDNN_MAX_HEAD_DIM``
+  (``jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention``)."""
+  if cfg.dtype not in ("bfloat16", "auto"):
+    return f"model.dtype is {cfg.dtype!r} and cuDNN's flash attention takes bfloat16"
+  if cfg.d_head % 8 or cfg.d_head > CUDNN_MAX_HEAD_DIM:
+    return (
+      f"the head dimension d_model / n_heads = {cfg.d_head} is not a multiple of 8 at most "
+      f"{CUDNN_MAX_HEAD_DIM}"
+    )
+  return None
+
+
 class Attention(nn.Module):
-  """Causal multi-head self-attention with a fused QKV projection and per-head W_O."""
+  """Causal multi-head self-attention with a fused QKV projection and per-head W_O.
+
+  ``attention`` (one of ``ATTENTIONS``) chooses how the pattern is computed when no internals
+  are returned (the train step); with ``return_internals`` it is always the explicit pattern,
+  whose probabilities the metrics read.
+  """
 
   cfg: ModelConfig
+  attention: str = "explicit"
 
   @nn.compact
   def __call__(self, x_BxTxD, return_internals: bool):
@@ -155,10 +180,27 @@ class Attention(nn.Module):
         [rotary(qkv_BxTx3xHxK[:, :, i], pos_T, cfg.rotary_base) for i in range(2)], axis=2
       )
       qkv_BxTx3xHxK = jnp.concatenate([qk_BxTx2xHxK, qkv_BxTx3xHxK[:, :, 2:]], axis=2)
+    b = x_BxTxD.shape[0]
+    w_o_HxKxD = self.param("w_o", nn.initializers.normal(out_std), (h, k, d), pdtype)
+    b_o_D = self.param("b_o", nn.initializers.zeros, (d,), pdtype)
+    w_o_HxKxD = w_o_HxKxD.astype(dtype)
+    b_o_D = b_o_D.astype(dtype)
+    if self.attention != "explicit" and not return_internals:
+      # jax.nn.dot_product_attention: token-major [B, T, H, K] in and out, scores and softmax
+      # in float32, probabilities cast to the values' dtype (as the explicit pattern below).
+      z_BxTxHxK = jax.nn.dot_product_attention(
+        qkv_BxTx3xHxK[:, :, 0],
+        qkv_BxTx3xHxK[:, :, 1],
+        qkv_BxTx3xHxK[:, :, 2],
+        scale=1.0 / math.sqrt(k),
+        is_causal=True,
+        implementation=self.attention,
+      )
+      out_BxTxD = jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD) + b_o_D[None, None, :]
+      return out_BxTxD, None
     # Heads-major layout with (batch, head) flattened into one batch dimension, so that both
     # attention matmuls are plain batched GEMMs also under the ensemble vmap (on CPU, XLA ran
     # the token-major einsums, and dots with three batch dimensions, far below matmul peak).
-    b = x_BxTxD.shape[0]
     q_GxTxK, k_GxTxK, v_GxTxK = jnp.transpose(qkv_BxTx3xHxK, (2, 0, 3, 1, 4)).reshape(
       3, b * h, t, k
     )
@@ -171,12 +213,7 @@ class Attention(nn.Module):
     z_GxTxK = jnp.einsum("gqs,gsk->gqk", probs_GxTxT.astype(dtype), v_GxTxK)
     z_BxTxHxK = jnp.transpose(z_GxTxK.reshape(b, h, t, k), (0, 2, 1, 3))
     probs_BxHxTxT = probs_GxTxT.reshape(b, h, t, t)
-    w_o_HxKxD = self.param("w_o", nn.initializers.normal(out_std), (h, k, d), pdtype)
-    b_o_D = self.param("b_o", nn.initializers.zeros, (d,), pdtype)
-    w_o_HxKxD = w_o_HxKxD.astype(dtype)
-    out_BxTxD = (
-      jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD) + b_o_D.astype(dtype)[None, None, :]
-    )
+    out_BxTxD = jnp.einsum("bthk,hkd->btd", z_BxTxHxK, w_o_HxKxD) + b_o_D[None, None, :]
     if not return_internals:
       return out_BxTxD, None
     head_out_BxTxHxD = jnp.einsum("bthk,hkd->bthd", z_BxTxHxK, w_o_HxKxD)
@@ -191,6 +228,7 @@ class Block(nn.Module):
   """Pre-LayerNorm block: x + Attn(LN(x)), then x + MLP(LN(x)) unless d_mlp == 0."""
 
   cfg: ModelConfig
+  attention: str = "explicit"
 
   @nn.compact
   def __call__(self, x_BxTxD, return_internals: bool):
@@ -199,7 +237,7 @@ class Block(nn.Module):
     ln = lambda name: nn.LayerNorm(
       epsilon=cfg.ln_eps, dtype=cfg.accum_dtype, param_dtype=pdtype, name=name
     )
-    attn_out, internals = Attention(cfg, name="attn")(
+    attn_out, internals = Attention(cfg, self.attention, name="attn")(
       ln("ln_1")(x_BxTxD).astype(dtype), return_internals
     )
     x_BxTxD = x_BxTxD + attn_out.astype(x_BxTxD.dtype)
@@ -231,7 +269,8 @@ class Transformer(nn.Module):
   to float rounding): ``vocab_tile`` (vocabulary rows per tile of the training loss,
   ``losses.unembed_cross_entropy``; 0 = by shape) and ``remat`` (recompute each block's
   activations in the backward pass instead of keeping them: ``jax.checkpoint`` with
-  ``nothing_saveable``, ~1/3 more compute for activation memory of one block).
+  ``nothing_saveable``, ~1/3 more compute for activation memory of one block) and ``attention``
+  (one of ``ATTENTIONS``: the attention kernel of the paths that return no internals).
 
   ``__call__(tokens_BxT, return_internals=False, targets_BxT=None)``:
     tokens_BxT: int32 token ids in [0, vocab_size), T ≤ max_context.
@@ -253,6 +292,7 @@ class Transformer(nn.Module):
   cfg: ModelConfig
   vocab_tile: int = 0
   remat: bool = False
+  attention: str = "explicit"
 
   @nn.compact
   def __call__(self, tokens_BxT, return_internals: bool = False, targets_BxT=None):
@@ -278,7 +318,7 @@ class Transformer(nn.Module):
     if self.remat:  # self is argument 0: return_internals is 2
       block = nn.remat(Block, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(2,))
     for i in range(cfg.n_layers):
-      x_BxTxD, internals = block(cfg, name=f"block_{i}")(x_BxTxD, return_internals)
+      x_BxTxD, internals = block(cfg, self.attention, name=f"block_{i}")(x_BxTxD, return_internals)
       per_layer.append(internals)
     resid_BxTxD = x_BxTxD
     x_BxTxD = nn.LayerNorm(

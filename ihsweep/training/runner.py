@@ -32,6 +32,7 @@ from ihsweep.training import schedule as schedule_lib
 # ihsweep.training.evaluation.
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
 from ihsweep.training.loader import HostLoader
+from ihsweep.training.model import ModelConfig
 from ihsweep.training.progress import Throughput, logs_above_bars
 from ihsweep.training.resume import RESUME_FREE_FIELDS, check_resumable, write_resolved_config
 from ihsweep.training.startup import cell_metadata
@@ -172,6 +173,18 @@ def _per_device_bytes(tree) -> int:
   return total
 
 
+def lower_train_program(cfg, devices: list, source=None):
+  """The train program ``fit`` compiles for ``cfg``'s group (one host call of up to
+  ``train.steps_per_call`` updates), at ``cfg``'s own memory setting and attention (as
+  ``resolve_memory`` returns them: nothing left 0 or auto), lowered against abstract arguments
+  on ``devices`` (compile-only devices too): a ``jax.stages.Lowered`` whose compiled program can
+  be read (benchmarks/gpu_kernels.py)."""
+  group = _Group(cfg, devices, source)
+  state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
+  hp = _abstract(group.hparams(), sharding.ensemble_sharding(group.mesh))
+  return group.train_program().lower(state, hp, group.abstract_data())
+
+
 def resolve_memory(
   cfg, devices: list, name: str = "the run", capacity=None, source=None, platform=None
 ):
@@ -179,7 +192,9 @@ def resolve_memory(
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
   become the values ``memory.choose`` finds by compiling the group's programs against the
   devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
-  k = 1, no remat and the usual chunk rule, without compiling anything.
+  k = 1, no remat and the usual chunk rule, without compiling anything. ``train.attention``
+  'auto' becomes the kernel ``train.resolve_attention`` picks for the devices (cuDNN's flash
+  attention on GPUs where it applies), and the programs are compiled with it.
 
   ``capacity`` (bytes per device) replaces the devices' own, ``source`` the data source the
   group would build, and ``platform`` (``gpu``, ``tpu``) the devices' own for the default vmap
@@ -196,13 +211,21 @@ def resolve_memory(
   k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
   auto_k, auto_remat = k == 0, remat == "auto"
   auto_chunk = cfg.ensemble.vmap_chunk == 0
+  compiled_for = getattr(devices[0], "platform", "cpu")  # a GPU target's CPU estimate: cpu
+  platform = platform or compiled_for
+  chosen = cfg.train.get("attention", "explicit")
+  try:
+    attention = train.resolve_attention(chosen, ModelConfig.from_config(cfg.model), compiled_for)
+  except ValueError as e:
+    raise config_lib.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
   capacity = capacity or memory.device_capacity(devices[0])
-  if capacity is None and not (auto_k or auto_remat):
+  if capacity is None and not (auto_k or auto_remat) and attention == chosen:
     return cfg, None
   out = copy.deepcopy(cfg)
   with out.unlocked():  # the first setting; the group is built once with it
     out.train.gradient_accumulation_steps = k or 1
     out.train.remat = "none" if auto_remat else remat
+    out.train.attention = attention
   if capacity is None:
     return out, None
   group = _Group(out, devices, source)
@@ -241,7 +264,6 @@ def resolve_memory(
     lowered = evaluator.lower(state.params)
     eval_mem = memory.analyse(lowered.compile(), lowered, group.mesh.size)
   prefetch = _per_device_bytes(data) if group.host_fed else 0
-  platform = platform or getattr(devices[0], "platform", "cpu")
   choice = memory.choose(
     compile_train,
     batch_size=group.tcfg.batch_size,

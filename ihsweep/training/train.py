@@ -21,7 +21,8 @@ import optax
 from jax.sharding import Mesh
 
 from ihsweep.data.keys import step_keys
-from ihsweep.training.model import ModelConfig, Transformer
+from ihsweep.training import losses
+from ihsweep.training.model import ATTENTIONS, ModelConfig, Transformer, cudnn_attention_problem
 from ihsweep.workers import sharding
 
 
@@ -50,6 +51,7 @@ class TrainConfig:
   # 0/auto):
   gradient_accumulation_steps: int = 1  # k microbatches of B/k sequences per update; 0 = auto
   remat: str = "none"  # none | blocks (recompute block activations in the backward) | auto
+  attention: str = "explicit"  # explicit | xla | cudnn (model.ATTENTIONS) | auto
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
@@ -67,13 +69,51 @@ class TrainConfig:
 
 
 REMAT = ("auto", "none", "blocks")
+ATTENTION = ("auto", *ATTENTIONS)
+
+
+def cudnn_available() -> bool:
+  """Whether JAX finds a cuDNN library (the CUDA plugin's ``cudnn_get_version``; on a GPU
+  machine ``jax[cuda12]`` installs it, for compile-only devices ``make install`` puts it in
+  ``build/jax-cuda``)."""
+  try:
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    return bool(fused_attention_stablehlo.check_cudnn_version())
+  except Exception:  # noqa: BLE001 — no plugin, no library: the same answer
+    return False
+
+
+def resolve_attention(choice: str, mcfg: ModelConfig, platform: str) -> str:
+  """The train step's attention (one of ``model.ATTENTIONS``) on devices of ``platform``
+  (``cpu``, ``gpu``, ``tpu``). ``auto`` is cuDNN's flash attention on a GPU where it can compute
+  the model's attention (``model.cudnn_attention_problem``) and cuDNN is installed, else the
+  explicit pattern (on TPUs the TPU compiler gives jax.nn.dot_product_attention's XLA
+  implementation no fewer bytes: docs/planning.md).
+
+  Raises:
+    ValueError: ``cudnn`` on another platform, or where the model's shapes do not allow it
+      (the message says why).
+  """
+  problem = cudnn_attention_problem(mcfg) or (
+    None if platform == "gpu" else f"cuDNN runs on GPUs and these devices are {platform}"
+  )
+  if choice == "auto":
+    return "cudnn" if problem is None and cudnn_available() else "explicit"
+  if choice == "cudnn" and problem:
+    raise ValueError(problem)
+  return choice
 
 
 def training_model(mcfg: ModelConfig, tcfg: TrainConfig) -> Transformer:
   """The module the train program differentiates: ``mcfg``'s architecture with ``tcfg``'s
-  memory choices (block rematerialisation; the loss's vocabulary tiles follow the microbatch's
+  choices of how to compute it (block rematerialisation, the attention kernel — ``auto``
+  resolved for JAX's default backend; the loss's vocabulary tiles follow the microbatch's
   shape, ``losses.auto_vocab_tile``)."""
-  return Transformer(mcfg, remat=tcfg.remat == "blocks")
+  attention = tcfg.attention
+  if attention == "auto":  # resolve_memory resolves it for the devices; here: JAX's default
+    attention = resolve_attention(attention, mcfg, jax.default_backend())
+  return Transformer(mcfg, remat=tcfg.remat == "blocks", attention=attention)
 
 
 @flax.struct.dataclass
@@ -319,6 +359,12 @@ def make_ensemble_train_fn(
   each chunk running all ``n_steps`` updates while its working set is hot. Models are
   independent, so the result does not depend on c. c must divide E_local = E / (ensemble axis).
   """
+  # The rules of the devices compiled for (compile-only GPUs planned from a CPU included).
+  platform = mesh.devices.flat[0].platform
+  if not model.vocab_tile:  # the loss's vocabulary tiles for one microbatch of B/k sequences
+    tokens = tcfg.batch_size // tcfg.microbatches * tcfg.context_size
+    tile = losses.auto_vocab_tile(model.cfg.vocab_size, tokens, losses.logits_budget(platform))
+    model = model.clone(vocab_tile=tile)
   step_one = functools.partial(train_step, model=model, tcfg=tcfg)
   batch_sh = sharding.batch_sharding(mesh)
   host_sh = sharding.host_batch_sharding(mesh)
@@ -351,7 +397,7 @@ def make_ensemble_train_fn(
     batches = jax.lax.with_sharding_constraint(data, host_sh)  # [E, U, B, C + 1]
     n_models = hp.peak_lr.shape[0]
     local = n_models // n_dev_e
-    c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size)
+    c = vmap_chunk or auto_vmap_chunk(local, tcfg, model.cfg.vocab_size, platform)
     if local % c:
       raise ValueError(f"ensemble.vmap_chunk = {c} must divide the models per device ({local})")
     n_chunks = local // c
