@@ -31,7 +31,8 @@
 # imported; the project with `pip install --no-deps -e .` if it is not installed (PYTHONPATH
 # otherwise). Environment: PYTHON (default: .venv/bin/python with --cpu-smoke if there, else
 # python3), OUT (results folder; default ./device_check_out), DC_BUDGET_S (seconds for all
-# parts, default 470).
+# parts, default 470), PREFLIGHT (the pre-flight's JSON that part (d) reads; default
+# device_check_out/preflight.json, whatever OUT is).
 # Output: a results table on stdout; $OUT/device_check.json (every number), device_check.log
 # (this script's whole output), sweep_logs.tar.gz (the sweeps' worker logs and status files).
 # A part that fails or runs out of time is reported as such and the others still run.
@@ -51,7 +52,7 @@ out=$(cd "$out" && pwd)
 if (( preflight )); then
   exec "${PYTHON:-.venv/bin/python}" benchmarks/device_preflight.py --out "$out/preflight.json"
 fi
-planned=${PREFLIGHT:-$out/preflight.json}
+planned=${PREFLIGHT:-device_check_out/preflight.json}  # where --preflight writes it by default
 work=$(mktemp -d "${TMPDIR:-/tmp}/ihsweep-device-check.XXXXXX")
 exec > >(tee "$out/device_check.log") 2>&1
 if [[ -z "${PYTHON:-}" ]]; then

@@ -76,10 +76,6 @@ def _throughput_programs(target, programs: list) -> None:
   import throughput
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from ihsweep.training import runner, train
-  from ihsweep.training.model import ModelConfig
-  from ihsweep.workers import sharding
-
   device = target.devices[0]
   one = NamedSharding(jax.sharding.Mesh([device], ("x",)), PartitionSpec())
   square = jax.ShapeDtypeStruct((PEAK_MATMUL, PEAK_MATMUL), jnp.bfloat16, sharding=one)
@@ -89,35 +85,24 @@ def _throughput_programs(target, programs: list) -> None:
     f"bf16 matmul {PEAK_MATMUL}x{PEAK_MATMUL}",
     lambda: jax.jit(lambda a, b: a @ b).lower(square, square),
   )
-  # device_check.sh runs the workload in bf16 (its THROUGHPUT script), with the attention the
-  # GPU resolves for it.
-  mcfg = ModelConfig(**throughput.WORKLOADS["reference"]["model"], dtype="bfloat16")
-  attention = train.resolve_attention("auto", mcfg, device.platform)
-  throughput.ModelConfig = lambda **kw: ModelConfig(**{**kw, "dtype": "bfloat16"})
+  # device_check.sh runs the workload in bf16 (its THROUGHPUT script); 'auto' attention, as
+  # ihsweep resolves it for the GPU.
   for mode, n_models, u in (
     ("ensemble", THROUGHPUT_E, THROUGHPUT_U),
     ("sequential", 1, 1),
     ("sequential_scan", 1, THROUGHPUT_U),
   ):
-
-    def build(n_models=n_models, u=u):
-      _, tcfg, init, step, hp, _, source = throughput._build(
-        "reference", n_models, u, 50, "uniform", "device", target.devices[:1], attention
-      )
-      mesh = sharding.make_mesh(n_models, tcfg.batch_size, target.devices[:1])
-      state = init.lower(jax.ShapeDtypeStruct((n_models,), jnp.int32)).out_info
-      hp = runner._abstract(jax.device_get(hp), sharding.ensemble_sharding(mesh))
-      data = runner._abstract(source.arrays(), sharding.replicated(mesh))
-      return step.lower(state, hp, data)
-
-    _record(programs, "a", f"reference {mode}, E = {n_models}, {u} update(s)/call", build)
+    name = f"reference {mode}, E = {n_models}, {u} update(s)/call"
+    _record(
+      programs, "a", name,
+      lambda n=n_models, u=u: throughput.lower_bf16_reference(n, u, target.devices[:1])[0],
+    )  # fmt: skip
 
 
 def _largest_cell(target, programs: list) -> dict:
   """(d): memory_check.py's cell at the setting chosen for the target."""
   import memory_check
 
-  from ihsweep.planning import memory
   from ihsweep.training import runner
 
   cfg = memory_check.cell_config(False, 10)
@@ -140,8 +125,8 @@ def _largest_cell(target, programs: list) -> dict:
     )
     row.update(ok=True, error=None, per_device_bytes=choice.per_device_bytes)
     row["temp_bytes"] = choice.train.temp_bytes
-  except memory.DoesNotFit as e:
-    row["error"] = str(e)
+  except Exception as e:  # noqa: BLE001 — DoesNotFit, or the compiler's own error: the result
+    row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
   row["compile_s"] = round(time.perf_counter() - start, 2)
   programs.append(row)
   return result
@@ -159,6 +144,9 @@ def _sweep_programs(target_name: str, programs: list) -> None:
     programs.append({"part": "c", "program": "tiny sweep", "ok": False, "error": err[:400]})
     return
   plan = json.loads(r.stdout)
+  if not plan["groups"]:
+    programs.append({"part": "c", "program": "tiny sweep", "ok": False, "error": "no groups"})
+    return
   for g in plan["groups"]:
     programs.append(
       {

@@ -41,142 +41,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 H100_PEAK, H100_HBM = 989e12, 3.35e12
-FREE = {
-  "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
-  "call", "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
-  "copy-start", "copy-done", "send-done", "recv-done", "all-reduce-done", "async-done",
-  "async-update", "collective-permute-done",
-}  # fmt: skip
-GEMM_KINDS = ("__triton_gemm", "__triton_nested_gemm_fusion", "__cublas", "__cudnn$fmha")
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-               "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
-
-
-def _shape_end(text: str, i: int) -> int:
-  """Index after the shape starting at text[i] (a tuple's parentheses balanced)."""
-  if text[i] != "(":
-    return text.index(" ", i)
-  depth = 0
-  for j in range(i, len(text)):
-    depth += {"(": 1, ")": -1}.get(text[j], 0)
-    if depth == 0:
-      return j + 1
-  return len(text)
-
-
-def parse_hlo(text: str) -> tuple[dict, str]:
-  """``({computation name: [instruction dict]}, entry name)`` of an HLO module's text; each
-  instruction has ``name``, ``shape`` (its text), ``op`` and ``line``."""
-  comps, entry, current = {}, None, None
-  for line in text.splitlines():
-    if not line.startswith(" ") and line.rstrip().endswith("{"):
-      head = line.split(" (")[0].split()
-      name = head[-1].lstrip("%")
-      current = comps.setdefault(name, [])
-      if head[0] == "ENTRY":
-        entry = name
-      continue
-    if current is None or " = " not in line:
-      continue
-    left, _, right = line.partition(" = ")
-    end = _shape_end(right, 0)
-    shape, rest = right[:end], right[end:].lstrip()
-    op = rest.split("(", 1)[0]
-    current.append({"name": left.split()[-1].lstrip("%"), "shape": shape, "op": op, "line": line})
-  return comps, entry
-
-
-def _attr(line: str, key: str) -> str | None:
-  m = re.search(rf"{key}=%?([\w.\-]+)", line)
-  return m.group(1) if m else None
-
-
-def _trip_count(line: str) -> int | None:
-  m = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
-  return int(m.group(1)) if m else None
-
-
-def _bytes(shape: str) -> int:
-  total = 0
-  for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape):
-    n = 1
-    for d in filter(None, dims.split(",")):
-      n *= int(d)
-    total += n * DTYPE_BYTES.get(dtype, 4)
-  return total
-
-
-def _gemm_kind(ins: dict) -> str | None:
-  if ins["op"] not in ("fusion", "custom-call"):
-    return None
-  return next((k for k in GEMM_KINDS if k in ins["line"]), None)
-
-
-def kernels(comps: dict, name: str, counts: dict, multiplier: int = 1) -> None:
-  """Adds the kernels of computation ``name`` (× ``multiplier``) into ``counts``, descending
-  into called computations and loops (× their known trip count)."""
-  for ins in comps.get(name, []):
-    op, line = ins["op"], ins["line"]
-    if op == "while":
-      n = _trip_count(line) or 1
-      for part in ("condition", "body"):
-        kernels(comps, _attr(line, part), counts, multiplier * n)
-      continue
-    if op == "call":
-      kernels(comps, _attr(line, "to_apply"), counts, multiplier)
-      continue
-    if op == "conditional":
-      branches = re.findall(r"%([\w.\-]+)", line.split("branch_computations=")[-1].split("}")[0])
-      best: dict = {}
-      for b in branches:
-        c: dict = {}
-        kernels(comps, b, c)
-        if sum(c.get("all", {}).values()) > sum(best.get("all", {}).values()):
-          best = c
-      for key, per in best.items():
-        for k, v in per.items():
-          counts.setdefault(key, {})[k] = counts.get(key, {}).get(k, 0) + v * multiplier
-      continue
-    if op in FREE:
-      continue
-    kind = _gemm_kind(ins) or ("layout copy" if op in ("copy", "transpose") else op)
-    bucket = "gemm" if _gemm_kind(ins) else "other"
-    for key in ("all", bucket):
-      counts.setdefault(key, {})[kind] = counts.get(key, {}).get(kind, 0) + multiplier
-    counts.setdefault("_gemms", []).extend([ins] * multiplier if bucket == "gemm" else [])
-    counts.setdefault("_written", []).append(ins)
-
-
-def update_loop(comps: dict, entry: str) -> str | None:
-  """The body of the outermost loop of the entry (the update loop) or None."""
-  for ins in comps[entry]:
-    if ins["op"] == "while":
-      return ins["line"]
-  return None
-
-
-def dots_by_dtype(comps: dict, gemms: list) -> dict:
-  """``"bf16,bf16->f32": n`` over the dots inside the GEMM fusions (and plain dots)."""
-  out: dict = {}
-  for ins in gemms:
-    called = _attr(ins["line"], "calls")
-    bodies = [called] if called else []
-    seen = set()
-    while bodies:  # nested fusions (Triton's nested GEMM fusions)
-      body = bodies.pop()
-      if body in seen or body not in comps:
-        continue
-      seen.add(body)
-      shapes = {i["name"]: i["shape"] for i in comps[body]}
-      for inner in comps[body]:
-        if inner["op"] == "dot":
-          names = re.findall(r"%([\w.\-]+)", inner["line"].split(" dot(", 1)[1].split(")")[0])
-          dtypes = [shapes.get(n, "?").split("[")[0] for n in names]
-          key = f"{','.join(dtypes)}->{inner['shape'].split('[')[0]}"
-          out[key] = out.get(key, 0) + 1
-        for c in re.findall(r"calls=%([\w.\-]+)", inner["line"]):
-          bodies.append(c)
-  return out
 
 
 def analyse_program(lowered, n_models: int, cost=None, attention_flops: float = 0.0) -> dict:
@@ -184,70 +48,51 @@ def analyse_program(lowered, n_models: int, cost=None, attention_flops: float = 
   counts a loop's body once, so its FLOPs and bytes are one update's (of an untiled loss, one
   microbatch, one vmap chunk); ``cost`` (FLOPs, bytes) replaces them where those loops run more
   than once (``targets.update_cost``)."""
-  from ihsweep.planning import memory
+  from ihsweep.planning import kernels, memory
 
   compiled = lowered.compile()
-  comps, entry = parse_hlo(compiled.as_text())
-  loop = update_loop(comps, entry)
-  per_update: dict = {}
-  if loop:
-    for part in ("condition", "body"):
-      kernels(comps, _attr(loop, part), per_update)
-  per_call: dict = {}
-  kernels(comps, entry, per_call)  # the loop's body once, plus what runs once per call
-  gemms = per_update.get("_gemms", [])
+  k = kernels.per_update(compiled.as_text())
+  gemms = k["gemms_list"]
   batched = [g for g in gemms if re.match(rf"\(?\w+\[{n_models},", g["shape"])]
   m = memory.analyse(compiled, lowered)
   flops, n_bytes = cost or (m.flops + attention_flops, m.bytes_accessed)
-  written = sorted(per_update.get("_written", []), key=lambda i: -_bytes(i["shape"]))
+  written = sorted(k["written"], key=lambda i: -kernels.shape_bytes(i["shape"]))
   return {
-    "kernels_per_update": sum(per_update.get("all", {}).values()),
-    "kernels_once_per_call": sum(per_call.get("all", {}).values())
-    - sum(per_update.get("all", {}).values()),
-    "kernel_kinds": dict(sorted(per_update.get("all", {}).items(), key=lambda kv: -kv[1])),
-    "gemms_per_update": len(gemms),
+    "kernels_per_update": k["kernels"],
+    "kernels_once_per_call": k["once_per_call"],
+    "kernel_kinds": k["kinds"],
+    "gemms_per_update": k["gemms"],
     "gemms_batched_over_models": len(batched) if n_models > 1 else None,
-    "dots_by_dtype": dots_by_dtype(comps, gemms),
-    "layout_copies_per_update": per_update.get("all", {}).get("layout copy", 0),
+    "dots_by_dtype": kernels.dots_by_dtype(k["computations"], gemms),
+    "layout_copies_per_update": k["layout_copies"],
     "temp_bytes": m.temp_bytes,
     "largest_written": [
-      {"op": i["op"], "shape": i["shape"][:80], "bytes": _bytes(i["shape"])} for i in written[:3]
+      {"op": i["op"], "shape": i["shape"][:80], "bytes": kernels.shape_bytes(i["shape"])}
+      for i in written[:3]
     ],
     "flops_per_update": flops,
     "bytes_per_update": n_bytes,
     "roofline_flops_s": flops / H100_PEAK,
     "roofline_bytes_s": n_bytes / H100_HBM,
+    "launch_s": k["kernels"] * kernels.LAUNCH_S,
   }
 
 
 def reference(target, n_models: int, attention: str | None = None) -> dict:
   """The reference workload's ensemble program at E = n_models on one device of ``target``."""
-  import jax
-  import jax.numpy as jnp
   import throughput
 
-  from ihsweep.training import runner, train
+  from ihsweep.planning import targets
+  from ihsweep.training import train
   from ihsweep.training.model import ModelConfig
-  from ihsweep.workers import sharding
 
-  w = throughput.WORKLOADS["reference"]
-  mcfg = ModelConfig(**w["model"], dtype="bfloat16")
-  attention = attention or train.resolve_attention("auto", mcfg, "gpu")
-  throughput.ModelConfig = lambda **kw: ModelConfig(**{**kw, "dtype": "bfloat16"})
-  u = 10
-  devices = target.devices[:1]
-  _, tcfg, init, step, hp, _, source = throughput._build(
-    "reference", n_models, u, 50, "uniform", "device", devices, attention
-  )
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
-  state = init.lower(jax.ShapeDtypeStruct((n_models,), jnp.int32)).out_info
-  hp = runner._abstract(jax.device_get(hp), sharding.ensemble_sharding(mesh))
-  data = runner._abstract(source.arrays(), sharding.replicated(mesh))
-  lowered = step.lower(state, hp, data)
+  mcfg = ModelConfig(**throughput.WORKLOADS["reference"]["model"], dtype="bfloat16")
+  attention = attention or train.resolve_attention("auto", mcfg, target.devices[0])
+  lowered, mcfg, tcfg = throughput.lower_bf16_reference(n_models, 10, target.devices[:1], attention)
   tokens = n_models * tcfg.batch_size * tcfg.context_size  # one update, untiled loss
   extra = 0.0
   if attention == "cudnn":
-    extra = 0.5 * 12.0 * mcfg.n_layers * mcfg.d_model * tcfg.context_size * tokens
+    extra = targets.fused_attention_flops(mcfg.n_layers, mcfg.d_model, tcfg.context_size, tokens)
   return {
     "program": f"reference, E = {n_models}",
     "attention": attention,

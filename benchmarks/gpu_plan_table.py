@@ -50,7 +50,8 @@ def table(plan: dict, estimate: dict | None = None) -> str:
       f"{gib:.2f} | {g['flops_per_update'] / 1e12:.1f} | {g['roofline_update_s'] * 1e3:.0f} ms |"
     )
     if fused:
-      explicit = g["attention"].get("explicit_bytes", g["memory"]["per_device_bytes"]) / GIB
+      explicit = g.get("attention", {}).get("explicit_bytes", g["memory"]["per_device_bytes"])
+      explicit /= GIB
       row += f" {attention(g)} | {explicit:.2f} |"
     if estimate:
       e = other.get(cell)

@@ -100,9 +100,10 @@ def _build(
   loader: str,
   devices=None,
   attention: str = "auto",
+  dtype: str = "float32",
 ):
   w = WORKLOADS[workload]
-  mcfg = ModelConfig(**w["model"], dtype="float32")
+  mcfg = ModelConfig(**w["model"], dtype=dtype)
   tcfg = train.TrainConfig(
     batch_size=w["batch_size"],
     context_size=w["context_size"],
@@ -111,7 +112,7 @@ def _build(
     lr=1e-3,
     attention=attention,  # 'auto': as ihsweep trains on this backend
   )
-  model = train.training_model(mcfg, tcfg)
+  model = train.training_model(mcfg, tcfg, (devices or jax.devices())[0])  # 'auto' resolved
   source = _source(data, loader, mcfg, tcfg)
   mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
   init = train.make_init_fn(model, tcfg, mesh)
@@ -131,6 +132,26 @@ def _build(
     return loader.next
 
   return mcfg, tcfg, init, step, hp, feed, source
+
+
+def lower_bf16_reference(
+  n_models: int, steps_per_call: int, devices: list, attention: str = "auto"
+) -> tuple:
+  """The 'reference' workload's ensemble program in bf16 (as device_check.sh runs it) for
+  ``n_models`` on the first of ``devices`` (compile-only devices too: nothing is placed),
+  lowered against abstract arguments. Returns ``(jax.stages.Lowered, ModelConfig,
+  TrainConfig)``."""
+  from ihsweep.training import runner
+
+  mcfg, tcfg, init, step, hp, _, source = _build(
+    "reference", n_models, steps_per_call, 50, "uniform", "device", devices[:1], attention,
+    dtype="bfloat16",
+  )  # fmt: skip
+  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices[:1])
+  state = init.lower(jax.ShapeDtypeStruct((n_models,), jnp.int32)).out_info
+  hp = runner.abstract_like(jax.device_get(hp), sharding.ensemble_sharding(mesh))
+  data = runner.abstract_like(source.arrays(), sharding.replicated(mesh))
+  return step.lower(state, hp, data), mcfg, tcfg
 
 
 def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:

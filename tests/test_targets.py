@@ -171,8 +171,8 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   """The demo's largest group (B 32, C 64) on one H100; exp1 at study scale on a node of 8
   H100s, its smallest (B 8, C 64) and largest (B 128, C 1024) cells and the two between: every
   group compiled by XLA:GPU, each fits at the setting the plan chooses, and the largest runs
-  both models at once (k = 1, vmap chunk 2: 20 GiB there with cuDNN's flash attention, 45 GiB
-  with the explicit pattern, against the CPU estimate's 96)."""
+  both models at once (k = 1, vmap chunk 2: 22.7 GiB there with cuDNN's flash attention, 46.7
+  GiB with the explicit pattern, against the CPU estimate's 96)."""
   r = _plan("--target=h100-80gb", "--devices=1", "--config=configs/demo.py",
             "--config.sweep.grid.train.batch_size=(32,)",
             "--config.sweep.grid.train.context_size=(64,)", "--json", libtpu=False)  # fmt: skip
@@ -194,9 +194,23 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   big = cells[(128, 1024)]
   assert big["gradient_accumulation_steps"] == 1 and big["vmap_chunk"] == 2, big
   # The train step's attention is cuDNN's flash attention (bf16, head dimension 96), and at
-  # C = 1024 it saves what the explicit [B·H, C, C] pattern needs: 45.10 -> 20.39 GiB.
+  # C = 1024 it saves what the explicit [B·H, C, C] pattern needs: 46.65 -> 22.72 GiB.
   for g in cells.values():
     assert g["attention"]["compiled"] == "cudnn", g["attention"]
     assert g["attention"]["saved_bytes"] >= 0
   assert big["attention"]["saved_bytes"] > 20 * GIB, big["attention"]
   assert big["attention"]["explicit_bytes"] > 40 * GIB
+  # The roofline is the largest lower bound read from the compiled program: FLOPs, twice the
+  # train state over HBM, kernels × 4 µs. The largest cell launches 681 kernels per update
+  # with 1 GiB loss tiles (2,161 with 256 MiB ones) and is FLOP-bound; the smallest is bound by
+  # AdamW's state traffic (2 × 1.28 GB in 0.77 ms) above its 157 launches (0.63 ms).
+  for g in cells.values():
+    terms = g["roofline_terms"]
+    assert set(terms) == {"flops_s", "state_bytes_s", "launch_s"}, terms
+    assert g["roofline_update_s"] == max(terms.values()) and g["kernels_per_update"] > 100
+  assert (
+    big["kernels_per_update"] < 1000
+    and max(big["roofline_terms"].items(), key=lambda kv: kv[1])[0] == "flops_s"
+  )
+  small = cells[(8, 64)]["roofline_terms"]
+  assert small["state_bytes_s"] > small["launch_s"] > small["flops_s"], small

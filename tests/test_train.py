@@ -1,4 +1,5 @@
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -291,15 +292,16 @@ def test_an_on_device_training_call_makes_no_implicit_transfers(tiny):
 
 
 def test_the_train_steps_attention_is_resolved_for_the_devices(monkeypatch):
-  """'auto' is cuDNN's flash attention on a GPU where the shapes allow and cuDNN is found, the
-  explicit pattern elsewhere; 'cudnn' where it cannot run is refused with why."""
+  """'auto' is cuDNN's flash attention on a GPU where the shapes allow and cuDNN is found, XLA's
+  implementation on TPUs, the explicit pattern elsewhere; 'cudnn' where it cannot run is
+  refused with why."""
   from ihsweep.training.model import ModelConfig
 
   study = ModelConfig(n_heads=8, d_model=768, dtype="bfloat16")  # head dimension 96
   monkeypatch.setattr(train, "cudnn_available", lambda: True)
   assert train.resolve_attention("auto", study, "gpu") == "cudnn"
   assert train.resolve_attention("auto", study, "cpu") == "explicit"
-  assert train.resolve_attention("auto", study, "tpu") == "explicit"
+  assert train.resolve_attention("auto", study, "tpu") == "xla"
   float32 = ModelConfig(n_heads=8, d_model=768, dtype="float32")
   assert train.resolve_attention("auto", float32, "gpu") == "explicit"
   odd_heads = ModelConfig(n_heads=12, d_model=60, dtype="bfloat16")  # head dimension 5
@@ -309,7 +311,15 @@ def test_the_train_steps_attention_is_resolved_for_the_devices(monkeypatch):
     train.resolve_attention("cudnn", study, "tpu")
   with pytest.raises(ValueError, match="head dimension d_model / n_heads = 5"):
     train.resolve_attention("cudnn", odd_heads, "gpu")
+  volta = types.SimpleNamespace(platform="gpu", compute_capability="7.0")
+  hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+  assert train.resolve_attention("auto", study, hopper) == "cudnn"
+  assert train.resolve_attention("auto", study, volta) == "explicit"
+  with pytest.raises(ValueError, match="needs compute capability 8.0 and these GPUs have 7.0"):
+    train.resolve_attention("cudnn", study, volta)
   monkeypatch.setattr(train, "cudnn_available", lambda: False)
   assert train.resolve_attention("auto", study, "gpu") == "explicit"
+  with pytest.raises(ValueError, match="JAX finds no cuDNN library"):
+    train.resolve_attention("cudnn", study, hopper)
   assert train.training_model(study, train.TrainConfig(attention="xla")).attention == "xla"
   assert train.training_model(study, train.TrainConfig(attention="auto")).attention == "explicit"

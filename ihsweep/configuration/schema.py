@@ -157,8 +157,8 @@ FIELDS: tuple[Field, ...] = (
     choices=("auto", "none", "blocks")),
   _f("train.attention", "auto",
     "the train step's attention: the explicit [B·H, C, C] pattern, or jax.nn.dot_product_attention"
-    " (xla, or cudnn: flash attention, GPU only); auto = cudnn on a GPU where it applies, else"
-    " explicit (evaluation and the metrics always read the explicit pattern)",
+    " (xla, or cudnn: flash attention, GPU only); auto = cudnn on a GPU where it applies, xla on"
+    " TPUs, else explicit (evaluation and the metrics always read the explicit pattern)",
     choices=("auto", "explicit", "xla", "cudnn")),
   # ensemble
   _f("ensemble.size", 4, "E, models trained together", lo=1),

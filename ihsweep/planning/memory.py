@@ -62,6 +62,7 @@ class ProgramMemory:
   flops: float = 0.0
   bytes_accessed: float = 0.0
   cost_from: str = "compiled program"  # or "lowered HLO" (analyse)
+  kernels_per_update: int = 0  # XLA:GPU programs: launches per update (planning.kernels)
 
   @property
   def peak_bytes(self) -> int:

@@ -449,19 +449,51 @@ def update_cost(choice, cfg, mesh_shape: tuple, platform: str = "cpu") -> tuple[
   missing = 8.0 * (n_tiles - 1) * tile * d * (tokens / n_data) * s.vmap_chunk if tile < v else 0.0
   scale = k * chunks
   if cfg.train.get("attention", "explicit") == "cudnn":
-    missing += fused_attention_flops(cfg, tokens / n_data) * s.vmap_chunk
+    layers, c = int(cfg.model.n_layers), int(cfg.train.context_size)
+    missing += fused_attention_flops(layers, d, c, tokens / n_data) * s.vmap_chunk
   return (choice.train.flops + missing) * scale, choice.train.bytes_accessed * scale
 
 
-def fused_attention_flops(cfg, tokens: float) -> float:
+ROOFLINE_TERMS = {
+  "flops_s": "FLOPs / peak",
+  "bytes_s": "bytes accessed / HBM bandwidth",
+  "state_bytes_s": "2 x train state / HBM bandwidth",
+  "launch_s": "kernels x launch latency",
+}
+
+
+def update_time_terms(train, flops: float, n_bytes: float, target) -> dict:
+  """The terms of one update's time on a device of ``target`` whose maximum is the plan's
+  roofline (seconds), two lower bounds and an estimate: ``flops_s`` = FLOPs / peak; the memory
+  term, ``bytes_s`` = bytes
+  accessed / HBM bandwidth where the compiled program counted them, else ``state_bytes_s`` =
+  twice the donated train state (``train.alias_bytes``: AdamW reads and writes every parameter
+  and moment once per update at least) / HBM bandwidth — the lowered program's bytes count
+  every unfused op and would over-state it; and for XLA:GPU programs ``launch_s`` = kernels per
+  update (``planning.kernels``) × ``kernels.LAUNCH_S`` (an estimate: XLA's CUDA-graph command
+  buffers can launch for less). ``train``: the train program's
+  ``memory.ProgramMemory``."""
+  from ihsweep.planning import kernels
+
+  terms = {"flops_s": flops / target.peak_flops}
+  if train.cost_from != "lowered HLO":
+    terms["bytes_s"] = n_bytes / target.hbm_bytes_per_s
+  else:
+    terms["state_bytes_s"] = 2.0 * train.alias_bytes / target.hbm_bytes_per_s
+  if train.kernels_per_update:
+    terms["launch_s"] = train.kernels_per_update * kernels.LAUNCH_S
+  return terms
+
+
+def fused_attention_flops(n_layers: int, d_model: int, context: int, tokens: float) -> float:
   """Training FLOPs of one model's attention scores and weighted values (QKᵀ, AV) over
-  ``tokens`` tokens, which cuDNN's flash attention computes inside a custom call that XLA's cost
-  analysis counts as none: PaLM's 12 · n_layers · d_model · C per token (Chowdhery et al. 2022,
+  ``tokens`` tokens in sequences of C = ``context``, which cuDNN's flash attention computes
+  inside a custom call that XLA's cost analysis counts as none: PaLM's 12 · n_layers · d_model ·
+  C per token (Chowdhery et al. 2022,
   appendix B; forward + backward over the full C × C matrix), halved, because cuDNN skips the
   tiles the causal mask removes; its backward's recomputed scores are not counted (a lower
   bound, as the roofline is)."""
-  layers, d, c = int(cfg.model.n_layers), int(cfg.model.d_model), int(cfg.train.context_size)
-  return 0.5 * 12.0 * layers * d * c * tokens
+  return 0.5 * 12.0 * n_layers * d_model * context * tokens
 
 
 def candidate_layouts(target: Target) -> list[int]:
@@ -505,7 +537,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
   ``makespan_s``, ``utilisation``) and ``fits``.
   """
-  from ihsweep.planning import memory, placement, timing
+  from ihsweep.planning import kernels, memory, placement, timing
   from ihsweep.training import schedule
 
   fixed = int(cfg.mesh.num_devices)
@@ -550,9 +582,11 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     "fits": all(g["memory"]["fits"] for g in groups),
     "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
     "headroom": memory.HEADROOM,
-    "roofline": "per update max(FLOPs / peak, bytes accessed / HBM bandwidth) per device, "
-    "FLOPs and bytes from the compiled program (update_cost), + the gradient all-reduce over "
-    "a data axis on the chip's network ("
+    "roofline": "per update and device the largest of two lower bounds, FLOPs / peak and the "
+    "bytes accessed / HBM bandwidth (where the compiled program counts them, else twice the "
+    "train state), and for GPUs an estimate, kernels per update x "
+    f"{kernels.LAUNCH_S * 1e6:.0f} us per launch (update_time_terms), + the gradient "
+    "all-reduce over a data axis on the chip's network ("
     + (target.network.describe() if target.network else "no published figure: not priced")
     + "); evaluation, checkpoints and start-up not counted",
   }
@@ -588,6 +622,7 @@ class _GroupCompiler:
           target.capacity_bytes,
           planned_source(job.cfg),
           target.chip.platform,
+          count_kernels=target.devices[0].platform == "gpu",
         )
         memo[(job.id, m)] = (out, choice, None)
       except memory.DoesNotFit as e:
@@ -667,12 +702,8 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   out, choice, _ = compile_group(j, m)
   mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
   flops, n_bytes = update_cost(choice, out, mesh, target.devices[0].platform)
-  # Bytes of the lowered (unfused) program count every op's operands and results, several times
-  # what fused kernels move: the roofline is then FLOPs / peak alone, a lower bound.
-  flops_only = choice.train.cost_from == "lowered HLO"
-  roofline = flops / target.peak_flops
-  if not flops_only:
-    roofline = max(roofline, n_bytes / target.hbm_bytes_per_s)
+  terms = update_time_terms(choice.train, flops, n_bytes, target)
+  roofline = max(terms.values())
   all_reduce = comm_model.all_reduce_s(j, m)
   per_update = roofline + all_reduce
   s = choice.setting
@@ -707,7 +738,9 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
     "flops_per_update": flops,
     "analytic_flops_per_update": j.flops_per_update / m,
     "bytes_per_update": n_bytes,
-    "roofline_from": "FLOPs / peak" if flops_only else "max(FLOPs / peak, bytes / HBM bandwidth)",
+    "kernels_per_update": choice.train.kernels_per_update,
+    "roofline_terms": terms,
+    "roofline_from": "max(" + ", ".join(ROOFLINE_TERMS[t] for t in terms) + ")",
     "roofline_update_s": roofline,
     "all_reduce_s": all_reduce,
     "update_s": per_update,
@@ -754,6 +787,19 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int
   return layouts
 
 
+def _signed_gib(n_bytes: int) -> str:
+  from ihsweep.planning.memory import gib
+
+  return ("-" if n_bytes < 0 else "") + gib(abs(n_bytes))
+
+
+def _bound(group: dict) -> str:
+  """Which lower bound sets a group's roofline: flops, memory or launch."""
+  terms = group.get("roofline_terms") or {"flops_s": 1.0}
+  top = max(terms, key=terms.get)
+  return {"flops_s": "flops", "launch_s": "launch"}.get(top, "memory")
+
+
 def format_plan(p: dict) -> str:
   """The text ``ihsweep plan --target`` prints."""
   from ihsweep.planning.memory import gib
@@ -778,7 +824,7 @@ def format_plan(p: dict) -> str:
   )
   lines.append(
     "  group     B     C  E  dev  mesh   k  chunk remat  attention   memory/device       "
-    "fits  TFLOP/upd  roofline/upd  all-reduce/upd      time"
+    "fits  TFLOP/upd  roofline/upd bound  all-reduce/upd      time"
   )
   for g in p["groups"]:
     mem = g["memory"]
@@ -788,7 +834,8 @@ def format_plan(p: dict) -> str:
       f"{g['vmap_chunk']:>5} {g['remat']:<6} {g['attention']['compiled']:<9}  "
       f"{gib(mem['per_device_bytes']):>9} / "
       f"{gib(mem['capacity_bytes']):<9} {'yes' if mem['fits'] else 'NO':<4} "
-      f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms  "
+      f"{g['flops_per_update'] / 1e12:>9.3f}  {g['roofline_update_s'] * 1e3:>9.2f} ms "
+      f"{_bound(g):<6} "
       f"{g['all_reduce_s'] * 1e3:>11.2f} ms  {duration(g['seconds']):>8}"
     )
   fused = [g for g in p["groups"] if g["attention"]["compiled"] != "explicit"]
@@ -797,10 +844,10 @@ def format_plan(p: dict) -> str:
     widest = max(fused, key=lambda g: (g["context_size"], g["attention"]["saved_bytes"]))
     before, after = widest["attention"]["explicit_bytes"], widest["memory"]["per_device_bytes"]
     lines.append(
-      f"attention: {len(fused)} group(s) compiled with {fused[0]['attention']['compiled']} "
-      f"(the explicit pattern needs {gib(min(saved))} to {gib(max(saved))} more per device at "
-      f"the same setting; group {widest['id']}, C = {widest['context_size']}: "
-      f"{gib(before)} -> {gib(after)})"
+      f"attention: {len(fused)} group(s) compiled with {fused[0]['attention']['compiled']}; "
+      f"bytes per device saved against the explicit pattern at the same setting: "
+      f"{_signed_gib(min(saved))} to {_signed_gib(max(saved))} (group {widest['id']}, C = "
+      f"{widest['context_size']}: {gib(before)} -> {gib(after)})"
     )
   lines.append(
     "layouts (wider workers: compute scaled by devices, all-reduces on the wider mesh, memory "
@@ -815,6 +862,17 @@ def format_plan(p: dict) -> str:
   lines.append(
     f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} on "
     f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s) ({p['roofline']})"
+  )
+  analytic = sum(g["analytic_flops_per_update"] * g["devices"] * g["updates"] for g in p["groups"])
+  device_s = sum(g["roofline_s"] * g["devices"] for g in p["groups"])
+  f_max = analytic / device_s if device_s else 0.0
+  lines.append(
+    f"`ihsweep plan --flops_per_s=F` prices PaLM's analytic FLOPs alone at F per device: "
+    f"{analytic / t['peak_flops_per_device'] / 3600:.2f} device-hours at this peak, divided by "
+    f"the fraction of it you give; this roofline's {device_s / 3600:.2f} device-hours add what "
+    f"the compiled programs say (their FLOPs, state bytes and kernel launches): an F above "
+    f"{f_max:.3g} FLOP/s ({f_max / t['peak_flops_per_device']:.0%} of peak) would promise less "
+    f"time than it (a floor where FLOPs or memory set it; launches are an estimate)"
   )
   lines.append(describe_checkpoint_totals(p["checkpoints"]) + " (roofline times)")
   lines.append("every group fits" if p["fits"] else "NOT every group fits")

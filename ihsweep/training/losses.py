@@ -22,17 +22,17 @@ import jax.numpy as jnp
 # × BT 2048 = 32 MiB) stays untiled, at its measured speed; the study's largest cell (V 50,257 ×
 # BT 131,072 = 26 GB) is tiled.
 WHOLE_LOGITS_BYTES = 256 << 20
-# On a GPU or TPU the tile loop's kernels are launched per tile: the study's largest cell (BT
+# On a GPU the host launches the tile loop's kernels once per tile: the study's largest cell (BT
 # 131,072 per model) took 99 tiles of 512 rows and 2,161 kernels per update at 256 MiB, 25 tiles
 # and 681 kernels at 1 GiB, for 2.7 GiB more temporaries (XLA:GPU for an H100,
-# benchmarks/gpu_kernels.py; docs/planning.md).
-ACCELERATOR_LOGITS_BYTES = 1 << 30
+# benchmarks/gpu_kernels.py; docs/planning.md). TPUs run their loops on the chip: 256 MiB there.
+GPU_LOGITS_BYTES = 1 << 30
 TILE_MULTIPLE = 128  # TPU lane width; tiles are multiples of it
 
 
 def logits_budget(platform: str) -> int:
   """``auto_vocab_tile``'s budget on devices of ``platform`` (``cpu``, ``gpu``, ``tpu``)."""
-  return WHOLE_LOGITS_BYTES if platform == "cpu" else ACCELERATOR_LOGITS_BYTES
+  return GPU_LOGITS_BYTES if platform == "gpu" else WHOLE_LOGITS_BYTES
 
 
 def auto_vocab_tile(vocab_size: int, n_tokens: int, budget_bytes: int = WHOLE_LOGITS_BYTES) -> int:

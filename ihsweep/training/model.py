@@ -143,8 +143,8 @@ def cudnn_attention_problem(cfg: ModelConfig) -> str | None:
     return f"model.dtype is {cfg.dtype!r} and cuDNN's flash attention takes bfloat16"
   if cfg.d_head % 8 or cfg.d_head > CUDNN_MAX_HEAD_DIM:
     return (
-      f"the head dimension d_model / n_heads = {cfg.d_head} is not a multiple of 8 at most "
-      f"{CUDNN_MAX_HEAD_DIM}"
+      f"the head dimension d_model / n_heads = {cfg.d_head} must be a multiple of 8 and at "
+      f"most {CUDNN_MAX_HEAD_DIM}"
     )
   return None
 
@@ -269,8 +269,8 @@ class Transformer(nn.Module):
   to float rounding): ``vocab_tile`` (vocabulary rows per tile of the training loss,
   ``losses.unembed_cross_entropy``; 0 = by shape) and ``remat`` (recompute each block's
   activations in the backward pass instead of keeping them: ``jax.checkpoint`` with
-  ``nothing_saveable``, ~1/3 more compute for activation memory of one block) and ``attention``
-  (one of ``ATTENTIONS``: the attention kernel of the paths that return no internals).
+  ``nothing_saveable``, ~1/3 more compute for activation memory of one block); ``attention``
+  (one of ``ATTENTIONS``) is the attention kernel of the paths that return no internals.
 
   ``__call__(tokens_BxT, return_internals=False, targets_BxT=None)``:
     tokens_BxT: int32 token ids in [0, vocab_size), T ≤ max_context.

@@ -23,7 +23,7 @@ import numpy as np
 from ihsweep.configuration import config as config_lib
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
-from ihsweep.planning import memory
+from ihsweep.planning import kernels, memory
 from ihsweep.runs import checkpoint, rundir
 from ihsweep.training import loop, resume, train
 from ihsweep.training import schedule as schedule_lib
@@ -106,7 +106,7 @@ class _Group:
     self.mcfg, self.tcfg = train.model_and_train_config(cfg)
     self.n_models = cfg.ensemble.size
     self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
-    self.model = train.training_model(self.mcfg, self.tcfg)
+    self.model = train.training_model(self.mcfg, self.tcfg, self.mesh.devices.flat[0])
     self.source = source or make_source(
       cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
     )
@@ -150,10 +150,10 @@ class _Group:
         tcfg.context_size + 1,
       )
       return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
-    return _abstract(self.source.arrays(), sharding.replicated(self.mesh))
+    return abstract_like(self.source.arrays(), sharding.replicated(self.mesh))
 
 
-def _abstract(tree, where):
+def abstract_like(tree, where):
   """``jax.ShapeDtypeStruct`` of each numpy leaf of ``tree`` as ``jax.device_put(tree, where)``
   would place it (the dtype JAX gives it: float64 becomes float32 without x64)."""
   return jax.tree_util.tree_map(
@@ -181,12 +181,18 @@ def lower_train_program(cfg, devices: list, source=None):
   be read (benchmarks/gpu_kernels.py)."""
   group = _Group(cfg, devices, source)
   state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
-  hp = _abstract(group.hparams(), sharding.ensemble_sharding(group.mesh))
+  hp = abstract_like(group.hparams(), sharding.ensemble_sharding(group.mesh))
   return group.train_program().lower(state, hp, group.abstract_data())
 
 
 def resolve_memory(
-  cfg, devices: list, name: str = "the run", capacity=None, source=None, platform=None
+  cfg,
+  devices: list,
+  name: str = "the run",
+  capacity=None,
+  source=None,
+  platform=None,
+  count_kernels: bool = False,
 ):
   """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.planning.memory``):
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
@@ -199,7 +205,9 @@ def resolve_memory(
   ``capacity`` (bytes per device) replaces the devices' own, ``source`` the data source the
   group would build, and ``platform`` (``gpu``, ``tpu``) the devices' own for the default vmap
   chunk (``ihsweep plan --target``: compile-only devices, no corpus; a GPU target compiled on
-  CPU devices still starts from every model at once, as on the GPU).
+  CPU devices still starts from every model at once, as on the GPU). ``count_kernels``: record
+  in each compiled setting the kernels an XLA:GPU program launches per update
+  (``planning.kernels``; the plan's, not needed to train).
 
   Returns:
     ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
@@ -211,11 +219,10 @@ def resolve_memory(
   k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
   auto_k, auto_remat = k == 0, remat == "auto"
   auto_chunk = cfg.ensemble.vmap_chunk == 0
-  compiled_for = getattr(devices[0], "platform", "cpu")  # a GPU target's CPU estimate: cpu
-  platform = platform or compiled_for
+  platform = platform or getattr(devices[0], "platform", "cpu")
   chosen = cfg.train.get("attention", "explicit")
   try:
-    attention = train.resolve_attention(chosen, ModelConfig.from_config(cfg.model), compiled_for)
+    attention = train.resolve_attention(chosen, ModelConfig.from_config(cfg.model), devices[0])
   except ValueError as e:
     raise config_lib.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
   capacity = capacity or memory.device_capacity(devices[0])
@@ -231,7 +238,7 @@ def resolve_memory(
   group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
   state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
-  hp, data = _abstract(group.hparams(), ens_sh), group.abstract_data()
+  hp, data = abstract_like(group.hparams(), ens_sh), group.abstract_data()
   n_ens, n_data = group.mesh.shape["ensemble"], group.mesh.shape["data"]
   local = group.n_models // n_ens
   n_steps = min(group.tcfg.steps_per_call, group.tcfg.num_steps)
@@ -243,7 +250,7 @@ def resolve_memory(
       remat=setting.remat,
     )
     program = train.make_ensemble_train_fn(
-      train.training_model(group.mcfg, tcfg),
+      train.training_model(group.mcfg, tcfg, devices[0]),
       tcfg,
       None if group.host_fed else group.source.sample,
       group.mesh,
@@ -252,7 +259,12 @@ def resolve_memory(
     )
     try:
       lowered = program.lower(state, hp, data)
-      return memory.analyse(lowered.compile(), lowered, group.mesh.size)
+      compiled = lowered.compile()
+      found = memory.analyse(compiled, lowered, group.mesh.size)
+      if count_kernels:  # launches per update: the plan's estimate of their time
+        n = kernels.per_update(compiled.as_text())["kernels"]
+        found = dataclasses.replace(found, kernels_per_update=n)
+      return found
     except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
@@ -336,7 +348,9 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
   state = init.out_info  # TrainState of ShapeDtypeStruct, with the ensemble sharding
   compile_(
     "train",
-    group.train_program().lower(state, _abstract(group.hparams(), ens_sh), group.abstract_data()),
+    group.train_program().lower(
+      state, abstract_like(group.hparams(), ens_sh), group.abstract_data()
+    ),
   )
   if schedule_lib.eval_interval(cfg):
     compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))

@@ -69,6 +69,7 @@ class TrainConfig:
 
 
 REMAT = ("auto", "none", "blocks")
+UPDATE_LOOP_SCOPE = "ihsweep_updates"  # in the op_name of the update loop's HLO while
 ATTENTION = ("auto", *ATTENTIONS)
 
 
@@ -84,35 +85,56 @@ def cudnn_available() -> bool:
     return False
 
 
-def resolve_attention(choice: str, mcfg: ModelConfig, platform: str) -> str:
-  """The train step's attention (one of ``model.ATTENTIONS``) on devices of ``platform``
-  (``cpu``, ``gpu``, ``tpu``). ``auto`` is cuDNN's flash attention on a GPU where it can compute
-  the model's attention (``model.cudnn_attention_problem``) and cuDNN is installed, else the
-  explicit pattern (on TPUs the TPU compiler gives jax.nn.dot_product_attention's XLA
-  implementation no fewer bytes: docs/planning.md).
+CUDNN_MIN_CAPABILITY = (8, 0)  # cuDNN's fused flash attention: Ampere (sm80) or later
+
+
+def resolve_attention(choice: str, mcfg: ModelConfig, device) -> str:
+  """The train step's attention (one of ``model.ATTENTIONS``) on devices like ``device`` (a
+  ``jax.Device``, compile-only ones too; or a platform name, ``cpu``/``gpu``/``tpu``).
+  ``auto`` is what the compilers were measured to need least memory for (docs/planning.md,
+  "Attention"): cuDNN's flash attention on a GPU of compute capability 8.0 or later (cuDNN's
+  fused attention needs Ampere) where it can compute the model's attention
+  (``model.cudnn_attention_problem``) and cuDNN is installed; on TPUs XLA's implementation of
+  jax.nn.dot_product_attention (exp1's B 32 × C 1024 on a v5e core: 8.79 GiB against the
+  explicit pattern's 11.39); elsewhere the explicit pattern (on GPUs XLA's implementation
+  compiles to the same bytes; on CPUs the explicit pattern's heads-major layout is the one
+  measured fast, docs/benchmarks.md).
 
   Raises:
-    ValueError: ``cudnn`` on another platform, or where the model's shapes do not allow it
-      (the message says why).
+    ValueError: ``cudnn`` where it cannot run: another platform, an older GPU, shapes it does
+      not take, no cuDNN library (the message says which).
   """
-  problem = cudnn_attention_problem(mcfg) or (
-    None if platform == "gpu" else f"cuDNN runs on GPUs and these devices are {platform}"
-  )
+  platform = getattr(device, "platform", device)
+  capability = getattr(device, "compute_capability", None)
+  problem = cudnn_attention_problem(mcfg)
+  if problem is None and platform != "gpu":
+    problem = f"cuDNN runs on GPUs and these devices are {platform}"
+  if problem is None and capability:
+    if tuple(int(x) for x in str(capability).split(".")[:2]) < CUDNN_MIN_CAPABILITY:
+      problem = (
+        f"cuDNN's flash attention needs compute capability 8.0 and these GPUs have {capability}"
+      )
   if choice == "auto":
+    if platform == "tpu":
+      return "xla"
     return "cudnn" if problem is None and cudnn_available() else "explicit"
-  if choice == "cudnn" and problem:
-    raise ValueError(problem)
+  if choice == "cudnn":
+    if problem:
+      raise ValueError(problem)
+    if not cudnn_available():
+      raise ValueError("JAX finds no cuDNN library (jax[cuda12] installs it)")
   return choice
 
 
-def training_model(mcfg: ModelConfig, tcfg: TrainConfig) -> Transformer:
+def training_model(mcfg: ModelConfig, tcfg: TrainConfig, device=None) -> Transformer:
   """The module the train program differentiates: ``mcfg``'s architecture with ``tcfg``'s
   choices of how to compute it (block rematerialisation, the attention kernel — ``auto``
-  resolved for JAX's default backend; the loss's vocabulary tiles follow the microbatch's
-  shape, ``losses.auto_vocab_tile``)."""
+  resolved for ``device``, the program's devices, JAX's first device if None; the loss's
+  vocabulary tiles follow the microbatch's shape and the devices,
+  ``make_ensemble_train_fn``)."""
   attention = tcfg.attention
-  if attention == "auto":  # resolve_memory resolves it for the devices; here: JAX's default
-    attention = resolve_attention(attention, mcfg, jax.default_backend())
+  if attention == "auto":  # resolve_memory resolves and records it; here: the same rule
+    attention = resolve_attention(attention, mcfg, device or jax.devices()[0])
   return Transformer(mcfg, remat=tcfg.remat == "blocks", attention=attention)
 
 
@@ -385,7 +407,9 @@ def make_ensemble_train_fn(
       return state, loss_UxE.at[t].set(m["loss"]), gnorm_UxE.at[t].set(m["grad_norm"])
 
     zeros = jnp.zeros((n_steps, n_models), model.cfg.accum_dtype)
-    state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
+    # The scope names the update loop in the compiled program (planning.kernels reads it).
+    with jax.named_scope(UPDATE_LOOP_SCOPE):
+      state, loss, gnorm = jax.lax.fori_loop(0, n_active, one_update, (state, zeros, zeros))
     return state, {"loss": loss, "grad_norm": gnorm}
 
   def train_call(state, hp, data, n_active):  # named for the compile logs: jit(train_call)
