@@ -52,6 +52,7 @@ from scipy import special
 from ihsweep.errors import IhsweepError
 from ihsweep.planning import law as law_lib
 
+from . import lack_of_fit
 from .censored_fit import (
   cluster_bootstrap,
   fit_mle,
@@ -109,6 +110,9 @@ class LawFit:
       updates, residual in ln units).
     emerged_only: the ``LSQ`` fit on the same cells and resamples (None on that fit itself).
     fixed: coefficients held at given values.
+    lack_of_fit: ``analysis.lack_of_fit.AxisTest``s of C and B (axes with ≥ 3 values; none
+      with fixed coefficients or the n_params term): whether a free level per value fits
+      better than the power law.
   """
 
   log_T: float
@@ -134,6 +138,7 @@ class LawFit:
   range: dict = dataclasses.field(default_factory=dict)
   n_grid_points: int = 0
   emerged_only: "LawFit | None" = None
+  lack_of_fit: list = dataclasses.field(default_factory=list)
 
   def _by(self) -> tuple:
     """``(B, C, ln observed UPT)`` of the emerged cells (``residuals``), as ``_score`` takes."""
@@ -238,6 +243,8 @@ class LawFit:
       range=self.range,
       n_grid_points=self.n_grid_points,
     )
+    if self.lack_of_fit:
+      out["lack_of_fit"] = [t.to_dict() for t in self.lack_of_fit]
     if self.fixed:
       out["fixed"] = self.fixed
     if self.cov is not None:
@@ -548,6 +555,8 @@ def fit_law(
   all_cells = np.ones(len(pts), bool)
   fit = _law_fit(problem, coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), all_cells)
   fit.emerged_only = emerged_only
+  if not fixed and not with_params:
+    fit.lack_of_fit = lack_of_fit.axis_tests(pts, censored, y)
   return fit
 
 

@@ -397,7 +397,18 @@ def _law_finding(law: dict, em: pd.DataFrame) -> list[str]:
     "beta" in fixed,
     why,
   )
+  # Where a free level per value fits the cells better than the power law (analysis.lack_of_fit),
+  # the exponent averages a shape the law cannot take: say what the grid does instead.
+  lacking = {t["symbol"]: t for t in law.get("lack_of_fit") or [] if t.get("lacks_fit")}
+  if "B" in lacking:
+    a_text = f"{lacking['B']['sentence']}, so α = {law['alpha']:.2f} is not a trend"
+  if "C" in lacking:
+    b_text, b_sign = f"{lacking['C']['sentence']}, so β = {law['beta']:.2f} is not a trend", None
   a_ci, b_ci = interval_of(law, "alpha"), interval_of(law, "beta")
+  if "B" in lacking:
+    a_ci = None  # no count trend is read from an exponent that does not describe the grid
+  if "C" in lacking:
+    b_ci = None
   seq = tok_c = (None, None)
   sentences = [f"Batch size: {a_text}"]
   if a_ci is not None and "alpha" not in fixed:

@@ -190,7 +190,7 @@ def test_json_keys_and_prediction_intervals():
     "form",
   }
   new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points", "study_r"}
-  assert set(law) == old | new | {"emerged_only"}
+  assert set(law) == old | new | {"emerged_only", "lack_of_fit"}
   assert set(law["emerged_only"]) == old | new
   assert law["method"] == "censored log-normal MLE" and law["emerged_only"]["method"] == scaling.LSQ
   assert law["range"] == {"batch_size": [4, 128], "context_size": [16, 512]}
@@ -350,6 +350,10 @@ def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, cap
   assert study[:3] == ["study", "(published)", "13.26"]
   assert f"{law['n_censored']} of 72 cells censored" in lines[5]
   assert lines[6].startswith(f"sigma = {law['sigma']:.3f}")
+  assert [line.split(":")[0] for line in lines if line.startswith("lack of fit")] == [
+    "lack of fit in C",
+    "lack of fit in B",
+  ]  # a power law: none found
   few = tmp_path / "few.csv"
   pts.iloc[[40, 45, 50, 55, 60]].to_csv(few, index=False)  # 5 emerged cells: 2 dof
   assert cli.main(["fit-law", "--csv", str(few)]) == 0
@@ -422,3 +426,69 @@ def test_a_count_no_counter_holds_is_refused(tmp_path):
   )
   with pytest.raises(scaling.FitError, match=r"emergence_step: line 5 has 1e\+300, more than any"):
     scaling.fit_law(scaling.read_points(str(f)))
+
+
+def _shaped_grid(shape, rng, seeds=2, sigma=0.1, censor_above=None):
+  """Cells of a 3 × 3 grid, B 8–32 × C 16–64, ln UPT = shape(B, C) + N(0, σ²); with
+  ``censor_above``, cells past it censored there."""
+  rows = []
+  for b in (8, 16, 32):
+    for c in (16, 32, 64):
+      for s in range(seeds):
+        step = float(np.exp(shape(b, c) + rng.normal(0, sigma)))
+        row = {"batch_size": b, "context_size": c, "seed": s, "emergence_step": step}
+        row.update(censored=False, censor_step=np.nan)
+        if censor_above and step > censor_above:
+          row.update(emergence_step=np.nan, censored=True, censor_step=censor_above)
+        rows.append(row)
+  return pd.DataFrame(rows)
+
+
+def _power(b, c):
+  return 9.0 - 0.8 * np.log(b) - 0.3 * np.log(c)
+
+
+def _u_in_c(b, c):  # C = 32 fastest at every B: 0.6 ln units slower one octave either side
+  return 9.0 - 0.8 * np.log(b) + 0.6 * (np.log(c / 32) / np.log(2)) ** 2
+
+
+def test_lack_of_fit_flags_a_u_in_c_and_not_a_power_law():
+  """Known answers: a U-shaped truth in C is flagged with the words the summary uses, B (a
+  power law there) is not; data from the power law are not flagged in either axis, at 20
+  noise draws (a 1% test: a false flag would be a 1-in-100 event per axis and draw) and with
+  censored cells."""
+  rng = np.random.default_rng(0)
+  fit = scaling.fit_law(_shaped_grid(_u_in_c, rng), n_boot=0)
+  by = {t.symbol: t for t in fit.lack_of_fit}
+  assert by["C"].lacks_fit and by["C"].dof == 1 and by["C"].p_value < 1e-6
+  assert by["C"].fastest == {8.0: 32.0, 16.0: 32.0, 32.0: 32.0}
+  assert (
+    by["C"]
+    .sentence()
+    .startswith("C = 32 is fastest at every B: the power law in C does not describe this grid")
+  )
+  assert by["C"].offsets[1] < -0.3 < 0.1 < by["C"].offsets[0]  # the U, against the law's line
+  assert not by["B"].lacks_fit
+  law = fit.to_dict()
+  assert [t["lacks_fit"] for t in law["lack_of_fit"]] == [True, False]
+  for draw in range(20):
+    power = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(100 + draw)), n_boot=0)
+    assert not any(t.lacks_fit for t in power.lack_of_fit), [t.p_value for t in power.lack_of_fit]
+  censored = _shaped_grid(_u_in_c, np.random.default_rng(1), censor_above=np.exp(7.6))
+  assert censored["censored"].eq(True).sum() >= 2
+  flagged = {t.symbol: t.lacks_fit for t in scaling.fit_law(censored, n_boot=0).lack_of_fit}
+  assert flagged == {"C": True, "B": False}
+
+
+def test_the_summary_says_the_law_does_not_fit_instead_of_no_clear_dependence():
+  from analysis import summary
+
+  rng = np.random.default_rng(0)
+  points = _shaped_grid(_u_in_c, rng)
+  law = scaling.fit_law(points, n_boot=200).to_dict()
+  em = points.assign(censored=False)
+  text = " ".join(summary._law_finding(law, em))
+  assert "C = 32 is fastest at every B: the power law in C does not describe this grid" in text
+  assert "no clear dependence on C" not in text
+  law.pop("lack_of_fit")
+  assert "C = 32 is fastest" not in " ".join(summary._law_finding(law, em))
