@@ -15,7 +15,9 @@ at the study's token counts. Grid: B ∈ {8, 16, 32, 64, 128} × C ∈ {64, 128,
 seeds = 50 models in 25 groups. ``:scale=study,models=3`` adds a model-size axis (d_model 256 /
 512 / 768 with 4 / 8 / 12 heads) to test the study's size independence. Budget: the study's 1B
 tokens; ``--config.sweep.budget=emergence --config.sweep.law_multiple=3`` stops each group once
-every model has emerged and trained on to 2× that update (and saves most of the compute).
+every model has emerged and trained on to 2× that update (and saves most of the compute). The
+learning-rate schedule spans the study's token budget either way (``sweep.schedule_horizon``
+'tokens': its 1% warmup and cosine decay as in the study), so an early stop only ends training.
 
   tfds build c4/en --file_format=array_record --data_dir=$TFDS     # once (needs TensorFlow)
   ihsweep corpus prepare --config=configs/exp1_natural.py --config.data.tfds_data_dir=$TFDS
@@ -78,7 +80,7 @@ def get_config(arg: str = ""):
     c.eval.update(every_tokens=65_536, probe_top_k=512)
     c.checkpoint.update(params_schedule="log", points_per_octave=2, law_points_per_octave=0)
     grid.train = ml_collections.ConfigDict(dict(batch_size=(8, 16, 32), context_size=(32, 64, 128)))
-    c.sweep.update(budget="tokens", tokens=1_000_000, seeds=2)
+    c.sweep.update(budget="tokens", tokens=1_000_000, seeds=2, schedule_horizon="tokens")
   else:
     c.model.update(
       n_layers=2,
@@ -96,7 +98,7 @@ def get_config(arg: str = ""):
     grid.train = ml_collections.ConfigDict(
       dict(batch_size=(8, 16, 32, 64, 128), context_size=(64, 128, 256, 512, 1024))
     )
-    c.sweep.update(budget="tokens", tokens=1_000_000_000, seeds=2)
+    c.sweep.update(budget="tokens", tokens=1_000_000_000, seeds=2, schedule_horizon="tokens")
     if opts["models"] == 3:
       c.sweep.zip = ml_collections.ConfigDict(
         dict(

@@ -54,6 +54,11 @@ def _assert_refused(cfg, tmp_path, field, words):
     ({"checkpoint.law_window": 0.5}, "checkpoint.law_window", ["[1.0, inf)"]),
     ({"train.attention": "flash"}, "train.attention", ["one of auto, explicit, xla, cudnn"]),
     (
+      {"train.schedule_steps": 5},
+      "train.schedule_steps",
+      ["0 (= train.num_steps) or at least train.num_steps = 20", "learning rate of 0"],
+    ),
+    (
       {"train.attention": "cudnn"},
       "train.attention",
       ["auto, explicit or xla: model.dtype is 'float32'", "takes bfloat16"],
@@ -61,7 +66,7 @@ def _assert_refused(cfg, tmp_path, field, words):
     (
       {"train.attention": "cudnn", "model.dtype": "bfloat16", "model.n_heads": 8},
       "train.attention",
-      ["head dimension d_model / n_heads = 4 is not a multiple of 8"],
+      ["head dimension d_model / n_heads = 4 must be a multiple of 8 and at most 128"],
     ),
     (  # allowed by the model's shapes, not by the devices (a CPU)
       {"train.attention": "cudnn", "model.dtype": "bfloat16"},
@@ -350,3 +355,17 @@ def test_probe_ids_exclude_every_special_token_of_a_user_tokenizer(tiny, tmp_pat
     "eval.probe_top_k",
     ["0 or in [16, 16]", "16 of model.vocab_size = 20 ids usable"],
   )
+
+
+def test_a_schedule_over_the_token_budget_needs_one(tiny):
+  from ihsweep.planning import grid as grid_lib
+
+  cfg = tiny(**{"sweep.schedule_horizon": "tokens"})
+  grid_lib.add_axes(cfg, ["train.batch_size=8,16"])
+  with pytest.raises(ConfigError, match="sweep.schedule_horizon = 'tokens' .the tokens per model"):
+    grid_lib.make_plan(cfg)
+  cfg.sweep.tokens = 8 * 32 * 5  # 5 updates at B 8, 3 at B 16 (ceil), the schedule = the budget
+  cfg.sweep.budget = "tokens"
+  plan = grid_lib.make_plan(cfg)
+  assert sorted(g.num_steps for g in plan.groups) == [3, 5]
+  assert {g.cfg.train.schedule_steps for g in plan.groups} == {0}

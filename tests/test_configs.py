@@ -69,3 +69,33 @@ def test_demo_grid_and_budget():
 def test_bad_config_arguments_are_refused(name, arg):
   with pytest.raises(ValueError, match="allowed|no argument|study-scale"):
     importlib.import_module(f"configs.{name}").get_config(arg)
+
+
+def test_exp1s_early_stop_keeps_the_studys_schedule(text_file):
+  """exp1 under the emergence budget (its recommended cheap rerun): every group's schedule spans
+  the study's token budget, ceil(tokens / (B·C)) updates, and training stops at the cap within
+  it; under its own 'tokens' budget the schedule is the budget (train.schedule_steps 0, as
+  runs made before the field)."""
+  from ihsweep.planning import placement
+
+  cfg = importlib.import_module("configs.exp1_natural").get_config()  # study scale, 1B tokens
+  cfg.data.update(corpus="", tfds_name="", files=text_file)
+  cfg.mesh.num_devices = 2
+  tokens = cfg.sweep.tokens
+  for g in grid_lib.make_plan(cfg).groups:
+    assert g.cfg.train.schedule_steps == 0 and g.num_steps == -(-tokens // (
+      g.cfg.train.batch_size * g.cfg.train.context_size))  # fmt: skip
+  cfg.sweep.update(budget="emergence", law_multiple=3.0)
+  plan = grid_lib.make_plan(cfg)
+  for g in plan.groups:
+    b, c = g.cfg.train.batch_size, g.cfg.train.context_size
+    horizon = -(-tokens // (b * c))
+    assert g.cfg.train.schedule_steps in (horizon, 0)
+    assert g.num_steps <= horizon
+    assert (g.cfg.train.schedule_steps or g.num_steps) == horizon
+  assert any(g.cfg.train.schedule_steps == -(-tokens // (g.cfg.train.batch_size *
+             g.cfg.train.context_size)) for g in plan.groups)  # fmt: skip
+  note = placement._updates_note(cfg, None, plan)
+  assert f"over the experiment's {tokens:,} tokens per model" in note
+  cfg.sweep.schedule_horizon = "budget"  # the schedule of the cap, as before the field
+  assert all(g.cfg.train.schedule_steps == 0 for g in grid_lib.make_plan(cfg).groups)

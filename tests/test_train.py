@@ -323,3 +323,26 @@ def test_the_train_steps_attention_is_resolved_for_the_devices(monkeypatch):
     train.resolve_attention("cudnn", study, hopper)
   assert train.training_model(study, train.TrainConfig(attention="xla")).attention == "xla"
   assert train.training_model(study, train.TrainConfig(attention="auto")).attention == "explicit"
+
+
+def test_an_early_stop_keeps_the_learning_rate_of_the_full_budget(tiny, x64):
+  """A model whose training stops at update 8 of a schedule over 24 (``train.schedule_steps``)
+  trains, at each of its 8 updates, at exactly the learning rate of the same model trained to
+  24 (the schedule's values, and so the losses: float64); a schedule over its 8 updates alone
+  (before ``schedule_steps``) differs from the first update on (warmup over 1% of 8 vs 24)."""
+  full = tiny(**{"train.num_steps": 24, "train.steps_per_call": 8, "train.warmup_frac": 0.25})
+  stopped = tiny(**{"train.num_steps": 8, "train.steps_per_call": 8, "train.warmup_frac": 0.25,
+                    "train.schedule_steps": 24})  # fmt: skip
+  short = tiny(**{"train.num_steps": 8, "train.steps_per_call": 8, "train.warmup_frac": 0.25})
+  lr = {}
+  for name, cfg in (("full", full), ("stopped", stopped), ("short", short)):
+    tcfg = train.model_and_train_config(cfg)[1]
+    lr[name] = np.asarray([train.schedule_shape(tcfg)(t) for t in range(8)])
+  np.testing.assert_array_equal(lr["stopped"], lr["full"])  # exactly, at every trained update
+  assert lr["full"][1] > 0 and np.all(np.abs(lr["short"][1:] - lr["full"][1:]) > 1e-3)
+  seeds, lrs = [3, 4], [3e-3, 1e-2]
+  _, full_loss = _train_ensemble(full, jax.devices()[:1], seeds, lrs)
+  _, stopped_loss = _train_ensemble(stopped, jax.devices()[:1], seeds, lrs)
+  _, short_loss = _train_ensemble(short, jax.devices()[:1], seeds, lrs)
+  np.testing.assert_allclose(stopped_loss, full_loss[:8], rtol=1e-12)
+  assert np.max(np.abs(short_loss[2:] - full_loss[2:8]) / full_loss[2:8]) > 1e-6

@@ -641,6 +641,15 @@ def _validate_train(cfg) -> int:
     "grad_clip",
   ):
     _check(cfg, f"train.{name}")
+  horizon = cfg.train.get("schedule_steps", 0)  # a config written before it: 0
+  _check(cfg, "train.schedule_steps", horizon)
+  if horizon and horizon < cfg.train.num_steps:
+    raise ConfigError(
+      "train.schedule_steps",
+      horizon,
+      f"0 (= train.num_steps) or at least train.num_steps = {cfg.train.num_steps:,}: a "
+      f"schedule that ended before training would train on at a learning rate of 0",
+    )
   return batch
 
 
@@ -766,7 +775,14 @@ def validate(cfg, devices=None) -> None:
 def _validate_budget(cfg) -> None:
   """``sweep.budget`` and the fields it reads."""
   budget = _check(cfg, "sweep.budget")
-  if budget == "tokens":
+  horizon = _check(cfg, "sweep.schedule_horizon", cfg.sweep.get("schedule_horizon", "budget"))
+  if budget == "tokens" or horizon == "tokens":
+    if horizon == "tokens" and not cfg.sweep.tokens:
+      raise ConfigError(
+        "sweep.tokens",
+        cfg.sweep.tokens,
+        ">= 1 with sweep.schedule_horizon = 'tokens' (the tokens per model the schedule spans)",
+      )
     _check(cfg, "sweep.tokens")
   if budget in ("law", "emergence"):
     _check(cfg, "sweep.law_multiple")

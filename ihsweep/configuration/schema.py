@@ -135,8 +135,12 @@ FIELDS: tuple[Field, ...] = (
   _f("train.context_size", 128,
     "C, tokens per sequence", lo=1, hi="model.max_context", unit="tokens"),
   _f("train.num_steps", 200,
-    "updates; the schedule's horizon",
+    "updates; the schedule's horizon unless train.schedule_steps says otherwise",
     lo=1, hi=INT32_MAX, unit="updates", hint=" (updates; the update counter is int32)"),
+  _f("train.schedule_steps", 0,
+    "the learning-rate schedule's horizon (its warmup fraction and decay span it); 0 ="
+    " train.num_steps; more than train.num_steps: training stops before the schedule ends",
+    lo=0, hi=INT32_MAX, unit="updates", hint=" (0 = train.num_steps)"),
   _f("train.steps_per_call", 50,
     "most updates per host call (one compiled device loop)", lo=1, unit="updates"),
   _f("train.lr", 1e-3,
@@ -299,6 +303,11 @@ FIELDS: tuple[Field, ...] = (
   _f("sweep.tokens", 0,
     "budget 'tokens': tokens per model",
     lo=1, unit="tokens", hint=" (tokens per model for budget 'tokens')"),
+  _f("sweep.schedule_horizon", "budget",
+    "what each cell's learning-rate schedule spans (train.schedule_steps): its budget's updates,"
+    " or ceil(sweep.tokens / (B·C)), the experiment's token budget, also when an early-stopping"
+    " budget ('law', 'emergence') ends training sooner (the stop is only a stop)",
+    choices=("budget", "tokens")),
   _f("sweep.law_multiple", 3.0,
     "budget 'law' / 'emergence': multiple of the predicted updates",
     lo=0.0, hi=math.inf, lo_open=True),

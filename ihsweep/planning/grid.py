@@ -248,6 +248,24 @@ def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, s
   return n, f"{what}{sweep.law_multiple:g} × law"
 
 
+def schedule_updates(cfg, batch_size: int, context_size: int) -> int:
+  """The updates a cell's learning-rate schedule spans under ``sweep.schedule_horizon``
+  'tokens': ceil(sweep.tokens / (B·C)), the experiment's token budget, whatever stops
+  training (an 'emergence' budget's early stop ends training, not the schedule); 0 for
+  'budget' (the schedule spans the cell's updates, ``train.schedule_steps`` 0)."""
+  if cfg.sweep.get("schedule_horizon", "budget") != "tokens":
+    return 0
+  n = math.ceil(cfg.sweep.tokens / (batch_size * context_size))
+  if n > config_lib.INT32_MAX:
+    raise ConfigError(
+      "sweep.tokens",
+      cfg.sweep.tokens,
+      f"a schedule of at most {config_lib.INT32_MAX:,} updates per cell (the update counter "
+      f"is int32): {n:,} updates at B = {batch_size}, C = {context_size}",
+    )
+  return n
+
+
 def _model_key(cell_cfg) -> str:
   """What decides the model a cell trains: its config without execution-only fields and the
   data fields its source does not read."""
@@ -423,8 +441,14 @@ def make_plan(cfg) -> Plan:
     b, c_size = int(g.train.batch_size), int(g.train.context_size)
     group.num_steps, group.cap_reason = budget_updates(cfg, b, c_size, law)
     group.law_updates = law.updates(b, c_size)
+    horizon = schedule_updates(cfg, b, c_size)
+    if horizon and group.num_steps > horizon:  # never train past the experiment's budget
+      group.num_steps = horizon
+      group.cap_reason += f", at most the schedule's {cfg.sweep.tokens:,} tokens"
     with g.unlocked():
       g.train.num_steps = group.num_steps
+      # Recorded only where it differs, so that a budget-long schedule reads as before (0).
+      g.train.schedule_steps = horizon if horizon != group.num_steps else 0
     mcfg = model_lib.ModelConfig.from_config(g.model)
     group.cost_flops = (
       len(members) * group.num_steps * b * c_size * model_lib.flops_per_token(mcfg, c_size)

@@ -278,7 +278,7 @@ def predict(
     layout=choose_layout(layouts),
     n_processes=n_processes,
     devices_per_process=per_process,
-    updates_note=_updates_note(cfg, law) if plan.budget == "emergence" else "",
+    updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
   )
 
 
@@ -360,13 +360,25 @@ def _chosen_reason(teams: int, n_processes: int, per_process: int) -> str:
   )
 
 
-def _updates_note(cfg, law) -> str:
-  """How an 'emergence' budget's updates are predicted (``Prediction.updates_note``)."""
+def _updates_note(cfg, law, plan) -> str:
+  """How an 'emergence' budget's updates are predicted, and what its groups' learning-rate
+  schedules span (``Prediction.updates_note``)."""
   sweep = cfg.sweep
   source = law.source if law is not None else "the sweep's law (sweep.law_file or the study's)"
-  return (
+  note = (
     f"'emergence' budget: a group is predicted to stop at {sweep.stop_margin:g} × the "
     f"evaluation where the law ({source}) puts its transition, capped by its budget "
     f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
-    f"an earlier run) to predict the stops"
+    f"an earlier run) to predict the stops. "
+  )
+  if sweep.get("schedule_horizon", "budget") == "tokens":
+    spans = [g.cfg.train.get("schedule_steps", 0) or g.num_steps for g in plan.groups]
+    return note + (
+      f"Learning-rate schedules: over the experiment's {sweep.tokens:,} tokens per model "
+      f"(sweep.schedule_horizon 'tokens': {min(spans):,}–{max(spans):,} updates per group), "
+      f"the stop only ends training"
+    )
+  return note + (
+    "Learning-rate schedules: over each group's cap (sweep.schedule_horizon 'budget'; "
+    "'tokens' keeps the schedule of sweep.tokens, the stop then only ends training)"
   )

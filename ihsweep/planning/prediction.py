@@ -71,6 +71,7 @@ class Prediction:
         "context_size": job.context_size,
         "updates": job.updates,
         "cap_updates": job.cap_updates,
+        "schedule_updates": _schedule_updates(job),
         "cost_flops": job.cost_flops,
         "eval_flops": job.eval_flops,
         "n_params": job.n_params,
@@ -172,6 +173,13 @@ def format_text(p: Prediction) -> str:
   lines += _schedule_lines(p)
   lines += _outcome_lines(p)
   return "\n".join(lines)
+
+
+def _schedule_updates(job) -> int:
+  """The updates the group's learning-rate schedule spans (``train.schedule_steps``, else its
+  budget's updates)."""
+  tr = job.cfg.train if job.cfg is not None else {}
+  return int(tr.get("schedule_steps", 0) or 0) or int(job.cap_updates)
 
 
 def _group_lines(p: Prediction) -> list[str]:

@@ -88,13 +88,18 @@ def check_resumable(cfg, workdir: str) -> None:
 
 
 _MISSING = object()
+# Fields of other sections added after runs were made, at the value that reproduces those runs.
+ADDED_FIELDS = {"train.schedule_steps": 0, "sweep.schedule_horizon": "budget"}
 
 
 def _added_field_default(field: str):
   """The default of a ``data``/``eval`` field (``data.default_config``,
-  ``config.default_eval``), or a sentinel equal to nothing. Such a field added to ihsweep
-  defaults to what runs did before it existed (e.g. ``data.induction_start`` 'half',
-  ``eval.probe_position`` 'start'), so a run directory made before it resumes at that value."""
+  ``config.default_eval``) or of one in ``ADDED_FIELDS``, or a sentinel equal to nothing. Such
+  a field added to ihsweep defaults to what runs did before it existed (e.g.
+  ``data.induction_start`` 'half', ``eval.probe_position`` 'start', ``train.schedule_steps``
+  0), so a run directory made before it resumes at that value."""
+  if field in ADDED_FIELDS:
+    return ADDED_FIELDS[field]
   section, _, rest = field.partition(".")
   defaults = {"data": data.default_config, "eval": config_lib.default_eval}.get(section)
   node = defaults() if defaults else None

@@ -37,7 +37,8 @@ class TrainConfig:
 
   batch_size: int = 16  # B, sequences per update
   context_size: int = 128  # C, tokens per sequence
-  num_steps: int = 1000  # updates; the schedule's horizon
+  num_steps: int = 1000  # updates trained
+  schedule_steps: int = 0  # the learning-rate schedule's horizon (updates); 0 = num_steps
   steps_per_call: int = 50  # U, most updates per host call (one device loop)
   lr: float = 2.5e-4  # peak learning rate (per model: HParams.peak_lr)
   schedule: str = "cosine"  # cosine | constant | inverse_sqrt
@@ -59,8 +60,14 @@ class TrainConfig:
     return cls(**{k: v for k, v in dict(cfg).items() if k in names})
 
   @property
+  def horizon(self) -> int:
+    """Updates the learning-rate schedule spans: ``schedule_steps``, or ``num_steps`` if 0 (an
+    early stop ends training before it, without changing the schedule)."""
+    return int(self.schedule_steps) or int(self.num_steps)
+
+  @property
   def warmup_steps(self) -> int:
-    return int(round(self.warmup_frac * self.num_steps))
+    return int(round(self.warmup_frac * self.horizon))
 
   @property
   def microbatches(self) -> int:
@@ -167,14 +174,15 @@ class HParams:
 
 def schedule_shape(tcfg: TrainConfig) -> optax.Schedule:
   """Learning-rate multiplier in [0, 1] per update: linear warmup, then cosine decay to 0 at
-  ``num_steps`` (optax.warmup_cosine_decay_schedule), constant, or inverse square root
-  (Vaswani et al. 2017, eq. 3: ``sqrt(warmup / step)`` after warmup)."""
-  warmup = tcfg.warmup_steps
+  ``tcfg.horizon`` (``schedule_steps``, else ``num_steps``; optax.warmup_cosine_decay_schedule),
+  constant, or inverse square root (Vaswani et al. 2017, eq. 3: ``sqrt(warmup / step)`` after
+  warmup). Warmup is ``warmup_frac`` of the horizon."""
+  warmup, horizon = tcfg.warmup_steps, tcfg.horizon
   if tcfg.schedule == "cosine":
     if warmup == 0:  # optax logs a warning for a zero-length warmup
-      return optax.cosine_decay_schedule(1.0, max(tcfg.num_steps, 1), alpha=0.0)
+      return optax.cosine_decay_schedule(1.0, max(horizon, 1), alpha=0.0)
     return optax.warmup_cosine_decay_schedule(
-      0.0, 1.0, warmup_steps=warmup, decay_steps=max(tcfg.num_steps, warmup + 1), end_value=0.0
+      0.0, 1.0, warmup_steps=warmup, decay_steps=max(horizon, warmup + 1), end_value=0.0
     )
   if tcfg.schedule == "constant":
     if warmup == 0:
