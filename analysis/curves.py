@@ -56,7 +56,9 @@ def __getattr__(name: str):
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-HEAD_COLUMNS = ("ps_layer", "ps_head", "la_layer", "la_head", "dla_layer", "dla_head")
+HEAD_COLUMNS = tuple(
+  f"{name}_{part}" for name in metric_registry.HEAD_SCORES for part in ("layer", "head")
+)
 SOURCES = ("auto", "checkpoints", "online")
 # The analysis's evaluation budget per model and checkpoint: the first 12 of the run's 100
 # repeated-token probes (12 × 50 scored positions for each head's PS and LA; the study uses 100)
@@ -172,7 +174,7 @@ def _rows_from_host(host: dict, group: Group, step: int) -> list[dict]:
       "tokens": int(step) * tokens_per_update,
     }
     row.update({m: float(host[m][i]) for m in metric_registry.names()})
-    for name in ("ps", "la", "dla"):
+    for name in metric_registry.HEAD_SCORES:
       layer, head = (int(v) for v in host[f"{name}_argmax"][i])
       row[f"{name}_layer"], row[f"{name}_head"] = layer, head
     rows.append(row)
@@ -303,7 +305,7 @@ def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:
     return online
   online = online.copy()
   online["group"] = group.id
-  for name in ("ps", "la", "dla"):
+  for name in metric_registry.HEAD_SCORES:
     col = f"{name}_argmax"
     if col in online:
       pairs = online[col].apply(

@@ -40,11 +40,15 @@ FILES = (
   "frontier.csv",
   "factorial.csv",
   "positions.csv",
+  "circuit.csv",
 )
 FIGURES = (
   "curves_ps_max",
+  "curves_pt_max",
   "curves_ar_acc",
   "curves_la_max",
+  "loss",
+  "attention",
   "law",
   "emergence_bc",
   "emergence_map",

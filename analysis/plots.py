@@ -106,8 +106,14 @@ def figure_curves(
   method: str = "threshold",
   axes: list[str] = (),
   max_panels: int = 36,
+  mark: str | None = None,
+  label: str | None = None,
 ):
   """The figure of ``plot_curves`` (a matplotlib Figure; its visible axes are the panels).
+
+  ``mark``: the metric whose emergence points are marked on the curves (default ``metric``:
+  e.g. ``ps_max``'s points on the training loss); ``label``: the y label (default the
+  registry's label of ``metric``).
 
   Every panel has a log x axis from ``curve_start`` (the last checkpoint before any curve shown
   changes, at least the first non-zero checkpoint) to the last checkpoint of all panels shown
@@ -134,8 +140,10 @@ def figure_curves(
   rows = math.ceil(n / cols) or 1
   fig, axs = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharey=True)
   points = None
+  mark = mark or metric
+  label = label or metric_registry.label(metric)
   if emergence is not None and not emergence.empty:
-    points = emergence[(emergence["metric"] == metric) & (emergence["method"] == method)]
+    points = emergence[(emergence["metric"] == mark) & (emergence["method"] == method)]
     points = points.set_index(["run", "cell"])
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, (key, panel) in zip(axs.flat, shown):
@@ -149,13 +157,14 @@ def figure_curves(
   for ax in axs[-1]:
     ax.set_xlabel("updates (log)", fontsize=8)
   for ax in axs[:, 0]:
-    ax.set_ylabel(metric_registry.label(metric), fontsize=8)
+    ax.set_ylabel(label, fontsize=8)
   handles, labels = axs.flat[0].get_legend_handles_labels()
   if handles:
     axs.flat[0].legend(handles[:8], labels[:8], fontsize=6, loc="best")
   note = f" (first {max_panels} of {len(panels)} grid points)" if len(panels) > max_panels else ""
+  marked = "emergence" if mark == metric else f"emergence of {mark}"
   fig.suptitle(
-    f"{metric_registry.label(metric)} per grid point; o = emergence ({method}), x = censored{note}",
+    f"{label} per grid point; o = {marked} ({method}), x = censored{note}",
     fontsize=9,
   )
   fig.tight_layout()
@@ -197,6 +206,8 @@ def plot_curves(
   method: str = "threshold",
   axes: list[str] = (),
   max_panels: int = 36,
+  mark: str | None = None,
+  label: str | None = None,
 ) -> list[str]:
   """Metric curves per grid point (``figure_curves``). Returns the PNG and PDF paths.
 
@@ -207,7 +218,14 @@ def plot_curves(
   """
   return save(
     figure_curves(
-      curves, emergence, metric=metric, method=method, axes=axes, max_panels=max_panels
+      curves,
+      emergence,
+      metric=metric,
+      method=method,
+      axes=axes,
+      max_panels=max_panels,
+      mark=mark,
+      label=label,
     ),
     out_base,
   )

@@ -10,8 +10,11 @@ Writes into ``OUT`` (default ``DIR/analysis/`` of the first DIR):
   law.json       the fitted law (``analysis.scaling.LawFit.to_dict``; ``ihsweep predict --law``)
                  when the cells identify it; the report says why not otherwise
   agreement.csv, residuals.csv, frontier.csv / emergence_map.csv, factorial.csv (when present)
-  figures/       curves_<metric>, emergence_bc (B × C heat map), law, emergence_map, factorial
-                 (.png and .pdf)
+  circuit.csv    per model, the emergence updates of the previous-token and the prefix-matching
+                 scores (``analysis.circuit``)
+  figures/       curves_<metric>, loss (training loss, emergence marked), attention (the
+                 strongest model's best heads on a probe), emergence_bc (B × C heat map), law,
+                 emergence_map, factorial (.png and .pdf)
   report_manifest.json  the files above that this report wrote, with checksums: a rerun into
                  OUT replaces only those, and refuses to overwrite any other file with their
                  names (``analysis.outputs``)
@@ -35,6 +38,7 @@ from ihsweep.runs.atomic import atomic_file
 from ihsweep.runs.reader import dir_identity, load_runs, unwritable
 from ihsweep.training import metric_registry
 
+from . import circuit as circuit_lib
 from . import curves as curves_lib
 from . import emergence as emergence_lib
 from . import frontier as frontier_lib
@@ -44,7 +48,7 @@ from . import summary as summary_lib
 from .law_section import law_section
 from .outputs import OutputError, Outputs
 
-CURVE_FIGURES = ("ps_max", "ar_acc", "la_max")
+CURVE_FIGURES = ("ps_max", "pt_max", "ar_acc", "la_max")
 METHOD_TEXT = {
   "threshold": "the first crossing of the level {fraction:g} of the way from the early to the "
   "late plateau, interpolated in log-updates",
@@ -306,6 +310,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   points["caution"] = emergence_lib.cautions(points)
   _emergence_section(doc, points, axes, opts, outs, written)
   _curve_figures(doc, curves, table, axes, opts, outs, written)
+  _circuit_section(doc, runs, curves, table, axes, opts, outs, written)
   _positions_section(doc, runs, outs, written)
   _agreement_section(doc, table, opts, outs)
   law_section(doc, points, opts, outs, written)
@@ -445,6 +450,66 @@ def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written)
       )
 
 
+def _circuit_section(doc: _Doc, runs, curves, table, axes, opts, outs: Outputs, written) -> None:
+  """Both halves of the circuit (``analysis.circuit``): when the previous-token and the
+  induction head emerged per model and grid point, the training loss with the emergence points
+  marked, and the strongest model's two best heads' attention on a probe."""
+  doc.h(2, "The circuit: previous-token and induction heads")
+  models = circuit_lib.order(table, opts.method)
+  if models.empty:
+    doc.p(
+      "Not measured: the curves have no previous-token score (pt_max), e.g. online metrics "
+      "of a run made before it existed; `--source=checkpoints` recomputes it from saved params."
+    )
+  else:
+    models.to_csv(outs.claim("circuit.csv"), index=False)
+    doc.p(circuit_lib.order_words(models, opts.method) + " Per model: `circuit.csv`.")
+    doc.table(circuit_lib.order_by_point(models, ["run", *axes]))
+  loss = circuit_lib.loss_curves(runs, curves)
+  if not loss.empty and (loss["step"] > 0).any():
+    paths = plots.plot_curves(
+      loss,
+      table,
+      outs.figure("loss"),
+      metric="train_loss",
+      method=opts.method,
+      axes=axes,
+      mark=opts.metric,
+      label="training loss (nats/token)",
+    )
+    written["figures"] += paths
+    doc.figure(
+      paths[0],
+      "Training loss per model (mean over each logged stretch of updates, train_log.jsonl) "
+      f"against updates; o = the model's emergence point ({opts.metric}, {opts.method}), where "
+      "the loss's drop (the induction bump) is expected.",
+    )
+  best = circuit_lib.strongest(curves)
+  run = next((r for r in runs if best and r.name == best[0]), None)
+  if run is None:
+    return
+  try:
+    example = circuit_lib.attention_example(run, best[1])
+  except (ValueError, OSError) as e:  # no probes or params saved for it
+    doc.p(f"No attention figure: {e}")
+    return
+  finally:
+    run.close()
+  cell = curves[(curves["run"] == best[0]) & (curves["cell"] == best[1])].iloc[0]
+  where = f"B {int(cell['batch_size'])} × C {int(cell['context_size'])}"
+  title = f"cell {best[1]} ({where}, seed {cell.get('seed', '?')}) at update {example['step']:,}"
+  paths = circuit_lib.plot_attention(example, outs.figure("attention"), title)
+  written["figures"] += paths
+  doc.figure(
+    paths[0],
+    f"The attention of the model with the highest final prefix-matching score ({title}) on one "
+    f"of the run's repeated-token probes (the last 2L = {2 * example['block_len']} positions: "
+    "a block, then the same block again): left its best previous-token head below the last "
+    "layer, right its best prefix-matching head; dashed: key = query − 1 (left) and "
+    "key = query − L + 1, the token after the earlier copy (right).",
+  )
+
+
 def _agreement_section(doc: _Doc, table, opts, outs: Outputs) -> None:
   """How the other metrics and methods agree with the primary one (agreement.csv)."""
   doc.h(2, "Agreement across metrics and methods")
@@ -552,7 +617,12 @@ def _positions_section(doc, runs, outs: Outputs, written) -> None:
   written["positions_csv"] = outs.claim("positions.csv")
   table.to_csv(written["positions_csv"], index=False)
   doc.h(2, "Where the heads work")
-  doc.p(positions_lib.words(table))
+  starts = {
+    r.config.data.get("induction_start", "half")
+    for r in runs
+    if r.config.data.get("source") == "markov"
+  }
+  doc.p(positions_lib.words(table, starts))
   cells = positions_lib.by_cell(table)
   for col in [c for c in cells.columns if c.startswith(("ps_", "acc_"))]:
     cells[col] = cells[col].map(lambda v: "" if pd.isna(v) else f"{v:.2f}")  # one way: 0.90

@@ -70,13 +70,28 @@ def test_the_registry_holds_the_metrics_and_rules_that_were_spread_over_four_fil
   assert reg["ar_rank"].transform == "log1p10"
   np.testing.assert_allclose(reg["ar_rank"].apply([9.0, 99.0]), [1.0, 2.0])
   # The lists the metrics module, the planner and the analysis each held before.
-  assert metric_registry.stop_names() == ("ps_max", "la_max", "dla_max", "ar_acc", "ar_data_acc")
-  assert emergence.DEFAULT_METRICS == ("ps_max", "la_max", "dla_max", "ar_acc", "icl_score")
+  assert metric_registry.stop_names() == (
+    "ps_max",
+    "pt_max",
+    "la_max",
+    "dla_max",
+    "ar_acc",
+    "ar_data_acc",
+  )
+  assert emergence.DEFAULT_METRICS == (
+    "ps_max",
+    "pt_max",
+    "la_max",
+    "dla_max",
+    "ar_acc",
+    "icl_score",
+  )
   assert (
     set(curves_lib.METRICS)
     == set(metrics.SUMMARY_KEYS)
     == {
       "ps_max",
+      "pt_max",
       "la_max",
       "dla_max",
       "ar_acc",
@@ -89,6 +104,7 @@ def test_the_registry_holds_the_metrics_and_rules_that_were_spread_over_four_fil
   )
   assert reg["ps_max"].stop.untrained(16) == pytest.approx(0.0424, abs=5e-5)
   assert reg["ps_max"].stop.untrained(8, 64) == pytest.approx(0.0166, abs=5e-5)  # blocks at the end
+  assert reg["pt_max"].stop.untrained(8, 64) == pytest.approx(0.0176, abs=5e-5)
   assert plots.LABELS["dla_max"] == "direct logit attribution (best head, nats)"
 
 
@@ -109,7 +125,7 @@ def test_a_bad_metric_is_refused_naming_the_field(ps_mean, change, words):
   assert words in str(e.value)
   with pytest.raises(ValueError, match="'ps_mean' is already registered"):
     metric_registry.register(ps_mean)
-  with pytest.raises(ValueError, match="metric = 'nope': allowed ps_max, la_max"):
+  with pytest.raises(ValueError, match="metric = 'nope': allowed ps_max, pt_max, la_max"):
     metric_registry.get("nope")
 
 

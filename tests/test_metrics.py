@@ -89,6 +89,11 @@ def test_hand_built_induction_head_scores_known_answers():
   assert out["dla"][1, 0] > 1.0 and np.abs(out["dla"][0]).max() < 1e-5
   assert out["ps_max"] == out["ps"][1, 0] and list(out["ps_argmax"]) == [1, 0]
   assert list(out["la_argmax"]) == [1, 0]
+  # Layer 0 head 0 attends to the previous token (~1 with beta 5); the induction head, whose key
+  # is the previous token, and the zero heads (uniform) do not.
+  assert out["pt"][0, 0] > 0.9, out["pt"]
+  assert all(out["pt"][h] < 0.2 for h in [(0, 1), (1, 0), (1, 1)]), out["pt"]
+  assert out["pt_max"] == out["pt"][0, 0] and list(out["pt_argmax"]) == [0, 0]
   # The second copy is predicted, the first is not: in-context learning lowers late loss.
   assert out["icl_score"] < -1.0
 
@@ -359,6 +364,13 @@ def test_uniform_attention_scores_mean_inverse_position():
   np.testing.assert_allclose(_evaluate_end(params)["ps"], np.full((2, 2), end), rtol=1e-5)
   assert metric_registry.uniform_ps(L_END, C) == pytest.approx(end, rel=1e-12)
   assert metric_registry.uniform_ps(L_END) > 3 * end
+  prev = np.mean(1.0 / (np.arange(1, 2 * L) + 1))  # every position but the first
+  np.testing.assert_allclose(out["pt"], np.full((2, 2), prev), rtol=1e-5)
+  assert out["pt_max"] == pytest.approx(prev, rel=1e-5)
+  assert metric_registry.uniform_pt(L) == pytest.approx(prev, rel=1e-12)
+  end = np.mean(1.0 / (np.arange(C - 2 * L_END + 1, C) + 1))
+  np.testing.assert_allclose(_evaluate_end(params)["pt"], np.full((2, 2), end), rtol=1e-5)
+  assert metric_registry.uniform_pt(L_END, C) == pytest.approx(end, rel=1e-12)
 
 
 def test_fresh_model_scores_low_and_vmap_equals_one_by_one():

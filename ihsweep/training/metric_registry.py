@@ -30,14 +30,19 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 TRANSFORMS = ("none", "log1p10")
+# The per-(layer, head) scores ``evaluate`` returns as ``[n_layers, n_heads]`` arrays, each with
+# its best head's (layer, head) as ``<name>_argmax`` (the curves' ``<name>_layer``/``_head``).
+HEAD_SCORES = ("ps", "pt", "la", "dla")
 # Keys of evaluate's outputs and of the curves/metrics.jsonl rows that are not metrics: a
 # metric may not take one of these names.
 RESERVED = frozenset(
   {
     "ps",
+    "pt",
     "la",
     "dla",
     "ps_argmax",
+    "pt_argmax",
     "la_argmax",
     "dla_argmax",
     "ar_data_n",
@@ -59,6 +64,8 @@ RESERVED = frozenset(
     "law_updates",
     "ps_layer",
     "ps_head",
+    "pt_layer",
+    "pt_head",
     "la_layer",
     "la_head",
     "dla_layer",
@@ -73,6 +80,14 @@ def uniform_ps(block_len: int, probe_tokens: int = 0) -> float:
   second-block positions i ∈ [T − L, T) (``ihsweep.training.metrics.prefix_matching_score``)."""
   probe_tokens = probe_tokens or 2 * block_len
   return float(np.mean(1.0 / (np.arange(probe_tokens - block_len, probe_tokens) + 1.0)))
+
+
+def uniform_pt(block_len: int, probe_tokens: int = 0) -> float:
+  """The previous-token score of uniform causal attention on probes of block length L and T
+  tokens (default 2L): the mean of 1/(i + 1) over the positions i ∈ [T − 2L + 1, T)
+  (``ihsweep.training.metrics.previous_token_score``)."""
+  probe_tokens = probe_tokens or 2 * block_len
+  return float(np.mean(1.0 / (np.arange(probe_tokens - 2 * block_len + 1, probe_tokens) + 1.0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +132,7 @@ class Metric:
     compute: ``fn(out) -> float32 scalar`` from ``ihsweep.training.metrics.evaluate``'s outputs
       for ONE model (traced inside the ensemble vmap and jit): ``ps``, ``la``, ``dla`` ``[n_layers,
       n_heads]``, ``ar_acc``, ``ar_rank``, ``ar_data_acc``, ``ar_data_rank``, ``ar_data_n``,
-      ``val_loss``, ``icl_score`` and the metrics registered before it. None: ``evaluate``
+      ``val_loss``, ``icl_score``, ``pt`` and the metrics registered before it. None: ``evaluate``
       itself returns the value under ``name``.
 
   Raises:
@@ -174,8 +189,16 @@ def _best_head(scores: str) -> Callable[[Mapping[str, Any]], Any]:
   return best
 
 
+def _best_feeding_head(out):
+  """max of ``pt`` over the heads of every layer but the last (all heads in a one-layer model):
+  a previous-token head serves an induction head only from a layer below it."""
+  pt = out["pt"]
+  return (pt[:-1] if pt.shape[0] > 1 else pt).max()
+
+
 # Minimum jumps chosen from the untrained baselines and the transitions measured in this
-# project: ps_max ~0.02-0.1 before, 0.6-0.9 after; ar_acc ~1/V before; DLA 0 → several nats.
+# project: ps_max ~0.02-0.1 before, 0.6-0.9 after (pt_max likewise); ar_acc ~1/V before;
+# DLA 0 → several nats.
 # The ICL score (loss late in the context minus early) falls by ~1 nat with ordinary learning
 # on the induction task even where no induction head forms; the transition takes it down 3-4.
 REGISTRY: dict[str, Metric] = {
@@ -192,6 +215,19 @@ REGISTRY: dict[str, Metric] = {
       compute=_best_head("ps"),
       stop=dataclasses.replace(
         UNIT_INTERVAL, untrained=uniform_ps, untrained_text="the ps_max of uniform attention"
+      ),
+    ),
+    Metric(
+      "pt_max",
+      "the best previous-token score of a head below the last layer",
+      "attention probability in [0, 1]",
+      "previous-token score (best head below the last layer)",
+      +1,
+      0.2,
+      emergence=True,
+      compute=_best_feeding_head,
+      stop=dataclasses.replace(
+        UNIT_INTERVAL, untrained=uniform_pt, untrained_text="the pt_max of uniform attention"
       ),
     ),
     Metric(

@@ -1,4 +1,5 @@
-"""Induction-head metrics: prefix-matching score, logit attribution, associative recall, ICL score.
+"""Induction-head metrics: prefix-matching and previous-token scores, logit attribution,
+associative recall, ICL score.
 
 Every function is written for ONE model (no ensemble axis) and is pure; ``make_eval_fn`` vmaps
 ``evaluate`` over the ensemble. Conventions follow the study's released code (docs/study.md, "The
@@ -53,6 +54,22 @@ def prefix_matching_score(attn_LyxNxHxTxT: jax.Array, block_len: int) -> jax.Arr
   """
   i = _second_block(block_len, attn_LyxNxHxTxT.shape[-1])
   return attn_LyxNxHxTxT[..., i, i - block_len + 1].mean(axis=(1, 3))
+
+
+def previous_token_score(attn_LyxNxHxTxT: jax.Array, block_len: int) -> jax.Array:
+  """Previous-token score per (layer, head), float32 ``[n_layers, n_heads]`` in [0, 1].
+
+  ``PT = mean over probes n and positions i of both blocks but the first (T − 2L + 1 … T − 1) of
+  attn[n, i, i − 1]``: how much a head attends to the token just before the current one, the
+  first half of the induction circuit (a previous-token head writes "the token before me was
+  A" at the position after A, which the induction head's key reads; Olsson et al. 2022,
+  §"Induction heads"; Elhage et al. 2021, "Two-layer attention-only transformers"). Uniform
+  causal attention scores the mean of 1/(i + 1) over those positions
+  (``metric_registry.uniform_pt``). ``attn`` as for ``prefix_matching_score``.
+  """
+  t = attn_LyxNxHxTxT.shape[-1]
+  i = jnp.arange(t - 2 * block_len + 1, t)
+  return attn_LyxNxHxTxT[..., i, i - 1].mean(axis=(1, 3))
 
 
 def _second_block(block_len: int, probe_tokens: int) -> jax.Array:
@@ -230,14 +247,15 @@ def evaluate(
     probe_batch / sequence_batch: micro-batch sizes (must divide N and S) bounding the memory of
       the ``[batch, T, V]`` logits.
 
-  Returns a dict of float32 values: ``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``; ``ar_acc``,
-  ``ar_rank`` (repeated-token probes, all L second-block positions); ``ar_data_acc``,
-  ``ar_data_rank`` (data prompts; NaN if none) and int32 ``ar_data_n`` (how many); ``val_loss``
-  (nats/token); ``icl_score``; int32 ``[2]`` (layer, head) ``ps_argmax``, ``la_argmax``,
-  ``dla_argmax``; and every metric of ``ihsweep.training.metric_registry`` (``ps_max``, ``la_max``,
-  ``dla_max``, …: those with a ``compute`` function are computed here from the values above,
-  in registry order). A model with NaN or ±inf logits gets NaN recall (and, through its
-  activations, NaN scores), never a perfect one.
+  Returns a dict of float32 values: ``ps``, ``pt``, ``la``, ``dla`` ``[n_layers, n_heads]``
+  (``metric_registry.HEAD_SCORES``); ``ar_acc``, ``ar_rank`` (repeated-token probes, all L
+  second-block positions); ``ar_data_acc``, ``ar_data_rank`` (data prompts; NaN if none) and
+  int32 ``ar_data_n`` (how many); ``val_loss`` (nats/token); ``icl_score``; int32 ``[2]``
+  (layer, head) ``ps_argmax``, ``pt_argmax``, ``la_argmax``, ``dla_argmax``; and every metric of
+  ``ihsweep.training.metric_registry`` (``ps_max``, ``pt_max``, ``la_max``, ``dla_max``, …:
+  those with a ``compute`` function are computed here from the values above, in registry
+  order). A model with NaN or ±inf logits gets NaN recall (and, through its activations, NaN
+  scores), never a perfect one.
 
   Raises:
     ValueError: ``block_len`` < 3 (at L = 2 the induction target is the previous token); a
@@ -269,8 +287,8 @@ def evaluate_sums(
   sequence_batch: int,
 ) -> tuple[dict, dict]:
   """The additive part of ``evaluate`` for ONE model: ``(probe means, sequence sums)``. Probe
-  means (``ps``, ``la``, ``dla`` ``[n_layers, n_heads]``, ``ar_acc``, ``ar_rank``) are over the
-  given probes; sequence sums (``loss_C`` ``[C]``, ``ar_hits``, ``ar_rank``, ``ar_n``) over
+  means (``ps``, ``pt``, ``la``, ``dla`` ``[n_layers, n_heads]``, ``ar_acc``, ``ar_rank``) are
+  over the given probes; sequence sums (``loss_C`` ``[C]``, ``ar_hits``, ``ar_rank``, ``ar_n``) over
   the given sequences. Parts of the probes / sequences (the shards of a data axis, in equal
   numbers) combine by averaging the means and adding the sums (``make_eval_fn``).
 
@@ -295,6 +313,7 @@ def evaluate_sums(
     head_out = head_outputs(params, cfg, internals["z"], pos)
     return {
       "ps": prefix_matching_score(internals["attn"], block_len),
+      "pt": previous_token_score(internals["attn"], block_len),
       "la": logit_attribution(head_out, unembed_DxV, tokens_NxT, block_len),
       "dla": direct_logit_attribution(
         head_out, resid_NxPxD, ln_scale_D, unembed_DxV, tokens_NxT, block_len, cfg.ln_eps
@@ -353,7 +372,7 @@ def finish_evaluation(p: dict, s: dict, n_sequences: int, icl_early: int, icl_la
     val_loss=loss_C.mean(),
     icl_score=icl_score(loss_C, icl_early, icl_late),
   )
-  for name in ("ps", "la", "dla"):
+  for name in metric_registry.HEAD_SCORES:
     out[f"{name}_argmax"] = _argmax_2d(out[name])
   for metric in metric_registry.REGISTRY.values():
     if metric.compute is not None:
