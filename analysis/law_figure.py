@@ -133,7 +133,7 @@ def figure_law(fit, points: pd.DataFrame | None = None, max_per_row: int = 4):
   _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens)
   how = _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens)
   if panels:
-    _law_legend(panels[0], cens.any(), how)
+    _law_legend(panels[0], cens.any(), how, fit)
   fig.suptitle(_law_title(fit), fontsize=10)
   fig.tight_layout()
   fig.band_source = how  # for the report's caption
@@ -202,6 +202,7 @@ def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None
   """Panels (2) of ``figure_law``: updates against B, one per C, with the fitted law's line
   and band. Returns the band's source (``law_band``), None without one."""
   res = fit.residuals
+  c_lacks_fit = _lacking(fit, "C") is not None
   cmap = plt.get_cmap("viridis")
   shade = lambda k: cmap(0.85 * k / max(len(cs) - 1, 1))  # noqa: E731 (viridis' end is pale)
   bs = np.geomspace(b.min(), b.max(), 50) if b.max() > b.min() else np.array([b.min()])
@@ -217,6 +218,10 @@ def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None
       scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
     law = fit.T * bs**-fit.alpha * cv**-fit.beta * scale
     ax2.plot(bs, law, "-", color=color, lw=1)
+    shift = _level_shift(fit, cv) if c_lacks_fit else None
+    if shift is not None:  # where C lacks fit: the law moved to this C's own cells
+      ax2.plot(bs, law * math.exp(shift), "--", color=color, lw=1)
+      ax2.set_title(f"C = {cv:g}: {math.exp(shift) - 1:+.0%} against the law", fontsize=9)
     band = law_band(fit, bs, np.full_like(bs, cv))
     if band is not None:
       ax2.fill_between(bs, band[0], band[1], color=color, alpha=0.2, lw=0)
@@ -224,7 +229,8 @@ def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None
     grid_axis(ax2, "x", np.unique(b))
     ax2.set_yscale("log")
     number_axis(ax2, "y")
-    ax2.set_title(f"C = {cv:g}", fontsize=9)
+    if shift is None:
+      ax2.set_title(f"C = {cv:g}", fontsize=9)
     ax2.grid(alpha=0.3, which="both")
     ax2.tick_params(labelsize=8)
     if k // cols == rows - 1 or k + cols >= len(cs):
@@ -236,8 +242,31 @@ def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None
   return how
 
 
-def _law_legend(ax, censored: bool, how: str | None) -> None:
-  """The first panel's legend: emerged, censored, the fitted law, and its band's source."""
+def _lacking(fit, symbol: str) -> dict | None:
+  """The lack-of-fit test of axis ``symbol`` ('B' or 'C') where it flags the law
+  (``analysis.lack_of_fit``), as a dict; None otherwise."""
+  for test in getattr(fit, "lack_of_fit", None) or []:
+    t = test.to_dict() if hasattr(test, "to_dict") else dict(test)
+    if t.get("symbol") == symbol and t.get("lacks_fit"):
+      return t
+  return None
+
+
+def _level_shift(fit, context_size: float) -> float | None:
+  """The mean ln residual (observed − law) of the emerged cells at ``context_size``: how far a
+  free level for this C moves the law's line; None without emerged cells there."""
+  res = fit.residuals
+  if "censored" in res:
+    res = res[~res["censored"].astype(bool)]
+  here = res[res["context_size"].to_numpy(float) == float(context_size)]
+  if here.empty:
+    return None
+  return float(here["residual_ln"].mean())
+
+
+def _law_legend(ax, censored: bool, how: str | None, fit=None) -> None:
+  """The first panel's legend: emerged, censored, the fitted law, and its band's source; where
+  C lacks fit, the dashed line of a free level per C with the test's numbers."""
   from matplotlib.lines import Line2D
   from matplotlib.patches import Patch
 
@@ -246,20 +275,39 @@ def _law_legend(ax, censored: bool, how: str | None) -> None:
   if censored:
     handles.append(Line2D([], [], ls="", marker="^", mfc="none", color=gray, label="censored"))
   handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
+  lacking = _lacking(fit, "C") if fit is not None else None
+  if lacking is not None:
+    label = (
+      f"the law at this C's own level (lack of fit in C: χ²({lacking['dof']}) = "
+      f"{lacking['statistic']:.1f}, p {_p_text(lacking['p_value'])})"
+    )
+    handles.append(Line2D([], [], color=gray, lw=1, ls="--", label=textwrap.fill(label, 30)))
   if how:
     handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
   ax.legend(handles=handles, fontsize=6, loc="best")
 
 
 def _law_title(fit) -> str:
-  """``figure_law``'s title: how many cells the law was fitted to, and how."""
+  """``figure_law``'s title: how many cells the law was fitted to, and how; and, per axis
+  whose lack-of-fit test flags it (``analysis.lack_of_fit``), that the power law does not
+  describe the grid along it."""
   n_cens = getattr(fit, "n_censored", 0)
   if "MLE" in str(getattr(fit, "method", "")):
-    return (
+    title = (
       f"Emergence law fitted to {getattr(fit, 'n_emerged', fit.n)} emerged and {n_cens} "
       f"censored cells (censored-data maximum likelihood)"
     )
-  return f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
+  else:
+    title = f"Emergence law fitted to {fit.n} emerged cells ({n_cens} censored, left out)"
+  for symbol in ("C", "B"):
+    t = _lacking(fit, symbol)
+    if t is not None:
+      title += f"\nthe power law does not describe {symbol} here (p {_p_text(t['p_value'])})"
+  return title
+
+
+def _p_text(p: float) -> str:
+  return "< 1e-4" if p < 1e-4 else f"= {p:.2g}"
 
 
 def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:

@@ -24,7 +24,9 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
   doc.h(2, "Emergence law")
   written["law"], written["law_error"] = None, None
   try:
-    fit = scaling.fit_law(points, n_boot=opts.n_boot, seed=opts.seed)
+    fit = scaling.fit_law(
+      points, n_boot=opts.n_boot, seed=opts.seed, csv=written.get("emergence_csv", "emergence.csv")
+    )
   except scaling.FitError as e:
     written["law_error"] = str(e)
     doc.p(f"Not fitted, so no law.json is written: {e}")
@@ -117,7 +119,14 @@ def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
     "and updates vs batch size, one panel per context size, with the fitted law"
     + (f" and its {band}" if band else "")
     + "; censored cells as open "
-    "triangles at their last checkpoint (emergence later than that).",
+    "triangles at their last checkpoint (emergence later than that)"
+    + (
+      "; dashed: the law moved to each C's own cells (the mean ln residual there), since the "
+      "lack-of-fit test finds that the power law in C does not describe the grid"
+      if any(t.lacks_fit and t.symbol == "C" for t in fit.lack_of_fit)
+      else ""
+    )
+    + ".",
   )
 
 

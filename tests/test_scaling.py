@@ -492,3 +492,31 @@ def test_the_summary_says_the_law_does_not_fit_instead_of_no_clear_dependence():
   assert "no clear dependence on C" not in text
   law.pop("lack_of_fit")
   assert "C = 32 is fastest" not in " ".join(summary._law_finding(law, em))
+
+
+def test_the_law_figure_shows_where_c_lacks_fit():
+  """The U in C drawn: each C panel gets the law moved to its own cells (dashed, by the mean ln
+  residual there) and says by how much; the title and legend carry the test. A power-law grid
+  gets neither."""
+  from analysis import plots
+
+  points = _shaped_grid(_u_in_c, np.random.default_rng(0))
+  fit = scaling.fit_law(points, n_boot=50)
+  fig = plots.figure_law(fit, points)
+  assert "the power law does not describe C here (p < 1e-4)" in fig._suptitle.get_text()
+  titles = [ax.get_title() for ax in fig.axes[1:]]
+  res = fit.residuals
+  for ax, c, title in zip(fig.axes[1:], (16, 32, 64), titles):
+    shift = res.loc[res["context_size"] == c, "residual_ln"].mean()
+    assert title == f"C = {c}: {math.exp(shift) - 1:+.0%} against the law", titles
+    solid = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"][0].get_ydata()
+    dashed = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"][0].get_ydata()
+    np.testing.assert_allclose(dashed, solid * math.exp(shift), rtol=1e-9)
+  assert titles[1].startswith("C = 32: -") and titles[0].startswith("C = 16: +")
+  legend = " ".join(t.get_text() for t in fig.axes[1].get_legend().get_texts())
+  assert "lack of fit in C: χ²(1)" in legend.replace("\n", " ")
+  power = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(100)), n_boot=50)
+  plain = plots.figure_law(power, None)
+  assert "does not describe" not in plain._suptitle.get_text()
+  assert [ax.get_title() for ax in plain.axes[1:]] == ["C = 16", "C = 32", "C = 64"]
+  assert not any(ln.get_linestyle() == "--" for ax in plain.axes[1:] for ln in ax.get_lines())
