@@ -192,10 +192,12 @@ WHERE = {
 WORKS = 0.3  # a mean score below this at a place: the heads do not work there
 
 
-def words(table: pd.DataFrame) -> str:
+def words(table: pd.DataFrame, induction_starts=None) -> str:
   """The position table in a paragraph: per place, the mean and range over models of the best
   head's prefix-matching score and the mean next-token accuracy, and the places where the
-  heads do not work (mean score below ``WORKS``) while they do elsewhere."""
+  heads do not work (mean score below ``WORKS``) while they do elsewhere. ``induction_starts``:
+  the runs' ``data.induction_start`` values where their data is 'markov' (None: not known);
+  the hint to place repeats elsewhere is given only where one is not already 'anywhere'."""
   own = ", ".join(sorted(set(table["probe_position"])))
   parts = []
   for place in PLACES:
@@ -234,10 +236,11 @@ def words(table: pd.DataFrame) -> str:
   elif half:
     text += f" At C = {', '.join(map(str, half))} (L = C/2) start and middle are the same input."
   if misses:
+    hint = induction_starts is None or any(s != "anywhere" for s in induction_starts)
     text += (
       f" Heads that work on the run's own probes score below {WORKS} "
       + "; ".join(misses)
       + ": there they are not induction heads (a model learns to copy where its training data "
-      "put repeats; for markov data see data.induction_start)."
+      + ("put repeats; for markov data see data.induction_start)." if hint else "put repeats).")
     )
   return text

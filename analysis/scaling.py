@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 
 import numpy as np
 import pandas as pd
@@ -390,10 +391,15 @@ def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
 
 
 def _fix_hint(
-  x_all: np.ndarray, all_names: list[str], fixed: dict, emerged_pts: pd.DataFrame, n_censored: int
+  x_all: np.ndarray,
+  all_names: list[str],
+  fixed: dict,
+  emerged_pts: pd.DataFrame,
+  n_censored: int,
+  csv: str,
 ) -> str:
   """A ``--fix`` suggestion for an unidentifiable fit, only where the fit with it succeeds
-  (``x_all``: the emerged cells' full design)."""
+  (``x_all``: the emerged cells' full design; ``csv``: the points' file, for the command)."""
   varied = {c: int(emerged_pts[c].nunique()) for c in ("batch_size", "context_size")}
   options = []
   if varied["batch_size"] > 1 and varied["context_size"] <= 1:
@@ -409,9 +415,7 @@ def _fix_hint(
     free = [i for i, n in enumerate(all_names) if n not in fixed and n not in extra]
     if extra and free and identifiable(x_all[:, free], np.ones((1, len(x_all))))[0]:
       flags = " ".join(f"--fix {k}={v:g}" for k, v in extra.items())
-      return (
-        f" ({words}, e.g. `python -m analysis fit-law --csv DIR/analysis/emergence.csv {flags}`)"
-      )
+      return f" ({words}, e.g. `python -m analysis fit-law --csv {shlex.quote(csv)} {flags}`)"
   if n_censored:
     return f" (train the {n_censored} censored cell(s) longer, or add grid points)"
   return " (add grid points or seeds)"
@@ -443,6 +447,7 @@ def fit_law(
   n_boot: int = 2000,
   seed: int = 0,
   fixed: dict | None = None,
+  csv: str = "emergence.csv",
 ) -> LawFit:
   """The emergence law (module docstring) fitted to emergence points: the censored log-normal
   MLE, with the emerged-only least-squares fit under ``emerged_only``.
@@ -483,6 +488,8 @@ def fit_law(
     seed: the bootstrap's random seed.
     fixed: coefficients held at given values instead of fitted, e.g. ``{"alpha": 0.37}`` when
       only C was varied (both fits).
+    csv: the file ``points`` came from, named in the ``--fix`` command an unidentifiable fit's
+      error suggests.
 
   Returns:
     A ``LawFit`` with ``method`` = ``MLE`` and ``emerged_only`` = the ``LSQ`` fit.
@@ -513,12 +520,13 @@ def fit_law(
   y = np.log(time)  # ln UPT (emerged) or ln censor_step (censored)
   v = y - offset
   if not identifiable(x[emerged], np.ones((1, n_em)))[0]:
-    varied = {c: int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size")}
+    n_b, n_c = (int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size"))
+    varied = f"{n_b} batch size(s) and {n_c} context size(s)"
     raise FitError(
-      f"{n_em} emerged cell(s) ({n_cens} censored) with distinct values {varied} cannot "
+      f"{n_em} emerged cell(s) ({n_cens} censored) with {varied} among them cannot "
       f"identify {', '.join(names)}: need more emerged cells than coefficients and at least "
       f"two values of each varied quantity"
-      + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens)
+      + _fix_hint(full[emerged], all_names, fixed, pts[emerged], n_cens, csv)
     )
   dof = n_em - k
   coef_ls, s_ls, a, p = _least_squares_then_mle(x, v, emerged, n_cens, dof)

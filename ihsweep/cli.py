@@ -15,8 +15,8 @@ from absl import flags
 
 from ihsweep import environment
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
-from ihsweep.commands.common import fail, parse, run_guarded, start_logging
-from ihsweep.commands.flags import FLAGS, FORMS, check, flag_list, help_text
+from ihsweep.commands.common import fail, load_config, parse, run_guarded, start_logging
+from ihsweep.commands.flags import FLAGS, FORMS, check, config_arg, flag_list, help_text
 from ihsweep.commands.flags import split_args as _split_args
 from ihsweep.configuration import schema
 
@@ -50,6 +50,32 @@ CONFIG_FIELDS_HEADER = (
 )
 
 
+HELP_WORDS = ("-h", "--help", "--helpfull", "help")
+
+
+def _help(command: str, argv: list[str]) -> int:
+  """``ihsweep COMMAND --help``: the command's flags and, for a command that takes a config,
+  every config field — with ``--config=FILE`` (and overrides) that config's values beside the
+  defaults, loaded as the command would load it (a config that fails to load: its one line)."""
+  print(f"{COMMAND_HELP[command]}\n\n  flags: {flag_list(COMMAND_FLAGS, command)}")
+  if "config" not in COMMAND_FLAGS.get(command, ()):
+    return 0
+  header, config = CONFIG_FIELDS_HEADER, None
+  args = [a for a in argv[2:] if a not in HELP_WORDS]
+  found, _ = _split_args(args)
+  if config_arg(found):
+    _, failed = parse(command, argv, args, found)
+    config, failed = (None, failed) if failed is not None else load_config()
+    if failed is not None:
+      return failed
+    header = CONFIG_FIELDS_HEADER.replace(
+      "the default is shown",
+      f"the value of --config={config_arg(found)} is shown, the default in [] where it differs",
+    )
+  print(f"\n{header}\n{schema.help_text(config=config)}")
+  return 0
+
+
 def _check_flags(command: str, found, positional) -> str | None:
   """Why the flags ``found`` (``split_args``) do not suit ``command`` (``flags.check``)."""
   return check(command, found, positional, COMMAND_FLAGS)
@@ -73,11 +99,8 @@ def main(argv=None) -> int:
   if command not in COMMANDS:
     print(f"ihsweep: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
-  if any(a in ("-h", "--help", "--helpfull", "help") for a in argv[2:]):
-    print(f"{COMMAND_HELP[command]}\n\n  flags: {flag_list(COMMAND_FLAGS, command)}")
-    if "config" in COMMAND_FLAGS.get(command, ()):  # the config's fields, from the one schema
-      print(f"\n{CONFIG_FIELDS_HEADER}\n{schema.help_text()}")
-    return 0
+  if any(a in HELP_WORDS for a in argv[2:]):
+    return _help(command, argv)
   try:
     args = FLAGS.read_flags_from_files(argv[2:], force_gnu=False)
   except flags.Error as e:  # an unreadable --flagfile

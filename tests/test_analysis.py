@@ -222,8 +222,12 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   one_b = one_b[one_b["batch_size"] == 8]
   with pytest.raises(
     scaling.FitError, match="cannot identify log_T, alpha, beta.*only C varies: hold alpha fixed"
-  ):
-    scaling.fit_law(one_b)
+  ) as info:
+    scaling.fit_law(one_b, csv="runs/my sweep/analysis/emergence.csv")
+  message = str(info.value)  # words and the user's own file, no Python dict, no placeholder
+  assert "with 1 batch size(s) and 5 context size(s) among them" in message, message
+  assert "--csv 'runs/my sweep/analysis/emergence.csv' --fix alpha=" in message, message
+  assert "{" not in message and "DIR" not in message, message
   one_c = _law_points()
   with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed"):
     scaling.fit_law(one_c[one_c["context_size"] == 64])

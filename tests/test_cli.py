@@ -242,6 +242,23 @@ def test_flag_table_covers_every_flag_and_the_help():
     assert mentioned == own, command
 
 
+def test_help_with_a_config_shows_that_configs_values():
+  r = _ihsweep("run", "--help", "--config=configs/demo.py", "--config.train.lr=0.002")
+  assert r.returncode == 0, r.stderr[-2000:]
+  lines = {line.split("  ")[1].split("=")[0]: line for line in r.stdout.splitlines()[1:]
+           if line.startswith("  --config.")}  # fmt: skip
+  assert "the value of --config=configs/demo.py is shown" in r.stdout
+  assert "--config.train.lr=0.002 [default: 0.001]" in lines["--config.train.lr"]
+  assert "--config.model.d_model=64 [default: 128]" in lines["--config.model.d_model"]
+  assert "'anywhere' [default: 'half']" in lines["--config.data.induction_start"]
+  assert "[default" not in lines["--config.model.n_layers"]  # equal to the default: once
+  plain = _ihsweep("run", "--help")  # no config: the defaults, nothing loaded
+  assert plain.returncode == 0 and "--config.model.d_model=128  " in plain.stdout
+  assert "[default:" not in plain.stdout
+  bad = _ihsweep("run", "--help", "--config=configs/demo.py", "--config.train.nope=1")
+  assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+
+
 @pytest.mark.parametrize("key", list(OWN_FLAGS))
 def test_each_command_refuses_the_flags_of_the_others(tmp_path, capsys, key):
   own = [FLAG_ARGS[f].format(tmp=tmp_path) for f in OWN_FLAGS[key]]

@@ -85,6 +85,10 @@ def test_words_name_the_places_where_working_heads_fail():
   assert "score below 0.3 at the end for 1 of 3: B 8 × C 64:" in text, text
   assert "C 16:" not in text and "B 8 × C 16" not in text
   assert "At C = 16 (= 2L) the three places are the same input." in text, text
+  assert "see data.induction_start" in text  # not known where the repeats were placed
+  assert "see data.induction_start" in positions.words(table, {"half", "anywhere"})
+  anywhere = positions.words(table, {"anywhere"})  # already everywhere: no stale hint
+  assert "see data.induction_start" not in anywhere and "put repeats)." in anywhere, anywhere
   cells = positions.by_cell(table)
   assert list(cells["context_size"]) == [16, 32, 64] and list(cells["ps_end"]) == [0.02, 0.9, 0.05]
   assert positions.words(table.iloc[1:2]).count("score below") == 0

@@ -99,7 +99,12 @@ def main(args) -> int:
     return failed
   try:
     fit = scaling.fit_law(
-      points, with_params=args.with_params, n_boot=args.n_boot, seed=args.seed, fixed=fixed
+      points,
+      with_params=args.with_params,
+      n_boot=args.n_boot,
+      seed=args.seed,
+      fixed=fixed,
+      csv=args.csv,
     )
   except scaling.FitError as e:
     return fail(args, f"{args.csv}: {e}")

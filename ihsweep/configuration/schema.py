@@ -402,19 +402,36 @@ def reference_markdown() -> str:
   return "\n".join(out).rstrip("\n") + "\n"
 
 
-def help_text(sections=None) -> str:
+_MISSING = object()
+
+
+def _lookup(config, path: str):
+  """The value at ``path`` ('train.lr') of a ConfigDict or dict, or ``_MISSING``."""
+  value = config
+  for part in path.split("."):
+    if not hasattr(value, "keys") or part not in value.keys():
+      return _MISSING
+    value = value[part]
+  return value
+
+
+def help_text(sections=None, config=None) -> str:
   """Plain text for a command's --help: every field of ``sections`` (names such as 'train';
   '' = the top level; a section brings its sub-sections; default: all), one line each under a
-  line per section: the flag with its default, the help, what is allowed and the unit."""
+  line per section: the flag with its value, the help, what is allowed and the unit. The value
+  is the default, or with ``config`` (a loaded config file) that config's value, followed by
+  ``[default: …]`` where the two differ."""
   chosen = [s for s in _ORDER if sections is None or s in sections or s.split(".")[0] in sections]
   lines = []
   for section in chosen:
     lines.append(f"{section or 'top level'}: {SECTIONS[section]}")
     for f in fields(section):
       extra = "; ".join(x for x in (f.allowed() and f"allowed: {f.allowed()}", f.unit) if x)
-      lines.append(
-        f"  --config.{f.path}={_default_text(f)}  {f.help}" + (f" ({extra})" if extra else "")
-      )
+      shown = _default_text(f)
+      value = _MISSING if config is None or f.kind == "section" else _lookup(config, f.path)
+      if value is not _MISSING and value != f.default:
+        shown = f"{value!r} [default: {shown}]"
+      lines.append(f"  --config.{f.path}={shown}  {f.help}" + (f" ({extra})" if extra else ""))
   return "\n".join(lines) + "\n"
 
 
