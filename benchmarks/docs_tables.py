@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import os
-import re
 import subprocess
 import sys
 from typing import Callable
@@ -28,6 +26,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import doc_blocks  # noqa: E402 (benchmarks/ is on the path from here on)
+
+TOOL = "docs_tables.py"
 EXP1 = "--config=configs/exp1_natural.py"
 TINY = (
   "--config=configs/default.py:tiny",
@@ -132,7 +133,7 @@ TABLES = {
 
 
 def _markers(name: str) -> tuple[str, str]:
-  return f"<!-- docs_tables.py {name} -->", f"<!-- /docs_tables.py {name} -->"
+  return doc_blocks.markers(TOOL, name)
 
 
 def command_line(args: tuple) -> str:
@@ -158,30 +159,11 @@ def run(table: Table) -> str:
 
 def current(table: Table) -> str:
   """The table as its file has it now."""
-  with open(os.path.join(ROOT, table.doc)) as f:
-    text = f.read()
-  begin, end = _markers(table.name)
-  m = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, re.S)
-  if not m:
-    raise SystemExit(f"docs_tables: {table.doc} has no {begin} ... {end} block")
-  return m.group(1).rstrip("\n")
+  return doc_blocks.read(os.path.join(ROOT, table.doc), TOOL, table.name)
 
 
 def write(table: Table, body: str) -> None:
-  path = os.path.join(ROOT, table.doc)
-  with open(path) as f:
-    text = f.read()
-  begin, end = _markers(table.name)
-  current(table)  # the block exists
-  text = re.sub(
-    re.escape(begin) + r"\n.*?" + re.escape(end),
-    lambda _: f"{begin}\n{body}\n{end}",
-    text,
-    count=1,
-    flags=re.S,
-  )
-  with open(path, "w") as f:
-    f.write(text)
+  doc_blocks.write(os.path.join(ROOT, table.doc), TOOL, table.name, body)
 
 
 def main(argv=None) -> int:
@@ -205,13 +187,8 @@ def main(argv=None) -> int:
       write(t, body)
       print(f"{t.name}: {t.doc} written")
       continue
-    old = current(t)
-    if old != body:
+    if not doc_blocks.compare(os.path.join(ROOT, t.doc), TOOL, t.name, body, t.doc):
       stale += 1
-      diff = difflib.unified_diff(old.splitlines(), body.splitlines(), t.doc, "now", lineterm="")
-      print(f"{t.name}: {t.doc} differs from what the commands print now:\n" + "\n".join(diff))
-    else:
-      print(f"{t.name}: {t.doc} matches")
   return 1 if stale else 0
 
 

@@ -5,12 +5,16 @@ without training: its groups' metrics.jsonl hold synthetic curves)."""
 import json
 import math
 import os
+import re
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis import summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 B_GRID, C_GRID = (8, 16, 32), (16, 32, 64)
 
@@ -357,13 +361,14 @@ def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
 
 
 def _sigmoid_sweep(
-  root, last: int = 4096, cap: int | None = None, late: float | None = None
+  root, last: int = 4096, cap: int | None = None, late: float | None = None, pt: bool = False
 ) -> str:
   """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
   C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
   UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096). ``cap``: training
   ends there instead of 4,096, with a last checkpoint at it (4,096 … 4,300: a final stub).
-  ``late``: seed 1 of B 8 / C 64 jumps sharply at this update instead of never."""
+  ``late``: seed 1 of B 8 / C 64 jumps sharply at this update instead of never. ``pt``: also
+  pt_max curves, rising at 0.9 × each model's ps_max update."""
   import ml_collections
 
   import configs.induction
@@ -398,12 +403,10 @@ def _sigmoid_sweep(
           never, upt, power = False, late, 60  # a jump within one checkpoint interval
         for s in steps:
           x = 0.0 if never else 1 / (1 + (upt / max(s, 0.5)) ** power)
-          f.write(
-            json.dumps(
-              {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
-            )
-            + "\n"
-          )
+          row = {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
+          if pt:
+            row["pt_max"] = 0.03 + 0.9 / (1 + (0.9 * upt / max(s, 0.5)) ** power)
+          f.write(json.dumps(row) + "\n")
     rundir.write_status(workdir, group.id, state="done")
   return workdir
 
@@ -597,3 +600,58 @@ def test_the_reports_tables_write_numbers_one_way():
   assert list(other["step"]) == ["4,096", "512"]
   assert list(other["batch_size"]) == [1024, 8] and list(other["n"]) == [2, 2]
   assert list(other["r"]) == ["0.988", "0.5"] and list(other["x"]) == ["1,234", "12"]
+
+
+def test_the_demo_docs_script_renders_every_block_from_a_report(tmp_path):
+  """benchmarks/demo_docs.py: every number of the demo in README.md and docs/results.md comes
+  from a block it renders from the report's output; here from a small sweep's, for the form of
+  each block (the demo itself takes minutes)."""
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import demo_docs
+
+  sweep = _sigmoid_sweep(tmp_path, pt=True)
+  printed = demo_docs.run_report(sweep, "runs/demo", ["--n-boot", "200", "--source", "online"])
+  demo = demo_docs.load(sweep, printed)
+  demo.quick = "[16, 64] (2, 4, 1, 40, 40)"  # the quick example needs params: tests/test_notebook
+  blocks = demo_docs.render(demo)
+  assert set(blocks) == set(demo_docs.BLOCKS)
+  for name, (doc, _) in demo_docs.BLOCKS.items():  # each block once in its file, filled
+    text = open(os.path.join(ROOT, doc)).read()
+    begin, end = doc_markers = demo_docs.doc_blocks.markers(demo_docs.TOOL, name)
+    assert text.count(begin) == 1 and text.count(end) == 1, (doc, doc_markers)
+    assert demo_docs.doc_blocks.read(os.path.join(ROOT, doc), demo_docs.TOOL, name).strip()
+  assert "/tmp" not in blocks["readme-printed"] and str(tmp_path) not in blocks["readme-printed"]
+  assert blocks["readme-printed"].startswith("```\nreport: runs/demo/analysis/report.md")
+  assert "\nemergence: 11 of 12 cells emerged (ps_max, threshold)" in blocks["readme-printed"]
+  assert "law: UPT = T / (B^alpha C^beta)" in blocks["readme-printed"]
+  emergence = blocks["results-emergence"].splitlines()
+  assert emergence[0] == "| B ↓ C → | 32 | 64 |" and [r.split(" |")[0] for r in emergence[2:]] == [
+    "| 8",
+    "| 16",
+    "| 32",
+  ]
+  assert re.fullmatch(r"\| 8 \| [\d,]+ \| > [\d,]+ \|", emergence[2]), emergence[2]
+  assert blocks["readme-finding"].startswith("11 of 12 models emerged (prefix-matching score")
+  assert re.search(r"The fitted law: α = \d\.\d\d \[", blocks["readme-finding"])
+  law = blocks["results-law"].splitlines()
+  assert law[0].startswith("|") and "alpha (B)" in law[0]
+  assert [r.split("|")[1].strip() for r in law[2:5]] == [
+    "censored MLE",
+    "emerged only",
+    "study (published)",
+  ]
+  circuit = blocks["results-circuit"].split("\n\n")
+  assert circuit[0].splitlines()[0] == "| B | C | previous-token (pt_max) | induction (ps_max) |"
+  assert len(circuit[0].splitlines()) == 2 + 6
+  assert "before it in 11 and after it in 0" in circuit[1], circuit[1]
+  assert blocks["readme-circuit"] == circuit[1]
+  assert blocks["results-positions"].startswith("Not measured")  # no params in this sweep
+  agreement = blocks["results-agreement"]
+  assert "| pt_max | threshold | 12 of 12 | 92% | -0.045 |" in agreement, (
+    agreement
+  )  # B 8 × C 64 seed 1: pt only
+  summary = blocks["results-summary"]
+  assert summary.startswith("> **Finding.** 11 of 12 models emerged")
+  assert "\n>\n> **Against the study.**" in summary
+  assert blocks["readme-quick"].startswith("On the demo it prints `[16, 64] (2, 4, 1, 40, 40)`")
+  assert "B 16 × C 64" in blocks["readme-quick"] and "T = 40 tokens" in blocks["readme-quick"]

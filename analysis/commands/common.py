@@ -35,14 +35,21 @@ def bad_n_boot(args) -> int | None:
   return None
 
 
-def law_table(law: dict, sensitivity: dict | None = None) -> str:
+def law_table(law: dict, sensitivity: dict | None = None, tablefmt: str = "plain") -> str:
   """The fitted law(s) beside the study's, one row each: the main fit ("fitted", or "censored
   MLE" when the law has an ``emerged_only`` fit, which gets the next row), the law refitted with
   the flagged cells censored ("flagged censored", ``sensitivity``: its ``to_dict()``, when
   given and fitted), the study; columns ln T, alpha, beta (95% intervals where there are any),
-  sigma (where the law has it), r ("-" where withheld), cells."""
+  sigma (where the law has it), r ("-" where withheld), cells. ``tablefmt``: tabulate's
+  ('github': Markdown)."""
   from tabulate import tabulate
 
+  headers, rows = law_rows(law, sensitivity)
+  return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def law_rows(law: dict, sensitivity: dict | None = None) -> tuple[tuple, list[tuple]]:
+  """``law_table``'s ``(headers, rows)`` of text."""
   from ..scaling import MLE, STUDY
 
   with_sigma = "sigma" in law
@@ -87,4 +94,4 @@ def law_table(law: dict, sensitivity: dict | None = None) -> str:
   headers = (
     ("", "ln T", "alpha (B)", "beta (C)") + (("sigma",) if with_sigma else ()) + ("r", "cells")
   )
-  return tabulate(rows, headers=headers, tablefmt="plain", disable_numparse=True)
+  return headers, rows
