@@ -54,7 +54,7 @@ def main(argv=None, prog: str = "python -m analysis") -> int:
   logging.getLogger("absl").setLevel(logging.ERROR)
   module = COMMANDS[args.command]
   if module.USES_DEVICES:
-    from ihsweep.workers.sharding import use_one_cpu_device_per_core
+    from ihsweep.base.sharding import use_one_cpu_device_per_core
 
     use_one_cpu_device_per_core()  # CPU: the ensemble split over cores, as in training
   return module.main(args)

@@ -7,7 +7,7 @@ against the current token (Elhage et al. 2021, "A Mathematical Framework for Tra
 Circuits", two-layer attention-only models; Olsson et al. 2022, "In-context learning and induction
 heads"). The report measures both halves — ``pt_max``, the best previous-token score of a head
 below the last layer, and ``ps_max``, the best prefix-matching score
-(``ihsweep.training.metrics``) — and shows:
+(``ihsweep.compute.metrics``) — and shows:
 
 * ``order``: per model, the emergence update of each (one method) and which came first;
   ``order_by_point`` their medians per grid point (``plots.emergence_grid``);
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ihsweep.training import metric_registry
+from ihsweep.compute import metric_registry
 
 from . import plots
 from .figure_axes import pyplot, save
@@ -166,8 +166,8 @@ def attention_example(run, cell: int, n_probes: int = 16) -> dict:
     ValueError: no probes (evaluation off) or no saved params for the cell
       (``ihsweep.runs.notebook.Run.model``'s errors).
   """
+  from ihsweep.compute.metrics import prefix_matching_score, previous_token_score
   from ihsweep.runs.notebook import Run as NotebookRun
-  from ihsweep.training.metrics import prefix_matching_score, previous_token_score
 
   nb = NotebookRun(run)
   saved = nb.probes(cell)

@@ -1,6 +1,6 @@
 """Metric curves: every checkpoint of every model re-evaluated with ihsweep's own metrics.
 
-For each group the ensemble evaluation (``ihsweep.training.metrics.make_eval_fn``, vmapped over the
+For each group the ensemble evaluation (``ihsweep.compute.metrics.make_eval_fn``, vmapped over the
 group's models and compiled once per group) runs on the group's saved probes at every params
 checkpoint, restored lazily one step at a time onto the devices present. The result is one tidy
 DataFrame, one row per (cell, step):
@@ -9,7 +9,7 @@ DataFrame, one row per (cell, step):
   tokens, <metrics>, {ps,la,dla}_layer / _head (the best head), diverged, diverged_step,
   source, n_probes, n_sequences
 
-where <metrics> are the metrics of ``ihsweep.training.metric_registry`` (``METRICS``, read from it
+where <metrics> are the metrics of ``ihsweep.compute.metric_registry`` (``METRICS``, read from it
 at call time): ps_max, la_max (the study's logit attribution), dla_max (direct logit
 attribution), ar_acc, ar_rank (repeated-token probes), ar_data_acc, ar_data_rank (prompts from
 the run's data), icl_score, val_loss, and any metric registered there.
@@ -36,15 +36,15 @@ import time
 import numpy as np
 import pandas as pd
 
+from ihsweep.base import sharding as sharding_lib
+from ihsweep.base.atomic import atomic_file
+from ihsweep.compute import metric_registry, train
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON, block_length
 from ihsweep.runs import checkpoint
-from ihsweep.runs.atomic import atomic_file
 from ihsweep.runs.reader import Group, GroupError, Run, device_sharding, unwritable, warn
-from ihsweep.training import metric_registry, train
 from ihsweep.training.evaluation import Evaluator
-from ihsweep.workers import sharding as sharding_lib
 
 log = logging.getLogger("analysis")
 

@@ -17,7 +17,7 @@ log axis), and how well they agree:
 The plateaus are the medians of the first and last ``plateau_points`` checkpoints. A curve whose
 jump ``direction · (late − early)`` is smaller than the metric's ``min_jump`` (ps_max 0.2,
 la_max 0.1, dla_max 1 nat, ar_acc 0.2, icl_score 1.5 nats, …; each metric's direction, minimum
-jump and transform are defined in ``ihsweep.training.metric_registry``), or that never crosses the
+jump and transform are defined in ``ihsweep.compute.metric_registry``), or that never crosses the
 level, has **not emerged**: it is right-censored at its last checkpoint
 (``censored = True``, ``emergence_step`` NaN, ``censor_step`` = last step), never dropped.
 Curves that fall (validation loss, ICL score, mean rank) are handled by ``direction = −1``;
@@ -38,7 +38,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ihsweep.training import metric_registry
+from ihsweep.compute import metric_registry
 
 METHODS = ("threshold", "max_slope", "breakpoint")
 # An emerged point whose late side has fewer checkpoints than this is flagged (``caution``): the
@@ -47,7 +47,7 @@ MIN_LATE_POINTS = 3
 
 
 # How each metric's curve is read (direction, min_jump, transform) and which metrics the table
-# has by default: ihsweep.training.metric_registry, the one home of every metric.
+# has by default: ihsweep.compute.metric_registry, the one home of every metric.
 MetricSpec = metric_registry.Metric
 
 
@@ -261,7 +261,7 @@ def emergence_point(
     steps: updates of the checkpoints ``[n]`` (any order; NaN values are dropped).
     values: the metric at those steps ``[n]``.
     method: 'threshold', 'max_slope' or 'breakpoint'.
-    metric: a registered metric (``ihsweep.training.metric_registry``: direction, default
+    metric: a registered metric (``ihsweep.compute.metric_registry``: direction, default
       ``min_jump``, transform).
     fraction: threshold level between the plateaus (0.5 = midpoint).
     level: an absolute threshold (in the metric's units) instead of ``fraction``.

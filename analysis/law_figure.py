@@ -162,7 +162,7 @@ def _law_cells(fit, points: pd.DataFrame | None) -> tuple:
 def _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens) -> None:
   """Panel (1) of ``figure_law``: observed against predicted updates, for the fitted law and
   the study's, censored cells as open triangles."""
-  from .scaling import STUDY
+  from .law_fit import STUDY
 
   study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
   r = getattr(fit, "r", math.nan)
@@ -313,5 +313,5 @@ def _p_text(p: float) -> str:
 def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:
   """Observed vs predicted UPT (log-log) for the fitted law and the study's, and UPT vs B in one
   panel per C with the fitted law's line and band (``figure_law``). ``fit``:
-  ``analysis.scaling.LawFit``. Returns the PNG and PDF paths."""
+  ``analysis.law_fit.LawFit``. Returns the PNG and PDF paths."""
   return save(figure_law(fit, points), out_base)

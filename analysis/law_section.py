@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from . import emergence as emergence_lib
-from . import plots, scaling
+from . import figure_axes, law_figure, law_fit, law_points, scaling
 from .outputs import Outputs
 
 log = logging.getLogger("analysis")
@@ -27,7 +27,7 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
     fit = scaling.fit_law(
       points, n_boot=opts.n_boot, seed=opts.seed, csv=written.get("emergence_csv", "emergence.csv")
     )
-  except scaling.FitError as e:
+  except law_points.FitError as e:
     written["law_error"] = str(e)
     doc.p(f"Not fitted, so no law.json is written: {e}")
     return
@@ -49,7 +49,7 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
   )
   doc.table(_law_table(fit, written["law_sensitivity"]))
   n_emerged = getattr(fit, "n_emerged", 0) or fit.n
-  if fit.dof < scaling.MIN_DOF_FOR_INTERVALS:
+  if fit.dof < law_fit.MIN_DOF_FOR_INTERVALS:
     doc.p(
       f"Warning: {n_emerged} emerged cells for {n_emerged - fit.dof} coefficients leave "
       f"{fit.dof} degree(s) of freedom: the fit passes (nearly) through the points, r says "
@@ -103,15 +103,15 @@ def _model_size(doc, points, opts) -> None:
         f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
         f"{hi:.3f}); the study finds UPT independent of model size (γ = 0)."
       )
-    except scaling.FitError as e:
+    except law_points.FitError as e:
       doc.p(f"Model-size term not fitted: {e}")
 
 
 def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
   """The law's figure (``plots.figure_law``), its paths added to ``written["figures"]``."""
-  fig = plots.figure_law(fit, points)
+  fig = law_figure.figure_law(fit, points)
   band = getattr(fig, "band_source", None)
-  paths = plots.save(fig, outs.figure("law"))
+  paths = figure_axes.save(fig, outs.figure("law"))
   written["figures"] += paths
   doc.figure(
     paths[0],
@@ -200,7 +200,7 @@ def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
     if flagged is not None:
       row["flagged censored"] = flagged.get(k, math.nan)
     row["study (published)"] = (
-      math.exp(scaling.STUDY["log_T"]) if k == "T" else scaling.STUDY.get(k, math.nan)
+      math.exp(law_fit.STUDY["log_T"]) if k == "T" else law_fit.STUDY.get(k, math.nan)
     )
     rows.append(row)
   r = law.get("r")
@@ -214,7 +214,7 @@ def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
     row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
   if flagged is not None:
     row["flagged censored"] = math.nan if flagged.get("r") is None else flagged["r"]
-  row["study (published)"] = scaling.STUDY["r"]  # on the study's own cells
+  row["study (published)"] = law_fit.STUDY["r"]  # on the study's own cells
   rows.append(row)
   if law.get("study_r") is not None:  # the study's law on these cells
     rows.append(
@@ -236,7 +236,7 @@ def _sensitivity(points: pd.DataFrame, opts) -> dict | None:
   if flagged.empty:
     return None
   try:
-    moved = scaling.censor(points, points.index.isin(flagged.index), at="last_step")
+    moved = law_points.censor(points, points.index.isin(flagged.index), at="last_step")
     return scaling.fit_law(moved, n_boot=opts.n_boot, seed=opts.seed).to_dict()
-  except scaling.FitError as e:
+  except law_points.FitError as e:
     return {"error": str(e)}

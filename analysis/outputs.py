@@ -22,8 +22,8 @@ import json
 import os
 import stat
 
-from ihsweep.errors import IhsweepError
-from ihsweep.runs.atomic import atomic_write_json
+from ihsweep.base.atomic import atomic_write_json
+from ihsweep.base.errors import IhsweepError
 
 MANIFEST = "report_manifest.json"
 WRITTEN_BY = "python -m analysis report"

@@ -25,18 +25,13 @@ import textwrap
 import numpy as np
 import pandas as pd
 
-from ihsweep.training import metric_registry
+from ihsweep.compute import metric_registry
 
 from .figure_axes import log_updates_axis, pyplot, save, tick_number
 
-# ``X as X``: plots' public names that live in ``analysis.law_figure``, importable from here
-from .law_figure import figure_law as figure_law
-from .law_figure import law_band as law_band
-from .law_figure import plot_law as plot_law
-
 
 def __getattr__(name: str):
-  # LABELS: metric → axis label, from ihsweep.training.metric_registry at access time.
+  # LABELS: metric → axis label, from ihsweep.compute.metric_registry at access time.
   if name == "LABELS":
     return {n: metric_registry.label(n) for n in metric_registry.names()}
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ filler ids are drawn from the ids of the saved probes minus the probe's block (a
 the vocabulary if that leaves none; ``probes.repeated_token_probes``'s rule, so each
 second-block token's only earlier occurrence is its copy). Where 2L = C the three places are the
 same input, and where L = C/2 start and middle are. Besides the
-prefix-matching score (Olsson et al. 2022; ``ihsweep.training.metrics.prefix_matching_score``), the
+prefix-matching score (Olsson et al. 2022; ``ihsweep.compute.metrics.prefix_matching_score``), the
 table gives the model's next-token accuracy on the second block (the argmax logit equals the
 token the first block says comes next; the block's last position excluded, since its next token
 is outside the probe).
@@ -74,7 +74,7 @@ def _forward(cfg):
   """One compiled forward (logits, attention) per model config, shared by every model of it."""
   import jax
 
-  from ihsweep.training.model import Transformer
+  from ihsweep.compute.model import Transformer
 
   module = Transformer(cfg)
 
@@ -90,7 +90,7 @@ def place_scores(model, tokens_NxT: np.ndarray, block_len: int) -> dict:
   ``[N, T]`` whose blocks are the last 2L tokens: ``ps`` float ``[n_layers, n_heads]`` (the
   prefix-matching score) and ``acc`` float, the next-token accuracy over second-block positions
   T − L … T − 2."""
-  from ihsweep.training.metrics import prefix_matching_score
+  from ihsweep.compute.metrics import prefix_matching_score
 
   logits, attn = _forward(model.config)(model.params, np.asarray(tokens_NxT, np.int32))
   ps = np.asarray(prefix_matching_score(attn, block_len))

@@ -7,7 +7,7 @@ Writes into ``OUT`` (default ``DIR/analysis/`` of the first DIR):
                  ``analysis.summary``), then tables and figure links (Markdown)
   report.html    the same, self-contained: figures embedded as base64 PNG, opens offline
   emergence.csv  one row per (run, cell, metric, method): ``analysis.emergence.emergence_table``
-  law.json       the fitted law (``analysis.scaling.LawFit.to_dict``; ``ihsweep predict --law``)
+  law.json       the fitted law (``analysis.law_fit.LawFit.to_dict``; ``ihsweep predict --law``)
                  when the cells identify it; the report says why not otherwise
   agreement.csv, residuals.csv, frontier.csv / emergence_map.csv, factorial.csv (when present)
   circuit.csv    per model, the emergence updates of the previous-token and the prefix-matching
@@ -34,9 +34,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from ihsweep.runs.atomic import atomic_file
+from ihsweep.base.atomic import atomic_file
+from ihsweep.compute import metric_registry
 from ihsweep.runs.reader import dir_identity, load_runs, unwritable
-from ihsweep.training import metric_registry
 
 from . import circuit as circuit_lib
 from . import curves as curves_lib

@@ -33,7 +33,7 @@ passes (nearly) through its points and r says nothing.
 Uncertainty: a percentile bootstrap over grid points with a small-sample factor (``fit_law``
 says why not over cells, and what coverage it measured).
 Predictions carry an interval from the bootstrap covariance of the coefficients
-(``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.planning.law``).
+(``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.base.law``).
 
 The comparison table (``compare``) scores, on the emerged cells: the fitted law, the study's law
 as published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T
@@ -50,9 +50,6 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from ihsweep.errors import IhsweepError
-from ihsweep.planning import law as law_lib
-
 from . import lack_of_fit
 from .censored_fit import (
   cluster_bootstrap,
@@ -62,321 +59,8 @@ from .censored_fit import (
   percentile_intervals,
   small_sample_factor,
 )
-
-STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
-V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
-
-# Fewer residual degrees of freedom than this: the fit is reported without intervals and r.
-MIN_DOF_FOR_INTERVALS = 3
-
-MLE = "censored log-normal MLE"
-LSQ = "least squares on emerged cells"
-
-
-# Every column of an emergence table is a count (updates, sequences, tokens, parameters): a
-# value past what a 64-bit counter holds is a unit or typing error, and would drag the fit.
-MAX_COUNT = 2**63 - 1
-
-
-class FitError(IhsweepError, ValueError):
-  """Emergence points from which the law cannot be fitted (too few, not identifiable, bad
-  values)."""
-
-
-@dataclasses.dataclass
-class LawFit:
-  """A fitted law (module docstring).
-
-  Attributes:
-    log_T, alpha, beta, gamma: the coefficients (gamma None without the n_params term).
-    r: correlation of predicted and observed ln UPT over the emerged cells; NaN when withheld
-      (``r_note`` says why: fewer than ``MIN_DOF_FOR_INTERVALS`` residual dof).
-    n: cells in the fit — emerged + censored for the MLE, emerged only for ``LSQ``.
-    n_emerged, n_censored: emerged cells; censored cells (in the MLE by their survival term,
-      excluded from ``LSQ``).
-    dof: residual degrees of freedom, emerged cells − free coefficients.
-    sigma: scatter of ln UPT about the law (MLE: the ML estimate; LSQ: sqrt(RSS / dof)).
-    ci: 95% percentile bootstrap intervals ``[lo, hi]`` of each free coefficient, ``T`` and
-      ``sigma`` (empty without a bootstrap; ``ci_note`` then says why).
-    n_boot: bootstrap resamples used (0: none).
-    draws: float64 array (n_boot, len(names)) of the bootstrap's coefficients, fixed ones
-      constant; None without a bootstrap. ``cov``: their covariance times G/(G − 1) (G =
-      ``n_grid_points``; see ``small_sample_factor``), float64 (len(names), len(names)); None
-      without. ``names``: log_T, alpha, beta (, gamma).
-    range: {"batch_size": [min, max], "context_size": [min, max] (, "n_params")} over the cells
-      in the fit.
-    n_grid_points: distinct (B, C[, n_params]) points among all cells: the bootstrap's
-      clusters G.
-    residuals: one row per emerged cell (batch_size, context_size, …, observed/predicted UPT in
-      updates, residual in ln units).
-    emerged_only: the ``LSQ`` fit on the same cells and resamples (None on that fit itself).
-    fixed: coefficients held at given values.
-    lack_of_fit: ``analysis.lack_of_fit.AxisTest``s of C and B (axes with ≥ 3 values; none
-      with fixed coefficients or the n_params term): whether a free level per value fits
-      better than the power law.
-  """
-
-  log_T: float
-  alpha: float
-  beta: float
-  r: float
-  n: int
-  ci: dict
-  residuals: pd.DataFrame
-  gamma: float | None = None
-  n_censored: int = 0
-  n_boot: int = 0
-  fixed: dict = dataclasses.field(default_factory=dict)
-  dof: int = 0
-  sigma: float = math.nan
-  method: str = MLE
-  n_emerged: int = 0
-  r_note: str | None = None
-  ci_note: str | None = None
-  names: list = dataclasses.field(default_factory=lambda: ["log_T", "alpha", "beta"])
-  draws: np.ndarray | None = None
-  cov: np.ndarray | None = None
-  range: dict = dataclasses.field(default_factory=dict)
-  n_grid_points: int = 0
-  emerged_only: "LawFit | None" = None
-  lack_of_fit: list = dataclasses.field(default_factory=list)
-
-  def _by(self) -> tuple:
-    """``(B, C, ln observed UPT)`` of the emerged cells (``residuals``), as ``_score`` takes."""
-    res = self.residuals
-    return (
-      res["batch_size"].to_numpy(float),
-      res["context_size"].to_numpy(float),
-      np.log(res["observed_updates"].to_numpy(float)),
-    )
-
-  @property
-  def T(self) -> float:
-    return math.exp(self.log_T)
-
-  @property
-  def coef(self) -> np.ndarray:
-    """The coefficients in ``names`` order (float64, len(names))."""
-    return np.array([getattr(self, n) for n in self.names], float)
-
-  def _x(self, batch_size, context_size, n_params=None) -> np.ndarray:
-    cols = [
-      np.ones(np.broadcast(batch_size, context_size).shape),
-      -np.log(batch_size),
-      -np.log(context_size),
-    ]
-    if self.gamma is not None:
-      if n_params is None:
-        raise ValueError("this law has a model-size term (gamma): give n_params")
-      cols.append(np.log(n_params))
-    return np.stack(np.broadcast_arrays(*cols), axis=-1)
-
-  def predict_updates(self, batch_size, context_size, n_params=None) -> np.ndarray:
-    """Predicted UPT (updates; the median of the log-normal) for arrays of B, C (and n_params
-    when γ was fitted), broadcast together."""
-    return np.exp(self._x(batch_size, context_size, n_params) @ self.coef)
-
-  def predict_interval(
-    self, batch_size, context_size, n_params=None, *, level: float = 0.95, cell: bool = False
-  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(median, lo, hi)`` in updates, arrays broadcast over B, C (, n_params): the predicted
-    UPT and its ``level`` interval — of the law's median (the fit's uncertainty), or with
-    ``cell`` the prediction interval for one new cell (adds the scatter σ²). On ln UPT:
-    ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²)), q the t(G − 1) quantile
-    (``ihsweep.planning.law.log_half_width``;
-    ``ihsweep predict`` computes the same from law.json). E.g. the band over B at one C for a
-    figure: ``predict_interval(np.geomspace(8, 32, 50), 64)``.
-
-    Raises:
-      ValueError: no bootstrap (``cov`` None: ``n_boot`` 0 or too few dof), or a level outside
-        (0, 1).
-    """
-    if self.cov is None:
-      raise ValueError(
-        "no interval: the fit has no bootstrap (n_boot = 0 or fewer than "
-        f"{MIN_DOF_FOR_INTERVALS} residual degrees of freedom)"
-      )
-    x = self._x(batch_size, context_size, n_params)
-    mean = x @ self.coef
-    half = law_lib.log_half_width(
-      x, self.cov, self.sigma if cell else 0.0, level, self.n_grid_points - 1
-    )
-    return np.exp(mean), np.exp(mean - half), np.exp(mean + half)
-
-  def to_dict(self) -> dict:
-    """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
-    ``ihsweep.planning.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when
-    withheld, with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
-    ``ci_note``), study_r (the study's published law's r on the same emerged cells, with r),
-    n_boot, units, form,
-    range, n_grid_points, fixed (if any), cov (``{"names": [...], "matrix": [[...]], "t_dof":
-    G − 1}``, with a bootstrap) and, for the main fit, ``emerged_only``: this dict for the
-    least-squares fit (always there: the MLE needs what least squares needs — emerged cells
-    that identify the coefficients)."""
-    out = {
-      "log_T": self.log_T,
-      "T": self.T,
-      "alpha": self.alpha,
-      "beta": self.beta,
-      "r": None if math.isnan(self.r) else self.r,
-      "n": self.n,
-      "ci": self.ci,
-    }
-    if self.r_note:
-      out["r_note"] = self.r_note
-    if out["r"] is not None:  # the study's published law scored on the same emerged cells
-      study_r = _score("study", STUDY["log_T"], STUDY["alpha"], STUDY["beta"], *self._by(), 0)["r"]
-      out["study_r"] = None if math.isnan(study_r) else study_r
-    if self.ci_note:
-      out["ci_note"] = self.ci_note
-    if self.gamma is not None:
-      out["gamma"] = self.gamma
-    out.update(
-      n_emerged=self.n_emerged,
-      n_censored=self.n_censored,
-      n_boot=self.n_boot,
-      dof=self.dof,
-      sigma=self.sigma,
-      method=self.method,
-      units="updates",
-      form="ln UPT = ln T - alpha ln B - beta ln C"
-      + (" + gamma ln n_params" if self.gamma is not None else ""),
-      range=self.range,
-      n_grid_points=self.n_grid_points,
-    )
-    if self.lack_of_fit:
-      out["lack_of_fit"] = [t.to_dict() for t in self.lack_of_fit]
-    if self.fixed:
-      out["fixed"] = self.fixed
-    if self.cov is not None:
-      out["cov"] = {
-        "names": list(self.names),
-        "matrix": self.cov.tolist(),
-        "t_dof": self.n_grid_points - 1,
-      }
-    if self.method == MLE:
-      out["emerged_only"] = self.emerged_only.to_dict() if self.emerged_only else None
-    return out
-
-
-def _clean(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.ndarray]:
-  """The rows as numbers and a censored mask (bool, len(rows)): censored = empty
-  ``emergence_step`` or a true ``censored``; censored rows need a positive ``censor_step``."""
-  need = ["batch_size", "context_size", "emergence_step"] + (["n_params"] if with_params else [])
-  missing = [c for c in need if c not in points]
-  if missing:
-    raise FitError(f"emergence points need columns {', '.join(need)}; missing {', '.join(missing)}")
-  if points.empty:
-    raise FitError("no emergence points (the table has no rows)")
-  pts = points.copy()
-  for c in need + (["censor_step"] if "censor_step" in pts else []):
-    values = pd.to_numeric(pts[c], errors="coerce")
-    text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
-    if text.any():
-      row = int(np.flatnonzero(text)[0])
-      raise FitError(
-        f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
-        f"number"
-        + (" (leave emergence_step empty for a censored cell)" if c == "emergence_step" else "")
-      )
-    pts[c] = values.astype(float)
-  censored = pts["emergence_step"].isna().to_numpy().copy()
-  if "censored" in pts:
-    censored = censored | _as_bool(pts["censored"], pts).to_numpy()
-  checks = [(c, np.ones(len(pts), bool)) for c in need if c != "emergence_step"]
-  checks += [("emergence_step", ~censored)]
-  if censored.any():
-    if "censor_step" not in pts:
-      row = int(np.flatnonzero(censored)[0])
-      raise FitError(
-        f"column censor_step is missing: {_where(pts, row)} is censored (empty "
-        f"emergence_step or censored true) and enters the fit at its censor_step, "
-        f"the last update at which it was seen not to have emerged (an analysis "
-        f"emergence.csv has the column); add it, or drop the censored rows"
-      )
-    checks += [("censor_step", censored)]
-  for c, rows in checks:
-    v = pts[c].to_numpy(float)
-    too_large = np.flatnonzero(rows & np.isfinite(v) & (v > MAX_COUNT))
-    if len(too_large):
-      raise FitError(
-        f"column {c}: {_where(pts, int(too_large[0]))} has {float(v[too_large[0]])!r}, more "
-        f"than any step or size counter holds (at most 2^63 - 1 = {MAX_COUNT:.3g}); is the "
-        f"column in another unit?"
-      )
-    bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
-    if len(bad) and c == "censor_step" and np.isnan(v[bad[0]]):
-      raise FitError(
-        f"column censor_step: {_where(pts, int(bad[0]))} is censored (empty "
-        f"emergence_step or censored true) but has no censor_step; give the last "
-        f"update at which it had not emerged, or drop the row"
-      )
-    if len(bad):
-      what = " (a censored row's last update without emergence)" if c == "censor_step" else ""
-      raise FitError(
-        f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
-        f"has {float(v[bad[0]])!r}"
-      )
-  return pts, censored
-
-
-def _where(points: pd.DataFrame, position: int) -> str:
-  """Names the row at ``position``: 'line N' (of the CSV file, the header being line 1) when the
-  index holds file line numbers (index name 'line', as ``read_points`` makes it), else the row's
-  index label."""
-  label = points.index[position]
-  return f"line {label}" if points.index.name == "line" else f"the row with index {label!r}"
-
-
-def read_points(path: str) -> pd.DataFrame:
-  """A CSV of emergence points, indexed by each row's line number in the file (the header is
-  line 1; blank lines are skipped but counted), so that errors name the line a user sees.
-
-  Raises:
-    OSError, ValueError: the file cannot be read as a CSV.
-  """
-  import csv
-
-  points = pd.read_csv(path)
-  with open(path, newline="", encoding="utf-8", errors="replace") as f:
-    reader, lines, start = csv.reader(f), [], 1
-    for row in reader:
-      if any(field.strip() for field in row) or len(row) > 1:  # pandas skips empty lines only
-        lines.append(start)
-      start = reader.line_num + 1
-  if len(lines) - 1 == len(points):  # else an unusual layout: rows are named by number
-    points.index = pd.Index(lines[1:], name="line")
-  return points
-
-
-def _as_bool(column: pd.Series, points: pd.DataFrame | None = None) -> pd.Series:
-  """A ``censored`` column as booleans: true/false, 1/0, yes/no (any case); empty = False.
-
-  Raises:
-    FitError: any other value (naming its row, ``_where``).
-  """
-  if column.dtype == bool:
-    return column
-  text = column.astype(str).str.strip().str.lower()
-  mapping = {
-    "true": True,
-    "1": True,
-    "1.0": True,
-    "yes": True,
-    "false": False,
-    "0": False,
-    "0.0": False,
-    "no": False,
-    "": False,
-    "nan": False,
-    "none": False,
-  }
-  unknown = ~text.isin(list(mapping))
-  if unknown.any():
-    row = int(np.flatnonzero(unknown)[0])
-    where = f"{_where(points, row)} has " if points is not None else ""
-    raise FitError(f"column censored: {where}{column.iloc[row]!r}, not true/false")
-  return text.map(mapping).astype(bool)
+from .law_fit import LSQ, MIN_DOF_FOR_INTERVALS, MLE, STUDY, V1_LOG10_T_TOKENS, LawFit, score
+from .law_points import FitError, as_bool, clean_points
 
 
 def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
@@ -503,7 +187,7 @@ def fit_law(
   fixed = dict(fixed or {})
   all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
   _check_fixed(fixed, all_names, with_params)
-  pts, censored = _clean(points, with_params)
+  pts, censored = clean_points(points, with_params)
   emerged = ~censored
   n_em, n_cens = int(emerged.sum()), int(censored.sum())
   names = [n for n in all_names if n not in fixed]
@@ -695,48 +379,6 @@ def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFi
   )
 
 
-def censor(points: pd.DataFrame, mask, at: str = "last_step") -> pd.DataFrame:
-  """``points`` with the rows of ``mask`` (bool, len(points)) turned censored at their column
-  ``at`` (updates; default ``last_step``, each model's last checkpoint: its cap or end of
-  training), as if their jump had not been seen: ``censored`` True, ``emergence_step`` and
-  ``emergence_tokens`` NaN, ``censor_step`` = ``at``. For ``fit_law``'s sensitivity to points
-  that emerged just before the end of training (``analysis.emergence.caution``).
-
-  Raises:
-    FitError: ``at`` is not a column of ``points``.
-  """
-  if at not in points:
-    raise FitError(f"cannot censor at {at!r}: the emergence points have no such column")
-  mask = np.asarray(mask, bool)
-  out = points.copy()
-  out["censored"] = (
-    _as_bool(out["censored"], out).to_numpy() if "censored" in out else out["emergence_step"].isna()
-  ) | mask
-  if "censor_step" not in out:
-    out["censor_step"] = math.nan
-  out["censor_step"] = out["censor_step"].astype(float).mask(mask, out[at].astype(float))
-  out["emergence_step"] = out["emergence_step"].astype(float).mask(mask, math.nan)
-  if "emergence_tokens" in out:
-    out["emergence_tokens"] = out["emergence_tokens"].astype(float).mask(mask, math.nan)
-  return out
-
-
-def _score(name, log_T, alpha, beta, b, c, y, free: int) -> dict:
-  pred = log_T - alpha * np.log(b) - beta * np.log(c)
-  resid = y - pred
-  r = float(np.corrcoef(pred, y)[0, 1]) if len(y) > 2 and np.std(pred) > 0 else math.nan
-  return {
-    "law": name,
-    "log_T": float(log_T),
-    "alpha": alpha,
-    "beta": beta,
-    "free_parameters": free,
-    "r": r,
-    "rmse_ln": float(np.sqrt(np.mean(resid**2))),
-    "mean_residual_ln": float(np.mean(resid)),
-  }
-
-
 def compare(fit: LawFit) -> pd.DataFrame:
   """The fitted law against the study's laws on the fit's cells: r, RMS and mean residual of ln
   UPT (positive mean residual = emergence later than the law predicts).
@@ -748,7 +390,7 @@ def compare(fit: LawFit) -> pd.DataFrame:
   b, c, y = fit._by()
   rows = []
   if fit.gamma is None:
-    rows.append(_score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y, 3 - len(fit.fixed)))
+    rows.append(score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y, 3 - len(fit.fixed)))
   else:
     pred = np.log(res["predicted_updates"].to_numpy(float))
     rows.append(
@@ -764,12 +406,12 @@ def compare(fit: LawFit) -> pd.DataFrame:
       }
     )
   rows.append(
-    _score("study v2 (published)", STUDY["log_T"], STUDY["alpha"], STUDY["beta"], b, c, y, 0)
+    score("study v2 (published)", STUDY["log_T"], STUDY["alpha"], STUDY["beta"], b, c, y, 0)
   )
   log_t_v1 = float(np.mean(y + 0.5 * np.log(b) + 0.5 * np.log(c)))
-  rows.append(_score("v1 form sqrt(BC), T fitted", log_t_v1, 0.5, 0.5, b, c, y, 1))
+  rows.append(score("v1 form sqrt(BC), T fitted", log_t_v1, 0.5, 0.5, b, c, y, 1))
   rows.append(
-    _score(
+    score(
       "v1 as published (T = 10^5.7 tokens)", V1_LOG10_T_TOKENS * math.log(10), 0.5, 0.5, b, c, y, 0
     )
   )
@@ -789,7 +431,7 @@ def censored_check(fit: LawFit, points: pd.DataFrame) -> pd.DataFrame:
     else pd.Series(False, points.index)
   )
   if "censored" in points:
-    mask |= _as_bool(points["censored"], points)
+    mask |= as_bool(points["censored"], points)
   cens = points[mask]
   cols = [
     c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step") if c in cens

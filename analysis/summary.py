@@ -1,7 +1,7 @@
 """The report's opening words, generated from a run's config and its results.
 
 ``summary`` turns the tables the report builds — one row per cell with its emergence point
-(``analysis.emergence.primary``), the fitted law (``analysis.scaling.LawFit.to_dict``) and the
+(``analysis.emergence.primary``), the fitted law (``analysis.law_fit.LawFit.to_dict``) and the
 run's config — into four paragraphs: the setup, the finding, the comparison with the study, and
 the limitations that apply. Every claim is decided from the numbers, with the rules below, so a
 grid that cannot support a sentence does not get it:
@@ -31,14 +31,14 @@ import math
 import numpy as np
 import pandas as pd
 
-from ihsweep.training import metric_registry
+from ihsweep.compute import metric_registry
 
 from .limitations import limitations_paragraph
 from .prose import config_field, interval_of, number, number_span, seeds_per_point, sentence
 
 # The study's law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1; docs/study.md).
 STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
-# Our count (ihsweep.planning.grid.n_params) of the study's reference model: 2 layers, 8 heads,
+# Our count (ihsweep.configuration.grid.n_params) of the study's reference model: 2 layers, 8 heads,
 # d_model 768, d_mlp 3072, GPT-2 vocabulary 50,257, 1,024 positions, tied embeddings.
 STUDY_N_PARAMS = 53_561_088
 STUDY_TOKENS = 1_000_000_000  # training tokens per model in the study's Experiment 1

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ihsweep.workers.sharding import use_one_cpu_device_per_core  # noqa: E402
+from ihsweep.base.sharding import use_one_cpu_device_per_core  # noqa: E402
 
 use_one_cpu_device_per_core()
 
@@ -64,12 +64,13 @@ WORKLOADS = {
 def build_run(workdir: str, workload: str, n_models: int, n_checkpoints: int) -> None:
   """A single-run directory with ``n_checkpoints`` params checkpoints of ``n_models`` models."""
   import configs.default
+  from ihsweep.compute import train
+  from ihsweep.compute.model import Transformer
   from ihsweep.data import make_source
   from ihsweep.data import probes as probes_lib
   from ihsweep.runs import checkpoint
-  from ihsweep.training import train
-  from ihsweep.training.model import Transformer
-  from ihsweep.training.runner import cell_metadata, write_resolved_config
+  from ihsweep.training.resume import write_resolved_config
+  from ihsweep.training.startup import cell_metadata
 
   w = WORKLOADS[workload]
   cfg = configs.default.get_config()

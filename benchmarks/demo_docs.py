@@ -191,7 +191,7 @@ def finding_block(demo: Demo) -> str:
   law = demo.law
   if law is None:
     return text + " No law was fitted (the report says why)."
-  from analysis.scaling import STUDY
+  from analysis.law_fit import STUDY
 
   def coef(name):
     ci = (law.get("ci") or {}).get(name)

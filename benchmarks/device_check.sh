@@ -118,7 +118,7 @@ sys.path.insert(0, "benchmarks")
 import jax
 import jax.numpy as jnp
 import throughput
-from ihsweep.training.model import ModelConfig
+from ihsweep.compute.model import ModelConfig
 
 smoke, warm = os.environ["DC_SMOKE"] == "1", sys.argv[1] == "warm"
 # The reference workload in bf16: throughput.py builds every model through ModelConfig.

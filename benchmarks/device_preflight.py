@@ -53,7 +53,7 @@ SWEEP = (
 
 def _record(programs: list, part: str, name: str, build) -> None:
   """Compiles ``build()`` (a ``jax.stages.Lowered``) and appends what it found."""
-  from ihsweep.planning import memory
+  from ihsweep.training import memory
 
   start = time.perf_counter()
   row = {"part": part, "program": name, "ok": False, "error": None}

@@ -48,7 +48,8 @@ def analyse_program(lowered, n_models: int, cost=None, attention_flops: float = 
   counts a loop's body once, so its FLOPs and bytes are one update's (of an untiled loss, one
   microbatch, one vmap chunk); ``cost`` (FLOPs, bytes) replaces them where those loops run more
   than once (``targets.update_cost``)."""
-  from ihsweep.planning import kernels, memory
+  from ihsweep.planning import kernels
+  from ihsweep.training import memory
 
   compiled = lowered.compile()
   k = kernels.per_update(compiled.as_text())
@@ -82,9 +83,9 @@ def reference(target, n_models: int, attention: str | None = None) -> dict:
   """The reference workload's ensemble program at E = n_models on one device of ``target``."""
   import throughput
 
+  from ihsweep.compute import train
+  from ihsweep.compute.model import ModelConfig
   from ihsweep.planning import targets
-  from ihsweep.training import train
-  from ihsweep.training.model import ModelConfig
 
   mcfg = ModelConfig(**throughput.WORKLOADS["reference"]["model"], dtype="bfloat16")
   attention = attention or train.resolve_attention("auto", mcfg, target.devices[0])
@@ -104,9 +105,9 @@ def exp1_cell(target, batch: int, context: int, attention: str = "auto") -> dict
   """memory_check.py's cell at B × C, at the setting chosen for ``target``."""
   import memory_check
 
+  from ihsweep.base import sharding
   from ihsweep.planning import targets
   from ihsweep.training import runner
-  from ihsweep.workers import sharding
 
   cfg = memory_check.cell_config(False, 10)
   cfg.train.update(batch_size=batch, context_size=context, attention=attention)

@@ -17,7 +17,7 @@ that the pre-flight chose for this GPU without one, and the measured peak is als
 that deviceless prediction (``planned_bytes``, ``peak_over_planned``).
 
 Prints one JSON object: ``{"device", "cell", "setting" (k, vmap chunk, remat, attention, as
-recorded in the run's config.json), "predicted_bytes" (ihsweep.planning.memory's need per
+recorded in the run's config.json), "predicted_bytes" (ihsweep.training.memory's need per
 device, compiled here), "planned_bytes", "planned_from", "peak_over_planned", "capacity_bytes",
 "peak_bytes" (the device's peak_bytes_in_use after training; null on a CPU), "peak_over_predicted",
 "tokens_per_s" (after the compiling call), "mfu" (model FLOPs per token × tokens/s over the
@@ -82,15 +82,14 @@ def main(argv=None) -> int:
 
   import jax
 
-  from ihsweep.planning import memory
-  from ihsweep.training import runner
+  from ihsweep.training import memory, runner
   from ihsweep.workers import compile_cache
 
   # As `ihsweep run`: a persistent compilation cache, so that fit loads the programs the
   # memory search compiled (a temporary one unless JAX_COMPILATION_CACHE_DIR chooses).
   cache = tempfile.TemporaryDirectory(prefix="ihsweep-memory-check-xla-")
   compile_cache.enable(cache.name)
-  from ihsweep.training.model import ModelConfig, flops_per_token
+  from ihsweep.compute.model import ModelConfig, flops_per_token
 
   cfg = cell_config(args.smoke, args.updates)
   device = jax.devices()[0]

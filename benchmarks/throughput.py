@@ -26,7 +26,7 @@ frequency 0.5, reliability 0.5) generated in-graph.
 tokens_per_s is the best of ``--rounds`` rounds (this machine is shared; the best round is the
 least disturbed); the median is reported beside it.
 
-Model FLOPs per token: ``ihsweep.training.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C
+Model FLOPs per token: ``ihsweep.compute.model.flops_per_token`` = 6·N + 12·n_layers·d_model·C
 (PaLM, appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
 matmul peak measured in the same process (best of a few square matmuls).
 
@@ -45,11 +45,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ihsweep import data as data_lib
+from ihsweep.base import sharding
+from ihsweep.compute import train
+from ihsweep.compute.model import ModelConfig, flops_per_token
 from ihsweep.data.builtin import UniformSource
-from ihsweep.training import train
-from ihsweep.training.model import ModelConfig, flops_per_token
-from ihsweep.training.runner import HostLoader
-from ihsweep.workers import sharding
+from ihsweep.training.loader import HostLoader
 
 WORKLOADS = {
   "reference": dict(
@@ -203,16 +203,16 @@ def eval_overhead(
   ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
   import ml_collections
 
-  from ihsweep.configuration import config as config_lib
+  from ihsweep.configuration import fields
   from ihsweep.data import probes as probes_lib
-  from ihsweep.training.runner import Evaluator
+  from ihsweep.training.evaluation import Evaluator
 
   mcfg, tcfg, init, step, hp, feed, source = _build(
     workload, n_models, steps_per_call, updates, "uniform", "device"
   )
   state = init(jnp.arange(n_models, dtype=jnp.int32))
   _, times = _time_programs(step, [(state, hp, feed(state, 0))], updates // steps_per_call, rounds)
-  cfg = ml_collections.ConfigDict({"eval": config_lib.default_eval()})
+  cfg = ml_collections.ConfigDict({"eval": fields.default_eval()})
   mesh = sharding.make_mesh(n_models, tcfg.batch_size)
   arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
   probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models, tcfg.context_size)

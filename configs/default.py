@@ -14,13 +14,14 @@ model.vocab_size; run ``ihsweep corpus fetch python-docs`` once first), or both:
 import ml_collections
 
 from ihsweep import data
-from ihsweep.configuration import config, schema
+from ihsweep.base import schema
+from ihsweep.configuration import fields
 
 
 def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.seed = schema.field("seed").default  # model i of the ensemble uses seed + i
-  # Every section's fields, defaults, allowed values and help: ihsweep.configuration.schema (and the
+  # Every section's fields, defaults, allowed values and help: ihsweep.base.schema (and the
   # reference in docs/configuration.md generated from it).
   c.model = schema.defaults("model")
   c.train = schema.defaults("train")  # memory choices 0 / auto: chosen by device memory
@@ -29,10 +30,10 @@ def get_config(arg: str = ""):
   c.data.update(source="markov_chain", n_successors=4, chain_seed=0)
 
   c.mesh = schema.defaults("mesh")  # 0 = every device
-  c.eval = config.default_eval()  # online metrics
-  c.checkpoint = config.default_checkpoint()
-  c.sweep = config.default_sweep()  # `ihsweep run`'s grid and budget
-  c.log = config.default_log()  # live TensorBoard / W&B writers
+  c.eval = fields.default_eval()  # online metrics
+  c.checkpoint = fields.default_checkpoint()
+  c.sweep = fields.default_sweep()  # `ihsweep run`'s grid and budget
+  c.log = fields.default_log()  # live TensorBoard / W&B writers
 
   for variant in filter(None, arg.split(",")):
     if variant == "tiny":

@@ -13,12 +13,11 @@ import sys
 
 from absl import flags
 
-from ihsweep import environment
+from ihsweep.base import environment, schema
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
 from ihsweep.commands.common import fail, load_config, parse, run_guarded, start_logging
 from ihsweep.commands.flags import FLAGS, FORMS, check, config_arg, flag_list, help_text
 from ihsweep.commands.flags import split_args as _split_args
-from ihsweep.configuration import schema
 
 MODULES = {m.NAME: m for m in (run, status, train, corpus, predict, plan, export)}
 COMMANDS = {name: m.DESCRIPTION for name, m in MODULES.items()}
@@ -128,8 +127,8 @@ def main(argv=None) -> int:
 
     compile_cache.enable()  # a rerun or the next group of equal shapes compiles nothing again
   if module.TRAINS:
-    from ihsweep.training.runner import install_stop_handlers
-    from ihsweep.workers.sharding import initialize_distributed
+    from ihsweep.base.sharding import initialize_distributed
+    from ihsweep.training.stopping import install_stop_handlers
 
     initialize_distributed()
     install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit

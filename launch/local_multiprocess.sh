@@ -40,7 +40,7 @@
 # others are then stopped: SIGTERM, SIGKILL after IHSWEEP_GRACE_S (default 30) seconds; a process
 # found stopped (SIGSTOP; it cannot act on SIGTERM) is killed at once. A process that stops
 # answering without exiting is noticed by the others within IHSWEEP_HEARTBEAT_S
-# (ihsweep/workers/sharding.py).
+# (ihsweep/base/sharding.py).
 # Exit status, independent: the workers do not depend on each other, so one that fails (or is
 # killed) does not stop the others: a line names it when it ends ("the others go on"), the
 # others finish their groups and take over the groups it held (at once for a dead process on

@@ -109,7 +109,7 @@ def python_docs_corpus(tmp_path, monkeypatch):
 @pytest.fixture
 def no_compile(monkeypatch):
   """Fails the test if anything reaches compilation (bad input must be refused before)."""
-  from ihsweep.training import train
+  from ihsweep.compute import train
 
   def boom(*a, **k):
     raise AssertionError("compiled before rejecting bad input")

@@ -14,10 +14,10 @@ import pytest
 
 from analysis import __main__ as cli
 from analysis import curves as curves_lib
-from analysis import emergence, frontier, scaling
+from analysis import emergence, frontier, law_points, scaling
+from ihsweep.compute import schedule
 from ihsweep.runs import rundir
 from ihsweep.runs.reader import NotARun, load_run
-from ihsweep.training import schedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = np.asarray(schedule.params_steps(4096, 1, points_per_octave=4))  # 0, 1, …, 4096
@@ -221,7 +221,7 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   one_b = _law_points()
   one_b = one_b[one_b["batch_size"] == 8]
   with pytest.raises(
-    scaling.FitError, match="cannot identify log_T, alpha, beta.*only C varies: hold alpha fixed"
+    law_points.FitError, match="cannot identify log_T, alpha, beta.*only C varies: hold alpha fixed"
   ) as info:
     scaling.fit_law(one_b, csv="runs/my sweep/analysis/emergence.csv")
   message = str(info.value)  # words and the user's own file, no Python dict, no placeholder
@@ -229,7 +229,7 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   assert "--csv 'runs/my sweep/analysis/emergence.csv' --fix alpha=" in message, message
   assert "{" not in message and "DIR" not in message, message
   one_c = _law_points()
-  with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed"):
+  with pytest.raises(law_points.FitError, match="only B varies: hold beta fixed"):
     scaling.fit_law(one_c[one_c["context_size"] == 64])
   few = scaling.fit_law(_law_points().iloc[[0, 7, 11, 18, 24]], n_boot=200)  # 2 dof
   assert few.dof == 2 and few.ci == {} and few.n_boot == 0
@@ -245,9 +245,9 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   # stopped at 100,000 updates, long after the predicted 3,600-10,000: contradicts the law;
   # stopped at 1,000, before it: no evidence either way.
   assert check["contradicts"].tolist() == [True, True, False, False, False]
-  with pytest.raises(scaling.FitError, match="column batch_size must be positive"):
+  with pytest.raises(law_points.FitError, match="column batch_size must be positive"):
     scaling.fit_law(_law_points().assign(batch_size=0), n_boot=0)
-  with pytest.raises(scaling.FitError, match="missing context_size"):
+  with pytest.raises(law_points.FitError, match="missing context_size"):
     scaling.fit_law(_law_points().drop(columns="context_size"))
 
 

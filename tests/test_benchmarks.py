@@ -97,7 +97,7 @@ def test_code_shape_finds_cycles_long_functions_and_back_doors(tmp_path):
   here = code_shape.measure(ROOT, ["ihsweep", "analysis"])
   assert here["modules"] > 40 and here["lines_total"] > 10_000
   # one error base class: every exception ihsweep or analysis defines derives from IhsweepError
-  assert here["exception_roots"] == ["ihsweep/errors.py:IhsweepError"], here["exception_roots"]
+  assert here["exception_roots"] == ["ihsweep/base/errors.py:IhsweepError"], here["exception_roots"]
 
 
 def test_gpu_plan_table_renders_a_plan_and_its_estimate():

@@ -16,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep.configuration import config as config_lib
+from ihsweep.compute import schedule
+from ihsweep.configuration import fields
 from ihsweep.runs import checkpoint
-from ihsweep.training import hooks, runner, schedule
-from ihsweep.training.runner import fit, write_resolved_config
+from ihsweep.training import hooks, resume
+from ihsweep.training.resume import write_resolved_config
+from ihsweep.training.runner import fit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer: compiling the evaluation dominates this file's runs.
@@ -94,7 +96,7 @@ def test_the_longest_run_lists_no_steps():
   an update is saved is arithmetic (a list of its steps would take tens of GB)."""
   import tracemalloc
 
-  last = config_lib.INT32_MAX
+  last = fields.INT32_MAX
   tracemalloc.start()
   try:
     assert schedule.is_state_step(last - 1, last, 1) and schedule.is_state_step(last, last, 7)
@@ -323,15 +325,15 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   cfg = tiny(**RUN)
   write_resolved_config(cfg, str(tmp_path))
   os.makedirs(tmp_path / "checkpoints" / "params" / "8")  # params only: still checked
-  with pytest.raises(config_lib.ConfigError, match="train.lr"):
+  with pytest.raises(fields.ConfigError, match="train.lr"):
     fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
   os.makedirs(tmp_path / "checkpoints" / "state" / "20")
-  with pytest.raises(config_lib.ConfigError, match="train.lr.*as in the run being resumed"):
+  with pytest.raises(fields.ConfigError, match="train.lr.*as in the run being resumed"):
     fit(tiny(**{**RUN, "train.lr": 3e-3}), str(tmp_path), progress=False)
-  with pytest.raises(config_lib.ConfigError, match="train.num_steps"):
+  with pytest.raises(fields.ConfigError, match="train.num_steps"):
     fit(tiny(**{**RUN, "train.num_steps": 80}), str(tmp_path), progress=False)
   # Fields that only choose what is saved or how work is split may change.
-  runner.check_resumable(
+  resume.check_resumable(
     tiny(**{**RUN, "checkpoint.state_every_steps": 5, "train.steps_per_call": 7}), str(tmp_path)
   )
   # A run made before a data or eval field existed lacks it in config.json: it resumes at the
@@ -341,13 +343,13 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
   del stored["data"]["induction_start"], stored["eval"]["probe_position"]
   with open(tmp_path / "config.json", "w") as f:
     json.dump(stored, f)
-  runner.check_resumable(cfg, str(tmp_path))
+  resume.check_resumable(cfg, str(tmp_path))
   moved = tiny(**{**RUN, "eval.probe_position": "end"})
   absent = "eval.probe_position.*absent .* its default 'start'"
-  with pytest.raises(config_lib.ConfigError, match=absent):
-    runner.check_resumable(moved, str(tmp_path))
+  with pytest.raises(fields.ConfigError, match=absent):
+    resume.check_resumable(moved, str(tmp_path))
   os.remove(tmp_path / "config.json")
-  with pytest.raises(config_lib.ConfigError, match="config.json can be read"):
+  with pytest.raises(fields.ConfigError, match="config.json can be read"):
     fit(cfg, str(tmp_path), progress=False)
 
 

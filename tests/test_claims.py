@@ -1,4 +1,4 @@
-"""ihsweep/workers/claims.py: the one rule of a takeover — the group directory's lock, not the
+"""ihsweep/runs/claims.py: the one rule of a takeover — the group directory's lock, not the
 claim's heartbeat, says whether its worker lives."""
 
 import json
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ihsweep.runs import atomic, rundir
-from ihsweep.workers import claims
+from ihsweep.base import atomic
+from ihsweep.runs import claims, rundir
 
 HOLD_LOCK = """
 import fcntl, sys, time

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ihsweep import cli
+from ihsweep.commands import flags as flags_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -234,11 +235,11 @@ COMMAND_WORDS = {
 
 def test_flag_table_covers_every_flag_and_the_help():
   assert cli.COMMAND_FLAGS == OWN_FLAGS
-  assert set(cli.FLAG_FORMS) == set(FLAG_ARGS) and all(f in cli.FLAGS for f in FLAG_ARGS)
+  assert set(cli.FLAG_FORMS) == set(FLAG_ARGS) and all(f in flags_lib.FLAGS for f in FLAG_ARGS)
   for command in cli.COMMANDS:  # the help names only the command's own flags, and all of them
     own = {f for k, names in OWN_FLAGS.items() if k.split()[0] == command for f in names}
     words = re.findall(r"--[\w.]+", cli.COMMAND_HELP[command].replace("[no]", ""))
-    mentioned = {cli._split_args([w])[0][0][1] for w in words}
+    mentioned = {flags_lib.split_args([w])[0][0][1] for w in words}
     assert mentioned == own, command
 
 
@@ -388,7 +389,7 @@ def test_one_sweep_axis_set_by_both_flags_is_refused(tmp_path):
   assert os.listdir(tmp_path) == []
   # Different axes together stay allowed.
   args = ["--config=configs/demo.py", "--workdir=w", "--grid=train.context_size=16", override]
-  assert cli._check_flags("run", *cli._split_args(args)) is None
+  assert cli._check_flags("run", *flags_lib.split_args(args)) is None
 
 
 def test_each_command_takes_its_own_flags(tmp_path):

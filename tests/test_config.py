@@ -1,6 +1,7 @@
 import pytest
 
-from ihsweep.configuration.config import ConfigError, validate
+from ihsweep.configuration.config import validate
+from ihsweep.configuration.fields import ConfigError
 from ihsweep.training import runner
 
 
@@ -248,7 +249,7 @@ def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
 
 
 def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
 
   cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
   with pytest.raises(
@@ -358,7 +359,7 @@ def test_probe_ids_exclude_every_special_token_of_a_user_tokenizer(tiny, tmp_pat
 
 
 def test_a_schedule_over_the_token_budget_needs_one(tiny):
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
 
   cfg = tiny(**{"sweep.schedule_horizon": "tokens"})
   grid_lib.add_axes(cfg, ["train.batch_size=8,16"])

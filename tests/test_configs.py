@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from ihsweep.planning import grid as grid_lib
+from ihsweep.configuration import grid as grid_lib
 
 # (config, argument) → (cells, groups, models per group)
 EXPECTED = {

@@ -1,11 +1,12 @@
-"""ihsweep/environment.py: every environment variable the tool reads is checked when a command
+"""ihsweep/base/environment.py: every environment variable the tool reads is checked when a command
 starts — one line naming it, its value and what is allowed, exit status 2, nothing created."""
 
 import os
 
 import pytest
 
-from ihsweep import cli, environment
+from ihsweep import cli
+from ihsweep.base import environment
 
 
 def _main(capsys, *args):

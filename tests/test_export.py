@@ -5,7 +5,7 @@ Each architecture ihsweep trains (learned or rotary positions × attention-only 
 tied or untied embeddings) is exported with every parameter perturbed away from its init
 (biases and LayerNorms nonzero, so a dropped bias shows), a non-default ``ln_eps`` and
 ``rotary_base`` (so a default used by mistake shows), and its logits compared with ihsweep's
-own forward (``ihsweep.training.model.Transformer``) on random tokens:
+own forward (``ihsweep.compute.model.Transformer``) on random tokens:
 
 * float64 (jax_enable_x64, torch float64): to 1e-9. Both sides compute the same function in
   double precision; what differs is the order of summation (XLA's dots vs torch's BLAS), whose
@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch", reason="the interop extra: pip install 'ihs
 pytest.importorskip("transformer_lens", reason="the interop extra")
 pytest.importorskip("transformers", reason="the interop extra")
 
+from ihsweep.commands import flags  # noqa: E402
 from ihsweep.runs import export  # noqa: E402
 
 VARIANTS = list(itertools.product(("learned", "rotary"), (0, 24), (True, False)))
@@ -52,7 +53,7 @@ def _model(pos, d_mlp, tie, dtype="float32", seed=0):
   (N(0, 0.3²) added: nonzero biases, LayerNorm scales away from 1)."""
   import jax
 
-  from ihsweep.training.model import ModelConfig, Transformer
+  from ihsweep.compute.model import ModelConfig, Transformer
 
   cfg = ModelConfig(
     n_layers=2,
@@ -80,7 +81,7 @@ def _tokens(seed=0, b=3):
 
 
 def _ihsweep(params, cfg, tokens, internals=False):
-  from ihsweep.training.model import Transformer
+  from ihsweep.compute.model import Transformer
 
   out = Transformer(cfg).apply({"params": params}, tokens, return_internals=internals)
   if internals:
@@ -291,7 +292,7 @@ def test_the_extra_missing_says_how_to_install(monkeypatch):
 def swept(tmp_path_factory):
   """`ihsweep run` over model.pos_encoding ∈ {learned, rotary}, one seed each: cell 0 learned,
   cell 1 rotary (groups g000, g001), 10 updates, params saved at 0 and 10."""
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
   from ihsweep.workers import sweep
 
   cfg = tiny_config(
@@ -315,11 +316,11 @@ def swept(tmp_path_factory):
 def _cli(*args):
   from ihsweep import cli
 
-  cli.FLAGS.unparse_flags()  # flags set by an earlier in-process call must not carry over
+  flags.FLAGS.unparse_flags()  # flags set by an earlier in-process call must not carry over
   try:
     return cli.main(["ihsweep", "export", *args])
   finally:
-    cli.FLAGS.unparse_flags()
+    flags.FLAGS.unparse_flags()
 
 
 def test_run_layout(swept):
@@ -562,7 +563,7 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
   block again; no BOS):
 
   * exact: the prefix-matching score PS (mean over probes and second-block positions i of the
-    attention from i to i − L + 1; ihsweep.training.metrics.prefix_matching_score) computed from
+    attention from i to i − L + 1; ihsweep.compute.metrics.prefix_matching_score) computed from
     TransformerLens's attention pattern (``run_with_cache``, ``pattern``) equals PS from
     ihsweep's forward, and the PS the run recorded in metrics.jsonl at that step, to 1e-5
     (attention probabilities in [0, 1] rounded in float32 at ~1e-7);
@@ -578,7 +579,7 @@ def test_transformer_lens_finds_the_induction_head_ihsweep_measured(induction):
   from transformer_lens.head_detector import detect_head
 
   import ihsweep
-  from ihsweep.training.metrics import prefix_matching_score
+  from ihsweep.compute.metrics import prefix_matching_score
 
   run = ihsweep.load_run(induction)
   last = run.metrics.groupby("cell").tail(1).set_index("cell")
@@ -624,7 +625,7 @@ def test_the_readme_example_runs(induction, capsys):
   written but for the run (runs/demo → this 2-layer run of the classic induction task). The
   printed stripe is the prefix-matching score that ihsweep's own forward gives on the same
   tokens."""
-  from ihsweep.training.metrics import prefix_matching_score
+  from ihsweep.compute.metrics import prefix_matching_score
 
   text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   block = text.split("<!-- export-example -->\n```python\n", 1)[1].split("```", 1)[0]
@@ -655,7 +656,7 @@ def test_the_readme_export_command_names_the_demo_cell_it_says(
   import shlex
 
   from configs import demo
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
 
   text = open(os.path.join(ROOT, "docs", "analysis.md")).read()
   line = text.split("<!-- export-command -->\n```bash\n", 1)[1].splitlines()[0]

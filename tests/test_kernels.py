@@ -3,7 +3,8 @@ plan's per-update lower bounds (targets.update_time_terms): known answers on han
 
 import pytest
 
-from ihsweep.planning import kernels, memory, targets
+from ihsweep.planning import kernels, targets
+from ihsweep.training import memory
 
 # One call: a fusion and a sampler's loop of traced trip count (a condition, a fusion and a
 # two-way conditional of 2 fusions: 4) before the update loop (once per call); the update loop
@@ -108,7 +109,7 @@ def test_a_program_without_an_update_loop_is_one_update():
 
 
 def test_the_update_loop_is_named_where_the_train_program_makes_it():
-  from ihsweep.training import train
+  from ihsweep.compute import train
 
   assert train.UPDATE_LOOP_SCOPE == kernels.UPDATE_LOOP_SCOPE
 

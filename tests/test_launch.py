@@ -21,8 +21,9 @@ import time
 import jax
 import pytest
 
+from ihsweep.base import sharding
 from ihsweep.runs import rundir
-from ihsweep.workers import sharding, sweep
+from ihsweep.workers import sweep_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEARTBEAT_S, GRACE_S = 5, 5
@@ -150,7 +151,7 @@ def test_stopped_process_ends_the_others_with_one_line(tmp_path, stopped):
   status = rundir.read_status(str(work), "g000")
   assert status["state"] == "failed" and "stopped answering" in status["error"], status
   assert "failed" in next(
-    line for line in sweep.format_status(str(work)).splitlines() if "g000" in line
+    line for line in sweep_status.format_status(str(work)).splitlines() if "g000" in line
   )
 
 
@@ -694,7 +695,7 @@ def test_a_slurm_environment_that_names_no_gpus_is_left_to_jax(env):
 
 @pytest.mark.parametrize("bad", ["a", "0,0", "-1", "0,,1"])
 def test_a_bad_local_device_ids_override_is_one_line(bad):
-  from ihsweep.environment import EnvironmentVariableError
+  from ihsweep.base.environment import EnvironmentVariableError
 
   with pytest.raises(EnvironmentVariableError) as e:
     sharding.slurm_local_device_ids({**_TASK, "IHSWEEP_LOCAL_DEVICE_IDS": bad})

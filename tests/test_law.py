@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ihsweep.planning.law import Law, LawError
+from ihsweep.base.law import Law, LawError
 
 
 def _law_file(tmp_path, text):

@@ -1,4 +1,4 @@
-"""ihsweep/training/losses.py: the vocabulary-tiled cross-entropy equals the whole-vocabulary one
+"""ihsweep/compute/losses.py: the vocabulary-tiled cross-entropy equals the whole-vocabulary one
 and a plain autodiff reference (float64, so the comparison does not depend on the CPU's
 rounding)."""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep.training import losses
+from ihsweep.compute import losses
 
 # float64 sums of a few hundred terms differ from another order by ~1e-15 relative; 1e-9
 # leaves six decades for that while a wrong gradient (a dropped tile, a mis-masked padded row,

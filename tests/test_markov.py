@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from ihsweep.configuration import config as config_lib
-from ihsweep.data import make_source, markov, natural, synthetic
+from ihsweep.configuration import fields
+from ihsweep.data import corpus as corpus_lib
+from ihsweep.data import make_source, markov, synthetic
 from ihsweep.training.runner import fit
 
 
@@ -132,7 +134,7 @@ def test_bigram_transitions_from_a_corpus(tmp_path):
   words = ["alpha", "beta", "gamma", "delta", "epsilon"]
   (text_dir / "a.txt").write_text(" ".join(rng.choice(words, 3000)))
   data_cfg = _data_cfg(tmp_path, transitions="bigram", files=str(text_dir / "*.txt"))
-  corpus = natural.prepare_corpus(data_cfg, 270)
+  corpus = corpus_lib.prepare_corpus(data_cfg, 270)
   p, first, kept = markov.bigram_transitions(corpus, 5, smoothing=1e-6)
   np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-12)
   ids = np.asarray(corpus.train)
@@ -272,7 +274,7 @@ def test_bad_markov_inputs_fail_before_compiling(tiny, tmp_path, no_compile, ove
       **overrides,
     }
   )
-  with pytest.raises((config_lib.ConfigError, markov.MarkovError), match=message):
+  with pytest.raises((fields.ConfigError, markov.MarkovError), match=message):
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -336,5 +338,5 @@ def test_non_numeric_and_diverged_matrices_are_refused(tmp_path):
 
 def test_vocabulary_must_hold_a_sequence_of_distinct_tokens(tiny):
   cfg = tiny(**{"data.source": "markov", "data.transitions": "iid", "model.vocab_size": 16})
-  with pytest.raises(config_lib.ConfigError, match="train.context_size"):
+  with pytest.raises(fields.ConfigError, match="train.context_size"):
     config_lib.validate(cfg)

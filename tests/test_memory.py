@@ -1,4 +1,4 @@
-"""ihsweep/planning/memory.py and runner.resolve_memory: the memory setting chosen from the compiled
+"""ihsweep/training/memory.py and runner.resolve_memory: the memory setting chosen from the compiled
 programs before anything trains."""
 
 import json
@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from ihsweep.planning import grid, memory
-from ihsweep.training import runner
-from ihsweep.training.model import ModelConfig
+from ihsweep.compute.model import ModelConfig
+from ihsweep.configuration import grid
+from ihsweep.training import memory, runner
 
 MIB = 1 << 20
 

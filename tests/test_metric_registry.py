@@ -1,4 +1,4 @@
-"""The metric registry (ihsweep/training/metric_registry.py), the one home of every metric: a metric
+"""The metric registry (ihsweep/compute/metric_registry.py), the one home of every metric: a metric
 registered in one place is computed by the evaluation, written to metrics.jsonl, accepted (and
 range-checked) by the stop rule, kept by the curves and tabulated by the emergence analysis."""
 
@@ -18,11 +18,12 @@ from test_metrics import CFG, L, _evaluate, _probes, induction_circuit
 from analysis import curves as curves_lib
 from analysis import emergence, plots
 from analysis import summary as summary_lib
-from ihsweep.configuration import config as config_lib
-from ihsweep.configuration.config import ConfigError
+from ihsweep.compute import metric_registry, metrics
+from ihsweep.configuration import fields
+from ihsweep.configuration import grid as grid_lib
+from ihsweep.configuration.fields import ConfigError
 from ihsweep.data import probes
-from ihsweep.planning import grid as grid_lib
-from ihsweep.training import metric_registry, metrics, runner
+from ihsweep.training import evaluation
 from ihsweep.training.evaluation import Evaluator
 
 STEPS = np.asarray([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
@@ -138,7 +139,7 @@ def test_a_registered_metric_is_evaluated_written_and_read_by_the_stop_rule(ps_m
   host = {k: v[None] for k, v in out.items()}
   rows = Evaluator.rows(host, 10, 256, tiny(**{"ensemble.size": 1}), None)
   assert rows[0]["ps_mean"] == pytest.approx(float(out["ps_mean"]))
-  stop = runner.EmergenceStop("ps_mean", 0.2, 2.0, 1)
+  stop = evaluation.EmergenceStop("ps_mean", 0.2, 2.0, 1)
   stop.observe(0, [0.05], [False])
   stop.observe(10, [r["ps_mean"] for r in rows], [False])
   assert stop.crossed == [10] and stop.done(20) and not stop.done(19)
@@ -175,7 +176,7 @@ def _registered(metric):
 def _sweep_config(tiny, **sweep):
   cfg = tiny(**{"eval.every_steps": 10, "model.n_layers": 1, "model.d_mlp": 0})
   with cfg.unlocked():
-    cfg.sweep = config_lib.default_sweep()
+    cfg.sweep = fields.default_sweep()
   cfg.sweep.update(budget="emergence", law_multiple=0.5, **sweep)
   return cfg
 

@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ihsweep.base.law import Law, LawError
+from ihsweep.compute import metric_registry, metrics
+from ihsweep.compute.model import ModelConfig, Transformer
+from ihsweep.data import corpus as corpus_lib
 from ihsweep.data import probes
-from ihsweep.planning.law import Law, LawError
-from ihsweep.training import metric_registry, metrics
-from ihsweep.training.model import ModelConfig, Transformer
 
 V, C, D = 32, 32, 128
 TOK, POS, PREV, OUT = 0, 32, 64, 96  # residual subspaces of the hand-built model
@@ -229,7 +230,7 @@ def test_last_position_target_is_the_block_first_token():
 
 def test_diverged_model_reads_nan_not_perfect_recall():
   import configs.default
-  from ihsweep.training.runner import Evaluator
+  from ihsweep.training.evaluation import Evaluator
 
   nan = jax.tree_util.tree_map(lambda x: x * jnp.nan, induction_circuit())
   out = jax.tree_util.tree_map(np.asarray, _evaluate(nan))
@@ -263,7 +264,8 @@ def test_diverged_model_reads_nan_not_perfect_recall():
 
 
 def test_probe_blocks_shorter_than_three_are_refused(tiny):
-  from ihsweep.configuration.config import ConfigError, validate
+  from ihsweep.configuration.config import validate
+  from ihsweep.configuration.fields import ConfigError
 
   for overrides, field, words in [
     (
@@ -329,7 +331,7 @@ def test_special_tokens_of_a_user_tokenizer_never_appear_in_probes(tiny, tmp_pat
   tok.add_tokens(["induction"])  # id 11: an added token that is text
   rng = np.random.default_rng(0)
   train = rng.integers(1, 12, 5000).astype(np.uint16)
-  corpus = natural.TokenizedCorpus(
+  corpus = corpus_lib.TokenizedCorpus(
     train=train,
     val=train[:500],
     tokenizer=tok,
@@ -445,7 +447,7 @@ def test_evaluation_split_over_the_data_axis_equals_one_device():
   the axis (``make_eval_fn(mesh=...)``); the metrics equal the unsplit evaluation's. The only
   float32 difference is the order of the additions over 20 items (relative ~20 · 6e-8), so
   rtol 2e-5, as for vmapped against one by one; the counts and argmaxes are exact."""
-  from ihsweep.workers import sharding
+  from ihsweep.base import sharding
 
   cfg = ModelConfig(n_layers=2, n_heads=4, d_model=64, d_mlp=256, vocab_size=V, max_context=C)
   params = [
@@ -484,9 +486,8 @@ def test_evaluation_micro_batches_follow_the_device_memory(monkeypatch):
   """An eighth of the usable memory for one micro-batch's float32 logits: at study scale (C
   1024, V 50,257) on a v5e core (15.75 GiB) 8 of 32 held-out sequences at once (the old fixed
   16 MiB: one); 16 MiB where the memory is unknown (a CPU)."""
-  from ihsweep.planning import memory
-  from ihsweep.training import evaluation
-  from ihsweep.workers import sharding
+  from ihsweep.base import sharding
+  from ihsweep.training import evaluation, memory
 
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   monkeypatch.delenv(memory.CAPACITY_ENV, raising=False)

@@ -3,14 +3,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ihsweep.training.model import (
+from ihsweep.compute.model import (
   Attention,
   ModelConfig,
   Transformer,
   flops_per_token,
   matmul_params,
 )
-from ihsweep.training.train import next_token_loss
+from ihsweep.compute.train import next_token_loss
 
 CFG = ModelConfig(n_layers=2, n_heads=4, d_model=32, d_mlp=64, vocab_size=50, max_context=16)
 

@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 from ihsweep.configuration import config as config_lib
-from ihsweep.data import corpus, documents, make_source, natural
-from ihsweep.training import runner
+from ihsweep.configuration import fields
+from ihsweep.data import cache, corpus, documents, errors, make_source, tokenizer
+from ihsweep.data import windows as windows_lib
+from ihsweep.training import loader as loader_lib
 from ihsweep.training.runner import fit
 
 WORDS = (
@@ -54,9 +56,9 @@ def test_bpe_round_trip_and_special_ids(tmp_path):
     "ünïcödé " * 30,
     "x = [i**2 for i in range(10)]\n" * 5,
   ]
-  tok = natural.train_bpe(iter(docs * 3), 280)
+  tok = tokenizer.train_bpe(iter(docs * 3), 280)
   assert tok.get_vocab_size() == 280
-  assert tok.token_to_id(natural.EOT) == 0
+  assert tok.token_to_id(tokenizer.EOT) == 0
   for text in docs + ["unseen text: Ωμέγα ✓ \x01 control"]:
     ids = tok.encode(text, add_special_tokens=False).ids
     assert tok.decode(ids) == text
@@ -65,11 +67,11 @@ def test_bpe_round_trip_and_special_ids(tmp_path):
 
 def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
   cfg = natural_cfg(tiny, tmp_path)
-  first = natural.prepare_corpus(cfg.data, 300)
+  first = corpus.prepare_corpus(cfg.data, 300)
   assert not first.cache_hit and first.train.dtype == np.uint16
   # The arrays are exactly the split's documents, each followed by <|endoftext|>.
-  docs = [next(natural.read_documents(f)) for f in natural.list_files(cfg.data.files)]
-  split = list(natural.split_documents(docs, 0.2, 0))
+  docs = [next(documents.read_documents(f)) for f in documents.list_files(cfg.data.files)]
+  split = list(documents.split_documents(docs, 0.2, 0))
   for arr, want_val in ((first.train, False), (first.val, True)):
     ids = np.asarray(arr)
     pieces = np.split(ids, np.flatnonzero(ids == first.eot_id) + 1)[:-1]
@@ -83,14 +85,14 @@ def test_corpus_split_by_document_and_cache_hit(tiny, tmp_path, monkeypatch):
 
   monkeypatch.setattr(corpus, "train_bpe", no_training)
   monkeypatch.setattr(corpus, "_encode_to", no_training)
-  second = natural.prepare_corpus(cfg.data, 300)
+  second = corpus.prepare_corpus(cfg.data, 300)
   assert second.cache_hit and second.path == first.path
   np.testing.assert_array_equal(second.train, first.train)
   # Changing the corpus invalidates the key.
-  with open(natural.list_files(cfg.data.files)[0], "a") as f:
+  with open(documents.list_files(cfg.data.files)[0], "a") as f:
     f.write("one more line\n")
   monkeypatch.undo()
-  third = natural.prepare_corpus(cfg.data, 300)
+  third = corpus.prepare_corpus(cfg.data, 300)
   assert not third.cache_hit and third.path != first.path
 
 
@@ -99,8 +101,8 @@ def test_max_documents_is_a_random_sample_by_seed_recorded_in_the_cache(tiny, tm
   file order), drawn with data.sample_seed, in corpus order; meta.json records it; each seed
   is its own cache entry."""
   docs = [
-    next(natural.read_documents(f))
-    for f in natural.list_files(write_corpus(str(tmp_path / "text")))
+    next(documents.read_documents(f))
+    for f in documents.list_files(write_corpus(str(tmp_path / "text")))
   ]
   built = {}
   for seed in (0, 1):
@@ -109,7 +111,7 @@ def test_max_documents_is_a_random_sample_by_seed_recorded_in_the_cache(tiny, tm
       tmp_path,
       **{"data.max_documents": 10, "data.sample_seed": seed, "data.val_fraction": 0.0},
     )
-    built[seed] = natural.prepare_corpus(cfg.data, 300)
+    built[seed] = corpus.prepare_corpus(cfg.data, 300)
     ids = np.asarray(built[seed].train)
     pieces = np.split(ids, np.flatnonzero(ids == built[seed].eot_id) + 1)[:-1]
     keep = documents.sample_indices(40, 10, seed)
@@ -191,7 +193,7 @@ def test_windows_lie_inside_the_training_split(tiny, tmp_path):
   for i in range(20):
     key = jax.random.PRNGKey(i)
     windows = np.asarray(sample(key, {}, arrays))
-    starts = np.asarray(natural.window_starts(key, n, 64, 32))
+    starts = np.asarray(windows_lib.window_starts(key, n, 64, 32))
     all_starts.append(starts)
     assert windows.shape == (64, 33) and windows.dtype == np.int32
     for w, s in zip(windows, starts):
@@ -217,8 +219,8 @@ def test_host_loader_draws_the_windows_the_device_draws(tiny, tmp_path):
 def test_host_batch_array_reads_each_device_part_once(tiny, tmp_path, monkeypatch):
   """The global batch of a 2 × 2 mesh (E over 'ensemble', B over 'data') is assembled from
   per-device parts: each part read once, only its models and rows, equal to the whole batch."""
+  from ihsweep.base import sharding
   from ihsweep.data.source import host_batch_array
-  from ihsweep.workers import sharding
 
   cfg = natural_cfg(tiny, tmp_path)
   source = make_source(cfg.data, 300, 8, 32)
@@ -251,9 +253,9 @@ def test_host_fed_training_equals_in_graph_training(tiny, tmp_path, monkeypatch)
   last call is short (1 of 3 updates): only its row crosses to the devices, padded there."""
   common = {"train.num_steps": 7, "train.steps_per_call": 3, "ensemble.size": 2}
   padded = []
-  padder = runner.HostLoader._padder
+  padder = loader_lib.HostLoader._padder
   monkeypatch.setattr(
-    runner.HostLoader, "_padder", lambda self, k: padded.append(k) or padder(self, k)
+    loader_lib.HostLoader, "_padder", lambda self, k: padded.append(k) or padder(self, k)
   )
   out = {}
   for loader in ("device", "host"):
@@ -276,14 +278,14 @@ def test_auto_loader_respects_the_device_budget(tiny, tmp_path):
 def test_bigram_and_unigram_counts_equal_a_direct_count():
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 20, size=5000).astype(np.uint16)
-  counts = natural.bigram_counts(tokens, 20, chunk=777)  # several chunks, boundaries included
+  counts = corpus.bigram_counts(tokens, 20, chunk=777)  # several chunks, boundaries included
   direct = collections.Counter(zip(tokens[:-1].tolist(), tokens[1:].tolist()))
   dense = counts.toarray()
   assert dense.sum() == len(tokens) - 1
   for (a, b), c in direct.items():
     assert dense[a, b] == c
   np.testing.assert_array_equal(
-    natural.unigram_counts(tokens, 20), np.bincount(tokens, minlength=20)
+    corpus.unigram_counts(tokens, 20), np.bincount(tokens, minlength=20)
   )
 
 
@@ -292,17 +294,19 @@ def test_file_formats(tmp_path):
     "<html><head><title>t</title><style>p{}</style></head><body><h1>Title</h1>"
     "<p>Fish &amp; chips</p><script>var x=1;</script><p>end</p></body></html>"
   )
-  assert natural.strip_html((tmp_path / "a.html").read_text()) == "Title\n\nFish & chips\n\nend"
-  assert list(natural.read_documents(str(tmp_path / "a.html"))) == ["Title\n\nFish & chips\n\nend"]
+  assert documents.strip_html((tmp_path / "a.html").read_text()) == "Title\n\nFish & chips\n\nend"
+  assert list(documents.read_documents(str(tmp_path / "a.html"))) == [
+    "Title\n\nFish & chips\n\nend"
+  ]
   (tmp_path / "b.jsonl").write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n')
-  assert list(natural.read_documents(str(tmp_path / "b.jsonl"))) == ["one", "two"]
+  assert list(documents.read_documents(str(tmp_path / "b.jsonl"))) == ["one", "two"]
   pd.DataFrame({"body": ["x y", "", "z"]}).to_parquet(tmp_path / "c.parquet")
-  assert list(natural.read_documents(str(tmp_path / "c.parquet"), "body")) == ["x y", "z"]
-  with pytest.raises(natural.CorpusError, match="text_field"):
-    list(natural.read_documents(str(tmp_path / "c.parquet"), "text"))
+  assert list(documents.read_documents(str(tmp_path / "c.parquet"), "body")) == ["x y", "z"]
+  with pytest.raises(errors.CorpusError, match="text_field"):
+    list(documents.read_documents(str(tmp_path / "c.parquet"), "text"))
   (tmp_path / "d.jsonl").write_text('{"text": "ok"}\nnot json\n')
-  with pytest.raises(natural.CorpusError, match=r"d.jsonl:2"):
-    list(natural.read_documents(str(tmp_path / "d.jsonl")))
+  with pytest.raises(errors.CorpusError, match=r"d.jsonl:2"):
+    list(documents.read_documents(str(tmp_path / "d.jsonl")))
 
 
 def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
@@ -318,13 +322,13 @@ def test_tfds_corpus_through_data_source_with_mock_data(tiny, tmp_path):
   )
   with tfds.testing.mock_data(num_examples=60, policy=tfds.testing.MockPolicy.USE_CODE):
     config_lib.validate(cfg)
-    corpus = natural.prepare_corpus(cfg.data, 260)
+    tc = corpus.prepare_corpus(cfg.data, 260)
     records = documents._tfds_source(cfg.data)
     texts = [records[i]["text"] for i in range(len(records))]
-  assert corpus.meta["kind"] == "tfds"
-  assert corpus.meta["train_documents"] + corpus.meta["val_documents"] == 60
-  ids = np.asarray(corpus.train)
-  first = corpus.tokenizer.decode(ids[: np.flatnonzero(ids == corpus.eot_id)[0]].tolist())
+  assert tc.meta["kind"] == "tfds"
+  assert tc.meta["train_documents"] + tc.meta["val_documents"] == 60
+  ids = np.asarray(tc.train)
+  first = tc.tokenizer.decode(ids[: np.flatnonzero(ids == tc.eot_id)[0]].tolist())
   assert first in texts
 
 
@@ -332,7 +336,7 @@ def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
   cfg = tiny(
     **{"data.source": "natural", "data.tfds_name": "no_such_corpus_xyz", "model.vocab_size": 300}
   )
-  with pytest.raises(natural.CorpusError, match="TFDS cannot load this dataset"):
+  with pytest.raises(errors.CorpusError, match="TFDS cannot load this dataset"):
     config_lib.validate(cfg)
   cfg = tiny(
     **{
@@ -342,7 +346,7 @@ def test_tfds_unknown_name_and_unprepared_dataset(tiny, tmp_path):
       "data.tfds_data_dir": str(tmp_path),
     }
   )
-  with pytest.raises(natural.CorpusError, match="not prepared"):
+  with pytest.raises(errors.CorpusError, match="not prepared"):
     config_lib.validate(cfg)
 
 
@@ -362,7 +366,7 @@ def test_offline_tfds_download_says_so_and_names_the_prepared_copy(tiny, tmp_pat
       "data.tfds_download": True,
     }
   )
-  with pytest.raises(natural.CorpusError) as err:
+  with pytest.raises(errors.CorpusError) as err:
     config_lib.validate(cfg)
   assert "'lm1b' could not be downloaded and prepared" in str(err.value)
   assert "no network" in str(err.value) and "config.data.tfds_data_dir=DIR" in str(err.value)
@@ -370,7 +374,7 @@ def test_offline_tfds_download_says_so_and_names_the_prepared_copy(tiny, tmp_pat
 
 
 def test_tokenizer_larger_than_the_model_vocabulary_is_named(tiny, tmp_path, no_compile):
-  tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
+  tok = tokenizer.train_bpe(iter(["some text to learn merges from " * 50]), 270)
   tok.save(str(tmp_path / "tok.json"))
   cfg = natural_cfg(
     tiny,
@@ -381,7 +385,7 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_named(tiny, tmp_path, no_
       "eval.every_steps": 10,
     },
   )
-  with pytest.raises(natural.CorpusError) as err:
+  with pytest.raises(errors.CorpusError) as err:
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert err.value.field == "model.vocab_size"
   assert "model.vocab_size = 16 is smaller than the tokenizer's 270 types" in str(err.value)
@@ -461,7 +465,7 @@ def test_bad_inputs_fail_before_compiling(tiny, tmp_path, no_compile, case):
       **overrides,
     }
   )
-  with pytest.raises((natural.CorpusError, config_lib.ConfigError), match=message):
+  with pytest.raises((errors.CorpusError, fields.ConfigError), match=message):
     fit(cfg, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -477,34 +481,34 @@ def test_unreadable_file_is_named(tmp_path, monkeypatch):
     return real_open(p, *a, **k)
 
   monkeypatch.setattr("builtins.open", deny)
-  with pytest.raises(natural.CorpusError, match="cannot read .*locked.txt: Permission denied"):
-    list(natural.read_documents(str(path)))
+  with pytest.raises(errors.CorpusError, match="cannot read .*locked.txt: Permission denied"):
+    list(documents.read_documents(str(path)))
 
 
 def test_loaded_tokenizer_json(tiny, tmp_path):
-  tok = natural.train_bpe(iter(["some text to learn merges from " * 50]), 270)
+  tok = tokenizer.train_bpe(iter(["some text to learn merges from " * 50]), 270)
   tok.save(str(tmp_path / "tok.json"))
   cfg = natural_cfg(
     tiny, tmp_path, **{"data.tokenizer": str(tmp_path / "tok.json"), "model.vocab_size": 300}
   )  # padded model vocabulary
-  corpus = natural.prepare_corpus(cfg.data, 300)
-  assert corpus.meta["tokenizer_vocab"] == 270 and int(np.max(corpus.train)) < 270
-  with pytest.raises(natural.CorpusError, match="smaller than the tokenizer"):
-    natural.load_tokenizer(str(tmp_path / "tok.json"), 260)
+  tc = corpus.prepare_corpus(cfg.data, 300)
+  assert tc.meta["tokenizer_vocab"] == 270 and int(np.max(tc.train)) < 270
+  with pytest.raises(errors.CorpusError, match="smaller than the tokenizer"):
+    tokenizer.load_tokenizer(str(tmp_path / "tok.json"), 260)
 
 
 def test_corpus_fetch_without_apt_points_elsewhere(monkeypatch):
   monkeypatch.setattr(corpus.shutil, "which", lambda name: None)
-  with pytest.raises(natural.CorpusError) as err:
-    natural.fetch_corpus("python-docs", "/nonexistent")
+  with pytest.raises(errors.CorpusError) as err:
+    corpus.fetch_corpus("python-docs", "/nonexistent")
   assert "apt-get" in str(err.value) and "--config.data.files" in str(err.value)
   assert "tfds_name" in str(err.value)
-  with pytest.raises(natural.CorpusError, match="unknown corpus"):
-    natural.fetch_corpus("nonsense")
+  with pytest.raises(errors.CorpusError, match="unknown corpus"):
+    corpus.fetch_corpus("nonsense")
 
 
 def test_html5_without_head_end_tag_keeps_its_body():
-  assert natural.strip_html("<html><head><title>T</title><body><p>Hello</p>") == "Hello"
+  assert documents.strip_html("<html><head><title>T</title><body><p>Hello</p>") == "Hello"
 
 
 def test_jsonl_line_separators_inside_strings_are_text(tmp_path):
@@ -512,48 +516,48 @@ def test_jsonl_line_separators_inside_strings_are_text(tmp_path):
   path.write_text(
     json.dumps({"text": "one\u2028two\x85three"}, ensure_ascii=False) + "\n", encoding="utf-8"
   )
-  assert list(natural.read_documents(str(path))) == ["one\u2028two\x85three"]
+  assert list(documents.read_documents(str(path))) == ["one\u2028two\x85three"]
 
 
 def test_parquet_nulls_dropped_and_non_text_refused(tmp_path):
   pd.DataFrame({"text": ["a", None, "b"]}).to_parquet(tmp_path / "n.parquet")
-  assert list(natural.read_documents(str(tmp_path / "n.parquet"))) == ["a", "b"]
+  assert list(documents.read_documents(str(tmp_path / "n.parquet"))) == ["a", "b"]
   pd.DataFrame({"text": [1, 2]}).to_parquet(tmp_path / "i.parquet")
-  with pytest.raises(natural.CorpusError, match="int"):
-    list(natural.read_documents(str(tmp_path / "i.parquet")))
+  with pytest.raises(errors.CorpusError, match="int"):
+    list(documents.read_documents(str(tmp_path / "i.parquet")))
   (tmp_path / "fake.parquet").write_text("not parquet")
-  with pytest.raises(natural.CorpusError, match="cannot read .* as parquet") as err:
-    list(natural.read_documents(str(tmp_path / "fake.parquet")))
+  with pytest.raises(errors.CorpusError, match="cannot read .* as parquet") as err:
+    list(documents.read_documents(str(tmp_path / "fake.parquet")))
   assert "\n" not in str(err.value)
 
 
 def test_symlinks_and_overlapping_globs_read_each_file_once(tmp_path):
   write_corpus(str(tmp_path / "t"), n_docs=3)
   os.symlink(tmp_path / "t", tmp_path / "t" / "loop")
-  files = natural.list_files(f"{tmp_path}/t/**/*.txt,{tmp_path}/t/../t/doc000.txt")
+  files = documents.list_files(f"{tmp_path}/t/**/*.txt,{tmp_path}/t/../t/doc000.txt")
   assert len(files) == 3
 
 
 def test_tokenizer_ids_beyond_the_model_vocabulary_are_refused(tmp_path):
   from tokenizers import Tokenizer, models, pre_tokenizers
 
-  tok = Tokenizer(models.WordLevel({natural.EOT: 0, "[UNK]": 1, "x": 5000}, unk_token="[UNK]"))
+  tok = Tokenizer(models.WordLevel({tokenizer.EOT: 0, "[UNK]": 1, "x": 5000}, unk_token="[UNK]"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   tok.save(str(tmp_path / "sparse.json"))
-  with pytest.raises(natural.CorpusError, match="ids up to 5000"):
-    natural.load_tokenizer(str(tmp_path / "sparse.json"), 300)
+  with pytest.raises(errors.CorpusError, match="ids up to 5000"):
+    tokenizer.load_tokenizer(str(tmp_path / "sparse.json"), 300)
 
 
 def test_unusable_cache_dir_and_damaged_cache(tiny, tmp_path, caplog):
   (tmp_path / "afile").write_text("")
   cfg = natural_cfg(tiny, tmp_path, **{"data.cache_dir": str(tmp_path / "afile")})
-  with pytest.raises(natural.CorpusError, match="data.cache_dir"):
-    natural.prepare_corpus(cfg.data, 300)
+  with pytest.raises(errors.CorpusError, match="data.cache_dir"):
+    corpus.prepare_corpus(cfg.data, 300)
   cfg = natural_cfg(tiny, tmp_path)
-  built = natural.prepare_corpus(cfg.data, 300)
+  built = corpus.prepare_corpus(cfg.data, 300)
   with open(os.path.join(built.path, "train.npy"), "r+b") as f:
     f.truncate(200)  # a disk filled up, or a hand edit
-  rebuilt = natural.prepare_corpus(cfg.data, 300)
+  rebuilt = corpus.prepare_corpus(cfg.data, 300)
   assert not rebuilt.cache_hit and rebuilt.train.size == built.meta["train_tokens"]
   assert "damaged" in caplog.text
 
@@ -570,13 +574,13 @@ def test_leftovers_of_killed_builds_are_removed(tmp_path):
   other_host = tmp_path / f".build-elsewhere-{dead.pid}-ghi789"
   for d in (stale, live, other_host):
     d.mkdir()
-  natural.remove_stale_temp_dirs(str(tmp_path))
+  cache.remove_stale_temp_dirs(str(tmp_path))
   assert not stale.exists() and live.exists() and other_host.exists()
 
 
 def test_corpus_fields_need_the_natural_source(tiny):
   cfg = tiny(**{"data.files": "/tmp/*.txt"})  # source stays markov_chain
-  with pytest.raises(config_lib.ConfigError, match="data.source=natural"):
+  with pytest.raises(fields.ConfigError, match="data.source=natural"):
     config_lib.validate(cfg)
 
 

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from conftest import tiny_config
 
+from ihsweep.data import corpus as corpus_lib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One attention-only layer, 2 models, 20 updates; evaluated at 0, 10 and 20; params saved on the
@@ -55,7 +57,7 @@ def single(tmp_path_factory):
 def swept(tmp_path_factory):
   """`ihsweep run` over B ∈ {4, 8} × 2 seeds: cells 0, 1 (B 4) and 2, 3 (B 8) in two groups
   of 2 (g000 and g001, in the plan's order), 10 updates."""
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
   from ihsweep.workers import sweep
 
   cfg = tiny_config(**{**RUN, "train.num_steps": 10, "sweep.seeds": 2})
@@ -94,9 +96,9 @@ def test_a_single_run_tables_params_model_and_probes(single):
   import jax
 
   import ihsweep
+  from ihsweep.compute.model import ModelConfig, Transformer
   from ihsweep.data.probes import Probes
   from ihsweep.runs.checkpoint import RunCheckpoints
-  from ihsweep.training.model import ModelConfig, Transformer
 
   before = _tree(single)
   run = ihsweep.load_run(single)
@@ -165,7 +167,7 @@ def test_a_single_run_tables_params_model_and_probes(single):
   np.testing.assert_allclose(model.attention(tokens[2]), one["attn"], atol=1e-7)
   np.testing.assert_allclose(model(tokens[2]), one_logits, atol=1e-6)
   # The attention patterns give the prefix-matching score the online evaluation logged.
-  from ihsweep.training.metrics import prefix_matching_score
+  from ihsweep.compute.metrics import prefix_matching_score
 
   ps = np.asarray(prefix_matching_score(internals["attn"], L))
   logged = metrics.set_index(["cell", "step"]).loc[(1, 20), "ps"]
@@ -276,7 +278,7 @@ def test_errors_name_what_is_allowed(single, tmp_path):
 def test_a_run_without_checkpoints_or_probes_says_so(tmp_path):
   import ihsweep
   from ihsweep.runs import notebook
-  from ihsweep.training.runner import write_resolved_config
+  from ihsweep.training.resume import write_resolved_config
 
   write_resolved_config(tiny_config(), str(tmp_path))  # a run that has not evaluated or saved
   open(tmp_path / "metrics.jsonl", "w").close()
@@ -292,11 +294,10 @@ def test_tokenizer_of_a_natural_text_run(tmp_path):
   from test_natural import natural_cfg
 
   import ihsweep
-  from ihsweep.data import natural
-  from ihsweep.training.runner import write_resolved_config
+  from ihsweep.training.resume import write_resolved_config
 
   cfg = natural_cfg(tiny_config, tmp_path)
-  corpus = natural.prepare_corpus(cfg.data, 300)  # as training fills the cache
+  corpus = corpus_lib.prepare_corpus(cfg.data, 300)  # as training fills the cache
   run_dir = tmp_path / "run"
   write_resolved_config(cfg, str(run_dir))
   open(run_dir / "metrics.jsonl", "w").close()

@@ -1,11 +1,10 @@
-"""ihsweep/numbers.py and the checks built on it: answers whose cost does not grow with the
+"""ihsweep/base/numbers.py and the checks built on it: answers whose cost does not grow with the
 value (a field or flag of 2·10⁹ is refused as fast as one of 8)."""
 
 import pytest
 
-from ihsweep import numbers
+from ihsweep.base import numbers, sharding
 from ihsweep.planning import list_schedule
-from ihsweep.workers import sharding
 
 
 def test_divisors_known_answers_and_against_the_definition():

@@ -15,14 +15,16 @@ import pytest
 from conftest import tiny_config
 
 from ihsweep import cli
-from ihsweep.planning import placement, timing
-from ihsweep.planning.law import Law
-from ihsweep.training import schedule as schedule_lib
-from ihsweep.workers import sharding
+from ihsweep.base import sharding
+from ihsweep.base.law import Law
+from ihsweep.commands import flags
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.planning import list_schedule, placement, timing
+from ihsweep.planning import phases as phases_lib
 
 
 def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
-  return placement.Job(
+  return list_schedule.Job(
     id=name,
     n_models=e,
     batch_size=b,
@@ -35,7 +37,7 @@ def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
 
 def test_four_equal_groups_on_two_workers_fill_them():
   t = 5.0
-  s = placement.simulate([(f"g{i}", 1, t) for i in range(4)], n_devices=2, devices_per_worker=1)
+  s = list_schedule.simulate([(f"g{i}", 1, t) for i in range(4)], n_devices=2, devices_per_worker=1)
   assert s.n_workers == 2
   assert [(x.group, x.worker, x.start_s, x.end_s) for x in s.slots] == [
     ("g0", 0, 0, t),
@@ -47,13 +49,13 @@ def test_four_equal_groups_on_two_workers_fill_them():
 
 
 def test_three_equal_groups_on_two_workers_leave_a_quarter_idle():
-  s = placement.simulate([(f"g{i}", 1, 2.0) for i in range(3)], 2, 1)
+  s = list_schedule.simulate([(f"g{i}", 1, 2.0) for i in range(3)], 2, 1)
   assert s.makespan_s == 4.0 and s.utilisation == pytest.approx(0.75)
 
 
 def test_a_worker_that_finishes_takes_the_next_group():
   # plan order: one long group, then three short ones; the second worker takes all three
-  s = placement.simulate([("g0", 1, 3.0), ("g1", 1, 1.0), ("g2", 1, 1.0), ("g3", 1, 1.0)], 2, 1)
+  s = list_schedule.simulate([("g0", 1, 3.0), ("g1", 1, 1.0), ("g2", 1, 1.0), ("g3", 1, 1.0)], 2, 1)
   assert [(x.group, x.worker, x.start_s) for x in s.slots] == [
     ("g0", 0, 0),
     ("g1", 1, 0),
@@ -65,13 +67,13 @@ def test_a_worker_that_finishes_takes_the_next_group():
 
 def test_a_group_that_uses_half_a_worker_leaves_the_other_half_idle():
   # E = 1, B = 2: at most E · B = 2 devices of a 4-device worker
-  assert placement.usable_device_count(1, 2, 4) == 2
+  assert list_schedule.usable_device_count(1, 2, 4) == 2
   model = timing.FlopsModel(10.0)
-  s = placement.worker_schedule([job("g0", e=1, b=2, updates=40)], model, 4, 4)
+  s = list_schedule.worker_schedule([job("g0", e=1, b=2, updates=40)], model, 4, 4)
   assert [(x.devices, x.end_s) for x in s.slots] == [(2, 40 / (2 * 10.0))]
   assert s.utilisation == pytest.approx(0.5)
   # beside it a group that fills its worker: 2 + 4 busy of 8 device-seconds per second
-  s = placement.worker_schedule(
+  s = list_schedule.worker_schedule(
     [job("g0", e=1, b=2, updates=80), job("g1", e=2, b=8, updates=160)], model, 8, 4
   )
   assert [(x.worker, x.devices, x.end_s) for x in s.slots] == [(0, 2, 4.0), (1, 4, 4.0)]
@@ -108,8 +110,8 @@ def test_one_worker_of_all_devices_gives_each_group_what_its_mesh_can_use(e, b, 
     fits = True
   except sharding.MeshError:
     fits = False
-  s = placement.worker_schedule(jobs, timing.FlopsModel(1.0), n, n)
-  m0, m1 = (placement.usable_device_count(j.n_models, j.batch_size, n) for j in jobs)
+  s = list_schedule.worker_schedule(jobs, timing.FlopsModel(1.0), n, n)
+  m0, m1 = (list_schedule.usable_device_count(j.n_models, j.batch_size, n) for j in jobs)
   assert (m1 == n) == fits and m1 <= min(n, e * b)
   assert [(x.devices, x.start_s, x.end_s) for x in s.slots] == [
     (m0, 0, 10 / m0),
@@ -120,21 +122,26 @@ def test_one_worker_of_all_devices_gives_each_group_what_its_mesh_can_use(e, b, 
 
 
 def test_layouts_are_divisors_up_to_a_host_and_ties_go_to_fewer_devices():
-  assert placement.candidate_layouts(8, 8) == [1, 2, 4, 8]
-  assert placement.candidate_layouts(64, 8) == [1, 2, 4, 8]
-  assert placement.candidate_layouts(6, 8) == [1, 2, 3, 6]
-  assert placement.candidate_layouts(24, 8) == [1, 2, 4, 8]  # 3 GPUs: 2 workers per host, not 8/3
+  assert list_schedule.candidate_layouts(8, 8) == [1, 2, 4, 8]
+  assert list_schedule.candidate_layouts(64, 8) == [1, 2, 4, 8]
+  assert list_schedule.candidate_layouts(6, 8) == [1, 2, 3, 6]
+  assert list_schedule.candidate_layouts(24, 8) == [
+    1,
+    2,
+    4,
+    8,
+  ]  # 3 GPUs: 2 workers per host, not 8/3
   model = timing.FlopsModel(1.0)
   # 4 equal groups of E = 2, B = 8 on 4 devices: every layout takes the same time
   jobs = [job(f"g{i}", updates=12) for i in range(4)]
-  layouts = [placement.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
+  layouts = [list_schedule.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
   assert [s.makespan_s for s in layouts] == [12, 12, 12]
-  assert placement.choose_layout(layouts).devices_per_worker == 1
+  assert list_schedule.choose_layout(layouts).devices_per_worker == 1
   # 5 groups: one worker of 4 (5 × 3) beats 4 workers of 1 (2 × 12)
   jobs = [job(f"g{i}", updates=12) for i in range(5)]
-  layouts = [placement.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
+  layouts = [list_schedule.worker_schedule(jobs, model, 4, d) for d in (1, 2, 4)]
   assert [s.makespan_s for s in layouts] == [24, 18, 15]
-  best = placement.choose_layout(layouts)
+  best = list_schedule.choose_layout(layouts)
   assert best.devices_per_worker == 4 and best.utilisation == 1.0
   assert layouts[0].utilisation == pytest.approx(60 / (4 * 24))
 
@@ -150,64 +157,64 @@ def test_small_groups_share_processes_then_one_big_group_takes_all_of_them():
   # 4 processes of 1 device; four groups of E = B = 1 (one device at most) and one of E = 4:
   # all 5 alone on processes take 2 rounds (8), phases 4 + 1 = 5 = 20 device-s / 4 devices
   jobs = [job("big", e=4, b=1, updates=4)] + [job(f"s{i}", e=1, b=1, updates=4) for i in range(4)]
-  phases = placement.plan_phases(jobs, n_processes=4, devices_per_process=1)
+  phases = phases_lib.plan_phases(jobs, n_processes=4, devices_per_process=1)
   assert _phases(phases) == [(1, 1, 4, ("s0", "s1", "s2", "s3")), (4, 4, 1, ("big",))]
   assert [(p.start_s, p.end_s) for p in phases] == [(0, 4), (4, 5)]
   assert [(s.group, s.phase, s.worker, s.devices, s.start_s, s.end_s) for s in phases[1].slots] == [
     ("big", 1, 0, 4, 4, 5)
   ]
-  whole = placement.PhasedSchedule(4, phases)
+  whole = phases_lib.PhasedSchedule(4, phases)
   assert whole.makespan_s == 5 and whole.utilisation == 1.0
   # one phase on processes alone: 2 rounds of 4 s
-  only = placement.plan_phases(jobs, 4, 1, processes_per_worker=1)
+  only = phases_lib.plan_phases(jobs, 4, 1, processes_per_worker=1)
   assert _phases(only) == [(1, 1, 4, ("big", "s0", "s1", "s2", "s3"))]
-  assert placement.PhasedSchedule(4, only).makespan_s == 8
+  assert phases_lib.PhasedSchedule(4, only).makespan_s == 8
 
 
 def test_ties_go_to_fewer_phases_then_smaller_teams():
   # 3 groups of E = 4 on 4 one-device processes: one team of 4 (3 × 3 s) ties with 2 teams of 2
   # then one of 4 (6 + 3 s) at 9 s; teams of 2 alone (6 + 6 s) and processes (12 s) lose
   jobs = [job(f"g{i}", e=4, b=1, updates=12) for i in range(3)]
-  phases = placement.plan_phases(jobs, 4, 1)
+  phases = phases_lib.plan_phases(jobs, 4, 1)
   assert _phases(phases) == [(4, 4, 1, ("g0", "g1", "g2"))]
-  assert placement.PhasedSchedule(4, phases).makespan_s == 9
+  assert phases_lib.PhasedSchedule(4, phases).makespan_s == 9
   # 4 such groups: every team size takes 4 s; processes alone (the smallest teams) win
   jobs = [job(f"g{i}", e=4, b=1, updates=4) for i in range(4)]
-  assert _phases(placement.plan_phases(jobs, 4, 1)) == [(1, 1, 4, ("g0", "g1", "g2", "g3"))]
+  assert _phases(phases_lib.plan_phases(jobs, 4, 1)) == [(1, 1, 4, ("g0", "g1", "g2", "g3"))]
 
 
 def test_a_fixed_team_size_refuses_groups_that_cannot_fill_a_team():
   jobs = [job("g0", e=4, b=1), job("g1", e=1, b=2), job("g2", e=2, b=8)]
-  with pytest.raises(placement.LayoutError) as e:
-    placement.plan_phases(jobs, 4, 2, processes_per_worker=2)  # teams of 4 devices
+  with pytest.raises(list_schedule.LayoutError) as e:
+    phases_lib.plan_phases(jobs, 4, 2, processes_per_worker=2)  # teams of 4 devices
   assert str(e.value) == (
     "sweep.processes_per_worker=2: 1 of 3 groups cannot use all 4 devices of a team of 2 "
     "processes × 2 (a mesh needs a divisor e of them dividing E with the rest dividing B; "
     "at most E · B): g1 (E = 1, B = 2); allowed: 0 (phases chosen) or 1"
   )
-  phases = placement.plan_phases(jobs, 4, 2, processes_per_worker=1)  # g1 on 2 of 2: fine
+  phases = phases_lib.plan_phases(jobs, 4, 2, processes_per_worker=1)  # g1 on 2 of 2: fine
   assert [s.devices for s in phases[0].slots] == [2, 2, 2]
   with pytest.raises(
-    placement.LayoutError,
+    list_schedule.LayoutError,
     match=r"sweep.processes_per_worker=3 is not allowed "
     r"on 4 processes: 0 \(phases chosen\) or a divisor of the process count "
     r"\(1, 2, 4\)",
   ):
-    placement.plan_phases(jobs, 4, 2, processes_per_worker=3)
-  with pytest.raises(placement.LayoutError, match="n_processes=0 is not allowed"):
-    placement.plan_phases(jobs, 0, 2)
-  assert placement.plan_phases([], 4, 2) == []
+    phases_lib.plan_phases(jobs, 4, 2, processes_per_worker=3)
+  with pytest.raises(list_schedule.LayoutError, match="n_processes=0 is not allowed"):
+    phases_lib.plan_phases(jobs, 0, 2)
+  assert phases_lib.plan_phases([], 4, 2) == []
 
 
 def test_the_search_is_bounded_for_many_groups():
   # 300 groups of E = 64 on 128 processes: past SEARCH_WORK the cuts take fewer positions
   jobs = [job(f"g{i:03d}", e=64, b=(8, 16, 32)[i % 3], updates=1000 - i) for i in range(300)]
   t = time.perf_counter()
-  phases = placement.plan_phases(jobs, 128, 8)
+  phases = phases_lib.plan_phases(jobs, 128, 8)
   assert time.perf_counter() - t < 10  # about 0.5 s here
   assert sorted(g for p in phases for g in p.groups) == [j.id for j in jobs]
-  assert placement.PhasedSchedule(1024, phases).utilisation > 0.99
-  assert placement.plan_phases(jobs, 128, 8) == phases
+  assert phases_lib.PhasedSchedule(1024, phases).utilisation > 0.99
+  assert phases_lib.plan_phases(jobs, 128, 8) == phases
 
 
 @pytest.fixture(scope="module")
@@ -230,9 +237,9 @@ def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisa
   # 25 near-equal groups of E = 2, B 8–128: 16 or 32 workers of one host idle 22–25% of the
   # time (README); teams of several hosts for the groups that fill them do not
   procs, d = n // 8, 8
-  got = placement.plan_phases(exp1_jobs, procs, d)
+  got = phases_lib.plan_phases(exp1_jobs, procs, d)
   assert [(p.processes_per_worker, len(p.groups)) for p in got] == phases
-  whole = placement.PhasedSchedule(n, got)
+  whole = phases_lib.PhasedSchedule(n, got)
   assert whole.utilisation == pytest.approx(utilisation, abs=5e-5)
   assert sorted(g for p in got for g in p.groups) == sorted(j.id for j in exp1_jobs)
   by_id = {j.id: j for j in exp1_jobs}
@@ -241,14 +248,14 @@ def test_exp1_at_study_scale_fills_a_pod_in_phases(exp1_jobs, n, phases, utilisa
     assert p.n_workers * p.devices_per_worker == n
     assert [s.group for s in p.slots] == list(p.groups)  # claimed in plan order
     if p.processes_per_worker > 1:
-      assert all(placement.fills(by_id[g], p.devices_per_worker) for g in p.groups)
+      assert all(phases_lib.fills(by_id[g], p.devices_per_worker) for g in p.groups)
       assert all(s.devices == p.devices_per_worker for s in p.slots)
     assert all(p.start_s <= s.start_s and s.end_s <= p.end_s for s in p.slots)
   assert [p.start_s for p in got[1:]] == [p.end_s for p in got[:-1]]
   # pure: every process computes the same phases
-  assert placement.plan_phases(exp1_jobs, procs, d) == got
+  assert phases_lib.plan_phases(exp1_jobs, procs, d) == got
   # the phases are chosen on relative FLOPs; a FLOP/s only scales the times
-  timed = placement.time_phases(exp1_jobs, got, procs, d, timing.FlopsModel(4e14))
+  timed = phases_lib.time_phases(exp1_jobs, got, procs, d, timing.FlopsModel(4e14))
   assert [p.groups for p in timed] == [p.groups for p in got]
   assert timed[-1].end_s == pytest.approx(got[-1].end_s / 4e14)
 
@@ -263,7 +270,7 @@ def test_a_worker_of_several_hosts_is_one_phase_and_refused_where_a_group_cannot
     for x in p.phased.phases
   ] == [(2, 16, 4, 25)]
   assert p.phased.utilisation == pytest.approx(0.8975, abs=5e-5)
-  with pytest.raises(placement.LayoutError) as e:  # B = 8, E = 2: 16 devices at most
+  with pytest.raises(list_schedule.LayoutError) as e:  # B = 8, E = 2: 16 devices at most
     placement.predict(cfg, 64, devices_per_worker=32, flops_per_s=4e14)
   assert str(e.value) == (
     "32 devices per worker (--devices_per_worker, workers of 4 processes × 8): 5 of 25 groups "
@@ -333,11 +340,11 @@ def _jobs_with_configs(n=3):
   for i, (b, c) in enumerate([(8, 32), (16, 32), (8, 16)][:n]):
     g = copy.deepcopy(cfg)
     g.train.batch_size, g.train.context_size = b, c
-    from ihsweep.training import model as model_lib
+    from ihsweep.compute import model as model_lib
 
     fpt = model_lib.flops_per_token(model_lib.ModelConfig.from_config(g.model), c)
     jobs.append(
-      placement.Job(
+      list_schedule.Job(
         id=f"g{i:03d}",
         n_models=2,
         batch_size=b,
@@ -382,7 +389,7 @@ class _Accelerator:
 
 
 def test_on_an_accelerator_only_a_workers_first_group_waits_for_its_compilation():
-  s = placement.simulate([("g0", 1, 4.0, 3.0), ("g1", 1, 4.0, 3.0), ("g2", 1, 4.0, 3.0)], 2, 1)
+  s = list_schedule.simulate([("g0", 1, 4.0, 3.0), ("g1", 1, 4.0, 3.0), ("g2", 1, 4.0, 3.0)], 2, 1)
   assert [(x.worker, x.start_s, x.end_s) for x in s.slots] == [(0, 0, 7), (1, 0, 7), (0, 7, 11)]
   jobs = _jobs_with_configs(3)
   pieces = dict(
@@ -397,7 +404,7 @@ def test_on_an_accelerator_only_a_workers_first_group_waits_for_its_compilation(
   )
   model = timing.MeasuredModel(jobs, [_Accelerator()], measure=lambda cfg, devices: pieces)
   assert model.hides_compile and model.seconds(jobs[0], 1)["hidden_s"] == 5.0
-  s = placement.worker_schedule(jobs, model, 1, 1)  # one worker: 6 s, then 1 s, 1 s
+  s = list_schedule.worker_schedule(jobs, model, 1, 1)  # one worker: 6 s, then 1 s, 1 s
   assert [x.end_s for x in s.slots] == pytest.approx([6.0, 7.0, 8.0])
 
 
@@ -439,7 +446,7 @@ def test_measure_group_times_a_tiny_group():
 
 
 def _plan(capsys, *args):
-  cli.FLAGS.unparse_flags()  # in one process, absl keeps the last call's values otherwise
+  flags.FLAGS.unparse_flags()  # in one process, absl keeps the last call's values otherwise
   code = cli.main(["ihsweep", "plan", *args])
   out = capsys.readouterr()
   return code, out.out, out.err
@@ -626,19 +633,19 @@ def test_flops_model_prices_the_data_axis_all_reduce():
   InfiniBand figure) once the data axis spans more devices than a host has."""
   net = timing.NETWORKS["h100"]
   model = timing.FlopsModel(1e14, net, devices_per_host=8)
-  job = placement.Job("g0", 2, 8, 64, updates=1000, flops_per_update=1e12, n_params=10**6)
+  job = list_schedule.Job("g0", 2, 8, 64, updates=1000, flops_per_update=1e12, n_params=10**6)
   compute_8 = job.cost_flops / (8 * 1e14)
   t = model.seconds(job, 8)  # mesh 2 × 4: one model per device, its batch over 4
   ring = 2 * 3 / 4 * 4e6 / 450e9 + 6 * net.latency_s
   assert t["comm_s"] == pytest.approx(1000 * ring)
   assert t["total_s"] == pytest.approx(compute_8 + 1000 * ring)
   assert model.seconds(job, 2)["comm_s"] == 0.0  # mesh 2 × 1: no data axis
-  wide = placement.Job("g1", 1, 32, 64, updates=10, flops_per_update=1e12, n_params=10**6)
+  wide = list_schedule.Job("g1", 1, 32, 64, updates=10, flops_per_update=1e12, n_params=10**6)
   ring_16 = 2 * 15 / 16 * 4e6 / 50e9 + 30 * net.latency_s  # 1 × 16 spans two hosts of 8
   assert model.seconds(wide, 16)["comm_s"] == pytest.approx(10 * ring_16)
   assert timing.FlopsModel(1e14).seconds(job, 8)["comm_s"] == 0.0  # no network: not priced
   # rings of 4 on hosts of 6: devices 4–7 span two hosts, so every ring is priced across
-  three = placement.Job("g2", 3, 4, 64, updates=10, flops_per_update=1e12, n_params=10**6)
+  three = list_schedule.Job("g2", 3, 4, 64, updates=10, flops_per_update=1e12, n_params=10**6)
   ring_4x = 2 * 3 / 4 * 4e6 / 50e9 + 6 * net.latency_s
   on_6 = timing.FlopsModel(1e14, net, devices_per_host=6)
   assert on_6.seconds(three, 12)["comm_s"] == pytest.approx(10 * ring_4x)
@@ -646,13 +653,13 @@ def test_flops_model_prices_the_data_axis_all_reduce():
 
 def test_phase_switches_are_priced():
   jobs = [
-    placement.Job(f"g{i}", 1, 8, 16, updates=100, flops_per_update=1e12, n_params=1000)
+    list_schedule.Job(f"g{i}", 1, 8, 16, updates=100, flops_per_update=1e12, n_params=1000)
     for i in range(3)
   ]
   model = timing.FlopsModel(1e12, timing.NETWORKS["v5e"], devices_per_host=2)
-  phases = placement.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2, model)
+  phases = phases_lib.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2, model)
   assert phases[1].start_s == pytest.approx(phases[0].end_s + 60.0)
-  no_net = placement.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2)
+  no_net = phases_lib.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2)
   assert no_net[1].start_s == no_net[0].end_s
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import plots, scaling
+from analysis import law_figure, plots, scaling
 
 B_GRID, C_GRID = (8, 16, 32), (16, 32, 64)
 
@@ -105,7 +105,7 @@ def test_curve_panels_share_one_log_x_range_from_where_the_curves_start_to_chang
 def test_law_figure_has_one_panel_per_c_with_the_grid_batch_sizes_and_the_law_band():
   pts = _points(censored=((8, 64, 1),))
   fit = scaling.fit_law(pts, n_boot=50)
-  fig = plots.figure_law(fit, pts)
+  fig = law_figure.figure_law(fit, pts)
   # observed vs predicted, then one panel per C: three C values never share one patch
   assert len(fig.axes) == 1 + len(C_GRID)
   panels = fig.axes[1:]
@@ -129,7 +129,7 @@ def test_law_figure_has_one_panel_per_c_with_the_grid_batch_sizes_and_the_law_ba
   ax = panels[2]  # C 64, where the censored cell is
   # the band contains the fitted line everywhere
   b = np.array([8.0, 16.0, 32.0])
-  lo, hi, how = plots.law_band(fit, b, np.full(3, 32.0))
+  lo, hi, how = law_figure.law_band(fit, b, np.full(3, 32.0))
   center = fit.predict_updates(b, np.full(3, 32.0))
   assert (lo < center).all() and (center < hi).all() and "95%" in how
   assert fig.band_source == how
@@ -158,7 +158,7 @@ def test_law_band_without_a_covariance_is_rebuilt_from_the_residuals():
     {"batch_size": [8, 16, 32, 8], "context_size": [16, 16, 32, 64], "residual_ln": r}
   )
   fit = _LeastSquaresFit(res, {"alpha": 0.8, "beta": 0.0})
-  lo, hi, how = plots.law_band(fit, [16.0], [32.0])
+  lo, hi, how = law_figure.law_band(fit, [16.0], [32.0])
   s = math.sqrt((r**2).sum() / 3)
   center = 10.0 - 0.8 * math.log(16)
   assert math.log(hi[0]) - center == pytest.approx(1.959964 * s * math.sqrt(1 + 1 / 4), rel=1e-5)
@@ -166,7 +166,7 @@ def test_law_band_without_a_covariance_is_rebuilt_from_the_residuals():
   assert "least-squares" in how
   # no residual degrees of freedom: no band
   assert (
-    plots.law_band(_LeastSquaresFit(res.iloc[:1], {"alpha": 0.8, "beta": 0.0}), [16.0], [32.0])
+    law_figure.law_band(_LeastSquaresFit(res.iloc[:1], {"alpha": 0.8, "beta": 0.0}), [16.0], [32.0])
     is None
   )
 
@@ -180,19 +180,19 @@ def test_law_band_from_a_covariance_and_scatter_is_the_normal_band():
     "alpha": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0},
     "beta": {"log_T": 0.0, "alpha": 0.0, "beta": 0.0},
   }
-  lo, hi, how = plots.law_band(law, [8.0], [16.0])
+  lo, hi, how = law_figure.law_band(law, [8.0], [16.0])
   z = 1.959964
   center = law["log_T"] - law["alpha"] * math.log(8) - law["beta"] * math.log(16)
   assert math.log(hi[0]) - center == pytest.approx(z * 0.1, rel=1e-5)
   assert math.log(lo[0]) - center == pytest.approx(-z * 0.1, rel=1e-5)
   assert "covariance" in how
   law["sigma"] = 0.3  # a prediction band adds the cell-to-cell scatter
-  lo, hi, how = plots.law_band(law, [8.0], [16.0])
+  lo, hi, how = law_figure.law_band(law, [8.0], [16.0])
   assert math.log(hi[0]) - center == pytest.approx(z * math.sqrt(0.01 + 0.09), rel=1e-5)
   assert "prediction" in how
   # a matrix with its names gives the same band as the nested form
   law["cov"] = {"names": ["log_T", "alpha", "beta"], "matrix": [[0.01, 0, 0], [0, 0, 0], [0, 0, 0]]}
-  assert plots.law_band(law, [8.0], [16.0])[1][0] == pytest.approx(hi[0])
+  assert law_figure.law_band(law, [8.0], [16.0])[1][0] == pytest.approx(hi[0])
 
 
 def test_seed_median_bounds_a_censored_median():
@@ -233,7 +233,7 @@ def test_law_band_matches_the_fits_own_prediction_interval():
   a cell (same covariance, scatter and t quantile), where the fit has them."""
   fit = scaling.fit_law(_points(), n_boot=200)
   b = np.array([8.0, 11.0, 32.0])
-  lo, hi, _ = plots.law_band(fit, b, np.full(3, 64.0))
+  lo, hi, _ = law_figure.law_band(fit, b, np.full(3, 64.0))
   _, lo_fit, hi_fit = fit.predict_interval(b, np.full(3, 64.0), cell=True)
   np.testing.assert_allclose(lo, lo_fit, rtol=1e-9)
   np.testing.assert_allclose(hi, hi_fit, rtol=1e-9)

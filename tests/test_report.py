@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis import summary
+from ihsweep.training import resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -372,9 +373,8 @@ def _sigmoid_sweep(
   import ml_collections
 
   import configs.induction
-  from ihsweep.planning import grid as grid_lib
+  from ihsweep.configuration import grid as grid_lib
   from ihsweep.runs import rundir
-  from ihsweep.training import runner
 
   cfg = configs.induction.get_config()
   cfg.sweep.grid = ml_collections.ConfigDict(
@@ -385,14 +385,14 @@ def _sigmoid_sweep(
   workdir = str(root / "sweep")
   os.makedirs(workdir)
   plan = grid_lib.make_plan(cfg)
-  runner.write_resolved_config(cfg, workdir)
+  resume.write_resolved_config(cfg, workdir)
   rundir.write_cells(plan, workdir)
   steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)] + ([cap] if cap else [])
   steps = sorted(set(s for s in steps if s <= max(last, cap or 0)))
   for group in plan.groups:
     gdir = rundir.group_dir(workdir, group.id)
     os.makedirs(gdir)
-    runner.write_resolved_config(group.cfg, gdir)
+    resume.write_resolved_config(group.cfg, gdir)
     b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
     with open(os.path.join(gdir, "metrics.jsonl"), "w") as f:
       for cell, seed in zip(group.cfg.ensemble.cell_ids, group.cfg.ensemble.seeds):

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from ihsweep.configuration.config import ConfigError, WorkdirError
+from ihsweep.configuration.fields import ConfigError, WorkdirError
 from ihsweep.runs import checkpoint, rundir
-from ihsweep.training import runner, stopping
+from ihsweep.training import resume, runner, stopping
 from ihsweep.workers import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ def test_a_users_directory_is_refused_untouched(tiny, tmp_path, no_compile):
     sweep.run(tiny(), str(d), progress=False)
   # A config.json with ihsweep's sections is not enough: a run also has its checkpoints.
   (d / "config.json").unlink()
-  runner.write_resolved_config(tiny(), str(d))
+  resume.write_resolved_config(tiny(), str(d))
   before = _snapshot(d)
   with pytest.raises(ConfigError, match="no ihsweep run"):
     runner.fit(tiny(), str(d), progress=False)
@@ -116,7 +116,7 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
   # Runs made before the marker existed: ihsweep's config.json beside checkpoints/ or cells.csv.
   old_train, old_sweep = tmp_path / "old_t", tmp_path / "old_s"
   for d in (old_train, old_sweep):
-    runner.write_resolved_config(tiny(), str(d))
+    resume.write_resolved_config(tiny(), str(d))
   (old_train / "checkpoints").mkdir()
   (old_sweep / "cells.csv").write_text("cell,group\n0,g000\n")
   assert [rundir.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
@@ -225,10 +225,10 @@ def test_a_third_stop_request_exits_at_once_saying_what_is_lost(monkeypatch, cap
   monkeypatch.setattr(stopping.os, "_exit", exits.append)
   monkeypatch.setattr(stopping, "_STOP_REQUESTED", stopping.threading.Event())
   monkeypatch.setattr(stopping, "_STOP_SIGNALS", [0])
-  runner.request_stop(signal.SIGINT)
-  runner.request_stop(signal.SIGTERM)  # no KeyboardInterrupt: the save goes on
-  assert runner.stop_requested() and exits == []
-  runner.request_stop(signal.SIGINT)
+  stopping.request_stop(signal.SIGINT)
+  stopping.request_stop(signal.SIGTERM)  # no KeyboardInterrupt: the save goes on
+  assert stopping.stop_requested() and exits == []
+  stopping.request_stop(signal.SIGINT)
   assert exits == [130]
   assert capsys.readouterr().err.strip() == (
     "ihsweep: forced exit on a third stop request (SIGINT): the updates since the last "

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
+from ihsweep.base import sharding
 from ihsweep.runs import checkpoint
 from ihsweep.training import hooks, progress, runner
-from ihsweep.workers import sharding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
@@ -80,7 +80,7 @@ from conftest import tiny_config  # sets XLA_FLAGS for 4 devices: replaced below
 os.environ["XLA_FLAGS"] = os.environ["CHILD_XLA_FLAGS"]
 import jax
 from ihsweep.training import runner
-from ihsweep.workers import sharding
+from ihsweep.base import sharding
 sharding.initialize_distributed()
 overrides, workdir = json.loads(sys.argv[2]), sys.argv[3]
 cfg = tiny_config(**overrides[jax.process_index()])
@@ -391,7 +391,7 @@ def test_log_lines_are_written_above_an_open_bar(capsys):
   logging.getLogger().addHandler(handler)
   try:
     for above in (False, True):
-      with runner.logs_above_bars(above), tqdm(total=10, desc="bar", mininterval=0) as bar:
+      with progress.logs_above_bars(above), tqdm(total=10, desc="bar", mininterval=0) as bar:
         bar.update(3)
         logger.warning("a line from the log %s", above)
         bar.update(3)

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import scaling
-from ihsweep.planning.law import Law
+from analysis import law_figure, law_fit, law_points, scaling
+from ihsweep.base.law import Law
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRUE = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
@@ -55,7 +55,7 @@ def test_the_censored_fit_recovers_a_known_law_that_the_emerged_only_fit_misses(
   n_cens = int(pts["censored"].sum())
   assert 18 <= n_cens <= 26  # ~30% of 72
   fit = scaling.fit_law(pts, n_boot=1000)
-  assert fit.method == scaling.MLE and fit.n == 72 and fit.n_censored == n_cens
+  assert fit.method == law_fit.MLE and fit.n == 72 and fit.n_censored == n_cens
   assert fit.n_emerged == 72 - n_cens and fit.dof == fit.n_emerged - 3 and fit.n_boot == 1000
   assert fit.n_grid_points == 36
   for name, truth in TRUE.items():
@@ -67,7 +67,7 @@ def test_the_censored_fit_recovers_a_known_law_that_the_emerged_only_fit_misses(
   # too small there: ln T, alpha and beta all shrink. Over 200 draws (test below) the gap
   # MLE − emerged-only was ln T 0.81 ± 0.22 (min 0.39) and beta 0.110 ± 0.033 (min 0.050).
   only = fit.emerged_only
-  assert only.method == scaling.LSQ and only.n == fit.n_emerged and only.n_censored == n_cens
+  assert only.method == law_fit.LSQ and only.n == fit.n_emerged and only.n_censored == n_cens
   assert only.log_T < fit.log_T - 0.3 and only.beta < fit.beta - 0.04
   assert not only.ci["beta"][0] <= TRUE["beta"] <= only.ci["beta"][1]  # this draw: excluded
   check = scaling.censored_check(fit, pts)
@@ -192,7 +192,7 @@ def test_json_keys_and_prediction_intervals():
   new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points", "study_r"}
   assert set(law) == old | new | {"emerged_only", "lack_of_fit"}
   assert set(law["emerged_only"]) == old | new
-  assert law["method"] == "censored log-normal MLE" and law["emerged_only"]["method"] == scaling.LSQ
+  assert law["method"] == "censored log-normal MLE" and law["emerged_only"]["method"] == law_fit.LSQ
   assert law["range"] == {"batch_size": [4, 128], "context_size": [16, 512]}
   assert set(law["ci"]) == {"log_T", "T", "alpha", "beta", "sigma"}
   matrix = np.array(law["cov"]["matrix"])
@@ -235,7 +235,9 @@ def test_r_and_intervals_are_withheld_below_three_degrees_of_freedom():
 def test_fixed_coefficients_hold_in_both_fits():
   pts = _grid(seed=3)
   pts = pts[pts["batch_size"] == 32]  # C varies only; the budget censors one cell at C 16
-  with pytest.raises(scaling.FitError, match="only C varies: hold alpha fixed.*--fix alpha=0.37"):
+  with pytest.raises(
+    law_points.FitError, match="only C varies: hold alpha fixed.*--fix alpha=0.37"
+  ):
     scaling.fit_law(pts)
   fit = scaling.fit_law(pts, fixed={"alpha": 0.37}, n_boot=300)
   assert fit.n_censored > 0
@@ -249,17 +251,17 @@ def test_a_fix_is_suggested_only_where_that_fit_succeeds():
   two = pd.DataFrame(
     {"batch_size": [8, 16], "context_size": [64, 64], "emergence_step": [1200.0, 900.0]}
   )
-  with pytest.raises(scaling.FitError) as e:
+  with pytest.raises(law_points.FitError) as e:
     scaling.fit_law(two)
   assert "--fix" not in str(e.value)  # fixing beta leaves 2 coefficients for 2 cells
   three = pd.concat(
     [two, pd.DataFrame({"batch_size": [32], "context_size": [64], "emergence_step": [700.0]})]
   )
-  with pytest.raises(scaling.FitError, match="only B varies: hold beta fixed.*--fix beta=0.62"):
+  with pytest.raises(law_points.FitError, match="only B varies: hold beta fixed.*--fix beta=0.62"):
     scaling.fit_law(three)
   assert scaling.fit_law(three, fixed={"beta": 0.62}).alpha > 0  # the suggested fit works
   censored = three.assign(emergence_step=[1200.0, np.nan, np.nan], censor_step=[np.nan, 2e3, 2e3])
-  with pytest.raises(scaling.FitError, match=r"train the 2 censored cell\(s\) longer"):
+  with pytest.raises(law_points.FitError, match=r"train the 2 censored cell\(s\) longer"):
     scaling.fit_law(censored)
 
 
@@ -269,15 +271,17 @@ def test_a_censored_row_needs_its_censor_step(tmp_path):
     "batch_size,context_size,emergence_step,censor_step\n8,16,1200,\n16,16,900,\n8,32,,\n"
   )
   with pytest.raises(
-    scaling.FitError, match="censor_step: line 4 is censored .* has no censor_step"
+    law_points.FitError, match="censor_step: line 4 is censored .* has no censor_step"
   ):
-    scaling.fit_law(scaling.read_points(str(f)))
+    scaling.fit_law(law_points.read_points(str(f)))
   f.write_text("batch_size,context_size,emergence_step\n8,16,1200\n16,16,\n")
-  with pytest.raises(scaling.FitError, match="column censor_step is missing: line 3 is censored"):
-    scaling.fit_law(scaling.read_points(str(f)))
+  with pytest.raises(
+    law_points.FitError, match="column censor_step is missing: line 3 is censored"
+  ):
+    scaling.fit_law(law_points.read_points(str(f)))
   f.write_text("batch_size,context_size,emergence_step,censored,censor_step\n8,16,1200,true,0\n")
-  with pytest.raises(scaling.FitError, match="censor_step must be positive.*line 2 has 0.0"):
-    scaling.fit_law(scaling.read_points(str(f)))
+  with pytest.raises(law_points.FitError, match="censor_step must be positive.*line 2 has 0.0"):
+    scaling.fit_law(law_points.read_points(str(f)))
 
 
 def test_ihsweep_predict_gives_the_fitted_law_s_interval_and_warns_outside_its_range(tmp_path):
@@ -371,7 +375,7 @@ def test_study_r_scores_the_published_law_on_these_cells():
   b, c = np.meshgrid([8.0, 16, 32, 64], [64.0, 128, 256, 512])
   b, c = b.ravel(), c.ravel()
   rng = np.random.default_rng(0)
-  study = np.exp(scaling.STUDY["log_T"] - 0.37 * np.log(b) - 0.62 * np.log(c))
+  study = np.exp(law_fit.STUDY["log_T"] - 0.37 * np.log(b) - 0.62 * np.log(c))
   close = study * np.exp(rng.normal(0, 0.01, b.size))
   noisy = study * np.exp(rng.normal(0, 0.3, b.size)) * (b / 8) ** 0.3  # a different law
   for steps, want in ((close, 1.0), (noisy, None)):
@@ -394,7 +398,7 @@ def test_censor_turns_rows_censored_at_their_last_checkpoint():
   em = np.flatnonzero(~pts["censored"].to_numpy())[:2]
   mask = np.zeros(len(pts), bool)
   mask[em] = True
-  out = scaling.censor(pts, mask)
+  out = law_points.censor(pts, mask)
   assert out["censored"].sum() == pts["censored"].sum() + 2
   assert out.loc[mask, "censor_step"].tolist() == [BUDGET, BUDGET]
   assert out.loc[mask, "emergence_step"].isna().all()
@@ -404,8 +408,8 @@ def test_censor_turns_rows_censored_at_their_last_checkpoint():
   a, b = scaling.fit_law(out, n_boot=0), scaling.fit_law(by_hand, n_boot=0)
   assert (a.alpha, a.beta, a.log_T, a.n_censored) == (b.alpha, b.beta, b.log_T, b.n_censored)
   assert a.n_censored == pts["censored"].sum() + 2
-  with pytest.raises(scaling.FitError, match="no such column"):
-    scaling.censor(pts.drop(columns="last_step"), mask)
+  with pytest.raises(law_points.FitError, match="no such column"):
+    law_points.censor(pts.drop(columns="last_step"), mask)
 
 
 def test_the_scatters_interval_stays_at_or_above_zero():
@@ -424,8 +428,10 @@ def test_a_count_no_counter_holds_is_refused(tmp_path):
   f.write_text(
     "batch_size,context_size,emergence_step\n8,64,1000\n16,64,800\n8,128,700\n16,128,1e300\n"
   )
-  with pytest.raises(scaling.FitError, match=r"emergence_step: line 5 has 1e\+300, more than any"):
-    scaling.fit_law(scaling.read_points(str(f)))
+  with pytest.raises(
+    law_points.FitError, match=r"emergence_step: line 5 has 1e\+300, more than any"
+  ):
+    scaling.fit_law(law_points.read_points(str(f)))
 
 
 def _shaped_grid(shape, rng, seeds=2, sigma=0.1, censor_above=None):
@@ -498,11 +504,10 @@ def test_the_law_figure_shows_where_c_lacks_fit():
   """The U in C drawn: each C panel gets the law moved to its own cells (dashed, by the mean ln
   residual there) and says by how much; the title and legend carry the test. A power-law grid
   gets neither."""
-  from analysis import plots
 
   points = _shaped_grid(_u_in_c, np.random.default_rng(0))
   fit = scaling.fit_law(points, n_boot=50)
-  fig = plots.figure_law(fit, points)
+  fig = law_figure.figure_law(fit, points)
   assert "the power law does not describe C here (p < 1e-4)" in fig._suptitle.get_text()
   titles = [ax.get_title() for ax in fig.axes[1:]]
   res = fit.residuals
@@ -516,7 +521,7 @@ def test_the_law_figure_shows_where_c_lacks_fit():
   legend = " ".join(t.get_text() for t in fig.axes[1].get_legend().get_texts())
   assert "lack of fit in C: χ²(1)" in legend.replace("\n", " ")
   power = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(100)), n_boot=50)
-  plain = plots.figure_law(power, None)
+  plain = law_figure.figure_law(power, None)
   assert "does not describe" not in plain._suptitle.get_text()
   assert [ax.get_title() for ax in plain.axes[1:]] == ["C = 16", "C = 32", "C = 64"]
   assert not any(ln.get_linestyle() == "--" for ax in plain.axes[1:] for ln in ax.get_lines())

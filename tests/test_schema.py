@@ -1,4 +1,4 @@
-"""ihsweep.configuration.schema: the one declaration of the config's fields agrees with the code
+"""ihsweep.base.schema: the one declaration of the config's fields agrees with the code
 that reads them, stays cheap to import, and the reference in docs/configuration.md is the generated
 one."""
 
@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from ihsweep.configuration import schema
+from ihsweep.base import schema
 
 
 def test_fields_are_those_the_dataclasses_read():
+  from ihsweep.compute.model import ModelConfig
+  from ihsweep.compute.train import TrainConfig
   from ihsweep.data.synthetic import SyntheticSpec
-  from ihsweep.training.model import ModelConfig
-  from ihsweep.training.train import TrainConfig
 
   assert set(schema.names("model")) == {f.name for f in dataclasses.fields(ModelConfig)}
   assert set(schema.names("train")) == {f.name for f in dataclasses.fields(TrainConfig)}
@@ -23,8 +23,8 @@ def test_fields_are_those_the_dataclasses_read():
 
 
 def test_choices_are_those_the_modules_accept():
+  from ihsweep.compute import model, schedule, train
   from ihsweep.data import markov, probes, synthetic
-  from ihsweep.training import model, schedule, train
 
   assert schema.choices("model.pos_encoding") == model.POS_ENCODINGS
   assert schema.choices("model.dtype") == model.DTYPES
@@ -48,8 +48,18 @@ def test_every_field_has_help_and_a_well_formed_entry():
 
 def test_schema_imports_nothing_heavy():
   code = (
-    "import sys, ihsweep, ihsweep.configuration.schema as s; "
+    "import sys, ihsweep, ihsweep.base.schema as s; "
     "s.help_text(); s.reference_markdown(); "
+    "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'pandas')))"
+  )
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
+  # Every command's --help too (the commands import what they run inside their main).
+  code = (
+    "import contextlib, io, sys, ihsweep.cli as c\n"
+    "for name in c.COMMANDS:\n"
+    "  with contextlib.redirect_stdout(io.StringIO()):\n"
+    "    assert c.main(['ihsweep', name, '--help']) == 0\n"
     "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'pandas')))"
   )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -80,5 +90,5 @@ def test_the_reference_in_docs_is_the_generated_one():
     text = f.read()
   assert schema.generated_part(text) == schema.reference_markdown(), (
     f"{os.path.relpath(schema.DOC)}'s generated reference is stale: regenerate it with "
-    "`python -m ihsweep.configuration.schema --markdown --write`"
+    "`python -m ihsweep.base.schema --markdown --write`"
   )

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ihsweep.configuration import config as config_lib
+from ihsweep.configuration import fields
 from ihsweep.training import sinks
 from ihsweep.training.runner import fit
 
@@ -105,10 +106,10 @@ def test_log_fields_are_checked_before_compiling(tiny, no_compile, tmp_path):
   ):
     cfg = tiny()
     cfg.log = ml_collections.ConfigDict({**cfg.log, field.split(".")[1]: value})  # any type
-    with pytest.raises(config_lib.ConfigError, match=allowed) as e:
+    with pytest.raises(fields.ConfigError, match=allowed) as e:
       fit(cfg, str(tmp_path / "x"), progress=False)
     assert e.value.field == field and e.value.value == value
-  assert {"log.tensorboard", "log.wandb"} <= set(config_lib.EXECUTION_FIELDS)  # resume-free
+  assert {"log.tensorboard", "log.wandb"} <= set(fields.EXECUTION_FIELDS)  # resume-free
   cfg = tiny()
   del cfg["log"]  # a config without the section (made before it existed): JSONL only
   config_lib.validate(cfg)
@@ -117,7 +118,7 @@ def test_log_fields_are_checked_before_compiling(tiny, no_compile, tmp_path):
 
 @pytest.mark.skipif(HAVE_WANDB, reason="wandb is installed: the offline run is tested instead")
 def test_wandb_without_the_package_is_refused_naming_the_install(tiny, no_compile, tmp_path):
-  with pytest.raises(config_lib.ConfigError, match=r"pip install wandb") as e:
+  with pytest.raises(fields.ConfigError, match=r"pip install wandb") as e:
     fit(tiny(**{"log.wandb": True}), str(tmp_path / "x"), progress=False)
   assert e.value.field == "log.wandb"
   with pytest.raises(ImportError, match=r"log.wandb = True needs wandb: pip install wandb"):

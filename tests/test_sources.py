@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ihsweep.data import builtin, make_source, markov, natural, probes
+from ihsweep.data import corpus as corpus_lib
 from ihsweep.data.source import Source
 from ihsweep.training import runner
 
@@ -37,7 +38,7 @@ def _word_corpus():
   tok.add_tokens(["induction"])
   train = np.random.default_rng(0).integers(0, 12, 4000).astype(np.uint16)
   val = np.random.default_rng(1).integers(0, 12, 400).astype(np.uint16)
-  return natural.TokenizedCorpus(
+  return corpus_lib.TokenizedCorpus(
     train=train,
     val=val,
     tokenizer=tok,

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from conftest import tiny_config
 
-from ihsweep.configuration.config import ConfigError
-from ihsweep.planning import grid as grid_lib
+from ihsweep.configuration import grid as grid_lib
+from ihsweep.configuration.fields import ConfigError
 from ihsweep.runs import checkpoint, rundir
-from ihsweep.training import runner
-from ihsweep.workers import sweep
+from ihsweep.training import evaluation, resume, runner
+from ihsweep.workers import sweep, sweep_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
@@ -393,7 +393,7 @@ def test_cli_reports_bad_axis_in_one_line(tmp_path):
 
 
 def test_emergence_stop_rule(caplog):
-  rule = runner.EmergenceStop("ps_max", 0.5, 2.0, 3)
+  rule = evaluation.EmergenceStop("ps_max", 0.5, 2.0, 3)
   rule.observe(0, [0.1, 0.1, 0.1], [False, False, False])
   assert "stop_threshold" not in caplog.text
   rule.observe(100, [0.1, 0.6, None], [False, False, False])
@@ -404,7 +404,7 @@ def test_emergence_stop_rule(caplog):
 
 
 def test_emergence_stop_ignores_a_threshold_reached_before_training(caplog):
-  rule = runner.EmergenceStop("ps_max", 0.05, 2.0, 2)
+  rule = evaluation.EmergenceStop("ps_max", 0.05, 2.0, 2)
   rule.observe(0, [0.06, 0.03], [False, False])  # model 0's untrained baseline is past it
   assert (
     "sweep.stop_threshold = 0.05 is already reached before emergence: ps_max at update 0 "
@@ -504,13 +504,13 @@ def test_one_process_sweep_trains_every_cell(reference):
   assert before == {
     g: os.path.getmtime(os.path.join(work, "groups", g, "metrics.jsonl")) for g in before
   }
-  text = sweep.format_status(work)
+  text = sweep_status.format_status(work)
   assert "g003" in text and "cells: 8 done" in text
   status_file = os.path.join(work, "groups", "g003", "status.json")
   saved = open(status_file).read()
   with open(status_file, "w") as f:
     f.write(saved[:10])  # cut short
-  assert "status.json unreadable" in sweep.format_status(work)
+  assert "status.json unreadable" in sweep_status.format_status(work)
   with open(status_file, "w") as f:
     f.write(saved)
 
@@ -529,7 +529,7 @@ def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_pa
   for name in ("checkpoints", "train_log.jsonl", "metrics.jsonl"):  # g001: never trained
     path = os.path.join(g1, name)
     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-  text = sweep.format_status(work)
+  text = sweep_status.format_status(work)
   assert "cells: 4 pending, 4 done" in text, text
   assert "status.json says done, but its update 10 is short of its 20" in text
   assert "status.json says done, but there is no full-state checkpoint at its update 20" in text
@@ -537,7 +537,7 @@ def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_pa
     result = sweep.run(_config(tiny_config), work, progress=False)
   assert "group g001: status.json says done, but there is no full-state checkpoint" in caplog.text
   assert all(s["state"] == "done" and s["step"] == 20 for s in result.groups.values())
-  assert sweep.format_status(work).endswith("cells: 8 done")
+  assert sweep_status.format_status(work).endswith("cells: 8 done")
   want, got = _final_metrics(reference[0]), _final_metrics(work)
   for cell in want:  # g001 trained again from the start: the same numbers
     assert got[cell]["val_loss"] == pytest.approx(want[cell]["val_loss"], rel=1e-5)
@@ -580,7 +580,7 @@ def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_
   os.makedirs(work)
   for i, g in enumerate(plan.groups):  # as if g000, g001 finished and g002 ran; g003 not started
     if i < 3:
-      runner.write_resolved_config(g.cfg, rundir.group_dir(work, g.id))
+      resume.write_resolved_config(g.cfg, rundir.group_dir(work, g.id))
       rundir.write_status(
         work,
         g.id,
@@ -592,11 +592,11 @@ def test_status_of_a_cut_cells_table_shows_every_group_with_a_warning(tiny, tmp_
       if i < 2:
         _finished(work, g.id, g.num_steps)
   path = rundir.write_cells(plan, work)
-  whole = sweep.format_status(work).splitlines()
+  whole = sweep_status.format_status(work).splitlines()
   text = open(path).read()
   assert len(text) > 250 and text[250] != "\n"  # the cut falls inside a row
   open(path, "w").write(text[:250])
-  lines = sweep.format_status(work).splitlines()
+  lines = sweep_status.format_status(work).splitlines()
   assert lines[0].startswith(f"warning: {path} is damaged or cut short: ")
   assert "cells.csv lacks" in lines[0] and "g000, g001, g002" in lines[0]
   assert "rebuilt from each group's config.json and status.json" in lines[0]
@@ -627,7 +627,7 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
     IHSWEEP_FAULT_GROUP="g001",
   )
   assert r.returncode != 0
-  status = {s["group"]: s for s in sweep.status_rows(str(killed))}
+  status = {s["group"]: s for s in sweep_status.status_rows(str(killed))}
   assert status["g000"]["state"] == "done"
   assert status["g001"]["state"] in ("running", "stopped")
   assert status["g002"]["state"] == "pending"
@@ -686,9 +686,9 @@ def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
 def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkeypatch, caplog):
   # The stop rule sees a scripted metric: untrained models below the threshold at update 0,
   # past it from update 10 on; with margin 1 the group stops there (of a 40-update cap).
-  observe = runner.EmergenceStop.observe
+  observe = evaluation.EmergenceStop.observe
   monkeypatch.setattr(
-    runner.EmergenceStop,
+    evaluation.EmergenceStop,
     "observe",
     lambda self, step, values, diverged: observe(
       self, step, [0.0 if step == 0 else 1.0] * len(values), diverged
@@ -720,7 +720,7 @@ def test_emergence_budget_stops_early_and_reports_savings(tiny, tmp_path, monkey
   assert result.summary["saved_fraction"] == pytest.approx(1 - 10 / cap)
   steps = [r["step"] for r in map(json.loads, open(tmp_path / "groups/g000/metrics.jsonl"))]
   assert max(steps) == 10
-  assert "stopped early" in sweep.format_status(str(tmp_path))
+  assert "stopped early" in sweep_status.format_status(str(tmp_path))
   cells = pd.read_csv(tmp_path / "cells.csv")
   assert list(cells["online_crossing_step"]) == [10, 10]
 

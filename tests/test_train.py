@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ihsweep.base import sharding
+from ihsweep.compute import schedule, train
+from ihsweep.compute.model import Transformer
 from ihsweep.data import make_source
-from ihsweep.training import schedule, train
-from ihsweep.training.model import Transformer
 from ihsweep.training.runner import fit
-from ihsweep.workers import sharding
 
 # Equivalence tests run in float64 (jax_enable_x64, ModelConfig dtype float64). The claims —
 # vmapped == one model at a time, sharded == one device, chunked == whole — are about program
@@ -295,7 +295,7 @@ def test_the_train_steps_attention_is_resolved_for_the_devices(monkeypatch):
   """'auto' is cuDNN's flash attention on a GPU where the shapes allow and cuDNN is found, XLA's
   implementation on TPUs, the explicit pattern elsewhere; 'cudnn' where it cannot run is
   refused with why."""
-  from ihsweep.training.model import ModelConfig
+  from ihsweep.compute.model import ModelConfig
 
   study = ModelConfig(n_heads=8, d_model=768, dtype="bfloat16")  # head dimension 96
   monkeypatch.setattr(train, "cudnn_available", lambda: True)

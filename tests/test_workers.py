@@ -13,7 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from ihsweep.runs import rundir
+from ihsweep.base import atomic
+from ihsweep.runs import claims, rundir
+from ihsweep.training import resume
+from ihsweep.workers import sweep_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 8 groups of one model each (B × C × d_model), a few seconds of compiling and training apiece;
@@ -75,7 +78,7 @@ def _finish(procs, timeout=600) -> list[tuple[int, str]]:
 def _claims(workdir) -> dict:
   """Per group, the claim events of claims.jsonl in order: (event, worker, state)."""
   events = collections.defaultdict(list)
-  with open(os.path.join(workdir, rundir.CLAIMS_LOG)) as f:
+  with open(os.path.join(workdir, claims.CLAIMS_LOG)) as f:
     for line in f:
       row = json.loads(line)
       events[row["group"]].append((row["event"], row["worker"], row.get("state")))
@@ -157,7 +160,7 @@ def _job(work: str, flags: list, processes: int, devices: int) -> list[subproces
 def _wait_for_claim(workdir, group: str, proc, timeout=300) -> None:
   deadline = time.time() + timeout
   while group not in (
-    _claims(workdir) if os.path.exists(os.path.join(workdir, rundir.CLAIMS_LOG)) else {}
+    _claims(workdir) if os.path.exists(os.path.join(workdir, claims.CLAIMS_LOG)) else {}
   ):
     assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
     time.sleep(0.2)
@@ -194,7 +197,7 @@ def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_o
   for g in GROUPS:
     status = rundir.read_status(work, g)
     assert status["state"] == "done" and status["step"] == 30, status
-    assert not os.path.exists(os.path.join(work, "groups", g, rundir.CLAIM_FILE))
+    assert not os.path.exists(os.path.join(work, "groups", g, claims.CLAIM_FILE))
   assert rundir.read_status(work, "g000")["resumed_from"] in (10, 20)
   _assert_same_results(work, reference)
   with open(os.path.join(work, "sweep.json")) as f:
@@ -204,31 +207,31 @@ def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_o
 def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
   work = str(tmp_path)
   os.makedirs(os.path.join(work, "groups", "g000"))
-  with rundir.claims_lock(work):
-    assert rundir.try_claim(work, "g000", ["cpu:0"]) == "claimed"
-  claim = rundir.read_claim(work, "g000")
-  assert claim["worker"] == rundir.worker_id() and claim["pid"] == os.getpid()
+  with claims.claims_lock(work):
+    assert claims.try_claim(work, "g000", ["cpu:0"]) == "claimed"
+  claim = claims.read_claim(work, "g000")
+  assert claim["worker"] == claims.worker_id() and claim["pid"] == os.getpid()
   # Another worker (a live process on this host) holds it: not taken while it beats.
   sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   try:
     other = {**claim, "worker": "other:1", "pid": sleeper.pid, "heartbeat": time.time()}
-    rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
-    assert rundir.try_claim(work, "g000", ["cpu:0"]) is None
-    assert not rundir.refresh_claim(work, "g000")  # not ours
+    atomic.atomic_write_json(os.path.join(work, "groups", "g000", claims.CLAIM_FILE), other)
+    assert claims.try_claim(work, "g000", ["cpu:0"]) is None
+    assert not claims.refresh_claim(work, "g000")  # not ours
     monkeypatch.setenv("IHSWEEP_CLAIM_HEARTBEAT_S", "1")
     monkeypatch.setenv("IHSWEEP_CLAIM_STALE_S", "5")
     other["heartbeat"] = time.time() - 6  # silent for longer than the stale limit
-    rundir.atomic_write_json(os.path.join(work, "groups", "g000", rundir.CLAIM_FILE), other)
-    assert rundir.try_claim(work, "g000", ["cpu:0"]) == "taken over"
+    atomic.atomic_write_json(os.path.join(work, "groups", "g000", claims.CLAIM_FILE), other)
+    assert claims.try_claim(work, "g000", ["cpu:0"]) == "taken over"
   finally:
     sleeper.kill()
     sleeper.wait()
   # A claim of a dead process on this host is stale at once, whatever its heartbeat.
   dead = {**claim, "worker": "dead:1", "pid": sleeper.pid, "heartbeat": time.time() + 100}
-  assert rundir.claim_is_stale(dead)
-  assert not rundir.claim_is_stale({**dead, "host": "another-host"})
-  rundir.release_claim(work, "g000", "done")
-  assert rundir.read_claim(work, "g000") is None
+  assert claims.claim_is_stale(dead)
+  assert not claims.claim_is_stale({**dead, "host": "another-host"})
+  claims.release_claim(work, "g000", "done")
+  assert claims.read_claim(work, "g000") is None
   assert [e for e, _, _ in _claims(work)["g000"]] == ["claimed", "taken over", "released"]
 
 
@@ -272,9 +275,10 @@ def test_workers_spanning_two_processes_in_one_jax_distributed_job(tmp_path, ref
   for g in groups:
     status = rundir.read_status(work, g)
     assert status["devices"] == 2 and status["processes"] in ([0, 1], [2, 3]), status
-  from ihsweep.workers import sweep
 
-  workers = {r["worker"].split(" ", 1)[1] for r in sweep.status_rows(work)}  # as status shows
+  workers = {
+    r["worker"].split(" ", 1)[1] for r in sweep_status.status_rows(work)
+  }  # as status shows
   assert workers == {"with processes 0–1", "with processes 2–3"}, workers
   _assert_same_results(work, reference_two_devices, groups)
 
@@ -312,23 +316,22 @@ def test_phases_in_one_jax_distributed_job(tmp_path):
 def test_a_sweep_made_before_workers_resumes(tiny, tmp_path):
   """A sweep's config.json from before ``sweep.placement`` existed: still resumable (the new
   fields only change how the sweep executes), while a changed training field is refused."""
-  from ihsweep.configuration.config import ConfigError
-  from ihsweep.training import runner
+  from ihsweep.configuration.fields import ConfigError
 
   cfg = tiny()
   with cfg.unlocked():
-    from ihsweep.configuration import config as config_lib
+    from ihsweep.configuration import fields
 
-    cfg.sweep = config_lib.default_sweep()
-  runner.write_resolved_config(cfg, str(tmp_path))
+    cfg.sweep = fields.default_sweep()
+  resume.write_resolved_config(cfg, str(tmp_path))
   path = tmp_path / "config.json"
   old = json.loads(path.read_text())
   del old["sweep"]["placement"], old["sweep"]["wait_to_take_over"]
   path.write_text(json.dumps(old))
-  runner.check_resumable(cfg, str(tmp_path))
+  resume.check_resumable(cfg, str(tmp_path))
   cfg.train.lr = 0.5
   with pytest.raises(ConfigError, match="train.lr"):
-    runner.check_resumable(cfg, str(tmp_path))
+    resume.check_resumable(cfg, str(tmp_path))
 
 
 def test_a_process_done_first_waits_for_the_job(tmp_path):
@@ -460,7 +463,7 @@ def test_a_paused_worker_keeps_its_group_and_the_sweep_ends_done(tmp_path):
   """A worker stopped (SIGSTOP) past the claims' stale time, then continued: its claim looks
   stale, but it still holds the group's directory, so a second worker leaves the group to it
   (no takeover, no 'failed'); the group ends done, trained once, and both exit 0."""
-  from ihsweep.runs import atomic
+  from ihsweep.base import atomic
 
   work = str(tmp_path / "run")
   flags = [f for f in FLAGS if not f.startswith(("--grid", "--config.train.num_steps"))]

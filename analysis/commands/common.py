@@ -50,7 +50,7 @@ def law_table(law: dict, sensitivity: dict | None = None, tablefmt: str = "plain
 
 def law_rows(law: dict, sensitivity: dict | None = None) -> tuple[tuple, list[tuple]]:
   """``law_table``'s ``(headers, rows)`` of text."""
-  from ..scaling import MLE, STUDY
+  from ..law_fit import MLE, STUDY
 
   with_sigma = "sigma" in law
 

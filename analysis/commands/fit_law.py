@@ -63,10 +63,10 @@ def _fixed(args) -> tuple[dict, str | None]:
 
 def _points(args):
   """``(the CSV's rows at --metric/--method, None)``, or ``(None, why not)``."""
-  from .. import scaling
+  from .. import law_points
 
   try:
-    points = scaling.read_points(args.csv)
+    points = law_points.read_points(args.csv)
   except (OSError, ValueError) as e:
     return None, f"--csv {args.csv}: cannot read a CSV ({e})"
   if {"metric", "method"} <= set(points):  # an analysis emergence.csv: one metric and method
@@ -86,7 +86,7 @@ def _points(args):
 
 
 def main(args) -> int:
-  from .. import scaling
+  from .. import law_points, scaling
 
   fixed, problem = _fixed(args)
   if problem:
@@ -106,7 +106,7 @@ def main(args) -> int:
       fixed=fixed,
       csv=args.csv,
     )
-  except scaling.FitError as e:
+  except law_points.FitError as e:
     return fail(args, f"{args.csv}: {e}")
   law = fit.to_dict()
   print(json.dumps(law, indent=2))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import outputs
 from .common import add, bad_n_boot, fail, law_table
 
 NAME = "report"
@@ -111,7 +112,7 @@ def _report(args) -> int:
   )
   try:
     written = report.report(args.dirs, args.out, opts)
-  except (NotARun, report.OutputError) as e:
+  except (NotARun, outputs.OutputError) as e:
     return fail(args, str(e))
   law = written.get("law")
   print(f"report: {written['report_md']} (and report.html)")

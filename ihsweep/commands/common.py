@@ -113,7 +113,7 @@ def config_and_workdir(command: str):
 def bad_input(e: Exception) -> int:
   """One line for a ConfigError (WorkdirError included) or DataError (CheckpointError included)
   raised before or while training; exit code 2."""
-  from ihsweep.configuration.config import ConfigError, WorkdirError
+  from ihsweep.configuration.fields import ConfigError, WorkdirError
   from ihsweep.runs.checkpoint import CheckpointError
 
   if isinstance(e, WorkdirError):  # a flag, not a config field: "--workdir=DIR ..."
@@ -297,7 +297,7 @@ def run_guarded(handler, rest: list[str]) -> int:
 
 def start_logging() -> None:
   """One CPU device per core (before JAX picks its devices) and the log format."""
-  from ihsweep.workers.sharding import use_one_cpu_device_per_core
+  from ihsweep.base.sharding import use_one_cpu_device_per_core
 
   use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(

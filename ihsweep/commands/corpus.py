@@ -22,13 +22,14 @@ prepare      read, split, tokenize and cache the config's natural-text corpus (e
 
 
 def main(argv) -> int:
-  from ihsweep.data import natural
+  from ihsweep.data import corpus as corpus_lib
+  from ihsweep.data import documents
   from ihsweep.data.errors import DataError
 
   args = argv[1:]
   try:
     if args[:1] == ["fetch"] and len(args) == 2:
-      path = natural.fetch_corpus(args[1], FLAGS.cache_dir)
+      path = corpus_lib.fetch_corpus(args[1], FLAGS.cache_dir)
       print(
         f"fetched {args[1]} into {path}; train on it with "
         f"--config.data.source=natural --config.data.corpus={args[1]}"
@@ -40,13 +41,15 @@ def main(argv) -> int:
     return fail(str(e))
   return fail(
     "usage: ihsweep corpus fetch NAME [--cache_dir=DIR] | ihsweep corpus prepare "
-    f"--config=FILE (corpora: {', '.join(natural.CORPORA)})"
+    f"--config=FILE (corpora: {', '.join(documents.CORPORA)})"
   )
 
 
 def _prepare() -> int:
   from ihsweep.configuration import config as config_lib
-  from ihsweep.data import bigram_corpus_tokens, natural
+  from ihsweep.configuration import fields
+  from ihsweep.data import bigram_corpus_tokens
+  from ihsweep.data import corpus as corpus_lib
 
   cfg, failed = load_config()
   if failed is not None:
@@ -64,8 +67,8 @@ def _prepare() -> int:
     )
   try:
     config_lib.validate(cfg)
-    corpus = natural.prepare_corpus(cfg.data, vocab, field)
-  except config_lib.ConfigError as e:
+    corpus = corpus_lib.prepare_corpus(cfg.data, vocab, field)
+  except fields.ConfigError as e:
     return fail(f"invalid config: {e}")
   print(json.dumps({"path": corpus.path, "cache_hit": corpus.cache_hit, **corpus.meta}, indent=2))
   return 0

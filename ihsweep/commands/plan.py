@@ -8,7 +8,7 @@ import json
 import math
 import sys
 
-from ihsweep import numbers
+from ihsweep.base import numbers
 from ihsweep.commands.common import bad_input, empty_law, fail, load_config
 from ihsweep.commands.flags import FLAGS
 
@@ -109,14 +109,17 @@ def _worker_problem(n: int, d: int | None, h: int | None, f: float | None) -> st
 
 
 def main(argv) -> int:
+  from ihsweep.planning import list_schedule
+  from ihsweep.planning import prediction as prediction_lib
+
   del argv
   import jax
 
-  from ihsweep.configuration.config import ConfigError
+  from ihsweep.base.law import Law, LawError
+  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import grid as grid_lib
   from ihsweep.planning import placement, timing
-  from ihsweep.planning.law import Law, LawError
 
   if FLAGS.target is not None:
     from ihsweep.planning import targets
@@ -162,20 +165,20 @@ def main(argv) -> int:
     return bad_input(e)
   except LawError as e:
     return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
-  except placement.LayoutError as e:  # the config's mesh.num_devices does not fit N
+  except list_schedule.LayoutError as e:  # the config's mesh.num_devices does not fit N
     return fail(f"cannot plan: {e}")
-  print(json.dumps(prediction.to_json()) if FLAGS.json else placement.format_text(prediction))
+  print(json.dumps(prediction.to_json()) if FLAGS.json else prediction_lib.format_text(prediction))
   return 0
 
 
 def _plan_target(cfg) -> int:
   """``ihsweep plan --target=NAME``: every group compiled for the target
   (``ihsweep.planning.targets``)."""
-  from ihsweep.configuration.config import ConfigError
+  from ihsweep.base.law import Law, LawError
+  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import grid as grid_lib
   from ihsweep.planning import targets
-  from ihsweep.planning.law import Law, LawError
 
   if cfg is None:
     return fail(f"plan --target needs --config=FILE; --target: {targets.names()}")

@@ -1,5 +1,5 @@
 """``ihsweep predict``: updates and tokens until induction heads form at (B, C), by the
-emergence law (``ihsweep.planning.law.Law``)."""
+emergence law (``ihsweep.base.law.Law``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def main(argv) -> int:
   95% prediction interval for one cell (``Law.interval``); a warning (stderr, and ``warnings``
   in --json) for a B or C outside the law's fitted ``range``."""
   del argv
-  from ihsweep.planning.law import STUDY_BATCH_RANGE, STUDY_CONTEXT_RANGE, Law, LawError
+  from ihsweep.base.law import STUDY_BATCH_RANGE, STUDY_CONTEXT_RANGE, Law, LawError
 
   if FLAGS.batch_size is None or FLAGS.context_size is None:
     return fail("predict needs --batch_size=B and --context_size=C")

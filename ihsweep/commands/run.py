@@ -30,13 +30,15 @@ default_sweep)"""
 
 
 def main(argv) -> int:
+  from ihsweep.workers import sweep_status
+
   del argv
   import jax
 
-  from ihsweep.configuration.config import ConfigError
+  from ihsweep.base.law import LawError
+  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import grid as grid_lib
-  from ihsweep.planning.law import LawError
   from ihsweep.workers import sweep
 
   cfg, failed = config_and_workdir("run")
@@ -60,7 +62,7 @@ def main(argv) -> int:
     return fail(f"sweep.budget = {cfg.sweep.budget!r}: {e}")
   failed_groups = [g for g, s in result.groups.items() if s["state"] == "failed"]
   if jax.process_index() == 0:
-    print(sweep.format_summary(result.summary))
+    print(sweep_status.format_summary(result.summary))
   if result.interrupted:
     print(
       f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",

@@ -17,15 +17,16 @@ cells. Touches nothing."""
 
 
 def main(argv) -> int:
+  from ihsweep.workers import sweep_status
+
   del argv
   from ihsweep.runs import rundir
-  from ihsweep.workers import sweep
 
   if not FLAGS.workdir:
     return fail("status needs --workdir=DIR (a sweep's run directory)")
   try:
-    print(sweep.format_status(FLAGS.workdir))
-  except sweep.NotASweep as e:
+    print(sweep_status.format_status(FLAGS.workdir))
+  except sweep_status.NotASweep as e:
     workdir = FLAGS.workdir
     try:
       kind, group = rundir.run_kind(workdir), rundir.sweep_group(workdir)

@@ -22,10 +22,12 @@ into the run directory; rerunning the same command resumes at its last checkpoin
 def main(argv) -> int:
   del argv
   from ihsweep.configuration import config as config_lib
+  from ihsweep.configuration import fields
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import memory
   from ihsweep.runs import rundir
-  from ihsweep.training.runner import Interrupted, fit, group_devices
+  from ihsweep.training import memory
+  from ihsweep.training.runner import fit, group_devices
+  from ihsweep.training.stopping import Interrupted
 
   cfg, failed = config_and_workdir("train")
   if failed is not None:
@@ -39,7 +41,7 @@ def main(argv) -> int:
   except Interrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
     return 143
-  except (config_lib.ConfigError, DataError) as e:
+  except (fields.ConfigError, DataError) as e:
     return bad_input(e)
   if out["losses"] is None:
     print(f"done: nothing left to train in {FLAGS.workdir} (resumed at its last update)")

@@ -22,8 +22,9 @@ import os
 
 import numpy as np
 
-from ihsweep.configuration import schema
-from ihsweep.data import markov, natural, synthetic
+from ihsweep.base import schema
+from ihsweep.data import cache, errors, markov, natural, synthetic
+from ihsweep.data import corpus as corpus_lib
 from ihsweep.data.builtin import MarkovChainSource, RepeatedBlocksSource, UniformSource
 from ihsweep.data.source import Source
 
@@ -34,7 +35,7 @@ TRANSITIONS = schema.choices("data.transitions")
 def default_config():
   """The ``data`` config section with every field at its default (``configs/*.py`` start from
   this; unknown fields cannot be added from the command line, so all live in
-  ``ihsweep.configuration.schema``,
+  ``ihsweep.base.schema``,
   which gives each one's default, allowed values and help).
 
   source: 'uniform' | 'markov_chain' | 'repeated_blocks' | 'natural' | 'markov'.
@@ -163,16 +164,16 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
   Raises:
     natural.CorpusError: see ``natural.prepare_corpus``; a training split shorter than C + 1.
   """
-  corpus = natural.prepare_corpus(data_cfg, vocab_size)
+  corpus = corpus_lib.prepare_corpus(data_cfg, vocab_size)
   n = int(corpus.train.size)
   if n < context_size + 1:
-    raise natural.CorpusError(
+    raise errors.CorpusError(
       f"the training split of {corpus.meta['name']!r} has {n} tokens, fewer than "
       f"train.context_size + 1 = {context_size + 1}: use more text or a smaller context",
       "train.context_size",
     )
   if n >= 2**31:
-    raise natural.CorpusError(
+    raise errors.CorpusError(
       f"the training split has {n:,} tokens; window offsets are int32, so at most 2^31 - 1: "
       f"set config.data.max_documents",
       "data.max_documents",
@@ -208,7 +209,7 @@ def markov_transitions(data_cfg, vocab_size: int):
   """
   kind = data_cfg.transitions
   if kind == "bigram":
-    corpus = natural.prepare_corpus(data_cfg, *bigram_corpus_tokens(data_cfg, vocab_size))
+    corpus = corpus_lib.prepare_corpus(data_cfg, *bigram_corpus_tokens(data_cfg, vocab_size))
     p, first, _ = markov.bigram_transitions(corpus, vocab_size, data_cfg.smoothing)
     info = {
       "transitions": f"bigram of {corpus.meta['name']!r}",
@@ -218,7 +219,7 @@ def markov_transitions(data_cfg, vocab_size: int):
     spec = synthetic.SyntheticSpec.from_config(data_cfg.synthetic, vocab_size)
     if kind == "iid":
       spec = dataclasses.replace(spec, entropy_rate_bits=0.0, categoriality="none")
-    p, report = synthetic.cached_matrix(spec, natural.resolve_cache_dir(data_cfg))
+    p, report = synthetic.cached_matrix(spec, cache.resolve_cache_dir(data_cfg))
     first = markov.stationary_distribution(p)
     targets = {k: v for k, v in report["targets"].items() if v is not None}
     info = {

@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 
-from ihsweep import environment
+from ihsweep.base import environment
 from ihsweep.data.errors import CorpusError
 
 

@@ -1,6 +1,6 @@
 """The error every data source raises for input it cannot use."""
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 
 class DataError(IhsweepError, ValueError):

@@ -30,8 +30,8 @@ import math
 import jax
 import numpy as np
 
+from ihsweep.base.atomic import atomic_file
 from ihsweep.data.keys import step_keys
-from ihsweep.runs.atomic import atomic_file
 
 MAX_BLOCK = 50  # the study's L = min(50, C/2)
 MIN_BLOCK = 3

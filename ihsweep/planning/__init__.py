@@ -1,2 +1,3 @@
-"""Sweep planning and placement: grid → cells → groups, budgets, costs, where groups run and how
-long they take (no training)."""
+"""Sweep planning and placement: budgets, costs, where groups run and how long they take, target
+devices (no training). The grid → cells → groups expansion is the configuration's
+(``ihsweep.configuration.grid``)."""

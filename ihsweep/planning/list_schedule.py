@@ -11,8 +11,8 @@ import functools
 import heapq
 from typing import Any
 
-from ihsweep.errors import IhsweepError
-from ihsweep.workers import sharding
+from ihsweep.base import sharding
+from ihsweep.base.errors import IhsweepError
 
 
 class LayoutError(IhsweepError, ValueError):

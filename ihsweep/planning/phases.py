@@ -10,7 +10,7 @@ import heapq
 import itertools
 import math
 
-from ihsweep.numbers import divisors
+from ihsweep.base.numbers import divisors
 from ihsweep.planning import timing
 from ihsweep.planning.list_schedule import (
   LayoutError,

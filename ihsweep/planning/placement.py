@@ -33,16 +33,15 @@ import copy
 import math
 from typing import Any
 
-from ihsweep.configuration import config as config_lib
-from ihsweep.data import natural
+from ihsweep.base.numbers import divisors
+from ihsweep.compute import model as model_lib
+from ihsweep.compute import schedule, train
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.configuration import fields
+from ihsweep.configuration import grid as grid_lib
+from ihsweep.data import documents
 from ihsweep.data.probes import eval_layout
-from ihsweep.numbers import divisors
-from ihsweep.planning import grid as grid_lib
 from ihsweep.planning import timing
-
-# ``X as X``: placement's public names that live in its parts (``ihsweep.planning.list_schedule``,
-# ``ihsweep.planning.phases``, ``ihsweep.planning.prediction``), importable from here as before they
-# moved
 from ihsweep.planning.list_schedule import (
   DEFAULT_DEVICES_PER_HOST,
   Job,
@@ -52,8 +51,6 @@ from ihsweep.planning.list_schedule import (
   choose_layout,
   worker_schedule,
 )
-from ihsweep.planning.list_schedule import simulate as simulate
-from ihsweep.planning.list_schedule import usable_device_count as usable_device_count
 from ihsweep.planning.phases import (
   MAX_PHASES,
   PHASE_TIE,
@@ -62,13 +59,7 @@ from ihsweep.planning.phases import (
   plan_phases,
   timed_phase,
 )
-from ihsweep.planning.phases import Phase as Phase
-from ihsweep.planning.phases import time_phases as time_phases
 from ihsweep.planning.prediction import Prediction
-from ihsweep.planning.prediction import format_text as format_text
-from ihsweep.training import model as model_lib
-from ihsweep.training import schedule, train
-from ihsweep.training import schedule as schedule_lib
 
 # ---- updates: the budget, or where an 'emergence' budget stops ----
 
@@ -140,13 +131,13 @@ def evaluation_flops(cfg, updates: int) -> tuple:
 
 @contextlib.contextmanager
 def data_unchecked():
-  """``make_plan`` checks that each group's corpus can be found (``natural.document_source``);
+  """``make_plan`` checks that each group's corpus can be found (``documents.document_source``);
   a plan from a given FLOP/s reads no data, so a machine without the corpus (C4 at study
   scale) may plan: that one check is skipped meanwhile (a stopgap until ``make_plan`` takes an
   option for it)."""
   from unittest import mock
 
-  with mock.patch.object(natural, "document_source", lambda data_cfg: None):
+  with mock.patch.object(documents, "document_source", lambda data_cfg: None):
     yield
 
 
@@ -164,7 +155,7 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   cfg = copy.deepcopy(cfg)
   with cfg.unlocked():
     if "sweep" not in cfg:
-      cfg.sweep = config_lib.default_sweep()
+      cfg.sweep = fields.default_sweep()
     cfg.sweep.placement = "worker"
     if "processes_per_worker" in cfg.sweep:
       cfg.sweep.processes_per_worker = 0

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ihsweep.planning.grid import ranges
+from ihsweep.base import sharding
+from ihsweep.compute import schedule
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.configuration.grid import ranges
 from ihsweep.planning.list_schedule import Schedule, Slot
 from ihsweep.planning.phases import PHASE_TIE, PhasedSchedule
-from ihsweep.training import schedule
-from ihsweep.training import schedule as schedule_lib
-from ihsweep.workers import sharding
 
 
 @dataclasses.dataclass

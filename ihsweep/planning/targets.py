@@ -37,8 +37,9 @@ import math
 import os
 import re
 
-from ihsweep import environment, numbers
-from ihsweep.errors import IhsweepError
+from ihsweep.base import environment, numbers
+from ihsweep.base.errors import IhsweepError
+from ihsweep.planning import kernels, list_schedule, phases
 
 GB = 1e9
 
@@ -435,7 +436,7 @@ def update_cost(choice, cfg, mesh_shape: tuple, platform: str = "cpu") -> tuple[
   and with cuDNN's attention the FLOPs of its custom calls (``fused_attention_flops``). Bytes of
   the other tiles are not (a lower bound where the loss is tiled). ``platform``: that of the
   devices compiled for (the tile rule, ``losses.logits_budget``)."""
-  from ihsweep.training import losses
+  from ihsweep.compute import losses
 
   s = choice.setting
   n_ens, n_data = mesh_shape
@@ -473,7 +474,6 @@ def update_time_terms(train, flops: float, n_bytes: float, target) -> dict:
   update (``planning.kernels``) × ``kernels.LAUNCH_S`` (an estimate: XLA's CUDA-graph command
   buffers can launch for less). ``train``: the train program's
   ``memory.ProgramMemory``."""
-  from ihsweep.planning import kernels
 
   terms = {"flops_s": flops / target.peak_flops}
   if train.cost_from != "lowered HLO":
@@ -499,21 +499,19 @@ def fused_attention_flops(n_layers: int, d_model: int, context: int, tokens: flo
 def candidate_layouts(target: Target) -> list[int]:
   """Devices per worker, smallest first: those ``ihsweep plan`` tries on N devices of H per
   host (``placement.candidate_layouts``: divisors of N up to H), then teams of 2, … hosts."""
-  from ihsweep.planning import placement
 
   host, n = target.devices_per_host, len(target.devices)
   teams = [p * host for p in numbers.divisors(n // host) if p > 1]
-  return placement.candidate_layouts(n, host) + teams
+  return list_schedule.candidate_layouts(n, host) + teams
 
 
 def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
   """Each group's devices on workers of ``d`` (``placement.usable_device_count``), or None when
   ``d`` spans hosts and a group cannot use all of them (``placement.fills``)."""
-  from ihsweep.planning import placement
 
-  if d > target.devices_per_host and not all(placement.fills(j, d) for j in jobs):
+  if d > target.devices_per_host and not all(phases.fills(j, d) for j in jobs):
     return None
-  return {j.id: placement.usable_device_count(j.n_models, j.batch_size, d) for j in jobs}
+  return {j.id: list_schedule.usable_device_count(j.n_models, j.batch_size, d) for j in jobs}
 
 
 def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
@@ -537,8 +535,9 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
   ``makespan_s``, ``utilisation``) and ``fits``.
   """
-  from ihsweep.planning import kernels, memory, placement, timing
-  from ihsweep.training import schedule
+  from ihsweep.compute import schedule
+  from ihsweep.planning import kernels, placement, timing
+  from ihsweep.training import memory
 
   fixed = int(cfg.mesh.num_devices)
   if fixed and fixed not in candidate_layouts(target):
@@ -549,7 +548,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     )
   _, jobs = placement.make_jobs(cfg, law, check_data=False)
   for j in jobs:  # too large on every device of the target at any setting: refused uncompiled
-    widest = placement.usable_device_count(j.n_models, j.batch_size, len(target.devices))
+    widest = list_schedule.usable_device_count(j.n_models, j.batch_size, len(target.devices))
     memory.check_possible(
       j.cfg, target.devices[:widest], f"group {j.id}", target.capacity_bytes, j.n_params
     )
@@ -601,8 +600,7 @@ class _GroupCompiler:
     self.target, self.log, self.memo = target, log, {}
 
   def __call__(self, job, m: int) -> tuple:
-    from ihsweep.planning import memory
-    from ihsweep.training import runner
+    from ihsweep.training import memory, runner
 
     target, log, memo = self.target, self.log, self.memo
     if (job.id, m) not in memo:
@@ -622,7 +620,7 @@ class _GroupCompiler:
           target.capacity_bytes,
           planned_source(job.cfg),
           target.chip.platform,
-          count_kernels=target.devices[0].platform == "gpu",
+          count_kernels=_kernels_per_update if target.devices[0].platform == "gpu" else None,
         )
         memo[(job.id, m)] = (out, choice, None)
       except memory.DoesNotFit as e:
@@ -637,8 +635,7 @@ class _GroupCompiler:
   def explicit_bytes(self, job, m: int) -> int:
     """Bytes per device of the job's programs on m devices at the setting chosen there, with
     the explicit attention pattern instead of the chosen kernel (compiled once more)."""
-    from ihsweep.planning import memory
-    from ihsweep.training import runner
+    from ihsweep.training import memory, runner
 
     if ("explicit", job.id, m) not in self.memo:
       out, choice, _ = self(job, m)
@@ -696,8 +693,8 @@ def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fi
 def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   """One group of ``plan_for_target``'s ``groups``: compiled on m devices, its memory, FLOPs,
   roofline and all-reduce time per update, and its updates' time."""
-  from ihsweep.training import schedule
-  from ihsweep.workers import sharding
+  from ihsweep.base import sharding
+  from ihsweep.compute import schedule
 
   out, choice, _ = compile_group(j, m)
   mesh = sharding.mesh_shape(j.n_models, j.batch_size, m)
@@ -754,7 +751,6 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
 def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int = 0) -> list[dict]:
   """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
   list-scheduled (``placement.simulate``)."""
-  from ihsweep.planning import placement
 
   # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
   # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
@@ -774,7 +770,7 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int
       )
       for j, m, sec in entries
     ]
-    sched = placement.simulate(rows, n, wide)
+    sched = list_schedule.simulate(rows, n, wide)
     layouts.append(
       {
         "devices_per_worker": wide,
@@ -788,7 +784,7 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int
 
 
 def _signed_gib(n_bytes: int) -> str:
-  from ihsweep.planning.memory import gib
+  from ihsweep.training.memory import gib
 
   return ("-" if n_bytes < 0 else "") + gib(abs(n_bytes))
 
@@ -802,9 +798,9 @@ def _bound(group: dict) -> str:
 
 def format_plan(p: dict) -> str:
   """The text ``ihsweep plan --target`` prints."""
-  from ihsweep.planning.memory import gib
+  from ihsweep.compute.schedule import describe_checkpoint_totals
   from ihsweep.planning.prediction import duration
-  from ihsweep.training.schedule import describe_checkpoint_totals
+  from ihsweep.training.memory import gib
 
   t = p["target"]
   lines = [
@@ -877,3 +873,8 @@ def format_plan(p: dict) -> str:
   lines.append(describe_checkpoint_totals(p["checkpoints"]) + " (roofline times)")
   lines.append("every group fits" if p["fits"] else "NOT every group fits")
   return "\n".join(lines)
+
+
+def _kernels_per_update(hlo_text: str) -> int:
+  """The kernels an XLA:GPU program launches per update (``kernels.per_update``)."""
+  return kernels.per_update(hlo_text)["kernels"]

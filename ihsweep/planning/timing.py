@@ -23,16 +23,16 @@ import math
 import time
 from typing import Callable
 
+from ihsweep.base import sharding
+from ihsweep.compute import model as model_lib
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.compute import train
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.data.probes import eval_layout
 from ihsweep.data.source import host_batch_array
 from ihsweep.runs import checkpoint
-from ihsweep.training import model as model_lib
-from ihsweep.training import schedule as schedule_lib
-from ihsweep.training import train
 from ihsweep.training.evaluation import Evaluator
-from ihsweep.workers import sharding
 
 GRAD_BYTES = 4  # per parameter: gradients are float32 (parameters are kept in float32)
 

@@ -1,2 +1,2 @@
-"""Checkpoints and the run directory: its files, atomic writes, orbax checkpoints, the reader, the
-notebook API and export."""
+"""The run directory: its files and cells table (``rundir``), the workers' claims (``claims``),
+orbax checkpoints, the reader, the notebook API and export."""

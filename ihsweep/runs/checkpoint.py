@@ -39,8 +39,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ihsweep.base.errors import IhsweepError
 from ihsweep.data.errors import DataError
-from ihsweep.errors import IhsweepError
 
 log = logging.getLogger("ihsweep")
 

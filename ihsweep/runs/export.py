@@ -3,8 +3,8 @@
 ``to_transformer_lens(model)`` builds a TransformerLens ``HookedTransformer`` and ``to_hf(model)``
 a Hugging Face ``GPT2LMHeadModel`` holding one ihsweep model's params (``model``: a notebook
 ``Model`` from ``ihsweep.load_run(DIR).model(cell, step)``, or a params dict with its
-``ihsweep.training.model.ModelConfig``). Both compute the same logits as
-``ihsweep.training.model.Transformer``
+``ihsweep.compute.model.ModelConfig``). Both compute the same logits as
+``ihsweep.compute.model.Transformer``
 (tests/test_export.py: float64 to 1e-9, float32 to 1e-4). ``export_run(run, cell, step, to,
 out)`` (``ihsweep export``, ``Run.export``; ``run`` from ``ihsweep.load_run``) writes one of
 them to a file:
@@ -30,7 +30,7 @@ Every ihsweep architecture maps to TransformerLens exactly (``model`` fields: le
 (``act_fn 'gelu_new'``), scores scaled by 1/sqrt(d_head), no unembedding bias (``b_U = 0``).
 Rotary positions are GPT-NeoX's half-split rotation of the whole head (``rotary_dim = d_head``,
 ``rotary_adjacent_pairs = False``): dimension j < d_head/2 pairs with j + d_head/2 and turns at
-angle ``position · rotary_base^(−2j/d_head)`` (``ihsweep.training.model.rotary``; TransformerLens's
+angle ``position · rotary_base^(−2j/d_head)`` (``ihsweep.compute.model.rotary``; TransformerLens's
 ``calculate_sin_cos_rotary`` and ``rotate_every_two``). A tied unembedding is exported as
 ``W_U = W_Eᵀ``, a copy (TransformerLens's decoder-only models have no tied weights): editing
 ``W_E`` afterwards does not change ``W_U``.
@@ -55,7 +55,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 TARGETS = ("transformer_lens", "hf")
 DTYPES = ("float32", "float64")
@@ -106,7 +106,7 @@ def _check_dtype(dtype) -> None:
 def unsupported(cfg, to: str) -> str | None:
   """Why the ihsweep ``ModelConfig`` ``cfg`` cannot be exported exactly to target ``to``
   (one of ``TARGETS``), naming the field and its value; None when it can."""
-  from ihsweep.training.model import POS_ENCODINGS
+  from ihsweep.compute.model import POS_ENCODINGS
 
   if to not in TARGETS:
     return _target_error(to)
@@ -135,13 +135,13 @@ def _check(cfg, to: str) -> None:
 def _resolve(model, cfg) -> tuple[dict, Any]:
   """``(params as numpy arrays, ModelConfig)`` from a notebook ``Model`` (``.params``,
   ``.config``) or a params dict with ``cfg`` (a ``ModelConfig`` or a mapping of its fields)."""
-  from ihsweep.training.model import ModelConfig
+  from ihsweep.compute.model import ModelConfig
 
   if cfg is None:
     if not (hasattr(model, "params") and hasattr(model, "config")):
       raise ExportError(
         "model: a notebook Model (ihsweep.load_run(DIR).model(cell, step)), or a params dict "
-        "together with cfg (its ihsweep.training.model.ModelConfig)"
+        "together with cfg (its ihsweep.compute.model.ModelConfig)"
       )
     model, cfg = model.params, model.config
   elif hasattr(model, "params") and hasattr(model, "config"):
@@ -150,7 +150,7 @@ def _resolve(model, cfg) -> tuple[dict, Any]:
     cfg = ModelConfig.from_config(cfg)
   if not isinstance(cfg, ModelConfig):
     raise ExportError(
-      f"cfg: an ihsweep.training.model.ModelConfig or a mapping, got {type(cfg).__name__}"
+      f"cfg: an ihsweep.compute.model.ModelConfig or a mapping, got {type(cfg).__name__}"
     )
   if "params" in model and "embed" not in model:  # {"params": ...} as given to Module.apply
     model = model["params"]
@@ -270,7 +270,7 @@ def to_transformer_lens(model, cfg=None, *, dtype: str = "float32", device: str 
   Args:
     model: a notebook ``Model`` (``ihsweep.load_run(DIR).model(cell, step)``), or one model's
       params (nested dict, no ensemble axis, e.g. ``run.params(cell, step)``) with ``cfg``.
-    cfg: the ``ihsweep.training.model.ModelConfig`` of params (or a mapping of its fields).
+    cfg: the ``ihsweep.compute.model.ModelConfig`` of params (or a mapping of its fields).
     dtype: ``'float32'`` or ``'float64'`` (the torch parameters and computation).
     device: the torch device.
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 from ihsweep.runs import reader
 
 NotARun = reader.NotARun
@@ -84,7 +84,7 @@ class Model:
   ``[0, vocab_size)`` and ``1 <= T <= max_context``, returns float32 numpy logits ``[T, V]``
   (``[B, T, V]``): the logit at position t predicts token t + 1. ``model(tokens,
   return_internals=True)`` returns ``(logits, internals)`` with float32 numpy arrays (for a
-  batch, a B axis after the layer axis, as ``ihsweep.training.model.Transformer`` documents):
+  batch, a B axis after the layer axis, as ``ihsweep.compute.model.Transformer`` documents):
 
     ``attn``        ``[n_layers, n_heads, T, T]`` attention probabilities (row t: where
                     position t attends; rows sum to 1, zero above the diagonal),
@@ -98,12 +98,12 @@ class Model:
 
   Attributes:
     cell, step: which model (cell id) and when (updates done).
-    config: its ``ihsweep.training.model.ModelConfig``.
+    config: its ``ihsweep.compute.model.ModelConfig``.
     params: its params (nested dict of jax arrays, no ensemble axis).
   """
 
   def __init__(self, cell: int, step: int, config, params):
-    from ihsweep.training.model import Transformer
+    from ihsweep.compute.model import Transformer
 
     self.cell, self.step, self.config, self.params = cell, step, config, params
     self._module = Transformer(config)
@@ -329,9 +329,9 @@ class Run:
     return self._locate(cell)[0].config
 
   def model_config(self, cell: int):
-    """The cell's ``ihsweep.training.model.ModelConfig`` (n_layers, n_heads, d_model, vocab_size,
+    """The cell's ``ihsweep.compute.model.ModelConfig`` (n_layers, n_heads, d_model, vocab_size,
     …)."""
-    from ihsweep.training.model import ModelConfig
+    from ihsweep.compute.model import ModelConfig
 
     return ModelConfig.from_config(self.config_of(cell).model)
 
@@ -368,7 +368,7 @@ class Run:
     """The params of model ``cell`` after ``step`` updates (default: its last saved step): the
     ensemble checkpoint's slice at the cell's index (nested dict of jax arrays on the first
     local device, storage dtype — float32 unless ``model.param_dtype`` says otherwise — shaped
-    as one ``ihsweep.training.model.Transformer``'s params, no ensemble axis). The ensemble of the
+    as one ``ihsweep.compute.model.Transformer``'s params, no ensemble axis). The ensemble of the
     last step read is kept, so other cells of the group at that step cost no second read.
 
     Raises:
@@ -432,13 +432,13 @@ class Run:
     ``tok.decode(ids)`` turns model token ids into text, ``tok.encode(text).ids`` text into ids
     (id 0 is ``<|endoftext|>``). A ``data.tokenizer`` file is loaded as is; a trained BPE
     comes from the corpus cache that training filled (``data.cache_dir``/``$IHSWEEP_CACHE``;
-    on another machine ``ihsweep.data.natural.prepare_corpus`` builds it there first, from the
+    on another machine ``ihsweep.data.corpus.prepare_corpus`` builds it there first, from the
     same documents) — nothing is written in the run directory.
 
     Raises:
       ValueError: the run's data is not natural text (generated sources and Markov chains use
         token ids directly; a bigram Markov source's ids rank BPE types by frequency, they are
-        not tokenizer ids); ``natural.CorpusError`` when the corpus cannot be read here.
+        not tokenizer ids); ``ihsweep.data.errors.CorpusError`` when the corpus cannot be read here.
     """
     cfg = self.config if self.config is not None else next(iter(self._groups.values())).config
     data = cfg.data
@@ -448,12 +448,13 @@ class Run:
         f"(data.source = 'natural') has a tokenizer; this run's token ids are "
         f"the model's vocabulary itself"
       )
-    from ihsweep.data import natural
+    from ihsweep.data import corpus
+    from ihsweep.data import tokenizer as tokenizer_lib
 
     vocab = int(cfg.model.vocab_size)
     if data.tokenizer != "bpe":
-      return natural.load_tokenizer(os.path.expanduser(data.tokenizer), vocab)
-    return natural.prepare_corpus(data, vocab).tokenizer
+      return tokenizer_lib.load_tokenizer(os.path.expanduser(data.tokenizer), vocab)
+    return corpus.prepare_corpus(data, vocab).tokenizer
 
   # ------------------------------------------------------------------ export (ihsweep.runs.export)
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 log = logging.getLogger("analysis")
 
@@ -327,9 +327,8 @@ def load_run(path: str) -> Run:
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
-  from ihsweep.planning import grid as grid_lib
-  from ihsweep.runs import rundir
-  from ihsweep.workers import claims
+  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.runs import claims, rundir
 
   try:
     cfg = rundir.read_config_json(config_path)
@@ -489,7 +488,7 @@ def device_sharding(n_models: int):
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from ihsweep.workers import sharding
+  from ihsweep.base import sharding
 
   devices = jax.local_devices()
   e = max(k for k in range(1, len(devices) + 1) if n_models % k == 0)

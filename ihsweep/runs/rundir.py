@@ -24,21 +24,10 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ihsweep.configuration import config as config_lib
-from ihsweep.planning import grid as grid_lib
-from ihsweep.runs.atomic import LOCK_FILE, atomic_file, atomic_write_json, lock_text
-from ihsweep.training import train
-
-# ``X as X``: rundir's public names that live in ``ihsweep.workers.claims``, importable from here
-from ihsweep.workers.claims import CLAIM_FILE as CLAIM_FILE
-from ihsweep.workers.claims import CLAIMS_LOG as CLAIMS_LOG
-from ihsweep.workers.claims import claim_is_stale as claim_is_stale
-from ihsweep.workers.claims import claims_lock as claims_lock
-from ihsweep.workers.claims import read_claim as read_claim
-from ihsweep.workers.claims import refresh_claim as refresh_claim
-from ihsweep.workers.claims import release_claim as release_claim
-from ihsweep.workers.claims import try_claim as try_claim
-from ihsweep.workers.claims import worker_id as worker_id
+from ihsweep.base.atomic import LOCK_FILE, atomic_file, atomic_write_json, lock_text
+from ihsweep.compute import train
+from ihsweep.configuration import fields
+from ihsweep.configuration import grid as grid_lib
 
 STATES = ("pending", "running", "done", "failed", "interrupted")
 
@@ -195,7 +184,7 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
   outer = enclosing_run(workdir)
   if outer is not None:
     what = {"sweep": "an `ihsweep run` sweep", "train": "an `ihsweep train` run"}[outer[1]]
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir,
       "a directory outside every run directory",
       f"--workdir={workdir} is inside {outer[0]}, the run directory of {what}: that run reads "
@@ -203,7 +192,7 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
       f"--workdir outside {outer[0]}",
     )
   if os.path.islink(workdir) and not os.path.exists(workdir):
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir,
       "an existing target",
       f"--workdir={workdir} is a symbolic link to "
@@ -218,11 +207,11 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
       (sweep_group(workdir) or sweep_group(os.path.realpath(workdir))) if kind != "train" else None
     )
   except OSError as e:  # a file, a path through a file, an unreadable directory
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir, f"a directory this process can read and write ({e.strerror or e})"
     ) from None
   if group:
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir,
       "no group directory of a sweep",
       f"--workdir={workdir} is group {group[1]} of the sweep in {group[0]}: resume it with "
@@ -238,7 +227,7 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
       f"ihsweep run"
     )
     runs = {"train": "an earlier train run", "sweep": "an earlier sweep"}.get(kind, "a run")
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir,
       f"a new or empty directory, or one that holds {runs} to resume; it "
       f"holds {what}; nothing was changed: use a new --workdir",
@@ -256,7 +245,7 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
       }
       atomic_write_json(path, marker, indent=None)
   except OSError as e:
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir, f"a directory this process can write ({e.strerror or e})"
     ) from None
 
@@ -288,7 +277,7 @@ def workdir_lock(workdir: str, local: bool = False):
       f.seek(0)
       holder = f.read().strip() or "another process"
       f.close()
-      raise config_lib.WorkdirError(
+      raise fields.WorkdirError(
         workdir,
         f"a directory no other run is using (in use by {holder}); wait for "
         f"that run or stop it (its progress: ihsweep status)",
@@ -600,7 +589,7 @@ def check_workdir(workdir: str, kind: str | None = None) -> None:
       f.write("ok")
     os.remove(probe)
   except OSError as e:
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir, f"a directory this process can write ({e.strerror or e})"
     ) from None
 

@@ -1,2 +1,3 @@
-"""The training loop: one group = one vmapped ensemble, its model, train step, schedule, hooks and
-online metrics."""
+"""One group's training: a vmapped ensemble run from its config (``runner.fit``), its loop and
+hooks, the device-memory choice (``memory``), the data loader, the online evaluation and stop
+rule, resume, and the logs."""

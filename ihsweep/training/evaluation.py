@@ -10,11 +10,11 @@ import math
 import jax
 import numpy as np
 
+from ihsweep.base import sharding
+from ihsweep.compute import metrics as metrics_lib
+from ihsweep.compute import train
 from ihsweep.data import probes as probes_lib
-from ihsweep.planning import memory
-from ihsweep.training import metrics as metrics_lib
-from ihsweep.training import train
-from ihsweep.workers import sharding
+from ihsweep.training import memory
 
 log = logging.getLogger("ihsweep")
 

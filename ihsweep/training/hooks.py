@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from ihsweep import environment
+from ihsweep.base import environment
 from ihsweep.training import sinks
 from ihsweep.training.progress import Throughput
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ihsweep.base import sharding
+from ihsweep.compute import train
 from ihsweep.data.source import host_batch_array
-from ihsweep.training import train
-from ihsweep.workers import sharding
 
 
 class HostLoader:

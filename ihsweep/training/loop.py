@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ihsweep.training import hooks, resume, sinks, startup, train
+from ihsweep.base import sharding
+from ihsweep.compute import train
+from ihsweep.training import hooks, resume, sinks, startup
 from ihsweep.training.evaluation import json_value
 from ihsweep.training.loader import HostLoader
 from ihsweep.training.stopping import Interrupted, stop_requested
-from ihsweep.workers import sharding
 
 log = logging.getLogger("ihsweep")
 

@@ -11,10 +11,10 @@ import os
 import numpy as np
 
 from ihsweep import data
-from ihsweep.configuration import config as config_lib
+from ihsweep.base import atomic, sharding
+from ihsweep.configuration import fields
 from ihsweep.runs import rundir
 from ihsweep.training.evaluation import replay
-from ihsweep.workers import sharding
 
 log = logging.getLogger("ihsweep")
 
@@ -27,11 +27,11 @@ def write_resolved_config(cfg, workdir: str) -> str:
   """Writes ``workdir/config.json`` (every field, after command-line overrides)."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, "config.json")
-  rundir.atomic_write_json(path, _jsonable(cfg), sort_keys=True)
+  atomic.atomic_write_json(path, _jsonable(cfg), sort_keys=True)
   return path
 
 
-RESUME_FREE_FIELDS = (*config_lib.EXECUTION_FIELDS, "checkpoint.")
+RESUME_FREE_FIELDS = (*fields.EXECUTION_FIELDS, "checkpoint.")
 """Fields a resumed run may change (a trailing dot: a whole section): they move work between
 devices, calls and workers, or choose what is saved, not the numbers (a run directory made
 before such a field existed resumes under any value of it). Everything else — including
@@ -61,7 +61,7 @@ def check_resumable(cfg, workdir: str) -> None:
     with open(path) as f:
       old = _flatten(json.load(f))
   except (OSError, ValueError) as e:
-    raise config_lib.WorkdirError(
+    raise fields.WorkdirError(
       workdir,
       f"a run directory whose config.json can be read to check the resumed "
       f"config ({e}); its checkpoints cannot be verified: use a new --workdir",
@@ -80,7 +80,7 @@ def check_resumable(cfg, workdir: str) -> None:
       was = f"absent from the run being resumed in {workdir} (made before the field existed" + (
         f"; its default {default!r} reproduces that run)" if default is not _MISSING else ")"
       )
-    raise config_lib.ConfigError(
+    raise fields.ConfigError(
       field,
       new.get(field, "(absent)"),
       f"{was} (it has checkpoints); use a new --workdir to train with a different value",
@@ -101,7 +101,7 @@ def _added_field_default(field: str):
   if field in ADDED_FIELDS:
     return ADDED_FIELDS[field]
   section, _, rest = field.partition(".")
-  defaults = {"data": data.default_config, "eval": config_lib.default_eval}.get(section)
+  defaults = {"data": data.default_config, "eval": fields.default_eval}.get(section)
   node = defaults() if defaults else None
   for key in rest.split("."):
     if node is None or not hasattr(node, "keys") or key not in node:
@@ -111,7 +111,7 @@ def _added_field_default(field: str):
 
 
 def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
-  with rundir.atomic_file(path) as f:
+  with atomic.atomic_file(path) as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
 
 

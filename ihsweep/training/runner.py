@@ -15,24 +15,26 @@ import copy
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
+from ihsweep.base import sharding
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.compute import train
+from ihsweep.compute.model import ModelConfig
 from ihsweep.configuration import config as config_lib
+from ihsweep.configuration import fields
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
-from ihsweep.planning import kernels, memory
 from ihsweep.runs import checkpoint, rundir
-from ihsweep.training import loop, resume, train
-from ihsweep.training import schedule as schedule_lib
+from ihsweep.training import loop, memory, resume
 
 # EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
 # ihsweep.training.evaluation.
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
 from ihsweep.training.loader import HostLoader
-from ihsweep.training.model import ModelConfig
 from ihsweep.training.progress import Throughput, logs_above_bars
 from ihsweep.training.resume import RESUME_FREE_FIELDS, check_resumable, write_resolved_config
 from ihsweep.training.startup import cell_metadata
@@ -42,7 +44,6 @@ from ihsweep.training.stopping import (
   request_stop,
   stop_requested,
 )
-from ihsweep.workers import sharding
 
 __all__ = [
   "RESUME_FREE_FIELDS",
@@ -192,9 +193,9 @@ def resolve_memory(
   capacity=None,
   source=None,
   platform=None,
-  count_kernels: bool = False,
+  count_kernels: Callable[[str], int] | None = None,
 ):
-  """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.planning.memory``):
+  """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.training.memory``):
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
   become the values ``memory.choose`` finds by compiling the group's programs against the
   devices' capacity (``memory.device_capacity``); without a known capacity (a CPU) they become
@@ -205,9 +206,10 @@ def resolve_memory(
   ``capacity`` (bytes per device) replaces the devices' own, ``source`` the data source the
   group would build, and ``platform`` (``gpu``, ``tpu``) the devices' own for the default vmap
   chunk (``ihsweep plan --target``: compile-only devices, no corpus; a GPU target compiled on
-  CPU devices still starts from every model at once, as on the GPU). ``count_kernels``: record
-  in each compiled setting the kernels an XLA:GPU program launches per update
-  (``planning.kernels``; the plan's, not needed to train).
+  CPU devices still starts from every model at once, as on the GPU). ``count_kernels``: a
+  function from a compiled program's HLO text to the kernels it launches per update, recorded
+  in each compiled setting (the plan's ``ihsweep.planning.kernels``, passed in: training does
+  not need it).
 
   Returns:
     ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
@@ -224,7 +226,7 @@ def resolve_memory(
   try:
     attention = train.resolve_attention(chosen, ModelConfig.from_config(cfg.model), devices[0])
   except ValueError as e:
-    raise config_lib.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
+    raise fields.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
   capacity = capacity or memory.device_capacity(devices[0])
   if capacity is None and not (auto_k or auto_remat) and attention == chosen:
     return cfg, None
@@ -261,9 +263,8 @@ def resolve_memory(
       lowered = program.lower(state, hp, data)
       compiled = lowered.compile()
       found = memory.analyse(compiled, lowered, group.mesh.size)
-      if count_kernels:  # launches per update: the plan's estimate of their time
-        n = kernels.per_update(compiled.as_text())["kernels"]
-        found = dataclasses.replace(found, kernels_per_update=n)
+      if count_kernels is not None:  # launches per update: the plan's estimate of their time
+        found = dataclasses.replace(found, kernels_per_update=count_kernels(compiled.as_text()))
       return found
     except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
       if "RESOURCE_EXHAUSTED" not in str(e):

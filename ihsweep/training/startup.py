@@ -12,12 +12,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from ihsweep.base import sharding
+from ihsweep.compute import schedule as schedule_lib
+from ihsweep.compute import train
 from ihsweep.data import probes as probes_lib
 from ihsweep.runs import checkpoint
-from ihsweep.training import resume, train
-from ihsweep.training import schedule as schedule_lib
+from ihsweep.training import resume
 from ihsweep.training.evaluation import Evaluator
-from ihsweep.workers import sharding
 
 log = logging.getLogger("ihsweep")
 

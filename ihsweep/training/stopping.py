@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 log = logging.getLogger("ihsweep")
 

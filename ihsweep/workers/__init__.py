@@ -1,2 +1,2 @@
-"""Workers: processes that take groups from the run directory, meshes and jax.distributed, the
-compilation cache."""
+"""Workers: processes that take groups from the run directory (``sweep``), the sweep's progress and
+status, and the compilation cache."""

@@ -20,7 +20,7 @@ import os
 
 import jax
 
-from ihsweep.data.natural import default_cache_dir
+from ihsweep.data.cache import default_cache_dir
 
 log = logging.getLogger("ihsweep")
 

@@ -1,6 +1,6 @@
-"""Running a sweep: workers take the planned groups (``ihsweep.planning.grid``) and train each as
-one vmapped ensemble (``runner.fit``); the run directory (``ihsweep.runs.rundir``) is their only
-meeting point: no scheduler of our own.
+"""Running a sweep: workers take the planned groups (``ihsweep.configuration.grid``) and train
+each as one vmapped ensemble (``runner.fit``); the run directory (``ihsweep.runs.rundir``) is
+their only meeting point: no scheduler of our own.
 
 Every ``ihsweep run`` process on the same
 run directory is a **worker** over its own devices (``jax.local_devices()``, or the first
@@ -42,23 +42,19 @@ import os
 import time
 import traceback
 
-from ihsweep.configuration.config import ConfigError, WorkdirError
-from ihsweep.errors import IhsweepError
-from ihsweep.planning import grid as grid_lib
-from ihsweep.planning import memory, placement, timing
-from ihsweep.planning.grid import Plan, make_plan
-from ihsweep.runs import rundir
+from ihsweep.base import atomic, sharding
+from ihsweep.base.errors import IhsweepError
+from ihsweep.configuration import grid as grid_lib
+from ihsweep.configuration.fields import ConfigError, WorkdirError
+from ihsweep.configuration.grid import Plan, make_plan
+from ihsweep.planning import list_schedule, placement, timing
+from ihsweep.planning import phases as phases_lib
+from ihsweep.runs import checkpoint, claims, rundir
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
-from ihsweep.training import runner
-from ihsweep.workers import claims, compile_cache, sharding
+from ihsweep.training import evaluation, memory, resume, runner, stopping
+from ihsweep.training import progress as progress_lib
+from ihsweep.workers import compile_cache
 from ihsweep.workers.sweep_progress import SweepProgress
-
-# ``X as X``: sweep's public names that live in ``ihsweep.workers.sweep_status``, importable from
-# here
-from ihsweep.workers.sweep_status import NotASweep as NotASweep
-from ihsweep.workers.sweep_status import format_status as format_status
-from ihsweep.workers.sweep_status import format_summary as format_summary
-from ihsweep.workers.sweep_status import status_rows as status_rows
 from ihsweep.workers.sweep_status import summarize
 
 log = logging.getLogger("ihsweep")
@@ -104,7 +100,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   rundir.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
-  with runner.logs_above_bars(progress):
+  with progress_lib.logs_above_bars(progress):
     return _run_worker(cfg, plan, workdir, progress)
 
 
@@ -140,7 +136,7 @@ def _done_status(group, out: dict, common: dict) -> dict:
 def _stop_rule(cfg, group):
   if cfg.sweep.budget != "emergence":
     return None
-  return runner.EmergenceStop(
+  return evaluation.EmergenceStop(
     cfg.sweep.stop_metric, cfg.sweep.stop_threshold, cfg.sweep.stop_margin, len(group.cells)
   )
 
@@ -167,8 +163,8 @@ def _prepare(cfg, plan: Plan, workdir: str) -> None:
   config (under the claims lock: workers may start together)."""
   with claims.claims_lock(workdir):
     if os.path.exists(os.path.join(workdir, "cells.csv")):
-      runner.check_resumable(cfg, workdir)
-    runner.write_resolved_config(cfg, workdir)
+      resume.check_resumable(cfg, workdir)
+    resume.write_resolved_config(cfg, workdir)
     write_cells(plan, workdir)
 
 
@@ -266,7 +262,7 @@ def phases(cfg, plan: Plan) -> list:
   n = jax.process_count()
   k = int(cfg.sweep.processes_per_worker)
   if n == 1:
-    return [placement.Phase(1, tuple(g.id for g in plan.groups))]
+    return [phases_lib.Phase(1, tuple(g.id for g in plan.groups))]
   if k and n % k:
     raise ConfigError(
       "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
@@ -274,14 +270,14 @@ def phases(cfg, plan: Plan) -> list:
   local = len(jax.local_devices())
   per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
   try:
-    steps = placement.plan_phases(
+    steps = phases_lib.plan_phases(
       placement.jobs_from_plan(cfg, plan),
       n,
       per_process,
       k,
       model=timing.runtime_model(jax.devices()),
     )
-  except placement.LayoutError as e:
+  except list_schedule.LayoutError as e:
     why = str(e)  # the field and value once: ConfigError names them
     why = (
       why[len(f"sweep.processes_per_worker={k}: ") :]
@@ -358,7 +354,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         # on the run directory until the phase's groups are finished, then meets the others;
         # a stop request in any process stops all of them here.
         _wait_for_phase(workdir, worker.groups, result.interrupted)
-        if sharding.any_process(result.interrupted or runner.stop_requested()):
+        if sharding.any_process(result.interrupted or stopping.stop_requested()):
           result.interrupted = True
           break
       elif jax.process_count() > 1 and not result.interrupted:
@@ -367,7 +363,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         # barrier, which ends every process of the job (the ones still training included)
         # after its timeout (300 s). Then its result reports the whole sweep.
         _wait_for_phase(workdir, worker.groups, False)
-        result = _recorded_result(plan, workdir, runner.stop_requested())
+        result = _recorded_result(plan, workdir, stopping.stop_requested())
   finally:
     ahead.close()
     tracker.close()
@@ -379,7 +375,7 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
   """Returns once every group of a phase is done or failed, or one was interrupted (here or by
   another worker), or this process is asked to stop: a process that finished its share of a
   phase waits on the run directory, not inside a collective, while the others train."""
-  while not (interrupted or runner.stop_requested()):
+  while not (interrupted or stopping.stop_requested()):
     states = [read_status(workdir, g.id)["state"] for g in groups]
     if "interrupted" in states or all(s in ("done", "failed") for s in states):
       return
@@ -421,7 +417,7 @@ def _work(
   wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
   interrupted, announced = False, None
   while True:
-    if sharding.any_process(runner.stop_requested(), worker.team):
+    if sharding.any_process(stopping.stop_requested(), worker.team):
       interrupted = True
       break
     group, event, waiting = _agree_on_next(plan, worker, workdir, since)
@@ -540,11 +536,11 @@ def _train_group(
     state = "done"
     trained.append(group.id)
     tracker.finished(group, out, len(group_devices))
-  except runner.Interrupted as e:
+  except stopping.Interrupted as e:
     if lead:
       write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
     state = "interrupted"
-  except runner.checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
+  except checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
     state = "interrupted"
     raise
   except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
@@ -600,7 +596,7 @@ def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult
   together) and returns the sweep's result as the run directory now records it."""
   with claims.claims_lock(workdir):
     summary = summarize(plan, workdir)
-    rundir.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
+    atomic.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
   return SweepResult(
     groups={g.id: read_status(workdir, g.id) for g in plan.groups},
     summary=summary,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import os
 
+from ihsweep.configuration.grid import Plan
 from ihsweep.planning import placement, timing
-from ihsweep.planning.grid import Plan
 from ihsweep.planning.prediction import duration
-from ihsweep.runs import rundir
+from ihsweep.runs import claims, rundir
 from ihsweep.runs.rundir import group_dir, read_status
 from ihsweep.training import runner
-from ihsweep.workers import claims
 
 log = logging.getLogger("ihsweep")
 

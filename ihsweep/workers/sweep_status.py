@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import time
 
-from ihsweep.errors import IhsweepError
-from ihsweep.planning.grid import Plan
-from ihsweep.runs import rundir
+from ihsweep.base.errors import IhsweepError
+from ihsweep.configuration.grid import Plan
+from ihsweep.runs import claims, rundir
 from ihsweep.runs.rundir import group_dir, read_status
-from ihsweep.workers import claims
 
 
 def summarize(plan: Plan, workdir: str) -> dict:

@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any, Callable
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 
 class EnvironmentVariableError(IhsweepError, ValueError):
@@ -122,7 +122,7 @@ VARIABLES = {
       _number(float, 0, strict=True),
       _SECONDS,
       10.0,
-      "seconds between a sweep worker's claim refreshes (ihsweep.workers.claims)",
+      "seconds between a sweep worker's claim refreshes (ihsweep.runs.claims)",
     ),
     Variable(
       "IHSWEEP_CLAIM_STALE_S",
@@ -138,7 +138,7 @@ VARIABLES = {
       "a number of bytes from 1 to 2^63 - 1 (e.g. 80e9)",
       None,
       "bytes a program may use per device, instead of what the device reports "
-      "(ihsweep.planning.memory)",
+      "(ihsweep.training.memory)",
     ),
     Variable(
       "IHSWEEP_GPUS_PER_HOST",
@@ -180,7 +180,7 @@ VARIABLES = {
       _number(float, 0, strict=True),
       _SECONDS,
       100.0,
-      "seconds the processes of a job wait for a silent one (ihsweep.workers.sharding)",
+      "seconds the processes of a job wait for a silent one (ihsweep.base.sharding)",
     ),
     Variable(
       "IHSWEEP_LOCAL_DEVICE_IDS",

@@ -20,10 +20,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
+from ihsweep.base import sharding
+from ihsweep.compute import losses
+from ihsweep.compute.model import ATTENTIONS, ModelConfig, Transformer, cudnn_attention_problem
 from ihsweep.data.keys import step_keys
-from ihsweep.training import losses
-from ihsweep.training.model import ATTENTIONS, ModelConfig, Transformer, cudnn_attention_problem
-from ihsweep.workers import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class TrainConfig:
   eps: float = 1e-8
   weight_decay: float = 0.0  # decoupled, on matrices only (not biases, LayerNorm, embeddings)
   grad_clip: float = 1.0  # global-norm clip; 0 disables
-  # Memory choices (same numbers up to float rounding; ihsweep.planning.memory picks them when
+  # Memory choices (same numbers up to float rounding; ihsweep.training.memory picks them when
   # 0/auto):
   gradient_accumulation_steps: int = 1  # k microbatches of B/k sequences per update; 0 = auto
   remat: str = "none"  # none | blocks (recompute block activations in the backward) | auto
@@ -469,7 +469,7 @@ class TrainProgram:
   ``program(state, hp, data, n_active=None) -> (state, metrics)``.
 
   ``program.compile(state, hp, data)`` compiles it ahead of time from arrays or
-  ``jax.ShapeDtypeStruct`` (runner.precompile, ihsweep.planning.memory, benchmarks) and returns a
+  ``jax.ShapeDtypeStruct`` (runner.precompile, ihsweep.training.memory, benchmarks) and returns a
   callable with the same signature whose ``executable`` (a ``jax.stages.Compiled``) has
   ``memory_analysis()`` and ``cost_analysis()``; ``program.lower(...)`` stops before compiling.
   """

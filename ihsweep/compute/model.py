@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ihsweep.training.losses import unembed_cross_entropy
+from ihsweep.compute.losses import unembed_cross_entropy
 
 POS_ENCODINGS = ("learned", "rotary")
 DTYPES = ("float32", "bfloat16", "auto")

@@ -28,9 +28,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ihsweep import environment
-from ihsweep.errors import IhsweepError
-from ihsweep.numbers import divisors
+from ihsweep.base import environment
+from ihsweep.base.errors import IhsweepError
+from ihsweep.base.numbers import divisors
 
 AXES = ("ensemble", "data")
 
@@ -292,7 +292,7 @@ def initialize_distributed() -> int:
   devices. Returns the process count (1 when not launched as several).
 
   Raises:
-    EnvironmentVariableError: a variable's value is not allowed (``ihsweep.environment``), or
+    EnvironmentVariableError: a variable's value is not allowed (``ihsweep.base.environment``), or
       ``IHSWEEP_DISTRIBUTED=1`` where JAX detects no cluster.
   """
   env = os.environ

@@ -131,7 +131,7 @@ class RunSchedule:
     Raises:
       LawError: a law file that cannot be read.
     """
-    from ihsweep.planning.law import Law
+    from ihsweep.base.law import Law
 
     ck, tr = cfg.checkpoint, cfg.train
     law_file = os.path.expanduser(ck.law_file)

@@ -26,7 +26,7 @@ import math
 import statistics
 from numbers import Real
 
-from ihsweep.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError
 
 MAX_LOG_UPDATES = 100  # e^100 updates: a prediction past this is a broken law, not a plan
 MAX_LOG_T = 700  # T = e^log_T must be a float (e^709.8 overflows); the study's ln T is 13.26

@@ -31,11 +31,11 @@ import os
 import time
 from typing import Callable
 
-from ihsweep import environment
-from ihsweep.configuration.config import ConfigError
-from ihsweep.numbers import divisors
-from ihsweep.planning import grid
-from ihsweep.training.model import ModelConfig
+from ihsweep.base import environment
+from ihsweep.base.numbers import divisors
+from ihsweep.compute.model import ModelConfig
+from ihsweep.configuration import grid
+from ihsweep.configuration.fields import ConfigError
 
 log = logging.getLogger("ihsweep")
 
@@ -223,7 +223,7 @@ def minimum_bytes(cfg, n_devices: int, n_params: int) -> int:
   (parameters and AdamW's two moments, float32: 12 bytes a parameter) and one update's token
   batch of its share of B (``[B, C + 1]`` int32: what gradient accumulation splits, not what it
   avoids). Arithmetic only: it answers at once at any size, before anything is compiled."""
-  from ihsweep.workers.sharding import mesh_shape, usable_count
+  from ihsweep.base.sharding import mesh_shape, usable_count
 
   size, batch = int(cfg.ensemble.size), int(cfg.train.batch_size)
   n_ens, n_data = mesh_shape(size, batch, usable_count(size, batch, n_devices))

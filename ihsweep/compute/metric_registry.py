@@ -1,14 +1,14 @@
 """The metric registry: the one place where ihsweep's per-model summary metrics are defined.
 
 Each ``Metric`` says what the metric is (name, description, units, axis label), how it is
-computed from ``ihsweep.training.metrics.evaluate``'s per-model outputs, which way it moves when an
+computed from ``ihsweep.compute.metrics.evaluate``'s per-model outputs, which way it moves when an
 induction head forms (``direction``), how large that move must be to count as emergence
 (``min_jump``), and whether and with which thresholds it may stop a group under the 'emergence'
 budget (``stop``). Everything else reads ``REGISTRY`` at call time:
 
-* ``ihsweep.training.metrics.evaluate`` computes every metric that has a ``compute`` function,
+* ``ihsweep.compute.metrics.evaluate`` computes every metric that has a ``compute`` function,
   so it is in the online evaluation, ``metrics.jsonl`` and the analysis's recomputed curves;
-* ``ihsweep.planning.grid`` accepts ``sweep.stop_metric`` = any metric with a ``stop`` rule
+* ``ihsweep.configuration.grid`` accepts ``sweep.stop_metric`` = any metric with a ``stop`` rule
   and checks ``sweep.stop_threshold`` against it (range, and the untrained model's level where
   known);
 * ``analysis.curves`` keeps every registered metric as a column (``analysis.curves.METRICS``);
@@ -77,7 +77,7 @@ RESERVED = frozenset(
 def uniform_ps(block_len: int, probe_tokens: int = 0) -> float:
   """The prefix-matching score of uniform causal attention on probes of block length L and T
   tokens (default 2L), the level of an untrained model: the mean of 1/(i + 1) over the
-  second-block positions i ∈ [T − L, T) (``ihsweep.training.metrics.prefix_matching_score``)."""
+  second-block positions i ∈ [T − L, T) (``ihsweep.compute.metrics.prefix_matching_score``)."""
   probe_tokens = probe_tokens or 2 * block_len
   return float(np.mean(1.0 / (np.arange(probe_tokens - block_len, probe_tokens) + 1.0)))
 
@@ -85,7 +85,7 @@ def uniform_ps(block_len: int, probe_tokens: int = 0) -> float:
 def uniform_pt(block_len: int, probe_tokens: int = 0) -> float:
   """The previous-token score of uniform causal attention on probes of block length L and T
   tokens (default 2L): the mean of 1/(i + 1) over the positions i ∈ [T − 2L + 1, T)
-  (``ihsweep.training.metrics.previous_token_score``)."""
+  (``ihsweep.compute.metrics.previous_token_score``)."""
   probe_tokens = probe_tokens or 2 * block_len
   return float(np.mean(1.0 / (np.arange(probe_tokens - 2 * block_len + 1, probe_tokens) + 1.0)))
 
@@ -129,7 +129,7 @@ class Metric:
     emergence: in the analysis's emergence table by default (``emergence_names``).
     stop: the thresholds at which it may stop a group (``sweep.stop_metric``), None if it may
       not. Only rising metrics (direction +1) may stop a group.
-    compute: ``fn(out) -> float32 scalar`` from ``ihsweep.training.metrics.evaluate``'s outputs
+    compute: ``fn(out) -> float32 scalar`` from ``ihsweep.compute.metrics.evaluate``'s outputs
       for ONE model (traced inside the ensemble vmap and jit): ``ps``, ``la``, ``dla`` ``[n_layers,
       n_heads]``, ``ar_acc``, ``ar_rank``, ``ar_data_acc``, ``ar_data_rank``, ``ar_data_n``,
       ``val_loss``, ``icl_score``, ``pt`` and the metrics registered before it. None: ``evaluate``
@@ -337,7 +337,7 @@ def stop_names() -> tuple[str, ...]:
 
 
 def computed() -> tuple[Metric, ...]:
-  """The metrics ``ihsweep.training.metrics.evaluate`` computes from its outputs (``compute``
+  """The metrics ``ihsweep.compute.metrics.evaluate`` computes from its outputs (``compute``
   set)."""
   return tuple(m for m in REGISTRY.values() if m.compute is not None)
 

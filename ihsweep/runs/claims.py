@@ -18,8 +18,8 @@ import time
 
 import jax
 
-from ihsweep import environment
-from ihsweep.runs.atomic import atomic_write_json, lock_holder, lock_text
+from ihsweep.base import environment
+from ihsweep.base.atomic import atomic_write_json, lock_holder, lock_text
 
 log = logging.getLogger("ihsweep")
 

@@ -30,13 +30,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ihsweep.compute import metric_registry
+from ihsweep.compute.model import ModelConfig, Transformer, unembedding_matrix
 from ihsweep.data.probes import MIN_BLOCK, MIN_BLOCK_REASON
-from ihsweep.training import metric_registry
-from ihsweep.training.model import ModelConfig, Transformer, unembedding_matrix
 
 
 def __getattr__(name: str):
-  # SUMMARY_KEYS: the registered metrics (``ihsweep.training.metric_registry``), read at access
+  # SUMMARY_KEYS: the registered metrics (``ihsweep.compute.metric_registry``), read at access
   # time.
   if name == "SUMMARY_KEYS":
     return metric_registry.names()
@@ -252,7 +252,7 @@ def evaluate(
   second-block positions); ``ar_data_acc``, ``ar_data_rank`` (data prompts; NaN if none) and
   int32 ``ar_data_n`` (how many); ``val_loss`` (nats/token); ``icl_score``; int32 ``[2]``
   (layer, head) ``ps_argmax``, ``pt_argmax``, ``la_argmax``, ``dla_argmax``; and every metric of
-  ``ihsweep.training.metric_registry`` (``ps_max``, ``pt_max``, ``la_max``, ``dla_max``, …:
+  ``ihsweep.compute.metric_registry`` (``ps_max``, ``pt_max``, ``la_max``, ``dla_max``, …:
   those with a ``compute`` function are computed here from the values above, in registry
   order). A model with NaN or ±inf logits gets NaN recall (and, through its activations, NaN
   scores), never a perfect one.
@@ -379,12 +379,12 @@ def finish_evaluation(p: dict, s: dict, n_sequences: int, icl_early: int, icl_la
       out[metric.name] = jnp.asarray(metric.compute(out), jnp.float32)
       if out[metric.name].shape:
         raise ValueError(
-          f"metric {metric.name!r} (ihsweep.training.metric_registry): compute returned "
+          f"metric {metric.name!r} (ihsweep.compute.metric_registry): compute returned "
           f"shape {out[metric.name].shape}; a metric is one scalar per model"
         )
     elif metric.name not in out:
       raise ValueError(
-        f"metric {metric.name!r} (ihsweep.training.metric_registry) has no compute "
+        f"metric {metric.name!r} (ihsweep.compute.metric_registry) has no compute "
         f"function and evaluate does not return it; give it compute=fn(out)"
       )
   return out

@@ -23,14 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from ihsweep.base.law import Law
+from ihsweep.compute import metric_registry
+from ihsweep.compute import model as model_lib
+from ihsweep.compute.model import Transformer
 from ihsweep.configuration import config as config_lib
-from ihsweep.configuration.config import ConfigError
+from ihsweep.configuration import data_rules, fields
+from ihsweep.configuration.fields import ConfigError
 from ihsweep.data import unread_fields
 from ihsweep.data.probes import eval_layout
-from ihsweep.planning.law import Law
-from ihsweep.training import metric_registry
-from ihsweep.training import model as model_lib
-from ihsweep.training.model import Transformer
 
 # Config fields the trainer vmaps (one value per model) → the per-model field it fills.
 VALUE_FIELDS = {
@@ -158,13 +159,13 @@ def _check_axis_field(cfg, section: str, path: str) -> None:
     ) from None
   if hasattr(value, "keys"):
     raise ConfigError(field, "(axis)", f"a field, not the section {path}")
-  if path in config_lib.EXECUTION_FIELDS:
+  if path in fields.EXECUTION_FIELDS:
     raise ConfigError(
       field,
       "(axis)",
       f"an axis over a field that changes the trained models; "
       f"{path} only changes how a run executes (so do "
-      f"{', '.join(config_lib.EXECUTION_FIELDS)}): its cells would be copies",
+      f"{', '.join(fields.EXECUTION_FIELDS)}): its cells would be copies",
     )
 
 
@@ -225,23 +226,23 @@ def budget_updates(cfg, batch_size: int, context_size: int, law) -> tuple[int, s
   cell = f"B = {batch_size}, C = {context_size}"
   if sweep.budget == "tokens":
     n = math.ceil(sweep.tokens / (batch_size * context_size))
-    if n > config_lib.INT32_MAX:
+    if n > fields.INT32_MAX:
       raise ConfigError(
         "sweep.tokens",
         sweep.tokens,
-        f"a budget of at most {config_lib.INT32_MAX:,} updates per cell (the update counter is "
+        f"a budget of at most {fields.INT32_MAX:,} updates per cell (the update counter is "
         f"int32): {n:,} updates at {cell}",
       )
     return n, f"{sweep.tokens:,} tokens"
   predicted = law.updates(batch_size, context_size)
   updates = sweep.law_multiple * predicted
-  if not updates <= config_lib.INT32_MAX:  # inf and NaN too
+  if not updates <= fields.INT32_MAX:  # inf and NaN too
     raise ConfigError(
       "sweep.law_multiple",
       sweep.law_multiple,
-      f"a multiple that keeps every cell within {config_lib.INT32_MAX:,} updates (the update "
+      f"a multiple that keeps every cell within {fields.INT32_MAX:,} updates (the update "
       f"counter is int32): the law predicts {predicted:.4g} updates at {cell}, so at most "
-      f"{config_lib.INT32_MAX / predicted:.4g} there (or a law with a smaller T: sweep.law_file)",
+      f"{fields.INT32_MAX / predicted:.4g} there (or a law with a smaller T: sweep.law_file)",
     )
   n = max(1, math.ceil(updates))
   what = "cap: " if sweep.budget == "emergence" else ""
@@ -256,11 +257,11 @@ def schedule_updates(cfg, batch_size: int, context_size: int) -> int:
   if cfg.sweep.get("schedule_horizon", "budget") != "tokens":
     return 0
   n = math.ceil(cfg.sweep.tokens / (batch_size * context_size))
-  if n > config_lib.INT32_MAX:
+  if n > fields.INT32_MAX:
     raise ConfigError(
       "sweep.tokens",
       cfg.sweep.tokens,
-      f"a schedule of at most {config_lib.INT32_MAX:,} updates per cell (the update counter "
+      f"a schedule of at most {fields.INT32_MAX:,} updates per cell (the update counter "
       f"is int32): {n:,} updates at B = {batch_size}, C = {context_size}",
     )
   return n
@@ -270,7 +271,7 @@ def _model_key(cell_cfg) -> str:
   """What decides the model a cell trains: its config without execution-only fields and the
   data fields its source does not read."""
   d = json.loads(cell_cfg.to_json_best_effort())
-  for path in config_lib.EXECUTION_FIELDS:
+  for path in fields.EXECUTION_FIELDS:
     section, name = path.split(".")
     d.get(section, {}).pop(name, None)
   for name in unread_fields(cell_cfg.data) if "data" in d else ():
@@ -293,8 +294,8 @@ def _refuse_copies(cfg, cells: list, axes: list[str]) -> None:
     name = path.split(".")[1] if path.startswith("data.") else ""
     if name in unread_fields(cell.cfg.data):
       why = (
-        f"data.source = {config_lib.source_words([source_kind(cell.cfg.data)])} does not read "
-        f"{path}; only data.source = {config_lib.source_words(readers(name))} does"
+        f"data.source = {data_rules.source_words([source_kind(cell.cfg.data)])} does not read "
+        f"{path}; only data.source = {data_rules.source_words(readers(name))} does"
       )
     else:
       why = f"{a!r} and {b!r} are the same value {get_field(cell.cfg, path)!r} once {path} holds it"
@@ -388,7 +389,7 @@ def make_plan(cfg) -> Plan:
   if "sweep" not in cfg:
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():
-      cfg.sweep = config_lib.default_sweep()
+      cfg.sweep = fields.default_sweep()
   n_devices = len(jax.devices())
   config_lib.validate_sweep(cfg, n_devices)
   n_seeds = cfg.sweep.seeds or cfg.ensemble.size
@@ -534,7 +535,7 @@ def add_axes(cfg, specs, section: str = "grid"):
   seen = set()
   with cfg.unlocked():
     if "sweep" not in cfg:
-      cfg.sweep = config_lib.default_sweep()
+      cfg.sweep = fields.default_sweep()
     for spec in specs:
       path, sep, text = spec.partition("=")
       path = path.strip()

@@ -1,0 +1,167 @@
+"""Emergence points as the law fit reads them: a CSV or table of cells (``read_points``), checked
+and cleaned (``clean_points``: counts, censoring flags, censor steps), and models moved to
+censored (``censor``). Bad values raise ``FitError`` naming the line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ihsweep.base.errors import IhsweepError
+
+# Every column of an emergence table is a count (updates, sequences, tokens, parameters): a
+# value past what a 64-bit counter holds is a unit or typing error, and would drag the fit.
+MAX_COUNT = 2**63 - 1
+
+
+class FitError(IhsweepError, ValueError):
+  """Emergence points from which the law cannot be fitted (too few, not identifiable, bad
+  values)."""
+
+
+def clean_points(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.ndarray]:
+  """The rows as numbers and a censored mask (bool, len(rows)): censored = empty
+  ``emergence_step`` or a true ``censored``; censored rows need a positive ``censor_step``."""
+  need = ["batch_size", "context_size", "emergence_step"] + (["n_params"] if with_params else [])
+  missing = [c for c in need if c not in points]
+  if missing:
+    raise FitError(f"emergence points need columns {', '.join(need)}; missing {', '.join(missing)}")
+  if points.empty:
+    raise FitError("no emergence points (the table has no rows)")
+  pts = points.copy()
+  for c in need + (["censor_step"] if "censor_step" in pts else []):
+    values = pd.to_numeric(pts[c], errors="coerce")
+    text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
+    if text.any():
+      row = int(np.flatnonzero(text)[0])
+      raise FitError(
+        f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
+        f"number"
+        + (" (leave emergence_step empty for a censored cell)" if c == "emergence_step" else "")
+      )
+    pts[c] = values.astype(float)
+  censored = pts["emergence_step"].isna().to_numpy().copy()
+  if "censored" in pts:
+    censored = censored | as_bool(pts["censored"], pts).to_numpy()
+  checks = [(c, np.ones(len(pts), bool)) for c in need if c != "emergence_step"]
+  checks += [("emergence_step", ~censored)]
+  if censored.any():
+    if "censor_step" not in pts:
+      row = int(np.flatnonzero(censored)[0])
+      raise FitError(
+        f"column censor_step is missing: {_where(pts, row)} is censored (empty "
+        f"emergence_step or censored true) and enters the fit at its censor_step, "
+        f"the last update at which it was seen not to have emerged (an analysis "
+        f"emergence.csv has the column); add it, or drop the censored rows"
+      )
+    checks += [("censor_step", censored)]
+  for c, rows in checks:
+    v = pts[c].to_numpy(float)
+    too_large = np.flatnonzero(rows & np.isfinite(v) & (v > MAX_COUNT))
+    if len(too_large):
+      raise FitError(
+        f"column {c}: {_where(pts, int(too_large[0]))} has {float(v[too_large[0]])!r}, more "
+        f"than any step or size counter holds (at most 2^63 - 1 = {MAX_COUNT:.3g}); is the "
+        f"column in another unit?"
+      )
+    bad = np.flatnonzero(rows & ~(np.isfinite(v) & (v > 0)))
+    if len(bad) and c == "censor_step" and np.isnan(v[bad[0]]):
+      raise FitError(
+        f"column censor_step: {_where(pts, int(bad[0]))} is censored (empty "
+        f"emergence_step or censored true) but has no censor_step; give the last "
+        f"update at which it had not emerged, or drop the row"
+      )
+    if len(bad):
+      what = " (a censored row's last update without emergence)" if c == "censor_step" else ""
+      raise FitError(
+        f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
+        f"has {float(v[bad[0]])!r}"
+      )
+  return pts, censored
+
+
+def _where(points: pd.DataFrame, position: int) -> str:
+  """Names the row at ``position``: 'line N' (of the CSV file, the header being line 1) when the
+  index holds file line numbers (index name 'line', as ``read_points`` makes it), else the row's
+  index label."""
+  label = points.index[position]
+  return f"line {label}" if points.index.name == "line" else f"the row with index {label!r}"
+
+
+def read_points(path: str) -> pd.DataFrame:
+  """A CSV of emergence points, indexed by each row's line number in the file (the header is
+  line 1; blank lines are skipped but counted), so that errors name the line a user sees.
+
+  Raises:
+    OSError, ValueError: the file cannot be read as a CSV.
+  """
+  import csv
+
+  points = pd.read_csv(path)
+  with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    reader, lines, start = csv.reader(f), [], 1
+    for row in reader:
+      if any(field.strip() for field in row) or len(row) > 1:  # pandas skips empty lines only
+        lines.append(start)
+      start = reader.line_num + 1
+  if len(lines) - 1 == len(points):  # else an unusual layout: rows are named by number
+    points.index = pd.Index(lines[1:], name="line")
+  return points
+
+
+def as_bool(column: pd.Series, points: pd.DataFrame | None = None) -> pd.Series:
+  """A ``censored`` column as booleans: true/false, 1/0, yes/no (any case); empty = False.
+
+  Raises:
+    FitError: any other value (naming its row, ``_where``).
+  """
+  if column.dtype == bool:
+    return column
+  text = column.astype(str).str.strip().str.lower()
+  mapping = {
+    "true": True,
+    "1": True,
+    "1.0": True,
+    "yes": True,
+    "false": False,
+    "0": False,
+    "0.0": False,
+    "no": False,
+    "": False,
+    "nan": False,
+    "none": False,
+  }
+  unknown = ~text.isin(list(mapping))
+  if unknown.any():
+    row = int(np.flatnonzero(unknown)[0])
+    where = f"{_where(points, row)} has " if points is not None else ""
+    raise FitError(f"column censored: {where}{column.iloc[row]!r}, not true/false")
+  return text.map(mapping).astype(bool)
+
+
+def censor(points: pd.DataFrame, mask, at: str = "last_step") -> pd.DataFrame:
+  """``points`` with the rows of ``mask`` (bool, len(points)) turned censored at their column
+  ``at`` (updates; default ``last_step``, each model's last checkpoint: its cap or end of
+  training), as if their jump had not been seen: ``censored`` True, ``emergence_step`` and
+  ``emergence_tokens`` NaN, ``censor_step`` = ``at``. For ``fit_law``'s sensitivity to points
+  that emerged just before the end of training (``analysis.emergence.caution``).
+
+  Raises:
+    FitError: ``at`` is not a column of ``points``.
+  """
+  if at not in points:
+    raise FitError(f"cannot censor at {at!r}: the emergence points have no such column")
+  mask = np.asarray(mask, bool)
+  out = points.copy()
+  out["censored"] = (
+    as_bool(out["censored"], out).to_numpy() if "censored" in out else out["emergence_step"].isna()
+  ) | mask
+  if "censor_step" not in out:
+    out["censor_step"] = math.nan
+  out["censor_step"] = out["censor_step"].astype(float).mask(mask, out[at].astype(float))
+  out["emergence_step"] = out["emergence_step"].astype(float).mask(mask, math.nan)
+  if "emergence_tokens" in out:
+    out["emergence_tokens"] = out["emergence_tokens"].astype(float).mask(mask, math.nan)
+  return out
