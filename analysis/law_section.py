@@ -1,6 +1,6 @@
 """The report's law section (``law_section``): the emergence law fitted to the emergence points
 (``analysis.scaling.fit_law``), written as law.json, described in words and a table, refitted
-with flagged models censored, compared with the study's, and drawn (``plots.figure_law``)."""
+with flagged models censored, compared with the study's, and drawn (``law_figure.figure_law``)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def _model_size(doc, points, opts) -> None:
 
 
 def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
-  """The law's figure (``plots.figure_law``), its paths added to ``written["figures"]``."""
+  """The law's figure (``law_figure.figure_law``), its paths added to ``written["figures"]``."""
   fig = law_figure.figure_law(fit, points)
   band = getattr(fig, "band_source", None)
   paths = figure_axes.save(fig, outs.figure("law"))

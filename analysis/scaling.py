@@ -35,6 +35,9 @@ says why not over cells, and what coverage it measured).
 Predictions carry an interval from the bootstrap covariance of the coefficients
 (``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.base.law``).
 
+The fitted law is a ``law_fit.LawFit`` (with ``law_fit.MLE``, ``law_fit.LSQ`` and the study's
+``law_fit.STUDY``); the points come from ``law_points`` (``read_points``, ``FitError``).
+
 The comparison table (``compare``) scores, on the emerged cells: the fitted law, the study's law
 as published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T
 fitted and with v1's T = 10^5.7.

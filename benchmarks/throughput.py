@@ -199,7 +199,7 @@ def _data_only_program(sample, steps_per_call: int):
 def eval_overhead(
   workload: str, n_models: int, updates: int, steps_per_call: int, rounds: int, every: int
 ) -> dict:
-  """Seconds per online evaluation of the ensemble (``runner.Evaluator`` at the default
+  """Seconds per online evaluation of the ensemble (``evaluation.Evaluator`` at the default
   ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
   import ml_collections
 

@@ -128,6 +128,12 @@ def main(argv=None) -> int:
     compile_cache.enable()  # a rerun or the next group of equal shapes compiles nothing again
   if module.TRAINS:
     from ihsweep.base.sharding import initialize_distributed
+
+    # orbax before the job starts: imported after jax.distributed.initialize (as a group's
+    # first checkpoint would), it kept the peer watchdog from ending a process whose peer had
+    # stopped before JAX's own abort did (tests/test_launch.py, a stopped process); before the
+    # folders became layers, importing the runner here did the same.
+    from ihsweep.runs import checkpoint  # noqa: F401
     from ihsweep.training.stopping import install_stop_handlers
 
     initialize_distributed()

@@ -56,6 +56,16 @@ def _top_level(path: pathlib.Path) -> tuple[set, dict]:
   return defined, imported
 
 
+def _all_names(path: pathlib.Path) -> list[str]:
+  """The strings of a module's ``__all__`` (empty without one)."""
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.Assign) and any(
+      isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    ):
+      return [e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)]
+  return []
+
+
 def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
   if not node.level:
     return node.module or ""
@@ -65,18 +75,24 @@ def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
 
 
 def test_each_name_has_one_address():
-  """No `from x import y as y` re-export outside a package's __init__, no `from m import y` or
-  `m.y` where m only imported y from a module of ours (tests and benchmarks included)."""
+  """No `from x import y as y` re-export and no imported name in `__all__` outside a package's
+  __init__, no `from m import y` or `m.y` where m only imported y from a module of ours (tests
+  and benchmarks included)."""
   modules = _package_modules()
   tops = {name: _top_level(path) for name, path in modules.items()}
   ours = lambda source: source.split(".")[0] in PACKAGES and source in modules  # noqa: E731
   problems = []
-  for name, (_, imported) in tops.items():
+  for name, (defined, imported) in tops.items():
     if modules[name].name != "__init__.py":
       problems += [
         f"{modules[name]}: re-exports {n} from {src}"
         for n, (src, orig, asname) in imported.items()
         if asname == orig and ours(src)
+      ]
+      problems += [
+        f"{modules[name]}: __all__ lists {n}, imported from {imported[n][0]}"
+        for n in _all_names(modules[name])
+        if n in imported and n not in defined
       ]
   callers = [p for d in CALLERS for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts]
   for path in callers:

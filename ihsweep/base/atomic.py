@@ -1,6 +1,6 @@
 """Writes that a reader, a concurrent writer or a kill never sees half done: ``atomic_file`` and
-``atomic_write_json``, for every file ihsweep and its analysis write (``rundir`` re-exports
-them); and the lock that says which live process writes a directory (``lock_holder``). A leaf
+``atomic_write_json``, for every file ihsweep and its analysis write (callers import them from
+here); and the lock that says which live process writes a directory (``lock_holder``). A leaf
 module: it imports nothing of ihsweep."""
 
 from __future__ import annotations

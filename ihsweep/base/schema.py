@@ -1,8 +1,9 @@
 """The run config's schema: one entry per field (default, type, allowed range or choices, unit,
 one line of help), from which come the sections' defaults (``configs/default.py``,
-``config.default_eval`` …, ``data.default_config``), the simple checks of ``config.validate``
-(type, range, choices; cross-field rules are code there), ``help_text`` (a command's --help)
-and the reference in docs/configuration.md:
+``fields.default_eval`` …, ``data.default_config``), the simple checks
+(``ihsweep.configuration.fields.check``: type, range, choices; cross-field rules are code in
+``ihsweep.configuration``), ``help_text`` (a command's --help) and the reference in
+docs/configuration.md:
 
   python -m ihsweep.base.schema --markdown           # print the generated reference
   python -m ihsweep.base.schema --markdown --write   # rewrite it in docs/configuration.md

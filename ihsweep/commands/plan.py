@@ -28,7 +28,7 @@ FLAG_NAMES = (
   "target",
 )
 FLAGS_ONLY, COMPILES, TRAINS = True, True, False
-DEFAULT_HOST = 8  # placement.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
+DEFAULT_HOST = 8  # list_schedule.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
 USAGE = """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
                     [--flops_per_s=F [--devices_per_host=H] [--network=NAME]] [--law=FILE]
                     [--json]

@@ -19,7 +19,7 @@ from ihsweep.data.probes import MAX_BLOCK, MIN_BLOCK, MIN_BLOCK_REASON, block_le
 
 @functools.lru_cache(maxsize=8)
 def _check_tokenizer(path: str, mtime: float, vocab: int, vocab_field: str) -> None:
-  """``natural.load_tokenizer``'s checks, once per file version (a sweep validates each group)."""
+  """``tokenizer.load_tokenizer``'s checks, once per file version (a sweep validates each group)."""
   del mtime  # part of the cache key only
   tokenizer_lib.load_tokenizer(path, vocab, vocab_field)
 

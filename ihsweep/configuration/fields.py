@@ -92,7 +92,7 @@ def default_sweep():
     × the update at which it did (diverged models count as done). The threshold must lie above
     the untrained level: for ps_max, above the score of uniform attention on the probes
     (refused before compiling); a model already past it at update 0 is warned about and counts
-    only once it has been seen below it (``runner.EmergenceStop``).
+    only once it has been seen below it (``evaluation.EmergenceStop``).
   placement (how groups meet devices; ``ihsweep.workers.sweep``): 'worker' = every ``ihsweep run``
     process on the run directory is a worker taking groups one at a time onto its own local
     devices (several processes, or the processes of one jax.distributed job, train groups side
@@ -101,7 +101,7 @@ def default_sweep():
     other workers hold groups, to take over any whose worker dies (False: it exits; a rerun
     takes over). processes_per_worker (inside one jax.distributed job of several processes;
     'worker' placement): 0 = phases chosen from the groups' costs
-    (``placement.plan_phases``): in each phase the processes form workers of a size the
+    (``phases.plan_phases``): in each phase the processes form workers of a size the
     phase's groups fill (1: process-local groups; several: a worker spanning hosts trains a
     group on all their devices; all: one global mesh); k = one phase, workers of k
     consecutive processes.

@@ -128,7 +128,7 @@ def make_source(data_cfg, vocab_size: int, batch_size: int, context_size: int) -
   ``ihsweep.configuration.config``).
 
   Raises:
-    natural.CorpusError: a natural-text corpus that cannot be read, tokenized or sampled.
+    errors.CorpusError: a natural-text corpus that cannot be read, tokenized or sampled.
     markov.MarkovError: a transition matrix that is not one, or synthetic targets not reached.
   """
   if data_cfg.source == "uniform":
@@ -162,7 +162,7 @@ def make_natural_source(data_cfg, vocab_size: int, batch_size: int, context_size
   ``data.device_budget_mb``; else host-fed.
 
   Raises:
-    natural.CorpusError: see ``natural.prepare_corpus``; a training split shorter than C + 1.
+    errors.CorpusError: see ``corpus.prepare_corpus``; a training split shorter than C + 1.
   """
   corpus = corpus_lib.prepare_corpus(data_cfg, vocab_size)
   n = int(corpus.train.size)
@@ -205,7 +205,7 @@ def markov_transitions(data_cfg, vocab_size: int):
   ``data.transitions``.
 
   Raises:
-    markov.MarkovError / natural.CorpusError: see ``make_markov_source``.
+    markov.MarkovError / errors.CorpusError: see ``make_markov_source``.
   """
   kind = data_cfg.transitions
   if kind == "bigram":
@@ -258,7 +258,7 @@ def make_markov_source(data_cfg, vocab_size: int, batch_size: int, context_size:
     markov.MarkovError: a user matrix that is not a transition matrix (negative entries, rows
       not summing to 1), synthetic targets that cannot be reached (achieved vs asked), knobs
       outside [0, 1].
-    natural.CorpusError: the bigram corpus cannot be read or tokenized.
+    errors.CorpusError: the bigram corpus cannot be read or tokenized.
   """
   freqs = tuple(data_cfg.frequencies) or (data_cfg.frequency,)
   rels = tuple(data_cfg.reliabilities) or (data_cfg.reliability,)

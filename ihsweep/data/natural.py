@@ -28,8 +28,8 @@ Pipeline (each stage validated before anything is compiled), one module per stag
    windows (same keys, same offsets) from the memory-mapped file with numpy and prefetches them
    to the devices one call ahead.
 
-The names of every stage are re-exported here (``natural.prepare_corpus``,
-``natural.CorpusError``, …), so ``from ihsweep.data import natural`` reaches the whole pipeline.
+Each stage's names are imported from its own module (``corpus.prepare_corpus``,
+``errors.CorpusError``, …); this module holds the source that reads the windows.
 """
 
 from __future__ import annotations
@@ -41,66 +41,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ihsweep.data.cache import (
-  default_cache_dir,
-  remove_stale_temp_dirs,
-  resolve_cache_dir,
-  writable_dir,
-)
 from ihsweep.data.corpus import (
   TokenizedCorpus,
-  bigram_counts,
-  fetch_corpus,
-  prepare_corpus,
-  token_dtype,
   unigram_counts,
 )
-from ihsweep.data.documents import (
-  CORPORA,
-  HTML_SUFFIXES,
-  TEXT_SUFFIXES,
-  DocumentSource,
-  corpus_dir,
-  document_source,
-  list_files,
-  read_documents,
-  split_documents,
-  strip_html,
-)
-from ihsweep.data.errors import CorpusError
 from ihsweep.data.source import Source
-from ihsweep.data.tokenizer import BYTE_LEVEL_MIN_VOCAB, EOT, load_tokenizer, train_bpe
 from ihsweep.data.windows import host_window_starts, window_starts
-
-__all__ = [
-  "BYTE_LEVEL_MIN_VOCAB",
-  "CORPORA",
-  "EOT",
-  "HTML_SUFFIXES",
-  "TEXT_SUFFIXES",
-  "CorpusError",
-  "DocumentSource",
-  "NaturalTextSource",
-  "TokenizedCorpus",
-  "bigram_counts",
-  "corpus_dir",
-  "default_cache_dir",
-  "document_source",
-  "fetch_corpus",
-  "list_files",
-  "load_tokenizer",
-  "prepare_corpus",
-  "read_documents",
-  "remove_stale_temp_dirs",
-  "resolve_cache_dir",
-  "split_documents",
-  "strip_html",
-  "token_dtype",
-  "train_bpe",
-  "unigram_counts",
-  "window_starts",
-  "writable_dir",
-]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -4,14 +4,14 @@ The rule (``ihsweep.workers.sweep``): the N devices form workers
   that take the planned groups in plan order (most expensive first) and dynamically: a worker
   that finishes takes the next pending group. A group trains on the largest number m of its
   worker's D devices its mesh can use (``sharding.usable_devices``: at most E · B); the
-  worker's other D − m devices idle meanwhile. Simulated by list scheduling (``simulate``):
-  each group, in plan order, starts on the worker that frees first (the lowest index among
-  ties). Inside one jax.distributed job of P processes of d devices the sweep runs in
-  **phases** (``plan_phases``, ``Phase``): in each, the processes form teams of p consecutive
-  processes (p = 1: one process's local devices; p = P: one global mesh) that take that
-  phase's groups, a group going to teams of p > 1 only if its mesh uses all p · d devices; a
-  phase starts when the previous one has finished its groups. Independent processes (no
-  jax.distributed) are one phase of p = 1.
+  worker's other D − m devices idle meanwhile. Simulated by list scheduling
+  (``list_schedule.simulate``): each group, in plan order, starts on the worker that frees first
+  (the lowest index among ties). Inside one jax.distributed job of P processes of d devices the
+  sweep runs in **phases** (``phases.plan_phases``, ``phases.Phase``): in each, the processes
+  form teams of p consecutive processes (p = 1: one process's local devices; p = P: one global
+  mesh) that take that phase's groups, a group going to teams of p > 1 only if its mesh uses all
+  p · d devices; a phase starts when the previous one has finished its groups. Independent
+  processes (no jax.distributed) are one phase of p = 1.
 
 Makespan = the last group's end; utilisation = the busy share of device-time,
 Σ_g m_g · t_g / (N · makespan) (a device is busy while a group's mesh holds it, idle devices of a

@@ -1,6 +1,6 @@
 """A placement prediction (``Prediction``, made by ``placement.predict``) as ``ihsweep plan``
 prints it: JSON (``Prediction.to_json``) or text (``format_text``), with the durations and group
-lists the text (and ``ihsweep sweep``'s progress) writes."""
+lists the text (and ``ihsweep run``'s progress) writes."""
 
 from __future__ import annotations
 

@@ -498,7 +498,7 @@ def fused_attention_flops(n_layers: int, d_model: int, context: int, tokens: flo
 
 def candidate_layouts(target: Target) -> list[int]:
   """Devices per worker, smallest first: those ``ihsweep plan`` tries on N devices of H per
-  host (``placement.candidate_layouts``: divisors of N up to H), then teams of 2, … hosts."""
+  host (``list_schedule.candidate_layouts``: divisors of N up to H), then teams of 2, … hosts."""
 
   host, n = target.devices_per_host, len(target.devices)
   teams = [p * host for p in numbers.divisors(n // host) if p > 1]
@@ -506,8 +506,8 @@ def candidate_layouts(target: Target) -> list[int]:
 
 
 def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
-  """Each group's devices on workers of ``d`` (``placement.usable_device_count``), or None when
-  ``d`` spans hosts and a group cannot use all of them (``placement.fills``)."""
+  """Each group's devices on workers of ``d`` (``list_schedule.usable_device_count``), or None when
+  ``d`` spans hosts and a group cannot use all of them (``phases.fills``)."""
 
   if d > target.devices_per_host and not all(phases.fills(j, d) for j in jobs):
     return None
@@ -518,7 +518,7 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
   D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
   group's memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
-  devices (``placement.simulate``, plan order, each on its worker's ``usable_device_count``).
+  devices (``list_schedule.simulate``, plan order, each on its worker's ``usable_device_count``).
 
   Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
   ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
@@ -750,7 +750,7 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
 
 def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int = 0) -> list[dict]:
   """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
-  list-scheduled (``placement.simulate``)."""
+  list-scheduled (``list_schedule.simulate``)."""
 
   # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
   # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on

@@ -197,7 +197,7 @@ RUNTIME_MFU = 0.4  # the sustained share of peak the runtime assumes (ihsweep pl
 
 
 def runtime_model(devices) -> FlopsModel:
-  """The model a jax.distributed job chooses its phases with (``placement.plan_phases``; every
+  """The model a jax.distributed job chooses its phases with (``phases.plan_phases``; every
   process computes it from the same devices, so all agree): on a chip named in
   ``_RUNTIME_CHIPS`` (by ``device_kind``), ``RUNTIME_MFU`` of its peak and its ``NETWORKS``
   entry, with this process's devices as a host's (what ``ihsweep plan --flops_per_s=F

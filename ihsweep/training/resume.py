@@ -94,7 +94,7 @@ ADDED_FIELDS = {"train.schedule_steps": 0, "sweep.schedule_horizon": "budget"}
 
 def _added_field_default(field: str):
   """The default of a ``data``/``eval`` field (``data.default_config``,
-  ``config.default_eval``) or of one in ``ADDED_FIELDS``, or a sentinel equal to nothing. Such
+  ``fields.default_eval``) or of one in ``ADDED_FIELDS``, or a sentinel equal to nothing. Such
   a field added to ihsweep defaults to what runs did before it existed (e.g.
   ``data.induction_start`` 'half', ``eval.probe_position`` 'start', ``train.schedule_steps``
   0), so a run directory made before it resumes at that value."""

@@ -2,11 +2,12 @@
 ``ihsweep.training.loop``), the group its programs are built from (``_Group``), and those programs
 compiled ahead of time (``precompile``) or against a device's memory (``resolve_memory``).
 
-The pieces of a run live in their own modules, re-exported here where callers read them:
+The pieces of a run live in their own modules, where callers import them from:
 ``ihsweep.training.resume`` (config.json, the resume check), ``ihsweep.training.startup`` (state,
 checkpoints, probes), ``ihsweep.training.loop`` and ``ihsweep.training.hooks`` (the loop),
-``ihsweep.training.progress``, ``ihsweep.training.stopping`` (stop requests) and
-``ihsweep.training.loader`` (host-fed batches).
+``ihsweep.training.progress``, ``ihsweep.training.stopping`` (stop requests),
+``ihsweep.training.loader`` (host-fed batches) and ``ihsweep.training.evaluation`` (the online
+evaluation and the stop rule).
 """
 
 from __future__ import annotations
@@ -30,42 +31,8 @@ from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.runs import checkpoint, rundir
 from ihsweep.training import loop, memory, resume
-
-# EmergenceStop and Evaluator are also read from here (runner.EmergenceStop); their home is
-# ihsweep.training.evaluation.
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
-from ihsweep.training.loader import HostLoader
-from ihsweep.training.progress import Throughput, logs_above_bars
-from ihsweep.training.resume import RESUME_FREE_FIELDS, check_resumable, write_resolved_config
-from ihsweep.training.startup import cell_metadata
-from ihsweep.training.stopping import (
-  Interrupted,
-  install_stop_handlers,
-  request_stop,
-  stop_requested,
-)
-
-__all__ = [
-  "RESUME_FREE_FIELDS",
-  "EmergenceStop",
-  "Evaluator",
-  "HostLoader",
-  "Interrupted",
-  "Throughput",
-  "cell_metadata",
-  "check_resumable",
-  "checkpoint",
-  "fit",
-  "group_devices",
-  "install_stop_handlers",
-  "logs_above_bars",
-  "make_source",
-  "precompile",
-  "request_stop",
-  "resolve_memory",
-  "stop_requested",
-  "write_resolved_config",
-]
+from ihsweep.training.progress import logs_above_bars
 
 log = logging.getLogger("ihsweep")
 

@@ -2,7 +2,7 @@
 
 ``metrics.jsonl`` and ``train_log.jsonl`` (``runner.fit``) stay the run's record; the writers here
 are optional copies for watching a run live, chosen in the config's ``log`` section
-(``config.default_log``). Each writer takes ``write_scalars(step, {tag: value})`` with ``step``
+(``fields.default_log``). Each writer takes ``write_scalars(step, {tag: value})`` with ``step``
 in updates and one tag per cell and metric, ``cell_{id}/{metric}`` (``id``: the cell id,
 ``ensemble.cell_ids``, unique across a sweep): the evaluation metrics of ``metrics.jsonl``
 (``ps_max``, ``val_loss``, ``ar_acc``, …: ``metric_scalars``) and the per-call training loss and

@@ -27,7 +27,7 @@ log = logging.getLogger("ihsweep")
 
 def default_dir() -> str:
   """``$IHSWEEP_CACHE/xla`` (``~/.cache/ihsweep/xla`` without ``$IHSWEEP_CACHE``; ihsweep's
-  cache root, ``data.natural.default_cache_dir``)."""
+  cache root, ``data.cache.default_cache_dir``)."""
   return os.path.join(default_cache_dir(), "xla")
 
 

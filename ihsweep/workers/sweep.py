@@ -7,7 +7,7 @@ run directory is a **worker** over its own devices (``jax.local_devices()``, or 
 ``mesh.num_devices`` of them): independent processes (SLURM job-array tasks, one per GPU or
 several sharing one; one per TPU host; several local processes) or the processes of one
 jax.distributed job. Inside such a job the sweep runs in phases (``phases``:
-``placement.plan_phases``, computed alike by every process; ``sweep.processes_per_worker``):
+``phases.plan_phases``, computed alike by every process; ``sweep.processes_per_worker``):
 in each, the processes form workers of p consecutive processes (``sharding.Team``) — p = 1:
 process-local groups; p > 1: a worker spanning p hosts, whose first process claims and writes
 and whose processes all train the group on a mesh over their devices — that take the phase's
@@ -248,7 +248,7 @@ class _Worker:
 
 def phases(cfg, plan: Plan) -> list:
   """The phases of a sweep inside a jax.distributed job of several processes
-  (``placement.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
+  (``phases.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
   processes take that phase's groups; every process computes the same list). One phase of
   process-local workers holding every group when the job has one process.
 
