@@ -171,10 +171,10 @@ SLOW_FINAL_SAVE = """
 import sys, time
 from ihsweep.runs import checkpoint
 from ihsweep import cli
-from ihsweep.training import runner
+from ihsweep.training import stopping
 save = checkpoint.RunCheckpoints.save_state
 def slow(self, *args, **kwargs):
-  if runner.stop_requested():
+  if stopping.stop_requested():
     print("test: the final save starts", file=sys.stderr, flush=True)
     time.sleep(3)
   return save(self, *args, **kwargs)

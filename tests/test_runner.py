@@ -328,7 +328,7 @@ class FakeDevice:
 def test_a_resumed_run_reports_the_speed_and_eta_of_an_uninterrupted_one(
   tiny, tmp_path, monkeypatch
 ):
-  """The progress's rate and ETA (``runner.Throughput``, read after each call) on a fake device
+  """The progress's rate and ETA (``progress.Throughput``, read after each call) on a fake device
   of 1 s per update: an uninterrupted run of 60 updates and the same run resumed from its
   checkpoints at 40 and at 50 (what a kill leaves) report 1 update/s and the same ETAs at the
   same updates. Start-up (compiling, the first call) is outside the rates. Before the fix, the
