@@ -26,7 +26,7 @@ import pandas as pd
 
 from ihsweep.compute import metric_registry
 
-from . import plots
+from . import emergence, plots
 from .figure_axes import pyplot, save
 
 PREVIOUS, INDUCTION = "pt_max", "ps_max"
@@ -130,14 +130,7 @@ def loss_curves(runs, curves: pd.DataFrame) -> pd.DataFrame:
   if not parts or curves.empty:
     return pd.DataFrame()
   loss = pd.concat(parts, ignore_index=True).rename(columns={"loss": "train_loss"})
-  per_cell = [
-    c
-    for c in curves.columns
-    if c not in ("step", "tokens", "source")
-    and c not in metric_registry.REGISTRY
-    and not c.endswith(("_layer", "_head"))
-  ]
-  coords = curves[per_cell].drop_duplicates(["run", "cell"])
+  coords = curves[emergence.cell_columns(curves)].drop_duplicates(["run", "cell"])
   return loss.merge(coords, on=["run", "cell"], how="inner")
 
 
@@ -176,7 +169,7 @@ def attention_example(run, cell: int, n_probes: int = 16) -> dict:
   attn = np.asarray(model.attention(tokens))  # [n_layers, N, n_heads, T, T]
   pt = np.asarray(previous_token_score(attn, saved.block_len))
   ps = np.asarray(prefix_matching_score(attn, saved.block_len))
-  below = pt[:-1] if pt.shape[0] > 1 else pt
+  below = metric_registry.feeding_heads(pt)
   return {
     "tokens": tokens[0],
     "attn": attn[:, 0],

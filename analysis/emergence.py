@@ -309,6 +309,19 @@ def emergence_point(
   return _emerged(steps, step, steps[max(i - 1, 0)], steps[i], signed, jump)
 
 
+def cell_columns(curves: pd.DataFrame) -> list[str]:
+  """The columns of ``analysis.curves`` rows that are a cell's coordinates (run, cell, seed, B,
+  C, grid axes, …): all but the step, its tokens, the curve's source, the metrics and the best
+  heads' layer and head."""
+  return [
+    c
+    for c in curves.columns
+    if c not in ("step", "tokens", "source")
+    and c not in metric_registry.REGISTRY
+    and not c.endswith(("_layer", "_head"))
+  ]
+
+
 def emergence_table(
   curves: pd.DataFrame,
   *,
@@ -340,13 +353,7 @@ def emergence_table(
   ]
   if curves.empty or not metrics:
     return pd.DataFrame()
-  per_cell = [
-    c
-    for c in curves.columns
-    if c not in ("step", "tokens", "source")
-    and c not in metric_registry.REGISTRY
-    and not c.endswith(("_layer", "_head"))
-  ]
+  per_cell = cell_columns(curves)
   rows = []
   for key, cell in curves.groupby(["run", "cell"], sort=True):
     coords = cell.iloc[0][per_cell].to_dict()

@@ -61,7 +61,7 @@ class AxisTest:
     """The summary's words: what the levels do that a power law cannot (only when it lacks
     fit), with the test's numbers."""
     s, other = self.symbol, "B" if self.symbol == "C" else "C"
-    test = f"lack-of-fit χ²({self.dof}) = {self.statistic:.1f}, p {_p(self.p_value)}"
+    test = f"lack-of-fit χ²({self.dof}) = {self.statistic:.1f}, p {p_text(self.p_value)}"
     winners = set(self.fastest.values())
     ends = {self.levels[0], self.levels[-1]}
     if len(self.fastest) > 1 and len(winners) == 1 and not winners <= ends:
@@ -93,7 +93,8 @@ class AxisTest:
     }
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
+  """A p-value in words after "p": '= 0.21', or '< 1e-4' below 1e-4."""
   return f"= {p:.2g}" if p >= 1e-4 else "< 1e-4"
 
 

@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pandas as pd
 
+from . import lack_of_fit
 from .figure_axes import grid_axis, number_axis, pyplot, save
 
 # ---------------------------------------------------------------- the law and its band
@@ -279,7 +280,7 @@ def _law_legend(ax, censored: bool, how: str | None, fit=None) -> None:
   if lacking is not None:
     label = (
       f"the law at this C's own level (lack of fit in C: χ²({lacking['dof']}) = "
-      f"{lacking['statistic']:.1f}, p {_p_text(lacking['p_value'])})"
+      f"{lacking['statistic']:.1f}, p {lack_of_fit.p_text(lacking['p_value'])})"
     )
     handles.append(Line2D([], [], color=gray, lw=1, ls="--", label=textwrap.fill(label, 30)))
   if how:
@@ -302,12 +303,10 @@ def _law_title(fit) -> str:
   for symbol in ("C", "B"):
     t = _lacking(fit, symbol)
     if t is not None:
-      title += f"\nthe power law does not describe {symbol} here (p {_p_text(t['p_value'])})"
+      title += (
+        f"\nthe power law does not describe {symbol} here (p {lack_of_fit.p_text(t['p_value'])})"
+      )
   return title
-
-
-def _p_text(p: float) -> str:
-  return "< 1e-4" if p < 1e-4 else f"= {p:.2g}"
 
 
 def plot_law(fit, out_base: str, points: pd.DataFrame | None = None) -> list[str]:

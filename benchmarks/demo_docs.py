@@ -221,11 +221,10 @@ def law_block(demo: Demo) -> str:
   if demo.law is None:
     return "No law was fitted (the report says why)."
   from analysis.commands.common import law_table
+  from analysis.lack_of_fit import p_text
 
   lines = [law_table(demo.law, tablefmt="github")]
   for test in demo.law.get("lack_of_fit") or []:
-    p = test["p_value"]
-    ptext = "< 1e-4" if p < 1e-4 else f"= {p:.2g}"
     what = (
       f"Lack of fit in {test['symbol']} (a free level per value against the power law, censored "
       f"likelihood ratio)"
@@ -235,8 +234,8 @@ def law_block(demo: Demo) -> str:
       lines.append(f"{what}: {test['sentence']}.")
     else:
       lines.append(
-        f"{what}: χ²({test['dof']}) = {test['statistic']:.1f}, p {ptext}: the power law is not "
-        f"rejected."
+        f"{what}: χ²({test['dof']}) = {test['statistic']:.1f}, "
+        f"p {p_text(test['p_value'])}: the power law is not rejected."
       )
   return "\n".join(lines)
 

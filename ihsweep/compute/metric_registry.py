@@ -189,11 +189,16 @@ def _best_head(scores: str) -> Callable[[Mapping[str, Any]], Any]:
   return best
 
 
+def feeding_heads(pt_LyxH):
+  """The rows of a per-(layer, head) score for the heads of every layer but the last (all of
+  them in a one-layer model): a previous-token head serves an induction head only from a layer
+  below it. Works on NumPy and JAX arrays ``[n_layers, n_heads]``."""
+  return pt_LyxH[:-1] if pt_LyxH.shape[0] > 1 else pt_LyxH
+
+
 def _best_feeding_head(out):
-  """max of ``pt`` over the heads of every layer but the last (all heads in a one-layer model):
-  a previous-token head serves an induction head only from a layer below it."""
-  pt = out["pt"]
-  return (pt[:-1] if pt.shape[0] > 1 else pt).max()
+  """max of ``pt`` over ``feeding_heads``."""
+  return feeding_heads(out["pt"]).max()
 
 
 # Minimum jumps chosen from the untrained baselines and the transitions measured in this
