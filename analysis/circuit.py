@@ -9,6 +9,10 @@ heads"). The report measures both halves — ``pt_max``, the best previous-token
 below the last layer, and ``ps_max``, the best prefix-matching score
 (``ihsweep.compute.metrics``) — and shows:
 
+* ``one_layer_models`` / ``without_one_layer``: a one-layer model has no layer below its last,
+  so no head that could feed an induction head; its ``pt_max`` (which the evaluation takes over
+  its one layer) is not defined as the circuit's first half and is left out of the curves and
+  emergence points;
 * ``order``: per model, the emergence update of each (one method) and which came first;
   ``order_by_point`` their medians per grid point (``plots.emergence_grid``);
 * ``loss_curves``: each model's training loss (``train_log.jsonl``, mean over each host call's
@@ -28,17 +32,60 @@ from ihsweep.compute import metric_registry
 
 from . import emergence, plots
 from .figure_axes import pyplot, save
+from .prose import config_field
 
 PREVIOUS, INDUCTION = "pt_max", "ps_max"
 # Emergence updates within this factor of each other count as together: 4 checkpoints per
 # octave are 2^(1/4) = 1.19× apart, and a threshold crossing is interpolated between two.
 TOGETHER = 1.25
+WIDER = ", or within the checkpoint interval around the points where that is wider"
+
+
+def one_layer_models(runs) -> set[tuple[str, int]]:
+  """``(run name, cell)`` of every model whose group's config has ``model.n_layers`` = 1.
+  ``runs``: ``ihsweep.runs.reader.Run`` objects."""
+  out = set()
+  for run in runs:
+    for group in run.groups:
+      layers = config_field(group.config, "model.n_layers")
+      if layers is not None and int(layers) == 1:
+        out |= {(run.name, int(c)) for c in group.cells["cell"]}
+  return out
+
+
+def without_one_layer(frame: pd.DataFrame, models: set[tuple[str, int]]) -> pd.DataFrame:
+  """``frame`` without ``pt_max`` for ``models`` (``one_layer_models``): curves (a ``pt_max``
+  column) get NaN there; an emergence table (a ``metric`` column) loses their ``pt_max`` rows.
+  Unchanged (the same object) where nothing is to be left out."""
+  if not models or frame.empty:
+    return frame
+  keys = pd.MultiIndex.from_arrays([frame["run"].astype(str), frame["cell"].astype(int)])
+  hit = keys.isin(list(models))
+  if "metric" in frame:
+    return frame[~(hit & (frame["metric"] == PREVIOUS).to_numpy())].reset_index(drop=True)
+  if PREVIOUS not in frame or not hit.any():
+    return frame
+  out = frame.copy()
+  out.loc[hit, PREVIOUS] = np.nan
+  return out
+
+
+def one_layer_words(n: int, n_all: int) -> str:
+  """Why ``n`` of ``n_all`` models (one layer each) have no previous-token score: one sentence."""
+  which = "every model has" if n == n_all else f"{n} of the {n_all} models have"
+  return (
+    f"No previous-token score where {which} one layer: a previous-token head feeds an "
+    f"induction head only from a layer below it, and a one-layer model has none below its "
+    f"last, so pt_max is left out for {'them' if n > 1 else 'it'} (curves.csv, emergence.csv)."
+  )
 
 
 def order(table: pd.DataFrame, method: str) -> pd.DataFrame:
   """One row per model (``run``, ``cell`` and its coordinates) with ``pt_step`` and ``ps_step``
-  (the emergence updates of ``pt_max`` and ``ps_max`` by ``method``; NaN where censored) and
-  ``pt_censored`` / ``ps_censored``. ``table``: ``analysis.emergence.emergence_table`` rows.
+  (the emergence updates of ``pt_max`` and ``ps_max`` by ``method``; NaN where censored),
+  ``pt_censored`` / ``ps_censored``, ``pt_censor_step`` / ``ps_censor_step`` and
+  ``pt_interval`` / ``ps_interval`` (``step_after`` ÷ ``step_before``: the ratio of the
+  checkpoints that bracket the point). ``table``: ``analysis.emergence.emergence_table`` rows.
   Empty when either metric is missing from the table."""
   if table.empty or not {PREVIOUS, INDUCTION} <= set(table["metric"]):
     return pd.DataFrame()
@@ -55,6 +102,9 @@ def order(table: pd.DataFrame, method: str) -> pd.DataFrame:
         f"{short}_censor_step": part["censor_step"],
       }
     )
+    if {"step_before", "step_after"} <= set(part):
+      bracket = part["step_after"].astype(float) / part["step_before"].astype(float)
+      one[f"{short}_interval"] = bracket.where(~one[f"{short}_censored"])
     out = one if out is None else out.join(one, how="inner")
     if short == "pt":
       out = out.join(part[coords])
@@ -80,10 +130,20 @@ def order_by_point(models: pd.DataFrame, by: list[str] = ()) -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
+def _tolerance(models: pd.DataFrame) -> pd.Series:
+  """Per model, the ratio of updates within which the two points cannot be ordered: TOGETHER,
+  or the wider of the two checkpoint intervals that bracket them where that is wider."""
+  tol = pd.Series(TOGETHER, index=models.index, dtype=float)
+  for short in ("pt", "ps"):
+    if f"{short}_interval" in models:
+      tol = np.fmax(tol, models[f"{short}_interval"].astype(float))
+  return tol
+
+
 def order_words(models: pd.DataFrame, method: str) -> str:
   """``order`` in a paragraph: how many models each head emerged in and, where both did, the
   median ratio of the updates (previous-token ÷ induction) and how many had the previous-token
-  head first."""
+  head measurably first, measurably after, or too close to order (``_tolerance``)."""
   n = len(models)
   n_pt = int((~models["pt_censored"]).sum())
   n_ps = int((~models["ps_censored"]).sum())
@@ -95,22 +155,31 @@ def order_words(models: pd.DataFrame, method: str) -> str:
   both = models[~models["pt_censored"] & ~models["ps_censored"]]
   if len(both):
     ratio = both["pt_step"] / both["ps_step"]
-    first, after = int((ratio < 1).sum()), int((ratio > 1).sum())
-    if ratio.between(1 / TOGETHER, TOGETHER).all():
-      reading = (
-        f"the two form together (within {TOGETHER:g}× of each other in every model, about the "
-        f"spacing of checkpoints at 4 per octave)."
-      )
+    tol = _tolerance(both)
+    first, after = int((ratio < 1 / tol).sum()), int((ratio > tol).sum())
+    close = len(both) - first - after
+    wider = bool((tol > TOGETHER).any())
+    if close == len(both):
+      reading = "the two form together."
     elif first == len(both):
       reading = "the previous-token head forms first and the induction head builds on it."
     elif after == len(both):
       reading = "the previous-token score completes its rise after the induction head's."
+    elif after == 0:
+      reading = "the previous-token head forms first or together with it, never measurably after."
+    elif first == 0:
+      reading = (
+        "the previous-token score completes its rise after the induction head's or together "
+        "with it, never measurably before."
+      )
     else:
       reading = "the order differs between models."
     text += (
       f" Where both emerged ({len(both)} models) the previous-token head did so at "
       f"{ratio.median():.2f}× the induction head's update (median; range {ratio.min():.2f}–"
-      f"{ratio.max():.2f}), before it in {first} and after it in {after}: {reading}"
+      f"{ratio.max():.2f}): before it in {first}, after it in {after}, and too close to order "
+      f"in {close} (within {TOGETHER:g}× of each other, about the spacing of checkpoints at 4 "
+      f"per octave{WIDER if wider else ''}): {reading}"
     )
   return text
 

@@ -81,26 +81,32 @@ _COUNT_COLUMN = re.compile(r"step|tokens|updates|n_params")
 _NUMBER = r"(> )?[-+]?[\d,]*\.?\d*(e[-+]?\d+)?|nan"
 
 
+def _float_text(v: float, digits: int = 3) -> str:
+  """One float as every table writes it (``_fmt``)."""
+  if pd.isna(v):
+    return ""
+  if abs(v) < 1e-9:
+    return "0"
+  return f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}"
+
+
 def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
   """Numbers for display, one way in every table: floats to ``digits`` significant digits, and
   from 10^digits on whole, with thousands separators (3,937, as ``_median_all`` writes them);
   integer columns of updates, tokens or parameters (``step``, ``tokens``, ``updates``,
   ``n_params`` in the name) with separators too; other integers (B, C, seeds, counts of models)
-  as they are."""
+  as they are. A column of text and numbers (a median beside '> 995') has its floats written
+  the same way and its text as it is."""
   out = df.copy()
   for c in out.columns:
     if pd.api.types.is_float_dtype(out[c]):
-      out[c] = out[c].map(
-        lambda v: (
-          ""
-          if pd.isna(v)
-          else "0"
-          if abs(v) < 1e-9
-          else (f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}")
-        )
-      )
+      out[c] = out[c].map(lambda v: _float_text(v, digits))
     elif pd.api.types.is_integer_dtype(out[c]) and _COUNT_COLUMN.search(str(c)):
       out[c] = out[c].map(lambda v: f"{v:,}")
+    elif pd.api.types.is_object_dtype(out[c]):
+      out[c] = out[c].map(
+        lambda v: _float_text(float(v), digits) if isinstance(v, (float, np.floating)) else v
+      )
   return out
 
 
@@ -300,8 +306,13 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
     return _finish(doc, outs, written, runs)
 
+  # A one-layer model has no head below its last layer: no pt_max (analysis.circuit).
+  one_layer = circuit_lib.one_layer_models(runs)
+  curves = circuit_lib.without_one_layer(curves, one_layer)
   curves.to_csv(outs.claim("curves.csv"), index=False)
-  table = emergence_lib.emergence_table(curves, fraction=opts.fraction)
+  table = circuit_lib.without_one_layer(
+    emergence_lib.emergence_table(curves, fraction=opts.fraction), one_layer
+  )
   written["emergence_csv"] = outs.claim("emergence.csv")
   table.to_csv(written["emergence_csv"], index=False)
   points = _with_reach(
@@ -310,7 +321,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   points["caution"] = emergence_lib.cautions(points)
   _emergence_section(doc, points, axes, opts, outs, written)
   _curve_figures(doc, curves, table, axes, opts, outs, written)
-  _circuit_section(doc, runs, curves, table, axes, opts, outs, written)
+  _circuit_section(doc, runs, curves, table, axes, opts, outs, written, one_layer)
   _positions_section(doc, runs, outs, written)
   _agreement_section(doc, table, opts, outs)
   law_section(doc, points, opts, outs, written)
@@ -450,20 +461,28 @@ def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written)
       )
 
 
-def _circuit_section(doc: _Doc, runs, curves, table, axes, opts, outs: Outputs, written) -> None:
+def _circuit_section(
+  doc: _Doc, runs, curves, table, axes, opts, outs: Outputs, written, one_layer=frozenset()
+) -> None:
   """Both halves of the circuit (``analysis.circuit``): when the previous-token and the
-  induction head emerged per model and grid point, the training loss with the emergence points
-  marked, and the strongest model's two best heads' attention on a probe."""
+  induction head emerged per model and grid point (not for the ``one_layer`` models, which have
+  no head below the last layer), the training loss with the emergence points marked, and the
+  strongest model's two best heads' attention on a probe."""
   doc.h(2, "The circuit: previous-token and induction heads")
   models = circuit_lib.order(table, opts.method)
+  read = set(zip(curves["run"].astype(str), curves["cell"].astype(int)))
+  n_one, n_all = len(read & set(one_layer)), len(read)
+  shallow = circuit_lib.one_layer_words(n_one, n_all) if n_one else ""
   if models.empty:
     doc.p(
-      "Not measured: the curves have no previous-token score (pt_max), e.g. online metrics "
+      shallow
+      or "Not measured: the curves have no previous-token score (pt_max), e.g. online metrics "
       "of a run made before it existed; `--source=checkpoints` recomputes it from saved params."
     )
   else:
     models.to_csv(outs.claim("circuit.csv"), index=False)
-    doc.p(circuit_lib.order_words(models, opts.method) + " Per model: `circuit.csv`.")
+    words = circuit_lib.order_words(models, opts.method)
+    doc.p(" ".join(filter(None, (words, shallow, "Per model: `circuit.csv`."))))
     doc.table(circuit_lib.order_by_point(models, ["run", *axes]))
   loss = circuit_lib.loss_curves(runs, curves)
   if not loss.empty and (loss["step"] > 0).any():
@@ -504,8 +523,14 @@ def _circuit_section(doc: _Doc, runs, curves, table, axes, opts, outs: Outputs, 
     paths[0],
     f"The attention of the model with the highest final prefix-matching score ({title}) on one "
     f"of the run's repeated-token probes (the last 2L = {2 * example['block_len']} positions: "
-    "a block, then the same block again): left its best previous-token head below the last "
-    "layer, right its best prefix-matching head; dashed: key = query − 1 (left) and "
+    "a block, then the same block again): left "
+    + (
+      "its head with the highest previous-token score (a one-layer model: no head lies below "
+      "its last layer, so none can feed the induction head)"
+      if example["pt"].shape[0] == 1
+      else "its best previous-token head below the last layer"
+    )
+    + ", right its best prefix-matching head; dashed: key = query − 1 (left) and "
     "key = query − L + 1, the token after the earlier copy (right).",
   )
 

@@ -483,7 +483,9 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
     pred = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
     ratio = float(np.exp(np.mean(np.log(pred / em["emergence_step"].astype(float)))))
     side = (
-      f"{ratio:.1f}× later than these models did"
+      f"about when these models did ({ratio:.2f}×)"  # not '1.0× later'
+      if f"{max(ratio, 1 / ratio):.1f}" == "1.0"
+      else f"{ratio:.1f}× later than these models did"
       if ratio >= 1
       else f"{1 / ratio:.1f}× earlier than these models did"
     )

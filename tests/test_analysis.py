@@ -557,6 +557,12 @@ def test_report_on_partial_input_warns_and_writes_everything(trained, tmp_path):
   for name in ("curves_ps_max", "curves_ar_acc"):
     for ext in ("png", "pdf"):
       assert os.path.getsize(os.path.join(sweep, "analysis", "figures", f"{name}.{ext}")) > 1000
+  # One layer: no head below the last, so no previous-token score, and the report says why.
+  words = " ".join(md.split())
+  assert "No previous-token score where every model has one layer" in words
+  assert "pt_max" not in set(table["metric"]) and curves["pt_max"].isna().all()
+  assert "figures/attention.png" in md and "(a one-layer model: no head lies below its" in words
+  assert "best previous-token head below the last layer" not in words
   # 40 updates of a 1-layer model do not form induction heads: the law cannot be fitted, and the
   # report says why instead of failing.
   assert out["law"] is None and "cannot identify" in out["law_error"]

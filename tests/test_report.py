@@ -218,6 +218,12 @@ def test_the_comparison_with_the_study_crosses_data_and_scale():
     )
   )
   assert "against the study's 0.37, inside the interval" in inside
+  # Within 5% of the study's law on average: not '1.0× later'.
+  close = _points(alpha=0.37, beta=0.62, scatter=0.0)
+  close["emergence_step"] *= math.exp(13.26 - 9.67) / 1.02
+  near = _text(summary.summary(close, _law(0.37, (0.3, 0.45), 0.62, (0.5, 0.75)), config=_config()))
+  assert "on average (geometric mean) about when these models did (1.02×)" in near, near
+  assert "1.0× later" not in near
 
 
 def _flag(points, b=8, c=64, seed=1, late_points=2, last_interval=True):
@@ -362,14 +368,19 @@ def test_no_emergence_and_no_law_claim_nothing_about_b_or_c():
 
 
 def _sigmoid_sweep(
-  root, last: int = 4096, cap: int | None = None, late: float | None = None, pt: bool = False
+  root,
+  last: int = 4096,
+  cap: int | None = None,
+  late: float | None = None,
+  pt: bool = False,
+  layers: int = 2,
 ) -> str:
   """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
   C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
   UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096). ``cap``: training
   ends there instead of 4,096, with a last checkpoint at it (4,096 … 4,300: a final stub).
   ``late``: seed 1 of B 8 / C 64 jumps sharply at this update instead of never. ``pt``: also
-  pt_max curves, rising at 0.9 × each model's ps_max update."""
+  pt_max curves, rising at 0.9 × each model's ps_max update. ``layers``: model.n_layers."""
   import ml_collections
 
   import configs.induction
@@ -382,6 +393,7 @@ def _sigmoid_sweep(
   )
   cfg.sweep.update(seeds=2, budget="updates")
   cfg.train.num_steps = cap or 4096
+  cfg.model.n_layers = layers
   workdir = str(root / "sweep")
   os.makedirs(workdir)
   plan = grid_lib.make_plan(cfg)
@@ -643,7 +655,8 @@ def test_the_demo_docs_script_renders_every_block_from_a_report(tmp_path):
   circuit = blocks["results-circuit"].split("\n\n")
   assert circuit[0].splitlines()[0] == "| B | C | previous-token (pt_max) | induction (ps_max) |"
   assert len(circuit[0].splitlines()) == 2 + 6
-  assert "before it in 11 and after it in 0" in circuit[1], circuit[1]
+  assert "before it in 0, after it in 0, and too close to order in 11" in circuit[1], circuit[1]
+  assert circuit[1].endswith(": the two form together.")
   assert blocks["readme-circuit"] == circuit[1]
   assert blocks["results-positions"].startswith("Not measured")  # no params in this sweep
   agreement = blocks["results-agreement"]
@@ -655,3 +668,101 @@ def test_the_demo_docs_script_renders_every_block_from_a_report(tmp_path):
   assert "\n>\n> **Against the study.**" in summary
   assert blocks["readme-quick"].startswith("On the demo it prints `[16, 64] (2, 4, 1, 40, 40)`")
   assert "B 16 × C 64" in blocks["readme-quick"] and "T = 40 tokens" in blocks["readme-quick"]
+
+
+def test_a_one_layer_model_has_no_previous_token_score_and_the_report_says_why(tmp_path):
+  """pt_max is the previous-token score of a head below the last layer: a one-layer model has
+  none, so its recorded pt_max is left out of the curves, the emergence points and the circuit
+  section, which says why in one sentence."""
+  from analysis import report
+
+  sweep = _sigmoid_sweep(tmp_path, pt=True, layers=1)
+  out = report.report([sweep], None, report.Options(progress=False, n_boot=0, source="online"))
+  md = " ".join(open(out["report_md"]).read().split())
+  section = md.split("## The circuit: previous-token and induction heads")[1].split("## ")[0]
+  assert section.strip().startswith(
+    "No previous-token score where every model has one layer: a previous-token head feeds an "
+    "induction head only from a layer below it"
+  ), section
+  assert "below the last layer attending" not in md and "emerged in" not in section
+  assert "curves_pt_max.png" not in md and "| pt_max |" not in md  # no figure, no agreement row
+  table = pd.read_csv(out["emergence_csv"])
+  assert "pt_max" not in set(table["metric"]) and "ps_max" in set(table["metric"])
+  curves = pd.read_csv(os.path.join(sweep, "analysis", "curves.csv"))
+  assert curves["pt_max"].isna().all() and curves["ps_max"].notna().all()
+  assert not os.path.exists(os.path.join(sweep, "analysis", "circuit.csv"))
+
+
+def test_a_two_layer_sweep_keeps_its_previous_token_score():
+  """Only one-layer models lose pt_max: the same frames with no one-layer model are unchanged."""
+  from analysis import circuit
+
+  curves = pd.DataFrame({"run": ["a", "a"], "cell": [0, 1], "pt_max": [0.5, 0.6]})
+  assert circuit.without_one_layer(curves, set()) is curves
+  masked = circuit.without_one_layer(curves, {("a", 1)})
+  assert list(masked["pt_max"].isna()) == [False, True]
+  table = pd.DataFrame({"run": ["a"] * 4, "cell": [0, 0, 1, 1], "metric": ["pt_max", "ps_max"] * 2})
+  kept = circuit.without_one_layer(table, {("a", 1)})
+  assert list(zip(kept["cell"], kept["metric"])) == [(0, "pt_max"), (0, "ps_max"), (1, "ps_max")]
+
+
+def _circuit_models(ratios, interval=2**0.25):
+  """``circuit.order`` rows of models whose previous-token head emerged at ``ratio`` × the
+  induction head's update (1,000), with checkpoints ``interval`` apart around both points."""
+  n = len(ratios)
+  return pd.DataFrame(
+    {
+      "run": ["r"] * n,
+      "cell": range(n),
+      "batch_size": [8] * n,
+      "context_size": [64] * n,
+      "pt_step": [1000.0 * r for r in ratios],
+      "ps_step": [1000.0] * n,
+      "pt_censored": [False] * n,
+      "ps_censored": [False] * n,
+      "pt_censor_step": [np.nan] * n,
+      "ps_censor_step": [np.nan] * n,
+      "pt_interval": [interval] * n,
+      "ps_interval": [interval] * n,
+    }
+  )
+
+
+def test_before_and_after_only_beyond_the_checkpoint_spacing():
+  """A previous-token head at 0.9× or 1.1× the induction head's update is within the spacing
+  of the checkpoints (1.19× at 4 per octave): neither before nor after it."""
+  from analysis import circuit
+
+  close = circuit.order_words(_circuit_models([0.9, 1.1, 1.01]), "threshold")
+  assert "before it in 0, after it in 0, and too close to order in 3" in close, close
+  assert close.endswith("the two form together.") and "where that is wider" not in close
+  first = circuit.order_words(_circuit_models([0.5, 0.6, 0.95]), "threshold")
+  assert "before it in 2, after it in 0, and too close to order in 1" in first, first
+  assert first.endswith("forms first or together with it, never measurably after.")
+  # Checkpoints 2× apart: 0.6× is within one interval, so not measurably before.
+  sparse = circuit.order_words(_circuit_models([0.6, 0.7], interval=2.0), "threshold")
+  assert "before it in 0, after it in 0, and too close to order in 2" in sparse, sparse
+  assert "or within the checkpoint interval around the points where that is wider" in sparse
+
+
+def test_a_table_column_of_numbers_and_censored_bounds_is_written_one_way(tmp_path):
+  """The circuit table's median column holds floats beside '> 995' (a censored seed's bound):
+  its floats are written like every other table's (3 significant digits, whole with separators
+  from 1,000), the CSV behind it keeps full precision."""
+  from analysis import circuit, report
+
+  models = _circuit_models([0.33982189325512286, 3.9374, 1.0])
+  models.loc[2, ["pt_step", "pt_censored", "pt_censor_step"]] = [np.nan, True, 995.0]
+  models["batch_size"] = [8, 16, 32]  # one model per grid point
+  table = circuit.order_by_point(models)
+  assert table["pt_median"].map(type).nunique() == 2  # floats and text in one column
+  shown = report._fmt(table)
+  assert list(shown["pt_median"]) == ["340", "3,937", "> 995"], list(shown["pt_median"])
+  doc = report._Doc(str(tmp_path))
+  doc.table(pd.DataFrame({"median": [339.82189325512286, "> 995", 3937.4, 0.123456]}))
+  md = doc.markdown()
+  assert "339.82" not in md and "0.123456" not in md
+  assert [r.strip(" |") for r in md.splitlines()[2:]] == ["340", "> 995", "3,937", "0.123"]
+  assert doc.blocks[0][3] == ("right",)  # still a column of numbers
+  models.to_csv(tmp_path / "circuit.csv", index=False)
+  assert pd.read_csv(tmp_path / "circuit.csv")["pt_step"][0] == 339.82189325512286

@@ -192,7 +192,9 @@ def _best_head(scores: str) -> Callable[[Mapping[str, Any]], Any]:
 def feeding_heads(pt_LyxH):
   """The rows of a per-(layer, head) score for the heads of every layer but the last (all of
   them in a one-layer model): a previous-token head serves an induction head only from a layer
-  below it. Works on NumPy and JAX arrays ``[n_layers, n_heads]``."""
+  below it. A one-layer model has none, so its ``pt_max`` (over its one layer) is no half of a
+  circuit: the report leaves it out (``analysis.circuit.without_one_layer``). Works on NumPy and
+  JAX arrays ``[n_layers, n_heads]``."""
   return pt_LyxH[:-1] if pt_LyxH.shape[0] > 1 else pt_LyxH
 
 
