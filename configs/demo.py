@@ -60,7 +60,6 @@ def get_config(arg: str = ""):
   c.train.update(
     batch_size=16,
     context_size=64,
-    num_steps=4000,
     steps_per_call=50,
     lr=1e-3,
     schedule="constant",

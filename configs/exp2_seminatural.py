@@ -33,6 +33,7 @@ reliability ∈ {0.25, 0.5, 0.75, 1.0}², one seed, 3,000 updates. Results: docs
 import ml_collections
 
 from configs import default, demo
+from ihsweep.configuration import fields
 
 STUDY_LEVELS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 CPU_LEVELS = (0.25, 0.5, 0.75, 1.0)
@@ -57,7 +58,9 @@ def markov_base(scale: str, cpu_updates: int):
     c = demo.get_config()
     c.model.update(max_context=64)
     c.train.update(batch_size=16, context_size=64, num_steps=cpu_updates)
-    c.sweep.update(budget="updates")
+    # the demo's early stop back to the defaults: only the 'emergence' budget reads it
+    stop = ("law_multiple", "stop_metric", "stop_threshold", "stop_margin")
+    c.sweep.update(budget="updates", **{k: fields.default_sweep()[k] for k in stop})
     return c
   c = default.get_config()
   c.model.update(
@@ -100,5 +103,5 @@ def get_config(arg: str = ""):
   c.sweep.grid = ml_collections.ConfigDict(
     dict(data=ml_collections.ConfigDict(dict(frequency=levels, reliability=levels)))
   )
-  c.sweep.seeds = seeds
+  c.sweep.seeds = c.ensemble.size = seeds  # models per grid point
   return c

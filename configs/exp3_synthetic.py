@@ -72,5 +72,5 @@ def get_config(arg: str = ""):
       )
     )
   )
-  c.sweep.seeds = seeds
+  c.sweep.seeds = c.ensemble.size = seeds  # models per grid point
   return c

@@ -251,14 +251,14 @@ def test_the_largest_int32_seeds_and_updates_are_accepted(tiny):
 def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
   from ihsweep.configuration import grid as grid_lib
 
-  cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 1, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
+  cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 2, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
   with pytest.raises(
     ConfigError,
     match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
     r"allowed: an integer in \[0, 2147483647\]",
   ):
     grid_lib.make_plan(cfg)
-  cfg.sweep.seeds = 1
+  cfg.sweep.seeds = cfg.ensemble.size = 1  # the sweep reads sweep.seeds; the two agree
   assert [c.seed for c in grid_lib.make_plan(cfg).cells] == [INT32_MAX]
 
 
@@ -361,7 +361,7 @@ def test_probe_ids_exclude_every_special_token_of_a_user_tokenizer(tiny, tmp_pat
 def test_a_schedule_over_the_token_budget_needs_one(tiny):
   from ihsweep.configuration import grid as grid_lib
 
-  cfg = tiny(**{"sweep.schedule_horizon": "tokens"})
+  cfg = tiny(**{"sweep.schedule_horizon": "tokens", "train.num_steps": 200})  # the default
   grid_lib.add_axes(cfg, ["train.batch_size=8,16"])
   with pytest.raises(ConfigError, match="sweep.schedule_horizon = 'tokens' .the tokens per model"):
     grid_lib.make_plan(cfg)

@@ -7,6 +7,7 @@ import importlib
 import pytest
 
 from ihsweep.configuration import grid as grid_lib
+from ihsweep.configuration.fields import ConfigError
 
 # (config, argument) → (cells, groups, models per group)
 EXPECTED = {
@@ -95,7 +96,10 @@ def test_exp1s_early_stop_keeps_the_studys_schedule(text_file):
     assert (g.cfg.train.schedule_steps or g.num_steps) == horizon
   assert any(g.cfg.train.schedule_steps == -(-tokens // (g.cfg.train.batch_size *
              g.cfg.train.context_size)) for g in plan.groups)  # fmt: skip
-  note = placement._updates_note(cfg, None, plan)
-  assert f"over the experiment's {tokens:,} tokens per model" in note
-  cfg.sweep.schedule_horizon = "budget"  # the schedule of the cap, as before the field
+  note = placement.schedule_note(cfg, plan)
+  assert f"the experiment's {tokens:,} tokens per model" in note and "only ends training" in note
+  with pytest.raises(ConfigError, match="sweep.tokens = 1000000000 .*only sweep.budget 'tokens'"):
+    cfg.sweep.schedule_horizon = "budget"  # nothing reads sweep.tokens then
+    grid_lib.make_plan(cfg)
+  cfg.sweep.tokens = 0  # the schedule of the cap, as before the field
   assert all(g.cfg.train.schedule_steps == 0 for g in grid_lib.make_plan(cfg).groups)

@@ -178,6 +178,7 @@ def _sweep_config(tiny, **sweep):
   with cfg.unlocked():
     cfg.sweep = fields.default_sweep()
   cfg.sweep.update(budget="emergence", law_multiple=0.5, **sweep)
+  cfg.train.num_steps = 200  # its default: the budget sets each group's updates
   return cfg
 
 

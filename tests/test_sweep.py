@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from conftest import tiny_config
 
+from ihsweep.base import schema
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.runs import checkpoint, rundir
@@ -42,6 +43,8 @@ RUN = {
 
 
 def _config(tiny, grid=GRID, **overrides):
+  if overrides.get("sweep.budget", "updates") != "updates":  # that budget sets the updates
+    overrides.setdefault("train.num_steps", schema.field("train.num_steps").default)
   cfg = tiny(**{**RUN, **overrides})
   grid_lib.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
   for path in (k for k, v in grid.items() if not v):  # an empty axis, as a config file may have

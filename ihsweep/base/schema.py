@@ -305,9 +305,10 @@ FIELDS: tuple[Field, ...] = (
     "budget 'tokens': tokens per model",
     lo=1, unit="tokens", hint=" (tokens per model for budget 'tokens')"),
   _f("sweep.schedule_horizon", "budget",
-    "what each cell's learning-rate schedule spans (train.schedule_steps): its budget's updates,"
-    " or ceil(sweep.tokens / (B·C)), the experiment's token budget, also when an early-stopping"
-    " budget ('law', 'emergence') ends training sooner (the stop is only a stop)",
+    "what each cell's learning-rate schedule spans (train.schedule_steps): its budget's updates"
+    " (or a train.schedule_steps you set), or ceil(sweep.tokens / (B·C)), the experiment's token"
+    " budget, also when an early-stopping budget ('law', 'emergence') ends training sooner (the"
+    " stop is only a stop)",
     choices=("budget", "tokens")),
   _f("sweep.law_multiple", 3.0,
     "budget 'law' / 'emergence': multiple of the predicted updates",

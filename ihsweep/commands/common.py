@@ -95,6 +95,19 @@ def overridden_axis(cfg, found) -> str | None:
   return None
 
 
+def add_axis_flags(cfg) -> str | None:
+  """Adds the ``--grid`` and ``--zip`` axes to ``cfg`` (``grid.add_axes``; ConfigError for a
+  malformed one); then, as ``load_config`` for the config file's axes, why a ``--config.X=V``
+  override would be ignored because an axis now sets ``X`` (``overridden_axis``), or None."""
+  from ihsweep.configuration import grid as grid_lib
+
+  grid_lib.add_axes(cfg, FLAGS.grid, "grid")
+  grid_lib.add_axes(cfg, FLAGS.zip, "zip")
+  if not FLAGS.grid and not FLAGS.zip:
+    return None
+  return overridden_axis(cfg, split_args(ARGV[1:])[0])
+
+
 def config_and_workdir(command: str):
   """``(cfg, None)`` for a training command, or ``(None, exit code)`` after printing why the
   config or ``--workdir`` cannot be used."""

@@ -9,7 +9,7 @@ import math
 import sys
 
 from ihsweep.base import numbers
-from ihsweep.commands.common import bad_input, empty_law, fail, load_config
+from ihsweep.commands.common import add_axis_flags, bad_input, empty_law, fail, load_config
 from ihsweep.commands.flags import FLAGS
 
 NAME = "plan"
@@ -116,7 +116,6 @@ def main(argv) -> int:
   import jax
 
   from ihsweep.base.law import Law, LawError
-  from ihsweep.configuration import grid as grid_lib
   from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.planning import placement, timing
@@ -149,8 +148,9 @@ def main(argv) -> int:
       )
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else None
-    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
-    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
+    problem = add_axis_flags(cfg)
+    if problem:
+      return fail(problem)
     prediction = placement.predict(
       cfg,
       FLAGS.devices,
@@ -175,7 +175,6 @@ def _plan_target(cfg) -> int:
   """``ihsweep plan --target=NAME``: every group compiled for the target
   (``ihsweep.planning.targets``)."""
   from ihsweep.base.law import Law, LawError
-  from ihsweep.configuration import grid as grid_lib
   from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.planning import targets
@@ -197,8 +196,9 @@ def _plan_target(cfg) -> int:
     return failed
   try:
     law = Law.from_json(FLAGS.law) if FLAGS.law else None
-    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
-    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
+    problem = add_axis_flags(cfg)
+    if problem:
+      return fail(problem)
     target = targets.make_target(FLAGS.target, FLAGS.devices)
     result = targets.plan_for_target(
       cfg, target, law, log=lambda line: print(line, file=sys.stderr, flush=True)

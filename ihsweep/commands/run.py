@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ihsweep.commands.common import bad_input, config_and_workdir, fail
+from ihsweep.commands.common import add_axis_flags, bad_input, config_and_workdir, fail
 from ihsweep.commands.flags import FLAGS
 
 NAME = "run"
@@ -36,7 +36,6 @@ def main(argv) -> int:
   import jax
 
   from ihsweep.base.law import LawError
-  from ihsweep.configuration import grid as grid_lib
   from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
   from ihsweep.workers import sweep
@@ -45,8 +44,9 @@ def main(argv) -> int:
   if failed is not None:
     return failed
   try:
-    grid_lib.add_axes(cfg, FLAGS.grid, "grid")
-    grid_lib.add_axes(cfg, FLAGS.zip, "zip")
+    problem = add_axis_flags(cfg)
+    if problem:
+      return fail(problem)
     result = sweep.run(cfg, FLAGS.workdir, progress=FLAGS.progress)
   except sweep.GroupFailed as e:
     fail(

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ihsweep.base import schema
 from ihsweep.base.law import Law
 from ihsweep.compute import metric_registry
 from ihsweep.compute import model as model_lib
@@ -267,6 +268,108 @@ def schedule_updates(cfg, batch_size: int, context_size: int) -> int:
   return n
 
 
+BUDGET_WORDS = {
+  "tokens": "ceil(sweep.tokens / (B·C))",
+  "law": "sweep.law_multiple × the law's prediction for its B and C",
+  "emergence": "at most sweep.law_multiple × the law's prediction for its B and C, stopping early",
+}
+
+
+def set_by_sweep(cfg) -> list[tuple[str, tuple, str]]:
+  """The fields that ``cfg``'s sweep settings set for each group, or never read:
+  ``(field, values it may keep, why)``. A value outside those (in the config, from
+  ``--config.X=V``, or on an axis) would not reach the groups' config.json; ``check_settings``
+  refuses it. (The per-model tuples, ``ensemble.seeds`` …, are ``config.validate_sweep``'s; axes
+  over the fields the planner fills, ``PLANNER_FIELDS``, ``grid_points``'.)"""
+  sweep = cfg.sweep
+  budget, horizon = sweep.budget, sweep.get("schedule_horizon", "budget")
+  out = []
+
+  def default(path):
+    return (schema.field(path).default,)
+
+  if budget != "updates":
+    out.append(
+      (
+        "train.num_steps",
+        default("train.num_steps"),
+        f"sweep.budget = {budget!r} sets each group's updates ({BUDGET_WORDS[budget]}); give "
+        f"the updates with sweep.budget = 'updates', or leave train.num_steps out",
+      )
+    )
+  if horizon == "tokens":
+    out.append(
+      (
+        "train.schedule_steps",
+        default("train.schedule_steps"),
+        "sweep.schedule_horizon = 'tokens' sets each group's schedule to ceil(sweep.tokens / "
+        "(B·C)) updates; keep yours with sweep.schedule_horizon = 'budget', or leave "
+        "train.schedule_steps out",
+      )
+    )
+  if sweep.seeds:
+    out.append(
+      (
+        "ensemble.size",
+        (*default("ensemble.size"), int(sweep.seeds)),
+        f"sweep.seeds = {sweep.seeds} sets the models per grid point (ensemble.size is read "
+        f"only where sweep.seeds is 0); give the number in one of them",
+      )
+    )
+  if budget not in ("law", "emergence"):
+    out.append(
+      (
+        "sweep.law_multiple",
+        default("sweep.law_multiple"),
+        f"only sweep.budget 'law' or 'emergence' reads it (sweep.budget = {budget!r})",
+      )
+    )
+  if budget != "emergence":
+    for name in ("stop_metric", "stop_threshold", "stop_margin"):
+      out.append(
+        (
+          f"sweep.{name}",
+          default(f"sweep.{name}"),
+          f"only sweep.budget 'emergence' reads it (sweep.budget = {budget!r})",
+        )
+      )
+  if budget != "tokens" and horizon != "tokens":
+    out.append(
+      (
+        "sweep.tokens",
+        default("sweep.tokens"),
+        f"only sweep.budget 'tokens' or sweep.schedule_horizon 'tokens' reads it "
+        f"(sweep.budget = {budget!r}, sweep.schedule_horizon = {horizon!r})",
+      )
+    )
+  return out
+
+
+def check_settings(cfg) -> None:
+  """The one rule for what a user sets: a config field reaches every group's config.json
+  unchanged (the value in the config, from ``--config.X=V``, or each value of an axis), or it
+  is refused here, before anything is built, naming the field, the value and what sets it
+  (``set_by_sweep``). Values equal to the schema's default are taken as not set.
+
+  Raises:
+    ConfigError: the first field set that the sweep would overwrite or not read.
+  """
+  for path, keep, why in set_by_sweep(cfg):
+    for section in ("grid", "zip"):
+      try:
+        values = get_field(cfg.sweep[section], path)
+      except (KeyError, AttributeError):
+        continue
+      raise ConfigError(f"sweep.{section}.{path}", tuple(values), f"no axis over {path}: {why}")
+    try:
+      value = get_field(cfg, path)
+    except (KeyError, AttributeError):  # a config written before the field
+      continue
+    if all(_key(value) != _key(v) for v in keep):
+      allowed = " or ".join([f"{keep[0]!r} (its default)", *map(repr, keep[1:])])
+      raise ConfigError(path, value, f"{allowed}: {why}")
+
+
 def _model_key(cell_cfg) -> str:
   """What decides the model a cell trains: its config without execution-only fields and the
   data fields its source does not read."""
@@ -395,6 +498,7 @@ def make_plan(cfg) -> Plan:
   n_seeds = cfg.sweep.seeds or cfg.ensemble.size
   _check_cell_count(cfg, n_seeds)
   axes, points = grid_points(cfg)
+  check_settings(cfg)
   law = Law.from_json(os.path.expanduser(cfg.sweep.law_file)) if cfg.sweep.law_file else Law()
 
   base = copy.deepcopy(cfg)
@@ -444,12 +548,23 @@ def make_plan(cfg) -> Plan:
     group.law_updates = law.updates(b, c_size)
     horizon = schedule_updates(cfg, b, c_size)
     if horizon and group.num_steps > horizon:  # never train past the experiment's budget
+      if cfg.sweep.budget == "updates":  # the user's train.num_steps: refused, not cut
+        raise ConfigError(
+          "train.num_steps",
+          group.num_steps,
+          f"at most {horizon:,} at B = {b}, C = {c_size}: sweep.schedule_horizon = 'tokens' "
+          f"ends each group's schedule at ceil(sweep.tokens / (B·C)) updates "
+          f"({cfg.sweep.tokens:,} tokens), and training past it would go on at the schedule's end; "
+          f"lower train.num_steps or raise sweep.tokens",
+        )
       group.num_steps = horizon
       group.cap_reason += f", at most the schedule's {cfg.sweep.tokens:,} tokens"
     with g.unlocked():
       g.train.num_steps = group.num_steps
-      # Recorded only where it differs, so that a budget-long schedule reads as before (0).
-      g.train.schedule_steps = horizon if horizon != group.num_steps else 0
+      if horizon:  # a train.schedule_steps of the user's is honoured (check_settings)
+        # Recorded only where it differs, so that a budget-long schedule reads as before (0).
+        g.train.schedule_steps = horizon if horizon != group.num_steps else 0
+    _check_schedule(group, axes, cfg)
     mcfg = model_lib.ModelConfig.from_config(g.model)
     group.cost_flops = (
       len(members) * group.num_steps * b * c_size * model_lib.flops_per_token(mcfg, c_size)
@@ -462,6 +577,22 @@ def make_plan(cfg) -> Plan:
     for cell in group.cells:
       cell.group = group.id
   return Plan(cells=cells, groups=groups, axes=axes, budget=cfg.sweep.budget)
+
+
+def _check_schedule(group: Group, axes: list[str], sweep_cfg) -> None:
+  """A ``train.schedule_steps`` of the user's that ends before the group's budget (known only
+  now: ``config.validate`` saw the config's ``train.num_steps``)."""
+  steps = int(group.cfg.train.get("schedule_steps", 0))
+  if steps and steps < group.num_steps:
+    path = "train.schedule_steps"
+    field = f"sweep.{_section(sweep_cfg, path)}.{path}" if path in axes else path
+    raise ConfigError(
+      field,
+      steps,
+      f"0 (= the group's updates) or at least its {group.num_steps:,} updates "
+      f"({group.cap_reason}): a schedule that ended before training would train on at a "
+      f"learning rate of 0 [{where(group)}]",
+    )
 
 
 def _section(cfg, path: str) -> str:

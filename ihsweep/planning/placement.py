@@ -235,6 +235,9 @@ def predict(
       flags first; the config's fields are checked here).
     ConfigError, DataError, LawError: as ``grid.make_plan``.
   """
+  # `run`'s check of the field, against the N devices planned (a ConfigError: one line)
+  hint = f" (0 = as many of the {n_devices} devices as a group can use)"
+  fields.check(cfg, "mesh.num_devices", hi=n_devices, hint=hint)
   plan, jobs = make_jobs(cfg, law, check_data=flops_per_s is None)
   model, host, n_processes, per_process = _throughput(
     jobs, n_devices, devices_per_host, flops_per_s, network, log
@@ -270,6 +273,7 @@ def predict(
     n_processes=n_processes,
     devices_per_process=per_process,
     updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
+    schedule_note=schedule_note(cfg, plan),
   )
 
 
@@ -360,16 +364,34 @@ def _updates_note(cfg, law, plan) -> str:
     f"'emergence' budget: a group is predicted to stop at {sweep.stop_margin:g} × the "
     f"evaluation where the law ({source}) puts its transition, capped by its budget "
     f"({sweep.law_multiple:g} × the sweep's law); give --law=FILE (e.g. a law fitted to "
-    f"an earlier run) to predict the stops. "
+    f"an earlier run) to predict the stops"
   )
+  return note
+
+
+def schedule_note(cfg, plan) -> str:
+  """The learning-rate schedule the groups train with and what its horizon is: the updates it
+  spans per group and where they come from (``Prediction.schedule_note``; ``grid.make_plan``
+  sets them)."""
+  sweep, tr = cfg.sweep, cfg.train
+  spans = [int(g.cfg.train.get("schedule_steps", 0)) or g.num_steps for g in plan.groups]
+  lo, hi = min(spans), max(spans)
+  updates = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+  stops = sweep.budget in ("law", "emergence")
   if sweep.get("schedule_horizon", "budget") == "tokens":
-    spans = [g.cfg.train.get("schedule_steps", 0) or g.num_steps for g in plan.groups]
-    return note + (
-      f"Learning-rate schedules: over the experiment's {sweep.tokens:,} tokens per model "
-      f"(sweep.schedule_horizon 'tokens': {min(spans):,}–{max(spans):,} updates per group), "
-      f"the stop only ends training"
+    source = (
+      f"the experiment's {sweep.tokens:,} tokens per model, ceil(sweep.tokens / (B·C)) "
+      f"(sweep.schedule_horizon 'tokens')" + (", the stop only ends training" if stops else "")
     )
-  return note + (
-    "Learning-rate schedules: over each group's cap (sweep.schedule_horizon 'budget'; "
-    "'tokens' keeps the schedule of sweep.tokens, the stop then only ends training)"
+  elif any(g.cfg.train.get("schedule_steps", 0) for g in plan.groups):
+    source = "train.schedule_steps where set (0: the group's updates; training stops at them)"
+  else:
+    source = "each group's updates (sweep.schedule_horizon 'budget'" + (
+      "; 'tokens' keeps the schedule of sweep.tokens, a stop then only ends training)"
+      if stops
+      else ")"
+    )
+  return (
+    f"{tr.schedule!r} after a linear warmup over {tr.warmup_frac * 100:g}% of the horizon; horizon "
+    f"{updates} updates per group: {source}"
   )

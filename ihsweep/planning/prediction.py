@@ -33,6 +33,7 @@ class Prediction:
   n_processes: int = 1
   devices_per_process: int = 1
   updates_note: str = ""
+  schedule_note: str = ""  # the groups' learning-rate schedule and its horizon
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -94,6 +95,7 @@ class Prediction:
       "n_groups": len(self.jobs),
       "throughput": self.model.to_json(),
       "updates_note": self.updates_note,
+      "schedule_note": self.schedule_note,
       "groups": rows,
       "checkpoints": schedule.checkpoint_totals([r["checkpoints"] for r in rows]),
       "phases_reason": self.phases_reason,
@@ -167,6 +169,8 @@ def format_text(p: Prediction) -> str:
   ]
   if p.updates_note:
     lines.append(f"updates: {p.updates_note}")
+  if p.schedule_note:
+    lines.append(f"learning-rate schedule: {p.schedule_note}")
   lines += _group_lines(p)
   lines += _layout_lines(p)
   lines += _phase_lines(p)
