@@ -7,6 +7,7 @@ Every function works on R weightings of the cells at once."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -38,12 +39,14 @@ def fit_mle(
   derivative −h(h − u) ∈ (−1, 0).
 
   Returns ``(p, converged)``: (R, k + 1) and bool (R,) — False where the Newton decrement did
-  not fall below 1e-10 within ``max_iter`` steps (e.g. emerged cells exactly on a law: σ → 0).
+  not fall below 1e-10 within ``max_iter`` steps, or where the Hessian became singular (e.g.
+  emerged cells exactly on a law: σ → 0).
   """
   p = p0.astype(float).copy()
   f = log_likelihood(p, a, emerged, w)
   n_em = w @ emerged.astype(float)
   done = np.zeros(len(p), bool)
+  failed = np.zeros(len(p), bool)
   for _ in range(max_iter):
     u = p @ a.T
     tau = p[:, -1]
@@ -55,7 +58,9 @@ def fit_mle(
     grad[:, -1] += n_em / tau
     neg_hess = np.einsum("ri,ij,ik->rjk", w * c, a, a)
     neg_hess[:, -1, -1] += n_em / tau**2
-    step = np.linalg.solve(neg_hess, grad[..., None])[..., 0]
+    step, singular = _solve(neg_hess, grad)
+    failed |= singular
+    done |= singular
     decrement = np.einsum("rj,rj->r", grad, step)
     done |= decrement < 1e-10
     step[done] = 0.0
@@ -71,15 +76,32 @@ def fit_mle(
       t[worse] /= 2
     p, f = np.where(worse[:, None], p, new), np.where(worse, f, f_new)
     done |= worse  # no ascent left at machine precision
-  return p, done & np.isfinite(f)
+  return p, done & ~failed & np.isfinite(f)
+
+
+def _solve(m: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``m⁻¹ b`` for R systems (R, k, k) and (R, k) at once, and which are singular (bool (R,);
+  their solution 0): numpy's batched solve fails them all for one singular matrix."""
+  try:
+    return np.linalg.solve(m, b[..., None])[..., 0], np.zeros(len(m), bool)
+  except np.linalg.LinAlgError:
+    out, singular = np.zeros_like(b), np.zeros(len(m), bool)
+    for i in range(len(m)):
+      try:
+        out[i] = np.linalg.solve(m[i], b[i])
+      except np.linalg.LinAlgError:
+        singular[i] = True
+    return out, singular
 
 
 def fit_ols(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Weighted least squares for R weightings: coefficients (R, k) and residual scatter
-  sqrt(Σ w r² / (Σ w − k)) (R,); rows of ``x`` (n, k), ``y`` (n,), weights ``w`` (R, n)."""
+  sqrt(Σ w r² / (Σ w − k)) (R,); rows of ``x`` (n, k), ``y`` (n,), weights ``w`` (R, n). A
+  weighting whose normal equations are singular gets NaN coefficients."""
   k = x.shape[1]
   gram = np.einsum("ri,ij,ik->rjk", w, x, x)
-  coef = np.linalg.solve(gram, ((w * y) @ x)[..., None])[..., 0]
+  coef, singular = _solve(gram, (w * y) @ x)
+  coef[singular] = np.nan
   resid = y - coef @ x.T
   dof = np.maximum(w.sum(1) - k, 1e-300)
   return coef, np.sqrt((w * resid**2).sum(1) / dof)
@@ -128,6 +150,32 @@ def percentile_intervals(
   return ci
 
 
+@dataclasses.dataclass(frozen=True)
+class Bootstrap:
+  """``cluster_bootstrap``'s draws: the MLE's coefficients ``ml`` (n, k) and σ ``ml_sigma``
+  (n,), the emerged least squares' ``ls`` (n, k) and ``ls_sigma`` (n,), n ≤ n_boot; and how
+  many resamples were redrawn: ``unidentified`` (their emerged cells cannot identify the
+  coefficients) and ``failed`` (a fit was singular or did not converge)."""
+
+  ml: np.ndarray
+  ml_sigma: np.ndarray
+  ls: np.ndarray
+  ls_sigma: np.ndarray
+  unidentified: int
+  failed: int
+
+  def note(self, n_boot: int) -> str | None:
+    """One line on the redrawn resamples where some fits failed or too few were kept."""
+    parts = []
+    if self.failed:
+      parts.append(f"{self.failed} resample(s) whose fit was singular or did not converge")
+    if len(self.ml) < n_boot:
+      parts.append(f"only {len(self.ml)} of {n_boot} resamples kept")
+    if not parts:
+      return None
+    return "redrawn: " + "; ".join(parts) + f" ({self.unidentified} did not identify the law)"
+
+
 def cluster_bootstrap(
   cluster: np.ndarray,
   x: np.ndarray,
@@ -137,25 +185,28 @@ def cluster_bootstrap(
   p_hat: np.ndarray,
   n_boot: int,
   seed: int,
-):
+) -> Bootstrap:
   """Cluster bootstrap: each resample draws G grid points with replacement out of G (cell
-  weight = times its point was drawn) and refits both fits. Returns the MLE's and the emerged
-  least squares' coefficient draws (n_boot, k) and σ draws (n_boot,), fewer if too many
-  resamples had to be redrawn (more than 20 · n_boot tried)."""
+  weight = times its point was drawn) and refits both fits. A resample whose emerged cells do
+  not identify the coefficients, or whose fit is singular or does not converge, is redrawn and
+  counted; at most 20 · n_boot are tried, so fewer than n_boot draws can come back."""
   rng = np.random.default_rng(seed)
   g = int(cluster.max()) + 1
   ml, ml_s, ls, ls_s = [], [], [], []
-  kept, tried = 0, 0
+  kept, tried, unidentified, failed = 0, 0, 0, 0
   while kept < n_boot and tried < 20 * n_boot:
     r = min(max(2 * (n_boot - kept), 64), 4096)
     tried += r
     w = rng.multinomial(g, np.full(g, 1.0 / g), size=r)[:, cluster].astype(float)
     ok = identifiable(x[emerged], w[:, emerged])
+    unidentified += int((~ok).sum())
     w = w[ok]
     if not len(w):
       continue
     p, conv = fit_mle(a, emerged, w, np.repeat(p_hat[None], len(w), 0))
     coef_ls, s_ls = fit_ols(x[emerged], v[emerged], w[:, emerged])
+    conv &= np.isfinite(coef_ls).all(1) & np.isfinite(p).all(1)
+    failed += int((~conv).sum())
     p, coef_ls, s_ls = p[conv], coef_ls[conv], s_ls[conv]
     take = min(len(p), n_boot - kept)
     ml.append(p[:take, :-1] / p[:take, -1:])
@@ -165,4 +216,6 @@ def cluster_bootstrap(
     kept += take
   k = x.shape[1]
   cat = lambda parts, shape: np.concatenate(parts) if parts else np.zeros(shape)  # noqa: E731
-  return (cat(ml, (0, k)), cat(ml_s, (0,)), cat(ls, (0, k)), cat(ls_s, (0,)))
+  return Bootstrap(
+    cat(ml, (0, k)), cat(ml_s, (0,)), cat(ls, (0, k)), cat(ls_s, (0,)), unidentified, failed
+  )

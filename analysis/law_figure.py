@@ -279,8 +279,7 @@ def _law_legend(ax, censored: bool, how: str | None, fit=None) -> None:
   lacking = _lacking(fit, "C") if fit is not None else None
   if lacking is not None:
     label = (
-      f"the law at this C's own level (lack of fit in C: χ²({lacking['dof']}) = "
-      f"{lacking['statistic']:.1f}, p {lack_of_fit.p_text(lacking['p_value'])})"
+      f"the law at this C's own level (lack of fit in C: {lacking['numbers']})"
     )
     handles.append(Line2D([], [], color=gray, lw=1, ls="--", label=textwrap.fill(label, 30)))
   if how:

@@ -43,7 +43,8 @@ class LawFit:
     sigma: scatter of ln UPT about the law (MLE: the ML estimate; LSQ: sqrt(RSS / dof)).
     ci: 95% percentile bootstrap intervals ``[lo, hi]`` of each free coefficient, ``T`` and
       ``sigma`` (empty without a bootstrap; ``ci_note`` then says why).
-    n_boot: bootstrap resamples used (0: none).
+    n_boot: bootstrap resamples used (0: none). boot_note: the resamples redrawn because
+      their fit was singular or did not converge, where any were (None otherwise).
     draws: float64 array (n_boot, len(names)) of the bootstrap's coefficients, fixed ones
       constant; None without a bootstrap. ``cov``: their covariance times G/(G − 1) (G =
       ``n_grid_points``; see ``small_sample_factor``), float64 (len(names), len(names)); None
@@ -78,6 +79,7 @@ class LawFit:
   n_emerged: int = 0
   r_note: str | None = None
   ci_note: str | None = None
+  boot_note: str | None = None
   names: list = dataclasses.field(default_factory=lambda: ["log_T", "alpha", "beta"])
   draws: np.ndarray | None = None
   cov: np.ndarray | None = None
@@ -174,6 +176,8 @@ class LawFit:
       out["study_r"] = None if math.isnan(study_r) else study_r
     if self.ci_note:
       out["ci_note"] = self.ci_note
+    if self.boot_note:
+      out["boot_note"] = self.boot_note
     if self.gamma is not None:
       out["gamma"] = self.gamma
     out.update(

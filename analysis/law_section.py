@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from . import emergence as emergence_lib
-from . import figure_axes, law_figure, law_fit, law_points, scaling
+from . import figure_axes, lack_of_fit, law_figure, law_fit, law_points, scaling
 from .outputs import Outputs
 
 log = logging.getLogger("analysis")
@@ -48,6 +48,8 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
     )
   )
   doc.table(_law_table(fit, written["law_sensitivity"]))
+  if fit.lack_of_fit:
+    doc.p(_lack_of_fit_words(fit))
   n_emerged = getattr(fit, "n_emerged", 0) or fit.n
   if fit.dof < law_fit.MIN_DOF_FOR_INTERVALS:
     doc.p(
@@ -69,26 +71,46 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
   _law_figure(doc, fit, points, outs, written)
 
 
+def _lack_of_fit_words(fit) -> str:
+  """Both axes' lack-of-fit tests in words (``analysis.lack_of_fit``): flagged, not rejected,
+  or why not tested."""
+  said = [t.sentence() for t in fit.lack_of_fit]
+  return (
+    "Does the power law describe the grid along each axis? A free level per value of C (or B) "
+    "against the law, by an F test whose unit is the grid point (its seeds averaged: they share "
+    f"the point's deviation), at p < {lack_of_fit.FLAG_P:g}: "
+    + "; ".join(t[0].upper() + t[1:] if i == 0 else t for i, t in enumerate(said))
+    + "."
+  )
+
+
 def _censored_check(doc, fit, points, outs: Outputs) -> None:
-  """Censored cells the law predicts to have emerged before their last checkpoint
-  (censored_check.csv)."""
+  """Censored cells against the law (censored_check.csv): how many had not emerged by a
+  checkpoint past the law's median prediction, and how many contradict it at the check's
+  level."""
   check = scaling.censored_check(fit, points)
   if len(check):
     check.to_csv(outs.claim("censored_check.csv"), index=False)
+    past = int(check["before_median"].sum()) if "before_median" in check else 0
     bad = int(check["contradicts"].sum()) if "contradicts" in check else 0
-    censored_fit = _is_censored_fit(fit)
-    doc.p(
-      f"Censored cells against the law (`censored_check.csv`): for {bad} of {len(check)} "
-      f"the law's median predicts emergence before their last checkpoint, yet they had not "
-      f"emerged"
-      + (
-        " (the censored fit already counts them: with scatter σ some such cells are expected)."
-        if censored_fit and bad
-        else " — evidence that the law, fitted without them, predicts too early there."
-        if bad
-        else "."
-      )
+    text = (
+      f"Censored cells against the law (`censored_check.csv`): {past} of {len(check)} had not "
+      f"emerged by a checkpoint past the law's median prediction"
     )
+    if "p_not_emerged" in check:
+      text += (
+        f"; {bad} contradict it (the fit gives it a probability below "
+        f"{scaling.CHECK_P:g}/{len(check)} of not having emerged by then: at most a "
+        f"{scaling.CHECK_P:.0%} chance that a grid where the law holds shows any)"
+        + (
+          " — evidence that the law predicts too early there, or cells that never emerge."
+          if bad
+          else "; with scatter σ some cells past the median are expected."
+        )
+      )
+    else:
+      text += " (the fit has no scatter: each of them contradicts the law)." if past else "."
+    doc.p(text)
     doc.table(check)
 
 

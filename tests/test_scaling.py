@@ -466,7 +466,9 @@ def test_lack_of_fit_flags_a_u_in_c_and_not_a_power_law():
   rng = np.random.default_rng(0)
   fit = scaling.fit_law(_shaped_grid(_u_in_c, rng), n_boot=0)
   by = {t.symbol: t for t in fit.lack_of_fit}
-  assert by["C"].lacks_fit and by["C"].dof == 1 and by["C"].p_value < 1e-6
+  # 9 grid points, 4 coefficients of the free model: F(1, 5) on the points (seeds averaged)
+  assert by["C"].lacks_fit and (by["C"].dof, by["C"].dof_resid) == (1, 5)
+  assert by["C"].p_value < 1e-3 and by["C"].n_points == 9
   assert by["C"].fastest == {8.0: 32.0, 16.0: 32.0, 32.0: 32.0}
   assert (
     by["C"]
@@ -477,9 +479,13 @@ def test_lack_of_fit_flags_a_u_in_c_and_not_a_power_law():
   assert not by["B"].lacks_fit
   law = fit.to_dict()
   assert [t["lacks_fit"] for t in law["lack_of_fit"]] == [True, False]
+  # 40 tests of a 1% test on power-law data: 4 or more flags has binomial probability 8e-4
+  # (its level over 1,000 such draws: 1.0% in C, 1.2% in B; benchmarks/calibration.py)
+  flags = 0
   for draw in range(20):
     power = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(100 + draw)), n_boot=0)
-    assert not any(t.lacks_fit for t in power.lack_of_fit), [t.p_value for t in power.lack_of_fit]
+    flags += sum(t.lacks_fit for t in power.lack_of_fit)
+  assert flags <= 3, flags
   censored = _shaped_grid(_u_in_c, np.random.default_rng(1), censor_above=np.exp(7.6))
   assert censored["censored"].eq(True).sum() >= 2
   flagged = {t.symbol: t.lacks_fit for t in scaling.fit_law(censored, n_boot=0).lack_of_fit}
@@ -519,7 +525,7 @@ def test_the_law_figure_shows_where_c_lacks_fit():
     np.testing.assert_allclose(dashed, solid * math.exp(shift), rtol=1e-9)
   assert titles[1].startswith("C = 32: -") and titles[0].startswith("C = 16: +")
   legend = " ".join(t.get_text() for t in fig.axes[1].get_legend().get_texts())
-  assert "lack of fit in C: χ²(1)" in legend.replace("\n", " ")
+  assert "lack of fit in C: F(1, 5) = " in legend.replace("\n", " ")
   power = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(100)), n_boot=50)
   plain = law_figure.figure_law(power, None)
   assert "does not describe" not in plain._suptitle.get_text()
