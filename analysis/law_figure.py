@@ -278,9 +278,7 @@ def _law_legend(ax, censored: bool, how: str | None, fit=None) -> None:
   handles.append(Line2D([], [], color=gray, lw=1, label="fitted law"))
   lacking = _lacking(fit, "C") if fit is not None else None
   if lacking is not None:
-    label = (
-      f"the law at this C's own level (lack of fit in C: {lacking['numbers']})"
-    )
+    label = f"the law at this C's own level (lack of fit in C: {lacking['numbers']})"
     handles.append(Line2D([], [], color=gray, lw=1, ls="--", label=textwrap.fill(label, 30)))
   if how:
     handles.append(Patch(color=gray, alpha=0.2, lw=0, label=textwrap.fill(how, 30)))
