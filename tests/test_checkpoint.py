@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ihsweep.base import errors
+from ihsweep.base.errors import StorageFault
 from ihsweep.compute import schedule
 from ihsweep.configuration import fields
 from ihsweep.runs import checkpoint
@@ -220,27 +222,38 @@ def test_state_checkpoints_follow_the_clock_and_resume_exactly(tiny, tmp_path, m
   _assert_same_run(tmp_path / "ref", run)
 
 
-def test_full_disk_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp_path):
-  # The injected failure is the error orbax raises on a full disk (tried on a 2 MB tmpfs): a
-  # ValueError from tensorstore, RESOURCE_EXHAUSTED ... [os_error_code='28'].
-  cmd = CMD + [f"--workdir={tmp_path / 'run'}"]
+# What the command says for each storage fault (tests/storage_faults.py makes them).
+STORAGE_FAULTS = {
+  "ENOSPC": "no space left on device writing {}; free space",
+  "EFBIG": "file too large writing {}; raise the file-size limit (ulimit -f)",
+  "EROFS": "read-only file system writing {}; make the file system writable",
+}
+
+
+@pytest.mark.parametrize("kind", STORAGE_FAULTS)
+def test_a_storage_fault_is_one_line_and_a_rerun_resumes_to_the_same_numbers(tiny, tmp_path, kind):
+  """The full-state save at update 40 meets a full disk (orbax's error), a file-size limit (a
+  real one: RLIMIT_FSIZE) or a read-only file system (an OSError): exit 75 and one line; the
+  rerun resumes from update 20 to the uninterrupted run's numbers."""
+  cmd = CMD[3:] + [f"--workdir={tmp_path / 'run'}"]
   full = subprocess.run(
-    cmd,
+    [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), kind, "40", "--", *cmd],
     cwd=ROOT,
     capture_output=True,
     text=True,
     timeout=600,
-    env={**os.environ, "IHSWEEP_FAULT_DISK_FULL_AT_STEP": "40"},
   )
-  assert full.returncode == checkpoint.DiskFull.EXIT_CODE == 75, full.stderr
+  assert full.returncode == StorageFault.EXIT_CODE == 75, full.stderr
   assert "Traceback" not in full.stderr and "Event loop" not in full.stderr, full.stderr
   assert full.stderr.strip().splitlines()[-1] == (
-    f"ihsweep: no space left on device writing {tmp_path / 'run'}; free space and rerun the "
-    f"same command to resume"
+    f"ihsweep: {STORAGE_FAULTS[kind].format(tmp_path / 'run')} and rerun the same command to resume"
   )
-  resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  resumed = subprocess.run(CMD[:3] + cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr
-  assert "resuming from the full-state checkpoint at update 20" in resumed.stderr
+  assert "resuming from the full-state checkpoint at update 20" in resumed.stderr, (
+    full.stderr[-3000:],
+    resumed.stderr[:3000],
+  )
   fit(tiny(**RUN), str(tmp_path / "ref"), progress=False)
   _assert_same_run(tmp_path / "ref", tmp_path / "run")
 
@@ -252,7 +265,7 @@ def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch)
     checkpoint.shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(10**9, 10**9 - 3999, 3999)
   )
   with pytest.raises(
-    checkpoint.DiskFull,
+    StorageFault,
     match=r"no space left on device writing .*free space "
     r"and rerun the same command to resume",
   ):
@@ -260,20 +273,40 @@ def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch)
   assert os.listdir(tmp_path / "state") == []  # orbax never started: no temporary directory
   monkeypatch.undo()
   assert ckpts.save_state(10, state)
-  for error in (
-    OSError(errno.ENOSPC, "No space left on device"),
-    OSError(errno.EDQUOT, "quota"),
-    ValueError(
-      "RESOURCE_EXHAUSTED: Error writing local file ... No space left on "
-      "device [os_error_code='28']"
+  for code, error in (
+    (errno.ENOSPC, OSError(errno.ENOSPC, "No space left on device")),
+    (errno.EDQUOT, OSError(errno.EDQUOT, "quota")),
+    (errno.EFBIG, OSError(errno.EFBIG, "File too large")),
+    (errno.EIO, OSError(errno.EIO, "Input/output error")),
+    (
+      errno.ENOSPC,
+      ValueError(
+        "RESOURCE_EXHAUSTED: Error writing local file ... No space left on "
+        "device [os_error_code='28']"
+      ),
     ),
+    (  # orbax's error under a file-size limit (RLIMIT_FSIZE), as it reads
+      errno.EFBIG,
+      ValueError(
+        'OUT_OF_RANGE: Error writing "w/0" in OCDBT database at local file ... Failed to write '
+        "304366 bytes to file 7: File too large [os_error_code='27']"
+      ),
+    ),
+    (errno.EROFS, RuntimeError(f"a wrapper's own text: {os.strerror(errno.EROFS)}")),
   ):
-    try:
-      raise RuntimeError("wrapped") from error
-    except RuntimeError as e:
-      assert checkpoint.disk_full_cause(e) is error
-  assert checkpoint.disk_full_cause(OSError(errno.EACCES, "denied")) is None
-  assert checkpoint.disk_full_cause(ValueError("RESOURCE_EXHAUSTED: out of memory")) is None
+    for chain in ("cause", "context"):
+      try:
+        try:
+          raise error
+        except Exception as inner:
+          if chain == "cause":
+            raise RuntimeError("wrapped") from inner
+          raise RuntimeError("raised while handling it")  # noqa: B904 — its context
+      except RuntimeError as e:
+        assert errors.storage_errno(e) == (error, code), (error, chain)
+        assert StorageFault.of(e, "d").errno == code
+  assert errors.storage_errno(OSError(errno.EACCES, "denied")) is None
+  assert errors.storage_errno(ValueError("RESOURCE_EXHAUSTED: out of memory")) is None
 
 
 def test_a_reader_never_disturbs_a_live_run(tmp_path):

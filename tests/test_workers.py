@@ -204,6 +204,32 @@ def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_o
     assert json.load(f)["cells_by_state"]["done"] == 8
 
 
+def test_a_file_size_limit_ends_the_sweep_in_one_line_and_a_rerun_resumes(tmp_path, reference):
+  """g001's full-state save at update 20 meets a real file-size limit (RLIMIT_FSIZE, as `ulimit
+  -f` sets: EFBIG, "File too large"; tests/storage_faults.py): `ihsweep run` ends with exit 75
+  and one line, no group recorded failed; the rerun resumes g001 from update 10 and ends with
+  the uninterrupted sweep's losses and params."""
+  work = str(tmp_path / "run")
+  faulty = [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "EFBIG", "20"]
+  r = subprocess.run(
+    [*faulty, "g001", "--", "run", f"--workdir={work}", *FLAGS],
+    cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert r.returncode == 75, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr and "Event loop" not in r.stderr, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith(
+    f"ihsweep: file too large writing {work}"
+  ) and r.stderr.strip().endswith(
+    "; raise the file-size limit (ulimit -f) and rerun the same command to resume"
+  ), r.stderr[-3000:]
+  states = {g: rundir.read_status(work, g)["state"] for g in GROUPS}
+  assert "failed" not in states.values() and states["g001"] != "done", states
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(1))])
+  assert rc == 0, out[-3000:]
+  assert rundir.read_status(work, "g001")["resumed_from"] == 10
+  _assert_same_results(work, reference)
+
+
 def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
   work = str(tmp_path)
   os.makedirs(os.path.join(work, "groups", "g000"))

@@ -16,6 +16,7 @@ import traceback
 
 from absl import flags
 
+from ihsweep.base.errors import StorageFault
 from ihsweep.commands.flags import ARGV, FLAGS, config_arg, split_args
 
 CONFIG_LOAD_ERRORS = (AttributeError, KeyError, OSError, ValueError, TypeError, ImportError)
@@ -280,18 +281,16 @@ def parse(command: str, argv: list[str], args: list[str], found) -> tuple[list[s
 
 
 def run_guarded(handler, rest: list[str]) -> int:
-  """``handler(rest)``'s exit code; a full disk anywhere (checkpoints, logs, a sweep's tables)
-  is one line and its exit code, device memory exhausted one line and exit 1 at once."""
+  """``handler(rest)``'s exit code; a storage fault anywhere (a full disk, a file-size limit,
+  ...: ``errors.STORAGE_ERRNOS``; in checkpoints, logs, a sweep's tables) is one line and its
+  exit code, device memory exhausted one line and exit 1 at once."""
   try:
     return int(handler(rest) or 0)
   except Exception as e:
-    from ihsweep.runs.checkpoint import DiskFull, disk_full_cause
-
-    if disk_full_cause(e) is not None:
-      print(
-        f"ihsweep: {e if isinstance(e, DiskFull) else DiskFull(FLAGS.workdir)}", file=sys.stderr
-      )
-      return DiskFull.EXIT_CODE
+    fault = StorageFault.of(e, FLAGS.workdir)
+    if fault is not None:
+      print(f"ihsweep: {fault}", file=sys.stderr)
+      return StorageFault.EXIT_CODE
     text = str(e)
     if "RESOURCE_EXHAUSTED" not in text or "memory" not in text.lower():
       raise

@@ -20,8 +20,10 @@ trainer may donate them right after) and atomic: orbax writes into a temporary d
 renames it when complete, so a step killed half-way is never listed and never restored
 (the trainer's manager removes temporary leftovers when it opens; nothing else writes: a
 ``RunCheckpoints`` is read-only unless opened with ``read_only=False``, so reading a live run is
-safe). A full disk raises ``DiskFull``; the run resumes from its last complete checkpoint once
-space is freed.
+safe). A save that cannot fit the free space is refused before it starts (``StorageFault``); a
+write that fails for its storage (full, over a quota or a file-size limit, read-only, failing:
+``errors.STORAGE_ERRNOS``) is one too, once the trainer catches it; the run resumes from its last
+complete checkpoint once the storage is mended.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ihsweep.base.errors import IhsweepError
+from ihsweep.base.errors import StorageFault
 from ihsweep.data.errors import DataError
 
 log = logging.getLogger("ihsweep")
@@ -47,48 +49,6 @@ log = logging.getLogger("ihsweep")
 
 class CheckpointError(DataError):
   """A run directory whose checkpoints cannot be restored."""
-
-
-class DiskFull(IhsweepError):
-  """No space left on the device holding ``directory``; the message is one line for the user.
-  The ``ihsweep`` command prints it and exits with status ``EXIT_CODE`` (75, sysexits'
-  EX_TEMPFAIL: rerun the same command once space is freed; it resumes from the last complete
-  full-state checkpoint)."""
-
-  EXIT_CODE = 75
-
-  def __init__(self, directory: str, detail: str = ""):
-    self.directory = directory
-    super().__init__(
-      f"no space left on device writing {directory}{f' ({detail})' if detail else ''}"
-      f"; free space and rerun the same command to resume"
-    )
-
-
-NO_SPACE_MESSAGES = (
-  "No space left on device",
-  "Disk quota exceeded",
-  "os_error_code='28'",
-  "os_error_code='122'",
-)
-
-
-def disk_full_cause(error: BaseException) -> BaseException | None:
-  """The exception in ``error``'s chain (itself, its cause or context) that reports a full disk
-  or quota: an ``OSError`` with ``ENOSPC``/``EDQUOT``, or the ``ValueError('RESOURCE_EXHAUSTED:
-  … No space left on device [os_error_code='28']')`` orbax's tensorstore writes raise; None if
-  there is none."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if (
-      isinstance(error, DiskFull)
-      or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
-      or (isinstance(error, ValueError) and any(m in str(error) for m in NO_SPACE_MESSAGES))
-    ):
-      return error
-    error = error.__cause__ or error.__context__
-  return None
 
 
 def _jsonable(x):
@@ -356,8 +316,10 @@ class RunCheckpoints:
     need = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
     free = shutil.disk_usage(self.directory).free
     if free < need:
-      raise DiskFull(
-        self.directory, f"{need / 2**20:,.1f} MiB to write, {free / 2**20:,.1f} MiB free"
+      raise StorageFault(
+        self.directory,
+        errno.ENOSPC,
+        f"{need / 2**20:,.1f} MiB to write, {free / 2**20:,.1f} MiB free",
       )
     return manager.save(
       step,

@@ -160,7 +160,6 @@ class SaveState(Hook):
   def save(self, loop, step: int) -> None:
     """Reads the unread values, then saves the state at ``step``; restarts the clock."""
     loop.read()
-    _fault_injection(step, self.workdir, "DISK_FULL")
     self.ckpts.save_state(step, loop.state, {"tokens": step * self.tokens_per_step})
     self.saved.add(step)
     self.saved_t = _clock()
@@ -168,12 +167,10 @@ class SaveState(Hook):
 
 
 def _fault_injection(step: int, workdir: str, fault: str) -> None:
-  """Test hook around the full-state save at update s: ``IHSWEEP_FAULT_DISK_FULL_AT_STEP=s``
-  (``fault`` "DISK_FULL", before the save) fails it as orbax does on a full disk (the
-  ``ValueError`` its tensorstore writes raise); ``IHSWEEP_FAULT_KILL_AT_STEP=s`` ("KILL", after)
-  SIGKILLs this process right after it has started (its asynchronous write possibly
-  unfinished). ``IHSWEEP_FAULT_PROCESS=p`` limits either to process p of a multi-process run,
-  ``IHSWEEP_FAULT_GROUP=g`` to the run directory named g (a sweep's group)."""
+  """Test hook after the full-state save at update s has started: ``IHSWEEP_FAULT_KILL_AT_STEP=s``
+  SIGKILLs this process (its asynchronous write possibly unfinished). ``IHSWEEP_FAULT_PROCESS=p``
+  limits it to process p of a multi-process run, ``IHSWEEP_FAULT_GROUP=g`` to the run directory
+  named g (a sweep's group). (A failing write is the tests' to make: they patch the writer.)"""
   at = environment.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
   only, group = environment.get("IHSWEEP_FAULT_PROCESS"), environment.get("IHSWEEP_FAULT_GROUP")
   if not (
@@ -183,14 +180,7 @@ def _fault_injection(step: int, workdir: str, fault: str) -> None:
     and (not group or os.path.basename(os.path.normpath(workdir)) == group)
   ):
     return
-  if fault == "KILL":
-    os.kill(os.getpid(), signal.SIGKILL)
-  tmp = os.path.join(workdir, "checkpoints", "state", f"{step}.orbax-checkpoint-tmp")
-  raise ValueError(
-    f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
-    f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
-    f"No space left on device [os_error_code='28'] (IHSWEEP_FAULT_DISK_FULL)"
-  )
+  os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _short(values, limit: int = 8) -> str:

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from ihsweep.base import sharding
+from ihsweep.base.errors import StorageFault, is_storage_message, storage_errno
 from ihsweep.compute import schedule as schedule_lib
 from ihsweep.compute import train
 from ihsweep.compute.model import ModelConfig
@@ -29,7 +30,7 @@ from ihsweep.configuration import config as config_lib
 from ihsweep.configuration import fields
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
-from ihsweep.runs import checkpoint, rundir
+from ihsweep.runs import rundir
 from ihsweep.training import loop, memory, resume
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
 from ihsweep.training.progress import logs_above_bars
@@ -424,25 +425,23 @@ def fit(
         keep_bar=keep_bar,
       )
   except Exception as e:
-    if isinstance(e, checkpoint.DiskFull) or checkpoint.disk_full_cause(e) is None:
+    fault = StorageFault.of(e, workdir)  # a checkpoint's or a record's write
+    if fault is None or fault is e:
       raise
-    raise checkpoint.DiskFull(workdir) from e
+    raise fault from e
 
 
 def _quiet_failed_writes() -> None:
   """Silences orbax's error logs (with tracebacks) from its writer threads when a write failed
-  for want of space, which ``DiskFull`` reports in one line (the "Event loop is closed" echoes
-  of its abandoned writes: ``checkpoint.RunCheckpoints``)."""
+  for a fault of the storage, which ``StorageFault`` reports in one line (the "Event loop is
+  closed" echoes of its abandoned writes: ``checkpoint.RunCheckpoints``)."""
   absl = logging.getLogger("absl")
-  if any(getattr(f, "ihsweep_disk_full", False) for f in absl.filters):
+  if any(getattr(f, "ihsweep_storage_fault", False) for f in absl.filters):
     return
 
   def keep(record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    return not (
-      checkpoint.disk_full_cause(error)
-      or any(m in record.getMessage() for m in checkpoint.NO_SPACE_MESSAGES)
-    )
+    return not (storage_errno(error) or is_storage_message(record.getMessage()))
 
-  keep.ihsweep_disk_full = True
+  keep.ihsweep_storage_fault = True
   absl.addFilter(keep)

@@ -43,13 +43,13 @@ import time
 import traceback
 
 from ihsweep.base import atomic, sharding
-from ihsweep.base.errors import IhsweepError
+from ihsweep.base.errors import IhsweepError, StorageFault
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError, WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
 from ihsweep.planning import list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
-from ihsweep.runs import checkpoint, claims, rundir
+from ihsweep.runs import claims, rundir
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
 from ihsweep.training import evaluation, memory, resume, runner, stopping
 from ihsweep.training import progress as progress_lib
@@ -540,10 +540,13 @@ def _train_group(
     if lead:
       write_status(workdir, group.id, state="interrupted", step=e.step, **common, worker=me)
     state = "interrupted"
-  except checkpoint.DiskFull:  # every later group would fail too; a rerun resumes
-    state = "interrupted"
-    raise
   except Exception as e:  # noqa: BLE001 — recorded, and the worker goes on
+    fault = StorageFault.of(e, group_dir(workdir, group.id))
+    if fault is not None:  # a storage fault: every later group would meet it; a rerun resumes
+      state = "interrupted"
+      if fault is e:
+        raise
+      raise fault from e
     if lead and _in_use_by_another(e, workdir, group):
       state = "lost"
       return state

@@ -1,0 +1,60 @@
+"""``python tests/storage_faults.py KIND STEP [GROUP] -- ARGS``: the ``ihsweep ARGS`` command whose
+full-state save at update STEP (in the run directory named GROUP, a sweep's group, if given) meets
+a fault of the storage. The tests' fault injection, kept out of the product: it patches the
+writer, ``RunCheckpoints.save_state``.
+
+KIND:
+
+* ``ENOSPC``: the save raises what orbax raises on a full disk (tried on a 2 MB tmpfs): a
+  ``ValueError`` from tensorstore, ``RESOURCE_EXHAUSTED: … No space left on device
+  [os_error_code='28']``.
+* ``EFBIG``: a real one: the process's file-size limit (``RLIMIT_FSIZE``, as ``ulimit -f`` sets
+  it) drops below the state's size just before the save, so tensorstore's write fails (``…
+  File too large [os_error_code='27']``, asynchronously where saves are; Python ignores
+  SIGXFSZ, so the write fails instead of the process being killed).
+* any other errno name (``EROFS``, ``EIO``): the save raises ``OSError(errno.KIND)``, as a write
+  from Python would.
+"""
+
+import errno
+import os
+import resource
+import sys
+
+import jax
+
+from ihsweep import cli
+from ihsweep.runs import checkpoint
+
+
+def _failing(kind: str, at: int, group: str | None):
+  save = checkpoint.RunCheckpoints.save_state
+
+  def save_state(self, step, state, extra=None):
+    here = os.path.basename(os.path.dirname(os.path.normpath(self.directory)))
+    if step != at or (group and here != group):
+      return save(self, step, state, extra)
+    if kind == "ENOSPC":
+      tmp = os.path.join(self.directory, "state", f"{step}.orbax-checkpoint-tmp")
+      raise ValueError(
+        f'RESOURCE_EXHAUSTED: Error writing local file "{tmp}/_sharding": Failed '
+        f'writing: "{tmp}/_sharding.__lock": Failed to write 6231 bytes to file 7: '
+        f"No space left on device [os_error_code='28']"
+      )
+    if kind == "EFBIG":
+      nbytes = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(state))
+      self.wait()  # the earlier saves complete (asynchronous ones may still be writing)
+      # Above every record's size (the logs, the config), below the state's data file.
+      resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes // 2, resource.RLIM_INFINITY))
+      return save(self, step, state, extra)
+    code = getattr(errno, kind)
+    raise OSError(code, os.strerror(code), os.path.join(self.directory, "state"))
+
+  return save_state
+
+
+if __name__ == "__main__":
+  split = sys.argv.index("--")
+  kind, at, *group = sys.argv[1:split]
+  checkpoint.RunCheckpoints.save_state = _failing(kind, int(at), group[0] if group else None)
+  sys.exit(cli.main(["ihsweep", *sys.argv[split + 1 :]]))
