@@ -45,6 +45,10 @@ for a in "$@"; do
     *) echo "usage: $0 [--cpu-smoke | --preflight]" >&2; exit 2 ;;
   esac
 done
+if (( smoke && preflight )); then  # the pre-flight compiles for an H200; it has no smoke size
+  echo "$0: --preflight and --cpu-smoke are not allowed together: one of them (usage: $0 [--cpu-smoke | --preflight])" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 out=${OUT:-./device_check_out}
 mkdir -p "$out"

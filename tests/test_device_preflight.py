@@ -45,3 +45,23 @@ def test_every_program_of_the_device_check_compiles_for_an_h200(tmp_path):
     "gradient_accumulation_steps": 1, "vmap_chunk": 2, "remat": "none", "attention": "cudnn"
   }  # fmt: skip
   assert 10 * GIB < cell["predicted_bytes"] < 30 * GIB < cell["capacity_bytes"]
+
+
+@pytest.mark.parametrize(
+  "args,words",
+  [
+    (["--preflight", "--cpu-smoke"], "--preflight and --cpu-smoke are not allowed together"),
+    (["--cpu-smoke", "--preflight"], "--preflight and --cpu-smoke are not allowed together"),
+    (["--gpu"], "usage: "),
+  ],
+)
+def test_device_check_refuses_flags_it_cannot_honour(tmp_path, args, words):
+  """Two modes at once (the pre-flight has no smoke size), or an unknown flag: one line, exit 2,
+  nothing written."""
+  out = tmp_path / "out"
+  r = subprocess.run(
+    ["bash", "benchmarks/device_check.sh", *args],
+    cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True, timeout=60,
+  )  # fmt: skip
+  assert r.returncode == 2 and r.stdout == "" and not out.exists(), r.stderr
+  assert words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr

@@ -96,6 +96,21 @@ def test_capacity_from_the_environment(monkeypatch):
   assert memory.device_capacity(jax.devices()[0]) is None  # a CPU reports none
 
 
+def test_byte_counts_are_printed_in_a_unit_that_shows_them(tiny, monkeypatch):
+  """memory.gib: bytes, KiB, MiB or GiB by size; IHSWEEP_DEVICE_MEMORY=1000 is refused with
+  numbers that say something (it was "need 0.0 MiB … a device has 0.0 MiB")."""
+  assert [memory.gib(n) for n in (0, 1000, 1024, 1536, 10 << 20, 3 * 2**29, 15.75 * 2**30)] == [
+    "0 bytes", "1,000 bytes", "1.0 KiB", "1.5 KiB", "10.0 MiB", "1.50 GiB", "15.75 GiB"
+  ]  # fmt: skip
+  monkeypatch.setenv(memory.CAPACITY_ENV, "1000")
+  cfg = tiny()
+  with pytest.raises(memory.TooLarge) as e:
+    memory.check_possible(cfg, jax.devices()[:1], "group g000")
+  need = memory.minimum_bytes(cfg, 1, grid.n_params(ModelConfig.from_config(cfg.model), 32))
+  assert f"need {need / 1024:.1f} KiB per device" in str(e.value), str(e.value)
+  assert "a device has 1,000 bytes:" in str(e.value), str(e.value)
+
+
 def _cfg(tiny, **kw):
   return tiny(
     **{

@@ -7,6 +7,9 @@ import dataclasses
 import functools
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -21,6 +24,8 @@ from ihsweep.commands import flags
 from ihsweep.compute import schedule as schedule_lib
 from ihsweep.planning import list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def job(name, e=2, b=8, c=32, updates=100, flops_per_update=1.0, **kw):
@@ -617,6 +622,30 @@ def test_plan_flags_are_checked_in_one_line(capsys, args, words):
   assert code == 2 and out == ""
   assert err.startswith("ihsweep: ") and len(err.splitlines()) == 1, err
   assert words in err, err
+
+
+@pytest.mark.parametrize(
+  "args,value,n",
+  [
+    (["--devices=8", "--flops_per_s=4e14"], -1, 8),  # was a ValueError from list_schedule
+    (["--devices=8", "--flops_per_s=4e14"], 16, 8),
+    (["--devices=1"], -1, 1),  # measured: refused before anything is timed
+  ],
+)
+def test_plan_refuses_the_mesh_size_run_refuses(args, value, n):
+  """The config's mesh.num_devices: `run`'s check of the field (fields.check), against the N
+  devices planned; one line, exit 2. (A process of its own: absl defines a --config.X flag
+  once per process.)"""
+  r = subprocess.run(
+    [sys.executable, "-m", "ihsweep.cli", "plan", "--config=configs/demo.py", *args,
+     f"--config.mesh.num_devices={value}"],
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert r.returncode == 2 and r.stdout == "", r.stderr[-2000:]
+  assert r.stderr == (
+    f"ihsweep: invalid config: config.mesh.num_devices = {value} is not allowed: an integer in "
+    f"[0, {n}] (0 = as many of the {n} devices as a group can use)\n"
+  )
 
 
 def test_ring_all_reduce_known_answer():

@@ -45,8 +45,15 @@ GIB = 1 << 30
 
 
 def gib(n_bytes: float) -> str:
-  """``15.75 GiB``, or ``125.0 MiB`` below one GiB."""
-  return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / (1 << 20):.1f} MiB"
+  """A byte count in the unit its size calls for: ``15.75 GiB``; below one GiB ``125.0 MiB``,
+  below one MiB ``12.5 KiB``, below one KiB ``1,000 bytes``."""
+  if n_bytes >= GIB:
+    return f"{n_bytes / GIB:.2f} GiB"
+  if n_bytes >= 1 << 20:
+    return f"{n_bytes / (1 << 20):.1f} MiB"
+  if n_bytes >= 1 << 10:
+    return f"{n_bytes / (1 << 10):.1f} KiB"
+  return f"{n_bytes:,.0f} bytes"
 
 
 @dataclasses.dataclass(frozen=True)
