@@ -107,7 +107,13 @@ if [[ -n "${IHSWEEP_GPUS:-}" ]]; then
       exit 2
     fi
   done
-  if [[ $(printf '%s\n' "${gpus[@]}" | sort | uniq -d) ]]; then
+  # CUDA reads an id as a number (00 is GPU 0): ids compared without their leading zeros
+  distinct=()
+  for g in "${gpus[@]}"; do
+    if [[ "$g" =~ ^[0-9]+$ ]]; then g="${g#"${g%%[!0]*}"}"; g=${g:-0}; fi
+    distinct+=("$g")
+  done
+  if [[ $(printf '%s\n' "${distinct[@]}" | sort | uniq -d) ]]; then
     echo "$0: IHSWEEP_GPUS=$IHSWEEP_GPUS is not allowed: distinct GPU ids or UUIDs (a GPU listed twice)" >&2
     exit 2
   fi

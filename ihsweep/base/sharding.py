@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ihsweep.base import environment
+from ihsweep.base import environment, runtime_abort
 from ihsweep.base.errors import IhsweepError
 from ihsweep.base.numbers import divisors
 
@@ -324,9 +324,12 @@ def initialize_distributed() -> int:
     )
   # JAX's own detection is the backstop: when it fires it aborts the process with a C++ stack
   # trace (its missed-heartbeat callback cannot be set from Python: jaxlib 0.10 fails to pass
-  # the status to it), so it is given twice our bound.
+  # the status to it), so it is given twice our bound and 30 s more, for a watchdog thread
+  # starved of CPU on a loaded machine; should it still come first, the stack trace is one line
+  # in the log (runtime_abort).
+  runtime_abort.start(f"process {args[2]}" if args else "this process")
   jax.distributed.initialize(
-    *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat), 2**31 - 1), **kwargs
+    *args, heartbeat_timeout_seconds=min(math.ceil(2 * heartbeat + 30), 2**31 - 1), **kwargs
   )
   if jax.process_count() > 1:
     _Watchdog(heartbeat).start()
