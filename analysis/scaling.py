@@ -51,7 +51,7 @@ import shlex
 
 import numpy as np
 import pandas as pd
-from scipy import special
+from scipy import stats
 
 from . import lack_of_fit
 from .censored_fit import (
@@ -404,6 +404,23 @@ def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFi
   )
 
 
+def _prediction_scale(law: LawFit, at: tuple) -> np.ndarray:
+  """The scale of ln UPT of a new cell at ``at`` = (B, C, n_params or None) about ``law``'s
+  prediction: s·sqrt(1 + x (XᵀX)⁻¹ xᵀ), s the scatter on the emerged cells' residual degrees
+  of freedom and X their design over the free coefficients — the classical prediction
+  interval of a new observation (Draper & Smith, *Applied Regression Analysis*, 3rd ed., §3.3),
+  read with t(dof), so a refit on few cells does not treat its own estimates as exact."""
+  free = [i for i, n in enumerate(law.names) if n not in law.fixed]
+  res = law.residuals
+  design = law._x(
+    *law._by()[:2], res["n_params"].to_numpy(float) if law.gamma is not None else None
+  )
+  design, new = design[:, free], law._x(*at)[:, free]
+  leverage = np.einsum("ij,jk,ik->i", new, np.linalg.pinv(design.T @ design), new)
+  s = law.sigma * math.sqrt(law.n_emerged / law.dof)
+  return s * np.sqrt(1 + leverage)
+
+
 def compare(fit: LawFit) -> pd.DataFrame:
   """The fitted law against the study's laws on the fit's cells: r, RMS and mean residual of ln
   UPT (positive mean residual = emergence later than the law predicts).
@@ -449,8 +466,8 @@ def censored_check(fit: LawFit, points: pd.DataFrame, level: float = CHECK_P) ->
   the cell's last checkpoint, yet it had not emerged (with scatter σ about half of the cells
   near the law do so); ``p_not_emerged`` = the probability that such a cell had not emerged by
   ``censor_step`` under the law refitted **without the cell's grid point** (so a cell far off
-  the law cannot widen σ to excuse itself), Φ((ln predicted − ln censor_step) / σ) with that
-  fit's prediction and σ; ``contradicts`` = ``p_not_emerged`` below ``level`` / (censored
+  the law cannot widen σ to excuse itself): the t(dof) probability of (ln predicted − ln
+  censor_step) over that fit's prediction scale (``_prediction_scale``); ``contradicts`` = ``p_not_emerged`` below ``level`` / (censored
   cells): Bonferroni over the censored cells, so a grid where the law holds marks any cell with
   probability at most ``level`` (measured: docs/benchmarks.md, "Calibration of the report's
   verdicts"). Where the refit without the point is impossible (too few points left) the full
@@ -495,10 +512,10 @@ def censored_check(fit: LawFit, points: pd.DataFrame, level: float = CHECK_P) ->
       )
     except FitError:
       law = fit
-    law = law if law.sigma > 0 else fit
+    law = law if law.sigma > 0 and law.dof > 0 else fit
     left_out[rows.index] = law is not fit
-    pred = law.predict_updates(*x(rows, law))
-    p_not[rows.index] = special.ndtr(np.log(pred / rows["censor_step"].to_numpy(float)) / law.sigma)
+    z = np.log(law.predict_updates(*x(rows, law)) / rows["censor_step"].to_numpy(float))
+    p_not[rows.index] = stats.t.cdf(z / _prediction_scale(law, x(rows, law)), law.dof)
   out["p_not_emerged"] = p_not
   out["left_out"] = left_out
   out["contradicts"] = out["p_not_emerged"] < level / len(out)

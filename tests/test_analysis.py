@@ -243,11 +243,11 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   assert cfit.n_censored == 5
   check = scaling.censored_check(cfit, censored)
   # The true law predicts 3,600-10,000 updates for B = 4 (sigma 0.1). Stopped at 100,000:
-  # contradicts the law refitted without its point (p 5e-6 < 0.01 / 5; the fit with both far
-  # cells widens sigma from 0.1 to 0.33); at 50,000, past the median too, but the refit
-  # without it keeps the 100,000 cell, whose sigma excuses it (p 0.004 > 0.002: one outlier
-  # can mask another, as in any leave-one-out check); stopped at 1,000, before the median: no
-  # evidence either way.
+  # contradicts the law refitted without its point (p 0.0016 < 0.01 / 5, its prediction
+  # interval's t; the fit with both far cells widens sigma from 0.1 to 0.33); at 50,000, past
+  # the median too, but the refit without it keeps the 100,000 cell, whose sigma excuses it
+  # (p 0.023: one outlier can mask another, as in any leave-one-out check); stopped at 1,000,
+  # before the median: no evidence either way.
   assert check["before_median"].tolist() == [True, True, False, False, False]
   assert check["contradicts"].tolist() == [True, False, False, False, False]
   assert check["left_out"].all()
