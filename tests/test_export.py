@@ -300,6 +300,7 @@ def swept(tmp_path_factory):
       "train.num_steps": 10,
       "train.steps_per_call": 5,
       "sweep.seeds": 1,
+      "ensemble.size": 1,
       "eval.every_steps": 10,
       "eval.n_probes": 4,
       "eval.n_sequences": 2,

@@ -54,7 +54,10 @@ def _config(tiny, grid=GRID, **overrides):
   return cfg
 
 
-def _cli_flags(**overrides):
+def _cli_flags(axes=(), **overrides):
+  """The tiny run as --config.X=V flags, without the fields the ``--grid`` flags ``axes`` set
+  (a field given both ways is refused)."""
+  swept = tuple(f"--config.{a.split('=')[1]}=" for a in axes)
   tiny_flags = [
     "--config.train.batch_size=8",
     "--config.train.context_size=32",
@@ -67,7 +70,8 @@ def _cli_flags(**overrides):
     "--config.train.lr=0.003",
     "--config.ensemble.size=2",
   ]
-  return tiny_flags + [f"--config.{k}={v}" for k, v in {**RUN, **overrides}.items()]
+  flags = tiny_flags + [f"--config.{k}={v}" for k, v in {**RUN, **overrides}.items()]
+  return [f for f in flags if not f.startswith(swept)]
 
 
 def _env(devices_per_process: int, **extra):
@@ -96,7 +100,7 @@ def _launch_two(workdir, extra_flags=(), **env):
     f"--workdir={workdir}",
     "--noprogress",
     *SWEEP_FLAGS,
-    *_cli_flags(),
+    *_cli_flags(axes=SWEEP_FLAGS),
     "--config.sweep.processes_per_worker=2",
     *extra_flags,
   ]
@@ -278,9 +282,11 @@ def test_bad_sweeps_fail_before_compiling(tiny, tmp_path, no_compile, grid, extr
 def test_a_group_smaller_than_the_devices_runs_on_part_of_them(tiny, tmp_path):
   """E · B = 2 of the 4 devices: no longer refused (it was, before workers); it trains on 2."""
   work = str(tmp_path / "run")
-  cfg = _config(tiny, grid={"train.batch_size": (2,)}, **{"sweep.seeds": 1, "eval.every_steps": 0})
-  with cfg.unlocked():
-    cfg.ensemble.size = 2
+  cfg = _config(
+    tiny,
+    grid={"train.batch_size": (2,)},
+    **{"sweep.seeds": 1, "ensemble.size": 1, "eval.every_steps": 0},
+  )
   result = sweep.run(cfg, work, progress=False)
   assert result.groups["g000"]["state"] == "done", result.groups
   assert rundir.read_status(work, "g000")["devices"] == 2
@@ -662,7 +668,7 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
 
 def test_diverging_cell_is_frozen_and_others_unaffected(tiny, tmp_path):
   grid = {"train.lr": (3e-3, 1e30)}
-  extra = {"sweep.seeds": 1, "mesh.num_devices": 1}
+  extra = {"sweep.seeds": 1, "ensemble.size": 1, "mesh.num_devices": 1}
   result = sweep.run(_config(tiny, grid=grid, **extra), str(tmp_path / "both"), progress=False)
   assert result.groups["g000"]["diverged"].keys() == {"1"}
   cells = pd.read_csv(tmp_path / "both" / "cells.csv")

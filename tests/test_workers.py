@@ -453,6 +453,7 @@ def test_host_fed_text_over_two_processes_equals_one_process(tmp_path):
     "--grid=train.batch_size=4",
     "--grid=train.context_size=16",
   ]
+  flags = [f for f in flags if f != "--config.ensemble.size=1"]  # sweep.seeds sets it
   reference = str(tmp_path / "reference")
   [(rc, out)] = _finish([_ihsweep("run", f"--workdir={reference}", *flags, env=_env(4))])
   assert rc == 0, out[-3000:]
