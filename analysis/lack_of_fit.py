@@ -1,42 +1,44 @@
-"""Whether the power law describes the grid along B and along C: a lack-of-fit test whose unit
-is the grid point.
+"""Whether the power law describes the grid along B and along C: a lack-of-fit test whose unit is
+the grid point.
 
-The law ln UPT = ln T − α ln B − β ln C puts every value of C on one line. The alternative
-gives C a free level per value, ln UPT = a_C − α ln B, and keeps the power law in B; the same
-for B. A small p (below ``FLAG_P``) says the levels differ from the power law by more than the
-grid points scatter about it: the fitted exponent then averages a shape the law cannot take
-(e.g. a U: a middle C fastest), and its "no clear dependence" would be wrong.
+The law ln UPT = ln T − α ln B − β ln C puts every value of C on one line. The alternative gives
+C a free level per value, ln UPT = a_C − α ln B, and keeps the power law in B; the same for B. A
+small p (below ``FLAG_P``) says the levels differ from the power law by more than the grid
+points scatter about it: the fitted exponent then averages a shape the law cannot take (e.g. a
+U: a middle C fastest), and its "no clear dependence" would be wrong.
 
 **The grid point is the unit.** Seeds of one (B, C) point share whatever makes that point
 deviate from a power law (its data order, its checkpoints, its budget): they are subsamples of
 one experimental unit, not independent evidence about the law's shape (pseudoreplication:
 Hurlbert 1984, Ecol. Monogr. 54:187; the F test of a nested design against the experimental
 units' error: Montgomery, *Design and Analysis of Experiments*, 8th ed., §14.1). A test on cells
-counts one point's deviation once per seed and, with 2 seeds a point and point deviations as
-large as the seed scatter, flagged power-law data at 11–18% at its stated 1% (docs/benchmarks.md,
-"Calibration of the report's verdicts"). So each point enters once, as the mean ln UPT of its
-cells (ȳ_i = x_i·θ + u_i + mean seed noise: independent across points, variance σ_p² + σ_s²/m
-for m seeds); a point with a censored cell is right-censored at the mean with its censored
-cells at their ``censor_step`` (a lower bound of its mean, since each censored cell's ln UPT
-exceeds it).
+counts one point's deviation once per seed and, with 2–3 seeds a point and point deviations as
+large as the seed scatter, flagged power-law grids at 7–30% at its stated 1% (18% on exp1's 5 ×
+5 grid; docs/benchmarks.md, "Calibration of the report's verdicts"). So each point enters once,
+as the mean ln UPT of its cells (ȳ_i = x_i·θ + u_i + mean seed noise: independent across points,
+variance σ_p² + σ_s²/m for m seeds); a point with a censored cell is right-censored at the mean
+with its censored cells at their ``censor_step`` (a lower bound of its mean, since each censored
+cell's ln UPT exceeds it).
 
 **The statistic.** Both models are fitted to the points by the censored log-normal maximum
 likelihood of the law (``analysis.censored_fit``; without censored points, least squares). The
 likelihood ratio is read as an F statistic, F = (exp(LR / G) − 1) · (G − k₁) / q, referred to
 F(q, G − k₁) (G points, k₁ coefficients of the free model, q = levels − 2): for uncensored
 normal data this is exactly the classical F test of the extra levels (LR = G ln(RSS₀/RSS₁);
-Draper & Smith, *Applied Regression Analysis*, 3rd ed., §2.1 and §6.1), which holds its level
-at any G, where χ²(q) on the LR runs liberal with few points. With censored points it is an
+Draper & Smith, *Applied Regression Analysis*, 3rd ed., §2.1 and §6.1), which holds its level at
+any G, where χ²(q) on the LR runs liberal with few points. With censored points it is an
 approximation whose level is measured by simulation (``benchmarks/calibration.py``).
 
-**Zero scatter.** Emergence points are located between checkpoints; differences in ln UPT
-below ``SCATTER_FLOOR`` (0.1%) are not evidence. The residual scatter of the free model is
-floored there, so points exactly on a power law (or integer-rounded from one) give F ≈ 0 and an
+**Zero scatter.** Emergence points are located between checkpoints; differences in ln UPT below
+``SCATTER_FLOOR`` (0.1%) are not evidence. Both models' residual scatter is floored there (added
+in quadrature), so points exactly on a power law (or integer-rounded from one) give F ≈ 0 and an
 exact U gives a very large F, instead of 0/0.
 
-An axis is not tested, with the reason in one line (``AxisTest.reason``), where it has fewer
-than 3 values, where the grid points leave no residual degree of freedom for the free model, or
-where the emerged points do not identify a level per value.
+Levels of the axis with no grid point whose cells all emerged are left out of both models (only
+a bound on their level is known). An axis is not tested, with the reason in one line
+(``AxisTest.reason``), where it has fewer than 3 values (with a known level), where the grid
+points leave no residual degree of freedom for the free model, or where the emerged points do
+not identify a level per value.
 """
 
 from __future__ import annotations
