@@ -461,18 +461,19 @@ def compare(fit: LawFit) -> pd.DataFrame:
 
 
 def censored_check(fit: LawFit, points: pd.DataFrame, level: float = CHECK_P) -> pd.DataFrame:
-  """The censored cells against the law: each one's last checkpoint (``censor_step``) and the
-  fitted law's predicted UPT; ``before_median`` = the law's median predicts emergence before
-  the cell's last checkpoint, yet it had not emerged (with scatter σ about half of the cells
-  near the law do so); ``p_not_emerged`` = the probability that such a cell had not emerged by
+  """The censored cells against the law: each one's last checkpoint (``censor_step``) and the fitted
+  law's predicted UPT; ``before_median`` = the law's median predicts emergence before the cell's
+  last checkpoint, yet it had not emerged (with scatter σ about half of the cells near the law
+  do so); ``p_not_emerged`` = the probability that such a cell had not emerged by
   ``censor_step`` under the law refitted **without the cell's grid point** (so a cell far off
   the law cannot widen σ to excuse itself): the t(dof) probability of (ln predicted − ln
-  censor_step) over that fit's prediction scale (``_prediction_scale``); ``contradicts`` = ``p_not_emerged`` below ``level`` / (censored
-  cells): Bonferroni over the censored cells, so a grid where the law holds marks any cell with
-  probability at most ``level`` (measured: docs/benchmarks.md, "Calibration of the report's
-  verdicts"). Where the refit without the point is impossible (too few points left) the full
-  fit stands in (``left_out`` False). Without a scatter (σ = 0: the emerged cells lie exactly
-  on a law) every cell before the median contradicts it."""
+  censor_step) over that fit's prediction scale (``_prediction_scale``); ``contradicts`` =
+  ``p_not_emerged`` below ``level`` / (censored cells): Bonferroni over the censored cells, so a
+  grid where the law holds marks any cell with probability at most ``level`` (measured:
+  docs/benchmarks.md, "Calibration of the report's verdicts"). Where the refit without the point
+  is impossible (too few points left) the full fit stands in (``left_out`` False). Without a
+  scatter (σ = 0: the emerged cells lie exactly on a law) every cell before the median
+  contradicts it."""
   mask = (
     pd.to_numeric(points["emergence_step"], errors="coerce").isna()
     if "emergence_step" in points
