@@ -13,8 +13,6 @@ import math
 import numpy as np
 from scipy import special
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
 
 def log_likelihood(p: np.ndarray, a: np.ndarray, emerged: np.ndarray, w: np.ndarray) -> np.ndarray:
   """Censored log-normal log-likelihood (without the constant −ln sqrt(2π) per emerged cell) in
@@ -50,18 +48,18 @@ def fit_mle(
   for _ in range(max_iter):
     u = p @ a.T
     tau = p[:, -1]
-    log_s = special.log_ndtr(-u)
-    h = np.exp(-0.5 * u * u - _LOG_SQRT_2PI - log_s)
+    h = _mills(u)
     g = np.where(emerged, -u, -h)
-    c = np.where(emerged, 1.0, h * (h - u))
+    c = np.where(emerged, 1.0, _mills_curvature(u, h))
     grad = (w * g) @ a
     grad[:, -1] += n_em / tau
     neg_hess = np.einsum("ri,ij,ik->rjk", w * c, a, a)
     neg_hess[:, -1, -1] += n_em / tau**2
     step, singular = _solve(neg_hess, grad)
+    decrement = np.einsum("rj,rj->r", grad, step)
+    singular |= ~(decrement >= 0)  # not an ascent direction: the Hessian lost definiteness
     failed |= singular
     done |= singular
-    decrement = np.einsum("rj,rj->r", grad, step)
     done |= decrement < 1e-10
     step[done] = 0.0
     if done.all():
@@ -77,6 +75,23 @@ def fit_mle(
     p, f = np.where(worse[:, None], p, new), np.where(worse, f, f_new)
     done |= worse  # no ascent left at machine precision
   return p, done & ~failed & np.isfinite(f)
+
+
+def _mills(u: np.ndarray) -> np.ndarray:
+  """The inverse Mills ratio h(u) = φ(u) / Φ(−u) = sqrt(2/π) / erfcx(u / sqrt 2), without
+  overflow or underflow at any u."""
+  return math.sqrt(2 / math.pi) / special.erfcx(u / math.sqrt(2))
+
+
+def _mills_curvature(u: np.ndarray, h: np.ndarray) -> np.ndarray:
+  """h (h − u), the censored term's curvature, in (0, 1) (Sampford 1953): for u > 8, where
+  h − u cancels, its asymptotic series h − u = 1/u − 2/u³ + 10/u⁵ − 74/u⁷ (from Φ's
+  continued fraction); clipped to [0, 1] against rounding, so the Hessian stays definite."""
+  with np.errstate(divide="ignore", invalid="ignore"):
+    big = 1.0 / np.where(u > 8, u, 8.0)
+    series = big * (1 - 2 * big**2 + 10 * big**4 - 74 * big**6)
+    c = h * np.where(u > 8, series, h - u)
+  return np.clip(c, 0.0, 1.0)
 
 
 def _solve(m: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -107,6 +107,11 @@ class AxisTest:
     if not self.tested:
       return f"lack of fit in {s} not tested: {self.reason}"
     test = f"lack-of-fit {self.numbers()} over {self.n_points} grid points"
+    if self.left_out:
+      test += (
+        f"; {s} = {', '.join(_num(lv) for lv in self.left_out)} not compared: no grid point "
+        f"there has all its cells emerged"
+      )
     if not self.lacks_fit:
       return (
         f"the power law in {s} is not rejected (a free level per value of {s} fits the grid "
@@ -179,12 +184,12 @@ class _Points:
 
 
 def grid_points(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) -> _Points:
-  """One row per grid point (distinct ``batch_size``, ``context_size`` and, where present,
-  ``n_params``) of the cells ``pts``: its mean ``v`` over its cells, censored where any cell
-  is (module docstring)."""
-  keys = [c for c in ("batch_size", "context_size", "n_params") if c in pts]
+  """One row per grid point (distinct ``batch_size`` and ``context_size``: the bootstrap's
+  clusters of a fit without the n_params term, which is when the test runs) of the cells
+  ``pts``: its mean ``v`` over its cells, censored where any cell is (module docstring)."""
+  keys = ["batch_size", "context_size"]
   frame = pts[keys].assign(_v=v, _c=np.asarray(censored, bool))
-  by = frame.groupby(keys, sort=True)
+  by = frame.groupby(keys, sort=True, dropna=False)
   agg = by.agg(_v=("_v", "mean"), _c=("_c", "any")).reset_index()
   return _Points(
     batch_size=agg["batch_size"].to_numpy(float),
@@ -269,7 +274,7 @@ def axis_tests(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) -> list[A
         dof_resid=dof_resid,
         p_value=float(stats.f.sf(f_stat, q, dof_resid)),
         offsets=_offsets(pts, censored, v, axis, other, levels),
-        fastest=_fastest(pts, ~np.asarray(censored, bool), v, axis, other),
+        fastest=_fastest(pts, ~np.asarray(censored, bool), v, axis, other, levels),
         **common,
       )
     )
@@ -326,10 +331,11 @@ def _offsets(pts, censored, v, axis, other, levels) -> tuple:
   return tuple(float(o) for o in off - off.mean())
 
 
-def _fastest(pts, emerged, v, axis, other) -> dict:
-  """Per value of ``other``: the value of ``axis`` with the lowest mean ln UPT of its emerged
-  cells."""
-  em = pts.loc[emerged, [axis, other]].assign(v=v[emerged])
+def _fastest(pts, emerged, v, axis, other, levels) -> dict:
+  """Per value of ``other``: the value of ``axis`` among ``levels`` (those tested) with the
+  lowest mean ln UPT of its emerged cells."""
+  keep = emerged & np.isin(pts[axis].to_numpy(float), levels)
+  em = pts.loc[keep, [axis, other]].assign(v=v[keep])
   out = {}
   for o, rows in em.groupby(other):
     means = rows.groupby(axis)["v"].mean()

@@ -65,6 +65,9 @@ from .censored_fit import (
 from .law_fit import LSQ, MIN_DOF_FOR_INTERVALS, MLE, STUDY, V1_LOG10_T_TOKENS, LawFit, score
 from .law_points import FitError, as_bool, clean_points
 
+# Fewer bootstrap resamples than this give no intervals: a 2.5% percentile needs 1 of 40.
+MIN_BOOT = 40
+
 # The censored-cell check's family-wise level: a grid where the law holds marks any of its
 # censored cells as contradicting it with probability at most this (censored_check).
 CHECK_P = 0.01
@@ -317,6 +320,11 @@ def _no_interval_note(n_boot: int, dof: int, em_points: int, k: int) -> str | No
   """Why ``fit_law`` draws no bootstrap (``LawFit.ci_note``), or None when it does."""
   if not n_boot:
     return "no bootstrap (n_boot = 0)"
+  if n_boot < MIN_BOOT:
+    return (
+      f"{n_boot} bootstrap resample(s) cannot place a 95% interval's 2.5% ends (at least "
+      f"{MIN_BOOT}; 2000 by default)"
+    )
   if dof < MIN_DOF_FOR_INTERVALS:
     return (
       f"{dof} residual degree(s) of freedom (fewer than {MIN_DOF_FOR_INTERVALS}): a "

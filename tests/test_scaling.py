@@ -531,3 +531,71 @@ def test_the_law_figure_shows_where_c_lacks_fit():
   assert "does not describe" not in plain._suptitle.get_text()
   assert [ax.get_title() for ax in plain.axes[1:]] == ["C = 16", "C = 32", "C = 64"]
   assert not any(ln.get_linestyle() == "--" for ax in plain.axes[1:] for ln in ax.get_lines())
+
+
+def test_a_late_censored_cell_beside_near_exact_points_finds_the_maximum():
+  """Integer-rounded points of a law (scatter ~1e-5) and one cell censored at 5x its
+  prediction: the Newton start has sigma ~1e-5, where the censored term's curvature h(h - u)
+  cancelled to a negative number, the decrement went negative and the start was taken for the
+  maximum (alpha 0.37 [0.37, 0.37], sigma 1.6e-5). The log-likelihood is concave (Olsen 1978):
+  the fit must reach the maximum a sensible start (sigma 0.3) finds."""
+  from analysis.censored_fit import fit_mle, log_likelihood
+
+  rows = [
+    {"batch_size": b, "context_size": c, "seed": s, "emergence_step": round(_study(b, c))}
+    for b in (8, 16, 32)
+    for c in (64, 128, 256)
+    for s in (0, 1)
+  ]
+  late = {"batch_size": 8, "context_size": 64, "seed": 2, "emergence_step": np.nan}
+  points = pd.DataFrame(rows + [{**late, "censor_step": 5 * _study(8, 64)}])
+  fit = scaling.fit_law(points, n_boot=0)
+  x = np.column_stack(
+    [np.ones(len(points)), -np.log(points.batch_size), -np.log(points.context_size)]
+  )
+  emerged = points.emergence_step.notna().to_numpy()
+  v = np.log(points.emergence_step.fillna(points.censor_step).to_numpy(float))
+  a = np.concatenate([-x, v[:, None]], axis=1)
+  ones = np.ones((1, len(v)))
+  coef0 = np.linalg.lstsq(x[emerged], v[emerged], rcond=None)[0]
+  best, ok = fit_mle(a, emerged, ones, np.append(coef0 / 0.3, 1 / 0.3)[None])
+  assert ok[0]
+  got = np.append(np.array([fit.log_T, fit.alpha, fit.beta]) / fit.sigma, 1 / fit.sigma)[None]
+  assert (
+    log_likelihood(got, a, emerged, ones)[0] >= log_likelihood(best, a, emerged, ones)[0] - 1e-6
+  )
+  assert fit.sigma > 0.1 and fit.alpha > 0.45  # the late cell pulls the law: not the start
+
+
+def _study(b, c):
+  return math.exp(13.26 - 0.37 * math.log(b) - 0.62 * math.log(c))
+
+
+def test_lack_of_fit_grid_points_are_b_and_c_whatever_other_columns_say():
+  """An n_params column (several model sizes, or empty values) does not split or drop grid
+  points: the test's unit is the (B, C) point, the bootstrap's cluster without the n_params
+  term. Before, two model sizes per point doubled the points (F(1, 14), p = 0.0014 on a power
+  law) and empty values dropped every row ('C has 0 value(s)')."""
+  base = _shaped_grid(_power, np.random.default_rng(7))
+  plain = scaling.fit_law(base, n_boot=0).to_dict()["lack_of_fit"]
+  for n_params in ([1e5, 1e6] * (len(base) // 2), [np.nan] * len(base)):
+    other = scaling.fit_law(base.assign(n_params=n_params), n_boot=0).to_dict()["lack_of_fit"]
+    assert [(t["n_points"], t["p_value"]) for t in other] == [
+      (t["n_points"], t["p_value"]) for t in plain
+    ]
+    assert all(t["n_points"] == 9 for t in other)
+
+
+def test_too_few_resamples_give_no_interval_and_a_negative_seed_is_refused(tmp_path):
+  few = scaling.fit_law(_shaped_grid(_power, np.random.default_rng(8)), n_boot=2)
+  assert few.ci == {} and few.cov is None and "cannot place a 95% interval" in few.ci_note
+  csv = tmp_path / "points.csv"
+  _shaped_grid(_power, np.random.default_rng(8)).to_csv(csv, index=False)
+  r = subprocess.run(
+    [sys.executable, "-m", "analysis", "fit-law", "--csv", str(csv), "--seed", "-1"],
+    capture_output=True, text=True, cwd=ROOT,
+  )  # fmt: skip
+  assert r.returncode == 2 and r.stderr.strip().endswith(
+    "--seed -1: must be >= 0 (numpy's generator seeds)"
+  )
+  assert "Traceback" not in r.stderr

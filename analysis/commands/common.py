@@ -29,9 +29,11 @@ def fail(args, message: str) -> int:
 
 
 def bad_n_boot(args) -> int | None:
-  """Exit code 2 after one line for a negative --n-boot; None if it is fine."""
+  """Exit code 2 after one line for a negative --n-boot or --seed; None if they are fine."""
   if args.n_boot < 0:
     return fail(args, f"--n-boot {args.n_boot}: must be >= 0")
+  if getattr(args, "seed", 0) < 0:
+    return fail(args, f"--seed {args.seed}: must be >= 0 (numpy's generator seeds)")
   return None
 
 
