@@ -248,10 +248,7 @@ def axis_tests(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) -> list[A
       n_points=p.n,
       n_censored_points=int(p.censored.sum()),
     )
-    values = getattr(p, axis)
-    ln_other = np.log(getattr(p, other))
-    free_x = np.column_stack([values[:, None] == np.asarray(levels)[None], ln_other]).astype(float)
-    law_x = np.column_stack([np.ones(p.n), np.log(values), ln_other])
+    free_x, law_x = _designs(getattr(p, axis), getattr(p, other), levels)
     q, dof_resid = len(levels) - 2, p.n - free_x.shape[1]
     reason = _untestable(p, symbol, other_symbol, levels, common["left_out"], dof_resid, free_x)
     law = free = None
@@ -314,19 +311,26 @@ def _untestable(p, symbol, other_symbol, levels, left_out, dof_resid, free_x) ->
   return None
 
 
+def _designs(values: np.ndarray, other: np.ndarray, levels: tuple) -> tuple:
+  """The two models' designs for rows with the tested axis at ``values`` and the other at
+  ``other`` (n,): the free model (a 0/1 column per level, then ln other) and the law (1, ln
+  value, ln other); float64 (n, len(levels) + 1) and (n, 3)."""
+  ln_other = np.log(other)
+  free_x = np.column_stack([values[:, None] == np.asarray(levels)[None], ln_other]).astype(float)
+  return free_x, np.column_stack([np.ones(len(values)), np.log(values), ln_other])
+
+
 def _offsets(pts, censored, v, axis, other, levels) -> tuple:
   """Per level, the ln-UPT level of a free fit minus the law's line there (least squares on the
-  emerged cells: a description; the test is on the grid points), centred: the other axis
-  enters both with one slope each, a constant across levels that the centring removes."""
-  emerged = ~np.asarray(censored, bool)
+  emerged cells at the tested ``levels``: a description; the test is on the grid points),
+  centred: the other axis enters both with one slope each, a constant across levels that the
+  centring removes."""
   values = pts[axis].to_numpy(float)
-  ln_other = np.log(pts[other].to_numpy(float))
-  dummies = np.column_stack([(values == lv).astype(float) for lv in levels])
-  free_x = np.column_stack([dummies, ln_other])
-  law_x = np.column_stack([np.ones(len(values)), np.log(values), ln_other])
-  ones = np.ones((1, int(emerged.sum())))
-  free = fit_ols(free_x[emerged], v[emerged], ones)[0][0]
-  law = fit_ols(law_x[emerged], v[emerged], ones)[0][0]
+  cells = ~np.asarray(censored, bool) & np.isin(values, levels)
+  free_x, law_x = _designs(values[cells], pts[other].to_numpy(float)[cells], levels)
+  ones = np.ones((1, int(cells.sum())))
+  free = fit_ols(free_x, v[cells], ones)[0][0]
+  law = fit_ols(law_x, v[cells], ones)[0][0]
   off = free[: len(levels)] - law[1] * np.log(np.asarray(levels, float))
   return tuple(float(o) for o in off - off.mean())
 
