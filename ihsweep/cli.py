@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     environment.check(distributed=module.TRAINS)
   except environment.EnvironmentVariableError as e:
     return fail(str(e))
-  start_logging()
+  start_logging(devices=getattr(module, "USES_DEVICES", True))
   rest, failed = parse(command, argv, args, found)
   if failed is not None:
     return failed

@@ -772,3 +772,49 @@ def test_predict_with_the_study_law_warns_outside_its_grid(b, c, words):
   warnings = json.loads(r.stdout)["warnings"]
   assert len(warnings) == len(words) and all(w in " ".join(warnings) for w in words), warnings
   assert r.stderr.count("ihsweep: warning:") == len(words)
+
+
+FITTED_LAW = {  # a law as `python -m analysis fit-law` writes it, with its intervals
+  "log_T": 9.65,
+  "alpha": 1.07,
+  "beta": -0.17,
+  "sigma": 0.22,
+  "cov": {
+    "names": ["log_T", "alpha", "beta"],
+    "matrix": [[0.82, 0.11, 0.15], [0.11, 0.026, 0.011], [0.15, 0.011, 0.034]],
+    "t_dof": 8,
+  },
+}
+
+
+def test_help_status_and_predict_import_no_jax(tmp_path):
+  """``ihsweep --help``, ``run --help``, ``status`` and ``predict`` with a fitted law's
+  intervals read files only: none imports JAX or the training stack (seconds of start-up each
+  on a loaded machine: benchmarks/startup.py). One process makes the four calls in turn."""
+  sweep = tmp_path / "sweep"
+  (sweep / "groups" / "g000").mkdir(parents=True)
+  (sweep / "cells.csv").write_text(
+    "cell,group,seed,batch_size,context_size,budget_updates\n0,g000,0,8,32,30\n1,g000,1,8,32,30\n"
+  )
+  # every cell listed: status rebuilds nothing from the config (which would need JAX)
+  (sweep / "groups" / "g000" / "config.json").write_text('{"ensemble": {"size": 2}}')
+  (tmp_path / "law.json").write_text(json.dumps(FITTED_LAW))
+  calls = [
+    ["--help"],
+    ["run", "--help"],
+    ["status", f"--workdir={sweep}"],
+    ["predict", "--batch_size=8", "--context_size=64", f"--law={tmp_path / 'law.json'}"],
+  ]
+  heavy = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorflow", "torch")
+  code = (
+    "import sys\nfrom ihsweep import cli\n"
+    f"for argv in {calls!r}:\n  assert cli.main(['ihsweep', *argv]) == 0, argv\n"
+    f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(heavy)!r}))"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.splitlines()[-1] == "[]", r.stdout  # none of them imported
+  assert re.search(r"^g000 +pending +2 +8 +32 +0/30 ", r.stdout, re.M), r.stdout
+  assert "95% prediction interval for one cell (sigma = 0.22)" in r.stdout, r.stdout

@@ -5,5 +5,7 @@ Each command module declares ``NAME``, ``DESCRIPTION`` (its line in ``ihsweep --
 ``SUBCOMMAND_FLAGS`` per subcommand; each flag is defined once, with its help string, in
 ``flags.py``), what it needs before it starts (``FLAGS_ONLY``: no positional words;
 ``COMPILES``: the persistent compilation cache; ``TRAINS``: jax.distributed and the SIGTERM
-handlers) and ``main(argv)``, its exit code. ``common.py`` holds what they share.
+handlers; ``USES_DEVICES``, True where not declared: one JAX CPU device per core, so False
+for a command that never imports JAX) and ``main(argv)``, its exit code. ``common.py`` holds
+what they share.
 """

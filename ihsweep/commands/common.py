@@ -307,11 +307,14 @@ def run_guarded(handler, rest: list[str]) -> int:
     os._exit(1)
 
 
-def start_logging() -> None:
-  """One CPU device per core (before JAX picks its devices) and the log format."""
-  from ihsweep.base.sharding import use_one_cpu_device_per_core
+def start_logging(devices: bool = True) -> None:
+  """The log format and, with ``devices`` (a command that uses JAX), one CPU device per core
+  (before JAX picks its devices). Without ``devices`` JAX is not imported: ``status`` and
+  ``predict`` read files and start in a fraction of the time."""
+  if devices:
+    from ihsweep.base.sharding import use_one_cpu_device_per_core
 
-  use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
+    use_one_cpu_device_per_core()  # only matters on CPU; before JAX picks its devices
   logging.basicConfig(
     level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
   )

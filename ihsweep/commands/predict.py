@@ -13,6 +13,7 @@ NAME = "predict"
 DESCRIPTION = "updates and tokens until induction heads form, by the emergence law"
 FLAG_NAMES = ("batch_size", "context_size", "law", "json")
 FLAGS_ONLY, COMPILES, TRAINS = True, False, False
+USES_DEVICES = False  # reads files only: no JAX imported (tests/test_cli.py checks)
 USAGE = "usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]"
 ABOUT = """\
 Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form."""

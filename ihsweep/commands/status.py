@@ -9,6 +9,7 @@ NAME = "status"
 DESCRIPTION = "per-group state of a sweep's run directory (done, running, pending, failed)"
 FLAG_NAMES = ("workdir",)
 FLAGS_ONLY, COMPILES, TRAINS = True, False, False
+USES_DEVICES = False  # reads files only: no JAX imported (tests/test_cli.py checks)
 USAGE = "usage: ihsweep status --workdir=DIR"
 ABOUT = """\
 Reads a sweep's run directory (cells.csv, groups/*/status.json, train logs) and prints each

@@ -16,8 +16,6 @@ import os
 import socket
 import time
 
-import jax
-
 from ihsweep.base import environment
 from ihsweep.base.atomic import atomic_write_json, lock_holder, lock_text
 
@@ -62,6 +60,8 @@ def claims_lock(workdir: str):
 def worker_id() -> str:
   """This worker's name in claims: ``host:pid`` (``/pN`` added for process N of a
   jax.distributed job)."""
+  import jax  # here, not at module level: ``ihsweep status`` reads claims without JAX
+
   name = f"{socket.gethostname()}:{os.getpid()}"
   return f"{name}/p{jax.process_index()}" if jax.process_count() > 1 else name
 
@@ -164,6 +164,8 @@ def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
         holder,
       )
     return None
+  import jax
+
   now = time.time()
   _write_claim(
     workdir,
@@ -204,6 +206,8 @@ def refresh_claim(workdir: str, group_id: str) -> bool:
   longer this worker's (taken over after this worker stopped answering). A claim another worker
   wrote while this process holds the group's directory lock (it trains the group; the other
   could not) is written back as this worker's and logged ``reclaimed``."""
+  import jax
+
   with claims_lock(workdir):
     claim = read_claim(workdir, group_id)
     if claim is None or claim.get("worker") != worker_id():

@@ -21,13 +21,10 @@ import time
 import uuid
 from typing import Callable
 
-import jax
 import numpy as np
 
 from ihsweep.base.atomic import LOCK_FILE, atomic_file, atomic_write_json, lock_text
-from ihsweep.compute import train
 from ihsweep.configuration import fields
-from ihsweep.configuration import grid as grid_lib
 
 STATES = ("pending", "running", "done", "failed", "interrupted")
 
@@ -38,6 +35,14 @@ RUN_MARKER = ".ihsweep-run"
 ihsweep left (``run_kind``), or nothing at all — are ever written to."""
 # Our own files (lock, marker, write probes): a directory holding only these is empty.
 _OURS = (".ihsweep.lock", RUN_MARKER, ".write-test.")
+
+
+def _process_index() -> int:
+  """This process's index in its jax.distributed job (0 alone). JAX is imported here, not at
+  module level: ``ihsweep status`` reads run directories without it."""
+  import jax
+
+  return jax.process_index()
 
 
 def _theirs(workdir: str) -> list[str]:
@@ -232,7 +237,7 @@ def claim_workdir(workdir: str, kind: str | None = None, local: bool = False) ->
       f"a new or empty directory, or one that holds {runs} to resume; it "
       f"holds {what}; nothing was changed: use a new --workdir",
     )
-  if kind is None or (jax.process_index() != 0 and not local):
+  if kind is None or (_process_index() != 0 and not local):
     return
   path = os.path.join(workdir, RUN_MARKER)
   try:
@@ -261,7 +266,7 @@ def workdir_lock(workdir: str, local: bool = False):
   Raises:
     WorkdirError: another live process holds it.
   """
-  if jax.process_index() != 0 and not local:
+  if _process_index() != 0 and not local:
     yield
     return
   os.makedirs(workdir, exist_ok=True)
@@ -499,6 +504,9 @@ def config_cells(cfg, group_id: str, axes=()):
   """
   import pandas as pd
 
+  from ihsweep.compute import train
+  from ihsweep.configuration import grid as grid_lib
+
   ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
   n = int(cfg.ensemble.size)
   rows = [
@@ -544,6 +552,8 @@ def recover_cells(workdir: str, cells, axes, note: Callable[[str], None]):
       continue
     try:
       gcfg = read_config_json(os.path.join(gdir, "config.json"))
+      if cells.loc[cells["group"] == gid, "cell"].nunique() >= int(gcfg.ensemble.size):
+        continue  # every cell listed: nothing to rebuild (and no JAX to import for it)
       rows = config_cells(gcfg, gid, axes).assign(budget_updates=int(gcfg.train.num_steps))
     except Exception as e:  # no config, or not an ihsweep one
       if gid not in set(cells["group"]):

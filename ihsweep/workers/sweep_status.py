@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from ihsweep.base.errors import IhsweepError
-from ihsweep.configuration.grid import Plan
 from ihsweep.runs import claims, rundir
 from ihsweep.runs.rundir import group_dir, read_status
+
+if TYPE_CHECKING:  # the grid (and with it JAX) only for the annotation: status reads files only
+  from ihsweep.configuration.grid import Plan
 
 
 def summarize(plan: Plan, workdir: str) -> dict:
