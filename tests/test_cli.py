@@ -818,3 +818,34 @@ def test_help_status_and_predict_import_no_jax(tmp_path):
   assert r.stdout.splitlines()[-1] == "[]", r.stdout  # none of them imported
   assert re.search(r"^g000 +pending +2 +8 +32 +0/30 ", r.stdout, re.M), r.stdout
   assert "95% prediction interval for one cell (sigma = 0.22)" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize(
+  "fields,words",
+  [
+    (
+      {"ci": {}, "ci_note": "2 residual degree(s) of freedom (fewer than 3): a bootstrap ..."},
+      "{f} stores no coefficient covariance ('cov'): its fit gave no intervals: 2 residual "
+      "degree(s) of freedom (fewer than 3): a bootstrap ...",
+    ),
+    (
+      {},
+      "{f} stores no coefficient covariance ('cov') and no reason ('ci_note'): a law written by "
+      "hand or by an ihsweep before laws stored intervals (`python -m analysis fit-law` and the "
+      "report store one or the other)",
+    ),
+  ],
+)
+def test_predict_says_why_a_law_gives_no_interval(tmp_path, capsys, fields, words):
+  """A fitted law without intervals names its fit's reason (``ci_note``: too few cells, grid
+  points or resamples), not the version that wrote it."""
+  path = tmp_path / "law.json"
+  path.write_text(json.dumps({"log_T": 9.65, "alpha": 1.07, "beta": -0.17, **fields}))
+  argv = ["ihsweep", "predict", "--batch_size=8", "--context_size=64", f"--law={path}"]
+  flags_lib.FLAGS.unparse_flags()  # in one process, absl keeps an earlier call's values
+  try:
+    assert cli.main(argv) == 0
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  out = capsys.readouterr().out.splitlines()
+  assert out[1] == "  no interval: " + words.format(f=path), out

@@ -45,12 +45,7 @@ def main(argv) -> int:
     return fail(str(e))
   note = None
   if median is None:
-    note = (
-      "the study's law is published without intervals"
-      if not FLAGS.law
-      else f"{FLAGS.law} stores no coefficient covariance ('cov': laws written by `python -m "
-      f"analysis fit-law` before intervals were stored, or with too few cells for them)"
-    )
+    note = "the study's law is published without intervals" if not FLAGS.law else _no_cov(FLAGS.law)
   warnings = law.range_warnings(b, c)
   for w in warnings:
     print(f"ihsweep: warning: {w}", file=sys.stderr)
@@ -59,6 +54,25 @@ def main(argv) -> int:
   else:
     print(_as_text(law, b, c, median, cell, note, updates, tokens))
   return 0
+
+
+def _no_cov(path: str) -> str:
+  """Why the law in ``path`` gives no interval: the reason its fit stored (``ci_note``: too few
+  cells or grid points with emerged cells, too few resamples, an exact fit, ...; written by
+  ``python -m analysis fit-law`` and the report beside an empty ``ci``), or, without one, a law
+  that no fit of this version wrote."""
+  try:
+    with open(path) as f:
+      why = json.load(f).get("ci_note")
+  except (OSError, ValueError, AttributeError):  # Law.from_json read it: only a race fails
+    why = None
+  if why:
+    return f"{path} stores no coefficient covariance ('cov'): its fit gave no intervals: {why}"
+  return (
+    f"{path} stores no coefficient covariance ('cov') and no reason ('ci_note'): a law written "
+    f"by hand or by an ihsweep before laws stored intervals (`python -m analysis fit-law` and "
+    f"the report store one or the other)"
+  )
 
 
 def _as_json(law, b, c, median, cell, warnings, note, updates, tokens) -> dict:

@@ -25,7 +25,7 @@ running group's state and exits with status 143. Several processes on one run di
 workers that take groups side by side (launch/*.sh: independent processes, or the processes
 of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes).
 --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
---config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/configuration/config.py
+--config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/configuration/fields.py
 default_sweep)"""
 
 
