@@ -25,11 +25,14 @@ The recomputed curves are cached per run in ``DIR/analysis/curves.parquet`` (``a
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime
 import html
 import os
 import re
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -262,6 +265,37 @@ def _point_caution(cells: pd.DataFrame) -> str:
   return "; ".join(f"{name} {r[name]}: {r['caution']}" for _, r in flagged.iterrows())
 
 
+class _Phases:
+  """The steps after the metrics, named on stderr as each starts, with the seconds since the
+  metrics ended (``report: the circuit ... [36.0 s]``), and a last line with what each took,
+  slowest first. Silent when ``on`` is False (``--no-progress``)."""
+
+  def __init__(self, on: bool):
+    self.on, self.took, self.start = on, [], time.perf_counter()
+
+  def _say(self, text: str) -> None:
+    if self.on:
+      print(f"report: {text}", file=sys.stderr, flush=True)
+
+  @contextlib.contextmanager
+  def __call__(self, name: str, short: str):
+    """``name``: the step in words; ``short``: its name in the last line."""
+    self._say(f"{name} ... [{time.perf_counter() - self.start:.1f} s]")
+    begin = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.took.append((short, time.perf_counter() - begin))
+
+  def finish(self) -> None:
+    took = sorted(self.took, key=lambda t: -t[1])
+    self._say(
+      f"done {time.perf_counter() - self.start:.1f} s after the metrics ("
+      + ", ".join(f"{name} {s:.1f} s" for name, s in took)
+      + ")"
+    )
+
+
 def report(dirs: list[str], out_dir: str | None = None, options: Options | None = None) -> dict:
   """Analyses the run directories and writes the report files (module docstring).
 
@@ -306,28 +340,44 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
     return _finish(doc, outs, written, runs)
 
-  # A one-layer model has no head below its last layer: no pt_max (analysis.circuit).
-  one_layer = circuit_lib.one_layer_models(runs)
-  curves = circuit_lib.without_one_layer(curves, one_layer)
-  curves.to_csv(outs.claim("curves.csv"), index=False)
-  table = circuit_lib.without_one_layer(
-    emergence_lib.emergence_table(curves, fraction=opts.fraction), one_layer
-  )
-  written["emergence_csv"] = outs.claim("emergence.csv")
-  table.to_csv(written["emergence_csv"], index=False)
-  points = _with_reach(
-    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
-  )
-  points["caution"] = emergence_lib.cautions(points)
-  _emergence_section(doc, points, axes, opts, outs, written)
-  _curve_figures(doc, curves, table, axes, opts, outs, written)
-  _circuit_section(doc, runs, curves, table, axes, opts, outs, written, one_layer)
-  _positions_section(doc, runs, outs, written)
-  _agreement_section(doc, table, opts, outs)
-  law_section(doc, points, opts, outs, written)
-  _frontier_section(doc, points, outs, written)
-  doc.insert(summary_at, lambda d: _summary_section(d, points, runs, axes, opts, written))
-  return _finish(doc, outs, written, runs)
+  phase = _Phases(opts.progress)
+  n_models = curves.groupby(["run", "cell"]).ngroups
+  what = f"emergence points of {n_models} models (every metric and method)"
+  with phase(what, "emergence points"):
+    # A one-layer model has no head below its last layer: no pt_max (analysis.circuit).
+    one_layer = circuit_lib.one_layer_models(runs)
+    curves = circuit_lib.without_one_layer(curves, one_layer)
+    curves.to_csv(outs.claim("curves.csv"), index=False)
+    table = circuit_lib.without_one_layer(
+      emergence_lib.emergence_table(curves, fraction=opts.fraction), one_layer
+    )
+    written["emergence_csv"] = outs.claim("emergence.csv")
+    table.to_csv(written["emergence_csv"], index=False)
+    points = _with_reach(
+      emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
+    )
+    points["caution"] = emergence_lib.cautions(points)
+    _emergence_section(doc, points, axes, opts, outs, written)
+  with phase("figures of the curves (.png and .pdf per metric)", "curve figures"):
+    _curve_figures(doc, curves, table, axes, opts, outs, written)
+  with phase("the circuit: previous-token and induction heads, loss and attention", "circuit"):
+    _circuit_section(doc, runs, curves, table, axes, opts, outs, written, one_layer)
+  where = "where the heads work (last saved params; probes at the start, middle, end)"
+  with phase(where, "head positions"):
+    _positions_section(doc, runs, outs, written)
+  with phase("agreement across metrics and methods", "agreement"):
+    _agreement_section(doc, table, opts, outs)
+  with phase(
+    f"fitting the law ({opts.n_boot} bootstrap resamples), lack-of-fit tests, law figure", "law"
+  ):
+    law_section(doc, points, opts, outs, written)
+  with phase("the summary (and frequency × reliability tables where the grid has them)", "summary"):
+    _frontier_section(doc, points, outs, written)
+    doc.insert(summary_at, lambda d: _summary_section(d, points, runs, axes, opts, written))
+  with phase("writing report.md and report.html (figures embedded)", "writing"):
+    out = _finish(doc, outs, written, runs)
+  phase.finish()
+  return out
 
 
 def _output_dir(runs, out_dir: str | None) -> str:

@@ -423,11 +423,26 @@ def _sigmoid_sweep(
   return workdir
 
 
-def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_path):
+def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_path, capsys):
   from analysis import report
 
   sweep = _sigmoid_sweep(tmp_path)
-  out = report.report([sweep], None, report.Options(progress=False, n_boot=200, source="online"))
+  out = report.report([sweep], None, report.Options(progress=True, n_boot=200, source="online"))
+  # the steps after the metrics, named on stderr as each starts, then what each took
+  said = capsys.readouterr().err.splitlines()
+  assert [re.split(r" \(| \.\.\. ", line)[0] for line in said[:-1]] == [
+    "report: emergence points of 12 models",
+    "report: figures of the curves",
+    "report: the circuit: previous-token and induction heads, loss and attention",
+    "report: where the heads work",
+    "report: agreement across metrics and methods",
+    "report: fitting the law",
+    "report: the summary",
+    "report: writing report.md and report.html",
+  ]
+  assert all(re.search(r" \.\.\. \[\d+\.\d s\]$", line) for line in said[:-1]), said
+  assert re.fullmatch(r"report: done \d+\.\d s after the metrics \(.*\)", said[-1]), said[-1]
+  assert said[-1].count(" s,") == 7 and "law " in said[-1] and "curve figures " in said[-1]
   md = open(out["report_md"]).read()
   lines = md.splitlines()
   assert lines[0] == "# Induction-head emergence report" and lines[2] == "## Summary"
@@ -522,7 +537,9 @@ def test_a_model_that_emerged_in_the_last_interval_before_its_cap_is_flagged(
   monkeypatch.setattr(report, "report", keep)
   argv = ["report", sweep, "--n-boot", "200", "--source", "online", "--no-progress"]
   assert cli.main(argv) == 0
-  console = capsys.readouterr().out
+  captured = capsys.readouterr()
+  console = captured.out
+  assert "report: " not in captured.err  # --no-progress: no step named
   md = open(written["report_md"]).read()
   text = " ".join(md.split())
   # the direct fit: the same points with that model censored at its last checkpoint
