@@ -151,8 +151,8 @@ class LawFit:
     return np.exp(mean), np.exp(mean - half), np.exp(mean + half)
 
   def to_dict(self) -> dict:
-    """The JSON of ``python -m analysis fit-law`` and the report's law.json (DESIGN.md), read by
-    ``ihsweep.base.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when
+    """The JSON of ``python -m analysis fit-law`` and the report's law.json (docs/analysis.md),
+    read by ``ihsweep.base.law.Law.from_json``. Keys: log_T, T, alpha, beta (, gamma), r (null when
     withheld, with ``r_note``), n, n_emerged, n_censored, dof, sigma, method, ci (empty with
     ``ci_note``), study_r (the study's published law's r on the same emerged cells, with r),
     n_boot, units, form,

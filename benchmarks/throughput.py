@@ -30,7 +30,8 @@ Model FLOPs per token: ``ihsweep.compute.model.flops_per_token`` = 6·N + 12·n_
 (PaLM, appendix B), N = matmul parameters incl. the unembedding. MFU = model FLOP/s ÷ the float32
 matmul peak measured in the same process (best of a few square matmuls).
 
-Prints one JSON object (format in DESIGN.md).
+Prints one JSON object: ``workload``, ``matmul_peak_gflops``, ``backend``, ``devices`` and
+``results``, one entry per E and mode (``run_mode``, ``eval_overhead``).
 """
 
 from __future__ import annotations
