@@ -69,11 +69,13 @@ bench: $(STAMP)
 # the tests there, and only if they pass write its pip freeze to constraints.txt (each pin for
 # this Python's version). Review `git diff constraints.txt`; the next `make test` installs them.
 UPGRADE_VENV := build/upgrade-venv
+# Versions kept back (constraints.txt's header says why).
+UPGRADE_HOLD := 'ml_dtypes<0.7'
 upgrade-constraints:
 	rm -rf $(UPGRADE_VENV)
 	$(PYTHON) -m venv $(UPGRADE_VENV)
 	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade pip
-	$(UPGRADE_VENV)/bin/pip install --quiet -e '.[dev,interop]'
+	$(UPGRADE_VENV)/bin/pip install --quiet -e '.[dev,interop]' $(UPGRADE_HOLD)
 	$(UPGRADE_VENV)/bin/python -m pytest tests
 	pyv=$$($(UPGRADE_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	{ sed -n '/^#/p' constraints.txt; $(UPGRADE_VENV)/bin/pip freeze --exclude-editable | \
