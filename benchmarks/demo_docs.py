@@ -1,5 +1,5 @@
-"""The demo's numbers in README.md and docs/results.md, produced from a demo run directory by the
-command that prints them, so that the docs say what `make demo` prints.
+"""The demo's numbers in README.md, docs/results.md and docs/analysis.md, produced from a demo run
+directory by the command that prints them, so that the docs say what `make demo` prints.
 
   make demo                                              # runs/demo, trained and reported
   python benchmarks/demo_docs.py runs/demo               # every block rewritten in place
@@ -8,7 +8,8 @@ command that prints them, so that the docs say what `make demo` prints.
 
 It runs `python -m analysis report DIR` (the command `make demo` ends with; the curves come from
 its cache) and renders its printed lines and its files (emergence.csv, law.json, circuit.csv,
-positions.csv, agreement.csv, curves.csv, report.md) into the blocks between
+positions.csv, agreement.csv, curves.csv, report.md), and what the README's quick example and
+docs/analysis.md's TransformerLens example print on the run, into the blocks between
 ``<!-- demo_docs.py NAME -->`` and ``<!-- /demo_docs.py NAME -->``. The run directory's path is
 written as ``runs/demo`` (``--as``). Words around the blocks are the docs' own and hold no
 number the report prints. tests/test_report.py renders every block from a small sweep's report
@@ -61,6 +62,7 @@ class Demo:
   agreement: pd.DataFrame | None
   summary: list[str]
   quick: str = ""  # the README's quick example's printed line
+  export: str = ""  # docs/analysis.md's TransformerLens example's printed line
 
   @property
   def quick_cell(self) -> tuple[int, int]:
@@ -309,22 +311,62 @@ def quick_block(demo: Demo) -> str:
   )
 
 
-def run_quick_example(run_dir: str) -> str:
-  """The README's quick example run on ``run_dir`` (in place of runs/demo); its printed line.
+def lack_of_fit_block(demo: Demo) -> str:
+  """The README's sentences on C: which C is the fastest at each B, and the report's lack-of-fit
+  test in C (law.json's ``lack_of_fit``)."""
+  tests = {t["symbol"]: t for t in (demo.law or {}).get("lack_of_fit") or []}
+  test = tests.get("C")
+  if test is None:
+    return "The report fitted no law, so it did not test the power law in C."
+  fastest = sorted(set(test.get("fastest", {}).values()))
+  where = (
+    f"C = {fastest[0]:g} is the fastest at every B."
+    if len(fastest) == 1
+    else f"The fastest C differs between the values of B ({', '.join(f'{c:g}' for c in fastest)})."
+  )
+  if not test["tested"]:
+    return f"{where} The report did not test the power law in C: {test['reason']}."
+  return (
+    f"{where} The report's lack-of-fit test in C, whose unit is the grid point (a point's seeds "
+    f"share its deviation): {test['sentence']}."
+  )
+
+
+def export_block(demo: Demo) -> str:
+  """What docs/analysis.md's TransformerLens example (the Python block after ``<!--
+  export-example -->``) prints on the demo, run now on the run directory."""
+  if not demo.export:
+    return "Not run here (the example needs the interop extra: torch and transformer-lens)."
+  return f"On the demo it prints `{demo.export}`."
+
+
+def _run_example(run_dir: str, doc: str, tag: str) -> str:
+  """The Python block after ``<!-- tag -->`` in ``doc``, run on ``run_dir`` (in place of
+  runs/demo); its last printed line.
 
   Raises:
     SystemExit: the example failed.
   """
-  with open(os.path.join(ROOT, "README.md")) as f:
+  with open(os.path.join(ROOT, doc)) as f:
     text = f.read()
-  code = text.split("<!-- quick-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+  code = text.split(f"<!-- {tag} -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
   code = code.replace('"runs/demo"', repr(os.path.abspath(run_dir)))
   r = subprocess.run(
     [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
   )
   if r.returncode:
-    raise SystemExit(f"demo_docs: the README's quick example failed: {r.stderr.strip()[-800:]}")
+    raise SystemExit(f"demo_docs: {doc}'s {tag} failed: {r.stderr.strip()[-800:]}")
   return r.stdout.strip().splitlines()[-1]
+
+
+def run_quick_example(run_dir: str) -> str:
+  """The README's quick example run on ``run_dir``; its printed line (``_run_example``)."""
+  return _run_example(run_dir, "README.md", "quick-example")
+
+
+def run_export_example(run_dir: str) -> str:
+  """docs/analysis.md's TransformerLens example run on ``run_dir``; its printed line."""
+  return _run_example(run_dir, "docs/analysis.md", "export-example")
 
 
 BLOCKS = {
@@ -333,6 +375,8 @@ BLOCKS = {
   "readme-finding": ("README.md", finding_block),
   "readme-positions": ("README.md", positions_block),
   "readme-circuit": ("README.md", lambda d: circuit_block(d).rsplit("\n\n", 1)[-1]),
+  "readme-lack-of-fit": ("README.md", lack_of_fit_block),
+  "analysis-export": ("docs/analysis.md", export_block),
   "results-emergence": ("docs/results.md", emergence_block),
   "results-law": ("docs/results.md", law_block),
   "results-agreement": ("docs/results.md", agreement_block),
@@ -361,6 +405,7 @@ def main(argv=None) -> int:
     p.error(f"{args.run_dir}: not a directory (make demo writes runs/demo)")
   demo = load(args.run_dir, run_report(args.run_dir, args.shown_as, args.report_flag))
   demo.quick = run_quick_example(args.run_dir)
+  demo.export = run_export_example(args.run_dir)
   bodies = render(demo)
   if args.print:
     for name, body in bodies.items():

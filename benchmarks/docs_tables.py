@@ -112,6 +112,56 @@ def flops_table(plans: list) -> str:
   return "\n".join(rows)
 
 
+def why_text(plans: list) -> str:
+  """Why communication decides exp1's layout, in numbers: the smallest group's update against
+  its all-reduce on 64 devices (h100 network), the best one-phase layout against the phases, the
+  phases without communication on 64 and 256 devices, and ``:models=3`` on 256 and 64.
+  ``plans``: those six ``--flops_per_s`` plans, in that order (``TABLES["exp1-why"]``)."""
+  p64, p256, n64, n256, m256, m64 = plans
+  g = min(p64["groups"], key=lambda g: g["batch_size"] * g["context_size"])
+  t, net = g["times"], p64["throughput"]["network"]
+  data = g["mesh"][1]
+  grad_mb = 4 * g["n_params"] / 1e6  # float32 gradients of one model
+  best = next(lay for lay in p64["layouts"] if lay["best"])
+  best256 = next(lay for lay in p256["layouts"] if lay["best"])
+  best_m256 = next(lay for lay in m256["layouts"] if lay["best"])
+  best_m64 = next(lay for lay in m64["layouts"] if lay["best"])
+  filled = sorted(n["utilisation"] for n in (n64, n256))
+  evals = [x["times"]["eval_s"] / x["times"]["total_s"] for x in p64["groups"]]
+  whole = best["devices_per_worker"] <= g["n_models"] and best["groups_with_data_axis"] == 0
+  models = sum(x["n_models"] for x in p256["groups"])
+  return (
+    f"What it says: these models are small ({g['n_params'] / 1e6:.1f}M parameters, "
+    f"{grad_mb:.0f} MB of float32 gradient each) and their updates short, so splitting a "
+    f"model's batch over a data axis costs more than it saves. B {g['batch_size']} × C "
+    f"{g['context_size']} on a host's {g['devices']} GPUs (mesh {g['mesh'][0]} × {data}) "
+    f"computes an update in {1e3 * t['train_s'] / g['updates']:.2f} ms but all-reduces its "
+    f"gradient over {data} GPUs in {1e3 * t['comm_s'] / g['updates']:.2f} ms (2 · {data - 1}/"
+    f"{data} · {grad_mb:.0f} MB at {net['intra_host_bytes_per_s'] / 1e9:.0f} GB/s, + "
+    f"{2 * (data - 1)} steps of {net['latency_s'] * 1e6:.0f} µs): {t['comm_s']:,.0f} s of its "
+    f"{t['total_s']:,.0f} s. Workers of {best['devices_per_worker']} GPUs"
+    + (" hold each model whole on its own GPU (no data axis, no all-reduce)" if whole else "")
+    + f": {p64['makespan_s'] / best['makespan_s']:.1f}× faster than the phases on "
+    f"{p64['n_devices']} devices, whose teams are whole hosts. The plan marks that layout best "
+    "and says why and how to run it — independent processes of "
+    f"{best['devices_per_worker']} GPUs each (`launch/slurm_array.sbatch`, "
+    "`local_multiprocess.sh --independent`), since a jax.distributed job's phases use a "
+    "process's devices together. Without communication (`--network=none`) the phases fill "
+    f"{n64['n_devices']} and {n256['n_devices']} devices at {filled[0]:.0%}–{filled[1]:.0%} by "
+    "moving the largest groups to teams of several hosts; priced, that is what they cannot "
+    f"afford, and {p256['n_devices']} devices are more than {models} models can use well "
+    f"(the best layout leaves {1 - best256['utilisation']:.0%} of "
+    "device-time idle: split the sweep, or add models — `:models=3`, "
+    f"{len(m256['groups'])} groups, runs {best_m256['n_workers']} × "
+    f"{best_m256['devices_per_worker']} at {best_m256['utilisation']:.1%} and "
+    f"{best_m64['n_workers']} × {best_m64['devices_per_worker']} on {m64['n_devices']} devices "
+    f"at {best_m64['utilisation']:.1%}, {_duration(best_m64['makespan_s'])}). The phase switch "
+    f"({net['phase_switch_s']:.0f} s, assumed) and the evaluations (a third of training's FLOPs "
+    f"per token on the probes and held-out sequences: {min(evals):.1%}–{max(evals):.1%} of a "
+    "group's time) are priced too."
+  )
+
+
 def _flops(devices: int, network: str, *config) -> tuple:
   return (*config, f"--devices={devices}", "--flops_per_s=4e14", f"--network={network}")
 
@@ -120,14 +170,18 @@ TABLES = {
   t.name: t
   for t in (
     Table("tiny-h100", "docs/planning.md",
-          ((*TINY, "--target=h100-80gb", "--devices=2"),), gpu_table),
+          ((*TINY, "--target=h100-80gb", "--devices=2", "--compare_attention"),), gpu_table),
     Table("tiny-flops", "docs/sweeps.md",
           tuple(_flops(n, net, *TINY) for n in (2, 8) for net in ("none", "h100")), flops_table),
-    Table("exp1-h100", "docs/planning.md", ((EXP1, "--target=h100-80gb", "--devices=8"),),
-          gpu_table),
+    Table("exp1-h100", "docs/planning.md",
+          ((EXP1, "--target=h100-80gb", "--devices=8", "--compare_attention"),), gpu_table),
     Table("exp1-flops", "docs/sweeps.md",
           tuple(_flops(n, net, EXP1) for n in (8, 64, 256) for net in ("none", "h100")),
           flops_table),
+    Table("exp1-why", "docs/sweeps.md",
+          (*(_flops(n, net, EXP1) for net in ("h100", "none") for n in (64, 256)),
+           *(_flops(n, "h100", f"{EXP1}:models=3") for n in (256, 64))),
+          why_text),
   )
 }  # fmt: skip
 
