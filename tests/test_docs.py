@@ -35,6 +35,8 @@ that starts like a command (a command block left unlabelled would never run).
    rules between fields, the data source built (corpus, BPE, bigram or synthetic matrix) and
    the run directory. Compiling and training are tests/test_train.py's and test_sweep.py's.
 5. Commands that are equal after the rewrites run once.
+6. A comment that says a command ``prints "TEXT"`` is checked: the command's output holds TEXT
+   (spaces aside), so that an output a doc quotes is what the command prints.
 
 The file takes ~41 s of CPU (user + sys, the imports of JAX, flax and the analysis and the two
 --target subprocesses included; 64 s wall on the 2-core machine under a load of 9).
@@ -398,7 +400,31 @@ def _targets_present() -> bool:
   return (ROOT / "build" / "libtpu").is_dir() and (ROOT / "build" / "jax-cuda").is_dir()
 
 
-_DONE: dict = {}  # rule 5: (how, argv) -> the first command that ran it
+_DONE: dict = {}  # rule 5: (how, argv) -> what the command printed
+PRINTS = re.compile(r'# .*?prints "([^"]+)"')  # rule 6
+
+
+def _run(command: Command, how: str, argv: list[str], capfd) -> str:
+  """Runs one rewritten command (rules 1-4); what it printed (stdout and stderr)."""
+  shown = f"{command.id}\n  as {how} {shlex.join(argv)}"
+  if how in ("make", "bash"):
+    env = _clean_env() if how == "bash" else None
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"{shown}: exit {r.returncode}\n{r.stdout}{r.stderr}"
+    return r.stdout + r.stderr
+  if any(a.startswith("--target=") for a in argv):
+    rc = _target_plan(argv)
+    assert rc in (0, COMPILING_EXIT), f"{shown}: exit {rc}"
+    return ""
+  capfd.readouterr()
+  try:
+    rc = _in_process(how, argv)
+  except Compiling:
+    assert argv[0] in TRAINERS, f"{shown}: {argv[0]} reached the trainer's compile"
+    return ""
+  out, err = capfd.readouterr()
+  assert rc == 0, f"{shown}: exit {rc}\n{out[-2000:]}{err[-3000:]}"
+  return out + err
 
 
 @pytest.mark.parametrize("command", TO_RUN, ids=lambda c: c.id)
@@ -408,27 +434,11 @@ def test_the_command_runs(command, place, capfd):
     pytest.skip("make install puts the TPU and GPU compilers in build/ (--target plans)")
   how, argv = rewrite(words, place)
   key = (how, tuple(argv))
-  if key in _DONE:
-    return  # the same command, already run (rule 5)
-  _DONE[key] = command.id
-  if how in ("make", "bash"):
-    env = _clean_env() if how == "bash" else None
-    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, f"{command.id}\n  as {shlex.join(argv)}\n{r.stdout}{r.stderr}"
-    return
-  if any(a.startswith("--target=") for a in argv):
-    rc = _target_plan(argv)
-    assert rc in (0, COMPILING_EXIT), f"{command.id}\n  as ihsweep {shlex.join(argv)}: exit {rc}"
-    return
-  try:
-    rc = _in_process(how, argv)
-  except Compiling:
-    assert argv[0] in TRAINERS, f"{command.id}: {argv[0]} reached the trainer's compile"
-    return
-  out, err = capfd.readouterr()
-  assert rc == 0, (
-    f"{command.id}\n  as {how} {shlex.join(argv)}: exit {rc}\n{out[-2000:]}{err[-3000:]}"
-  )
+  if key not in _DONE:  # else the same command, already run (rule 5)
+    _DONE[key] = _run(command, how, argv, capfd)
+  printed = " ".join(_DONE[key].split())
+  for quoted in PRINTS.findall(command.text):
+    assert quoted in printed, f"{command.id}: it does not print {quoted!r}:\n{printed[-2000:]}"
 
 
 # ---------------------------------------------------------------- what the docs cite
@@ -452,7 +462,7 @@ PATH = re.compile(
 DOTTED = re.compile(r"(?<![\w./])((?:ihsweep|analysis)(?:\.\w+)+)")
 SPAN = re.compile(r"``(.+?)``|`([^`\n]+)`")  # inline code in Markdown and in docstrings
 SHORT_REF = re.compile(r"(?<![\w.])([a-z_]\w*)((?:\.[A-Za-z_]\w*)+)")
-PATH_THEN_NAME = re.compile(r"([\w/]+\.py)`? `?([a-z]\w*_\w+)\b")  # `x/y.py` `some_name`
+PATH_THEN_NAME = re.compile(r"([\w/]+\.py)`?\s+`?([a-z]\w*_\w+)\b")  # `x/y.py` `some_name`
 # Not the repository's: the first folder of paths that a run, a build or a cluster has.
 OUTSIDE = ("runs", "build", "results", "tmp", "shared", "home", "gs:", "http:", "https:")
 # Words that are objects as often as modules (a run, a config, a model, a source...): a
@@ -614,8 +624,10 @@ def _path_problem(path: str, where: str) -> str | None:
   (a run directory, a placeholder such as DIR/analysis or gNNN, a report's own file)."""
   from analysis import outputs
 
-  if any(ch in path for ch in "*<>{}…$") or "NNN" in path or path in outputs.NAMES:
+  if any(ch in path for ch in "*<>{}…$") or "NNN" in path:
     return None
+  if os.path.basename(path) in {os.path.basename(n) for n in outputs.NAMES}:
+    return None  # a report's file (DIR/analysis/law.json)
   first = path.split("/")[0]
   if "/" in path and (re.search(r"(^|/)[A-Z_]{2,}(/|\.|$)", path) or first in OUTSIDE):
     return None  # a placeholder or a path outside the repository
