@@ -1,5 +1,5 @@
 """The commands that README.md and docs/*.md show, run; and every file, module and name that a
-doc or a docstring cites, found.
+doc, or a string or comment of the code, cites, found.
 
 **Which blocks run.** A fenced block whose info string is ``bash``, ``sh`` or ``shell`` holds
 commands, one per line (``\\`` continues a line, ``#`` starts a comment). Each runs here, after
@@ -443,9 +443,10 @@ def test_the_command_runs(command, place, capfd):
 
 # ---------------------------------------------------------------- what the docs cite
 # Every file path, module (``ihsweep.x.y``, ``analysis.x``), ``module.name`` and config field
-# that README.md, docs/*.md (outside their code blocks) or a docstring or comment in ihsweep/,
-# analysis/, benchmarks/, launch/ or configs/ cites must exist: read from the files with ast, no
-# module imported but the schema (which imports no JAX).
+# that README.md, docs/*.md (outside their code blocks) or a string (docstring, --help text,
+# message) or comment in ihsweep/, analysis/, benchmarks/, launch/ or configs/ cites must exist:
+# read from the files with ast, no module imported but the schema and analysis.outputs (neither
+# imports JAX).
 
 SOURCES = ("ihsweep", "analysis", "benchmarks", "launch", "configs")
 TRACKED = set(
@@ -477,7 +478,8 @@ NOT_OURS = {
 
 
 def _cited_texts():
-  """``(where, text)``: each doc outside its code blocks; each docstring and comment."""
+  """``(where, text)``: each doc outside its code blocks; each string (docstrings, help texts,
+  messages) and comment of the code."""
   for doc in DOCS:
     text = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), (ROOT / doc).read_text(),
                   flags=re.S)  # fmt: skip
@@ -485,11 +487,9 @@ def _cited_texts():
   for path in sorted(t for t in TRACKED if t.split("/")[0] in SOURCES):
     src = (ROOT / path).read_text()
     if path.endswith(".py"):
-      for node in ast.walk(ast.parse(src)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-          doc = ast.get_docstring(node, clean=False)
-          if doc:
-            yield f"{path}:{getattr(node, 'lineno', 1)}", doc
+      for node in ast.walk(ast.parse(src)):  # docstrings, --help texts, messages
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+          yield f"{path}:{node.lineno}", node.value
       for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.COMMENT:
           yield f"{path}:{tok.start[0]}", tok.string
