@@ -9,7 +9,7 @@ the rewrites below, unless an HTML comment on the lines right above its fence sa
   <!-- not run (TEXT): REASON -->    the block's commands that contain TEXT
 
 A ``python`` block is run by another test (tests/test_notebook.py runs every one that reads
-``runs/demo``, tests/test_export.py the TransformerLens one): ``PYTHON_BLOCKS_RUN_BY`` names it.
+``runs/demo``, tests/test_export.py the TransformerLens one; checked here).
 A block without an info string, or ``text``, is output or a diagram, and may not hold a line
 that starts like a command (a command block left unlabelled would never run).
 
@@ -23,23 +23,27 @@ that starts like a command (a command block left unlabelled would never run).
 2. A run directory that a command reads (``status``/``export`` ``--workdir``, ``report``'s
    directories, ``--law=…/law.json`` or any law file, ``--csv points.csv``) is a sweep made once
    by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves written
-   into metrics.jsonl, no checkpoints); a second one (``runs/b``) is its copy; ``points.csv`` is
-   its report's emergence.csv and a law file its law.json. A directory that a command writes
-   (``run``/``train`` ``--workdir``, ``--out``) is a new one under the test's temporary folder.
-3. Placeholders: ``FILE`` → configs/default.py:tiny, ``DIR`` → a new directory, ``TPU_NAME ZONE``
-   → ``my-tpu us-central2-b``; ``[…]`` (optional parts) are left out; ``~`` is a temporary HOME
-   holding a few text files; the python-docs corpus is tests/conftest.py's stand-in.
+   into metrics.jsonl, no checkpoints); the second directory of one command (``report runs/a
+   runs/b``) is its copy; ``points.csv`` is its report's emergence.csv and a law file its
+   law.json. A directory that a command writes (``run``/``train`` ``--workdir``, ``--out``) is a
+   new one under the test's temporary folder (the same path in the docs: the same directory).
+3. Placeholders: ``FILE`` → configs/default.py:tiny, ``TPU_NAME ZONE`` → ``my-tpu
+   us-central2-b`` (``DIR`` stays: a launcher's dry run only prints it); ``[…]`` (optional
+   parts) are left out; ``~`` is a temporary HOME holding a few text files; the python-docs
+   corpus is tests/conftest.py's stand-in.
 4. A command that would compile the trainer's programs (``run``, ``train``, a ``plan`` that
    measures) runs up to its first train or init program, where ``Compiling`` stops it: what it
    checks is everything before — its flags, the config and every override, the grid and the
-   rules between fields, the data source built (corpus, BPE, bigram or synthetic matrix) and
-   the run directory. Compiling and training are tests/test_train.py's and test_sweep.py's.
+   rules between fields, the data source built (corpus, BPE, bigram statistics) and the run
+   directory. A ``--target`` plan runs so in a process of its own (the target's compiler joins
+   JAX's plugins when JAX starts). Compiling and training are tests/test_train.py's and
+   test_sweep.py's.
 5. Commands that are equal after the rewrites run once.
 6. A comment that says a command ``prints "TEXT"`` is checked: the command's output holds TEXT
    (spaces aside), so that an output a doc quotes is what the command prints.
 
-The file takes ~41 s of CPU (user + sys, the imports of JAX, flax and the analysis and the two
---target subprocesses included; 64 s wall on the 2-core machine under a load of 9).
+The file takes ~40 s of CPU (user + sys, the imports of JAX, flax and the analysis and the two
+--target subprocesses included; 50-65 s wall on the 2-core machine under a load of 7-10).
 """
 
 import ast
