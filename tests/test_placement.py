@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -613,7 +614,11 @@ def test_plan_text_says_what_it_assumes(capsys):
     ),
     (
       ["--devices=8", "--flops_per_s=1e12", "--network=ib"],
-      "--network=ib is not allowed: one of none, h100, v5e, v5p",
+      "--network=ib is not allowed: one of none, h100, h200, a100, l40s, v4, v5e, v5p, v6e",
+    ),
+    (
+      ["--devices=8", "--flops_per_s=1e12", "--compare_attention"],
+      "--compare_attention is not allowed without --target",
     ),
   ],
 )
@@ -738,14 +743,85 @@ def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(cap
 
 def test_a_faster_layout_is_explained_without_communication_too(capsys):
   """On 3 devices (one process of 3) every E = 2 group uses 2 of them in the phases; 3 workers
-  of 1 keep all 3 busy: the plan says so, with no network priced."""
+  of 1 keep all 3 busy: the plan says so, with no network priced, and prints the lines that
+  start them with the plan's flags; the local one, run in the launcher's dry-run mode, starts
+  3 workers of one GPU each whose `ihsweep run` flags the CLI accepts."""
   code, out, err = _plan(
     capsys,
     "--config=configs/exp1_natural.py",
     "--devices=3",
     "--flops_per_s=4e14",
     "--network=none",
+    "--config.sweep.grid.train.batch_size=(8, 16, 32)",
+    "--grid=train.context_size=64,1024",
   )
   assert code == 0, err
   [line] = [x for x in out.splitlines() if x.startswith("faster: ")]
   assert line.startswith("faster: 3 × 1 ") and "busy" in line and "all-reduce" not in line
+  assert "…" not in out
+  flags_words = (
+    "--config=configs/exp1_natural.py '--config.sweep.grid.train.batch_size=(8, 16, 32)' "
+    "--grid=train.context_size=64,1024 --workdir=runs/exp1_natural"
+  )
+  lines = out.split(line, 1)[1].splitlines()[1:3]
+  assert lines == [
+    f"  sbatch --array=0-2 --gres=gpu:1 launch/slurm_array.sbatch {flags_words}",
+    f"  IHSWEEP_GPUS=0,1,2 launch/local_multiprocess.sh 3 --independent {flags_words}",
+  ]
+  workers = _dry_run(lines[1])
+  assert len(workers) == 3
+  for k, w in enumerate(workers):
+    assert f"CUDA_VISIBLE_DEVICES={k} " in w, w
+    found, positional = flags.split_args(shlex.split(w.split(" ihsweep run ", 1)[1]))
+    assert cli._check_flags("run", found, positional) is None and positional == []
+    assert [f"--{name}={value}" for name, _, value in found] == shlex.split(flags_words)
+
+
+def _dry_run(line: str) -> list[str]:
+  """The per-worker commands a printed launch line runs, from the launcher's --dry-run (run from
+  the repository root, as the plan's lines are)."""
+  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
+  r = subprocess.run(
+    ["bash", "-c", line.strip() + " --dry-run"],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  return [x.strip() for x in r.stdout.strip().splitlines()]
+
+
+def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags():
+  """placement.run_flags keeps the plan's config, overrides and axes (not its own flags) and adds
+  --workdir; launch_lines: workers spanning hosts are one jax.distributed job with
+  sweep.processes_per_worker; a TPU pod runs one process per host (tpu_pod.sh, whose dry run
+  accepts the line), so workers narrower than a host get no line and say why."""
+  found = flags.split_args(
+    ["--config=configs/exp.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)",
+     "--config.sweep.processes_per_worker=4", "--zip=seed=0,1", "--devices=64", "--json"]
+  )[0]  # fmt: skip
+  words = ["--config=configs/exp.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)"]
+  words.append("--zip=seed=0,1")
+  assert placement.run_flags(found) == words + ["--workdir=runs/exp_tiny"]
+  assert placement.run_flags(found, "/shared/x") == words + ["--workdir=/shared/x"]
+  tpu = placement.run_flags(found, "runs/x", tpu=True)
+  assert tpu == words + ["--workdir=/mnt/shared/exp_tiny"]
+  lines, note = placement.launch_lines(words + ["--workdir=/shared/x"], 4, 16, 8)
+  assert lines == [
+    "sbatch --nodes=8 --ntasks-per-node=1 --gpus-per-task=8 launch/slurm.sbatch "
+    "--config=configs/exp.py:tiny '--config.sweep.grid.train.batch_size=(8, 16)' "
+    "--zip=seed=0,1 --workdir=/shared/x --config.sweep.processes_per_worker=2"
+  ]
+  assert "one jax.distributed job of 8 processes" in note
+  (line,), note = placement.launch_lines(tpu, 2, 8, 4, "tpu")
+  assert line.endswith(" --config.sweep.processes_per_worker=2") and "4 host(s)" in note
+  env = {**os.environ, "TPU_NAME": "my-tpu", "ZONE": "us-central2-b"}
+  r = subprocess.run(["bash", "-c", line + " --dry-run"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=60)  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  (cmd,) = r.stdout.strip().splitlines()
+  assert cmd.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")
+  assert "--config.sweep.processes_per_worker=2 >> /mnt/shared/exp_tiny/logs/host_" in cmd
+  assert placement.launch_lines(tpu, 8, 2, 4, "tpu") == (
+    [],
+    "launch/tpu_pod.sh runs one process per TPU host, a worker over all its 4 devices: "
+    "workers of 2 device(s) cannot be started",
+  )

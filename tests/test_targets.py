@@ -1,9 +1,12 @@
 """``ihsweep plan --target``: every group compiled for an accelerator this machine lacks (TPU
-through libtpu's compile-only devices; GPU estimated by the XLA CPU compiler)."""
+through libtpu's compile-only devices; GPU by XLA:GPU through JAX's CUDA plugin, deviceless, or
+estimated by the XLA CPU compiler without it); every target's interconnect priced; the launch
+lines of the plan's layout, run in the launchers' dry-run mode."""
 
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -69,15 +72,23 @@ GIB = 1 << 30
 H100_BYTES = int(0.75 * 85520809984)  # XLA's default client share of nvidia-smi's 81559 MiB
 
 
-@needs_jax_cuda
-def test_plan_for_a_gpu_is_compiled_by_xla_gpu_and_bad_targets_are_refused():
-  # B 16: 2 MiB of logits per model, so this CPU would vmap one model at a time; the GPU's own
-  # setting is both models at once.
+@pytest.fixture(scope="module")
+def tiny_h100():
+  """The tiny config (B 16) planned for 2 H100s: one subprocess, shared by the tests below."""
+  if not (JAX_CUDA / "jax_plugins").is_dir():
+    pytest.skip("make test installs build/jax-cuda")
   r = _plan(
     "--target=h100-80gb", "--devices=2", *TINY, "--config.train.batch_size=16", libtpu=False
   )
   assert r.returncode == 0, r.stderr[-2000:]
-  p = json.loads(r.stdout)
+  return r
+
+
+@needs_jax_cuda
+def test_plan_for_a_gpu_is_compiled_by_xla_gpu_and_bad_targets_are_refused(tiny_h100):
+  # B 16: 2 MiB of logits per model, so this CPU would vmap one model at a time; the GPU's own
+  # setting is both models at once.
+  p = json.loads(tiny_h100.stdout)
   assert p["target"]["memory_from"] == GPU_COMPILER and p["fits"]
   assert p["target"]["capacity_bytes"] == H100_BYTES
   (g,) = p["groups"]
@@ -91,6 +102,82 @@ def test_plan_for_a_gpu_is_compiled_by_xla_gpu_and_bad_targets_are_refused():
   assert r.returncode == 2 and "--target=v9z:2x2 is not allowed: a TPU topology" in r.stderr
   r = _plan("--target=h100-80gb", "--devices=2", "--flops_per_s=1e14", *TINY, libtpu=False)
   assert r.returncode == 2 and "--flops_per_s is not allowed with --target" in r.stderr
+
+
+@needs_jax_cuda
+def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_h100):
+  """The plan's launch lines carry the planned run's flags; the local one, run in the
+  launcher's dry-run mode, starts the planned workers with `ihsweep run` flags the CLI accepts;
+  stderr names each compile's pass and group as it starts and ends, with the seconds so far;
+  the explicit-pattern comparison ran only where asked (--compare_attention)."""
+  from ihsweep import cli
+  from ihsweep.commands import flags
+  from ihsweep.planning import targets
+
+  p = json.loads(tiny_h100.stdout)
+  assert p["n_workers"] == 1 and p["devices_per_worker"] == 2, p["layouts"]
+  words = (
+    "--config=configs/default.py:tiny --config.ensemble.size=2 --config.train.batch_size=16 "
+    "--workdir=runs/default_tiny"
+  )
+  assert p["launch"]["lines"] == [
+    f"sbatch --array=0-0 --gres=gpu:2 launch/slurm_array.sbatch {words}",
+    f"IHSWEEP_GPUS=0,1 launch/local_multiprocess.sh 1 --independent {words}",
+  ]
+  text = targets.format_plan(p)
+  assert "to run it (1 worker(s) × 2 device(s); " in text
+  assert text.endswith("\n  " + "\n  ".join(p["launch"]["lines"]))
+  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
+  r = subprocess.run(["bash", "-c", p["launch"]["lines"][1] + " --dry-run"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=60)  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  (worker,) = r.stdout.strip().splitlines()
+  assert "CUDA_VISIBLE_DEVICES=0\\,1 " in worker and worker.strip().endswith(f"ihsweep run {words}")
+  found, positional = flags.split_args(worker.split(" ihsweep run ", 1)[1].split())
+  assert cli._check_flags("run", found, positional) is None
+  err = tiny_h100.stderr
+  assert "pass 1 (memory on workers of 1 device(s)), group 1 of 1: group g000 (E = 2, B = 16" in err
+  assert re.search(r"\[ +\d+ s\] pass 1 .*group g000 done in \d+ s: gradient_accumulation_st", err)
+  assert "explicit" not in err and "explicit_bytes" not in p["groups"][0]["attention"]
+
+
+def test_every_target_is_priced_from_a_published_figure():
+  """Each GPU and TPU generation names its interconnect (timing.NETWORKS, per device each way,
+  its source cited); a plan on a chip without one keeps to layouts without all-reduces and says
+  so."""
+  import types
+
+  from ihsweep.planning import targets, timing
+
+  for name, chip in {**targets.GPUS, **targets.TPU_CHIPS}.items():
+    net = timing.NETWORKS.get(chip.network)
+    assert net is not None and net.name == chip.network, name
+    assert "bidirectional" in net.source or "all-reduce bandwidth" in net.source, name
+  assert timing.NETWORKS["a100"].intra_host_bytes_per_s == 600e9 / 2
+  assert timing.NETWORKS["l40s"].intra_host_bytes_per_s == 64e9 / 2
+  assert timing.NETWORKS["v6e"].inter_host_bytes_per_s == 800e9 / 2
+  # 8 A100s, E = 2 models of 54M parameters, B split over 4 of them: 2 · 3/4 · 218 MB / 300 GB/s
+  job = types.SimpleNamespace(n_models=2, batch_size=8, n_params=54_000_000)
+  a100 = timing.FlopsModel(312e12, timing.NETWORKS["a100"], 8)
+  assert a100.all_reduce_s(job, 8) == pytest.approx(2 * 3 / 4 * 54e6 * 4 / 300e9 + 6 * 10e-6)
+  # v4: libtpu lists a chip as 2 TensorCores, which share its links
+  v4 = targets.Target("v4:2x2x1", targets.TPU_CHIPS["v4"], [], 0, 8, "TPU compiler")
+  assert v4.network.intra_host_bytes_per_s == pytest.approx(1.1e15 / 4096 / 2)
+  layouts = [
+    {"devices_per_worker": 1, "makespan_s": 9.0, "data_axis_groups": 0, "not_launchable": None},
+    {"devices_per_worker": 4, "makespan_s": 5.0, "data_axis_groups": 0, "not_launchable": None},
+    {"devices_per_worker": 8, "makespan_s": 3.0, "data_axis_groups": 2, "not_launchable": None},
+  ]
+  h100 = types.SimpleNamespace(network=timing.NETWORKS["h100"], chip=targets.GPUS["h100-80gb"])
+  assert targets.best_layout(layouts, h100) == (layouts[2], None)
+  unknown = types.SimpleNamespace(network=None, chip=targets.GPUS["h100-80gb"])
+  best, why = targets.best_layout(layouts, unknown)
+  assert best is layouts[1] and "no published interconnect figure" in why
+  best, why = targets.best_layout(layouts[2:], unknown)
+  assert best is layouts[2] and "the choice ignores that time" in why
+  # a TPU layout narrower than a host is not launchable (one process per host), so not chosen
+  layouts[2]["not_launchable"] = "a TPU host runs one process"
+  assert targets.best_layout(layouts, h100)[0] is layouts[1]
 
 
 @pytest.mark.skipif(not (LIBTPU / "libtpu").is_dir(), reason="make test installs build/libtpu")
@@ -172,7 +259,9 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   H100s, its smallest (B 8, C 64) and largest (B 128, C 1024) cells and the two between: every
   group compiled by XLA:GPU, each fits at the setting the plan chooses, and the largest runs
   both models at once (k = 1, vmap chunk 2: 22.7 GiB there with cuDNN's flash attention, 46.7
-  GiB with the explicit pattern, against the CPU estimate's 96)."""
+  GiB with the explicit pattern (--compare_attention, that cell alone), against the CPU
+  estimate's 96); the plan's layout, 4 workers of 2 GPUs, priced on NVLink, with its launch
+  lines, and a progress line per compile."""
   r = _plan("--target=h100-80gb", "--devices=1", "--config=configs/demo.py",
             "--config.sweep.grid.train.batch_size=(32,)",
             "--config.sweep.grid.train.context_size=(64,)", "--json", libtpu=False)  # fmt: skip
@@ -191,15 +280,30 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   for g in cells.values():
     assert g["memory_from"] == GPU_COMPILER and g["memory"]["fits"], g
     assert g["memory"]["capacity_bytes"] == H100_BYTES
+  for i in range(1, 5):
+    assert f"pass 1 (memory on workers of 1 device(s)), group {i} of 4: group g00" in r.stderr
+  assert "explicit" not in r.stderr  # the comparison only where asked
+  assert (p["n_workers"], p["devices_per_worker"], p["unpriced"]) == (4, 2, None), p["layouts"]
+  assert p["launch"]["lines"][1].startswith(
+    "IHSWEEP_GPUS=0,1,2,3,4,5,6,7 launch/local_multiprocess.sh 4 --independent "
+    "--config=configs/exp1_natural.py '--config.sweep.grid.train.batch_size=(8, 128)' "
+  )
   big = cells[(128, 1024)]
   assert big["gradient_accumulation_steps"] == 1 and big["vmap_chunk"] == 2, big
   # The train step's attention is cuDNN's flash attention (bf16, head dimension 96), and at
   # C = 1024 it saves what the explicit [B·H, C, C] pattern needs: 46.65 -> 22.72 GiB.
   for g in cells.values():
-    assert g["attention"]["compiled"] == "cudnn", g["attention"]
-    assert g["attention"]["saved_bytes"] >= 0
-  assert big["attention"]["saved_bytes"] > 20 * GIB, big["attention"]
-  assert big["attention"]["explicit_bytes"] > 40 * GIB
+    assert g["attention"] == {"compiled": "cudnn"}, g["attention"]
+  r = _plan("--target=h100-80gb", "--devices=1", "--config=configs/exp1_natural.py",
+            "--config.sweep.grid.train.batch_size=(128,)",
+            "--config.sweep.grid.train.context_size=(1024,)", "--compare_attention", "--json",
+            libtpu=False)  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "pass 2 (--compare_attention: the explicit pattern), group 1 of 1" in r.stderr
+  (g,) = json.loads(r.stdout)["groups"]
+  assert g["memory"]["per_device_bytes"] == big["memory"]["per_device_bytes"]
+  assert g["attention"]["saved_bytes"] > 20 * GIB, g["attention"]
+  assert g["attention"]["explicit_bytes"] > 40 * GIB
   # The roofline is the largest lower bound read from the compiled program: FLOPs, twice the
   # train state over HBM, kernels × 4 µs. The largest cell launches 681 kernels per update
   # with 1 GiB loss tiles (2,161 with 256 MiB ones) and is FLOP-bound; the smallest is bound by

@@ -30,7 +30,10 @@ config_flags.DEFINE_config_file(
   sys_argv=ARGV,
 )
 flags.DEFINE_string(
-  "workdir", None, "run directory (run, train: created if missing; status, export: read)"
+  "workdir",
+  None,
+  "run directory (run, train: created if missing; status, export: read; plan: the one its "
+  "launch lines name)",
 )
 flags.DEFINE_bool("progress", True, "progress bar (default on; --noprogress turns it off)")
 flags.DEFINE_integer("batch_size", None, "batch size B (sequences per update)")
@@ -62,8 +65,16 @@ flags.DEFINE_bool(
 flags.DEFINE_string(
   "target",
   None,
-  "compile every group for this accelerator without it: a TPU topology such as v5e:8x8, or "
-  "h100-80gb / h200-141gb / a100-80gb with --devices=N",
+  "compile every group for this accelerator without it: a TPU topology (v4, v5e, v5p or v6e: "
+  "e.g. v4:4x4x4, v5e:8x8) or, with --devices=N, a GPU: h100-80gb, h200-141gb, a100-80gb, "
+  "l40s-48gb",
+)
+flags.DEFINE_bool(
+  "compare_attention",
+  False,
+  "plan --target: compile each group whose train step uses a fused attention kernel once "
+  "more with the explicit attention pattern, to show the bytes it saves (no decision of the "
+  "plan depends on it)",
 )
 flags.DEFINE_integer(
   "devices", None, "the sweep's devices (any count: this machine need not have them)"
@@ -91,8 +102,9 @@ flags.DEFINE_string(
   "network",
   None,
   "with --flops_per_s: the interconnect, per device each way: h100 (default; NVLink 450 GB/s "
-  "in a host, InfiniBand 50 GB/s across), v5e (ICI 200 GB/s), v5p (ICI 600 GB/s), none (no "
-  "communication); 60 s per phase switch (assumed) unless none",
+  "in a host, InfiniBand 50 GB/s across), h200 (the same), a100 (NVLink 300, InfiniBand 25), "
+  "l40s (PCIe 32), v4 (ICI 268.6 per chip), v5e (ICI 200), v5p (ICI 600), v6e (ICI 400), "
+  "none (no communication); 60 s per phase switch (assumed) unless none",
 )
 flags.DEFINE_string(
   "cache_dir",
@@ -134,7 +146,8 @@ FORMS = {
   "devices_per_worker": "--devices_per_worker=D",
   "devices_per_host": "--devices_per_host=H",
   "flops_per_s": "--flops_per_s=F",
-  "network": "--network=h100|v5e|v5p|none",
+  "network": "--network=h100|h200|a100|l40s|v4|v5e|v5p|v6e|none",
+  "compare_attention": "--[no]compare_attention",
   "cell": "--cell=N",
   "step": "--step=S",
   "to": "--to=transformer_lens|hf",

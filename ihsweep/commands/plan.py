@@ -26,15 +26,18 @@ FLAG_NAMES = (
   "law",
   "json",
   "target",
+  "compare_attention",
+  "workdir",
 )
 FLAGS_ONLY, COMPILES, TRAINS = True, True, False
 DEFAULT_HOST = 8  # list_schedule.DEFAULT_DEVICES_PER_HOST (not imported: it imports jax)
 USAGE = """usage: ihsweep plan --config=FILE[:VARIANT] --devices=N [--devices_per_worker=D]
                     [--flops_per_s=F [--devices_per_host=H] [--network=NAME]] [--law=FILE]
-                    [--json]
+                    [--json] [--workdir=DIR]
                     [--grid=FIELD=V1,V2,...] [--zip=FIELD=V1,V2,...]
                     [--config.SECTION.FIELD=VALUE ...]
-       ihsweep plan --config=FILE[:VARIANT] --target=NAME [--devices=N] [--law=FILE] [--json]"""
+       ihsweep plan --config=FILE[:VARIANT] --target=NAME [--devices=N] [--compare_attention]
+                    [--law=FILE] [--json] [--workdir=DIR] [...]"""
 ABOUT = """\
 Predicts, without training, how the config's sweep runs on N devices: each group's cost
 (FLOPs) and time, the schedule, the makespan and the device utilisation (busy share of
@@ -44,13 +47,17 @@ groups most expensive first, each group on as many of its worker's devices as it
 them, every one-phase layout of workers.
 
 --target=NAME compiles every group's train and evaluation programs for an accelerator this
-machine need not have — a TPU topology (v5e:8x8, v4:4x4x4, v5p:4x4x4, v6e:8x8: the TPU
-compiler: libtpu, which `make install` puts in build/libtpu) or a GPU (h100-80gb, h200-141gb,
-a100-80gb, with --devices=N: the XLA CPU compiler's memory analysis, an estimate) — and
-reports per group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device
-against the device's memory, FLOPs and a roofline time (compiled on the fewest devices per
-worker at which every group fits), then the layout with the shortest roofline makespan
-(exit 1 if some group fits nowhere)."""
+machine need not have — a TPU topology (v4:4x4x4, v5e:8x8, v5p:4x4x4, v6e:8x8: the TPU
+compiler, libtpu, which `make install` puts in build/libtpu) or a GPU (h100-80gb, h200-141gb,
+a100-80gb, l40s-48gb, with --devices=N: XLA's GPU compiler, deviceless, from JAX's CUDA plugin
+in build/jax-cuda; without it the XLA CPU compiler's estimate, labelled so) — and reports per
+group the mesh, gradient_accumulation_steps, vmap chunk, bytes per device against the
+device's memory, FLOPs and a roofline time (compiled on the fewest devices per worker at
+which every group fits), each gradient all-reduce priced on the chip's published
+interconnect, then the layout with the shortest roofline makespan and the lines that launch
+it (exit 1 if some group fits nowhere). Progress (each compile's pass, group i of n,
+seconds) goes to stderr. A layout recommended with launch lines uses --workdir=DIR (default
+runs/CONFIG_NAME; a TPU pod: /mnt/shared/CONFIG_NAME)."""
 
 
 def flag_problem() -> str | None:
@@ -130,6 +137,11 @@ def main(argv) -> int:
     return failed
   if FLAGS.target is not None:
     return _plan_target(cfg)
+  if FLAGS.compare_attention:
+    return fail(
+      "--compare_attention is not allowed without --target: it compiles the target's programs "
+      "once more with the explicit attention pattern"
+    )
   if cfg is None:
     return fail("plan needs --config=FILE and --devices=N (the devices the sweep runs on)")
   problem = flag_problem()
@@ -161,6 +173,7 @@ def main(argv) -> int:
       law=law,
       log=lambda line: print(line, file=sys.stderr, flush=True),
     )
+    prediction.run_flags = _run_flags(tpu=False)
   except (ConfigError, DataError) as e:
     return bad_input(e)
   except LawError as e:
@@ -201,7 +214,12 @@ def _plan_target(cfg) -> int:
       return fail(problem)
     target = targets.make_target(FLAGS.target, FLAGS.devices)
     result = targets.plan_for_target(
-      cfg, target, law, log=lambda line: print(line, file=sys.stderr, flush=True)
+      cfg,
+      target,
+      law,
+      log=lambda line: print(line, file=sys.stderr, flush=True),
+      compare_attention=FLAGS.compare_attention,
+      run_flags=_run_flags(tpu=target.chip.platform == "tpu"),
     )
   except targets.TargetError as e:
     return fail(str(e))
@@ -211,3 +229,12 @@ def _plan_target(cfg) -> int:
     return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
   print(json.dumps(result) if FLAGS.json else targets.format_plan(result))
   return 0 if result["fits"] else 1
+
+
+def _run_flags(tpu: bool) -> list[str]:
+  """The ``ihsweep run`` flags of the sweep this plan planned (``placement.run_flags``): its
+  config, overrides, axes and --workdir."""
+  from ihsweep.commands.flags import ARGV, split_args
+  from ihsweep.planning import placement
+
+  return placement.run_flags(split_args(ARGV[1:])[0], FLAGS.workdir, tpu=tpu)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
+import re
 from typing import Any
 
 from ihsweep.base.numbers import divisors
@@ -274,6 +276,92 @@ def predict(
     devices_per_process=per_process,
     updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
     schedule_note=schedule_note(cfg, plan),
+  )
+
+
+# ---- how to start a layout: the launchers' command lines ----
+
+TPU_WORKDIR = "/mnt/shared"  # launch/tpu_pod.sh's own example: a filesystem every host mounts
+
+
+def run_flags(found, workdir: str | None = None, tpu: bool = False) -> list[str]:
+  """The ``ihsweep run`` flags of a planned sweep, from the plan's own command line (``found``:
+  ``flags.split_args``'s flags): ``--config=FILE[:VARIANT]``, its ``--config.SECTION.FIELD``
+  overrides, ``--grid`` and ``--zip`` as typed (``sweep.processes_per_worker`` left out: the
+  layout's launch sets it), then ``--workdir``: ``workdir``, else ``runs/NAME`` (NAME: the
+  config file's name and variant); on a TPU pod an absolute path every host mounts
+  (``TPU_WORKDIR``/NAME unless ``workdir`` is absolute)."""
+  out, name = [], "sweep"
+  for typed, flag, value in found:
+    if flag not in ("config", "grid", "zip") or typed.endswith("sweep.processes_per_worker"):
+      continue
+    out.append(f"--{typed}" if value is None else f"--{typed}={value}")
+    if typed == "config" and value:
+      path, _, variant = value.partition(":")
+      name = os.path.splitext(os.path.basename(path))[0]
+      if variant:
+        name += "_" + re.sub(r"[^A-Za-z0-9]+", "_", variant).strip("_")
+  if tpu:
+    workdir = workdir if workdir and os.path.isabs(workdir) else f"{TPU_WORKDIR}/{name}"
+  return out + [f"--workdir={workdir or f'runs/{name}'}"]
+
+
+def launch_lines(
+  flags: list[str],
+  n_workers: int,
+  devices_per_worker: int,
+  devices_per_host: int,
+  platform: str = "gpu",
+) -> tuple[list[str], str]:
+  """``(lines, note)``: shell lines (run from the repository root) that start one phase of
+  ``n_workers`` workers of D = ``devices_per_worker`` devices on hosts of H =
+  ``devices_per_host``, each worker ``ihsweep run FLAGS`` (``flags``: ``run_flags``), and a
+  note on what the lines leave to the user; no lines (the note says why) where the launchers
+  cannot start that layout.
+
+  GPUs, D <= H: independent workers of D GPUs, a SLURM job array (launch/slurm_array.sbatch,
+  one task per worker) or, on one machine, launch/local_multiprocess.sh --independent with its
+  GPUs handed out D each (IHSWEEP_GPUS). GPUs, D a multiple of H: one jax.distributed job
+  (launch/slurm.sbatch, one process per host) whose workers span D / H hosts
+  (``sweep.processes_per_worker``). TPUs: launch/tpu_pod.sh runs one process per host of the
+  slice, a worker over all its devices, so D must be a multiple of H (D / H hosts a worker)."""
+  import shlex
+
+  d, h, w = devices_per_worker, devices_per_host, n_workers
+  words = " ".join(shlex.quote(f) for f in flags)
+  teams = f" --config.sweep.processes_per_worker={d // h}" if d > h else ""
+  if platform == "tpu":
+    if d % h:
+      return [], (
+        f"launch/tpu_pod.sh runs one process per TPU host, a worker over all its {h} "
+        f"devices: workers of {d} device(s) cannot be started"
+      )
+    return [
+      f'launch/tpu_pod.sh "${{TPU_NAME:?}}" "${{ZONE:?}}" {words}'
+      f" --config.sweep.processes_per_worker={d // h}"
+    ], (
+      f"TPU_NAME, ZONE: the slice (gcloud compute tpus tpu-vm create); --workdir on a "
+      f"filesystem every host mounts (plan --workdir=DIR sets it); each of its {w * d // h} "
+      f"host(s) runs one process, {d // h} host(s) a worker"
+    )
+  if d > h:
+    hosts = w * d // h
+    return [
+      f"sbatch --nodes={hosts} --ntasks-per-node=1 --gpus-per-task={h} launch/slurm.sbatch "
+      f"{words}{teams}"
+    ], f"one jax.distributed job of {hosts} processes of {h} GPUs, {d // h} per worker"
+  per_machine = min(w, h // d)
+  gpus = ",".join(str(k) for k in range(per_machine * d))
+  lines = [
+    f"sbatch --array=0-{w - 1} --gres=gpu:{d} launch/slurm_array.sbatch {words}",
+    f"IHSWEEP_GPUS={gpus} launch/local_multiprocess.sh {per_machine} --independent {words}",
+  ]
+  machines = -(-w // per_machine)
+  where = "one machine" if machines == 1 else f"each of {machines} machines"
+  return lines, (
+    f"{w} independent worker(s) of {d} GPU(s): the SLURM job array (one task per worker), "
+    f"or on {where} {per_machine} local worker(s); the run directory on a filesystem every "
+    f"worker sees (plan --workdir=DIR sets it)"
   )
 
 

@@ -34,6 +34,7 @@ class Prediction:
   devices_per_process: int = 1
   updates_note: str = ""
   schedule_note: str = ""  # the groups' learning-rate schedule and its horizon
+  run_flags: list = dataclasses.field(default_factory=list)  # placement.run_flags: the launch's
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -314,18 +315,15 @@ def _why_best(p: Prediction) -> str:
       f"{_percent(phased.utilisation)} (workers of whole processes leave devices idle beside "
       f"groups that cannot use them all, or wait for the last groups)"
     )
-  how = (
-    f"run it as {best.n_workers} independent worker(s), one process per {d} device(s) not "
-    f"joined by jax.distributed (SLURM: sbatch --array=0-{best.n_workers - 1} --gres=gpu:{d} "
-    f"launch/slurm_array.sbatch …; one machine: launch/local_multiprocess.sh "
-    f"{best.n_workers} --independent …, with IHSWEEP_GPUS listing its {best.n_workers * d} "
-    f"GPUs: {d} each)"
-    if d <= per_process
-    else f"run it with sweep.processes_per_worker={d // per_process}"
-  )
-  return (
-    f"faster: {_layout_name(d, best.n_workers, per_process)} "
-    f"({phased.makespan_s / best.makespan_s:.1f}× the phases' speed): "
-    + "; ".join(reasons or ["a better balance of the groups over the workers"])
-    + f"; {how}"
+  from ihsweep.planning.placement import launch_lines
+
+  lines, note = launch_lines(p.run_flags, best.n_workers, d, per_process)
+  return "\n  ".join(
+    [
+      f"faster: {_layout_name(d, best.n_workers, per_process)} "
+      f"({phased.makespan_s / best.makespan_s:.1f}× the phases' speed): "
+      + "; ".join(reasons or ["a better balance of the groups over the workers"])
+      + f"; to run it ({note}):",
+      *lines,
+    ]
   )

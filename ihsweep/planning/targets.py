@@ -25,7 +25,8 @@ Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published speci
 Google Cloud TPU docs (v4: 275 TFLOP/s, 1,228 GB/s per chip; v5e: 197, 819; v5p: 459, 2,765;
 v6e: 918, 1,640 — per chip; a v4/v5p chip's two TensorCores each get half), NVIDIA data sheets
 (H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s; L40S 362,
-0.864 TB/s).
+0.864 TB/s). The interconnect each gradient all-reduce is priced on: ``Chip.network``, an entry
+of ``timing.NETWORKS`` (NVLink, PCIe or ICI, and across hosts, each with its source).
 """
 
 from __future__ import annotations
@@ -54,14 +55,14 @@ class Chip:
   hbm_bytes_per_s: float
   capacity_bytes: int = 0  # unused: TPUs read theirs from the compiler, GPUs: gpu_capacity
   cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (the peak is per chip)
-  network: str = ""  # its timing.NETWORKS entry ('': no published figure there, not priced)
+  network: str = ""  # its timing.NETWORKS entry ('': no published figure, not priced)
 
 
 TPU_CHIPS = {
-  "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2),
+  "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2, network="v4"),
   "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB, network="v5e"),
   "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2, network="v5p"),
-  "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB),
+  "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB, network="v6e"),
 }
 # XLA's GPU client takes this share of a GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, default
 # 0.75: JAX documentation, "GPU memory allocation"): the bytes_limit a run reads on the GPU.
@@ -93,9 +94,9 @@ def gpu_capacity(name: str) -> int:
 # capacity: gpu_capacity.
 GPUS = {
   "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, network="h100"),
-  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, network="h100"),
-  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB),
-  "l40s-48gb": Chip("NVIDIA L40S 48 GB", "gpu", 362e12, 864 * GB),
+  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, network="h200"),
+  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, network="a100"),
+  "l40s-48gb": Chip("NVIDIA L40S 48 GB", "gpu", 362e12, 864 * GB, network="l40s"),
 }
 
 
@@ -157,7 +158,7 @@ class Target:
   @property
   def network(self):
     """The chip's ``timing.Network`` per device (a chip's links shared by its cores), or None
-    where the table has no published figure (v4, v6e, A100: communication not priced)."""
+    where the table has no published figure (communication not priced: ``best_layout``)."""
     from ihsweep.planning import timing
 
     net = timing.NETWORKS.get(self.chip.network)
@@ -514,31 +515,57 @@ def _layout_sizes(jobs, target: Target, d: int) -> dict | None:
   return {j.id: list_schedule.usable_device_count(j.n_models, j.batch_size, d) for j in jobs}
 
 
-def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dict:
+def plan_for_target(
+  cfg,
+  target: Target,
+  law=None,
+  log=lambda line: None,
+  *,
+  compare_attention: bool = False,
+  run_flags: list[str] | None = None,
+) -> dict:
   """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
   D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
-  group's memory, FLOPs and roofline time there, and the list schedule of the groups on the target's
-  devices (``list_schedule.simulate``, plan order, each on its worker's ``usable_device_count``).
+  group's memory, FLOPs and roofline time there, and the list schedule of the groups on the
+  target's devices (``list_schedule.simulate``, plan order, each on its worker's
+  ``usable_device_count``). Progress goes to ``log``: a line as each group's compile starts and
+  ends, with its pass, "group i of n" and the seconds since the plan began.
+
+  ``compare_attention``: each group whose train step's attention is not the explicit ``[B·H, C,
+  C]`` pattern is compiled once more with that pattern at the setting chosen, to report what
+  its kernel saves. Off by default: it changes no decision of the plan (the setting, D and the
+  layout are chosen with the kernel ``train.resolve_attention`` gives on the target, the rule
+  ``ihsweep run`` applies there) and doubles its compiles. ``run_flags``: the ``ihsweep run``
+  flags of the planned sweep (``placement.run_flags``) for the launch lines.
 
   Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
   ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
   ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``attention`` {``compiled`` (the
-  train step's kernel, ``train.resolve_attention``), ``saved_bytes`` per device against the
-  explicit pattern at the same setting and, where it is not that, ``explicit_bytes``, compiled
-  too}, ``memory`` {``per_device_bytes``,
-  ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``}, ``flops_per_update``,
-  ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token), ``bytes_per_update``,
-  ``roofline_update_s``, ``all_reduce_s`` (per update, over its data axis on the chip's
-  network; 0 without one or where the table has no figure), ``update_s`` (their sum),
-  ``updates``, ``roofline_s``, ``seconds`` at D), ``refused`` (layouts tried before
-  D and why), ``layouts`` (D and every wider layout: groups on more devices, times scaled by
-  the device ratio), the best of them (``devices_per_worker``, ``n_workers``, ``schedule``,
-  ``makespan_s``, ``utilisation``) and ``fits``.
+  train step's kernel, ``train.resolve_attention``); where it is the explicit pattern
+  ``saved_bytes`` 0; else, with ``compare_attention``, ``explicit_bytes`` and ``saved_bytes``
+  per device against the explicit pattern at the same setting}, ``memory``
+  {``per_device_bytes``, ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``},
+  ``flops_per_update``, ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token),
+  ``bytes_per_update``, ``roofline_update_s``, ``all_reduce_s`` (per update, over its data
+  axis on the chip's network; 0 without one), ``update_s`` (their sum), ``updates``,
+  ``roofline_s``, ``seconds`` at D), ``refused`` (layouts tried before D and why),
+  ``layouts`` (D and every wider layout: groups on more devices, times scaled by the device
+  ratio; each with ``data_axis_groups``, the groups whose gradient is all-reduced there,
+  ``comm_share``, the all-reduces' share of the groups' device-time, and ``not_launchable``,
+  why the launchers cannot start it, or None), the best of them
+  (``devices_per_worker``, ``n_workers``, ``schedule``, ``makespan_s``, ``utilisation``; the
+  shortest makespan among the launchable layouts, and where the chip's network has no
+  published figure among those without all-reduces, ``unpriced`` saying so), ``launch``
+  ({``lines``, ``note``}: ``placement.launch_lines`` for the best layout; None without
+  ``run_flags``) and ``fits``.
   """
+  import time
+
   from ihsweep.compute import schedule
   from ihsweep.planning import kernels, placement, timing
   from ihsweep.training import memory
 
+  t0 = time.perf_counter()
   fixed = int(cfg.mesh.num_devices)
   if fixed and fixed not in candidate_layouts(target):
     raise TargetError(
@@ -552,12 +579,21 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     memory.check_possible(
       j.cfg, target.devices[:widest], f"group {j.id}", target.capacity_bytes, j.n_params
     )
-  compile_group = _GroupCompiler(target, log)
+  compile_group = _GroupCompiler(target, log, t0)
   refused = []
   layout = _first_fitting_layout(jobs, target, compile_group, refused, fixed)
   if layout is None:
     return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
   d, sizes = layout
+  fused = [j for j in jobs if compile_group(j, sizes[j.id])[0].train.attention != "explicit"]
+  if compare_attention and fused:
+    compile_group.passes += 1
+    for i, j in enumerate(fused):
+      where = (
+        f"pass {compile_group.passes} (--compare_attention: the explicit pattern), group "
+        f"{i + 1} of {len(fused)}"
+      )
+      compile_group.explicit_bytes(j, sizes[j.id], where)
   comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
   groups, entries = [], []
   for j in jobs:
@@ -566,7 +602,17 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     groups.append(row)
     entries.append((j, m, row["roofline_s"]))
   layouts = _wider_layouts(jobs, target, d, entries, comm_model, fixed)
-  best = min(layouts, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
+  best, unpriced = best_layout(layouts, target)
+  launch = None
+  if run_flags is not None:
+    lines, note = placement.launch_lines(
+      run_flags,
+      best["n_workers"],
+      best["devices_per_worker"],
+      target.devices_per_host,
+      target.chip.platform,
+    )
+    launch = {"lines": lines, "note": note}
   return {
     "target": target.to_json(),
     "devices_per_worker": best["devices_per_worker"],
@@ -578,6 +624,8 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
     "schedule": best["schedule"],
     "makespan_s": best["makespan_s"],
     "utilisation": best["utilisation"],
+    "unpriced": unpriced,
+    "launch": launch,
     "fits": all(g["memory"]["fits"] for g in groups),
     "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
     "headroom": memory.HEADROOM,
@@ -591,22 +639,60 @@ def plan_for_target(cfg, target: Target, law=None, log=lambda line: None) -> dic
   }
 
 
+def best_layout(layouts: list[dict], target: Target) -> tuple[dict, str | None]:
+  """``(the plan's layout, None or why its choice is unpriced)``: of ``_wider_layouts``' layouts
+  the launchable ones (``not_launchable`` None), the shortest makespan first, then the fewest
+  devices per worker. Where the chip's network has no published figure the all-reduces are
+  not priced, so only layouts without any (``data_axis_groups`` 0: every group's models whole
+  on their devices) compete; where none is, the choice is the same and ``unpriced`` says it
+  ignored their all-reduces."""
+  pool = [lay for lay in layouts if lay.get("not_launchable") is None] or layouts
+  unpriced = None
+  if target.network is None:
+    nil = [lay for lay in pool if lay["data_axis_groups"] == 0]
+    unpriced = (
+      f"{target.chip.name}: no published interconnect figure, so gradient all-reduces are not "
+      f"priced; "
+      + (
+        "the plan's layout is the best of those without any"
+        if nil
+        else "every layout all-reduces some group's gradient: the choice ignores that time"
+      )
+    )
+    pool = nil or pool
+  best = min(pool, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
+  return best, unpriced
+
+
 class _GroupCompiler:
   """``(compiled config, memory.Choice, why it does not fit or None)`` of a job on its first m
   devices of the target (``runner.resolve_memory``, bf16 compute where the dtype is 'auto'),
-  compiled once per (job, m), with progress lines to ``log``."""
+  compiled once per (job, m), with a progress line to ``log`` as each compile starts and ends
+  (its pass, "group i of n" and the seconds since the plan began)."""
 
-  def __init__(self, target: Target, log):
+  def __init__(self, target: Target, log, t0: float):
     self.target, self.log, self.memo = target, log, {}
+    self.t0, self.passes = t0, 0  # the plan's start (time.perf_counter); passes begun
 
-  def __call__(self, job, m: int) -> tuple:
+  def _progress(self, where: str, text: str) -> float:
+    """Logs ``[seconds since the plan began] where: text``; returns time.perf_counter()."""
+    import time
+
+    now = time.perf_counter()
+    self.log(f"[{now - self.t0:6.0f} s] {where}: {text}")
+    return now
+
+  def __call__(self, job, m: int, where: str = "") -> tuple:
+    import time
+
     from ihsweep.training import memory, runner
 
-    target, log, memo = self.target, self.log, self.memo
+    target, memo = self.target, self.memo
     if (job.id, m) not in memo:
-      log(
-        f"compiling group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = "
-        f"{job.context_size}) for {target.name} on {m} device(s) ..."
+      start = self._progress(
+        where,
+        f"group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = {job.context_size}): "
+        f"compiling for {target.name} on {m} device(s) ...",
       )
       cfg = copy.deepcopy(job.cfg)
       if cfg.model.dtype == "auto":  # as on the target: bf16 compute (ModelConfig.dtype)
@@ -626,15 +712,18 @@ class _GroupCompiler:
       except memory.DoesNotFit as e:
         memo[(job.id, m)] = (cfg, e.choice, str(e))
       c = memo[(job.id, m)][1]
-      log(
-        f"  {c.setting.describe()}: {memory.gib(c.per_device_bytes)} per device "
-        f"({len(c.tried)} setting(s) compiled in {sum(t for _, _, t in c.tried):.0f} s)"
+      self._progress(
+        where,
+        f"group {job.id} done in {time.perf_counter() - start:.0f} s: {c.setting.describe()}, "
+        f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) compiled)",
       )
     return memo[(job.id, m)]
 
-  def explicit_bytes(self, job, m: int) -> int:
+  def explicit_bytes(self, job, m: int, where: str = "") -> int:
     """Bytes per device of the job's programs on m devices at the setting chosen there, with
     the explicit attention pattern instead of the chosen kernel (compiled once more)."""
+    import time
+
     from ihsweep.training import memory, runner
 
     if ("explicit", job.id, m) not in self.memo:
@@ -646,8 +735,10 @@ class _GroupCompiler:
         cfg.train.gradient_accumulation_steps = s.gradient_accumulation_steps
         cfg.train.remat = s.remat
         cfg.ensemble.vmap_chunk = s.vmap_chunk
-      self.log(
-        f"  the same with the explicit attention pattern (what {out.train.attention} saves) ..."
+      start = self._progress(
+        where,
+        f"group {job.id}: compiling with the explicit attention pattern (what "
+        f"{out.train.attention} saves) ...",
       )
       try:
         _, found = runner.resolve_memory(
@@ -661,6 +752,11 @@ class _GroupCompiler:
       except memory.DoesNotFit as e:
         found = e.choice
       self.memo[("explicit", job.id, m)] = found.per_device_bytes
+      self._progress(
+        where,
+        f"group {job.id} done in {time.perf_counter() - start:.0f} s: "
+        f"{memory.gib(found.per_device_bytes)} per device",
+      )
     return self.memo[("explicit", job.id, m)]
 
 
@@ -679,8 +775,13 @@ def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fi
       )
       continue
     bad = None
-    for j in jobs:
-      _, _, why = compile_group(j, sizes[j.id])
+    compile_group.passes += 1
+    for i, j in enumerate(jobs):
+      where = (
+        f"pass {compile_group.passes} (memory on workers of {d} device(s)), group {i + 1} of "
+        f"{len(jobs)}"
+      )
+      _, _, why = compile_group(j, sizes[j.id], where)
       if why:
         bad = why
         break
@@ -704,8 +805,10 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   all_reduce = comm_model.all_reduce_s(j, m)
   per_update = roofline + all_reduce
   s = choice.setting
-  attention = {"compiled": out.train.get("attention", "explicit"), "saved_bytes": 0}
-  if attention["compiled"] != "explicit":
+  attention = {"compiled": out.train.get("attention", "explicit")}
+  if attention["compiled"] == "explicit":
+    attention["saved_bytes"] = 0
+  elif ("explicit", j.id, m) in compile_group.memo:  # compiled by --compare_attention
     attention["explicit_bytes"] = compile_group.explicit_bytes(j, m)
     attention["saved_bytes"] = attention["explicit_bytes"] - choice.per_device_bytes
   return {
@@ -750,7 +853,11 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
 
 def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int = 0) -> list[dict]:
   """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
-  list-scheduled (``list_schedule.simulate``)."""
+  list-scheduled (``list_schedule.simulate``), with the groups whose mesh has a data axis there
+  (``data_axis_groups``), the all-reduces' share of the groups' device-time (``comm_share``)
+  and, on a TPU, workers narrower than a host ``not_launchable``
+  (launch/tpu_pod.sh runs one process per host, a worker over all its devices)."""
+  from ihsweep.base import sharding
 
   # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
   # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
@@ -762,21 +869,26 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int
     m_wide = _layout_sizes(jobs, target, wide)
     if m_wide is None:
       continue
-    rows = [
-      (
-        j.id,
-        m_wide[j.id],
-        sec * m / m_wide[j.id] + j.updates * comm_model.all_reduce_s(j, m_wide[j.id]),
-      )
-      for j, m, sec in entries
-    ]
+    comm = {j.id: j.updates * comm_model.all_reduce_s(j, m_wide[j.id]) for j, _, _ in entries}
+    rows = [(j.id, m_wide[j.id], sec * m / m_wide[j.id] + comm[j.id]) for j, m, sec in entries]
+    held = sum(mw * t for _, mw, t in rows)
     sched = list_schedule.simulate(rows, n, wide)
+    host = target.devices_per_host
     layouts.append(
       {
         "devices_per_worker": wide,
         "n_workers": n // wide,
         "makespan_s": sched.makespan_s,
         "utilisation": sched.utilisation,
+        "data_axis_groups": sum(
+          sharding.mesh_shape(j.n_models, j.batch_size, m_wide[j.id])[1] > 1 for j in jobs
+        ),
+        "comm_share": sum(m_wide[i] * c for i, c in comm.items()) / held if held else 0.0,
+        "not_launchable": (
+          f"a TPU host runs one process, a worker over its {host} devices"
+          if target.chip.platform == "tpu" and wide % host
+          else None
+        ),
         "schedule": [dataclasses.asdict(slot) for slot in sched.slots],
       }
     )
@@ -835,7 +947,13 @@ def format_plan(p: dict) -> str:
       f"{g['all_reduce_s'] * 1e3:>11.2f} ms  {duration(g['seconds']):>8}"
     )
   fused = [g for g in p["groups"] if g["attention"]["compiled"] != "explicit"]
-  if fused:
+  if fused and not all("explicit_bytes" in g["attention"] for g in fused):
+    lines.append(
+      f"attention: {len(fused)} group(s) compiled with {fused[0]['attention']['compiled']} "
+      f"(--compare_attention compiles each once more with the explicit pattern, to show what "
+      f"it saves)"
+    )
+  elif fused:
     saved = [g["attention"]["saved_bytes"] for g in fused]
     widest = max(fused, key=lambda g: (g["context_size"], g["attention"]["saved_bytes"]))
     before, after = widest["attention"]["explicit_bytes"], widest["memory"]["per_device_bytes"]
@@ -851,10 +969,17 @@ def format_plan(p: dict) -> str:
   )
   for lay in p["layouts"]:
     mark = "  <- best" if lay["devices_per_worker"] == p["devices_per_worker"] else ""
+    if lay.get("not_launchable"):
+      mark += f"  (not launchable: {lay['not_launchable']})"
+    comm = lay.get("comm_share") or 0.0
     lines.append(
       f"  {lay['n_workers']:>4} worker(s) × {lay['devices_per_worker']:>3} device(s): roofline "
-      f"makespan {duration(lay['makespan_s'])}, utilisation {lay['utilisation']:.0%}{mark}"
+      f"makespan {duration(lay['makespan_s'])}, utilisation {lay['utilisation']:.0%}"
+      + (f", all-reduces {comm:.0%} of the groups' device-time" if comm else "")
+      + mark
     )
+  if p.get("unpriced"):
+    lines.append(f"network: {p['unpriced']}")
   lines.append(
     f"roofline makespan {duration(p['makespan_s'])}, utilisation {p['utilisation']:.0%} on "
     f"{p['n_workers']} worker(s) × {p['devices_per_worker']} device(s) ({p['roofline']})"
@@ -872,6 +997,15 @@ def format_plan(p: dict) -> str:
   )
   lines.append(describe_checkpoint_totals(p["checkpoints"]) + " (roofline times)")
   lines.append("every group fits" if p["fits"] else "NOT every group fits")
+  launch = p.get("launch") or {"lines": [], "note": ""}
+  if launch["lines"]:
+    lines.append(
+      f"to run it ({p['n_workers']} worker(s) × {p['devices_per_worker']} device(s); "
+      f"{launch['note']}):"
+    )
+    lines += [f"  {line}" for line in launch["lines"]]
+  elif launch["note"]:
+    lines.append(f"not launchable as planned: {launch['note']}")
   return "\n".join(lines)
 
 

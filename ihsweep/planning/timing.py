@@ -64,14 +64,16 @@ class Network:
 
   def describe(self) -> str:
     return (
-      f"{self.name}: {self.intra_host_bytes_per_s / 1e9:g} GB/s per device each way within a "
-      f"host, {self.inter_host_bytes_per_s / 1e9:g} GB/s across hosts ({self.source}); "
+      f"{self.name}: {self.intra_host_bytes_per_s / 1e9:.4g} GB/s per device each way within "
+      f"a host, {self.inter_host_bytes_per_s / 1e9:.4g} GB/s across hosts ({self.source}); "
       f"{self.latency_s * 1e6:g} µs per ring step; {self.phase_switch_s:g} s per phase switch "
       f"(assumed)"
     )
 
 
-# Published interconnect bandwidths (per device, each way: half the bidirectional figure).
+# Published interconnect bandwidths, per device and each way: half the bidirectional figure
+# (NVLink, PCIe, the Cloud TPU pages' "bidirectional ICI bandwidth per chip"); a TPU chip's
+# figure is shared by its TensorCores where libtpu lists them as devices (targets.Target).
 NETWORKS = {
   "none": None,
   "h100": Network(
@@ -80,6 +82,34 @@ NETWORKS = {
     50e9,
     "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional per GPU; across hosts one 400 Gb/s "
     "InfiniBand NDR port per GPU",
+  ),
+  "h200": Network(
+    "h200",
+    450e9,
+    50e9,
+    "NVIDIA H200 SXM datasheet: NVLink 4, 900 GB/s bidirectional per GPU (the H100's); across "
+    "hosts one 400 Gb/s InfiniBand NDR port per GPU, as in DGX H200",
+  ),
+  "a100": Network(
+    "a100",
+    300e9,
+    25e9,
+    "NVIDIA A100 SXM datasheet: NVLink 3, 600 GB/s bidirectional per GPU; across hosts one "
+    "200 Gb/s InfiniBand HDR port per GPU, as in DGX A100",
+  ),
+  "l40s": Network(
+    "l40s",
+    32e9,
+    32e9,
+    "NVIDIA L40S datasheet: no NVLink, PCIe Gen4 x16, 64 GB/s bidirectional per GPU; across "
+    "hosts no published per-GPU network: its PCIe link bounds it (a lower bound on the time)",
+  ),
+  "v4": Network(
+    "v4",
+    1.1e15 / 4096,
+    1.1e15 / 4096,
+    "Cloud TPU v4 docs: all-reduce bandwidth 1.1 PB/s per 4,096-chip Pod, 268.6 GB/s per chip "
+    "(the same share gives v5e's and v6e's per-chip figures), across the hosts of a slice too",
   ),
   "v5e": Network(
     "v5e",
@@ -92,6 +122,13 @@ NETWORKS = {
     600e9,
     600e9,
     "Cloud TPU v5p: ICI 1,200 GB/s bidirectional per chip, across the hosts of a slice too",
+  ),
+  "v6e": Network(
+    "v6e",
+    400e9,
+    400e9,
+    "Cloud TPU v6e (Trillium) docs: ICI 800 GB/s bidirectional per chip, across the hosts of "
+    "a slice too",
   ),
 }
 
