@@ -2,13 +2,17 @@
 
 import os
 
-# LLVM at -O0: compiling dominates most tests' time (a tiny ensemble program took ~20 s to
-# compile at the default level, ~5 s at -O0, while it runs for milliseconds); the compute-heavy
-# synthetic-matrix tests get slower, the suite as a whole faster (test_markov + test_train:
-# 315 s vs 347 s).
+# Compiling dominates most tests' time (tiny programs run for milliseconds), so XLA:CPU is told
+# to compile fast, here and in every CLI subprocess the tests start (their XLA_FLAGS use this):
+# LLVM at -O0 (a tiny ensemble program took ~20 s to compile at the default level, ~5 s at
+# -O0; the compute-heavy synthetic-matrix tests get slower, the suite as a whole faster:
+# test_markov + test_train 315 s vs 347 s), and the older LLVM IR fusion emitters instead of
+# the MLIR-based ones (test_markov + the gradient-accumulation tests: 141 s of CPU -> 108 s; a
+# vmapped-ensemble test 27 s -> 21 s; 2-core Xeon, 2026-12-06). Neither changes what a test
+# checks: float32 results that differ between compilers are compared with derived tolerances.
+CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-  " --xla_backend_optimization_level=0"
+  os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=4 {CPU_COMPILE_FLAGS}"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Strict broadcasting: an implicit rank promotion ([B, T, D] + [D]) raises, here and in the CLI

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep import cli
 from ihsweep.commands import flags as flags_lib
@@ -34,7 +35,7 @@ def _ihsweep(*args):
   exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
   cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
   # XLA_FLAGS without a device count, so that the CLI picks one device per core itself.
-  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": CPU_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
   return subprocess.run(
     cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
   )
@@ -533,7 +534,7 @@ def _ihsweep_home(home, cwd, *args):
   env = {
     **os.environ,
     "HOME": str(home),
-    "XLA_FLAGS": "--xla_backend_optimization_level=0",
+    "XLA_FLAGS": CPU_COMPILE_FLAGS,
     "JAX_PLATFORMS": "cpu",
   }
   return subprocess.run(
@@ -713,7 +714,7 @@ def test_numbers_past_what_the_programs_hold_are_refused_before_the_run_director
 def _ihsweep_env(extra, *args):
   exe = shutil.which("ihsweep", path=os.path.dirname(sys.executable))
   cmd = [exe] if exe else [sys.executable, "-m", "ihsweep.cli"]
-  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": CPU_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
   return subprocess.run(
     cmd + list(args), cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=300
   )

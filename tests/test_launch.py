@@ -21,6 +21,7 @@ import time
 
 import jax
 import pytest
+from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep.base import runtime_abort, sharding
 from ihsweep.runs import rundir
@@ -64,7 +65,7 @@ def _launch_and_signal(workdir, process: int, sig: int):
     **os.environ,
     "JAX_PLATFORMS": "cpu",
     "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count=1 {CPU_COMPILE_FLAGS}",
     "IHSWEEP_HEARTBEAT_S": str(HEARTBEAT_S),
     "IHSWEEP_GRACE_S": str(GRACE_S),
   }
@@ -660,7 +661,7 @@ def test_two_independent_workers_finish_a_tiny_sweep(tmp_path):
     "JAX_PLATFORMS": "cpu",
     "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
     "IHSWEEP_CPU_DEVICES": "1",
-    "XLA_FLAGS": "--xla_backend_optimization_level=0",
+    "XLA_FLAGS": CPU_COMPILE_FLAGS,
   }
   r = subprocess.run(
     [

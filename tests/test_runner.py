@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep.base import sharding
 from ihsweep.runs import checkpoint
@@ -114,7 +115,7 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
   overrides = [{**RUN, "seed": 0}, {**RUN, "seed": 2, "train.lr": 1e-2}]
   for p, o in enumerate(overrides):
     runner.fit(tiny(**o), str(tmp_path / f"ref{p}"), progress=False, devices=jax.devices()[:2])
-  flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+  flags = f"--xla_force_host_platform_device_count=2 {CPU_COMPILE_FLAGS}"
   env = {
     **os.environ,
     "JAX_PLATFORMS": "cpu",

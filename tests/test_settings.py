@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tiny_config
+from conftest import CPU_COMPILE_FLAGS, tiny_config
 
 from ihsweep.base import schema
 from ihsweep.configuration import fields
@@ -245,7 +245,7 @@ def test_the_schedule_rule_in_the_plan():
 
 
 def _ihsweep(*args):
-  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": CPU_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"}
   return subprocess.run(
     [sys.executable, "-m", "ihsweep.cli", *args],
     cwd=ROOT,

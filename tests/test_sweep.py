@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import tiny_config
+from conftest import CPU_COMPILE_FLAGS, tiny_config
 
 from ihsweep.base import schema
 from ihsweep.configuration import grid as grid_lib
@@ -80,7 +80,7 @@ def _env(devices_per_process: int, **extra):
     "JAX_PLATFORMS": "cpu",
     "IHSWEEP": f"{sys.executable} -m ihsweep.cli",
     "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process} "
-    "--xla_backend_optimization_level=0",
+    f"{CPU_COMPILE_FLAGS}",
     "IHSWEEP_HEARTBEAT_S": "10",
     "IHSWEEP_GRACE_S": "5",
   }

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep.base import atomic
 from ihsweep.runs import claims, rundir
@@ -50,8 +51,7 @@ def _env(devices: int, **extra) -> dict:
     **os.environ,
     "JAX_PLATFORMS": "cpu",
     "IHSWEEP_CLAIM_HEARTBEAT_S": "1",
-    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} "
-    "--xla_backend_optimization_level=0",
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {CPU_COMPILE_FLAGS}",
     **extra,
   }
 
