@@ -173,7 +173,11 @@ def main(argv) -> int:
       law=law,
       log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    prediction.run_flags = _run_flags(tpu=False)
+    from ihsweep.planning import targets
+
+    # A TPU network's plan is launched on a TPU pod (launch/tpu_pod.sh: a process per host).
+    tpu = FLAGS.network in {chip.network for chip in targets.TPU_CHIPS.values()}
+    prediction.run_flags, prediction.platform = _run_flags(tpu=tpu), "tpu" if tpu else "gpu"
   except (ConfigError, DataError) as e:
     return bad_input(e)
   except LawError as e:

@@ -35,6 +35,7 @@ class Prediction:
   updates_note: str = ""
   schedule_note: str = ""  # the groups' learning-rate schedule and its horizon
   run_flags: list = dataclasses.field(default_factory=list)  # placement.run_flags: the launch's
+  platform: str = "gpu"  # what the launch lines start workers on (gpu | tpu)
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -317,7 +318,7 @@ def _why_best(p: Prediction) -> str:
     )
   from ihsweep.planning.placement import launch_lines
 
-  lines, note = launch_lines(p.run_flags, best.n_workers, d, per_process)
+  lines, note = launch_lines(p.run_flags, best.n_workers, d, per_process, p.platform)
   return "\n  ".join(
     [
       f"faster: {_layout_name(d, best.n_workers, per_process)} "
