@@ -197,6 +197,8 @@ OWN_FLAGS = {
     "law",
     "json",
     "target",
+    "compare_attention",
+    "workdir",
   ),
   "export": ("workdir", "cell", "step", "to", "out"),
 }
@@ -211,6 +213,7 @@ FLAG_ARGS = {
   "law": "--law={tmp}/law.json",
   "json": "--json",
   "target": "--target=v5e:2x2",
+  "compare_attention": "--compare_attention",
   "cache_dir": "--cache_dir={tmp}/cache",
   "devices": "--devices=8",
   "devices_per_worker": "--devices_per_worker=2",
