@@ -89,7 +89,7 @@ export IHSWEEP="$py -m ihsweep.cli"
 if (( smoke )); then
   export JAX_PLATFORMS=cpu
   # compile fast, as the tests do (tests/conftest.py CPU_COMPILE_FLAGS)
-  export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0"
 else
   nvidia-smi -L 2>&1 | head -4
 fi

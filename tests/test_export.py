@@ -550,7 +550,7 @@ def induction(tmp_path_factory):
   Trained by ``ihsweep train`` in a process of its own, compiled as users' programs are (not
   with the suite's fast-compile flags, conftest.CPU_COMPILE_FLAGS): this is the suite's one
   run whose time goes into computing, 1,000 updates, not compiling (CPU time on the 2-core
-  Xeon: 52 s with XLA's default flags, 93 s at -O0, 134 s at -O0 with the LLVM IR emitters)."""
+  Xeon: 52 s with XLA's default flags, 93 s at -O0)."""
   workdir = str(tmp_path_factory.mktemp("export") / "induction")
   overrides = {
     "ensemble.size": 2,
