@@ -23,7 +23,8 @@ bytes on exp1).
 
 Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published specifications:
 Google Cloud TPU docs (v4: 275 TFLOP/s, 1,228 GB/s per chip; v5e: 197, 819; v5p: 459, 2,765;
-v6e: 918, 1,640 — per chip; a v4/v5p chip's two TensorCores each get half), NVIDIA data sheets
+v6e: 918, 1,640 — per chip, shared by the devices libtpu lists for a chip: a v4 chip's two
+TensorCores each get half, a v5p chip is one megacore device), NVIDIA data sheets
 (H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s; L40S 362,
 0.864 TB/s). The interconnect each gradient all-reduce is priced on: ``Chip.network``, an entry
 of ``timing.NETWORKS`` (NVLink, PCIe or ICI, and across hosts, each with its source).
@@ -54,14 +55,14 @@ class Chip:
   peak_flops: float
   hbm_bytes_per_s: float
   capacity_bytes: int = 0  # unused: TPUs read theirs from the compiler, GPUs: gpu_capacity
-  cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (the peak is per chip)
+  cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (make_target counts them)
   network: str = ""  # its timing.NETWORKS entry ('': no published figure, not priced)
 
 
 TPU_CHIPS = {
   "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2, network="v4"),
   "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB, network="v5e"),
-  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, cores_per_chip=2, network="v5p"),
+  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, network="v5p"),  # one device (megacore)
   "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB, network="v6e"),
 }
 # XLA's GPU client takes this share of a GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, default
@@ -287,9 +288,11 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
       raise TargetError(f"--target={name}: libtpu does not know this topology ({e})") from None
     devices = list(topo.devices)
     per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
-    return Target(
-      name, TPU_CHIPS[chip_name], devices, tpu_capacity(devices[0]), per_host, "TPU compiler"
-    )
+    # The chip's peak, HBM and links are shared by the devices libtpu lists per chip: two
+    # TensorCores of a v4 chip (15.25 GiB each), one megacore device of a v5p chip (95.74 GiB).
+    chips = math.prod(int(x) for x in name.split(":", 1)[1].split("x"))
+    chip = dataclasses.replace(TPU_CHIPS[chip_name], cores_per_chip=max(1, len(devices) // chips))
+    return Target(name, chip, devices, tpu_capacity(devices[0]), per_host, "TPU compiler")
   if name in GPUS:
     return _gpu_target(name, n_devices)
   raise TargetError(f"--target={name} is not allowed: {names()}")
