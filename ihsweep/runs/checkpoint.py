@@ -35,13 +35,14 @@ import os
 import shutil
 import sys
 import types
+import warnings
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ihsweep.base.errors import StorageFault
+from ihsweep.base.errors import StorageFault, is_storage_message
 from ihsweep.data.errors import DataError
 
 log = logging.getLogger("ihsweep")
@@ -98,20 +99,29 @@ def _quiet_abandoned_io() -> None:
 
   hook.ihsweep = True
   sys.unraisablehook = hook
+  # JAX's array serialization (under orbax) leaves its writes' coroutines unawaited when one
+  # fails; Python warns of each as it shuts down ("coroutine ... was never awaited").
+  warnings.filterwarnings("ignore", r"coroutine 'async_serialize_from_host\.", RuntimeWarning)
   # The same errors, when asyncio collects the failed tasks or gathers first.
   logging.getLogger("asyncio").addFilter(lambda r: not _orbax_never_retrieved(r))
 
 
 def _orbax_never_retrieved(record: logging.LogRecord) -> bool:
-  """An asyncio "... exception was never retrieved" record of an error raised in orbax."""
-  if "exception was never retrieved" not in record.getMessage():
+  """An asyncio "... exception was never retrieved" record of an error raised in orbax, or of a
+  checkpoint write that failed for a fault of the storage (tensorstore's own futures: a
+  file-size limit met while opening an array's zarr driver, whose traceback holds no orbax
+  frame) — reported once, in one line, by ``StorageFault``."""
+  message = record.getMessage()
+  if "exception was never retrieved" not in message:
     return False
+  if is_storage_message(message) and ".orbax-checkpoint-tmp" in message:
+    return True
   tb = record.exc_info[2] if record.exc_info else None
   while tb is not None:
     if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
       return True
     tb = tb.tb_next
-  return f"{os.sep}orbax{os.sep}" in record.getMessage()
+  return f"{os.sep}orbax{os.sep}" in message
 
 
 def _seeing_one_process(fn):
