@@ -21,7 +21,8 @@ The programs, at the sizes device_check.sh runs them on the GPU:
       evaluation programs, as ``ihsweep plan --target`` compiles them.
 
 Output: one line per program (compiled or the compiler's error, bytes per device, seconds to
-compile); with ``--json`` one JSON object ``{"target", "programs": [{"part", "program",
+compile, or to read what an earlier preflight's compile found from ``$IHSWEEP_CACHE/compiled``:
+``ihsweep.training.compiled_facts``); with ``--json`` one JSON object ``{"target", "programs": [{"part", "program",
 "ok", "error", "per_device_bytes", "temp_bytes", "compile_s"}], "largest_cell": {"setting",
 "predicted_bytes", "capacity_bytes", "memory_from"}, "ok"}``. Exit status 1 if any program
 failed to compile or does not fit, 2 if the GPU compiler is not installed (``make install``).
@@ -51,15 +52,13 @@ SWEEP = (
 )
 
 
-def _record(programs: list, part: str, name: str, build) -> None:
-  """Compiles ``build()`` (a ``jax.stages.Lowered``) and appends what it found."""
-  from ihsweep.training import memory
-
+def _record(programs: list, part: str, name: str, build, facts) -> None:
+  """Compiles ``build()`` (a ``jax.stages.Lowered``) through ``facts`` (the target's
+  ``CompiledFacts``: a rerun reads what an earlier compile found) and appends what it found."""
   start = time.perf_counter()
   row = {"part": part, "program": name, "ok": False, "error": None}
   try:
-    lowered = build()
-    m = memory.analyse(lowered.compile(), lowered)
+    m = facts.analyse(build(), 1)
     row.update(ok=True, per_device_bytes=m.peak_bytes, temp_bytes=m.temp_bytes)
   except Exception as e:  # noqa: BLE001 — the compiler's own words are the result
     row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -67,7 +66,7 @@ def _record(programs: list, part: str, name: str, build) -> None:
   programs.append(row)
 
 
-def _throughput_programs(target, programs: list) -> None:
+def _throughput_programs(target, programs: list, facts) -> None:
   """(a), (b): the matmul and the reference workload's programs, as throughput.run_mode builds
   them (every model at once on the device for the ensemble, one model for the sequential
   modes), lowered against abstract arguments on the target's devices."""
@@ -84,6 +83,7 @@ def _throughput_programs(target, programs: list) -> None:
     "a",
     f"bf16 matmul {PEAK_MATMUL}x{PEAK_MATMUL}",
     lambda: jax.jit(lambda a, b: a @ b).lower(square, square),
+    facts,
   )
   # device_check.sh runs the workload in bf16 (its THROUGHPUT script); 'auto' attention, as
   # ihsweep resolves it for the GPU.
@@ -96,10 +96,11 @@ def _throughput_programs(target, programs: list) -> None:
     _record(
       programs, "a", name,
       lambda n=n_models, u=u: throughput.lower_bf16_reference(n, u, target.devices[:1])[0],
+      facts,
     )  # fmt: skip
 
 
-def _largest_cell(target, programs: list) -> dict:
+def _largest_cell(target, programs: list, facts) -> dict:
   """(d): memory_check.py's cell at the setting chosen for the target."""
   import memory_check
 
@@ -111,8 +112,9 @@ def _largest_cell(target, programs: list) -> dict:
   result = {"memory_from": target.estimate, "capacity_bytes": target.capacity_bytes}
   try:
     out, choice = runner.resolve_memory(
-      cfg, target.devices[:1], "the largest exp1 cell", target.capacity_bytes, None, "gpu"
-    )
+      cfg, target.devices[:1], "the largest exp1 cell", target.capacity_bytes, None, "gpu",
+      facts=facts,
+    )  # fmt: skip
     s = choice.setting
     result.update(
       setting={
@@ -182,8 +184,9 @@ def main(argv=None) -> int:
     print(f"device_preflight: {target.estimate}", file=sys.stderr)
     return 2
   programs: list = []
-  _throughput_programs(target, programs)
-  largest = _largest_cell(target, programs)
+  facts = target.compiled_facts()
+  _throughput_programs(target, programs, facts)
+  largest = _largest_cell(target, programs, facts)
   _sweep_programs(args.target, programs)
   result = {
     "target": args.target,

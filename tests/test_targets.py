@@ -300,6 +300,11 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
             libtpu=False)  # fmt: skip
   assert r.returncode == 0, r.stderr[-3000:]
   assert "pass 2 (--compare_attention: the explicit pattern), group 1 of 1" in r.stderr
+  # The cell's programs at k = 1 were compiled by the plan above: read back, not compiled again
+  # (JAX's own cache keeps no program of a compile-only device); the explicit one is new.
+  assert re.search(r"pass 1 .*group g000 done in \d+ s: .*; \d program\(s\) read from .*, not c",
+                   r.stderr), r.stderr[-3000:]  # fmt: skip
+  assert not re.search(r"pass 2 .*done in .* read from", r.stderr)
   (g,) = json.loads(r.stdout)["groups"]
   assert g["memory"]["per_device_bytes"] == big["memory"]["per_device_bytes"]
   assert g["attention"]["saved_bytes"] > 20 * GIB, g["attention"]

@@ -172,6 +172,16 @@ class Target:
       inter_host_bytes_per_s=net.inter_host_bytes_per_s / k,
     )
 
+  def compiled_facts(self):
+    """A ``compiled_facts.CompiledFacts`` for this target's programs: what an earlier plan's
+    compile of the same program for the same target found is read back, not compiled again."""
+    from ihsweep.training.compiled_facts import CompiledFacts
+
+    d = self.devices[0]
+    spec = gpu_target_config(self.name) if d.platform == "gpu" and self.name in GPUS else ""
+    described = (self.name, self.estimate, d.platform, d.device_kind, self.devices_per_host, spec)
+    return CompiledFacts(repr(described), self.capacity_bytes)
+
   def to_json(self) -> dict:
     return {
       "name": self.name,
@@ -675,6 +685,7 @@ class _GroupCompiler:
 
   def __init__(self, target: Target, log, t0: float):
     self.target, self.log, self.memo = target, log, {}
+    self.facts = target.compiled_facts()
     self.t0, self.passes = t0, 0  # the plan's start (time.perf_counter); passes begun
 
   def _progress(self, where: str, text: str) -> float:
@@ -685,6 +696,10 @@ class _GroupCompiler:
     self.log(f"[{now - self.t0:6.0f} s] {where}: {text}")
     return now
 
+  def _reused(self, hits_before: int) -> str:
+    n = self.facts.hits - hits_before
+    return f"; {n} program(s) read from {self.facts.directory}, not compiled" if n else ""
+
   def __call__(self, job, m: int, where: str = "") -> tuple:
     import time
 
@@ -692,6 +707,7 @@ class _GroupCompiler:
 
     target, memo = self.target, self.memo
     if (job.id, m) not in memo:
+      hits = self.facts.hits
       start = self._progress(
         where,
         f"group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = {job.context_size}): "
@@ -710,6 +726,7 @@ class _GroupCompiler:
           planned_source(job.cfg),
           target.chip.platform,
           count_kernels=_kernels_per_update if target.devices[0].platform == "gpu" else None,
+          facts=self.facts,
         )
         memo[(job.id, m)] = (out, choice, None)
       except memory.DoesNotFit as e:
@@ -718,7 +735,8 @@ class _GroupCompiler:
       self._progress(
         where,
         f"group {job.id} done in {time.perf_counter() - start:.0f} s: {c.setting.describe()}, "
-        f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) compiled)",
+        f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) compiled"
+        f"{self._reused(hits)})",
       )
     return memo[(job.id, m)]
 
@@ -738,6 +756,7 @@ class _GroupCompiler:
         cfg.train.gradient_accumulation_steps = s.gradient_accumulation_steps
         cfg.train.remat = s.remat
         cfg.ensemble.vmap_chunk = s.vmap_chunk
+      hits = self.facts.hits
       start = self._progress(
         where,
         f"group {job.id}: compiling with the explicit attention pattern (what "
@@ -751,6 +770,7 @@ class _GroupCompiler:
           self.target.capacity_bytes,
           planned_source(job.cfg),
           self.target.chip.platform,
+          facts=self.facts,
         )
       except memory.DoesNotFit as e:
         found = e.choice
@@ -758,7 +778,7 @@ class _GroupCompiler:
       self._progress(
         where,
         f"group {job.id} done in {time.perf_counter() - start:.0f} s: "
-        f"{memory.gib(found.per_device_bytes)} per device",
+        f"{memory.gib(found.per_device_bytes)} per device{self._reused(hits)}",
       )
     return self.memo[("explicit", job.id, m)]
 

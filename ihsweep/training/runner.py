@@ -31,7 +31,7 @@ from ihsweep.configuration import fields
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.runs import rundir
-from ihsweep.training import loop, memory, resume
+from ihsweep.training import compiled_facts, loop, memory, resume
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
 from ihsweep.training.progress import logs_above_bars
 
@@ -162,6 +162,7 @@ def resolve_memory(
   source=None,
   platform=None,
   count_kernels: Callable[[str], int] | None = None,
+  facts: compiled_facts.CompiledFacts | None = None,
 ):
   """``cfg`` with its automatic memory choices made for ``devices`` (``ihsweep.training.memory``):
   ``train.gradient_accumulation_steps`` 0, ``train.remat`` 'auto' and ``ensemble.vmap_chunk`` 0
@@ -177,7 +178,9 @@ def resolve_memory(
   CPU devices still starts from every model at once, as on the GPU). ``count_kernels``: a
   function from a compiled program's HLO text to the kernels it launches per update, recorded
   in each compiled setting (the plan's ``ihsweep.planning.kernels``, passed in: training does
-  not need it).
+  not need it). ``facts``: compiles through a ``compiled_facts.CompiledFacts`` (a plan's
+  compile-only target: what an earlier compile of the same program found is read back), else
+  every program is compiled.
 
   Returns:
     ``(cfg, choice)``: a copy of ``cfg`` with the chosen values recorded (the original if
@@ -205,6 +208,7 @@ def resolve_memory(
     out.train.attention = attention
   if capacity is None:
     return out, None
+  facts = facts or compiled_facts.CompiledFacts("", capacity, directory=None)
   group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
   state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
@@ -227,23 +231,13 @@ def resolve_memory(
       n_steps,
       setting.vmap_chunk,
     )
-    try:
-      lowered = program.lower(state, hp, data)
-      compiled = lowered.compile()
-      found = memory.analyse(compiled, lowered, group.mesh.size)
-      if count_kernels is not None:  # launches per update: the plan's estimate of their time
-        found = dataclasses.replace(found, kernels_per_update=count_kernels(compiled.as_text()))
-      return found
-    except Exception as e:  # the compiler's own refusal (a TPU's RESOURCE_EXHAUSTED)
-      if "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      return memory.ProgramMemory(0, 0, 0, memory.exhausted_bytes(str(e), capacity), 0)
+    # kernels: launches per update, the plan's estimate of their time
+    return facts.analyse(program.lower(state, hp, data), group.mesh.size, count_kernels)
 
   eval_mem = None
   if schedule_lib.eval_interval(out):
     evaluator = Evaluator(out, group.mcfg, None, group.mesh, capacity)
-    lowered = evaluator.lower(state.params)
-    eval_mem = memory.analyse(lowered.compile(), lowered, group.mesh.size)
+    eval_mem = facts.analyse(evaluator.lower(state.params), group.mesh.size)
   prefetch = _per_device_bytes(data) if group.host_fed else 0
   choice = memory.choose(
     compile_train,
