@@ -121,15 +121,81 @@ def no_compile(monkeypatch):
   monkeypatch.setattr(train, "make_ensemble_train_fn", boom)
 
 
+def write_sigmoid_sweep(
+  workdir: str,
+  batch_sizes: tuple,
+  context_sizes: tuple,
+  c_exponent: float = 0.0,
+  never: tuple | None = None,
+  last: int = 4096,
+  cap: int | None = None,
+  late: float | None = None,
+  pt: bool = False,
+  n_layers: int = 2,
+) -> str:
+  """A sweep directory as `ihsweep run` lays it out (configs/induction.py over ``batch_sizes`` ×
+  ``context_sizes``, 2 seeds, every group done, no checkpoints), whose metrics.jsonl hold
+  ps_max curves rising (a sigmoid in ln updates, 0.02 → 0.82) at UPT = e^9.5 / (B^0.8 ·
+  C^c_exponent), seed 1 10% later, at updates 2^(k/4) up to ``last``. ``never``: the (B, C)
+  whose seed 1 never rises (censored at the end). ``cap``: training ends there instead of
+  4,096, with a last checkpoint at it. ``late``: ``never``'s seed 1 jumps sharply at this
+  update instead. ``pt``: also pt_max curves, rising at 0.9 × each model's ps_max update.
+  ``n_layers``: the models' (configs/induction.py's 2)."""
+  import json
+  import math
+
+  import ml_collections
+
+  import configs.induction
+  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.runs import rundir
+  from ihsweep.training import resume
+
+  cfg = configs.induction.get_config()
+  cfg.sweep.grid = ml_collections.ConfigDict(
+    {"train": ml_collections.ConfigDict({"batch_size": batch_sizes, "context_size": context_sizes})}
+  )
+  cfg.sweep.update(seeds=2, budget="updates")
+  cfg.train.num_steps = cap or 4096
+  cfg.model.n_layers = n_layers
+  os.makedirs(workdir)
+  plan = grid_lib.make_plan(cfg)
+  resume.write_resolved_config(cfg, workdir)
+  rundir.write_cells(plan, workdir)
+  steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)] + ([cap] if cap else [])
+  steps = sorted(set(s for s in steps if s <= max(last, cap or 0)))
+  for group in plan.groups:
+    gdir = rundir.group_dir(workdir, group.id)
+    os.makedirs(gdir)
+    resume.write_resolved_config(group.cfg, gdir)
+    b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
+    with open(os.path.join(gdir, "metrics.jsonl"), "w") as f:
+      for cell, seed in zip(group.cfg.ensemble.cell_ids, group.cfg.ensemble.seeds):
+        upt = math.exp(9.5 - 0.8 * math.log(b) - c_exponent * math.log(c))
+        upt *= 1.1 if seed % 2 else 1.0
+        rises, power = not ((b, c) == never and seed % 2 == 1), 6
+        if not rises and late:
+          rises, upt, power = True, late, 60  # a jump within one checkpoint interval
+        for s in steps:
+          x = 1 / (1 + (upt / max(s, 0.5)) ** power) if rises else 0.0
+          row = {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
+          if pt:
+            row["pt_max"] = 0.03 + 0.9 / (1 + (0.9 * upt / max(s, 0.5)) ** power)
+          f.write(json.dumps(row) + "\n")
+    rundir.write_status(workdir, group.id, state="done")
+  return workdir
+
+
 # `make test` hands test files to two pytest-xdist workers in this order (--dist loadfile
 # --no-loadscope-reorder): the slowest first, so that no long file is left for the end while
-# the other worker idles (longest-processing-time-first). Seconds on one worker, 2-core AMD
-# EPYC: 158, 109, 109, 102, 91, 67, 59, 53, 46, then under 36 each. A stale order costs balance
-# only, never a result.
+# the other worker idles (longest-processing-time-first). Seconds on one worker of two, 2-core
+# Xeon, issue 45: 376, 236, 236, 228, 176, 94, 84, 83, 82, 79, 75, 66, 63, 62, 59, then under 52
+# each. A stale order costs balance only, never a result.
 _SLOWEST_FIRST = (
-  "test_workers.py", "test_benchmarks.py", "test_sweep.py", "test_train.py", "test_cli.py",
-  "test_export.py", "test_launch.py", "test_targets.py", "test_checkpoint.py",
-  "test_analysis.py", "test_runner.py", "test_markov.py", "test_memory.py", "test_rundir.py",
+  "test_workers.py", "test_sweep.py", "test_benchmarks.py", "test_targets.py", "test_train.py",
+  "test_cli.py", "test_checkpoint.py", "test_export.py", "test_launch.py",
+  "test_device_preflight.py", "test_markov.py", "test_runner.py", "test_memory.py",
+  "test_analysis.py", "test_docs_tables.py",
 )  # fmt: skip
 
 

@@ -51,7 +51,6 @@ import dataclasses
 import functools
 import io
 import json
-import math
 import os
 import pathlib
 import re
@@ -333,41 +332,11 @@ def _words_text(n_words: int, n_lines: int, seed: int) -> str:
 
 
 def fake_sweep(workdir: str) -> str:
-  """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 32} × C
-  {32, 64}, 2 seeds, every group done), whose metrics.jsonl hold ps_max curves rising at UPT
-  = e^9.5 / (B^0.8 · C^0.2), seed 1 10% later; no checkpoints."""
-  import ml_collections
+  """conftest's sigmoid sweep over B {8, 32} × C {32, 64}, every seed rising at UPT = e^9.5 /
+  (B^0.8 · C^0.2), seed 1 10% later; no checkpoints."""
+  from conftest import write_sigmoid_sweep
 
-  import configs.induction
-  from ihsweep.configuration import grid as grid_lib
-  from ihsweep.runs import rundir
-  from ihsweep.training import resume
-
-  cfg = configs.induction.get_config()
-  cfg.sweep.grid = ml_collections.ConfigDict(
-    {"train": ml_collections.ConfigDict({"batch_size": (8, 32), "context_size": (32, 64)})}
-  )
-  cfg.sweep.update(seeds=2, budget="updates")
-  cfg.train.num_steps = 4096
-  os.makedirs(workdir)
-  plan = grid_lib.make_plan(cfg)
-  resume.write_resolved_config(cfg, workdir)
-  rundir.write_cells(plan, workdir)
-  steps = sorted({0, *(int(round(2 ** (k / 4))) for k in range(49))})
-  for group in plan.groups:
-    gdir = rundir.group_dir(workdir, group.id)
-    os.makedirs(gdir)
-    resume.write_resolved_config(group.cfg, gdir)
-    b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
-    with open(os.path.join(gdir, "metrics.jsonl"), "w") as f:
-      for cell, seed in zip(group.cfg.ensemble.cell_ids, group.cfg.ensemble.seeds):
-        upt = math.exp(9.5 - 0.8 * math.log(b) - 0.2 * math.log(c)) * (1.1 if seed % 2 else 1)
-        for s in steps:
-          ps = 0.02 + 0.8 / (1 + (upt / max(s, 0.5)) ** 6)
-          f.write(json.dumps({"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": ps}))
-          f.write("\n")
-    rundir.write_status(workdir, group.id, state="done")
-  return workdir
+  return write_sigmoid_sweep(workdir, (8, 32), (32, 64), c_exponent=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from analysis import summary
-from ihsweep.training import resume
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -375,52 +374,14 @@ def _sigmoid_sweep(
   pt: bool = False,
   layers: int = 2,
 ) -> str:
-  """A sweep directory as `ihsweep run` lays it out (configs/induction.py over B {8, 16, 32} ×
-  C {32, 64}, 2 seeds), its groups done, whose metrics.jsonl hold ps_max curves rising at
-  UPT = e^9.5 / B^0.8 (seed 1 of B 8 / C 64 never rises: censored at 4,096). ``cap``: training
-  ends there instead of 4,096, with a last checkpoint at it (4,096 … 4,300: a final stub).
-  ``late``: seed 1 of B 8 / C 64 jumps sharply at this update instead of never. ``pt``: also
-  pt_max curves, rising at 0.9 × each model's ps_max update. ``layers``: model.n_layers."""
-  import ml_collections
+  """conftest's sigmoid sweep over B {8, 16, 32} × C {32, 64}, UPT = e^9.5 / B^0.8, seed 1 of
+  B 8 / C 64 never rising (censored at 4,096) or, with ``late``, jumping there; ``layers``:
+  model.n_layers of every config written."""
+  from conftest import write_sigmoid_sweep
 
-  import configs.induction
-  from ihsweep.configuration import grid as grid_lib
-  from ihsweep.runs import rundir
-
-  cfg = configs.induction.get_config()
-  cfg.sweep.grid = ml_collections.ConfigDict(
-    {"train": ml_collections.ConfigDict({"batch_size": (8, 16, 32), "context_size": (32, 64)})}
+  return write_sigmoid_sweep(
+    str(root / "sweep"), (8, 16, 32), (32, 64), 0.0, (8, 64), last, cap, late, pt, layers
   )
-  cfg.sweep.update(seeds=2, budget="updates")
-  cfg.train.num_steps = cap or 4096
-  cfg.model.n_layers = layers
-  workdir = str(root / "sweep")
-  os.makedirs(workdir)
-  plan = grid_lib.make_plan(cfg)
-  resume.write_resolved_config(cfg, workdir)
-  rundir.write_cells(plan, workdir)
-  steps = [0] + [int(round(2 ** (k / 4))) for k in range(49)] + ([cap] if cap else [])
-  steps = sorted(set(s for s in steps if s <= max(last, cap or 0)))
-  for group in plan.groups:
-    gdir = rundir.group_dir(workdir, group.id)
-    os.makedirs(gdir)
-    resume.write_resolved_config(group.cfg, gdir)
-    b, c = int(group.cfg.train.batch_size), int(group.cfg.train.context_size)
-    with open(os.path.join(gdir, "metrics.jsonl"), "w") as f:
-      for cell, seed in zip(group.cfg.ensemble.cell_ids, group.cfg.ensemble.seeds):
-        upt = math.exp(9.5 - 0.8 * math.log(b)) * (1.1 if seed % 2 else 1.0)
-        never = (b, c) == (8, 64) and seed % 2 == 1
-        power = 6
-        if never and late:
-          never, upt, power = False, late, 60  # a jump within one checkpoint interval
-        for s in steps:
-          x = 0.0 if never else 1 / (1 + (upt / max(s, 0.5)) ** power)
-          row = {"step": s, "cell": int(cell), "tokens": s * b * c, "ps_max": 0.02 + 0.8 * x}
-          if pt:
-            row["pt_max"] = 0.03 + 0.9 / (1 + (0.9 * upt / max(s, 0.5)) ** power)
-          f.write(json.dumps(row) + "\n")
-    rundir.write_status(workdir, group.id, state="done")
-  return workdir
 
 
 def test_the_report_opens_with_the_summary_and_shows_the_b_by_c_heat_map(tmp_path, capsys):

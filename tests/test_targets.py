@@ -300,11 +300,11 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
             libtpu=False)  # fmt: skip
   assert r.returncode == 0, r.stderr[-3000:]
   assert "pass 2 (--compare_attention: the explicit pattern), group 1 of 1" in r.stderr
-  # The cell's programs at k = 1 were compiled by the plan above: read back, not compiled again
-  # (JAX's own cache keeps no program of a compile-only device); the explicit one is new.
-  assert re.search(r"pass 1 .*group g000 done in \d+ s: .*; \d program\(s\) read from .*, not c",
+  # The explicit pattern's pass compiles the train program anew and reads back the evaluation
+  # program that pass 1 compiled (the same program: JAX's own cache keeps no program of a
+  # compile-only device). Pass 1's train program is not the 4-cell plan's: its seeds differ.
+  assert re.search(r"pass 2 .*group g000 done in \d+ s: .*; 1 program\(s\) read back from ",
                    r.stderr), r.stderr[-3000:]  # fmt: skip
-  assert not re.search(r"pass 2 .*done in .* read from", r.stderr)
   (g,) = json.loads(r.stdout)["groups"]
   assert g["memory"]["per_device_bytes"] == big["memory"]["per_device_bytes"]
   assert g["attention"]["saved_bytes"] > 20 * GIB, g["attention"]

@@ -698,7 +698,8 @@ class _GroupCompiler:
 
   def _reused(self, hits_before: int) -> str:
     n = self.facts.hits - hits_before
-    return f"; {n} program(s) read from {self.facts.directory}, not compiled" if n else ""
+    where = self.facts.directory
+    return f"; {n} program(s) read back from {where}, compiled by an earlier plan" if n else ""
 
   def __call__(self, job, m: int, where: str = "") -> tuple:
     import time
@@ -735,8 +736,8 @@ class _GroupCompiler:
       self._progress(
         where,
         f"group {job.id} done in {time.perf_counter() - start:.0f} s: {c.setting.describe()}, "
-        f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) compiled"
-        f"{self._reused(hits)})",
+        f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) "
+        f"{'tried' if self.facts.hits > hits else 'compiled'}{self._reused(hits)})",
       )
     return memo[(job.id, m)]
 

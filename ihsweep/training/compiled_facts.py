@@ -1,6 +1,8 @@
-"""What a compile-only target's compiler said about a program, kept on disk: a plan rerun (another
-``--devices``, ``--compare_attention``, the same config tomorrow) reads each program's memory and
-cost instead of compiling it again.
+"""What a compile-only target's compiler said about a program, kept on disk: a plan rerun
+(``--compare_attention`` after a plan without it, the same plan tomorrow) reads each program's
+memory and cost instead of compiling it again. A program is the same only with the same shapes
+and constants: a group's seeds are among them, so a plan of a single cell does not reuse the
+programs of the grid's plan.
 
 JAX's persistent compilation cache keeps no program compiled for devices that do not exist here
 (TPU topologies and deviceless GPUs, ``ihsweep.planning.targets``): each plan recompiled every
