@@ -22,10 +22,11 @@ The programs, at the sizes device_check.sh runs them on the GPU:
 
 Output: one line per program (compiled or the compiler's error, bytes per device, seconds to
 compile, or to read what an earlier preflight's compile found from ``$IHSWEEP_CACHE/compiled``:
-``ihsweep.training.compiled_facts``); with ``--json`` one JSON object ``{"target", "programs": [{"part", "program",
-"ok", "error", "per_device_bytes", "temp_bytes", "compile_s"}], "largest_cell": {"setting",
-"predicted_bytes", "capacity_bytes", "memory_from"}, "ok"}``. Exit status 1 if any program
-failed to compile or does not fit, 2 if the GPU compiler is not installed (``make install``).
+``ihsweep.training.compiled_facts``); with ``--json`` one JSON object ``{"target", "programs":
+[{"part", "program", "ok", "error", "per_device_bytes", "temp_bytes", "compile_s"}],
+"largest_cell": {"setting", "predicted_bytes", "capacity_bytes", "memory_from"}, "ok"}``. Exit
+status 1 if any program failed to compile or does not fit, 2 if the GPU compiler is not
+installed (``make install``).
 """
 
 from __future__ import annotations
