@@ -8,7 +8,6 @@ and ``fit-law`` are the analysis package's commands (``commands/analysis.py``).
 
 from __future__ import annotations
 
-import os  # noqa: F401 - tests patch cli.os._exit (the out-of-memory exit)
 import sys
 
 from absl import flags

@@ -621,7 +621,9 @@ def test_out_of_device_memory_is_one_line_and_exits_at_once(tmp_path, monkeypatc
     raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 17677012668608 bytes.")
 
   monkeypatch.setattr(runner, "fit", too_big)
-  monkeypatch.setattr(cli.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+  from ihsweep.commands import common
+
+  monkeypatch.setattr(common.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
   with pytest.raises(SystemExit) as exit_:
     cli.main(
       [

@@ -779,8 +779,9 @@ def test_the_sweep_eta_expects_early_stops_as_the_finished_groups_had():
   ETA count half of the remaining groups' updates (the demo's ETA was 1.2–1.7× too high while
   it counted them to their caps); without that budget, all of them."""
   from ihsweep.planning.timing import FlopsModel
+  from ihsweep.workers.sweep_progress import SweepProgress
 
-  progress = sweep._Progress.__new__(sweep._Progress)
+  progress = SweepProgress.__new__(SweepProgress)
   progress.model = FlopsModel(1.0)
   progress.jobs = {"g000": object()}
   progress.emergence, progress.stopped_at, progress.planned = True, 0, 0

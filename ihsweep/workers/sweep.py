@@ -58,7 +58,6 @@ from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
 
 log = logging.getLogger("ihsweep")
-_Progress = SweepProgress  # the name tests/test_sweep.py gives it
 
 
 class GroupFailed(IhsweepError, RuntimeError):
