@@ -29,7 +29,7 @@ import logging
 import os
 from typing import Callable
 
-from ihsweep.base.atomic import atomic_file
+from ihsweep.base.atomic import atomic_write_json
 from ihsweep.data.cache import default_cache_dir
 from ihsweep.training import memory
 
@@ -144,7 +144,6 @@ class CompiledFacts:
       return
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
-      with atomic_file(path) as f:
-        json.dump(dataclasses.asdict(found), f)
+      atomic_write_json(path, dataclasses.asdict(found))
     except OSError as e:  # a read-only cache costs the next plan its compiles, nothing else
       log.debug("compiled facts: not kept in %s (%s)", path, e)
