@@ -18,7 +18,7 @@ from ihsweep.base import schema
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.runs import checkpoint, rundir
-from ihsweep.training import evaluation, resume, runner
+from ihsweep.training import evaluation, memory, resume, runner
 from ihsweep.workers import sweep, sweep_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,11 +124,37 @@ def _plan_columns(workdir):
   return cells.drop(columns=["status", "steps_done"])
 
 
+# What the reference sweep did per group on its way to the train step (test_each_group_...).
+REFERENCE_CALLS: dict = {}
+
+
+def _counted(calls: dict, name: str, fn):
+  def wrapper(*args, **kwargs):
+    calls[name] = calls.get(name, 0) + 1
+    return fn(*args, **kwargs)
+
+  return wrapper
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-  """The acceptance sweep in one process on 4 fake CPU devices."""
+  """The acceptance sweep in one process on 4 fake CPU devices, counting what is worked out
+  for its groups (``REFERENCE_CALLS``)."""
+  from ihsweep.configuration import config as config_lib
+
   work = str(tmp_path_factory.mktemp("sweep") / "one")
-  result = sweep.run(_config(tiny_config), work, progress=False)
+  counted = {
+    (config_lib, "validate"): "validate",
+    (config_lib, "validate_devices"): "validate_devices",
+    (memory, "check_possible"): "check_possible",
+    (runner, "_resolve_memory"): "resolve_memory",
+    (runner, "_Group"): "build",
+    (runner, "make_source"): "data source",
+  }
+  with pytest.MonkeyPatch.context() as mp:
+    for (module, attr), name in counted.items():
+      mp.setattr(module, attr, _counted(REFERENCE_CALLS, name, getattr(module, attr)))
+    result = sweep.run(_config(tiny_config), work, progress=False)
   return work, result
 
 
@@ -522,6 +548,21 @@ def test_one_process_sweep_trains_every_cell(reference):
   assert "status.json unreadable" in sweep_status.format_status(work)
   with open(status_file, "w") as f:
     f.write(saved)
+
+
+def test_each_group_is_resolved_once(reference):
+  """On the run path each of the 4 groups is validated once (when the sweep is planned; its
+  worker's devices checked once), checked against memory once, has its memory resolved once
+  and its parts (mesh, model, data source) built once, shared by the compile-ahead and the
+  training (issue 46)."""
+  assert REFERENCE_CALLS == {
+    "validate": 4,
+    "validate_devices": 4,
+    "check_possible": 4,
+    "resolve_memory": 4,
+    "build": 4,
+    "data source": 4,
+  }
 
 
 def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_path, caplog):

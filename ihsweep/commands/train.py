@@ -26,7 +26,7 @@ def main(argv) -> int:
   from ihsweep.data.errors import DataError
   from ihsweep.runs import rundir
   from ihsweep.training import memory
-  from ihsweep.training.runner import fit, group_devices
+  from ihsweep.training.runner import fit, group_devices, resolve
   from ihsweep.training.stopping import Interrupted
 
   cfg, failed = config_and_workdir("train")
@@ -37,7 +37,8 @@ def main(argv) -> int:
     # too large for any memory setting: refused before the directory exists, as `ihsweep run`
     memory.check_possible(cfg, group_devices(cfg), FLAGS.workdir)
     rundir.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
-    out = fit(cfg, FLAGS.workdir, progress=FLAGS.progress)
+    group = resolve(cfg, name=FLAGS.workdir, checked=True)  # its memory chosen, once
+    out = fit(group, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:
     print(f"interrupted: {e}", file=sys.stderr)
     return 143

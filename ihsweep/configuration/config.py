@@ -242,6 +242,18 @@ def _validate_devices(cfg, size: int, batch: int, devices) -> None:
     )
 
 
+def validate_devices(cfg, devices=None) -> None:
+  """``validate``'s rules that depend on the devices alone (``mesh.num_devices``, the mesh's
+  shape, the memory choices and ``ensemble.vmap_chunk`` on it), for a config validated as a
+  whole against other devices: a sweep's group, validated when the sweep was planned, on the
+  devices of the worker that trains it.
+
+  Raises:
+    ConfigError: naming the field, the value and what these devices allow.
+  """
+  _validate_devices(cfg, int(cfg.ensemble.size), int(cfg.train.batch_size), devices)
+
+
 def validate(cfg, devices=None) -> None:
   """Checks a whole run config (``configs/*.py`` layout); raises ``ConfigError`` on the first
   bad field (``DataError`` for data that cannot be found or whose targets cannot be reached).

@@ -153,12 +153,21 @@ class Trainer:
 
 
 def train_group(
-  group, workdir: str, *, team, progress: bool, desc, stop_rule, started: float, keep_bar: bool
+  group,
+  workdir: str,
+  *,
+  team,
+  who: str,
+  progress: bool,
+  desc,
+  stop_rule,
+  started: float,
+  keep_bar: bool,
 ) -> dict[str, Any]:
   """Trains ``group`` (a ``runner`` group) in ``workdir`` as ``runner.fit`` documents, once the
   directory is locked: start-up (``startup.start``), the logs lined up with the restored step
-  (``resume.line_up_logs``), then the loop with its hooks; returns ``fit``'s result."""
-  who = f"{desc.split()[0]}: " if desc else ""  # a sweep's group id before the log lines
+  (``resume.line_up_logs``), then the loop with its hooks; returns ``fit``'s result. ``who``
+  prefixes its log lines (a sweep's group id and a colon, or nothing)."""
   run = startup.start(group, workdir, team, who)
   lined_up = resume.line_up_logs(workdir, team, run.start, run.schedule, group.n_models, stop_rule)
   if stop_rule is not None and stop_rule.done(run.done):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -54,15 +55,12 @@ def group_devices(cfg, devices=None, local: bool = False) -> list:
   return sharding.usable_devices(cfg.ensemble.size, cfg.train.batch_size, devices)
 
 
-def _validate(cfg, devices, local: bool):
-  """``config.validate`` for the devices the run may use; returns them (None: the default of
-  a run that is one mesh over every process, or of one process)."""
+def _candidates(devices, local: bool):
+  """The devices a run may use as ``config.validate`` reads them: None for the default of a run
+  that is one mesh over every process (or of one process), else a list."""
   if devices is None and not local:
-    config_lib.validate(cfg)
     return None
-  devices = list(jax.local_devices() if devices is None else devices)
-  config_lib.validate(cfg, devices)
-  return devices
+  return list(jax.local_devices() if devices is None else devices)
 
 
 class _Group:
@@ -120,6 +118,76 @@ class _Group:
       )
       return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
     return abstract_like(self.source.arrays(), sharding.replicated(self.mesh))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ResolvedGroup:
+  """One group worked out once (``resolve``), by whoever places it: a sweep's worker,
+  ``ihsweep train``, or ``fit`` given a bare config. ``fit`` and ``precompile`` take it as it is:
+  nothing is validated, checked or resolved again, and its parts (mesh, model, data source:
+  ``parts``) are built once, shared by a compile-ahead and the training.
+
+  Attributes:
+    id: the group's id in its sweep (``g003``), None for a lone run.
+    cfg: the run's config, validated (``config.validate``), its automatic memory settings
+      recorded (``resolve_memory``: nothing left 0 or auto that memory decides).
+    devices: the devices of its mesh (``group_devices``), in order.
+    local: trained by this process alone, on its own devices (a worker's process-local group).
+    choice: the ``memory.Choice`` compiled against the devices' capacity; None where nothing
+      was compiled (a device of unknown capacity, such as a CPU, or nothing automatic).
+    name: how log lines and errors name it (``group g003``, or a lone run's directory).
+  """
+
+  id: str | None
+  cfg: Any
+  devices: tuple
+  local: bool = False
+  choice: memory.Choice | None = None
+  name: str = "the run"
+  source: Any = dataclasses.field(default=None, repr=False)  # built while resolving, if it was
+  _lock: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
+  _built: list = dataclasses.field(default_factory=list, repr=False)
+
+  def parts(self) -> _Group:
+    """The group's mesh, model, data source and programs (``_Group``), built at the first call
+    (on whichever thread makes it: a compile-ahead's or the training's) and kept."""
+    with self._lock:
+      if not self._built:
+        self._built.append(_Group(self.cfg, list(self.devices), self.source))
+      return self._built[0]
+
+
+def resolve(
+  cfg, devices=None, local: bool = False, *, group_id=None, name=None, checked: bool = False
+) -> ResolvedGroup:
+  """Works a group out once: validates ``cfg`` for the devices it may use (``config.validate``),
+  picks its mesh's devices (``group_devices``), refuses a group too large for any memory
+  setting (``memory.check_possible``) and makes its automatic memory choices
+  (``resolve_memory``: compiled against the devices' capacity where it is known).
+
+  ``devices``, ``local``: as ``fit`` takes them. ``group_id``: the group's id in its sweep;
+  ``name``: how messages name it (default ``group <id>``, else 'the run'). ``checked``: the
+  caller has validated the whole config and checked that it can fit (a sweep does both for
+  every group before its directory exists; ``ihsweep train`` before it claims the directory):
+  only the rules that depend on these devices are applied (``config.validate_devices``).
+
+  Raises:
+    ConfigError, DataError: a bad field, or data that cannot be found.
+    memory.DoesNotFit: no memory setting fits (nothing is trained or written).
+  """
+  candidates = _candidates(devices, local)
+  if checked:
+    config_lib.validate_devices(cfg, candidates)
+  else:
+    config_lib.validate(cfg, candidates)
+  devices = group_devices(cfg, candidates, local)
+  name = name or (f"group {group_id}" if group_id else "the run")
+  if not checked:
+    memory.check_possible(cfg, devices, name)
+  cfg, choice, built = _resolve_memory(cfg, devices, name)
+  return ResolvedGroup(
+    group_id, cfg, tuple(devices), local, choice, name, built.source if built else None
+  )
 
 
 def abstract_like(tree, where):
@@ -189,6 +257,17 @@ def resolve_memory(
   Raises:
     memory.DoesNotFit: the capacity is known and no setting fits (before anything trains).
   """
+  cfg, choice, _ = _resolve_memory(
+    cfg, devices, name, capacity, source, platform, count_kernels, facts
+  )
+  return cfg, choice
+
+
+def _resolve_memory(
+  cfg, devices, name, capacity=None, source=None, platform=None, count_kernels=None, facts=None
+):
+  """``resolve_memory``, and the ``_Group`` it built to compile (None if it compiled nothing):
+  its data source serves the group's training."""
   k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
   auto_k, auto_remat = k == 0, remat == "auto"
   auto_chunk = cfg.ensemble.vmap_chunk == 0
@@ -200,14 +279,14 @@ def resolve_memory(
     raise fields.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
   capacity = capacity or memory.device_capacity(devices[0])
   if capacity is None and not (auto_k or auto_remat) and attention == chosen:
-    return cfg, None
+    return cfg, None, None
   out = copy.deepcopy(cfg)
   with out.unlocked():  # the first setting; the group is built once with it
     out.train.gradient_accumulation_steps = k or 1
     out.train.remat = "none" if auto_remat else remat
     out.train.attention = attention
   if capacity is None:
-    return out, None
+    return out, None, None
   facts = facts or compiled_facts.CompiledFacts("", capacity, directory=None)
   group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
@@ -268,16 +347,17 @@ def resolve_memory(
     s.describe(),
     len(choice.tried),
   )
-  return out, choice
+  return out, choice, group
 
 
-def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
-  """Compiles a run's programs ahead of time, as ``fit(cfg, ..., devices=devices,
-  local=local)`` builds them — the initialisation, the train program (which also serves the
-  short last call) and, with evaluation on, the evaluation — from their shapes alone
-  (``jax.ShapeDtypeStruct`` inputs with the run's shardings): nothing is trained and no file
-  is written; data sources are built as ``fit`` builds them (a corpus is read from its cache,
-  or tokenized into it).
+def precompile(group, devices=None, local: bool = False) -> dict[str, float]:
+  """Compiles a run's programs ahead of time, as ``fit(group, ..., devices=devices,
+  local=local)`` builds them (``group``: a ``ResolvedGroup``, whose parts the training then
+  reuses, or a config, resolved here as ``fit`` resolves it) — the initialisation, the train
+  program (which also serves the short last call) and, with evaluation on, the evaluation —
+  from their shapes alone (``jax.ShapeDtypeStruct`` inputs with the run's shardings): nothing
+  is trained and no file is written; data sources are built as ``fit`` builds them (a corpus
+  is read from its cache, or tokenized into it).
 
   With the persistent compilation cache on (``compile_cache.enable``), a later ``fit`` of the
   same config on the same devices loads these programs from it instead of compiling them: a
@@ -295,9 +375,9 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
   Raises:
     ConfigError, DataError: as ``fit`` does, before anything is compiled.
   """
-  devices = group_devices(cfg, _validate(cfg, devices, local), local)
-  cfg, _ = resolve_memory(cfg, devices)
-  group = _Group(cfg, devices)
+  if not isinstance(group, ResolvedGroup):
+    group = resolve(group, devices, local)
+  cfg, group = group.cfg, group.parts()
   ens_sh = sharding.ensemble_sharding(group.mesh)
   seconds = {}
 
@@ -335,7 +415,7 @@ def precompile(cfg, devices=None, local: bool = False) -> dict[str, float]:
 
 
 def fit(
-  cfg,
+  group,
   workdir: str,
   *,
   progress: bool = True,
@@ -347,6 +427,8 @@ def fit(
 ) -> dict[str, Any]:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
+  ``group``: a ``ResolvedGroup`` (``resolve``: validated, checked and its memory chosen once,
+  by the caller; ``devices`` and ``local`` are then its own), or a run's config, resolved here.
 
   Writes into ``workdir``: ``config.json``; ``train_log.jsonl`` (one row per host call:
   ``step``, ``tokens`` per model, ``updates`` in the call, per-model ``loss`` and ``grad_norm``
@@ -370,9 +452,9 @@ def fit(
   the first evaluation and call — is its own phase, logged with its seconds once; the bar opens
   when the first call has finished, at the updates done, and its rate, ETA and ``tok_s`` count
   the calls after it only (``Throughput``), so a resumed run shows the speed an uninterrupted
-  one does. ``desc``: the bar's label (its first word, e.g. a sweep's group id, prefixes this
-  run's log lines); ``keep_bar``: whether the finished bar stays on screen (a sweep with its
-  own bar over groups clears it). While the bar is open, log lines are written above it
+  one does. ``desc``: the bar's label (a resolved group's id prefixes this run's log lines);
+  ``keep_bar``: whether the finished bar stays on screen (a sweep with its own bar over groups
+  clears it). While the bar is open, log lines are written above it
   (``logs_above_bars``).
 
   Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
@@ -396,21 +478,23 @@ def fit(
     Interrupted: stopped on request, after the checkpoint.
   """
   started = time.perf_counter()
-  devices = group_devices(cfg, _validate(cfg, devices, local), local)
-  name = f"group {desc.split()[0]}" if desc else workdir
-  memory.check_possible(cfg, devices, name)  # before the run directory exists
-  cfg, _ = resolve_memory(cfg, devices, name)
-  team = sharding.Team.of(devices)
+  if not isinstance(group, ResolvedGroup):  # before the run directory exists
+    group = resolve(group, devices, local, name=workdir)
+  elif devices is not None or local:
+    raise TypeError("fit: a ResolvedGroup brings its own devices; pass neither devices nor local")
+  team = sharding.Team.of(list(group.devices))
   # The team's lead marks and locks the directory (process 0 for one global mesh).
   here = team.leads and not team.is_everyone
   rundir.claim_workdir(workdir, "train", here)
   _quiet_failed_writes()
   try:
     with rundir.workdir_lock(workdir, here), logs_above_bars(progress):
-      resume.check_config(cfg, workdir)  # a changed config is refused before anything is built
+      # a changed config is refused before anything is built
+      resume.check_config(group.cfg, workdir)
       return loop.train_group(
-        _Group(cfg, devices),
+        group.parts(),
         workdir,
+        who=f"{group.id}: " if group.id else "",
         team=team,
         progress=progress,
         desc=desc,

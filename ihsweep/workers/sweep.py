@@ -199,10 +199,11 @@ class _CompileAhead:
     self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
     self.pending: dict = {}  # group id → future
 
-  def after(self, group, groups: list, devices: list, local: bool) -> None:
-    """Starts compiling the first of ``groups`` after ``group`` in plan order that nobody holds
-    or has finished, for ``devices`` (another worker may take it first: then the cache still
-    serves equal shapes)."""
+  def after(self, group, worker: _Worker) -> None:
+    """Starts compiling the first of the worker's groups after ``group`` in plan order that
+    nobody holds or has finished, as the worker resolved it (another worker may take it first:
+    then the cache still serves equal shapes)."""
+    groups = worker.groups
     if not self.on or group not in groups:
       return
     for later in groups[groups.index(group) + 1 :]:
@@ -212,12 +213,12 @@ class _CompileAhead:
         read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
         and claims.read_claim(self.workdir, later.id) is None
       ):
-        self.pending[later.id] = self.pool.submit(self._compile, later, devices, local)
+        self.pending[later.id] = self.pool.submit(self._compile, _resolved(worker, later))
         return
 
-  def _compile(self, group, devices: list, local: bool) -> None:
+  def _compile(self, group: runner.ResolvedGroup) -> None:
     try:
-      seconds = runner.precompile(group.cfg, runner.group_devices(group.cfg, devices, local), local)
+      seconds = runner.precompile(group)
       log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
     except Exception as e:  # noqa: BLE001 — its fit reports any real error
       log.debug("compiling group %s ahead failed: %s", group.id, e)
@@ -243,6 +244,7 @@ class _Worker:
   team: object  # sharding.Team
   groups: list
   local: bool  # a process-local worker inside a jax.distributed job
+  resolved: dict = dataclasses.field(default_factory=dict)  # group id -> runner.ResolvedGroup
 
 
 def phases(cfg, plan: Plan) -> list:
@@ -382,15 +384,26 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
 
 
 def _fit_memory(worker: _Worker, workdir: str) -> None:
-  """Before any group trains: each of the worker's unfinished groups gets its memory setting
-  for the worker's devices (``runner.resolve_memory``: compiled against the devices' capacity
-  where it is known, recorded in the group's config), so a group that fits at no setting is
-  refused (``memory.DoesNotFit``) before hours of other groups."""
+  """Before any group trains: each of the worker's unfinished groups is resolved for the
+  worker's devices (``runner.resolve``: validated and checked when the sweep was planned, its
+  memory chosen here, compiled against the devices' capacity where it is known, and recorded
+  in the group's config), so a group that fits at no setting is refused
+  (``memory.DoesNotFit``) before hours of other groups."""
   for group in worker.groups:
-    if read_status(workdir, group.id)["state"] == "done":
-      continue
-    devices = runner.group_devices(group.cfg, worker.devices, worker.local)
-    group.cfg, _ = runner.resolve_memory(group.cfg, devices, f"group {group.id}")
+    if read_status(workdir, group.id)["state"] != "done":
+      _resolved(worker, group)
+
+
+def _resolved(worker: _Worker, group) -> runner.ResolvedGroup:
+  """The group as the worker resolved it (``_fit_memory``), resolved now if it was not (a group
+  that read as done then)."""
+  if group.id not in worker.resolved:
+    resolved = runner.resolve(
+      group.cfg, worker.devices, worker.local, group_id=group.id, checked=True
+    )
+    group.cfg = resolved.cfg
+    worker.resolved[group.id] = resolved
+  return worker.resolved[group.id]
 
 
 def _work(
@@ -475,7 +488,7 @@ def _start_group(plan: Plan, workdir: str, worker: _Worker, group, event) -> tup
       "resuming from its last checkpoint",
       group.id,
     )
-  group_devices = runner.group_devices(group.cfg, worker.devices, worker.local)
+  group_devices = list(_resolved(worker, group).devices)
   common["devices"] = len(group_devices)
   if len(team.processes) > 1:
     common["processes"] = list(team.processes)
@@ -510,15 +523,13 @@ def _train_group(
       claims.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat,
     ):
       ahead.wait_for(group)
-      ahead.after(group, worker.groups, worker.devices, worker.local)
+      ahead.after(group, worker)
       out = runner.fit(
-        group.cfg,
+        _resolved(worker, group),
         group_dir(workdir, group.id),
         progress=progress,
         desc=desc,
         stop_rule=_stop_rule(cfg, group),
-        devices=group_devices,
-        local=worker.local,
         keep_bar=False,  # the sweep's bar and progress line follow the group
       )
     if beat.lost.is_set():
