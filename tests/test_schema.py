@@ -92,3 +92,15 @@ def test_the_reference_in_docs_is_the_generated_one():
     f"{os.path.relpath(schema.DOC)}'s generated reference is stale: regenerate it with "
     "`python -m ihsweep.base.schema --markdown --write`"
   )
+
+
+def test_the_compute_dataclasses_take_their_defaults_from_the_schema():
+  """One place for defaults (issue 46): every field of TrainConfig and ModelConfig is a schema
+  field of its section and defaults to the schema's value."""
+  from ihsweep.compute.model import ModelConfig
+  from ihsweep.compute.train import TrainConfig
+
+  for cls, section in ((TrainConfig, "train"), (ModelConfig, "model")):
+    for f in dataclasses.fields(cls):
+      assert f.default == schema.field(f"{section}.{f.name}").default, (cls.__name__, f.name)
+      assert type(f.default) is type(schema.field(f"{section}.{f.name}").default), f.name

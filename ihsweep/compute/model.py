@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ihsweep.base import schema
 from ihsweep.compute.losses import unembed_cross_entropy
 
 POS_ENCODINGS = ("learned", "rotary")
@@ -32,9 +33,13 @@ CUDNN_MAX_HEAD_DIM = 128  # jax._src.cudnn.fused_attention_stablehlo: â‰¤ 128 (â
 INIT_STD = 0.02
 
 
+_MODEL = schema.defaults("model")  # the schema's defaults, ModelConfig's own
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of one model; every model of an ensemble shares it.
+  """Architecture of one model; every model of an ensemble shares it. The defaults are the
+  config schema's (``ihsweep.base.schema``, section ``model``; ``tests/test_schema.py`` checks).
 
   Attributes:
     n_layers: transformer blocks.
@@ -56,18 +61,18 @@ class ModelConfig:
     ln_eps: LayerNorm epsilon (GPT-2: 1e-5).
   """
 
-  n_layers: int = 2
-  n_heads: int = 4
-  d_model: int = 128
-  d_mlp: int = 512
-  vocab_size: int = 4096
-  max_context: int = 128
-  pos_encoding: str = "learned"
-  tie_embeddings: bool = True
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  rotary_base: float = 10000.0
-  ln_eps: float = 1e-5
+  n_layers: int = _MODEL.n_layers
+  n_heads: int = _MODEL.n_heads
+  d_model: int = _MODEL.d_model
+  d_mlp: int = _MODEL.d_mlp
+  vocab_size: int = _MODEL.vocab_size
+  max_context: int = _MODEL.max_context
+  pos_encoding: str = _MODEL.pos_encoding
+  tie_embeddings: bool = _MODEL.tie_embeddings
+  dtype: str = _MODEL.dtype
+  param_dtype: str = _MODEL.param_dtype
+  rotary_base: float = schema.field("model.rotary_base").default  # optional: not in defaults
+  ln_eps: float = schema.field("model.ln_eps").default
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "ModelConfig":

@@ -20,39 +20,43 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from ihsweep.base import sharding
+from ihsweep.base import schema, sharding
 from ihsweep.compute import losses
 from ihsweep.compute.model import ATTENTIONS, ModelConfig, Transformer, cudnn_attention_problem
 from ihsweep.data.keys import step_keys
+
+_TRAIN = schema.defaults("train")  # the schema's defaults, TrainConfig's own
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Optimisation settings shared by every model of an ensemble.
 
-  Defaults follow the study (docs/study.md, "released code"): AdamW with β = (0.9, 0.999), eps 1e-8,
-  weight decay 0, peak lr 2.5e-4, warmup over 1% of the updates then cosine decay to 0,
-  gradients clipped to global norm 1.0 (HF Trainer's default).
+  The defaults are the config schema's (``ihsweep.base.schema``, section ``train``: one place
+  for them; ``tests/test_schema.py`` checks): AdamW with β = (0.9, 0.999), eps 1e-8, weight
+  decay 0, warmup over 1% of the updates then cosine decay to 0, gradients clipped to global
+  norm 1.0 (HF Trainer's default), and the memory choices and attention left to ``auto``.
   """
 
-  batch_size: int = 16  # B, sequences per update
-  context_size: int = 128  # C, tokens per sequence
-  num_steps: int = 1000  # updates trained
-  schedule_steps: int = 0  # the learning-rate schedule's horizon (updates); 0 = num_steps
-  steps_per_call: int = 50  # U, most updates per host call (one device loop)
-  lr: float = 2.5e-4  # peak learning rate (per model: HParams.peak_lr)
-  schedule: str = "cosine"  # cosine | constant | inverse_sqrt
-  warmup_frac: float = 0.01  # linear warmup over this fraction of num_steps
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.0  # decoupled, on matrices only (not biases, LayerNorm, embeddings)
-  grad_clip: float = 1.0  # global-norm clip; 0 disables
+  batch_size: int = _TRAIN.batch_size  # B, sequences per update
+  context_size: int = _TRAIN.context_size  # C, tokens per sequence
+  num_steps: int = _TRAIN.num_steps  # updates trained
+  schedule_steps: int = _TRAIN.schedule_steps  # the lr schedule's horizon; 0 = num_steps
+  steps_per_call: int = _TRAIN.steps_per_call  # U, most updates per host call (one device loop)
+  lr: float = _TRAIN.lr  # peak learning rate (per model: HParams.peak_lr)
+  schedule: str = _TRAIN.schedule  # cosine | constant | inverse_sqrt
+  warmup_frac: float = _TRAIN.warmup_frac  # linear warmup over this fraction of num_steps
+  b1: float = _TRAIN.b1
+  b2: float = _TRAIN.b2
+  eps: float = _TRAIN.eps
+  weight_decay: float = _TRAIN.weight_decay  # decoupled, on matrices only
+  grad_clip: float = _TRAIN.grad_clip  # global-norm clip; 0 disables
   # Memory choices (same numbers up to float rounding; ihsweep.training.memory picks them when
   # 0/auto):
-  gradient_accumulation_steps: int = 1  # k microbatches of B/k sequences per update; 0 = auto
-  remat: str = "none"  # none | blocks (recompute block activations in the backward) | auto
-  attention: str = "explicit"  # explicit | xla | cudnn (model.ATTENTIONS) | auto
+  # k microbatches of B/k sequences per update; 0 = auto
+  gradient_accumulation_steps: int = _TRAIN.gradient_accumulation_steps
+  remat: str = _TRAIN.remat  # none | blocks (recompute blocks in the backward) | auto
+  attention: str = _TRAIN.attention  # explicit | xla | cudnn (model.ATTENTIONS) | auto
 
   @classmethod
   def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
