@@ -147,7 +147,7 @@ def reference(tmp_path_factory):
     (config_lib, "validate"): "validate",
     (config_lib, "validate_devices"): "validate_devices",
     (memory, "check_possible"): "check_possible",
-    (runner, "_resolve_memory"): "resolve_memory",
+    (runner, "resolve_memory"): "resolve_memory",
     (runner, "_Group"): "build",
     (runner, "make_source"): "data source",
   }

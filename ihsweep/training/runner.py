@@ -144,17 +144,23 @@ class ResolvedGroup:
   local: bool = False
   choice: memory.Choice | None = None
   name: str = "the run"
-  source: Any = dataclasses.field(default=None, repr=False)  # built while resolving, if it was
   _lock: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
   _built: list = dataclasses.field(default_factory=list, repr=False)
 
   def parts(self) -> _Group:
     """The group's mesh, model, data source and programs (``_Group``), built at the first call
-    (on whichever thread makes it: a compile-ahead's or the training's) and kept."""
+    (on whichever thread makes it: a compile-ahead's or the training's) and kept until
+    ``release``."""
     with self._lock:
       if not self._built:
-        self._built.append(_Group(self.cfg, list(self.devices), self.source))
+        self._built.append(_Group(self.cfg, list(self.devices)))
       return self._built[0]
+
+  def release(self) -> None:
+    """Drops the built parts (a data source can hold large arrays): a worker keeps the records
+    of all its groups, the parts of the one it trains and the next only."""
+    with self._lock:
+      self._built.clear()
 
 
 def resolve(
@@ -184,10 +190,8 @@ def resolve(
   name = name or (f"group {group_id}" if group_id else "the run")
   if not checked:
     memory.check_possible(cfg, devices, name)
-  cfg, choice, built = _resolve_memory(cfg, devices, name)
-  return ResolvedGroup(
-    group_id, cfg, tuple(devices), local, choice, name, built.source if built else None
-  )
+  cfg, choice = resolve_memory(cfg, devices, name)
+  return ResolvedGroup(group_id, cfg, tuple(devices), local, choice, name)
 
 
 def abstract_like(tree, where):
@@ -257,17 +261,6 @@ def resolve_memory(
   Raises:
     memory.DoesNotFit: the capacity is known and no setting fits (before anything trains).
   """
-  cfg, choice, _ = _resolve_memory(
-    cfg, devices, name, capacity, source, platform, count_kernels, facts
-  )
-  return cfg, choice
-
-
-def _resolve_memory(
-  cfg, devices, name, capacity=None, source=None, platform=None, count_kernels=None, facts=None
-):
-  """``resolve_memory``, and the ``_Group`` it built to compile (None if it compiled nothing):
-  its data source serves the group's training."""
   k, remat = cfg.train.get("gradient_accumulation_steps", 1), cfg.train.get("remat", "none")
   auto_k, auto_remat = k == 0, remat == "auto"
   auto_chunk = cfg.ensemble.vmap_chunk == 0
@@ -279,14 +272,14 @@ def _resolve_memory(
     raise fields.ConfigError("train.attention", chosen, f"auto, explicit or xla: {e}") from None
   capacity = capacity or memory.device_capacity(devices[0])
   if capacity is None and not (auto_k or auto_remat) and attention == chosen:
-    return cfg, None, None
+    return cfg, None
   out = copy.deepcopy(cfg)
   with out.unlocked():  # the first setting; the group is built once with it
     out.train.gradient_accumulation_steps = k or 1
     out.train.remat = "none" if auto_remat else remat
     out.train.attention = attention
   if capacity is None:
-    return out, None, None
+    return out, None
   facts = facts or compiled_facts.CompiledFacts("", capacity, directory=None)
   group = _Group(out, devices, source)
   ens_sh = sharding.ensemble_sharding(group.mesh)
@@ -347,7 +340,7 @@ def _resolve_memory(
     s.describe(),
     len(choice.tried),
   )
-  return out, choice, group
+  return out, choice
 
 
 def precompile(group, devices=None, local: bool = False) -> dict[str, float]:

@@ -566,6 +566,8 @@ def _train_group(
       # so they cannot agree to skip it: end the sweep (a rerun retries).
       raise GroupFailed(group.id, e) from e
   finally:
+    if group.id in worker.resolved:
+      worker.resolved[group.id].release()
     if state != "lost" and lead:
       claims.release_claim(workdir, group.id, state)
     if lead:
