@@ -50,10 +50,16 @@ def test_a_program_is_compiled_once_per_target_and_its_facts_read_back(tmp_path,
     lambda: (compiled_facts.CompiledFacts("tpu test", 1 << 30, str(tmp_path)), _lowered(), 1),
     lambda: (compiled_facts.CompiledFacts("cpu test", 1 << 31, str(tmp_path)), _lowered(), 1),
     lambda: (compiled_facts.CompiledFacts("cpu test", 1 << 30, str(tmp_path)), _lowered(), 2),
+    # the same 2 devices spanning 2 hosts
+    lambda: (compiled_facts.CompiledFacts("cpu test", 1 << 30, str(tmp_path), 1), _lowered(), 2),
   ):
     f, lowered, n = other()
     f.analyse(lowered, n)
     assert f.misses == 1
+  # The target's size is not: a program on one device of a host of 8 is the one-device program.
+  f = compiled_facts.CompiledFacts("cpu test", 1 << 30, str(tmp_path), devices_per_host=8)
+  assert f.analyse(_lowered(), 1, count_kernels=lambda text: 0) == first
+  assert (f.hits, f.misses) == (1, 0)
   monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nonexistent-never-written")
   f = compiled_facts.CompiledFacts("cpu test", 1 << 30, str(tmp_path))
   f.analyse(_lowered(), 1)

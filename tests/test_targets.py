@@ -300,9 +300,12 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
             libtpu=False)  # fmt: skip
   assert r.returncode == 0, r.stderr[-3000:]
   assert "pass 2 (--compare_attention: the explicit pattern), group 1 of 1" in r.stderr
-  # The explicit pattern's pass compiles the train program anew and reads back the evaluation
-  # program that pass 1 compiled (the same program: JAX's own cache keeps no program of a
-  # compile-only device). Pass 1's train program is not the 4-cell plan's: its seeds differ.
+  # Pass 1's two programs (train and evaluation) are the 8-H100 plan's for this cell, which
+  # ran each on one device of a node: read back, not compiled (JAX's own cache keeps no program
+  # of a compile-only device). The explicit pattern's pass compiles the train program anew and
+  # reads back the evaluation program.
+  assert re.search(r"pass 1 .*group g000 done in \d+ s: .*; 2 program\(s\) read back from ",
+                   r.stderr), r.stderr[-3000:]  # fmt: skip
   assert re.search(r"pass 2 .*group g000 done in \d+ s: .*; 1 program\(s\) read back from ",
                    r.stderr), r.stderr[-3000:]  # fmt: skip
   (g,) = json.loads(r.stdout)["groups"]

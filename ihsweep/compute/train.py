@@ -501,7 +501,10 @@ class TrainProgram:
     return self.jitted(state, hp, data, self._n(n_active))
 
   def lower(self, state, hp, data) -> jax.stages.Lowered:
-    return self.jitted.lower(state, hp, data, jax.ShapeDtypeStruct((), np.int32))
+    # The count as a call passes it (``_count``), so that a call after ``lower(...).compile()``
+    # of the same program finds its trace and executable in jit's caches.
+    where = self._repl if self._repl.is_fully_addressable else None
+    return self.jitted.lower(state, hp, data, jax.ShapeDtypeStruct((), np.int32, sharding=where))
 
   def compile(self, state, hp, data) -> "CompiledTrainProgram":
     return CompiledTrainProgram(self.lower(state, hp, data).compile(), self)

@@ -179,8 +179,10 @@ class Target:
 
     d = self.devices[0]
     spec = gpu_target_config(self.name) if d.platform == "gpu" and self.name in GPUS else ""
-    described = (self.name, self.estimate, d.platform, d.device_kind, self.devices_per_host, spec)
-    return CompiledFacts(repr(described), self.capacity_bytes)
+    described = (self.name, self.estimate, d.platform, d.device_kind, spec)
+    return CompiledFacts(
+      repr(described), self.capacity_bytes, devices_per_host=self.devices_per_host
+    )
 
   def to_json(self) -> dict:
     return {

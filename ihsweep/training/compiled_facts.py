@@ -68,15 +68,19 @@ class CompiledFacts:
   Args:
     target: what names the target: its name, its devices' platform and kind, how its memory is
       known and, for a GPU, the target description's text (part of every key, with the
-      number of devices each program is split over).
+      number of devices each program is split over and the hosts those span, not the target's
+      size: a program over 2 devices of one host is the same on a node of 8 as on a pair, so a
+      plan for 8 devices reuses a plan for 1's programs).
     capacity_bytes: the target's bytes per device (read from a RESOURCE_EXHAUSTED message's
       fallback, ``memory.exhausted_bytes``).
     directory: where entries live (default ``default_dir()``); None keeps nothing on disk.
+    devices_per_host: the target's devices per host (0: one host holds them all).
   """
 
   target: str
   capacity_bytes: int
   directory: str | None = dataclasses.field(default_factory=default_dir)
+  devices_per_host: int = 0
   hits: int = 0
   misses: int = 0
 
@@ -118,6 +122,7 @@ class CompiledFacts:
       "target": self.target,
       "capacity_bytes": self.capacity_bytes,
       "n_devices": n_devices,
+      "hosts": -(-n_devices // self.devices_per_host) if self.devices_per_host else 1,
       "kernels": getattr(count_kernels, "__qualname__", None),
       "versions": _versions(),
     }

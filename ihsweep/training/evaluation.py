@@ -58,10 +58,19 @@ class Evaluator:
       inputs are ``jax.ShapeDtypeStruct`` (only for ``lower``: ahead-of-time compilation);
       mesh: the ensemble's mesh; capacity_bytes: a device's memory when the mesh's devices
       cannot say (compile-only devices: the target's).
+    programs: a dict in which the jitted metric program is kept and found again by its layout
+      (a runner group's: the evaluator of its probes then reuses the trace and executable that
+      an ahead-of-time compile of the abstract evaluator made).
   """
 
   def __init__(
-    self, cfg, mcfg, probes: probes_lib.Probes | None, mesh, capacity_bytes: int | None = None
+    self,
+    cfg,
+    mcfg,
+    probes: probes_lib.Probes | None,
+    mesh,
+    capacity_bytes: int | None = None,
+    programs: dict | None = None,
   ):
     ens_sh, repl = sharding.ensemble_sharding(mesh), sharding.replicated(mesh)
     if probes is None:
@@ -86,18 +95,20 @@ class Evaluator:
     self.sequence_batch = metrics_lib.microbatch(
       s // (d if self.split_sequences else 1), context, mcfg.vocab_size, self.budget_bytes
     )
-    self.fn = metrics_lib.make_eval_fn(
-      mcfg,
+    layout = dict(
       block_len=block_len,
       icl_early=early,
       icl_late=late,
       probe_batch=self.probe_batch,
       sequence_batch=self.sequence_batch,
-      out_sharding=ens_sh,
-      mesh=mesh,
       split_probes=self.split_probes,
       split_sequences=self.split_sequences,
     )
+    programs = {} if programs is None else programs
+    key = ("eval", mcfg, mesh, tuple(sorted(layout.items())))
+    if key not in programs:
+      programs[key] = metrics_lib.make_eval_fn(mcfg, out_sharding=ens_sh, mesh=mesh, **layout)
+    self.fn = programs[key]
 
   def __call__(self, params) -> dict:
     return self.fn(params, *self.inputs)

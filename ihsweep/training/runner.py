@@ -66,7 +66,9 @@ def _candidates(devices, local: bool):
 class _Group:
   """What ``fit`` and ``precompile`` build alike from a run's config on its devices, before any
   run directory: the mesh, model and data source, the hyper-parameters, and the programs —
-  built once here so that a program ``precompile`` compiled is the one ``fit`` runs."""
+  built once here so that a program ``precompile`` compiled is the one ``fit`` runs: the same
+  ``jax.jit`` objects, whose trace and compile caches then serve ``fit``'s first call (no second
+  trace, lowering or load from the persistent cache on the training's thread)."""
 
   def __init__(self, cfg, devices: list, source=None):
     self.cfg = cfg
@@ -79,6 +81,7 @@ class _Group:
     )
     self.host_fed = not self.source.on_device
     self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
+    self._programs: dict = {}
 
   def hparams(self) -> train.HParams:
     """Per-model peak learning rates and data knobs (numpy, leading axis E)."""
@@ -87,21 +90,31 @@ class _Group:
     )
 
   def init_fn(self):
-    """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``)."""
-    return train.make_init_fn(self.model, self.tcfg, self.mesh)
+    """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``), made once."""
+    if "init" not in self._programs:
+      self._programs["init"] = train.make_init_fn(self.model, self.tcfg, self.mesh)
+    return self._programs["init"]
 
   def train_program(self):
-    """The ensemble's train program (``train.make_ensemble_train_fn``): one compilation serves
-    every call length up to ``train.steps_per_call``, the short last call included."""
-    tcfg = self.tcfg
-    return train.make_ensemble_train_fn(
-      self.model,
-      tcfg,
-      None if self.host_fed else self.source.sample,
-      self.mesh,
-      min(tcfg.steps_per_call, tcfg.num_steps),
-      self.cfg.ensemble.vmap_chunk,
-    )
+    """The ensemble's train program (``train.make_ensemble_train_fn``), made once: one
+    compilation serves every call length up to ``train.steps_per_call``, the short last call
+    included."""
+    if "train" not in self._programs:
+      tcfg = self.tcfg
+      self._programs["train"] = train.make_ensemble_train_fn(
+        self.model,
+        tcfg,
+        None if self.host_fed else self.source.sample,
+        self.mesh,
+        min(tcfg.steps_per_call, tcfg.num_steps),
+        self.cfg.ensemble.vmap_chunk,
+      )
+    return self._programs["train"]
+
+  def evaluator(self, probes) -> Evaluator:
+    """The evaluation with ``probes`` (None: of their shapes, for ``lower``) on the mesh, its
+    program made once per layout (``Evaluator``'s ``programs``)."""
+    return Evaluator(self.cfg, self.mcfg, probes, self.mesh, programs=self._programs)
 
   def abstract_data(self):
     """The train program's ``data`` argument as ``jax.ShapeDtypeStruct``: the source's shared
@@ -352,12 +365,14 @@ def precompile(group, devices=None, local: bool = False) -> dict[str, float]:
   is trained and no file is written; data sources are built as ``fit`` builds them (a corpus
   is read from its cache, or tokenized into it).
 
-  With the persistent compilation cache on (``compile_cache.enable``), a later ``fit`` of the
-  same config on the same devices loads these programs from it instead of compiling them: a
+  Given a ``ResolvedGroup``, a later ``fit`` of it runs these very programs (the parts' jitted
+  functions: their first call neither traces nor compiles again); given a config, a later
+  ``fit`` of the same config on the same devices loads them from the persistent compilation
+  cache where it is on (``compile_cache.enable``), else this only measures the compile time. A
   worker calls this for its next group on a background thread while it trains the current one
-  (JAX compiles on any thread; the training's own dispatches go on meanwhile). Without the
-  cache it only measures the compile time. In a job of several processes without ``local``
-  (one global mesh), every process must call it, as every process runs ``fit``.
+  (JAX compiles on any thread; the training's own dispatches go on meanwhile). In a job of
+  several processes without ``local`` (one global mesh), every process must call it, as every
+  process runs ``fit``.
 
   Returns:
     Seconds spent compiling each program: ``{"init": s, "train": s[, "eval": s[, "probes":
@@ -389,7 +404,7 @@ def precompile(group, devices=None, local: bool = False) -> dict[str, float]:
     ),
   )
   if schedule_lib.eval_interval(cfg):
-    compile_("eval", Evaluator(cfg, group.mcfg, None, group.mesh).lower(state.params))
+    compile_("eval", group.evaluator(None).lower(state.params))
     if not group.source.has_held_out_windows:
       # A generated source's held-out sequences come from its sampler, jitted by
       # probes.held_out_sequences when a fresh run makes its probes: compiled by drawing them

@@ -160,4 +160,4 @@ def _evaluator(group, run: Start, workdir: str, lead: bool, who: str) -> Evaluat
     probes.sequences.shape[1],
     int(probes.recall[0].sum()),
   )
-  return Evaluator(group.cfg, group.mcfg, probes, group.mesh)
+  return group.evaluator(probes)

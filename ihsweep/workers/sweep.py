@@ -188,8 +188,9 @@ def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
 
 class _CompileAhead:
   """Compiles the programs of the group a worker will probably take next on a background thread
-  while it trains the current one (``runner.precompile`` into the persistent compilation
-  cache), so that the next ``fit`` loads them instead of compiling."""
+  while it trains the current one (``runner.precompile`` of the worker's ``ResolvedGroup``): its
+  ``fit`` then runs the compiled programs, and another worker taking the group finds them in
+  the persistent compilation cache."""
 
   def __init__(self, plan: Plan, workdir: str):
     import concurrent.futures
