@@ -394,8 +394,16 @@ def compute_curves(
         _write_cache(path, store.sort_values(list(CACHE_KEYS)), run.warnings)
   if total:
     log.info("metrics recomputed in %.1f s", time.perf_counter() - t0)
+  return _curves_table(run, store, todo, sizes, on_disk, online_groups)
+
+
+def _curves_table(
+  run: Run, store, todo: dict, sizes: dict, on_disk: dict, online_groups
+) -> pd.DataFrame:
+  """The recomputed rows of the checkpoints still on disk (the cache may also hold steps whose
+  checkpoints are gone: not shown) and the online groups' rows, with the cells' columns."""
   parts = []
-  for gid in todo:  # the cache may also hold steps whose checkpoints are gone: not shown
+  for gid in todo:
     if not store.empty:
       parts.append(store[_matching(store, gid, sizes) & store["step"].isin(on_disk[gid])])
   recomputed = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()

@@ -24,13 +24,10 @@ The recomputed curves are cached per run in ``DIR/analysis/curves.parquet`` (``a
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import datetime
-import html
 import os
-import re
 import sys
 import time
 
@@ -50,6 +47,9 @@ from . import positions as positions_lib
 from . import summary as summary_lib
 from .law_section import law_section
 from .outputs import OutputError, Outputs
+from .report_doc import (
+  Doc,
+)
 
 CURVE_FIGURES = ("ps_max", "pt_max", "ar_acc", "la_max")
 METHOD_TEXT = {
@@ -76,136 +76,6 @@ class Options:
   seed: int = 0
   with_params: bool = False
   progress: bool = True
-
-
-# Integer columns that count updates, tokens or parameters get thousands separators like floats.
-_COUNT_COLUMN = re.compile(r"step|tokens|updates|n_params")
-# A cell of a table that reads as a number ('', 3,937, -0.12, 1e-05, '> 797'): right-aligned.
-_NUMBER = r"(> )?[-+]?[\d,]*\.?\d*(e[-+]?\d+)?|nan"
-
-
-def _float_text(v: float, digits: int = 3) -> str:
-  """One float as every table writes it (``_fmt``)."""
-  if pd.isna(v):
-    return ""
-  if abs(v) < 1e-9:
-    return "0"
-  return f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:.{digits}g}"
-
-
-def _fmt(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-  """Numbers for display, one way in every table: floats to ``digits`` significant digits, and
-  from 10^digits on whole, with thousands separators (3,937, as ``_median_all`` writes them);
-  integer columns of updates, tokens or parameters (``step``, ``tokens``, ``updates``,
-  ``n_params`` in the name) with separators too; other integers (B, C, seeds, counts of models)
-  as they are. A column of text and numbers (a median beside '> 995') has its floats written
-  the same way and its text as it is."""
-  out = df.copy()
-  for c in out.columns:
-    if pd.api.types.is_float_dtype(out[c]):
-      out[c] = out[c].map(lambda v: _float_text(v, digits))
-    elif pd.api.types.is_integer_dtype(out[c]) and _COUNT_COLUMN.search(str(c)):
-      out[c] = out[c].map(lambda v: f"{v:,}")
-    elif pd.api.types.is_object_dtype(out[c]):
-      out[c] = out[c].map(
-        lambda v: _float_text(float(v), digits) if isinstance(v, (float, np.floating)) else v
-      )
-  return out
-
-
-class _Doc:
-  """A report built once and rendered twice (Markdown, self-contained HTML)."""
-
-  def __init__(self, out_dir: str):
-    self.out_dir, self.blocks = out_dir, []
-
-  def h(self, level: int, text: str):
-    self.blocks.append(("h", level, text))
-
-  def p(self, text: str):
-    self.blocks.append(("p", text))
-
-  def table(self, df: pd.DataFrame, max_rows: int = 60):
-    note = ""
-    if len(df) > max_rows:
-      note = f"(first {max_rows} of {len(df)} rows; all in the CSV files)"
-      df = df.head(max_rows)
-    shown = _fmt(df)
-    # Right-aligned where the column holds numbers; the text is _fmt's (tabulate would re-parse
-    # "11,843" in a column of floats and print 11843).
-    align = tuple(
-      "right"
-      if pd.api.types.is_numeric_dtype(df[c]) or shown[c].astype(str).str.fullmatch(_NUMBER).all()
-      else "left"
-      for c in df.columns
-    )
-    self.blocks.append(("table", shown, note, align))
-
-  def figure(self, png: str, caption: str):
-    self.blocks.append(("figure", png, caption))
-
-  def mark(self) -> int:
-    """A place in the document, for ``insert``."""
-    return len(self.blocks)
-
-  def insert(self, at: int, build) -> None:
-    """Runs ``build(doc)`` and moves the blocks it added to position ``at``."""
-    start = len(self.blocks)
-    build(self)
-    added = self.blocks[start:]
-    del self.blocks[start:]
-    self.blocks[at:at] = added
-
-  def markdown(self) -> str:
-    out = []
-    for b in self.blocks:
-      if b[0] == "h":
-        out.append("#" * b[1] + " " + b[2])
-      elif b[0] == "p":
-        out.append(b[1])
-      elif b[0] == "table":
-        table = b[1].to_markdown(index=False, disable_numparse=True, colalign=b[3])
-        out.append(table + (f"\n\n{b[2]}" if b[2] else ""))
-      else:
-        out.append(f"![{b[2]}]({os.path.relpath(b[1], self.out_dir)})\n\n*{b[2]}*")
-    return "\n\n".join(out) + "\n"
-
-  def html(self, title: str) -> str:
-    body = []
-    for b in self.blocks:
-      if b[0] == "h":
-        body.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
-      elif b[0] == "p":
-        body.append(f"<p>{_inline_html(b[1])}</p>")
-      elif b[0] == "table":
-        body.append(
-          b[1].to_html(index=False, border=0, classes="t")
-          + (f"<p class='note'>{html.escape(b[2])}</p>" if b[2] else "")
-        )
-      else:
-        with open(b[1], "rb") as f:
-          data = base64.b64encode(f.read()).decode()
-        body.append(
-          f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(b[2])}'>"
-          f"<figcaption>{html.escape(b[2])}</figcaption></figure>"
-        )
-    style = (
-      "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-      "table.t{border-collapse:collapse;font-size:13px;margin:.5em 0}"
-      "table.t td,table.t th{border-bottom:1px solid #ddd;padding:2px 8px;"
-      "text-align:right}img{max-width:100%}figcaption,.note{color:#555;font-size:13px}"
-    )
-    return (
-      f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-      f"</title><style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
-    )
-
-
-def _inline_html(text: str) -> str:
-  """A paragraph's Markdown emphasis as HTML: **bold** and `code`; everything else escaped."""
-  text = html.escape(text)
-  text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-  return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 def _sizes(curves: pd.DataFrame) -> str:
@@ -332,7 +202,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     for r in runs:
       r.close()
   written: dict = {"out_dir": out_dir, "figures": []}
-  doc = _Doc(out_dir)
+  doc = Doc(out_dir)
   doc.h(1, "Induction-head emergence report")
   summary_at = doc.mark()  # the generated summary goes here once the law is fitted
   _overview(doc, runs, curves, all_axes)
@@ -344,19 +214,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   n_models = curves.groupby(["run", "cell"]).ngroups
   what = f"emergence points of {n_models} models (every metric and method)"
   with phase(what, "emergence points"):
-    # A one-layer model has no head below its last layer: no pt_max (analysis.circuit).
-    one_layer = circuit_lib.one_layer_models(runs)
-    curves = circuit_lib.without_one_layer(curves, one_layer)
-    curves.to_csv(outs.claim("curves.csv"), index=False)
-    table = circuit_lib.without_one_layer(
-      emergence_lib.emergence_table(curves, fraction=opts.fraction), one_layer
-    )
-    written["emergence_csv"] = outs.claim("emergence.csv")
-    table.to_csv(written["emergence_csv"], index=False)
-    points = _with_reach(
-      emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
-    )
-    points["caution"] = emergence_lib.cautions(points)
+    curves, table, points, one_layer = _emergence_points(runs, curves, opts, outs, written)
     _emergence_section(doc, points, axes, opts, outs, written)
   with phase("figures of the curves (.png and .pdf per metric)", "curve figures"):
     _curve_figures(doc, curves, table, axes, opts, outs, written)
@@ -378,6 +236,25 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
     out = _finish(doc, outs, written, runs)
   phase.finish()
   return out
+
+
+def _emergence_points(runs, curves, opts: Options, outs, written: dict) -> tuple:
+  """Every model's emergence points (``curves.csv``, ``emergence.csv``) and the primary ones
+  with their reach and cautions; one-layer models lose their pt_max (no head below their last
+  layer: ``analysis.circuit``). Returns ``(curves, table, points, one_layer)``."""
+  one_layer = circuit_lib.one_layer_models(runs)
+  curves = circuit_lib.without_one_layer(curves, one_layer)
+  curves.to_csv(outs.claim("curves.csv"), index=False)
+  table = circuit_lib.without_one_layer(
+    emergence_lib.emergence_table(curves, fraction=opts.fraction), one_layer
+  )
+  written["emergence_csv"] = outs.claim("emergence.csv")
+  table.to_csv(written["emergence_csv"], index=False)
+  points = _with_reach(
+    emergence_lib.primary(table, opts.metric, opts.method), curves, runs, opts.metric
+  )
+  points["caution"] = emergence_lib.cautions(points)
+  return curves, table, points, one_layer
 
 
 def _output_dir(runs, out_dir: str | None) -> str:
@@ -407,7 +284,7 @@ def _output_dir(runs, out_dir: str | None) -> str:
   return out_dir
 
 
-def _overview(doc: _Doc, runs, curves: pd.DataFrame, all_axes: list[str]) -> None:
+def _overview(doc: Doc, runs, curves: pd.DataFrame, all_axes: list[str]) -> None:
   """The runs, what was read from them, and the warnings (the runs' own and diverged cells)."""
   warnings = [f"{r.name}: {w}" for r in runs for w in r.warnings]
   names = ", ".join(r.dir for r in runs)
@@ -444,7 +321,7 @@ def _overview(doc: _Doc, runs, curves: pd.DataFrame, all_axes: list[str]) -> Non
     doc.p(" • ".join(warnings))
 
 
-def _emergence_section(doc: _Doc, points, axes, opts, outs: Outputs, written) -> None:
+def _emergence_section(doc: Doc, points, axes, opts, outs: Outputs, written) -> None:
   """How many cells emerged and how that was measured, the per-point table, and the B × C
   heatmap; records the counts and the cautions in ``written``."""
   n_emerged = int((~points["censored"]).sum())
@@ -490,7 +367,7 @@ def _emergence_section(doc: _Doc, points, axes, opts, outs: Outputs, written) ->
     )
 
 
-def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written) -> None:
+def _curve_figures(doc: Doc, curves, table, axes, opts, outs: Outputs, written) -> None:
   """One figure of curves per metric in ``CURVE_FIGURES`` (none while every curve has only
   its update-0 point)."""
   if not (curves["step"] > 0).any():
@@ -512,7 +389,7 @@ def _curve_figures(doc: _Doc, curves, table, axes, opts, outs: Outputs, written)
 
 
 def _circuit_section(
-  doc: _Doc, runs, curves, table, axes, opts, outs: Outputs, written, one_layer=frozenset()
+  doc: Doc, runs, curves, table, axes, opts, outs: Outputs, written, one_layer=frozenset()
 ) -> None:
   """Both halves of the circuit (``analysis.circuit``): when the previous-token and the
   induction head emerged per model and grid point (not for the ``one_layer`` models, which have
@@ -585,7 +462,7 @@ def _circuit_section(
   )
 
 
-def _agreement_section(doc: _Doc, table, opts, outs: Outputs) -> None:
+def _agreement_section(doc: Doc, table, opts, outs: Outputs) -> None:
   """How the other metrics and methods agree with the primary one (agreement.csv)."""
   doc.h(2, "Agreement across metrics and methods")
   agree = emergence_lib.agreement(table, (opts.metric, opts.method))
@@ -598,7 +475,7 @@ def _agreement_section(doc: _Doc, table, opts, outs: Outputs) -> None:
   doc.table(agree)
 
 
-def _summary_section(d: _Doc, points, runs, axes, opts, written) -> None:
+def _summary_section(d: Doc, points, runs, axes, opts, written) -> None:
   """The generated summary (``summary.summary``), inserted after the title once the law is
   fitted."""
   d.h(2, "Summary")
@@ -704,7 +581,7 @@ def _positions_section(doc, runs, outs: Outputs, written) -> None:
   doc.table(cells)
 
 
-def _finish(doc: _Doc, outs: Outputs, written: dict, runs) -> dict:
+def _finish(doc: Doc, outs: Outputs, written: dict, runs) -> dict:
   md, page = outs.claim("report.md"), outs.claim("report.html")
   for path, text in ((md, doc.markdown()), (page, doc.html("ihsweep report"))):
     with atomic_file(path) as f:

@@ -1,6 +1,6 @@
 """Pre-flight of benchmarks/device_check.sh: every program it runs on the GPU, compiled first
 on this machine, without a GPU, by XLA:GPU for compile-only devices of that GPU (JAX's CUDA
-plugin from ``make install``; ``ihsweep.planning.targets``), so that a short device session
+plugin from ``make install``; ``ihsweep.planning.toolchain``), so that a short device session
 cannot fail in its first minute on a program that does not compile or does not fit.
 
   python benchmarks/device_preflight.py --json --out preflight.json   # what the CI test runs
@@ -172,16 +172,16 @@ def main(argv=None) -> int:
   p.add_argument("--out", default=None, help="also write the JSON object to this file")
   args = p.parse_args(argv)
 
-  from ihsweep.planning import targets
+  from ihsweep.planning import chips, toolchain
 
-  if args.target not in targets.GPUS:
-    p.error(f"--target={args.target}: one of {', '.join(targets.GPUS)}")
-  why = targets.use_gpu_compiler()
+  if args.target not in chips.GPUS:
+    p.error(f"--target={args.target}: one of {', '.join(chips.GPUS)}")
+  why = toolchain.use_gpu_compiler()
   if why:
     print(f"device_preflight: {why}", file=sys.stderr)
     return 2
-  target = targets.make_target(args.target, 1)
-  if target.estimate != targets.GPU_COMPILER:
+  target = toolchain.make_target(args.target, 1)
+  if target.estimate != toolchain.GPU_COMPILER:
     print(f"device_preflight: {target.estimate}", file=sys.stderr)
     return 2
   programs: list = []

@@ -1,5 +1,5 @@
 """What the GPU compiler makes of ihsweep's train program, read without a GPU: every program
-compiled by XLA:GPU for a compile-only H100 (``ihsweep.planning.targets``, JAX's CUDA plugin from
+compiled by XLA:GPU for a compile-only H100 (``ihsweep.planning.toolchain``, JAX's CUDA plugin from
 ``make install``), and its optimised HLO read.
 
   python benchmarks/gpu_kernels.py            # the table
@@ -135,13 +135,13 @@ def main(argv=None) -> int:
     "--attention", default=None, help="compile with this train.attention (default: auto)"
   )
   args = p.parse_args(argv)
-  from ihsweep.planning import targets
+  from ihsweep.planning import toolchain
 
-  why = targets.use_gpu_compiler()
+  why = toolchain.use_gpu_compiler()
   if why:
     print(f"gpu_kernels: {why}", file=sys.stderr)
     return 2
-  target = targets.make_target("h100-80gb", 1)
+  target = toolchain.make_target("h100-80gb", 1)
   rows = [reference(target, e, args.attention) for e in (1, 16, 64)]
   rows += [exp1_cell(target, b, c, args.attention or "auto") for b, c in ((8, 64), (128, 1024))]
   if args.json:

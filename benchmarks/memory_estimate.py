@@ -40,7 +40,7 @@ def main(argv=None) -> int:
 
   import jax
 
-  from ihsweep.planning import placement, targets
+  from ihsweep.planning import placement, targets, toolchain
   from ihsweep.training import runner
 
   path, _, arg = args.config.partition(":")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
       node[name] = value
   _, jobs = placement.make_jobs(cfg, None, check_data=False)
   wanted = set(filter(None, args.groups.split(",")))
-  tpu = targets.make_target(args.tpu)
+  tpu = toolchain.make_target(args.tpu)
   cpu = jax.devices("cpu")[:1]
   rows = []
   for job in jobs:

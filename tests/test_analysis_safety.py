@@ -98,11 +98,11 @@ def test_a_run_too_short_for_probes_is_skipped_with_the_reason(tmp_path):
 def test_a_copy_of_a_run_beside_it_is_refused(diverged_run, tmp_path):
   """`cp -a` keeps the run's id (its run marker): analysed together, every model would count
   twice; the report refuses before it writes anything."""
-  from ihsweep.runs import reader, rundir
+  from ihsweep.runs import ownership, reader
 
   copy = str(tmp_path / "copy")
   shutil.copytree(diverged_run, copy, symlinks=True)
-  assert rundir.run_identity(copy) == rundir.run_identity(diverged_run) is not None
+  assert ownership.run_identity(copy) == ownership.run_identity(diverged_run) is not None
   with pytest.raises(reader.NotARun, match="are copies of one run"):
     report.report([diverged_run, copy], str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()

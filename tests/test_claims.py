@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ihsweep.base import atomic
-from ihsweep.runs import claims, rundir
+from ihsweep.runs import claims, ownership, rundir
 
 HOLD_LOCK = """
 import fcntl, sys, time
@@ -71,7 +71,7 @@ def test_the_lock_holder_reclaims_a_claim_taken_while_it_was_silent(tmp_path):
   directory, so it cannot train the group) writes its claim back at its next heartbeat."""
   workdir = str(tmp_path)
   group = rundir.group_dir(workdir, "g000")
-  with rundir.workdir_lock(group, local=True):
+  with ownership.workdir_lock(group, local=True):
     _stale_claim(workdir, "g000", 1)  # the claim now names another worker
     assert not claims.holds_claim(workdir, "g000")
     assert claims.refresh_claim(workdir, "g000")
@@ -97,7 +97,7 @@ def test_a_probe_never_makes_the_owner_fail_to_lock(tmp_path):
   )
   try:
     for _ in range(50):
-      with rundir.workdir_lock(group, local=True):
+      with ownership.workdir_lock(group, local=True):
         pass
   finally:
     probing.wait()

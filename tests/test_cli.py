@@ -573,11 +573,11 @@ def test_a_workdir_under_home_is_expanded(tmp_path):
 
 def _fake_runs(tmp_path):
   """A sweep with one group directory, and a train run, as their markers make them."""
-  from ihsweep.runs import rundir
+  from ihsweep.runs import ownership
 
   runs = {"sweep": tmp_path / "sweep", "train": tmp_path / "train"}
   for kind, d in runs.items():
-    rundir.claim_workdir(str(d), kind)
+    ownership.claim_workdir(str(d), kind)
   group = runs["sweep"] / "groups" / "g000"
   group.mkdir(parents=True)
   (group / "status.json").write_text('{"state": "running"}')

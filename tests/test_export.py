@@ -292,7 +292,7 @@ def test_the_extra_missing_says_how_to_install(monkeypatch):
 def swept(tmp_path_factory):
   """`ihsweep run` over model.pos_encoding ∈ {learned, rotary}, one seed each: cell 0 learned,
   cell 1 rotary (groups g000, g001), 10 updates, params saved at 0 and 10."""
-  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.configuration import axes
   from ihsweep.workers import sweep
 
   cfg = tiny_config(
@@ -308,7 +308,7 @@ def swept(tmp_path_factory):
       "checkpoint.state_every_steps": 0,
     }
   )
-  grid_lib.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
+  axes.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
   workdir = str(tmp_path_factory.mktemp("export") / "sweep")
   sweep.run(cfg, workdir, progress=False)
   return workdir

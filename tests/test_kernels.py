@@ -3,7 +3,7 @@ plan's per-update lower bounds (targets.update_time_terms): known answers on han
 
 import pytest
 
-from ihsweep.planning import kernels, targets
+from ihsweep.planning import chips, kernels, targets, toolchain
 from ihsweep.training import memory
 
 # One call: a fusion and a sampler's loop of traced trip count (a condition, a fusion and a
@@ -115,8 +115,8 @@ def test_the_update_loop_is_named_where_the_train_program_makes_it():
 
 
 def test_the_roofline_terms_are_flops_memory_and_launches():
-  chip = targets.GPUS["h100-80gb"]
-  target = targets.Target("h100-80gb", chip, [], 1, 1, "test")
+  chip = chips.GPUS["h100-80gb"]
+  target = toolchain.Target("h100-80gb", chip, [], 1, 1, "test")
   lowered = memory.ProgramMemory(0, 0, 10**9, 0, 0, cost_from="lowered HLO", kernels_per_update=300)
   terms = targets.update_time_terms(lowered, 989e12 * 1e-3, 5e12, target)
   # 1 ms of FLOPs; twice the 1 GB state over 3.35 TB/s; 300 launches × 4 µs

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import summary
+from analysis import setup_words, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -285,7 +285,7 @@ def test_a_text_axis_missing_from_some_runs_is_listed_without_the_gaps():
   axis' values are listed, the missing ones left out (sorting str with NaN raised TypeError)."""
   points = _points().assign(**{"data.induction_start": "half"})
   points.loc[points.index[:6], "data.induction_start"] = np.nan
-  assert summary._axis_values(points, "data.induction_start") == "{half}"
+  assert setup_words.axis_values(points, "data.induction_start") == "{half}"
 
 
 def test_limitations_count_censored_cells_seeds_and_checkpoint_spacing():
@@ -567,16 +567,16 @@ def test_the_reports_tables_write_numbers_one_way():
   """Counts of updates and tokens with thousands separators in every column (`median_step`
   3,937 beside `median_all` 3,937, not 3937); small numbers to 3 significant digits; B, C and
   counts of models as they are."""
-  from analysis import report
+  from analysis import report, report_doc
 
   pts = _points(alpha=0.3)  # emergence at 3,000–10,000 updates
   pts["emergence_tokens"] = pts["emergence_step"] * pts["batch_size"] * pts["context_size"]
-  table = report._fmt(report._per_point(pts, []))
+  table = report_doc.fmt(report._per_point(pts, []))
   assert (table["median_step"] == table["median_all"]).all()
   assert all("," in v for v in table["median_step"]) and all(
     "," in v for v in table["median_tokens"]
   )
-  other = report._fmt(
+  other = report_doc.fmt(
     pd.DataFrame(
       {
         "step": [4096, 512],
@@ -727,16 +727,16 @@ def test_a_table_column_of_numbers_and_censored_bounds_is_written_one_way(tmp_pa
   """The circuit table's median column holds floats beside '> 995' (a censored seed's bound):
   its floats are written like every other table's (3 significant digits, whole with separators
   from 1,000), the CSV behind it keeps full precision."""
-  from analysis import circuit, report
+  from analysis import circuit, report_doc
 
   models = _circuit_models([0.33982189325512286, 3.9374, 1.0])
   models.loc[2, ["pt_step", "pt_censored", "pt_censor_step"]] = [np.nan, True, 995.0]
   models["batch_size"] = [8, 16, 32]  # one model per grid point
   table = circuit.order_by_point(models)
   assert table["pt_median"].map(type).nunique() == 2  # floats and text in one column
-  shown = report._fmt(table)
+  shown = report_doc.fmt(table)
   assert list(shown["pt_median"]) == ["340", "3,937", "> 995"], list(shown["pt_median"])
-  doc = report._Doc(str(tmp_path))
+  doc = report_doc.Doc(str(tmp_path))
   doc.table(pd.DataFrame({"median": [339.82189325512286, "> 995", 3937.4, 0.123456]}))
   md = doc.markdown()
   assert "339.82" not in md and "0.123456" not in md

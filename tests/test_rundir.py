@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ihsweep.configuration.fields import ConfigError, WorkdirError
-from ihsweep.runs import checkpoint, rundir
+from ihsweep.runs import checkpoint, ownership
 from ihsweep.training import resume, runner, stopping
 from ihsweep.workers import sweep
 
@@ -111,15 +111,15 @@ def test_a_symbolic_link_to_nothing_is_named(tmp_path):
 
 def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile):
   train_dir, sweep_dir = str(tmp_path / "t"), str(tmp_path / "s")
-  rundir.claim_workdir(train_dir, "train")
-  rundir.check_workdir(sweep_dir, "sweep")
+  ownership.claim_workdir(train_dir, "train")
+  ownership.check_workdir(sweep_dir, "sweep")
   # Runs made before the marker existed: ihsweep's config.json beside checkpoints/ or cells.csv.
   old_train, old_sweep = tmp_path / "old_t", tmp_path / "old_s"
   for d in (old_train, old_sweep):
     resume.write_resolved_config(tiny(), str(d))
   (old_train / "checkpoints").mkdir()
   (old_sweep / "cells.csv").write_text("cell,group\n0,g000\n")
-  assert [rundir.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
+  assert [ownership.run_kind(str(d)) for d in (train_dir, sweep_dir, old_train, old_sweep)] == [
     "train",
     "sweep",
     "train",
@@ -143,26 +143,26 @@ def test_sweep_and_train_directories_are_not_mixed_up(tiny, tmp_path, no_compile
   group = tmp_path / "s" / "groups" / "g000"
   group.mkdir(parents=True)
   (group / "status.json").write_text('{"state": "running"}')
-  assert rundir.run_kind(str(group)) == "train"
-  assert rundir.run_kind(str(tmp_path / "new")) == "empty"
+  assert ownership.run_kind(str(group)) == "train"
+  assert ownership.run_kind(str(tmp_path / "new")) == "empty"
   (tmp_path / "locked").mkdir()
   (tmp_path / "locked" / ".ihsweep.lock").write_text("pid 1")  # a run that stopped early
-  assert rundir.run_kind(str(tmp_path / "locked")) == "empty"
+  assert ownership.run_kind(str(tmp_path / "locked")) == "empty"
   (tmp_path / "locked" / "logs").mkdir()  # the multi-process launcher's, written first
   (tmp_path / "locked" / "logs" / "process_0.log").write_text("launch\n")
-  assert rundir.run_kind(str(tmp_path / "locked")) == "empty"
+  assert ownership.run_kind(str(tmp_path / "locked")) == "empty"
   (tmp_path / "locked" / "logs" / "mine.txt").write_text("")
-  assert rundir.run_kind(str(tmp_path / "locked")) is None
+  assert ownership.run_kind(str(tmp_path / "locked")) is None
 
 
 def test_a_run_made_before_the_marker_resumes(tiny, tmp_path):
   cfg = tiny(**{"train.num_steps": 10})
   d = tmp_path / "run"
   runner.fit(cfg, str(d), progress=False)
-  os.remove(d / rundir.RUN_MARKER)  # as the previous version left it
+  os.remove(d / ownership.RUN_MARKER)  # as the previous version left it
   out = runner.fit(cfg, str(d), progress=False)
   assert out["resumed_from"] == 10 and out["losses"] is None
-  assert rundir.run_kind(str(d)) == "train"
+  assert ownership.run_kind(str(d)) == "train"
 
 
 # `ihsweep` with a final save that takes 3 s once a stop is requested, announced on stderr, so
@@ -241,8 +241,8 @@ def test_a_workdir_inside_another_run_is_refused(tmp_path):
   up old full-state checkpoints) or anywhere else inside a run directory is refused in one line
   naming both; a sweep's own group directories are not inside it."""
   run, swp = tmp_path / "run", tmp_path / "sweep"
-  rundir.claim_workdir(str(run), "train")
-  rundir.claim_workdir(str(swp), "sweep")
+  ownership.claim_workdir(str(run), "train")
+  ownership.claim_workdir(str(swp), "sweep")
   (run / "checkpoints" / "state" / "5").mkdir(parents=True)
   (tmp_path / "link").symlink_to(run / "checkpoints")
   inside = [
@@ -256,18 +256,18 @@ def test_a_workdir_inside_another_run_is_refused(tmp_path):
   for workdir, outer in inside:
     for kind in (None, "train", "sweep"):
       with pytest.raises(WorkdirError, match=f"is inside {re.escape(str(outer))}, the run"):
-        rundir.claim_workdir(str(workdir), kind)
+        ownership.claim_workdir(str(workdir), kind)
   assert not (run / "checkpoints" / "params").exists() and not (swp / "elsewhere").exists()
   # A link to the sweep's groups/ names one of its groups all the same.
   (tmp_path / "groups_link").symlink_to(swp / "groups")
   for kind in (None, "sweep"):
     with pytest.raises(WorkdirError, match=f"is group g005 of the sweep in {re.escape(str(swp))}"):
-      rundir.claim_workdir(str(tmp_path / "groups_link" / "g005"), kind)
+      ownership.claim_workdir(str(tmp_path / "groups_link" / "g005"), kind)
   assert not (swp / "groups" / "g005").exists()
   # The sweep trains its own groups; next to a run (not inside it) is fine.
-  rundir.claim_workdir(str(swp / "groups" / "g000"), "train")
-  rundir.claim_workdir(str(tmp_path / "run2"), "train")
-  assert rundir.enclosing_run(str(swp / "groups" / "g000" / "sub")) == (
+  ownership.claim_workdir(str(swp / "groups" / "g000"), "train")
+  ownership.claim_workdir(str(tmp_path / "run2"), "train")
+  assert ownership.enclosing_run(str(swp / "groups" / "g000" / "sub")) == (
     str(swp / "groups" / "g000"),
     "train",
   )

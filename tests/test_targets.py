@@ -112,7 +112,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
   the explicit-pattern comparison ran only where asked (--compare_attention)."""
   from ihsweep import cli
   from ihsweep.commands import flags
-  from ihsweep.planning import targets
+  from ihsweep.planning import plan_text
 
   p = json.loads(tiny_h100.stdout)
   assert p["n_workers"] == 1 and p["devices_per_worker"] == 2, p["layouts"]
@@ -124,7 +124,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
     f"sbatch --array=0-0 --gres=gpu:2 launch/slurm_array.sbatch {words}",
     f"IHSWEEP_GPUS=0,1 launch/local_multiprocess.sh 1 --independent {words}",
   ]
-  text = targets.format_plan(p)
+  text = plan_text.format_plan(p)
   assert "to run it (1 worker(s) × 2 device(s); " in text
   assert text.endswith("\n  " + "\n  ".join(p["launch"]["lines"]))
   env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
@@ -147,9 +147,9 @@ def test_every_target_is_priced_from_a_published_figure():
   so."""
   import types
 
-  from ihsweep.planning import targets, timing
+  from ihsweep.planning import chips, targets, timing, toolchain
 
-  for name, chip in {**targets.GPUS, **targets.TPU_CHIPS}.items():
+  for name, chip in {**chips.GPUS, **chips.TPU_CHIPS}.items():
     net = timing.NETWORKS.get(chip.network)
     assert net is not None and net.name == chip.network, name
     assert "bidirectional" in net.source or "all-reduce bandwidth" in net.source, name
@@ -161,16 +161,16 @@ def test_every_target_is_priced_from_a_published_figure():
   a100 = timing.FlopsModel(312e12, timing.NETWORKS["a100"], 8)
   assert a100.all_reduce_s(job, 8) == pytest.approx(2 * 3 / 4 * 54e6 * 4 / 300e9 + 6 * 10e-6)
   # v4: libtpu lists a chip as 2 TensorCores, which share its links
-  v4 = targets.Target("v4:2x2x1", targets.TPU_CHIPS["v4"], [], 0, 8, "TPU compiler")
+  v4 = toolchain.Target("v4:2x2x1", chips.TPU_CHIPS["v4"], [], 0, 8, "TPU compiler")
   assert v4.network.intra_host_bytes_per_s == pytest.approx(1.1e15 / 4096 / 2)
   layouts = [
     {"devices_per_worker": 1, "makespan_s": 9.0, "data_axis_groups": 0, "not_launchable": None},
     {"devices_per_worker": 4, "makespan_s": 5.0, "data_axis_groups": 0, "not_launchable": None},
     {"devices_per_worker": 8, "makespan_s": 3.0, "data_axis_groups": 2, "not_launchable": None},
   ]
-  h100 = types.SimpleNamespace(network=timing.NETWORKS["h100"], chip=targets.GPUS["h100-80gb"])
+  h100 = types.SimpleNamespace(network=timing.NETWORKS["h100"], chip=chips.GPUS["h100-80gb"])
   assert targets.best_layout(layouts, h100) == (layouts[2], None)
-  unknown = types.SimpleNamespace(network=None, chip=targets.GPUS["h100-80gb"])
+  unknown = types.SimpleNamespace(network=None, chip=chips.GPUS["h100-80gb"])
   best, why = targets.best_layout(layouts, unknown)
   assert best is layouts[1] and "no published interconnect figure" in why
   best, why = targets.best_layout(layouts[2:], unknown)
@@ -201,7 +201,7 @@ def test_memory_estimate_benchmark_compares_the_cpu_and_tpu_compilers():
 
 def test_a_tpu_topology_the_chip_is_not_sold_in_is_one_line_before_libtpu():
   """libtpu's compiler aborted the process (a C++ Check failure, exit 134) on these."""
-  from ihsweep.planning import targets
+  from ihsweep.planning import chips
 
   for name, words in (
     ("v5e:32x32", "v5e slices are 2D: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16"),
@@ -216,7 +216,7 @@ def test_a_tpu_topology_the_chip_is_not_sold_in_is_one_line_before_libtpu():
     assert len(r.stderr.splitlines()) == 1
   for ok in ("v5e:2x2", "v5e:16x16", "v6e:8x16", "v4:2x2x1", "v4:4x4x8", "v5p:16x16x24"):
     chip, shape = ok.split(":")
-    assert targets.tpu_topology_problem(chip, shape) is None, ok
+    assert chips.tpu_topology_problem(chip, shape) is None, ok
 
 
 def test_gpu_plans_refuse_what_they_cannot_honour():
@@ -242,10 +242,10 @@ def test_without_the_cuda_plugin_the_gpu_plan_says_it_is_the_cpu_estimate(monkey
   compiler's estimate, labelled with why."""
   import jax
 
-  from ihsweep.planning import targets
+  from ihsweep.planning import targets, toolchain
 
   monkeypatch.setattr(targets, "CHECKOUT_JAX_CUDA", "/nonexistent/jax-cuda")
-  t = targets.make_target("h100-80gb", 2)
+  t = toolchain.make_target("h100-80gb", 2)
   assert t.estimate.startswith("XLA CPU compiler (estimate: JAX's ")
   assert [d.platform for d in t.devices] == ["cpu", "cpu"] and t.devices == jax.devices("cpu")[:2]
   assert t.capacity_bytes == H100_BYTES

@@ -15,7 +15,7 @@ import pytest
 from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep.base import atomic
-from ihsweep.runs import claims, rundir
+from ihsweep.runs import claims, ownership, rundir
 from ihsweep.training import resume
 from ihsweep.workers import sweep_status
 
@@ -278,7 +278,7 @@ def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two
   assert {w.rsplit("/", 1)[1] for w in workers} == {"p0", "p1"}  # both processes trained
   assert {rundir.read_status(work, g)["devices"] for g in groups} == {2}
   for g in groups:  # each group directory marked as a run by the process that trained it
-    assert os.path.exists(os.path.join(work, "groups", g, rundir.RUN_MARKER)), g
+    assert os.path.exists(os.path.join(work, "groups", g, ownership.RUN_MARKER)), g
   _assert_same_results(work, reference_two_devices, groups)
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import socket
 
-# ``rundir.workdir_lock`` holds an exclusive ``flock`` on this file of a run (or a sweep group's)
+# ``ownership.workdir_lock`` holds an exclusive ``flock`` on this file of a run (or a sweep group's)
 # directory while a process writes it, and writes ``pid P on HOST`` into it.
 LOCK_FILE = ".ihsweep.lock"
 
@@ -25,7 +25,7 @@ def lock_holder(directory: str) -> str | None:
   """Who holds ``directory``'s lock (``LOCK_FILE``'s text, e.g. ``pid 12 on host``), or None
   when no live process holds it. The lock dies with its process (SIGKILL included), so a held
   lock means a live holder; a stopped (SIGSTOP) process still holds it. The probe takes the
-  lock for an instant when it is free (``rundir.workdir_lock`` retries briefly for that)."""
+  lock for an instant when it is free (``ownership.workdir_lock`` retries briefly for that)."""
   path = os.path.join(directory, LOCK_FILE)
   try:
     f = open(path)

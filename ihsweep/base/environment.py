@@ -153,7 +153,7 @@ VARIABLES = {
       _number(int, 1),
       "a whole number of GPUs >= 1",
       8,
-      "GPUs per host of a GPU --target for `ihsweep plan` (ihsweep.planning.targets)",
+      "GPUs per host of a GPU --target for `ihsweep plan` (ihsweep.planning.toolchain)",
     ),
     Variable(
       "IHSWEEP_COORDINATOR",

@@ -128,10 +128,10 @@ def main(argv) -> int:
   from ihsweep.planning import placement, timing
 
   if FLAGS.target is not None:
-    from ihsweep.planning import targets
+    from ihsweep.planning import chips, toolchain
 
-    if FLAGS.target in targets.GPUS:  # before anything starts JAX's backends
-      targets.use_gpu_compiler()
+    if FLAGS.target in chips.GPUS:  # before anything starts JAX's backends
+      toolchain.use_gpu_compiler()
   cfg, failed = load_config()
   if failed is not None:
     return failed
@@ -173,10 +173,10 @@ def main(argv) -> int:
       law=law,
       log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    from ihsweep.planning import targets
+    from ihsweep.planning import chips, toolchain
 
     # A TPU network's plan is launched on a TPU pod (launch/tpu_pod.sh: a process per host).
-    tpu = FLAGS.network in {chip.network for chip in targets.TPU_CHIPS.values()}
+    tpu = FLAGS.network in {chip.network for chip in chips.TPU_CHIPS.values()}
     prediction.run_flags, prediction.platform = _run_flags(tpu=tpu), "tpu" if tpu else "gpu"
   except (ConfigError, DataError) as e:
     return bad_input(e)
@@ -194,10 +194,10 @@ def _plan_target(cfg) -> int:
   from ihsweep.base.law import Law, LawError
   from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import targets
+  from ihsweep.planning import chips, plan_text, targets, toolchain
 
   if cfg is None:
-    return fail(f"plan --target needs --config=FILE; --target: {targets.names()}")
+    return fail(f"plan --target needs --config=FILE; --target: {chips.names()}")
   for name in ("devices_per_worker", "devices_per_host", "flops_per_s", "network"):
     if getattr(FLAGS, name) is not None:
       return fail(
@@ -216,7 +216,7 @@ def _plan_target(cfg) -> int:
     problem = add_axis_flags(cfg)
     if problem:
       return fail(problem)
-    target = targets.make_target(FLAGS.target, FLAGS.devices)
+    target = toolchain.make_target(FLAGS.target, FLAGS.devices)
     result = targets.plan_for_target(
       cfg,
       target,
@@ -225,13 +225,13 @@ def _plan_target(cfg) -> int:
       compare_attention=FLAGS.compare_attention,
       run_flags=_run_flags(tpu=target.chip.platform == "tpu"),
     )
-  except targets.TargetError as e:
+  except toolchain.TargetError as e:
     return fail(str(e))
   except (ConfigError, DataError) as e:
     return bad_input(e)
   except LawError as e:
     return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
-  print(json.dumps(result) if FLAGS.json else targets.format_plan(result))
+  print(json.dumps(result) if FLAGS.json else plan_text.format_plan(result))
   return 0 if result["fits"] else 1
 
 

@@ -21,7 +21,7 @@ def main(argv) -> int:
   from ihsweep.workers import sweep_status
 
   del argv
-  from ihsweep.runs import rundir
+  from ihsweep.runs import ownership
 
   if not FLAGS.workdir:
     return fail("status needs --workdir=DIR (a sweep's run directory)")
@@ -30,7 +30,7 @@ def main(argv) -> int:
   except sweep_status.NotASweep as e:
     workdir = FLAGS.workdir
     try:
-      kind, group = rundir.run_kind(workdir), rundir.sweep_group(workdir)
+      kind, group = ownership.run_kind(workdir), ownership.sweep_group(workdir)
     except OSError:
       kind = group = None
     if group:

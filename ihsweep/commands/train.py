@@ -24,7 +24,7 @@ def main(argv) -> int:
   from ihsweep.configuration import config as config_lib
   from ihsweep.configuration import fields
   from ihsweep.data.errors import DataError
-  from ihsweep.runs import rundir
+  from ihsweep.runs import ownership
   from ihsweep.training import memory
   from ihsweep.training.runner import fit, group_devices, resolve
   from ihsweep.training.stopping import Interrupted
@@ -36,7 +36,7 @@ def main(argv) -> int:
     config_lib.validate(cfg)  # a bad field first: it leaves no directory behind
     # too large for any memory setting: refused before the directory exists, as `ihsweep run`
     memory.check_possible(cfg, group_devices(cfg), FLAGS.workdir)
-    rundir.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
+    ownership.check_workdir(FLAGS.workdir)  # before anything compiles, as `ihsweep run`
     group = resolve(cfg, name=FLAGS.workdir, checked=True)  # its memory chosen, once
     out = fit(group, FLAGS.workdir, progress=FLAGS.progress)
   except Interrupted as e:

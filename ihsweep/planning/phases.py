@@ -231,28 +231,11 @@ def plan_phases(
   return time_phases(jobs, phases, n_processes, d, model)
 
 
-def _cut_search(jobs, sizes, n_processes, d, model) -> list:
-  """``[(p, group ids)]``: the best cut of the ordered groups into runs of increasing team
-  sizes (``plan_phases``). Cut points: every position while |sizes| · n³ list-scheduling steps
-  stay within ``SEARCH_WORK``, else the positions where the order's (largest team, E · B)
-  changes and m evenly spaced ones (m ≈ √(SEARCH_WORK / (|sizes| · n)))."""
-  fit = {p: [p == 1 or fills(j, p * d) for j in jobs] for p in sizes}
-  largest = [max(p for p in sizes if fit[p][i]) for i in range(len(jobs))]
-  key = [(largest[i], jobs[i].n_models * jobs[i].batch_size) for i in range(len(jobs))]
-  order = sorted(range(len(jobs)), key=lambda i: (*key[i], jobs[i].cost_flops, i))
-  n, inf = len(order), math.inf
-  if len(sizes) * n**3 <= SEARCH_WORK:
-    cuts_at = list(range(n + 1))
-  else:
-    m = max(16, math.isqrt(int(SEARCH_WORK // (len(sizes) * n))))
-    cuts_at = sorted(
-      {round(k * n / m) for k in range(m + 1)}
-      | {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]}
-    )
-  at_cut = set(cuts_at)
-  # span[p][i, j]: the makespan of ordered groups i … j − 1 on the P / p teams of p processes
-  # (absent where one of them does not fill a team), list-scheduled in plan order
-  span = {}
+def _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at) -> dict:
+  """``span[p][i, j]``: the makespan of ordered groups i … j − 1 (``order``; i, j in
+  ``cuts_at``) on the P / p teams of p processes, list-scheduled in plan order; absent where
+  one of them does not fill a team (``fit[p]``)."""
+  n, at_cut, span = len(order), set(cuts_at), {}
   for p in sizes:
     teams, devices = n_processes // p, p * d
     entries = [
@@ -272,6 +255,28 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
           table[i, j] = (
             longest if j - i <= teams else _makespan([entries[m] for m in members], teams)
           )
+  return span
+
+
+def _cut_search(jobs, sizes, n_processes, d, model) -> list:
+  """``[(p, group ids)]``: the best cut of the ordered groups into runs of increasing team
+  sizes (``plan_phases``). Cut points: every position while |sizes| · n³ list-scheduling steps
+  stay within ``SEARCH_WORK``, else the positions where the order's (largest team, E · B)
+  changes and m evenly spaced ones (m ≈ √(SEARCH_WORK / (|sizes| · n)))."""
+  fit = {p: [p == 1 or fills(j, p * d) for j in jobs] for p in sizes}
+  largest = [max(p for p in sizes if fit[p][i]) for i in range(len(jobs))]
+  key = [(largest[i], jobs[i].n_models * jobs[i].batch_size) for i in range(len(jobs))]
+  order = sorted(range(len(jobs)), key=lambda i: (*key[i], jobs[i].cost_flops, i))
+  n, inf = len(order), math.inf
+  if len(sizes) * n**3 <= SEARCH_WORK:
+    cuts_at = list(range(n + 1))
+  else:
+    m = max(16, math.isqrt(int(SEARCH_WORK // (len(sizes) * n))))
+    cuts_at = sorted(
+      {round(k * n / m) for k in range(m + 1)}
+      | {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]}
+    )
+  span = _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at)
   suffixes = {}
 
   def suffix(tail):  # {i: (the best makespan of groups i … n − 1 on runs of tail, its cuts)}

@@ -73,7 +73,7 @@ class Network:
 
 # Published interconnect bandwidths, per device and each way: half the bidirectional figure
 # (NVLink, PCIe, the Cloud TPU pages' "bidirectional ICI bandwidth per chip"); a TPU chip's
-# figure is shared by its TensorCores where libtpu lists them as devices (targets.Target).
+# figure is shared by its TensorCores where libtpu lists them as devices (toolchain.Target).
 NETWORKS = {
   "none": None,
   "h100": Network(

@@ -327,7 +327,7 @@ def load_run(path: str) -> Run:
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
-  from ihsweep.configuration import grid as grid_lib
+  from ihsweep.configuration import axes
   from ihsweep.runs import claims, rundir
 
   try:
@@ -347,7 +347,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     cells = pd.DataFrame({c: pd.Series(dtype=int) for c in rundir.REQUIRED_CELL_COLUMNS})
     cells["group"] = pd.Series(dtype=object)
     try:
-      axes = grid_lib.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
+      axes = axes.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
     except Exception:  # a damaged sweep section: the cells get no axis columns
       axes = []
   else:
@@ -425,9 +425,9 @@ def load_runs(paths: list[str]) -> list[Run]:
 
   Raises:
     NotARun: as ``load_run``; or two of the directories are copies of one run
-      (``rundir.run_identity``), whose models would be counted twice.
+      (``ownership.run_identity``), whose models would be counted twice.
   """
-  from ihsweep.runs import rundir
+  from ihsweep.runs import ownership, rundir
 
   seen, unique = set(), []
   for p in paths:
@@ -439,7 +439,7 @@ def load_runs(paths: list[str]) -> list[Run]:
     log.warning("a run directory was given more than once; it is read once")
   copies = {}  # run identity -> the first directory that has it
   for p in unique:
-    ident = rundir.run_identity(p)
+    ident = ownership.run_identity(p)
     if ident is None:
       continue
     if ident in copies:

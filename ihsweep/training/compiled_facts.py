@@ -5,7 +5,7 @@ and constants: a group's seeds are among them, so a plan of a single cell does n
 programs of the grid's plan.
 
 JAX's persistent compilation cache keeps no program compiled for devices that do not exist here
-(TPU topologies and deviceless GPUs, ``ihsweep.planning.targets``): each plan recompiled every
+(TPU topologies and deviceless GPUs, ``ihsweep.planning.toolchain``): each plan recompiled every
 group, minutes per study-scale cell on a CPU. What a plan reads from a compile is small — the
 ``memory.ProgramMemory`` (``memory_analysis()``, the cost analysis, kernels per update) or the
 compiler's RESOURCE_EXHAUSTED — so that is what is kept, one JSON file per program in

@@ -31,7 +31,7 @@ from ihsweep.configuration import config as config_lib
 from ihsweep.configuration import fields
 from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
-from ihsweep.runs import rundir
+from ihsweep.runs import ownership
 from ihsweep.training import compiled_facts, loop, memory, resume
 from ihsweep.training.evaluation import EmergenceStop, Evaluator
 from ihsweep.training.progress import logs_above_bars
@@ -493,10 +493,10 @@ def fit(
   team = sharding.Team.of(list(group.devices))
   # The team's lead marks and locks the directory (process 0 for one global mesh).
   here = team.leads and not team.is_everyone
-  rundir.claim_workdir(workdir, "train", here)
+  ownership.claim_workdir(workdir, "train", here)
   _quiet_failed_writes()
   try:
-    with rundir.workdir_lock(workdir, here), logs_above_bars(progress):
+    with ownership.workdir_lock(workdir, here), logs_above_bars(progress):
       # a changed config is refused before anything is built
       resume.check_config(group.cfg, workdir)
       return loop.train_group(

@@ -49,11 +49,13 @@ from ihsweep.configuration.fields import ConfigError, WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
 from ihsweep.planning import list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
-from ihsweep.runs import claims, rundir
+from ihsweep.runs import claims, ownership
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
 from ihsweep.training import evaluation, memory, resume, runner, stopping
 from ihsweep.training import progress as progress_lib
-from ihsweep.workers import compile_cache
+from ihsweep.workers.compile_ahead import (
+  CompileAhead,
+)
 from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
 
@@ -96,7 +98,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   for group in plan.groups:
     devices = runner.group_devices(group.cfg, None, not everywhere)
     memory.check_possible(group.cfg, devices, f"group {group.id}", n_params=group.n_params)
-  rundir.check_workdir(workdir, "sweep")
+  ownership.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
   with progress_lib.logs_above_bars(progress):
@@ -186,55 +188,6 @@ def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
   return None, None, waiting
 
 
-class _CompileAhead:
-  """Compiles the programs of the group a worker will probably take next on a background thread
-  while it trains the current one (``runner.precompile`` of the worker's ``ResolvedGroup``): its
-  ``fit`` then runs the compiled programs, and another worker taking the group finds them in
-  the persistent compilation cache."""
-
-  def __init__(self, plan: Plan, workdir: str):
-    import concurrent.futures
-
-    self.plan, self.workdir = plan, workdir
-    self.on = compile_cache.enabled()
-    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
-    self.pending: dict = {}  # group id → future
-
-  def after(self, group, worker: _Worker) -> None:
-    """Starts compiling the first of the worker's groups after ``group`` in plan order that
-    nobody holds or has finished, as the worker resolved it (another worker may take it first:
-    then the cache still serves equal shapes)."""
-    groups = worker.groups
-    if not self.on or group not in groups:
-      return
-    for later in groups[groups.index(group) + 1 :]:
-      if later.id in self.pending:
-        return
-      if (
-        read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
-        and claims.read_claim(self.workdir, later.id) is None
-      ):
-        self.pending[later.id] = self.pool.submit(self._compile, _resolved(worker, later))
-        return
-
-  def _compile(self, group: runner.ResolvedGroup) -> None:
-    try:
-      seconds = runner.precompile(group)
-      log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
-    except Exception as e:  # noqa: BLE001 — its fit reports any real error
-      log.debug("compiling group %s ahead failed: %s", group.id, e)
-
-  def wait_for(self, group) -> None:
-    """Before training ``group``: lets a compilation of it that is under way finish (its fit
-    then loads the programs rather than compiling them a second time beside it)."""
-    future = self.pending.pop(group.id, None)
-    if future is not None:
-      future.result()
-
-  def close(self) -> None:
-    self.pool.shutdown(wait=False, cancel_futures=True)
-
-
 @dataclasses.dataclass
 class _Worker:
   """Where a worker trains: its devices and the processes owning them (``sharding.Team``:
@@ -246,6 +199,17 @@ class _Worker:
   groups: list
   local: bool  # a process-local worker inside a jax.distributed job
   resolved: dict = dataclasses.field(default_factory=dict)  # group id -> runner.ResolvedGroup
+
+  def resolve(self, group) -> runner.ResolvedGroup:
+    """The group as this worker resolved it (``_fit_memory``), resolved now if it was not (a
+    group that read as done then)."""
+    if group.id not in self.resolved:
+      resolved = runner.resolve(
+        group.cfg, self.devices, self.local, group_id=group.id, checked=True
+      )
+      group.cfg = resolved.cfg
+      self.resolved[group.id] = resolved
+    return self.resolved[group.id]
 
 
 def phases(cfg, plan: Plan) -> list:
@@ -342,7 +306,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     else f"{len(jax.local_devices())} {jax.default_backend()} device(s)",
     workdir,
   )
-  ahead = _CompileAhead(plan, workdir)
+  ahead = CompileAhead(plan, workdir)
   first = _phase_worker(cfg, plan, steps[0])
   tracker = SweepProgress(cfg, plan, workdir, first.devices, first.local, progress)
   tracker.report()
@@ -392,19 +356,7 @@ def _fit_memory(worker: _Worker, workdir: str) -> None:
   (``memory.DoesNotFit``) before hours of other groups."""
   for group in worker.groups:
     if read_status(workdir, group.id)["state"] != "done":
-      _resolved(worker, group)
-
-
-def _resolved(worker: _Worker, group) -> runner.ResolvedGroup:
-  """The group as the worker resolved it (``_fit_memory``), resolved now if it was not (a group
-  that read as done then)."""
-  if group.id not in worker.resolved:
-    resolved = runner.resolve(
-      group.cfg, worker.devices, worker.local, group_id=group.id, checked=True
-    )
-    group.cfg = resolved.cfg
-    worker.resolved[group.id] = resolved
-  return worker.resolved[group.id]
+      worker.resolve(group)
 
 
 def _work(
@@ -413,7 +365,7 @@ def _work(
   workdir: str,
   progress: bool,
   worker: _Worker,
-  ahead: _CompileAhead,
+  ahead: CompileAhead,
   trained: list,
   tracker: SweepProgress,
 ) -> SweepResult:
@@ -489,7 +441,7 @@ def _start_group(plan: Plan, workdir: str, worker: _Worker, group, event) -> tup
       "resuming from its last checkpoint",
       group.id,
     )
-  group_devices = list(_resolved(worker, group).devices)
+  group_devices = list(worker.resolve(group).devices)
   common["devices"] = len(group_devices)
   if len(team.processes) > 1:
     common["processes"] = list(team.processes)
@@ -526,7 +478,7 @@ def _train_group(
       ahead.wait_for(group)
       ahead.after(group, worker)
       out = runner.fit(
-        _resolved(worker, group),
+        worker.resolve(group),
         group_dir(workdir, group.id),
         progress=progress,
         desc=desc,

@@ -1,0 +1,111 @@
+"""The accelerators ``ihsweep plan --target`` knows, as data: each chip's published peak
+(dense bf16 FLOP/s), memory bandwidth and interconnect (an entry of ``timing.NETWORKS``), the TPU
+slice shapes each generation is sold in, and the GPU target descriptions (``gpu_targets/``).
+
+Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published specifications:
+Google Cloud TPU docs (v4: 275 TFLOP/s, 1,228 GB/s per chip; v5e: 197, 819; v5p: 459, 2,765;
+v6e: 918, 1,640 — per chip, shared by the devices libtpu lists for a chip: a v4 chip's two
+TensorCores each get half, a v5p chip is one megacore device), NVIDIA data sheets
+(H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s; L40S 362,
+0.864 TB/s). The interconnect each gradient all-reduce is priced on: ``Chip.network``, an entry
+of ``timing.NETWORKS`` (NVLink, PCIe or ICI, and across hosts, each with its source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Peak dense bf16 FLOP/s and HBM bytes/s per device, and (GPUs) memory per device."""
+
+  name: str
+  platform: str  # tpu | gpu
+  peak_flops: float
+  hbm_bytes_per_s: float
+  capacity_bytes: int = 0  # unused: TPUs read theirs from the compiler, GPUs: gpu_capacity
+  cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (make_target counts them)
+  network: str = ""  # its timing.NETWORKS entry ('': no published figure, not priced)
+
+
+TPU_CHIPS = {
+  "v4": Chip("TPU v4", "tpu", 275e12, 1228 * GB, cores_per_chip=2, network="v4"),
+  "v5e": Chip("TPU v5e", "tpu", 197e12, 819 * GB, network="v5e"),
+  "v5p": Chip("TPU v5p", "tpu", 459e12, 2765 * GB, network="v5p"),  # one device (megacore)
+  "v6e": Chip("TPU v6e", "tpu", 918e12, 1640 * GB, network="v6e"),
+}
+# XLA's GPU client takes this share of a GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, default
+# 0.75: JAX documentation, "GPU memory allocation"): the bytes_limit a run reads on the GPU.
+GPU_MEMORY_FRACTION = 0.75
+GPU_TARGET_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+
+
+def gpu_target_config(name: str) -> str:
+  """The ``GpuTargetConfig`` text proto of GPU ``name`` (``gpu_targets/NAME.txtpb``; each
+  field's source in its comments and gpu_targets/README.md)."""
+  with open(os.path.join(GPU_TARGET_DIR, f"{name}.txtpb")) as f:
+    return f.read()
+
+
+def gpu_capacity(name: str) -> int:
+  """The bytes a JAX process may use on GPU ``name``: ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+  (default ``GPU_MEMORY_FRACTION``) of its target config's ``device_memory_size``."""
+  total = int(re.search(r"device_memory_size:\s*(\d+)", gpu_target_config(name)).group(1))
+  try:
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION))
+  except ValueError:
+    fraction = GPU_MEMORY_FRACTION
+  return int(total * fraction)
+
+
+# Peak dense bf16 tensor FLOP/s and memory bandwidth (the datasheets gpu_targets/README.md names);
+# capacity: gpu_capacity.
+GPUS = {
+  "h100-80gb": Chip("NVIDIA H100 SXM 80 GB", "gpu", 989e12, 3350 * GB, network="h100"),
+  "h200-141gb": Chip("NVIDIA H200 141 GB", "gpu", 989e12, 4800 * GB, network="h200"),
+  "a100-80gb": Chip("NVIDIA A100 SXM 80 GB", "gpu", 312e12, 2039 * GB, network="a100"),
+  "l40s-48gb": Chip("NVIDIA L40S 48 GB", "gpu", 362e12, 864 * GB, network="l40s"),
+}
+
+
+# The slice shapes each TPU generation is sold in (Cloud TPU documentation, "TPU versions":
+# v4, v5e, v5p and v6e pages), checked before libtpu sees a name: its compiler aborts the whole
+# process (a C++ Check failure) on some shapes that its topology parser accepted, e.g. v5e:32x32.
+_2D_SLICES = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")  # up to 256 chips
+_3D_SMALL = ("2x2x1", "2x2x2", "2x2x4", "2x4x4")
+_3D_MAX_CHIPS = {"v4": 4096, "v5p": 8960}
+
+
+def tpu_topology_problem(chip: str, shape: str) -> str | None:
+  """Why ``chip:shape`` is no slice that TPU generation has (one line listing those it has),
+  or None."""
+  if chip not in _3D_MAX_CHIPS:
+    if shape in _2D_SLICES:
+      return None
+    return f"{chip} slices are 2D: {', '.join(_2D_SLICES)} (chips along each side)"
+  dims = shape.split("x")
+  most = _3D_MAX_CHIPS[chip]
+  rule = (
+    f"{chip} slices are 3D: {', '.join(_3D_SMALL)}, or AxBxC with A, B, C multiples of 4 and at "
+    f"most {most:,} chips (e.g. 4x4x4, 4x8x8, 8x8x16)"
+  )
+  if shape in _3D_SMALL:
+    return None
+  if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 and int(d) % 4 == 0 for d in dims):
+    return rule
+  if math.prod(int(d) for d in dims) > most:
+    return rule
+  return None
+
+
+def names() -> str:
+  return (
+    "a TPU topology (" + ", ".join(f"{c}:AxB[xC]" for c in TPU_CHIPS) + ", e.g. v5e:8x8) or a GPU "
+    "(" + ", ".join(GPUS) + ") with --devices=N"
+  )
