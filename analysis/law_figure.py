@@ -163,7 +163,7 @@ def _law_cells(fit, points: pd.DataFrame | None) -> tuple:
 def _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens) -> None:
   """Panel (1) of ``figure_law``: observed against predicted updates, for the fitted law and
   the study's, censored cells as open triangles."""
-  from .law_fit import STUDY
+  from ihsweep.base.law import STUDY
 
   study = np.exp(STUDY["log_T"] - STUDY["alpha"] * np.log(b) - STUDY["beta"] * np.log(c))
   r = getattr(fit, "r", math.nan)
@@ -176,7 +176,12 @@ def _observed_vs_predicted(ax1, fit, b, c, obs, pred, cens) -> None:
     alpha=0.8,
   )
   ax1.loglog(
-    study[~cens], obs[~cens], "s", mfc="none", label="study: ln T=13.26, α=0.37, β=0.62", alpha=0.8
+    study[~cens],
+    obs[~cens],
+    "s",
+    mfc="none",
+    label=f"study: ln T={STUDY['log_T']}, α={STUDY['alpha']}, β={STUDY['beta']}",
+    alpha=0.8,
   )
   if cens.any():
     ax1.loglog(

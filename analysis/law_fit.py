@@ -11,9 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ihsweep.base import law as law_lib
-
-STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
-
+from ihsweep.base.law import STUDY
 
 V1_LOG10_T_TOKENS = 5.7  # version 1: N_PT = T·sqrt(B·C) tokens with T ≈ 10^5.7
 

@@ -31,6 +31,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ihsweep.base.law import STUDY, STUDY_N_PARAMS, STUDY_TOKENS
+
 from .limitations import limitations_paragraph
 from .prose import config_field, interval_of, number, number_span, sentence
 from .setup_words import (
@@ -41,12 +43,6 @@ from .setup_words import (
   setup_paragraph,
 )
 
-# The study's law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1; docs/study.md).
-STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62}
-# Our count (ihsweep.configuration.grid.n_params) of the study's reference model: 2 layers, 8 heads,
-# d_model 768, d_mlp 3072, GPT-2 vocabulary 50,257, 1,024 positions, tied embeddings.
-STUDY_N_PARAMS = 53_561_088
-STUDY_TOKENS = 1_000_000_000  # training tokens per model in the study's Experiment 1
 # |exponent| at most this: "roughly fixed" (doubling changes the count by at most 2^0.25 = 19%,
 # about the spacing of checkpoints at 4 per octave).
 ROUGHLY = 0.25
@@ -280,7 +276,8 @@ def study_paragraph(points: pd.DataFrame, law: dict | None, cfg) -> str:
           f"{study:.2f}, {where} the interval"
         )
     parts.append(
-      "The study's law has ln T = 13.26, α = 0.37, β = 0.62 (UPT falls with both, "
+      f"The study's law has ln T = {STUDY['log_T']}, α = {STUDY['alpha']}, β = {STUDY['beta']} "
+      "(UPT falls with both, "
       "more with C); here " + "; ".join(inside) + f"; ln T = {law['log_T']:.2f}."
     )
   em = points[~points["censored"].astype(bool)]

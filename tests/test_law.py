@@ -78,3 +78,14 @@ def test_a_law_is_checked_however_it_is_made():
     Law(log_T=-800.0)
   with pytest.raises(LawError, match="beta = nan"):
     Law(beta=math.nan)
+
+
+def test_the_studys_law_is_kept_in_one_place():
+  """The study's published numbers live in ihsweep.base.law alone: the default Law, the
+  analysis' comparison and the report's words all read them there."""
+  from analysis import law_fit, summary
+  from ihsweep.base import law as law_lib
+
+  assert law_fit.STUDY is law_lib.STUDY and summary.STUDY is law_lib.STUDY
+  assert law_lib.STUDY == {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
+  assert (Law().log_T, Law().alpha, Law().beta) == (13.26, 0.37, 0.62)

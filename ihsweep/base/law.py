@@ -86,6 +86,14 @@ def _show(v) -> str:
   return repr(v)
 
 
+# The study's published law (Aoyama, Wilcox & Schneider, arXiv 2511.16893 v2, Experiment 1;
+# docs/study.md) and its r on the study's own cells: the one place these numbers are kept.
+STUDY = {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
+# Our count (ihsweep.configuration.grid.n_params) of the study's reference model: 2 layers, 8 heads,
+# d_model 768, d_mlp 3072, GPT-2 vocabulary 50,257, 1,024 positions, tied embeddings.
+STUDY_N_PARAMS = 53_561_088
+STUDY_TOKENS = 1_000_000_000  # training tokens per model in the study's Experiment 1
+
 # The B and C of the study's experiment 1 grid (reproduced by configs/exp1_natural.py at study
 # scale): where its published law was fitted, so where ``ihsweep predict`` with it interpolates.
 STUDY_BATCH_RANGE = (8, 128)
@@ -96,9 +104,9 @@ STUDY_CONTEXT_RANGE = (64, 1024)
 class Law:
   """``UPT = exp(log_T) / (B^alpha · C^beta)`` (natural log; the study's values by default)."""
 
-  log_T: float = 13.26
-  alpha: float = 0.37
-  beta: float = 0.62
+  log_T: float = STUDY["log_T"]
+  alpha: float = STUDY["alpha"]
+  beta: float = STUDY["beta"]
   source: str = "Aoyama et al. 2025 (arXiv 2511.16893), experiment 1"
   # A fitted law's uncertainty and domain (None: not known, as for the study's law).
   cov: tuple | None = None  # 3 × 3 covariance of (log_T, alpha, beta), tuples of floats

@@ -16,6 +16,8 @@ import textwrap
 from absl import flags
 from ml_collections import config_flags
 
+from ihsweep.base.law import STUDY
+
 FLAGS = flags.FLAGS
 ARGV: list[str] = []  # the command line --config.X overrides are read from (cli.main sets it)
 
@@ -43,7 +45,8 @@ flags.DEFINE_string(
   None,
   'an emergence law JSON {"log_T": ..., "alpha": ..., "beta": ...} (or "T" for log_T; other '
   'keys ignored, but a fitted "gamma" (model size) is refused; e.g. from ihsweep fit-law). '
-  "predict: default the study's ln T = 13.26, alpha = 0.37, beta = 0.62; a law from fit-law "
+  f"predict: default the study's ln T = {STUDY['log_T']}, alpha = {STUDY['alpha']}, "
+  f"beta = {STUDY['beta']}; a law from fit-law "
   "also gives 95% intervals and warns outside the B and C it was fitted on. plan: where an "
   "'emergence' budget stops each group (default: the sweep's law, which puts most stops at "
   "the cap)",
