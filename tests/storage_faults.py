@@ -1,9 +1,13 @@
-"""``python tests/storage_faults.py KIND STEP [GROUP] -- ARGS``: the ``ihsweep ARGS`` command whose
-full-state save at update STEP (in the run directory named GROUP, a sweep's group, if given) meets
-a fault of the storage. The tests' fault injection, kept out of the product: it patches the
-writer, ``RunCheckpoints.save_state``.
+"""``python tests/storage_faults.py KIND STEP [GROUP [PROCESS]] -- ARGS``: the ``ihsweep ARGS``
+command whose full-state save at update STEP (in the run directory named GROUP, a sweep's group,
+if given; in process PROCESS of a jax.distributed job, if given) meets a fault. The tests' fault
+injection, kept out of the product: it patches the writer, ``RunCheckpoints.save_state``. As a
+launcher's ``IHSWEEP`` (``launch/local_multiprocess.sh``) it runs in every process it starts.
 
 KIND:
+
+* ``KILL``: the process is SIGKILLed right after the save has started (its asynchronous write
+  possibly unfinished): a crash, a preemption without warning, the OOM killer.
 
 * ``ENOSPC``: the save raises what orbax raises on a full disk (tried on a 2 MB tmpfs): a
   ``ValueError`` from tensorstore, ``RESOURCE_EXHAUSTED: … No space left on device
@@ -19,6 +23,7 @@ KIND:
 import errno
 import os
 import resource
+import signal
 import sys
 
 import jax
@@ -27,13 +32,17 @@ from ihsweep import cli
 from ihsweep.runs import checkpoint
 
 
-def _failing(kind: str, at: int, group: str | None):
+def _failing(kind: str, at: int, group: str | None, process: int | None):
   save = checkpoint.RunCheckpoints.save_state
 
   def save_state(self, step, state, extra=None):
     here = os.path.basename(os.path.dirname(os.path.normpath(self.directory)))
-    if step != at or (group and here != group):
+    elsewhere = process is not None and jax.process_index() != process
+    if step != at or (group and here != group) or elsewhere:
       return save(self, step, state, extra)
+    if kind == "KILL":
+      save(self, step, state, extra)
+      os.kill(os.getpid(), signal.SIGKILL)
     if kind == "ENOSPC":
       tmp = os.path.join(self.directory, "state", f"{step}.orbax-checkpoint-tmp")
       raise ValueError(
@@ -60,6 +69,9 @@ def _failing(kind: str, at: int, group: str | None):
 
 if __name__ == "__main__":
   split = sys.argv.index("--")
-  kind, at, *group = sys.argv[1:split]
-  checkpoint.RunCheckpoints.save_state = _failing(kind, int(at), group[0] if group else None)
+  kind, at, *where = sys.argv[1:split]
+  group, process = (where + [None, None])[:2]
+  checkpoint.RunCheckpoints.save_state = _failing(
+    kind, int(at), group or None, None if process is None else int(process)
+  )
   sys.exit(cli.main(["ihsweep", *sys.argv[split + 1 :]]))

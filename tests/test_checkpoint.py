@@ -168,13 +168,14 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny, tmp_path):
   env = dict(os.environ)  # the same 4 fake CPU devices as this process
   # Synchronous saves: the kill lands right after state/40 is complete, so the resume starts
   # there and every row up to 40 must already be on disk (checkpoint.* may change on resume).
+  faults = [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "KILL", "40", "--"]
   killed = subprocess.run(
-    cmd + ["--config.checkpoint.async_save=False"],
+    faults + CMD[3:] + [f"--workdir={tmp_path / 'run'}", "--config.checkpoint.async_save=False"],
     cwd=ROOT,
     capture_output=True,
     text=True,
     timeout=600,
-    env={**env, "IHSWEEP_FAULT_KILL_AT_STEP": "40"},
+    env=env,
   )
   assert killed.returncode == -9, killed.stderr
   resumed = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)

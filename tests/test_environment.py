@@ -34,9 +34,6 @@ BAD = [
   ("IHSWEEP_COORDINATOR", "localhost", "host:port"),
   ("IHSWEEP_LOCAL_DEVICE_IDS", "0,0", "distinct device ids"),
   ("IHSWEEP_DISTRIBUTED", "yes", "1 (JAX detects the cluster"),
-  ("IHSWEEP_FAULT_KILL_AT_STEP", "soon", "an update number >= 0"),
-  ("IHSWEEP_FAULT_GROUP", "g", "a sweep's group id: g and 3 or more digits"),
-  ("IHSWEEP_FAULT_GROUP", "g03", "a sweep's group id: g and 3 or more digits"),
 ]
 
 

@@ -664,9 +664,8 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
   g001 as a resumed one: its logged losses, final evaluation and params."""
   work, _ = reference
   killed = tmp_path / "killed"
-  r = _launch_two(
-    killed, IHSWEEP_FAULT_KILL_AT_STEP=10, IHSWEEP_FAULT_PROCESS=1, IHSWEEP_FAULT_GROUP="g001"
-  )
+  faults = os.path.join(ROOT, "tests", "storage_faults.py")
+  r = _launch_two(killed, IHSWEEP=f"{sys.executable} {faults} KILL 10 g001 1 --")
   assert r.returncode != 0
   status = {s["group"]: s for s in sweep_status.status_rows(str(killed))}
   assert status["g000"]["state"] == "done"

@@ -173,11 +173,14 @@ def test_four_independent_workers_train_each_group_once_and_take_over_a_killed_o
   # The first worker takes g000 (the most expensive group) and is SIGKILLed right after it has
   # started its full-state checkpoint at update 20 (the one at 10 is complete by then); three
   # more workers start once it holds g000.
-  first = _ihsweep(
-    "run",
-    f"--workdir={work}",
-    *FLAGS,
-    env=_env(1, IHSWEEP_FAULT_KILL_AT_STEP="20", IHSWEEP_FAULT_GROUP="g000"),
+  first = subprocess.Popen(
+    [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "KILL", "20", "g000", "--"]
+    + ["run", f"--workdir={work}", *FLAGS],
+    cwd=ROOT,
+    env=_env(1),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
   )
   _wait_for_claim(work, "g000", first)
   procs = [first] + [_ihsweep("run", f"--workdir={work}", *FLAGS, env=_env(1)) for _ in range(3)]

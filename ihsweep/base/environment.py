@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from typing import Any, Callable
 
 from ihsweep.base.errors import IhsweepError
@@ -63,13 +62,6 @@ def _device_ids(text: str) -> list[int]:
   if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
     raise ValueError
   return ids
-
-
-def _group_id(text: str) -> str:
-  """A sweep's group id as ``grid.make_plan`` names them (``g000``, ``g1234``)."""
-  if not re.fullmatch(r"g[0-9]{3,}", text.strip()):
-    raise ValueError
-  return text.strip()
 
 
 def _flag(text: str) -> bool:
@@ -196,27 +188,6 @@ VARIABLES = {
       "distinct device ids >= 0, comma-separated (e.g. 0,1)",
       None,
       "the local_device_ids this process passes to jax.distributed.initialize",
-    ),
-    Variable(
-      "IHSWEEP_FAULT_KILL_AT_STEP",
-      _number(int, 0),
-      "an update number >= 0",
-      None,
-      "test hook: SIGKILL this process right after the full-state save at that update starts",
-    ),
-    Variable(
-      "IHSWEEP_FAULT_PROCESS",
-      _number(int, 0),
-      "a process index >= 0",
-      None,
-      "test hook: the fault above in that process only",
-    ),
-    Variable(
-      "IHSWEEP_FAULT_GROUP",
-      _group_id,
-      "a sweep's group id: g and 3 or more digits (e.g. g003)",
-      None,
-      "test hook: the fault above in that sweep group only",
     ),
   )
 }

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import signal
 import time
 from typing import Any, NamedTuple
 
@@ -23,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from ihsweep.base import environment
 from ihsweep.training import sinks
 from ihsweep.training.progress import Throughput
 
@@ -138,9 +136,8 @@ class SaveState(Hook):
   Everything logged up to the step is read and written first, so a resume from it never lacks
   rows."""
 
-  def __init__(self, ckpts, schedule, tokens_per_step: int, workdir: str, every_minutes: float):
+  def __init__(self, ckpts, schedule, tokens_per_step: int, every_minutes: float):
     self.ckpts, self.schedule, self.tokens_per_step = ckpts, schedule, tokens_per_step
-    self.workdir = workdir
     self.every_s = 60.0 * every_minutes  # 0: none by time
     self.saved_t = None  # the clock at the last save (or the loop's start)
     self.saved: set[int] = set()  # by this run
@@ -163,24 +160,6 @@ class SaveState(Hook):
     self.ckpts.save_state(step, loop.state, {"tokens": step * self.tokens_per_step})
     self.saved.add(step)
     self.saved_t = _clock()
-    _fault_injection(step, self.workdir, "KILL")
-
-
-def _fault_injection(step: int, workdir: str, fault: str) -> None:
-  """Test hook after the full-state save at update s has started: ``IHSWEEP_FAULT_KILL_AT_STEP=s``
-  SIGKILLs this process (its asynchronous write possibly unfinished). ``IHSWEEP_FAULT_PROCESS=p``
-  limits it to process p of a multi-process run, ``IHSWEEP_FAULT_GROUP=g`` to the run directory
-  named g (a sweep's group). (A failing write is the tests' to make: they patch the writer.)"""
-  at = environment.get(f"IHSWEEP_FAULT_{fault}_AT_STEP")
-  only, group = environment.get("IHSWEEP_FAULT_PROCESS"), environment.get("IHSWEEP_FAULT_GROUP")
-  if not (
-    at is not None
-    and at == step
-    and (only is None or only == jax.process_index())
-    and (not group or os.path.basename(os.path.normpath(workdir)) == group)
-  ):
-    return
-  os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _short(values, limit: int = 8) -> str:

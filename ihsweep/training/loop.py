@@ -213,7 +213,7 @@ def _trainer(group, run, lined_up: tuple, bar, workdir, team, stop_rule, started
   if stop_rule is not None:
     stop = hooks.StopRule(stop_rule, run.schedule, tcfg.num_steps)
   every = cfg.checkpoint.state_every_minutes
-  save_state = hooks.SaveState(run.ckpts, run.schedule, tokens, workdir, every)
+  save_state = hooks.SaveState(run.ckpts, run.schedule, tokens, every)
   hook_list = [evaluate, stop, hooks.SaveParams(run.ckpts, run.schedule, tokens), save_state]
   return Trainer(
     group.train_program(),
