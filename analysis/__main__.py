@@ -1,7 +1,7 @@
 """``python -m analysis``: reports from run directories, and the law fitted to a CSV.
 
   python -m analysis report DIR [DIR ...] [--out OUT] [--metric ps_max] [--method threshold]
-  python -m analysis fit-law --csv FILE [--with-params] [--n-boot 2000] [--fix alpha=0.37]
+  python -m analysis fit-law --csv FILE [--with_params] [--n_boot 2000] [--fix alpha=0.37]
 
 One module per command in ``analysis/commands/`` (its flags, help and ``main``); this module
 builds the parser from them and dispatches. Exit status: 0 done, 2 bad input (a directory that
@@ -15,7 +15,7 @@ import logging
 import sys
 
 from .commands import fit_law, report
-from .commands.common import fail
+from .commands.common import fail, modern_spellings
 
 COMMANDS = {m.NAME: m for m in (report, fit_law)}
 
@@ -42,7 +42,7 @@ def _empty_value(args) -> str | None:
 def main(argv=None, prog: str = "python -m analysis") -> int:
   """``prog``: the command named in usage, help and messages (``ihsweep`` when run as ``ihsweep
   report``)."""
-  args = _parser(prog).parse_args(argv)
+  args = _parser(prog).parse_args(modern_spellings(sys.argv[1:] if argv is None else argv, prog))
   args.prog = prog
   if _empty_value(args):
     return fail(args, _empty_value(args))

@@ -138,7 +138,7 @@ def _point_caution(cells: pd.DataFrame) -> str:
 class _Phases:
   """The steps after the metrics, named on stderr as each starts, with the seconds since the
   metrics ended (``report: the circuit ... [36.0 s]``), and a last line with what each took,
-  slowest first. Silent when ``on`` is False (``--no-progress``)."""
+  slowest first. Silent when ``on`` is False (``--noprogress``)."""
 
   def __init__(self, on: bool):
     self.on, self.took, self.start = on, [], time.perf_counter()

@@ -82,7 +82,7 @@ def run_report(run_dir: str, shown_as: str, flags: list[str]) -> str:
     SystemExit: the report failed (its error's last lines).
   """
   r = subprocess.run(
-    [sys.executable, "-m", "analysis", "report", run_dir, "--no-progress", *flags],
+    [sys.executable, "-m", "analysis", "report", run_dir, "--noprogress", *flags],
     cwd=ROOT,
     capture_output=True,
     text=True,

@@ -260,7 +260,7 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
 def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   csv = tmp_path / "points.csv"
   _law_points().to_csv(csv, index=False)
-  assert cli.main(["fit-law", "--csv", str(csv), "--n-boot", "200"]) == 0
+  assert cli.main(["fit-law", "--csv", str(csv), "--n_boot", "200"]) == 0
   law = json.loads(capsys.readouterr().out)
   assert abs(law["alpha"] - 0.37) <= 0.05 and law["n"] == 25 and len(law["ci"]["beta"]) == 2
   path = tmp_path / "law.json"
@@ -308,8 +308,8 @@ def test_empty_flag_values_are_refused(tmp_path, capsys):
   run = tmp_path / "run"
   run.mkdir()
   for argv, message in (
-    (["report", str(run), "--out=", "--no-progress"], "--out= is empty"),
-    (["report", "", "--no-progress"], "an empty DIR"),
+    (["report", str(run), "--out=", "--noprogress"], "--out= is empty"),
+    (["report", "", "--noprogress"], "an empty DIR"),
     (["fit-law", "--csv="], "--csv= is empty"),
     (["fit-law", f"--csv={csv}", "--metric="], "--metric= is empty"),
   ):
@@ -578,11 +578,33 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
   (tmp_path / "notes.txt").write_text("hello")
   with pytest.raises(NotARun, match="is not a run directory: it has no cells.csv"):
     load_run(str(tmp_path))
-  assert cli.main(["report", str(tmp_path / "missing"), "--no-progress"]) == 2
+  assert cli.main(["report", str(tmp_path / "missing"), "--noprogress"]) == 2
   assert "is not a directory" in capsys.readouterr().err
   (tmp_path / "cells.csv").write_text("garbage\n")
-  assert cli.main(["report", str(tmp_path), "--no-progress"]) == 2
+  assert cli.main(["report", str(tmp_path), "--noprogress"]) == 2
   assert "cannot be read as a sweep's cells table" in capsys.readouterr().err
+
+
+def test_the_old_flag_spellings_still_work_and_say_the_new_ones(tmp_path, capsys):
+  """report and fit-law take the flags as every ihsweep command spells them (--noprogress,
+  --n_boot); the argparse spellings they had (--no-progress, --n-boot) still work, each named
+  once with its new spelling, and nothing after -- is rewritten."""
+  from analysis.commands.common import modern_spellings
+
+  assert cli.main(["report", str(tmp_path / "missing"), "--no-progress", "--n-boot=5"]) == 2
+  err = capsys.readouterr().err
+  assert "--no-progress is now spelled --noprogress" in err
+  assert "--n-boot is now spelled --n_boot" in err and "is not a directory" in err
+  argv = ["--n-boot", "3", "--no-cache", "--no-cache", "--", "--no-cache"]
+  assert modern_spellings(argv, "x") == [
+    "--n_boot",
+    "3",
+    "--nocache",
+    "--nocache",
+    "--",
+    "--no-cache",
+  ]
+  assert capsys.readouterr().err.count("--no-cache is now spelled --nocache") == 1
 
 
 def test_cli_prints_the_fitted_law_beside_the_study():
@@ -651,7 +673,7 @@ def test_report_replaces_only_its_own_files(trained, tmp_path, capsys):
   (docs / "figures" / "curves_ps_max.png").write_bytes(b"\x89PNG the user's figure")
   (docs / "report.md").write_text("# my notes\n")
   before = _sums(docs)
-  assert cli.main(["report", run, "--out", str(docs), "--source", "online", "--no-progress"]) == 2
+  assert cli.main(["report", run, "--out", str(docs), "--source", "online", "--noprogress"]) == 2
   err = capsys.readouterr().err
   assert len(err.strip().splitlines()) == 1
   assert f"{docs}/report.md exists and was not written by this report" in err
@@ -762,7 +784,7 @@ def test_a_damaged_checkpoint_is_one_warning_not_a_traceback_storm(trained, tmp_
   for f in data.iterdir():
     os.truncate(f, 7)
   out = subprocess.run(
-    [sys.executable, "-m", "analysis", "report", str(run), "--no-progress"],
+    [sys.executable, "-m", "analysis", "report", str(run), "--noprogress"],
     capture_output=True,
     text=True,
     timeout=600,
@@ -780,7 +802,7 @@ def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_pat
   before = _sums(run)
   for inside in (run / "checkpoints", run / "checkpoints" / "new", run):
     assert (
-      cli.main(["report", str(run), "--out", str(inside), "--source", "online", "--no-progress"])
+      cli.main(["report", str(run), "--out", str(inside), "--source", "online", "--noprogress"])
       == 2
     )
     err = capsys.readouterr().err.strip()
@@ -795,8 +817,8 @@ def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_pat
         str(run / "analysis"),
         "--source",
         "online",
-        "--no-progress",
-        "--n-boot",
+        "--noprogress",
+        "--n_boot",
         "0",
       ]
     )

@@ -61,7 +61,7 @@ def test_analysis_commands_work_from_any_directory_and_analysis_does_not_clash(t
       scatter = math.exp(0.05 * ((i * 3 + j) % 3 - 1))  # deterministic, so sigma > 0
       rows.append(f"{b},{c},{math.exp(13.26) / b**0.37 / c**0.62 * scatter:.1f}")
   (tmp_path / "points.csv").write_text("\n".join(rows) + "\n")
-  r = _run([exe, "fit-law", "--csv", "points.csv", "--n-boot", "0"], tmp_path)
+  r = _run([exe, "fit-law", "--csv", "points.csv", "--n_boot", "0"], tmp_path)
   assert r.returncode == 0, r.stderr
   law = json.loads(r.stdout)
   assert law["n"] == 9 and abs(law["alpha"] - 0.37) < 0.1 and abs(law["beta"] - 0.62) < 0.1, law

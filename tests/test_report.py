@@ -496,11 +496,11 @@ def test_a_model_that_emerged_in_the_last_interval_before_its_cap_is_flagged(
     return written
 
   monkeypatch.setattr(report, "report", keep)
-  argv = ["report", sweep, "--n-boot", "200", "--source", "online", "--no-progress"]
+  argv = ["report", sweep, "--n_boot", "200", "--source", "online", "--noprogress"]
   assert cli.main(argv) == 0
   captured = capsys.readouterr()
   console = captured.out
-  assert "report: " not in captured.err  # --no-progress: no step named
+  assert "report: " not in captured.err  # --noprogress: no step named
   md = open(written["report_md"]).read()
   text = " ".join(md.split())
   # the direct fit: the same points with that model censored at its last checkpoint
@@ -600,7 +600,7 @@ def test_the_demo_docs_script_renders_every_block_from_a_report(tmp_path):
   import demo_docs
 
   sweep = _sigmoid_sweep(tmp_path, pt=True)
-  printed = demo_docs.run_report(sweep, "runs/demo", ["--n-boot", "200", "--source", "online"])
+  printed = demo_docs.run_report(sweep, "runs/demo", ["--n_boot", "200", "--source", "online"])
   demo = demo_docs.load(sweep, printed)
   demo.quick = "[16, 64] (2, 4, 1, 40, 40)"  # the quick example needs params: tests/test_notebook
   blocks = demo_docs.render(demo)

@@ -334,7 +334,7 @@ def test_fit_law_cli_prints_both_fits_sigma_and_the_censored_cells(tmp_path, cap
   csv = tmp_path / "emergence.csv"
   pts = _grid(seed=3)
   pts.to_csv(csv, index=False)
-  assert cli.main(["fit-law", "--csv", str(csv), "--n-boot", "300"]) == 0
+  assert cli.main(["fit-law", "--csv", str(csv), "--n_boot", "300"]) == 0
   out, err = capsys.readouterr()
   law = json.loads(out)  # stdout stays one JSON object
   assert (

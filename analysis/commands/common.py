@@ -9,10 +9,18 @@ import sys
 
 # Flags of more than one command: argparse keyword arguments, help included.
 ARGUMENTS = {
-  "--n-boot": dict(type=int, default=2000, help="bootstrap resamples (default 2000)"),
-  "--with-params": dict(
+  "--n_boot": dict(type=int, default=2000, help="bootstrap resamples (default 2000)"),
+  "--with_params": dict(
     action="store_true", help="also fit + gamma ln n_params (model-size dependence)"
   ),
+}
+# The spellings these commands had before they took the other ihsweep commands' (absl's:
+# underscores, --noX): still accepted, with a one-line notice (``modern_spellings``).
+OLD_SPELLINGS = {
+  "--n-boot": "--n_boot",
+  "--with-params": "--with_params",
+  "--no-cache": "--nocache",
+  "--no-progress": "--noprogress",
 }
 
 
@@ -22,6 +30,26 @@ def add(parser: argparse.ArgumentParser, *names: str) -> None:
     parser.add_argument(name, **ARGUMENTS[name])
 
 
+def modern_spellings(argv: list[str], prog: str) -> list[str]:
+  """``argv`` with each old spelling (``OLD_SPELLINGS``: ``--n-boot 200``, ``--no-progress``)
+  replaced by the one every ihsweep command uses (``--n_boot 200``, ``--noprogress``), saying
+  so once per flag on stderr; anything after ``--`` is left alone."""
+  out, said = [], set()
+  for i, arg in enumerate(argv):
+    if arg == "--":
+      return out + argv[i:]
+    name, eq, value = arg.partition("=")
+    if name in OLD_SPELLINGS:
+      new = OLD_SPELLINGS[name]
+      if name not in said:
+        print(f"{prog}: {name} is now spelled {new}, as in every ihsweep command (the old "
+              f"spelling still works for now)", file=sys.stderr)  # fmt: skip
+        said.add(name)
+      arg = new + eq + value
+    out.append(arg)
+  return out
+
+
 def fail(args, message: str) -> int:
   """``PROG: message`` on stderr (``args.prog``: the command as typed); exit code 2."""
   print(f"{args.prog}: {message}", file=sys.stderr)
@@ -29,9 +57,9 @@ def fail(args, message: str) -> int:
 
 
 def bad_n_boot(args) -> int | None:
-  """Exit code 2 after one line for a negative --n-boot or --seed; None if they are fine."""
+  """Exit code 2 after one line for a negative --n_boot or --seed; None if they are fine."""
   if args.n_boot < 0:
-    return fail(args, f"--n-boot {args.n_boot}: must be >= 0")
+    return fail(args, f"--n_boot {args.n_boot}: must be >= 0")
   if getattr(args, "seed", 0) < 0:
     return fail(args, f"--seed {args.seed}: must be >= 0 (numpy's generator seeds)")
   return None

@@ -31,7 +31,7 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
     required=True,
     help="emergence points (e.g. DIR/analysis/emergence.csv filtered to one metric and method)",
   )
-  add(f, "--with-params", "--n-boot")
+  add(f, "--with_params", "--n_boot")
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   f.add_argument(
     "--fix",

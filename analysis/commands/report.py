@@ -61,7 +61,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     choices=curves.SOURCES,
     help="curves from checkpoints, online metrics.jsonl, or auto (default)",
   )
-  r.add_argument("--no-cache", action="store_true", help="recompute every checkpoint")
+  r.add_argument(
+    "--nocache", dest="no_cache", action="store_true", help="recompute every checkpoint"
+  )
   r.add_argument(
     "--probes",
     default=str(curves.DEFAULT_PROBES),
@@ -76,8 +78,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     help=f"held-out sequences per model and checkpoint, or 'all' (default "
     f"{curves.DEFAULT_SEQUENCES})",
   )
-  add(r, "--n-boot", "--with-params")
-  r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  add(r, "--n_boot", "--with_params")
+  r.add_argument("--noprogress", dest="no_progress", action="store_true", help="no progress bar")
 
 
 def main(args) -> int:
