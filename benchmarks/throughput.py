@@ -50,6 +50,7 @@ from ihsweep.base import sharding
 from ihsweep.compute import train
 from ihsweep.compute.model import ModelConfig, flops_per_token
 from ihsweep.data.builtin import UniformSource
+from ihsweep.training.group_build import GroupBuild
 from ihsweep.training.loader import HostLoader
 
 WORKLOADS = {
@@ -92,6 +93,30 @@ def _source(data: str, loader: str, mcfg: ModelConfig, tcfg: train.TrainConfig):
   return data_lib.make_source(data_cfg, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
 
 
+def _config(workload: str, n_models: int, steps_per_call: int, total_steps: int, attention, dtype):
+  """The workload as a run config: every other field at its schema default."""
+  import ml_collections
+
+  from ihsweep.base import schema
+
+  w = WORKLOADS[workload]
+  cfg = ml_collections.ConfigDict({"seed": 0})
+  for section in ("model", "train", "ensemble", "data", "mesh", "eval"):
+    cfg[section] = schema.defaults(section)
+  cfg.model.update(**w["model"], dtype=dtype)
+  cfg.train.update(
+    batch_size=w["batch_size"],
+    context_size=w["context_size"],
+    num_steps=total_steps,
+    steps_per_call=steps_per_call,
+    lr=1e-3,
+    attention=attention,  # 'auto': as ihsweep trains on this backend
+    gradient_accumulation_steps=1,
+  )
+  cfg.ensemble.size = n_models
+  return cfg
+
+
 def _build(
   workload: str,
   n_models: int,
@@ -103,36 +128,23 @@ def _build(
   attention: str = "auto",
   dtype: str = "float32",
 ):
-  w = WORKLOADS[workload]
-  mcfg = ModelConfig(**w["model"], dtype=dtype)
-  tcfg = train.TrainConfig(
-    batch_size=w["batch_size"],
-    context_size=w["context_size"],
-    num_steps=total_steps,
-    steps_per_call=steps_per_call,
-    lr=1e-3,
-    attention=attention,  # 'auto': as ihsweep trains on this backend
-  )
-  model = train.training_model(mcfg, tcfg, (devices or jax.devices())[0])  # 'auto' resolved
+  """The ensemble's programs, built as training builds them (``group_build.GroupBuild``)."""
+  cfg = _config(workload, n_models, steps_per_call, total_steps, attention, dtype)
+  mcfg, tcfg = train.model_and_train_config(cfg)
   source = _source(data, loader, mcfg, tcfg)
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
-  init = train.make_init_fn(model, tcfg, mesh)
-  host_fed = not source.on_device
-  step = train.make_ensemble_train_fn(
-    model, tcfg, None if host_fed else source.sample, mesh, steps_per_call
-  )
-  hp = train.HParams(peak_lr=jnp.full((n_models,), tcfg.lr), data=source.data_params(n_models))
+  group = GroupBuild(cfg, list(jax.devices() if devices is None else devices), source)
+  mesh = group.mesh
 
   def feed(state, n_calls):
     """Data for ``n_calls`` calls: the shared arrays, or a host loader's batches."""
-    if not host_fed:
+    if not group.host_fed:
       arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
       return lambda: arrays
     loader = HostLoader(source, state, mesh, steps_per_call)
     loader.prefetch(0, [steps_per_call] * n_calls)
     return loader.next
 
-  return mcfg, tcfg, init, step, hp, feed, source
+  return group, feed
 
 
 def lower_bf16_reference(
@@ -142,17 +154,14 @@ def lower_bf16_reference(
   ``n_models`` on the first of ``devices`` (compile-only devices too: nothing is placed),
   lowered against abstract arguments. Returns ``(jax.stages.Lowered, ModelConfig,
   TrainConfig)``."""
-  from ihsweep.training import runner
-
-  mcfg, tcfg, init, step, hp, _, source = _build(
+  group, _ = _build(
     "reference", n_models, steps_per_call, 50, "uniform", "device", devices[:1], attention,
     dtype="bfloat16",
   )  # fmt: skip
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices[:1])
-  state = init.lower(jax.ShapeDtypeStruct((n_models,), jnp.int32)).out_info
-  hp = runner.abstract_like(jax.device_get(hp), sharding.ensemble_sharding(mesh))
-  data = runner.abstract_like(source.arrays(), sharding.replicated(mesh))
-  return step.lower(state, hp, data), mcfg, tcfg
+  lowered = group.train_program().lower(
+    group.abstract_state(), group.abstract_hparams(), group.abstract_data()
+  )
+  return lowered, group.mcfg, group.tcfg
 
 
 def _time_programs(step, programs, n_calls: int, rounds: int) -> tuple[float, list[float]]:
@@ -202,22 +211,19 @@ def eval_overhead(
 ) -> dict:
   """Seconds per online evaluation of the ensemble (``evaluation.Evaluator`` at the default
   ``eval`` config) against the seconds of ``every`` updates (timed over ``updates``, scaled)."""
-  import ml_collections
-
-  from ihsweep.configuration import fields
   from ihsweep.data import probes as probes_lib
-  from ihsweep.training.evaluation import Evaluator
 
-  mcfg, tcfg, init, step, hp, feed, source = _build(
-    workload, n_models, steps_per_call, updates, "uniform", "device"
-  )
+  group, feed = _build(workload, n_models, steps_per_call, updates, "uniform", "device")
+  cfg, init, hp = group.cfg, group.init_fn(), group.hparams()
   state = init(jnp.arange(n_models, dtype=jnp.int32))
-  _, times = _time_programs(step, [(state, hp, feed(state, 0))], updates // steps_per_call, rounds)
-  cfg = ml_collections.ConfigDict({"eval": fields.default_eval()})
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size)
-  arrays = jax.device_put(source.arrays(), sharding.replicated(mesh))
-  probes = probes_lib.make_probes(source, hp.data, arrays, cfg.eval, n_models, tcfg.context_size)
-  evaluator = Evaluator(cfg, mcfg, probes, mesh)
+  _, times = _time_programs(
+    group.train_program(), [(state, hp, feed(state, 0))], updates // steps_per_call, rounds
+  )
+  arrays = jax.device_put(group.source.arrays(), sharding.replicated(group.mesh))
+  probes = probes_lib.make_probes(
+    group.source, hp.data, arrays, cfg.eval, n_models, group.tcfg.context_size
+  )
+  evaluator = group.evaluator(probes)
   params = init(jnp.arange(n_models, dtype=jnp.int32)).params
   jax.block_until_ready(evaluator(params))  # compile
   eval_times = []
@@ -259,24 +265,24 @@ def run_mode(
   calls_needed = 2 + n_calls * rounds  # compile + warm-up + timed
   if mode in ("ensemble", "data_only"):
     # Placed as `ihsweep train` places it: over every device.
-    mcfg, tcfg, init, step, hp, feed, source = _build(workload, n_models, k, updates, data, loader)
-    state = init(seeds)
-    programs = [(state, hp, feed(state, calls_needed))]
+    group, feed = _build(workload, n_models, k, updates, data, loader)
+    step, state = group.train_program(), group.init_fn()(seeds)
+    programs = [(state, group.hparams(), feed(state, calls_needed))]
     if mode == "data_only":
-      if not source.on_device:
+      if not group.source.on_device:
         raise SystemExit("data_only measures in-graph data; not --loader host")
-      step = _data_only_program(source.sample, k)
+      step = _data_only_program(group.source.sample, k)
   else:  # what one writes without ihsweep: one model at a time on one device
     if loader == "host":
       raise SystemExit("--loader host is measured in ensemble mode only")
-    mcfg, tcfg, init, step, hp, feed, _ = _build(
-      workload, 1, k, updates, data, loader, devices=jax.devices()[:1]
-    )
+    group, feed = _build(workload, 1, k, updates, data, loader, devices=jax.devices()[:1])
+    step, init, hp = group.train_program(), group.init_fn(), group.hparams()
     programs = []
     for i in range(n_models):
       state = init(seeds[i : i + 1])
       programs.append((state, hp, feed(state, calls_needed)))
   compile_s, times = _time_programs(step, programs, n_calls, rounds)
+  mcfg, tcfg = group.mcfg, group.tcfg
   tokens = n_models * updates * train.tokens_per_update(tcfg)
   best, median = tokens / min(times), tokens / float(np.median(times))
   flops = best * flops_per_token(mcfg, tcfg.context_size)

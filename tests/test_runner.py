@@ -14,7 +14,7 @@ from conftest import CPU_COMPILE_FLAGS
 
 from ihsweep.base import sharding
 from ihsweep.runs import checkpoint
-from ihsweep.training import hooks, progress, runner
+from ihsweep.training import group_build, hooks, progress, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One attention-only layer (its evaluation compiles fastest), evaluation every 10 updates, full
@@ -284,7 +284,7 @@ class FakeDevice:
     self.now = self.busy_until = 0.0
     self.ends = {}  # id(dispatched values) -> (values, the fake time they are ready)
     monkeypatch.setattr(progress, "_progress_clock", lambda: self.now)
-    make_program = runner._Group.train_program
+    make_program = group_build.GroupBuild.train_program
 
     def train_program(group):
       program = make_program(group)
@@ -305,7 +305,7 @@ class FakeDevice:
       return item
 
     to_host, block = sharding.to_host, jax.block_until_ready
-    monkeypatch.setattr(runner._Group, "train_program", train_program)
+    monkeypatch.setattr(group_build.GroupBuild, "train_program", train_program)
     monkeypatch.setattr(hooks.Evaluate, "dispatch", evaluate)
     monkeypatch.setattr(sharding, "to_host", lambda tree: (self.wait(tree), to_host(tree))[1])
     monkeypatch.setattr(jax, "block_until_ready", lambda tree: (self.wait(tree), block(tree))[1])

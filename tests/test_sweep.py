@@ -19,7 +19,7 @@ from ihsweep.configuration import axes
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.runs import checkpoint, ownership, rundir
-from ihsweep.training import evaluation, memory, resume, runner
+from ihsweep.training import evaluation, group_build, memory, resume, runner
 from ihsweep.workers import sweep, sweep_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,8 +149,8 @@ def reference(tmp_path_factory):
     (config_lib, "validate_devices"): "validate_devices",
     (memory, "check_possible"): "check_possible",
     (runner, "resolve_memory"): "resolve_memory",
-    (runner, "_Group"): "build",
-    (runner, "make_source"): "data source",
+    (runner, "GroupBuild"): "build",
+    (group_build, "make_source"): "data source",
   }
   with pytest.MonkeyPatch.context() as mp:
     for (module, attr), name in counted.items():

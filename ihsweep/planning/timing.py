@@ -27,12 +27,11 @@ from ihsweep.base import sharding
 from ihsweep.compute import model as model_lib
 from ihsweep.compute import schedule as schedule_lib
 from ihsweep.compute import train
-from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.data.probes import eval_layout
 from ihsweep.data.source import host_batch_array
 from ihsweep.runs import checkpoint
-from ihsweep.training.evaluation import Evaluator
+from ihsweep.training.group_build import GroupBuild
 
 GRAD_BYTES = 4  # per parameter: gradients are float32 (parameters are kept in float32)
 
@@ -334,28 +333,20 @@ def measure_group(cfg, devices, repeats: int = 3) -> dict:
 
 
 def _compiled_group(cfg, devices) -> tuple:
-  """``measure_group``'s start-up, as ``runner.fit`` does it: ``(state, hparams, one call's
-  data, K, the compiled training program, the evaluator or None, compile seconds, start-up
-  seconds)``."""
+  """``measure_group``'s start-up, as ``runner.fit`` does it (the group built by
+  ``group_build.GroupBuild``, as training builds it): ``(state, hparams, one call's data, K,
+  the compiled training program, the evaluator or None, compile seconds, start-up seconds)``."""
   import jax
   import numpy as np
 
   t0 = time.perf_counter()
-  mcfg, tcfg = train.model_and_train_config(cfg)
-  n_models = int(cfg.ensemble.size)
-  mesh = sharding.make_mesh(n_models, tcfg.batch_size, devices)
-  model = train.training_model(mcfg, tcfg)
-  source = make_source(cfg.data, mcfg.vocab_size, tcfg.batch_size, tcfg.context_size)
-  host_fed = not source.on_device
-  data_params = jax.tree_util.tree_map(np.asarray, source.data_params(n_models))
-  hp = jax.device_put(
-    train.HParams(peak_lr=np.asarray(train.peak_lrs(cfg), np.float32), data=data_params),
-    sharding.ensemble_sharding(mesh),
-  )
-  state = train.make_init_fn(model, tcfg, mesh)(np.asarray(train.model_seeds(cfg), np.int32))
+  group = GroupBuild(cfg, list(devices))
+  tcfg, mesh, source = group.tcfg, group.mesh, group.source
+  hp = jax.device_put(group.hparams(), sharding.ensemble_sharding(mesh))
+  state = group.init_fn()(np.asarray(train.model_seeds(cfg), np.int32))
   k = min(tcfg.steps_per_call, tcfg.num_steps)
-  host_arrays = None if host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
-  if host_fed:  # one call's batches, reused: the loader's gathering overlaps training
+  host_arrays = None if group.host_fed else jax.tree_util.tree_map(np.asarray, source.arrays())
+  if group.host_fed:  # one call's batches, reused: the loader's gathering overlaps training
     keys = sharding.to_host(state.data_key)
     data = host_batch_array(source, keys, 0, k, sharding.host_batch_sharding(mesh))
   else:
@@ -363,14 +354,11 @@ def _compiled_group(cfg, devices) -> tuple:
   evaluator = None
   if schedule_lib.eval_interval(cfg):
     probes = probes_lib.make_probes(
-      source, data_params, host_arrays, cfg.eval, n_models, tcfg.context_size
+      source, group.data_params, host_arrays, cfg.eval, group.n_models, tcfg.context_size
     )
-    evaluator = Evaluator(cfg, mcfg, probes, mesh)
-  program = train.make_ensemble_train_fn(
-    model, tcfg, None if host_fed else source.sample, mesh, k, cfg.ensemble.vmap_chunk
-  )
+    evaluator = group.evaluator(probes)
   t = time.perf_counter()
-  exe = program.compile(state, hp, data)
+  exe = group.train_program().compile(state, hp, data)
   if evaluator is not None:
     jax.block_until_ready(evaluator(state.params))
   compile_s = time.perf_counter() - t

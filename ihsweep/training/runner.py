@@ -1,6 +1,7 @@
 """Training one group: ``fit`` (validate, choose memory, lock the directory, run
-``ihsweep.training.loop``), the group its programs are built from (``_Group``), and those programs
-compiled ahead of time (``precompile``) or against a device's memory (``resolve_memory``).
+``ihsweep.training.loop``), the group worked out once (``resolve``, ``ResolvedGroup``), and its
+programs (built by ``ihsweep.training.group_build``) compiled ahead of time (``precompile``) or
+against a device's memory (``resolve_memory``).
 
 The pieces of a run live in their own modules, where callers import them from:
 ``ihsweep.training.resume`` (config.json, the resume check), ``ihsweep.training.startup`` (state,
@@ -29,11 +30,11 @@ from ihsweep.compute import train
 from ihsweep.compute.model import ModelConfig
 from ihsweep.configuration import config as config_lib
 from ihsweep.configuration import fields
-from ihsweep.data import make_source
 from ihsweep.data import probes as probes_lib
 from ihsweep.runs import ownership
 from ihsweep.training import compiled_facts, loop, memory, resume
-from ihsweep.training.evaluation import EmergenceStop, Evaluator
+from ihsweep.training.evaluation import EmergenceStop
+from ihsweep.training.group_build import GroupBuild, per_device_bytes
 from ihsweep.training.progress import logs_above_bars
 
 log = logging.getLogger("ihsweep")
@@ -63,76 +64,6 @@ def _candidates(devices, local: bool):
   return list(jax.local_devices() if devices is None else devices)
 
 
-class _Group:
-  """What ``fit`` and ``precompile`` build alike from a run's config on its devices, before any
-  run directory: the mesh, model and data source, the hyper-parameters, and the programs —
-  built once here so that a program ``precompile`` compiled is the one ``fit`` runs: the same
-  ``jax.jit`` objects, whose trace and compile caches then serve ``fit``'s first call (no second
-  trace, lowering or load from the persistent cache on the training's thread)."""
-
-  def __init__(self, cfg, devices: list, source=None):
-    self.cfg = cfg
-    self.mcfg, self.tcfg = train.model_and_train_config(cfg)
-    self.n_models = cfg.ensemble.size
-    self.mesh = sharding.make_mesh(self.n_models, self.tcfg.batch_size, devices)
-    self.model = train.training_model(self.mcfg, self.tcfg, self.mesh.devices.flat[0])
-    self.source = source or make_source(
-      cfg.data, self.mcfg.vocab_size, self.tcfg.batch_size, self.tcfg.context_size
-    )
-    self.host_fed = not self.source.on_device
-    self.data_params = jax.tree_util.tree_map(np.asarray, self.source.data_params(self.n_models))
-    self._programs: dict = {}
-
-  def hparams(self) -> train.HParams:
-    """Per-model peak learning rates and data knobs (numpy, leading axis E)."""
-    return train.HParams(
-      peak_lr=np.asarray(train.peak_lrs(self.cfg), np.float32), data=self.data_params
-    )
-
-  def init_fn(self):
-    """``init(seeds int32 [E]) -> TrainState`` on the mesh (``train.make_init_fn``), made once."""
-    if "init" not in self._programs:
-      self._programs["init"] = train.make_init_fn(self.model, self.tcfg, self.mesh)
-    return self._programs["init"]
-
-  def train_program(self):
-    """The ensemble's train program (``train.make_ensemble_train_fn``), made once: one
-    compilation serves every call length up to ``train.steps_per_call``, the short last call
-    included."""
-    if "train" not in self._programs:
-      tcfg = self.tcfg
-      self._programs["train"] = train.make_ensemble_train_fn(
-        self.model,
-        tcfg,
-        None if self.host_fed else self.source.sample,
-        self.mesh,
-        min(tcfg.steps_per_call, tcfg.num_steps),
-        self.cfg.ensemble.vmap_chunk,
-      )
-    return self._programs["train"]
-
-  def evaluator(self, probes) -> Evaluator:
-    """The evaluation with ``probes`` (None: of their shapes, for ``lower``) on the mesh, its
-    program made once per layout (``Evaluator``'s ``programs``)."""
-    return Evaluator(self.cfg, self.mcfg, probes, self.mesh, programs=self._programs)
-
-  def abstract_data(self):
-    """The train program's ``data`` argument as ``jax.ShapeDtypeStruct``: the source's shared
-    arrays replicated, or a call's host-fed batches ``[E, K, B, C + 1]``."""
-    tcfg = self.tcfg
-    if self.host_fed:  # one tiny gather for the corpus's dtype
-      keys = np.zeros((self.n_models, 2), np.uint32)
-      dtype = np.asarray(self.source.host_batches(keys, 0, 1)).dtype
-      shape = (
-        self.n_models,
-        min(tcfg.steps_per_call, tcfg.num_steps),
-        tcfg.batch_size,
-        tcfg.context_size + 1,
-      )
-      return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.host_batch_sharding(self.mesh))
-    return abstract_like(self.source.arrays(), sharding.replicated(self.mesh))
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class ResolvedGroup:
   """One group worked out once (``resolve``), by whoever places it: a sweep's worker,
@@ -160,13 +91,13 @@ class ResolvedGroup:
   _lock: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
   _built: list = dataclasses.field(default_factory=list, repr=False)
 
-  def parts(self) -> _Group:
-    """The group's mesh, model, data source and programs (``_Group``), built at the first call
+  def parts(self) -> GroupBuild:
+    """The group's mesh, model, data source and programs (``GroupBuild``), built at the first call
     (on whichever thread makes it: a compile-ahead's or the training's) and kept until
     ``release``."""
     with self._lock:
       if not self._built:
-        self._built.append(_Group(self.cfg, list(self.devices)))
+        self._built.append(GroupBuild(self.cfg, list(self.devices)))
       return self._built[0]
 
   def release(self) -> None:
@@ -207,36 +138,16 @@ def resolve(
   return ResolvedGroup(group_id, cfg, tuple(devices), local, choice, name)
 
 
-def abstract_like(tree, where):
-  """``jax.ShapeDtypeStruct`` of each numpy leaf of ``tree`` as ``jax.device_put(tree, where)``
-  would place it (the dtype JAX gives it: float64 becomes float32 without x64)."""
-  return jax.tree_util.tree_map(
-    lambda x: jax.ShapeDtypeStruct(
-      np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype), sharding=where
-    ),
-    tree,
-  )
-
-
-def _per_device_bytes(tree) -> int:
-  """Bytes of one device's shards of the ``jax.ShapeDtypeStruct`` leaves of ``tree``."""
-  total = 0
-  for x in jax.tree_util.tree_leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
-    total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-  return total
-
-
 def lower_train_program(cfg, devices: list, source=None):
   """The train program ``fit`` compiles for ``cfg``'s group (one host call of up to
   ``train.steps_per_call`` updates), at ``cfg``'s own memory setting and attention (as
   ``resolve_memory`` returns them: nothing left 0 or auto), lowered against abstract arguments
   on ``devices`` (compile-only devices too): a ``jax.stages.Lowered`` whose compiled program can
   be read (benchmarks/gpu_kernels.py)."""
-  group = _Group(cfg, devices, source)
-  state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
-  hp = abstract_like(group.hparams(), sharding.ensemble_sharding(group.mesh))
-  return group.train_program().lower(state, hp, group.abstract_data())
+  group = GroupBuild(cfg, devices, source)
+  return group.train_program().lower(
+    group.abstract_state(), group.abstract_hparams(), group.abstract_data()
+  )
 
 
 def resolve_memory(
@@ -294,36 +205,23 @@ def resolve_memory(
   if capacity is None:
     return out, None
   facts = facts or compiled_facts.CompiledFacts("", capacity, directory=None)
-  group = _Group(out, devices, source)
-  ens_sh = sharding.ensemble_sharding(group.mesh)
-  state = group.init_fn().lower(jax.ShapeDtypeStruct((group.n_models,), np.int32)).out_info
-  hp, data = abstract_like(group.hparams(), ens_sh), group.abstract_data()
+  group = GroupBuild(out, devices, source)
+  state, hp, data = group.abstract_state(), group.abstract_hparams(), group.abstract_data()
   n_ens, n_data = group.mesh.shape["ensemble"], group.mesh.shape["data"]
   local = group.n_models // n_ens
-  n_steps = min(group.tcfg.steps_per_call, group.tcfg.num_steps)
 
   def compile_train(setting: memory.Setting) -> memory.ProgramMemory:
-    tcfg = dataclasses.replace(
-      group.tcfg,
-      gradient_accumulation_steps=setting.gradient_accumulation_steps,
-      remat=setting.remat,
-    )
-    program = train.make_ensemble_train_fn(
-      train.training_model(group.mcfg, tcfg, devices[0]),
-      tcfg,
-      None if group.host_fed else group.source.sample,
-      group.mesh,
-      n_steps,
-      setting.vmap_chunk,
+    program = group.train_program_at(
+      setting.gradient_accumulation_steps, setting.remat, setting.vmap_chunk
     )
     # kernels: launches per update, the plan's estimate of their time
     return facts.analyse(program.lower(state, hp, data), group.mesh.size, count_kernels)
 
   eval_mem = None
   if schedule_lib.eval_interval(out):
-    evaluator = Evaluator(out, group.mcfg, None, group.mesh, capacity)
+    evaluator = group.evaluator(None, capacity)
     eval_mem = facts.analyse(evaluator.lower(state.params), group.mesh.size)
-  prefetch = _per_device_bytes(data) if group.host_fed else 0
+  prefetch = per_device_bytes(data) if group.host_fed else 0
   choice = memory.choose(
     compile_train,
     batch_size=group.tcfg.batch_size,
@@ -386,7 +284,6 @@ def precompile(group, devices=None, local: bool = False) -> dict[str, float]:
   if not isinstance(group, ResolvedGroup):
     group = resolve(group, devices, local)
   cfg, group = group.cfg, group.parts()
-  ens_sh = sharding.ensemble_sharding(group.mesh)
   seconds = {}
 
   def compile_(name: str, lowered):
@@ -398,10 +295,7 @@ def precompile(group, devices=None, local: bool = False) -> dict[str, float]:
   compile_("init", init)
   state = init.out_info  # TrainState of ShapeDtypeStruct, with the ensemble sharding
   compile_(
-    "train",
-    group.train_program().lower(
-      state, abstract_like(group.hparams(), ens_sh), group.abstract_data()
-    ),
+    "train", group.train_program().lower(state, group.abstract_hparams(), group.abstract_data())
   )
   if schedule_lib.eval_interval(cfg):
     compile_("eval", group.evaluator(None).lower(state.params))
