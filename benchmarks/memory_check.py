@@ -120,7 +120,7 @@ def main(argv=None) -> int:
   predicted = choice.per_device_bytes if choice else None
   mcfg = ModelConfig.from_config(cfg.model)
   nominal = next((v for k, v in NOMINAL_BF16.items() if k in device.device_kind), None)
-  tok_s = out["tokens_per_s"]
+  tok_s = out.tokens_per_s
   result = {
     "device": device.device_kind,
     "cell": {
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     "mfu": tok_s * flops_per_token(mcfg, cfg.train.context_size) / nominal
     if tok_s and nominal
     else None,
-    "updates": out["step"],
+    "updates": out.step,
     "wall_s": round(wall, 1),
   }
   print(json.dumps(result) if args.json else json.dumps(result, indent=1))

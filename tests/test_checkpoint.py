@@ -220,7 +220,7 @@ def test_state_checkpoints_follow_the_clock_and_resume_exactly(tiny, tmp_path, m
   shutil.rmtree(run / "checkpoints" / "params" / "60")
   monkeypatch.setattr(hooks, "_clock", lambda: 0.0)  # no save by time on the way
   resumed = fit(tiny(**by_time), str(run), progress=False)
-  assert resumed["resumed_from"] == 15, resumed
+  assert resumed.resumed_from == 15, resumed
   _assert_same_run(tmp_path / "ref", run)
 
 

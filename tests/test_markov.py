@@ -294,7 +294,7 @@ def test_training_on_a_user_matrix_with_per_model_knobs(tiny, tmp_path):
     }
   )
   out = fit(cfg, str(tmp_path / "run"), progress=False)
-  assert np.all(out["losses"] < np.log(64) - 0.5)
+  assert np.all(out.losses < np.log(64) - 0.5)
   src = make_source(cfg.data, 64, 8, 32)
   assert src.describe().startswith("markov V=64, frequency [0.2, 0.8], reliability [1.0, 0.5]")
 

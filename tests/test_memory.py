@@ -151,8 +151,8 @@ def test_a_run_that_does_not_fit_at_k1_picks_k_records_it_and_trains_the_same(
     progress=False,
     devices=devices,
   )
-  np.testing.assert_allclose(out["losses"], ref["losses"], rtol=1e-5)
-  assert out["step"] == ref["step"] == 8
+  np.testing.assert_allclose(out.losses, ref.losses, rtol=1e-5)
+  assert out.step == ref.step == 8
 
 
 def test_a_group_that_fits_nowhere_is_refused_before_training(tiny, tmp_path, monkeypatch):

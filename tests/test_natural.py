@@ -261,7 +261,7 @@ def test_host_fed_training_equals_in_graph_training(tiny, tmp_path, monkeypatch)
   for loader in ("device", "host"):
     cfg = natural_cfg(tiny, tmp_path, **common, **{"data.loader": loader})
     out[loader] = fit(cfg, str(tmp_path / loader), progress=False)
-  np.testing.assert_allclose(out["host"]["losses"], out["device"]["losses"], rtol=1e-5)
+  np.testing.assert_allclose(out["host"].losses, out["device"].losses, rtol=1e-5)
   rows = [json.loads(line) for line in open(tmp_path / "host" / "train_log.jsonl")]
   assert [r["step"] for r in rows] == [3, 6, 7] and padded == [1]
 

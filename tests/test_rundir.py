@@ -161,7 +161,7 @@ def test_a_run_made_before_the_marker_resumes(tiny, tmp_path):
   runner.fit(cfg, str(d), progress=False)
   os.remove(d / ownership.RUN_MARKER)  # as the previous version left it
   out = runner.fit(cfg, str(d), progress=False)
-  assert out["resumed_from"] == 10 and out["losses"] is None
+  assert out.resumed_from == 10 and out.losses is None
   assert ownership.run_kind(str(d)) == "train"
 
 

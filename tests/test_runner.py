@@ -68,8 +68,8 @@ def test_a_group_smaller_than_the_devices_trains_on_part_of_them(tiny, tmp_path)
   """E = 1, B = 2 on 4 devices: its mesh is 2 devices (data axis 2), not a refusal."""
   cfg = tiny(**{**RUN, "ensemble.size": 1, "train.batch_size": 2, "eval.every_steps": 0})
   out = runner.fit(cfg, str(tmp_path), progress=False, devices=jax.devices())
-  assert out["step"] == 20
-  assert len(out["state"].params["embed"]["embedding"].sharding.device_set) == 2
+  assert out.step == 20
+  assert len(out.state.params["embed"]["embedding"].sharding.device_set) == 2
 
 
 # Run by each process of the two-process job: trains its own group with process-local
@@ -90,7 +90,7 @@ out = runner.fit(cfg, workdir % jax.process_index(), progress=False,
 again = runner.fit(cfg, workdir % jax.process_index(), progress=False,
                    devices=jax.local_devices(), local=True)
 print("RESULT " + json.dumps({"process": jax.process_index(), "count": jax.process_count(),
-                              "local_devices": len(jax.local_devices()), "step": out["step"],
+                              "local_devices": len(jax.local_devices()), "step": out.step,
                               "again": [again["resumed_from"], again["step"]]}), flush=True)
 """
 
@@ -169,7 +169,7 @@ def test_process_local_groups_in_a_two_process_job_equal_one_process(tiny, tmp_p
 # precompile and fit a group on a host-fed corpus. Prints, per phase, the programs JAX compiled
 # (persistent-cache misses) and loaded (hits).
 CACHE_CHILD = r"""
-import json, logging, os, re, sys
+import dataclasses, json, logging, os, re, sys
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
 from conftest import tiny_config
 from ihsweep.workers import compile_cache
@@ -198,10 +198,10 @@ def phase(name, fn):
 run, workdir = json.loads(sys.argv[2]), sys.argv[3]
 seconds = phase("precompile", lambda: runner.precompile(tiny_config(**run)))
 out = phase("fit", lambda: runner.fit(tiny_config(**run), workdir + "/a", progress=False))
-timings["warm"] = out["timings"]
+timings["warm"] = dataclasses.asdict(out.timings)
 other = {**run, "train.context_size": 16, "model.max_context": 16}
 out = phase("control", lambda: runner.fit(tiny_config(**other), workdir + "/b", progress=False))
-timings["cold"] = out["timings"]
+timings["cold"] = dataclasses.asdict(out.timings)
 # A corpus fed from the host (batches [E, K, B, C + 1] in the corpus's dtype).
 host = {**run, "data.source": "natural", "data.files": sys.argv[4], "data.cache_dir": sys.argv[5],
         "data.val_fraction": 0.2, "model.vocab_size": 300, "data.loader": "host"}
@@ -361,17 +361,17 @@ def test_a_resumed_run_reports_the_speed_and_eta_of_an_uninterrupted_one(
       shutil.rmtree(work / "checkpoints" / "params" / "60")
     seen.clear()
     out = runner.fit(cfg, str(work), progress=False)
-    assert out["resumed_from"] == cut and out["step"] == 60
+    assert out.resumed_from == cut and out.step == 60
     runs[cut] = (out, {s["step"]: s for s in seen if s["updates_per_s"] == s["updates_per_s"]})
 
   full, at = runs[None]
-  assert out["timings"]["compile_s"] >= 0
-  assert full["updates_per_s"] == pytest.approx(1.0)
-  assert full["tokens_per_s"] == pytest.approx(tokens_per_update)
+  assert out.timings.compile_s >= 0
+  assert full.updates_per_s == pytest.approx(1.0)
+  assert full.tokens_per_s == pytest.approx(tokens_per_update)
   for cut in (40, 50):
     out, resumed = runs[cut]
-    assert out["updates_per_s"] == pytest.approx(full["updates_per_s"], rel=0.2), cut
-    assert out["tokens_per_s"] == pytest.approx(full["tokens_per_s"], rel=0.2), cut
+    assert out.updates_per_s == pytest.approx(full.updates_per_s, rel=0.2), cut
+    assert out.tokens_per_s == pytest.approx(full.tokens_per_s, rel=0.2), cut
     assert resumed and min(resumed) > cut + 5  # the first call after the resume is not timed
     for step, snap in resumed.items():
       assert snap["updates_per_s"] == pytest.approx(at[step]["updates_per_s"], rel=0.2), (cut, step)

@@ -84,7 +84,7 @@ def test_tensorboard_scalars_equal_the_jsonl_and_a_resume_logs_each_step_once(ti
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(stored, f)
   result = fit(tiny(**RUN, **{"log.wandb_project": "other"}), workdir, progress=False)
-  assert result["resumed_from"] == 20
+  assert result.resumed_from == 20
   files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
   assert len(files) == 2
   from tensorboardX.proto.event_pb2 import Event, SessionLog

@@ -222,7 +222,7 @@ def test_a_user_source_with_only_sample_trains_and_is_evaluated(
   )
   with caplog.at_level(logging.INFO, logger="ihsweep"):
     out = runner.fit(cfg, str(tmp_path), progress=False, devices=jax.devices()[:1])
-  assert out["step"] == 10
+  assert out.step == 10
   assert "data: Counting V=64, B=8, C=32, generated in-graph" in caplog.text
   saved = probes.Probes.load(str(tmp_path / "probes.npz"))
   assert saved.sequences.shape == (1, 2, 33) and _is_counting(saved.sequences, 64)

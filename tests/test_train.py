@@ -245,8 +245,8 @@ def test_loss_falls_on_a_learnable_source(tiny, tmp_path):
   assert len(rows) == 4
   source = make_source(cfg.data, 64, 8, 32)
   floor = source.entropy_rate()  # ≤ ln 4 ≈ 1.39 nats; ln 64 ≈ 4.16 at the start
-  assert np.all(out["losses"] < np.log(64) - 2.0), out["losses"]
-  assert np.all(out["losses"] < floor + 0.6), (out["losses"], floor)
+  assert np.all(out.losses < np.log(64) - 2.0), out.losses
+  assert np.all(out.losses < floor + 0.6), (out.losses, floor)
   assert (tmp_path / "config.json").exists()
 
 

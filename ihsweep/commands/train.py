@@ -44,11 +44,11 @@ def main(argv) -> int:
     return 143
   except (fields.ConfigError, DataError) as e:
     return bad_input(e)
-  if out["losses"] is None:
+  if out.losses is None:
     print(f"done: nothing left to train in {FLAGS.workdir} (resumed at its last update)")
     return 0
-  losses = ", ".join(f"{x:.4f}" for x in out["losses"])
-  speed = out["tokens_per_s"]
+  losses = ", ".join(f"{x:.4f}" for x in out.losses)
+  speed = out.tokens_per_s
   speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
   print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
   return 0

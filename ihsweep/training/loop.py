@@ -8,6 +8,7 @@ device never waits on Python; all per-step values come back as ``[K, E]`` arrays
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -163,7 +164,7 @@ def train_group(
   stop_rule,
   started: float,
   keep_bar: bool,
-) -> dict[str, Any]:
+) -> FitResult:
   """Trains ``group`` (a ``runner`` group) in ``workdir`` as ``runner.fit`` documents, once the
   directory is locked: start-up (``startup.start``), the logs lined up with the restored step
   (``resume.line_up_logs``), then the loop with its hooks; returns ``fit``'s result. ``who``
@@ -234,25 +235,73 @@ def _trainer(group, run, lined_up: tuple, bar, workdir, team, stop_rule, started
   )
 
 
-def _result(trainer: Trainer, stop_rule, rate) -> dict[str, Any]:
-  """``fit``'s result (its docstring) from the loop's end state."""
+@dataclasses.dataclass(frozen=True)
+class Timings:
+  """Wall seconds of one ``fit``.
+
+  Attributes:
+    setup_s: from entry until the first training call is dispatched (validating, building,
+      restoring, compiling; the whole call if nothing was left to train).
+    train_s: the rest (training calls, evaluations, checkpoints, waiting for the last writes).
+    total_s: both.
+    compile_s: the first training call's dispatch, which compiles the train program or loads
+      it (part of ``setup_s``); None when no call was made.
+  """
+
+  setup_s: float
+  train_s: float
+  total_s: float
+  compile_s: float | None = None
+
+  def to_json(self) -> dict:
+    """``{"setup_s", "train_s", "total_s"[, "compile_s"]}``, rounded to ms (``status.json``)."""
+    return {k: round(float(v), 3) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+  """What ``runner.fit`` returns.
+
+  Attributes:
+    state: the final ``TrainState`` (leading axis E).
+    losses: [E] losses of the last call (None if nothing was left to train).
+    resumed_from: the update count restored, or None.
+    step: updates done.
+    stopped_early: whether training ended before ``train.num_steps`` (the stop rule).
+    diverged_at: int [E] update counts at which each model's loss turned NaN/inf (-1: never).
+    crossed: the stop rule's first evaluation step at or above its threshold per model (None
+      without a stop rule).
+    tokens_per_s, updates_per_s: throughput after start-up (all models' tokens;
+      ``progress.Throughput``; NaN when only one call was trained).
+    timings: ``Timings``.
+  """
+
+  state: Any
+  losses: Any
+  resumed_from: int | None
+  step: int
+  stopped_early: bool
+  diverged_at: np.ndarray
+  crossed: list | None
+  tokens_per_s: float
+  updates_per_s: float
+  timings: Timings
+
+
+def _result(trainer: Trainer, stop_rule, rate) -> FitResult:
+  """``fit``'s result from the loop's end state."""
   end = time.perf_counter()
   first = trainer.first_call_t or end
   stopped = trainer.stopped_early or (stop_rule is not None and trainer.done < trainer.num_steps)
-  return {
-    "state": trainer.state,
-    "losses": trainer.last_loss,
-    "resumed_from": trainer.start,
-    "step": trainer.done,
-    "stopped_early": stopped,
-    "diverged_at": np.asarray(sharding.to_host(trainer.state.diverged_at)),
-    "crossed": list(stop_rule.crossed) if stop_rule is not None else None,
-    "tokens_per_s": rate.tokens_per_s,
-    "updates_per_s": rate.updates_per_s,
-    "timings": {
-      "setup_s": first - trainer.started,
-      "train_s": end - first,
-      "total_s": end - trainer.started,
-      **({"compile_s": trainer.compile_s} if trainer.compile_s is not None else {}),
-    },
-  }
+  return FitResult(
+    state=trainer.state,
+    losses=trainer.last_loss,
+    resumed_from=trainer.start,
+    step=trainer.done,
+    stopped_early=stopped,
+    diverged_at=np.asarray(sharding.to_host(trainer.state.diverged_at)),
+    crossed=list(stop_rule.crossed) if stop_rule is not None else None,
+    tokens_per_s=rate.tokens_per_s,
+    updates_per_s=rate.updates_per_s,
+    timings=Timings(first - trainer.started, end - first, end - trainer.started, trainer.compile_s),
+  )

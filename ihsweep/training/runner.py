@@ -326,7 +326,7 @@ def fit(
   devices=None,
   local: bool = False,
   keep_bar: bool = True,
-) -> dict[str, Any]:
+) -> loop.FitResult:
   """Trains ``cfg.ensemble.size`` models on ``cfg.data`` for ``cfg.train.num_steps`` updates,
   evaluating and checkpointing them; resumes from ``workdir``'s latest full-state checkpoint.
   ``group``: a ``ResolvedGroup`` (``resolve``: validated, checked and its memory chosen once,
@@ -359,18 +359,9 @@ def fit(
   clears it). While the bar is open, log lines are written above it
   (``logs_above_bars``).
 
-  Returns ``{"state": final TrainState (leading axis E), "losses": [E] losses of the last call
-  (None if nothing was left to train), "tokens_per_s" and "updates_per_s": throughput after
-  start-up (all models' tokens; ``Throughput``; NaN when only one call was trained), "resumed_from":
-  update count restored or None, "step": updates done,
-  "stopped_early": bool, "diverged_at": [E] update counts at divergence (-1: none),
-  "crossed": the stop rule's first evaluation step at or above its threshold per model (None
-  without a stop rule), "timings": wall seconds {"setup_s": from entry until the first
-  training call is dispatched (validating, building, restoring, compiling; the whole call if
-  nothing was left to train), "train_s": the rest (training calls, evaluations, checkpoints,
-  waiting for the last writes), "total_s": both[, "compile_s": the first training call's
-  dispatch, which compiles the train program or loads it from the persistent cache (part of
-  setup_s)]}}``.
+  Returns:
+    A ``loop.FitResult``: the final state, the last losses, where it resumed from and stopped,
+    divergence and stop-rule steps per model, throughput and ``loop.Timings``.
 
   Raises:
     ConfigError: before anything is compiled, if a field is invalid or the directory holds a

@@ -115,22 +115,22 @@ def _common(group) -> dict:
   }
 
 
-def _done_status(group, out: dict, common: dict) -> dict:
+def _done_status(group, out, common: dict) -> dict:
+  """The ``status.json`` of a group ``fit`` trained to its end (``out``: its ``FitResult``)."""
   ids = [c.id for c in group.cells]
-  diverged = {str(ids[j]): int(d) for j, d in enumerate(out["diverged_at"]) if d >= 0}
-  crossed = {str(ids[j]): c for j, c in enumerate(out["crossed"] or []) if c is not None}
+  diverged = {str(ids[j]): int(d) for j, d in enumerate(out.diverged_at) if d >= 0}
+  crossed = {str(ids[j]): c for j, c in enumerate(out.crossed or []) if c is not None}
   if diverged:
     log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id, ", ".join(diverged))
-  timings = {k: round(float(v), 3) for k, v in (out.get("timings") or {}).items()}
   return dict(
     state="done",
     **common,
-    step=out["step"],
-    stopped_early=out["stopped_early"],
+    step=out.step,
+    stopped_early=out.stopped_early,
     diverged=diverged,
-    resumed_from=out["resumed_from"],
+    resumed_from=out.resumed_from,
     crossed=crossed,
-    **({"timings": timings} if timings else {}),
+    timings=out.timings.to_json(),
   )
 
 

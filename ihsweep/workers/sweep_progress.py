@@ -65,18 +65,18 @@ class SweepProgress:
     total = self.model.seconds(job, self.devices[group_id])["total_s"]
     return total * updates / max(job.updates, 1)
 
-  def finished(self, group, out: dict, devices: int) -> None:
-    """A group this process trained to its end (or early stop): its measured seconds against
-    the model's for the updates it trained in this run."""
-    updates = int(out["step"]) - int(out["resumed_from"] or 0)
-    seconds = (out.get("timings") or {}).get("total_s")
+  def finished(self, group, out, devices: int) -> None:
+    """A group this process trained to its end (or early stop; ``out``: its ``FitResult``): its
+    measured seconds against the model's for the updates it trained in this run."""
+    updates = int(out.step) - int(out.resumed_from or 0)
+    seconds = out.timings.total_s
     if group.id not in self.jobs or updates <= 0 or not seconds:
       return
     self.devices[group.id] = devices
     self.measured_s += float(seconds)
     self.predicted_s += self._seconds(group.id, updates)
     self.trained_here += 1
-    self.stopped_at += int(out["step"])
+    self.stopped_at += int(out.step)
     self.planned += self.jobs[group.id].updates
 
   def report(self) -> None:
