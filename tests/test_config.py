@@ -359,11 +359,11 @@ def test_probe_ids_exclude_every_special_token_of_a_user_tokenizer(tiny, tmp_pat
 
 
 def test_a_schedule_over_the_token_budget_needs_one(tiny):
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
   from ihsweep.configuration import grid as grid_lib
 
   cfg = tiny(**{"sweep.schedule_horizon": "tokens", "train.num_steps": 200})  # the default
-  axes.add_axes(cfg, ["train.batch_size=8,16"])
+  axes_lib.add_axes(cfg, ["train.batch_size=8,16"])
   with pytest.raises(ConfigError, match="sweep.schedule_horizon = 'tokens' .the tokens per model"):
     grid_lib.make_plan(cfg)
   cfg.sweep.tokens = 8 * 32 * 5  # 5 updates at B 8, 3 at B 16 (ceil), the schedule = the budget

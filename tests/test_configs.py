@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-from ihsweep.configuration import axes
+from ihsweep.configuration import axes as axes_lib
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 
@@ -43,7 +43,7 @@ def test_config_plans_its_grid(name, arg, text_file):
 
 def test_exp1_model_size_axis():
   cfg = importlib.import_module("configs.exp1_natural").get_config("scale=study,models=3")
-  names, points = axes.grid_points(cfg)  # the grid only: validating 75 groups takes ~12 s
+  names, points = axes_lib.grid_points(cfg)  # the grid only: validating 75 groups takes ~12 s
   assert len(points) == 75 and "model.d_model" in names
   assert sorted({p["model.d_model"] for p in points}) == [256, 512, 768]
 

@@ -20,6 +20,7 @@ compares TransformerLens's own attention patterns (``run_with_cache``) and induc
 detector (``head_detector.detect_head``) with ihsweep's prefix-matching score head by head.
 """
 
+import importlib.util
 import itertools
 import json
 import os
@@ -34,9 +35,26 @@ from conftest import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-torch = pytest.importorskip("torch", reason="the interop extra: pip install 'ihsweep[interop]'")
-pytest.importorskip("transformer_lens", reason="the interop extra")
-pytest.importorskip("transformers", reason="the interop extra")
+# The interop extra, looked up without importing it: torch and TransformerLens take ~5 s to
+# import, which every pytest-xdist worker would pay while collecting.
+pytestmark = pytest.mark.skipif(
+  not all(importlib.util.find_spec(m) for m in ("torch", "transformer_lens", "transformers")),
+  reason="the interop extra: pip install 'ihsweep[interop]'",
+)
+
+
+class _Torch:
+  """torch, imported by the first test that uses it."""
+
+  def __getattr__(self, name):
+    if name.startswith("_"):  # pytest's probes while collecting (_mock_name, __wrapped__, …)
+      raise AttributeError(name)
+    import torch
+
+    return getattr(torch, name)
+
+
+torch = _Torch()
 
 from ihsweep.commands import flags  # noqa: E402
 from ihsweep.runs import export  # noqa: E402
@@ -292,7 +310,7 @@ def test_the_extra_missing_says_how_to_install(monkeypatch):
 def swept(tmp_path_factory):
   """`ihsweep run` over model.pos_encoding ∈ {learned, rotary}, one seed each: cell 0 learned,
   cell 1 rotary (groups g000, g001), 10 updates, params saved at 0 and 10."""
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
   from ihsweep.workers import sweep
 
   cfg = tiny_config(
@@ -308,7 +326,7 @@ def swept(tmp_path_factory):
       "checkpoint.state_every_steps": 0,
     }
   )
-  axes.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
+  axes_lib.add_axes(cfg, ["model.pos_encoding=learned,rotary"])
   workdir = str(tmp_path_factory.mktemp("export") / "sweep")
   sweep.run(cfg, workdir, progress=False)
   return workdir

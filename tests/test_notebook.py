@@ -57,11 +57,11 @@ def single(tmp_path_factory):
 def swept(tmp_path_factory):
   """`ihsweep run` over B ∈ {4, 8} × 2 seeds: cells 0, 1 (B 4) and 2, 3 (B 8) in two groups
   of 2 (g000 and g001, in the plan's order), 10 updates."""
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
   from ihsweep.workers import sweep
 
   cfg = tiny_config(**{**RUN, "train.num_steps": 10, "sweep.seeds": 2})
-  axes.add_axes(cfg, ["train.batch_size=4,8"])
+  axes_lib.add_axes(cfg, ["train.batch_size=4,8"])
   workdir = str(tmp_path_factory.mktemp("notebook") / "sweep")
   sweep.run(cfg, workdir, progress=False)
   return workdir

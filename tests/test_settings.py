@@ -15,7 +15,8 @@ import pytest
 from conftest import CPU_COMPILE_FLAGS, tiny_config
 
 from ihsweep.base import schema
-from ihsweep.configuration import axes, fields
+from ihsweep.configuration import axes as axes_lib
+from ihsweep.configuration import fields
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.data.errors import DataError
@@ -113,7 +114,7 @@ def _groups(cfg):
 
 def _value(cfg, path):
   try:
-    return axes.get_field(cfg, path)
+    return axes_lib.get_field(cfg, path)
   except (KeyError, AttributeError):
     return None
 
@@ -173,7 +174,7 @@ def test_every_field_set_reaches_every_group_or_is_refused(tmp):
 
 
 def _axis_fields():
-  planner = set(axes.PLANNER_FIELDS) | set(fields.EXECUTION_FIELDS)
+  planner = set(axes_lib.PLANNER_FIELDS) | set(fields.EXECUTION_FIELDS)
   for f in schema.FIELDS:
     if f.section == "sweep" or f.path in planner or f.kind in ("section", "tuple"):
       continue
@@ -193,7 +194,7 @@ def test_every_axis_value_reaches_its_cells_group_or_is_refused(tmp):
     for value in _candidates(f, current, tmp):
       cfg = base()
       try:
-        axes.add_axes(cfg, [f"{f.path}={current!r},{value!r}"])
+        axes_lib.add_axes(cfg, [f"{f.path}={current!r},{value!r}"])
         groups = _groups(cfg)
       except (ConfigError, DataError) as e:
         _refused(e, f.path)
@@ -219,7 +220,7 @@ def test_the_schedule_rule_in_the_plan():
 
   cfg = base()
   cfg.train.schedule_steps = 500
-  axes.add_axes(cfg, ["train.batch_size=4,8"])
+  axes_lib.add_axes(cfg, ["train.batch_size=4,8"])
   plan = grid_lib.make_plan(cfg)
   assert [g.cfg.train.schedule_steps for g in plan.groups] == [500, 500]
   note = placement.schedule_note(cfg, plan)

@@ -15,7 +15,7 @@ import pytest
 from conftest import CPU_COMPILE_FLAGS, tiny_config
 
 from ihsweep.base import schema
-from ihsweep.configuration import axes
+from ihsweep.configuration import axes as axes_lib
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.runs import checkpoint, ownership, rundir
@@ -47,9 +47,9 @@ def _config(tiny, grid=GRID, **overrides):
   if overrides.get("sweep.budget", "updates") != "updates":  # that budget sets the updates
     overrides.setdefault("train.num_steps", schema.field("train.num_steps").default)
   cfg = tiny(**{**RUN, **overrides})
-  axes.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
+  axes_lib.add_axes(cfg, [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if v])
   for path in (k for k, v in grid.items() if not v):  # an empty axis, as a config file may have
-    axes.add_axes(cfg, [f"{path}=0"])
+    axes_lib.add_axes(cfg, [f"{path}=0"])
     section, name = path.split(".")
     cfg.sweep.grid[section][name] = ()
   return cfg
@@ -202,7 +202,7 @@ def test_plan_cells_groups_and_cost_order(tiny):
 
 def test_plan_zip_budgets_and_single_cell(tiny):
   cfg = _config(tiny, grid={})
-  axes.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
+  axes_lib.add_axes(cfg, ["train.batch_size=4,8", "train.context_size=16,32"], "zip")
   plan = grid_lib.make_plan(cfg)
   assert len(plan.groups) == 2 and len(plan.cells) == 4  # zipped: (4, 16) and (8, 32)
   assert {(g.cfg.train.batch_size, g.cfg.train.context_size) for g in plan.groups} == {
@@ -211,10 +211,10 @@ def test_plan_zip_budgets_and_single_cell(tiny):
   }
   # A zip axis may repeat a value as long as the zipped points differ …
   cfg = _config(tiny, grid={})
-  axes.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
+  axes_lib.add_axes(cfg, ["train.batch_size=4,4,8", "train.context_size=16,32,32"], "zip")
   assert len(grid_lib.make_plan(cfg).groups) == 3
   cfg = _config(tiny, grid={})  # … but not a whole point
-  axes.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
+  axes_lib.add_axes(cfg, ["train.batch_size=4,8,4", "train.context_size=16,32,16"], "zip")
   with pytest.raises(ConfigError, match="distinct points"):
     grid_lib.make_plan(cfg)
   cfg = _config(tiny, **{"sweep.budget": "tokens", "sweep.tokens": 10_000})
@@ -404,7 +404,7 @@ def test_one_run_per_directory(tiny, tmp_path, no_compile):
   with pytest.raises(ConfigError, match="no ihsweep run"):
     runner.fit(tiny(), str(tmp_path / "sweep_run"), progress=False)
   with pytest.raises(ConfigError, match="one --grid/--zip flag per field"):
-    axes.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
+    axes_lib.add_axes(tiny(), ["train.batch_size=4", "train.batch_size=8"])
 
 
 def test_cli_reports_bad_axis_in_one_line(tmp_path):
@@ -466,7 +466,7 @@ def test_axis_flags_without_values_or_with_nan(tiny):
     ("train.lr=1e999", "NaN and infinity are not allowed"),
   ]:
     with pytest.raises(ConfigError) as e:
-      axes.add_axes(tiny(), [spec])
+      axes_lib.add_axes(tiny(), [spec])
     assert words in str(e.value), str(e.value)
     assert "string" not in str(e.value) and "distinct" not in str(e.value)
 

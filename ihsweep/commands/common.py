@@ -100,10 +100,10 @@ def add_axis_flags(cfg) -> str | None:
   """Adds the ``--grid`` and ``--zip`` axes to ``cfg`` (``axes.add_axes``; ConfigError for a
   malformed one); then, as ``load_config`` for the config file's axes, why a ``--config.X=V``
   override would be ignored because an axis now sets ``X`` (``overridden_axis``), or None."""
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
 
-  axes.add_axes(cfg, FLAGS.grid, "grid")
-  axes.add_axes(cfg, FLAGS.zip, "zip")
+  axes_lib.add_axes(cfg, FLAGS.grid, "grid")
+  axes_lib.add_axes(cfg, FLAGS.zip, "zip")
   if not FLAGS.grid and not FLAGS.zip:
     return None
   return overridden_axis(cfg, split_args(ARGV[1:])[0])

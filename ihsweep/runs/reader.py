@@ -327,7 +327,7 @@ def load_run(path: str) -> Run:
 
 
 def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str]) -> Run:
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
   from ihsweep.runs import claims, rundir
 
   try:
@@ -347,7 +347,7 @@ def _load_sweep(path: str, cells_path: str, config_path: str, warnings: list[str
     cells = pd.DataFrame({c: pd.Series(dtype=int) for c in rundir.REQUIRED_CELL_COLUMNS})
     cells["group"] = pd.Series(dtype=object)
     try:
-      axes = axes.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
+      axes = axes_lib.grid_points(cfg)[0] if cfg is not None and "sweep" in cfg else []
     except Exception:  # a damaged sweep section: the cells get no axis columns
       axes = []
   else:

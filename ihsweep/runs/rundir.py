@@ -232,7 +232,7 @@ def config_cells(cfg, group_id: str, axes=()):
   import pandas as pd
 
   from ihsweep.compute import train
-  from ihsweep.configuration import axes
+  from ihsweep.configuration import axes as axes_lib
   from ihsweep.configuration import grid as grid_lib
 
   ids, seeds, lrs = train.cell_ids(cfg), train.model_seeds(cfg), train.peak_lrs(cfg)
@@ -251,10 +251,10 @@ def config_cells(cfg, group_id: str, axes=()):
   cells = pd.DataFrame(rows)
   for axis in axes:
     try:
-      values = tuple(axes.get_field(cfg, grid_lib.VALUE_FIELDS[axis]) or ())
+      values = tuple(axes_lib.get_field(cfg, grid_lib.VALUE_FIELDS[axis]) or ())
     except KeyError:  # not a per-model field, or a config without it
       values = ()
-    cells[axis] = list(values) if len(values) == n else axes.get_field(cfg, axis)
+    cells[axis] = list(values) if len(values) == n else axes_lib.get_field(cfg, axis)
   mcfg, _ = train.model_and_train_config(cfg)
   cells["n_params"] = grid_lib.n_params(mcfg, int(cfg.train.context_size))
   cells["diverged"] = False
