@@ -10,6 +10,8 @@ import math
 
 import pandas as pd
 
+from ihsweep.base.law import STUDY
+
 from . import emergence as emergence_lib
 from . import figure_axes, lack_of_fit, law_figure, law_fit, law_points, scaling
 from .outputs import Outputs
@@ -221,9 +223,7 @@ def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
       row["emerged_only"] = eo.get(k, math.nan)
     if flagged is not None:
       row["flagged censored"] = flagged.get(k, math.nan)
-    row["study (published)"] = (
-      math.exp(law_fit.STUDY["log_T"]) if k == "T" else law_fit.STUDY.get(k, math.nan)
-    )
+    row["study (published)"] = math.exp(STUDY["log_T"]) if k == "T" else STUDY.get(k, math.nan)
     rows.append(row)
   r = law.get("r")
   row = {
@@ -236,7 +236,7 @@ def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
     row["emerged_only"] = math.nan if eo.get("r") is None else eo["r"]
   if flagged is not None:
     row["flagged censored"] = math.nan if flagged.get("r") is None else flagged["r"]
-  row["study (published)"] = law_fit.STUDY["r"]  # on the study's own cells
+  row["study (published)"] = STUDY["r"]  # on the study's own cells
   rows.append(row)
   if law.get("study_r") is not None:  # the study's law on these cells
     rows.append(

@@ -36,7 +36,7 @@ Predictions carry an interval from the bootstrap covariance of the coefficients
 (``LawFit.predict_interval``, the same formula as ``ihsweep predict``: ``ihsweep.base.law``).
 
 The fitted law is a ``law_fit.LawFit`` (with ``law_fit.MLE``, ``law_fit.LSQ`` and the study's
-``law_fit.STUDY``); the points come from ``law_points`` (``read_points``, ``FitError``).
+``ihsweep.base.law.STUDY``); the points come from ``law_points`` (``read_points``, ``FitError``).
 
 The comparison table (``compare``) scores, on the emerged cells: the fitted law, the study's law
 as published, and version 1's form N_PT = T·sqrt(B·C) tokens (i.e. α = β = 0.5) both with T
@@ -53,6 +53,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ihsweep.base.law import STUDY
+
 from . import lack_of_fit
 from .censored_fit import (
   cluster_bootstrap,
@@ -62,7 +64,7 @@ from .censored_fit import (
   percentile_intervals,
   small_sample_factor,
 )
-from .law_fit import LSQ, MIN_DOF_FOR_INTERVALS, MLE, STUDY, V1_LOG10_T_TOKENS, LawFit, score
+from .law_fit import LSQ, MIN_DOF_FOR_INTERVALS, MLE, V1_LOG10_T_TOKENS, LawFit, score
 from .law_points import FitError, as_bool, clean_points
 
 # Fewer bootstrap resamples than this give no intervals: a 2.5% percentile needs 1 of 40.

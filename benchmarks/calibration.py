@@ -39,7 +39,7 @@ import pandas as pd
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from analysis import emergence, scaling  # noqa: E402
-from analysis.law_fit import STUDY  # noqa: E402
+from ihsweep.base.law import STUDY  # noqa: E402
 
 GRIDS = {  # name: (batch sizes, context sizes)
   "3x3 demo": ((8, 16, 32), (16, 32, 64)),

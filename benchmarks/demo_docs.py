@@ -193,7 +193,7 @@ def finding_block(demo: Demo) -> str:
   law = demo.law
   if law is None:
     return text + " No law was fitted (the report says why)."
-  from analysis.law_fit import STUDY
+  from ihsweep.base.law import STUDY
 
   def coef(name):
     ci = (law.get("ci") or {}).get(name)

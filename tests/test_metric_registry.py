@@ -16,8 +16,7 @@ import pytest
 from test_metrics import CFG, L, _evaluate, _probes, induction_circuit
 
 from analysis import curves as curves_lib
-from analysis import emergence, plots
-from analysis import summary as summary_lib
+from analysis import emergence, plots, setup_words
 from ihsweep.compute import metric_registry, metrics
 from ihsweep.configuration import fields
 from ihsweep.configuration import grid as grid_lib
@@ -297,7 +296,7 @@ def test_the_emergence_table_reads_a_registered_metric_and_its_min_jump(ps_mean)
   assert emergence.SPECS["ps_mean"] is ps_mean
   assert plots.LABELS["ps_mean"] == "prefix-matching score (mean over heads)"
   assert metric_registry.description("ps_mean") == "the mean prefix-matching score over heads"
-  text = summary_lib.setup_paragraph(
+  text = setup_words.setup_paragraph(
     mean, tiny_config(), ["run", "batch_size", "context_size"], [], "ps_mean", "threshold", 1
   )
   assert "the update at which the mean prefix-matching score over heads first crosses" in text

@@ -91,7 +91,7 @@ again = runner.fit(cfg, workdir % jax.process_index(), progress=False,
                    devices=jax.local_devices(), local=True)
 print("RESULT " + json.dumps({"process": jax.process_index(), "count": jax.process_count(),
                               "local_devices": len(jax.local_devices()), "step": out.step,
-                              "again": [again["resumed_from"], again["step"]]}), flush=True)
+                              "again": [again.resumed_from, again.step]}), flush=True)
 """
 
 

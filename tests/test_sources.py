@@ -15,7 +15,7 @@ import pytest
 from ihsweep.data import builtin, make_source, markov, natural, probes
 from ihsweep.data import corpus as corpus_lib
 from ihsweep.data.source import Source
-from ihsweep.training import runner
+from ihsweep.training import group_build, runner
 
 BUILTIN = {
   builtin.UniformSource,
@@ -207,7 +207,7 @@ def test_a_user_source_with_only_sample_gets_probes_from_the_defaults(tiny):
 def test_a_user_source_with_only_sample_trains_and_is_evaluated(
   tiny, tmp_path, monkeypatch, caplog
 ):
-  monkeypatch.setattr(runner, "make_source", lambda data, v, b, c: Counting(v, b, c))
+  monkeypatch.setattr(group_build, "make_source", lambda data, v, b, c: Counting(v, b, c))
   cfg = tiny(
     **{
       "model.n_layers": 1,

@@ -242,9 +242,9 @@ def test_without_the_cuda_plugin_the_gpu_plan_says_it_is_the_cpu_estimate(monkey
   compiler's estimate, labelled with why."""
   import jax
 
-  from ihsweep.planning import targets, toolchain
+  from ihsweep.planning import toolchain
 
-  monkeypatch.setattr(targets, "CHECKOUT_JAX_CUDA", "/nonexistent/jax-cuda")
+  monkeypatch.setattr(toolchain, "CHECKOUT_JAX_CUDA", "/nonexistent/jax-cuda")
   t = toolchain.make_target("h100-80gb", 2)
   assert t.estimate.startswith("XLA CPU compiler (estimate: JAX's ")
   assert [d.platform for d in t.devices] == ["cpu", "cpu"] and t.devices == jax.devices("cpu")[:2]

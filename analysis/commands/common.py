@@ -80,7 +80,9 @@ def law_table(law: dict, sensitivity: dict | None = None, tablefmt: str = "plain
 
 def law_rows(law: dict, sensitivity: dict | None = None) -> tuple[tuple, list[tuple]]:
   """``law_table``'s ``(headers, rows)`` of text."""
-  from ..law_fit import MLE, STUDY
+  from ihsweep.base.law import STUDY
+
+  from ..law_fit import MLE
 
   with_sigma = "sigma" in law
 
