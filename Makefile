@@ -60,8 +60,9 @@ demo: $(STAMP)
 
 # The suite on TEST_WORKERS pytest-xdist processes, a test file each at a time (--dist loadfile:
 # a file's module fixtures are built once). Tests are CPU-bound compiles: on the 2-core CI
-# machine 2 workers took the suite from 1105 s to 720 s (--dist worksteal: 778 s). TEST_WORKERS=0
-# runs it in one process, as `pytest tests/...` does.
+# machine 2 workers took the suite from 1105 s to 720 s (--dist worksteal: 778 s); 3 workers
+# took it from ~1000 s to 1108 s (issue 45: more CPU lost to contention than idle time won).
+# TEST_WORKERS=0 runs it in one process, as `pytest tests/...` does.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
