@@ -64,14 +64,8 @@ class GroupBuild:
     compilation serves every call length up to ``train.steps_per_call``, the short last call
     included."""
     if "train" not in self._programs:
-      tcfg = self.tcfg
-      self._programs["train"] = train.make_ensemble_train_fn(
-        self.model,
-        tcfg,
-        None if self.host_fed else self.source.sample,
-        self.mesh,
-        min(tcfg.steps_per_call, tcfg.num_steps),
-        self.cfg.ensemble.vmap_chunk,
+      self._programs["train"] = self.train_program_at(
+        self.tcfg.gradient_accumulation_steps, self.tcfg.remat, self.cfg.ensemble.vmap_chunk
       )
     return self._programs["train"]
 
