@@ -88,7 +88,7 @@ def test_a_group_that_uses_half_a_worker_leaves_the_other_half_idle():
 
 def test_time_is_cost_over_devices_times_flops():
   j = job("g0", updates=1000, flops_per_update=3e9)
-  assert timing.FlopsModel(1e12).seconds(j, 4)["total_s"] == pytest.approx(3e12 / 4e12)
+  assert timing.FlopsModel(1e12).seconds(j, 4).total_s == pytest.approx(3e12 / 4e12)
 
 
 @pytest.mark.parametrize(
@@ -385,9 +385,9 @@ def test_measured_time_follows_the_runs_schedule():
   n_params = len(run.params)  # params_schedule 'none': 0 and 100
   assert n_params == 2
   expected = 7.0 + 10 * 0.5 + 100 * 0.01 + 11 * 0.25 + 2 * 0.125 + 1 * 1.0
-  assert t["total_s"] == pytest.approx(expected)
-  assert (t["calls"], t["evaluations"], t["checkpoints"], t["measured"]) == (10, 11, 3, True)
-  assert t["hidden_s"] == 0.0  # on a CPU the compiler takes the training's cores: not hidden
+  assert t.total_s == pytest.approx(expected)
+  assert (t.calls, t.evaluations, t.checkpoints, t.measured) == (10, 11, 3, True)
+  assert t.hidden_s == 0.0  # on a CPU the compiler takes the training's cores: not hidden
 
 
 class _Accelerator:
@@ -409,7 +409,7 @@ def test_on_an_accelerator_only_a_workers_first_group_waits_for_its_compilation(
     state_save_s=0.0,
   )
   model = timing.MeasuredModel(jobs, [_Accelerator()], measure=lambda cfg, devices: pieces)
-  assert model.hides_compile and model.seconds(jobs[0], 1)["hidden_s"] == 5.0
+  assert model.hides_compile and model.seconds(jobs[0], 1).hidden_s == 5.0
   s = list_schedule.worker_schedule(jobs, model, 1, 1)  # one worker: 6 s, then 1 s, 1 s
   assert [x.end_s for x in s.slots] == pytest.approx([6.0, 7.0, 8.0])
 
@@ -433,10 +433,10 @@ def test_unmeasured_groups_are_scaled_from_the_nearest_measured_one():
 
   model = timing.MeasuredModel(jobs, jax.devices()[:2], measure=fake, subset=[jobs[0], jobs[2]])
   t = model.seconds(jobs[1], 2)  # B = 16: scaled from g000 (B = 8, the same C)
-  assert t["scaled_from"] == "g000" and not t["measured"]
+  assert t.scaled_from == "g000" and not t.measured
   ratio = jobs[1].flops_per_update / jobs[0].flops_per_update
   assert ratio == pytest.approx(2.0)
-  assert t["train_s"] == pytest.approx(t["calls"] * 0.1 * 2 + 100 * 0.01 * ratio)
+  assert t.train_s == pytest.approx(t.calls * 0.1 * 2 + 100 * 0.01 * ratio)
   model.seconds(jobs[0], 2)
   assert sorted(calls) == [8, 8]  # each measured group once per device count
 
@@ -671,18 +671,18 @@ def test_flops_model_prices_the_data_axis_all_reduce():
   compute_8 = job.cost_flops / (8 * 1e14)
   t = model.seconds(job, 8)  # mesh 2 × 4: one model per device, its batch over 4
   ring = 2 * 3 / 4 * 4e6 / 450e9 + 6 * net.latency_s
-  assert t["comm_s"] == pytest.approx(1000 * ring)
-  assert t["total_s"] == pytest.approx(compute_8 + 1000 * ring)
-  assert model.seconds(job, 2)["comm_s"] == 0.0  # mesh 2 × 1: no data axis
+  assert t.comm_s == pytest.approx(1000 * ring)
+  assert t.total_s == pytest.approx(compute_8 + 1000 * ring)
+  assert model.seconds(job, 2).comm_s == 0.0  # mesh 2 × 1: no data axis
   wide = list_schedule.Job("g1", 1, 32, 64, updates=10, flops_per_update=1e12, n_params=10**6)
   ring_16 = 2 * 15 / 16 * 4e6 / 50e9 + 30 * net.latency_s  # 1 × 16 spans two hosts of 8
-  assert model.seconds(wide, 16)["comm_s"] == pytest.approx(10 * ring_16)
-  assert timing.FlopsModel(1e14).seconds(job, 8)["comm_s"] == 0.0  # no network: not priced
+  assert model.seconds(wide, 16).comm_s == pytest.approx(10 * ring_16)
+  assert timing.FlopsModel(1e14).seconds(job, 8).comm_s == 0.0  # no network: not priced
   # rings of 4 on hosts of 6: devices 4–7 span two hosts, so every ring is priced across
   three = list_schedule.Job("g2", 3, 4, 64, updates=10, flops_per_update=1e12, n_params=10**6)
   ring_4x = 2 * 3 / 4 * 4e6 / 50e9 + 6 * net.latency_s
   on_6 = timing.FlopsModel(1e14, net, devices_per_host=6)
-  assert on_6.seconds(three, 12)["comm_s"] == pytest.approx(10 * ring_4x)
+  assert on_6.seconds(three, 12).comm_s == pytest.approx(10 * ring_4x)
 
 
 def test_phase_switches_are_priced():

@@ -3,6 +3,7 @@ through libtpu's compile-only devices; GPU by XLA:GPU through JAX's CUDA plugin,
 estimated by the XLA CPU compiler without it); every target's interconnect priced; the launch
 lines of the plan's layout, run in the launchers' dry-run mode."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -112,7 +113,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
   the explicit-pattern comparison ran only where asked (--compare_attention)."""
   from ihsweep import cli
   from ihsweep.commands import flags
-  from ihsweep.planning import plan_text
+  from ihsweep.planning import plan_text, target_plan
 
   p = json.loads(tiny_h100.stdout)
   assert p["n_workers"] == 1 and p["devices_per_worker"] == 2, p["layouts"]
@@ -124,7 +125,10 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
     f"sbatch --array=0-0 --gres=gpu:2 launch/slurm_array.sbatch {words}",
     f"IHSWEEP_GPUS=0,1 launch/local_multiprocess.sh 1 --independent {words}",
   ]
-  text = plan_text.format_plan(p)
+  # the typed plan reads back what --json printed, and formats from it
+  plan = target_plan.TargetPlan.from_json(p)
+  assert plan.to_json() == p and plan.best.devices_per_worker == 2 and plan.fits
+  text = plan_text.format_plan(plan)
   assert "to run it (1 worker(s) × 2 device(s); " in text
   assert text.endswith("\n  " + "\n  ".join(p["launch"]["lines"]))
   env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
@@ -147,7 +151,7 @@ def test_every_target_is_priced_from_a_published_figure():
   so."""
   import types
 
-  from ihsweep.planning import chips, targets, timing, toolchain
+  from ihsweep.planning import chips, target_plan, targets, timing, toolchain
 
   for name, chip in {**chips.GPUS, **chips.TPU_CHIPS}.items():
     net = timing.NETWORKS.get(chip.network)
@@ -164,9 +168,9 @@ def test_every_target_is_priced_from_a_published_figure():
   v4 = toolchain.Target("v4:2x2x1", chips.TPU_CHIPS["v4"], [], 0, 8, "TPU compiler")
   assert v4.network.intra_host_bytes_per_s == pytest.approx(1.1e15 / 4096 / 2)
   layouts = [
-    {"devices_per_worker": 1, "makespan_s": 9.0, "data_axis_groups": 0, "not_launchable": None},
-    {"devices_per_worker": 4, "makespan_s": 5.0, "data_axis_groups": 0, "not_launchable": None},
-    {"devices_per_worker": 8, "makespan_s": 3.0, "data_axis_groups": 2, "not_launchable": None},
+    target_plan.Layout(1, 8, makespan_s=9.0, utilisation=0.3, data_axis_groups=0, comm_share=0.0),
+    target_plan.Layout(4, 2, makespan_s=5.0, utilisation=0.6, data_axis_groups=0, comm_share=0.0),
+    target_plan.Layout(8, 1, makespan_s=3.0, utilisation=0.9, data_axis_groups=2, comm_share=0.1),
   ]
   h100 = types.SimpleNamespace(network=timing.NETWORKS["h100"], chip=chips.GPUS["h100-80gb"])
   assert targets.best_layout(layouts, h100) == (layouts[2], None)
@@ -176,7 +180,7 @@ def test_every_target_is_priced_from_a_published_figure():
   best, why = targets.best_layout(layouts[2:], unknown)
   assert best is layouts[2] and "the choice ignores that time" in why
   # a TPU layout narrower than a host is not launchable (one process per host), so not chosen
-  layouts[2]["not_launchable"] = "a TPU host runs one process"
+  layouts[2] = dataclasses.replace(layouts[2], not_launchable="a TPU host runs one process")
   assert targets.best_layout(layouts, h100)[0] is layouts[1]
 
 

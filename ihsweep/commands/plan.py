@@ -231,8 +231,8 @@ def _plan_target(cfg) -> int:
     return bad_input(e)
   except LawError as e:
     return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
-  print(json.dumps(result) if FLAGS.json else plan_text.format_plan(result))
-  return 0 if result["fits"] else 1
+  print(json.dumps(result.to_json()) if FLAGS.json else plan_text.format_plan(result))
+  return 0 if result.fits else 1
 
 
 def _run_flags(tpu: bool) -> list[str]:

@@ -149,8 +149,7 @@ def schedule_entry(job, model, devices: int) -> tuple:
   """``(id, m, seconds, first_s)`` of a job on m devices: compile time a model says is hidden
   behind the previous group's training (``hidden_s``) is charged only to a worker's first."""
   t = model.seconds(job, devices)
-  hidden = t.get("hidden_s", 0.0)
-  return job.id, devices, t["total_s"] - hidden, hidden
+  return job.id, devices, t.total_s - t.hidden_s, t.hidden_s
 
 
 @functools.lru_cache(maxsize=4096)

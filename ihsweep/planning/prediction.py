@@ -49,14 +49,14 @@ class Prediction:
     for s in slots:
       job = by_id[s.group]
       t = self.model.seconds(job, s.devices)
-      held += s.devices * t["total_s"]
-      comm += s.devices * t.get("comm_s", 0.0)
+      held += s.devices * t.total_s
+      comm += s.devices * t.comm_s
       with_data_axis += sharding.mesh_shape(job.n_models, job.batch_size, s.devices)[1] > 1
     return {"comm_share": comm / held if held else 0.0, "groups_with_data_axis": with_data_axis}
 
   def checkpoints(self, job) -> dict:
     """``schedule.checkpoint_bytes`` of ``job`` over its predicted time on its slot."""
-    seconds = self.model.seconds(job, self.slot(job).devices)["total_s"]
+    seconds = self.model.seconds(job, self.slot(job).devices).total_s
     return schedule.checkpoint_bytes(job.cfg, job.n_params, job.updates, seconds)
 
   def to_json(self) -> dict:
@@ -82,8 +82,8 @@ class Prediction:
         "devices_per_worker": phases[slot.phase].devices_per_worker,
         "devices": m,
         "mesh": list(sharding.mesh_shape(job.n_models, job.batch_size, m)),
-        "seconds": times["total_s"],
-        "times": times,
+        "seconds": times.total_s,
+        "times": times.to_json(),
         "checkpoints": self.checkpoints(job),
       }
       rows.append(row)
@@ -203,7 +203,7 @@ def _group_lines(p: Prediction) -> list[str]:
       f"{job.id:6} {ranges(list(job.cells)):>9} {job.n_models:>3} "
       f"{job.batch_size:>5} {job.context_size:>5} {job.updates:>10,} "
       f"{f'({job.cap_updates:,})':>10} {job.cost_flops:>9.3g} {slot.phase + 1:>5}  "
-      f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m)['total_s']):>9}"
+      f"{f'{m} ({e}×{dd})':>13} {duration(p.model.seconds(job, m).total_s):>9}"
     )
   totals = schedule_lib.checkpoint_totals([p.checkpoints(job) for job in p.jobs])
   return lines + [schedule_lib.describe_checkpoint_totals(totals)]

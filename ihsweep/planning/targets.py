@@ -13,6 +13,15 @@ import dataclasses
 
 from ihsweep.base import numbers
 from ihsweep.planning import kernels, list_schedule, phases
+from ihsweep.planning.target_plan import (
+  AttentionBytes,
+  GroupMemory,
+  Launch,
+  Layout,
+  PlannedGroup,
+  RefusedLayout,
+  TargetPlan,
+)
 from ihsweep.planning.toolchain import Target, TargetError
 
 
@@ -141,7 +150,7 @@ def plan_for_target(
   *,
   compare_attention: bool = False,
   run_flags: list[str] | None = None,
-) -> dict:
+) -> TargetPlan:
   """Every group compiled for ``target`` (module docstring) at the smallest devices per worker
   D at which every group fits (memory chosen per group, ``runner.resolve_memory``): each
   group's memory, FLOPs and roofline time there, and the list schedule of the groups on the
@@ -156,26 +165,13 @@ def plan_for_target(
   ``ihsweep run`` applies there) and doubles its compiles. ``run_flags``: the ``ihsweep run``
   flags of the planned sweep (``placement.run_flags``) for the launch lines.
 
-  Returns a JSON-able dict: ``target``, ``devices_per_worker``, ``groups`` (per group: ``id``,
-  ``batch_size``, ``context_size``, ``n_models``, ``devices``, ``mesh`` [ensemble, data],
-  ``gradient_accumulation_steps``, ``vmap_chunk``, ``remat``, ``attention`` {``compiled`` (the
-  train step's kernel, ``train.resolve_attention``); where it is the explicit pattern
-  ``saved_bytes`` 0; else, with ``compare_attention``, ``explicit_bytes`` and ``saved_bytes``
-  per device against the explicit pattern at the same setting}, ``memory``
-  {``per_device_bytes``, ``argument_bytes``, ``temp_bytes``, ``capacity_bytes``, ``fits``},
-  ``flops_per_update``, ``analytic_flops_per_update`` (PaLM's 6N + 12·L·d·C per token),
-  ``bytes_per_update``, ``roofline_update_s``, ``all_reduce_s`` (per update, over its data
-  axis on the chip's network; 0 without one), ``update_s`` (their sum), ``updates``,
-  ``roofline_s``, ``seconds`` at D), ``refused`` (layouts tried before D and why),
-  ``layouts`` (D and every wider layout: groups on more devices, times scaled by the device
-  ratio; each with ``data_axis_groups``, the groups whose gradient is all-reduced there,
-  ``comm_share``, the all-reduces' share of the groups' device-time, and ``not_launchable``,
-  why the launchers cannot start it, or None), the best of them
-  (``devices_per_worker``, ``n_workers``, ``schedule``, ``makespan_s``, ``utilisation``; the
-  shortest makespan among the launchable layouts, and where the chip's network has no
-  published figure among those without all-reduces, ``unpriced`` saying so), ``launch``
-  ({``lines``, ``note``}: ``placement.launch_lines`` for the best layout; None without
-  ``run_flags``) and ``fits``.
+  Returns a ``target_plan.TargetPlan``: the groups compiled at D (``PlannedGroup``: memory,
+  FLOPs, roofline and all-reduce time per update, ``seconds`` at D), the layouts refused before D
+  and why, ``layouts`` (D and every wider layout: groups on more devices, times scaled by the
+  device ratio) and the best of them (the shortest makespan among the launchable layouts, and
+  where the chip's network has no published figure among those without all-reduces,
+  ``unpriced`` saying so), with its launch lines (``placement.launch_lines``; None without
+  ``run_flags``). Its JSON (``to_json``) is what ``ihsweep plan --target --json`` prints.
   """
   import time
 
@@ -201,7 +197,7 @@ def plan_for_target(
   refused = []
   layout = _first_fitting_layout(jobs, target, compile_group, refused, fixed)
   if layout is None:
-    return {"target": target.to_json(), "fits": False, "refused": refused, "groups": []}
+    return TargetPlan(target.to_json(), tuple(refused))
   d, sizes = layout
   fused = [j for j in jobs if compile_group(j, sizes[j.id])[0].train.attention != "explicit"]
   if compare_attention and fused:
@@ -218,56 +214,52 @@ def plan_for_target(
     m = sizes[j.id]
     row = _group_row(j, m, compile_group, target, comm_model)
     groups.append(row)
-    entries.append((j, m, row["roofline_s"]))
+    entries.append((j, m, row.roofline_s))
   layouts = _wider_layouts(jobs, target, d, entries, comm_model, fixed)
   best, unpriced = best_layout(layouts, target)
   launch = None
   if run_flags is not None:
-    lines, note = placement.launch_lines(
-      run_flags,
-      best["n_workers"],
-      best["devices_per_worker"],
-      target.devices_per_host,
-      target.chip.platform,
+    launch = Launch(
+      *placement.launch_lines(
+        run_flags,
+        best.n_workers,
+        best.devices_per_worker,
+        target.devices_per_host,
+        target.chip.platform,
+      )
     )
-    launch = {"lines": lines, "note": note}
-  return {
-    "target": target.to_json(),
-    "devices_per_worker": best["devices_per_worker"],
-    "n_workers": best["n_workers"],
-    "compiled_devices_per_worker": d,
-    "refused": refused,
-    "groups": groups,
-    "layouts": [{k: v for k, v in lay.items() if k != "schedule"} for lay in layouts],
-    "schedule": best["schedule"],
-    "makespan_s": best["makespan_s"],
-    "utilisation": best["utilisation"],
-    "unpriced": unpriced,
-    "launch": launch,
-    "fits": all(g["memory"]["fits"] for g in groups),
-    "checkpoints": schedule.checkpoint_totals([g["checkpoints"] for g in groups]),
-    "headroom": memory.HEADROOM,
-    "roofline": "per update and device the largest of two lower bounds, FLOPs / peak and the "
+  return TargetPlan(
+    target=target.to_json(),
+    refused=tuple(refused),
+    groups=tuple(groups),
+    compiled_devices_per_worker=d,
+    layouts=tuple(layouts),
+    best=best,
+    unpriced=unpriced,
+    launch=launch,
+    checkpoints=schedule.checkpoint_totals([g.checkpoints for g in groups]),
+    headroom=memory.HEADROOM,
+    roofline="per update and device the largest of two lower bounds, FLOPs / peak and the "
     "bytes accessed / HBM bandwidth (where the compiled program counts them, else twice the "
     "train state), and for GPUs an estimate, kernels per update x "
     f"{kernels.LAUNCH_S * 1e6:.0f} us per launch (update_time_terms), + the gradient "
     "all-reduce over a data axis on the chip's network ("
     + (target.network.describe() if target.network else "no published figure: not priced")
     + "); evaluation, checkpoints and start-up not counted",
-  }
+  )
 
 
-def best_layout(layouts: list[dict], target: Target) -> tuple[dict, str | None]:
+def best_layout(layouts: list[Layout], target: Target) -> tuple[Layout, str | None]:
   """``(the plan's layout, None or why its choice is unpriced)``: of ``_wider_layouts``' layouts
   the launchable ones (``not_launchable`` None), the shortest makespan first, then the fewest
   devices per worker. Where the chip's network has no published figure the all-reduces are
   not priced, so only layouts without any (``data_axis_groups`` 0: every group's models whole
   on their devices) compete; where none is, the choice is the same and ``unpriced`` says it
   ignored their all-reduces."""
-  pool = [lay for lay in layouts if lay.get("not_launchable") is None] or layouts
+  pool = [lay for lay in layouts if lay.not_launchable is None] or layouts
   unpriced = None
   if target.network is None:
-    nil = [lay for lay in pool if lay["data_axis_groups"] == 0]
+    nil = [lay for lay in pool if lay.data_axis_groups == 0]
     unpriced = (
       f"{target.chip.name}: no published interconnect figure, so gradient all-reduces are not "
       f"priced; "
@@ -278,7 +270,7 @@ def best_layout(layouts: list[dict], target: Target) -> tuple[dict, str | None]:
       )
     )
     pool = nil or pool
-  best = min(pool, key=lambda lay: (round(lay["makespan_s"], 6), lay["devices_per_worker"]))
+  best = min(pool, key=lambda lay: (round(lay.makespan_s, 6), lay.devices_per_worker))
   return best, unpriced
 
 
@@ -396,12 +388,7 @@ def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fi
   for d in [fixed] if fixed else candidate_layouts(target):
     sizes = _layout_sizes(jobs, target, d)
     if sizes is None:
-      refused.append(
-        {
-          "devices_per_worker": d,
-          "why": "a group cannot use every device of a worker spanning hosts",
-        }
-      )
+      refused.append(RefusedLayout(d, "a group cannot use every device of a worker spanning hosts"))
       continue
     bad = None
     compile_group.passes += 1
@@ -416,11 +403,11 @@ def _first_fitting_layout(jobs, target: Target, compile_group, refused: list, fi
         break
     if bad is None:
       return d, sizes
-    refused.append({"devices_per_worker": d, "why": bad})
+    refused.append(RefusedLayout(d, bad))
   return None
 
 
-def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
+def _group_row(j, m: int, compile_group, target: Target, comm_model) -> PlannedGroup:
   """One group of ``plan_for_target``'s ``groups``: compiled on m devices, its memory, FLOPs,
   roofline and all-reduce time per update, and its updates' time."""
   from ihsweep.base import sharding
@@ -434,53 +421,57 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> dict:
   all_reduce = comm_model.all_reduce_s(j, m)
   per_update = roofline + all_reduce
   s = choice.setting
-  attention = {"compiled": out.train.get("attention", "explicit")}
-  if attention["compiled"] == "explicit":
-    attention["saved_bytes"] = 0
+  attention = AttentionBytes(out.train.get("attention", "explicit"))
+  if attention.compiled == "explicit":
+    attention = dataclasses.replace(attention, saved_bytes=0)
   elif ("explicit", j.id, m) in compile_group.memo:  # compiled by --compare_attention
-    attention["explicit_bytes"] = compile_group.explicit_bytes(j, m)
-    attention["saved_bytes"] = attention["explicit_bytes"] - choice.per_device_bytes
-  return {
-    "id": j.id,
-    "batch_size": j.batch_size,
-    "context_size": j.context_size,
-    "n_models": j.n_models,
-    "n_params": j.n_params,
-    "devices": m,
-    "mesh": list(mesh),
-    "gradient_accumulation_steps": s.gradient_accumulation_steps,
-    "vmap_chunk": s.vmap_chunk,
-    "remat": s.remat,
-    "attention": attention,
-    "memory_from": target.estimate,
-    "cost_from": choice.train.cost_from,
-    "memory": {
-      "per_device_bytes": choice.per_device_bytes,
-      "argument_bytes": choice.train.argument_bytes,
-      "temp_bytes": choice.train.temp_bytes,
-      "capacity_bytes": target.capacity_bytes,
-      "fits": choice.fits,
-    },
-    "compiled_settings": len(choice.tried),
-    "compile_s": sum(t for _, _, t in choice.tried),
-    "tried": choice.to_json()["tried"],
-    "flops_per_update": flops,
-    "analytic_flops_per_update": j.flops_per_update / m,
-    "bytes_per_update": n_bytes,
-    "kernels_per_update": choice.train.kernels_per_update,
-    "roofline_terms": terms,
-    "roofline_from": "max(" + ", ".join(ROOFLINE_TERMS[t] for t in terms) + ")",
-    "roofline_update_s": roofline,
-    "all_reduce_s": all_reduce,
-    "update_s": per_update,
-    "updates": j.updates,
-    "roofline_s": roofline * j.updates,
-    "seconds": per_update * j.updates,
-    "checkpoints": schedule.checkpoint_bytes(j.cfg, j.n_params, j.updates, per_update * j.updates),
-  }
+    explicit = compile_group.explicit_bytes(j, m)
+    attention = dataclasses.replace(
+      attention, explicit_bytes=explicit, saved_bytes=explicit - choice.per_device_bytes
+    )
+  return PlannedGroup(
+    id=j.id,
+    batch_size=j.batch_size,
+    context_size=j.context_size,
+    n_models=j.n_models,
+    n_params=j.n_params,
+    devices=m,
+    mesh=tuple(mesh),
+    gradient_accumulation_steps=s.gradient_accumulation_steps,
+    vmap_chunk=s.vmap_chunk,
+    remat=s.remat,
+    attention=attention,
+    memory_from=target.estimate,
+    cost_from=choice.train.cost_from,
+    memory=GroupMemory(
+      per_device_bytes=choice.per_device_bytes,
+      argument_bytes=choice.train.argument_bytes,
+      temp_bytes=choice.train.temp_bytes,
+      capacity_bytes=target.capacity_bytes,
+      fits=choice.fits,
+    ),
+    compiled_settings=len(choice.tried),
+    compile_s=sum(t for _, _, t in choice.tried),
+    tried=choice.to_json()["tried"],
+    flops_per_update=flops,
+    analytic_flops_per_update=j.flops_per_update / m,
+    bytes_per_update=n_bytes,
+    kernels_per_update=choice.train.kernels_per_update,
+    roofline_terms=terms,
+    roofline_from="max(" + ", ".join(ROOFLINE_TERMS[t] for t in terms) + ")",
+    roofline_update_s=roofline,
+    all_reduce_s=all_reduce,
+    update_s=per_update,
+    updates=j.updates,
+    roofline_s=roofline * j.updates,
+    seconds=per_update * j.updates,
+    checkpoints=schedule.checkpoint_bytes(j.cfg, j.n_params, j.updates, per_update * j.updates),
+  )
 
 
-def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int = 0) -> list[dict]:
+def _wider_layouts(
+  jobs, target: Target, d: int, entries, comm_model, fixed: int = 0
+) -> list[Layout]:
   """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
   list-scheduled (``list_schedule.simulate``), with the groups whose mesh has a data axis there
   (``data_axis_groups``), the all-reduces' share of the groups' device-time (``comm_share``)
@@ -504,22 +495,22 @@ def _wider_layouts(jobs, target: Target, d: int, entries, comm_model, fixed: int
     sched = list_schedule.simulate(rows, n, wide)
     host = target.devices_per_host
     layouts.append(
-      {
-        "devices_per_worker": wide,
-        "n_workers": n // wide,
-        "makespan_s": sched.makespan_s,
-        "utilisation": sched.utilisation,
-        "data_axis_groups": sum(
+      Layout(
+        devices_per_worker=wide,
+        n_workers=n // wide,
+        makespan_s=sched.makespan_s,
+        utilisation=sched.utilisation,
+        data_axis_groups=sum(
           sharding.mesh_shape(j.n_models, j.batch_size, m_wide[j.id])[1] > 1 for j in jobs
         ),
-        "comm_share": sum(m_wide[i] * c for i, c in comm.items()) / held if held else 0.0,
-        "not_launchable": (
+        comm_share=sum(m_wide[i] * c for i, c in comm.items()) / held if held else 0.0,
+        not_launchable=(
           f"a TPU host runs one process, a worker over its {host} devices"
           if target.chip.platform == "tpu" and wide % host
           else None
         ),
-        "schedule": [dataclasses.asdict(slot) for slot in sched.slots],
-      }
+        schedule=tuple(sched.slots),
+      )
     )
   return layouts
 

@@ -9,7 +9,8 @@
   groups; t = start-up + Σ_calls (a + b · k) + evaluations · e + checkpoints · s over the
   group's real call, evaluation and checkpoint schedule (``schedule.RunSchedule``).
 
-A model has ``seconds(job, m) -> {"total_s": …, …}`` (a breakdown), ``cannot_time(m)`` (why a
+A model has ``seconds(job, m)`` (a breakdown: ``FlopsSeconds`` or ``MeasuredSeconds``, each with
+``total_s``, ``hidden_s`` and ``comm_s``), ``cannot_time(m)`` (why a
 mesh of m devices cannot be timed, or None), ``describe()`` (one paragraph for the output) and
 ``to_json()``.
 """
@@ -34,6 +35,51 @@ from ihsweep.runs import checkpoint
 from ihsweep.training.group_build import GroupBuild
 
 GRAD_BYTES = 4  # per parameter: gradients are float32 (parameters are kept in float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopsSeconds:
+  """``FlopsModel.seconds``: one group's seconds on m devices. ``total_s`` = ``train_s``
+  (FLOPs / (m · F)) + ``comm_s`` (its updates' gradient all-reduces) + ``eval_s`` (its online
+  evaluations' forward FLOPs); ``startup_s`` 0 (compilation is not modelled). All float
+  seconds; ``to_json`` gives these keys in this order (``plan --json``'s ``times``)."""
+
+  total_s: float
+  startup_s: float
+  train_s: float
+  comm_s: float
+  eval_s: float
+  hidden_s = 0.0  # no compile to hide behind training
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredSeconds:
+  """``MeasuredModel.seconds``: one group's seconds on m devices of this machine. ``total_s`` =
+  ``startup_s`` + ``train_s`` (``calls`` host calls, a + b · k each, k ``steps_per_call``) +
+  ``eval_s`` (``evaluations`` of them) + ``checkpoint_s`` (``checkpoints`` writes);
+  ``hidden_s``: the part of ``startup_s`` compiled ahead behind the previous group's training
+  (0 on a CPU). ``measured``: timed itself, else scaled from group ``scaled_from``. Seconds are
+  floats; ``to_json`` gives these keys in this order (``plan --json``'s ``times``)."""
+
+  total_s: float
+  startup_s: float
+  hidden_s: float
+  train_s: float
+  eval_s: float
+  checkpoint_s: float
+  calls: int
+  evaluations: int
+  checkpoints: int
+  measured: bool
+  scaled_from: str | None
+  steps_per_call: int
+  comm_s = 0.0  # measured on one machine: all-reduces are inside train_s
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,17 +209,11 @@ class FlopsModel:
     across = n_data > h or h % n_data != 0
     return self.network.all_reduce_s(grad_bytes, n_data, across)
 
-  def seconds(self, job, devices: int) -> dict:
+  def seconds(self, job, devices: int) -> FlopsSeconds:
     train_s = job.cost_flops / (devices * self.flops_per_s)
     comm_s = job.updates * self.all_reduce_s(job, devices)
     eval_s = self.eval_s(job, devices)
-    return {
-      "total_s": train_s + comm_s + eval_s,
-      "startup_s": 0.0,
-      "train_s": train_s,
-      "comm_s": comm_s,
-      "eval_s": eval_s,
-    }
+    return FlopsSeconds(train_s + comm_s + eval_s, 0.0, train_s, comm_s, eval_s)
 
   def eval_s(self, job, devices: int) -> float:
     """The group's online evaluations on ``devices``: the probes and the sequences each split
@@ -478,7 +518,7 @@ class MeasuredModel:
     )
     return ref, self.measured[(ref.id, devices)]
 
-  def seconds(self, job, devices: int) -> dict:
+  def seconds(self, job, devices: int) -> MeasuredSeconds:
     ref, m = self.reference(job, devices)
     k = min(int(job.cfg.train.steps_per_call), job.cap_updates or job.updates)
     update_s = m.update_s * job.flops_per_update / ref.flops_per_update
@@ -511,20 +551,20 @@ class MeasuredModel:
     # devices train (sweep: compile ahead): only its first group waits for them. On a CPU the
     # compiler takes the cores the training uses: nothing is hidden.
     hidden = m.compile_s if self.hides_compile else 0.0
-    return {
-      "total_s": total,
-      "startup_s": m.startup_s,
-      "hidden_s": hidden,
-      "train_s": train_s,
-      "eval_s": eval_total,
-      "checkpoint_s": save_s,
-      "calls": len(lengths),
-      "evaluations": n_evals,
-      "checkpoints": n_params + n_states,
-      "measured": ref.id == job.id,
-      "scaled_from": None if ref.id == job.id else ref.id,
-      "steps_per_call": k,
-    }
+    return MeasuredSeconds(
+      total_s=total,
+      startup_s=m.startup_s,
+      hidden_s=hidden,
+      train_s=train_s,
+      eval_s=eval_total,
+      checkpoint_s=save_s,
+      calls=len(lengths),
+      evaluations=n_evals,
+      checkpoints=n_params + n_states,
+      measured=ref.id == job.id,
+      scaled_from=None if ref.id == job.id else ref.id,
+      steps_per_call=k,
+    )
 
   def cpu_share(self) -> float | None:
     """The share of this machine's cores this process used while measuring (process CPU

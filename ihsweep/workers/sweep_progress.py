@@ -62,7 +62,7 @@ class SweepProgress:
   def _seconds(self, group_id: str, updates: float) -> float:
     """The runtime model's seconds for ``updates`` of a group (its job's linear share)."""
     job = self.jobs[group_id]
-    total = self.model.seconds(job, self.devices[group_id])["total_s"]
+    total = self.model.seconds(job, self.devices[group_id]).total_s
     return total * updates / max(job.updates, 1)
 
   def finished(self, group, out, devices: int) -> None:
