@@ -1,23 +1,29 @@
-"""The training loop's hooks (``loop.Trainer``), each a small class with its own state.
+"""The training loop's hooks (``loop.Trainer``), each a small class with its own state, all
+through one interface (levanter's hooks with one step-info record are the model).
 
-A hook runs at two kinds of moment. ``at_update(loop, step, final)``: after the host call that
-ends at update ``step`` (and at update 0, before a fresh run's first call) — evaluations and
-checkpoints are dispatched here, on the schedule's steps. ``on_call`` / ``on_eval``: when the
-loop reads a dispatched call's or evaluation's values, which trails the devices by one call —
-logs, sinks, the progress bar and the stop rule's record are written here. ``close`` ends
-a hook's files. The loop calls the hooks in the order it is given them.
+A hook acts at two kinds of moment. At an update (``StepInfo``: before the first call, after
+each call, when the clock says a state save is due, at the run's last update) the loop asks
+``due(info)`` and, where it is, calls ``at_update(info)``: evaluations and checkpoints are
+dispatched here, on the schedule's steps. What ``at_update`` returns tells the loop what it did:
+values it dispatched (``Unread``, read later), ``STOP`` (train no further), or None; where its
+``reads_first(info)`` says so, every dispatched value is read before it acts. ``on_call`` /
+``on_eval``: when the loop reads a dispatched call's or evaluation's values, which trails the
+devices by one call — logs, sinks, the progress bar and the stop rule's record are written
+here. ``time_due()`` asks the loop for a ``"clock"`` moment; ``close`` ends a hook's files. No
+hook reads or changes the loop: it gets what it needs in ``StepInfo`` and its arguments. The
+loop calls the hooks in the order it is given them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
@@ -35,14 +41,58 @@ class Unread(NamedTuple):
   step: int  # the update they were computed at
   values: Any  # train: {"loss", "grad_norm"} [K, E]; eval: (Evaluator values, diverged_at [E])
   updates: int  # the call's updates (K or fewer); 0 for an evaluation
+  # eval: (step, host values, diverged_at [E]) -> the metrics.jsonl rows (``Evaluate.rows``)
+  rows: Callable | None = None
+
+
+STOP = "stop"  # what a hook's at_update returns to end training at this update (the stop rule)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+  """What the loop hands each hook at an update.
+
+  Attributes:
+    step: updates done.
+    state: the ``TrainState`` after them (on the devices; the next call donates it, so a hook
+      that keeps values copies them).
+    moment: ``"begin"`` (before this run's first call: update 0 of a fresh run, or the restored
+      update), ``"call"`` (after the host call ending at ``step``), ``"clock"``
+      (``checkpoint.state_every_minutes`` passed, on some process of the team) or ``"final"``
+      (the run stops here, early or on request).
+    resumed: the run restored its state (``step`` at ``"begin"`` is the restored update).
+    first: ``"call"`` after this run's first call (its dispatch compiled the train program).
+    calls_left: host calls still to run.
+    stopped_early: a hook returned ``STOP`` (the stop rule's budget).
+  """
+
+  step: int
+  state: Any
+  moment: str
+  resumed: bool = False
+  first: bool = False
+  calls_left: int = 0
+  stopped_early: bool = False
 
 
 class Hook:
   """A hook that does nothing: a subclass overrides the moments it needs."""
 
-  def at_update(self, loop, step: int, final: bool = False) -> None:
-    """After the call ending at update ``step`` (0: before a fresh run's first call).
-    ``final``: the run stops here, early or on request."""
+  def reads_first(self, info: StepInfo) -> bool:
+    """Whether the loop reads every dispatched value before ``at_update`` at ``info``."""
+    return False
+
+  def due(self, info: StepInfo) -> bool:
+    """Whether ``at_update`` acts at ``info``."""
+    return False
+
+  def at_update(self, info: StepInfo) -> Unread | str | None:
+    """Acts at an update ``due`` chose: returns values it dispatched, ``STOP`` or None."""
+    return None
+
+  def time_due(self) -> bool:
+    """Whether this process's clock asks for a ``"clock"`` moment (read once per call)."""
+    return False
 
   def on_call(self, row: dict, loss: np.ndarray) -> None:
     """A call's values were read: ``row`` its ``train_log.jsonl`` row (``step``, ``tokens``,
@@ -61,19 +111,37 @@ class Evaluate(Hook):
   turns its values into ``metrics.jsonl`` rows when read. Keeps the training loss since the
   last evaluation (per model, summed over updates), which each row averages."""
 
-  def __init__(self, evaluator, schedule, cfg, tokens_per_step: int, loss_sum, loss_updates):
+  def __init__(
+    self, evaluator, schedule, cfg, tokens_per_step: int, lined_up: tuple[bool, Any, int]
+  ):
+    """``lined_up``: ``resume.line_up_logs``' (whether the restored update's evaluation has its
+    rows, the training loss summed since the last evaluation ``[E]``, its updates)."""
     self.evaluator, self.schedule, self.cfg = evaluator, schedule, cfg
     self.tokens_per_step = tokens_per_step
-    self.loss_sum, self.loss_updates = loss_sum, loss_updates
+    self.evaluated, self.loss_sum, self.loss_updates = lined_up
 
-  def at_update(self, loop, step: int, final: bool = False) -> None:
-    if self.schedule.eval_due(step) and not final:
-      loop.unread.append(self.dispatch(step, loop.state))
+  def due(self, info: StepInfo) -> bool:
+    if info.moment == "begin" and info.resumed:  # its rows lost to a kill, or compile it now
+      return self.schedule.eval_due(info.step) and not self.evaluated or info.calls_left > 0
+    return info.moment in ("begin", "call") and self.schedule.eval_due(info.step)
 
-  def dispatch(self, step: int, state):
+  def at_update(self, info: StepInfo) -> Unread | None:
+    if (
+      info.moment == "begin"
+      and info.resumed
+      and not (self.schedule.eval_due(info.step) and not self.evaluated)
+    ):
+      # Compiled in start-up, as a fresh run's evaluation at update 0 is (values discarded):
+      # its first compilation would otherwise count as training time (Throughput).
+      self.evaluator(info.state.params)
+      return None
+    return self.dispatch(info.step, info.state)
+
+  def dispatch(self, step: int, state) -> Unread:
     """The evaluation of ``state``'s params at update ``step``, as the loop's unread values."""
     # diverged_at copied: the state is donated to the next call before this is read.
-    return Unread("eval", step, (self.evaluator(state.params), jnp.copy(state.diverged_at)), 0)
+    values = (self.evaluator(state.params), jnp.copy(state.diverged_at))
+    return Unread("eval", step, values, 0, self.rows)
 
   def on_call(self, row: dict, loss: np.ndarray) -> None:
     self.loss_sum += loss * row["updates"]
@@ -91,19 +159,22 @@ class StopRule(Hook):
   """The 'until emergence + margin' budget (``EmergenceStop``): records every evaluation's
   metric per model; at an evaluation update before the last, says whether training stops."""
 
+  def reads_first(self, info: StepInfo) -> bool:
+    return True  # the evaluation at this update is read (observed) before deciding
+
   def __init__(self, rule, schedule, num_steps: int):
     self.rule, self.schedule, self.num_steps = rule, schedule, num_steps
 
   def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
     self.rule.observe(step, [r[self.rule.metric] for r in rows], diverged_at >= 0)
 
-  def decides(self, step: int) -> bool:
-    """Whether the rule decides at ``step`` (an evaluation update): the loop reads first."""
-    return self.schedule.eval_due(step)
+  def due(self, info: StepInfo) -> bool:
+    """The rule decides at evaluation updates after a call."""
+    return info.moment == "call" and self.schedule.eval_due(info.step)
 
-  def stops(self, step: int) -> bool:
-    """Whether every model is past its transition by the margin at ``step`` (< the last)."""
-    return step < self.num_steps and self.rule.done(step)
+  def at_update(self, info: StepInfo) -> str | None:
+    """``STOP`` when every model is past its transition by the margin (before the last)."""
+    return STOP if info.step < self.num_steps and self.rule.done(info.step) else None
 
 
 class SaveParams(Hook):
@@ -111,17 +182,23 @@ class SaveParams(Hook):
   stop. Reads the dispatched calls first when any is unread: the save waits for the last one
   anyway, and a read after it would time the save as training (``Throughput``)."""
 
+  def reads_first(self, info: StepInfo) -> bool:
+    return info.moment != "begin"  # nothing trained to read before the first call
+
   def __init__(self, ckpts, schedule, tokens_per_step: int):
     self.ckpts, self.schedule, self.tokens_per_step = ckpts, schedule, tokens_per_step
     self.saved: set[int] = set()  # by this run
 
-  def at_update(self, loop, step: int, final: bool = False) -> None:
-    due = self.schedule.params_due(step) or (final and loop.stopped_early)
-    if not due or step in self.saved:
-      return
-    if any(u.kind == "train" for u in loop.unread):
-      loop.read()
-    self.ckpts.save_params(step, loop.state.params, {"tokens": step * self.tokens_per_step})
+  def due(self, info: StepInfo) -> bool:
+    if info.step in self.saved or (info.moment == "begin" and info.resumed):
+      return False
+    if info.moment == "final":
+      return info.stopped_early or self.schedule.params_due(info.step)
+    return info.moment in ("begin", "call") and self.schedule.params_due(info.step)
+
+  def at_update(self, info: StepInfo) -> None:
+    step = info.step
+    self.ckpts.save_params(step, info.state.params, {"tokens": step * self.tokens_per_step})
     self.saved.add(step)
 
 
@@ -142,24 +219,33 @@ class SaveState(Hook):
     self.saved_t = None  # the clock at the last save (or the loop's start)
     self.saved: set[int] = set()  # by this run
 
-  def at_update(self, loop, step: int, final: bool = False) -> None:
-    if (self.schedule.state_due(step) or final) and step not in self.saved:
-      self.save(loop, step)
+  def due(self, info: StepInfo) -> bool:
+    """At the schedule's state updates, a ``"clock"`` or ``"final"`` moment, once per update;
+    at ``"begin"`` always (the clock starts there)."""
+    if info.moment == "begin":
+      return True
+    if info.step in self.saved:
+      return False
+    return info.moment in ("clock", "final") or self.schedule.state_due(info.step)
 
-  def start_clock(self) -> None:
-    """The loop starts: ``state_every_minutes`` count from now."""
+  def _saves(self, info: StepInfo) -> bool:
+    return info.moment != "begin" or (not info.resumed and self.schedule.state_due(info.step))
+
+  def reads_first(self, info: StepInfo) -> bool:
+    return self._saves(info)  # a resume from the save never lacks a row before it
+
+  def at_update(self, info: StepInfo) -> None:
+    """Saves the state at ``info.step`` (everything dispatched was read first); restarts the
+    clock. At ``"begin"``, a fresh run's save at update 0 if due, then the clock starts."""
+    step = info.step
+    if self._saves(info):
+      self.ckpts.save_state(step, info.state, {"tokens": step * self.tokens_per_step})
+      self.saved.add(step)
     self.saved_t = _clock()
 
-  def clock_due(self) -> bool:
+  def time_due(self) -> bool:
     """Whether ``checkpoint.state_every_minutes`` have passed since the last save."""
     return bool(self.every_s) and _clock() - self.saved_t >= self.every_s
-
-  def save(self, loop, step: int) -> None:
-    """Reads the unread values, then saves the state at ``step``; restarts the clock."""
-    loop.read()
-    self.ckpts.save_state(step, loop.state, {"tokens": step * self.tokens_per_step})
-    self.saved.add(step)
-    self.saved_t = _clock()
 
 
 def _short(values, limit: int = 8) -> str:
@@ -222,9 +308,10 @@ class Sinks(Hook):
 
 
 class Progress(Hook):
-  """The progress bar and the training speed after start-up (``Throughput``). ``begin`` ends
-  start-up once the first call has run: logs its seconds and opens the bar at the updates done;
-  each later call's read adds to the rate (the first one's is start-up's, not timed)."""
+  """The progress bar and the training speed after start-up (``Throughput``). After the first
+  call has run (the loop waited for it: the end of start-up), opens the bar at the updates done
+  and starts the rate; each later call's read adds to it (the first one's is start-up's, not
+  timed). First in the loop's hooks, so that no save or evaluation runs before the origin."""
 
   def __init__(self, num_steps: int, tokens_per_call_update: int, *, show: bool, desc, keep: bool):
     self.num_steps = num_steps
@@ -233,20 +320,13 @@ class Progress(Hook):
     self.rate = Throughput(num_steps)
     self.first_read, self.bar = True, None
 
-  def begin(self, step: int, metrics, started: float, compile_s: float, who: str = "") -> None:
-    """After the first call's dispatch (at ``perf_counter`` ``started`` + its set-up): waits
-    for the call — the origin of ``Throughput`` — then logs start-up and opens the bar."""
-    jax.block_until_ready(metrics)
+  def due(self, info: StepInfo) -> bool:
+    return info.first
+
+  def at_update(self, info: StepInfo) -> None:
+    """The origin of ``Throughput`` and the bar, at the first call's end."""
+    step = info.step
     self.rate.begin(step)
-    log.info(
-      "%sstart-up took %.1f s up to the end of the first call, %.1f s of it compiling (or "
-      "loading) the train program; training from update %d of %d",
-      who,
-      time.perf_counter() - started,
-      compile_s,
-      step,
-      self.num_steps,
-    )
     self.bar = tqdm(
       total=self.num_steps,
       initial=step,

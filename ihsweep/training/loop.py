@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+import jax
 import numpy as np
 
 from ihsweep.base import sharding
@@ -26,12 +27,12 @@ log = logging.getLogger("ihsweep")
 
 
 class Trainer:
-  """Runs ``calls`` (updates per host call) of ``program`` from ``run.state``. After each call,
-  ``at_update`` runs the hooks in order (evaluate, save params, save state); the values of the
-  calls before it are then read (``read``) and handed to every hook. Three hooks steer the
-  loop: ``evaluate`` makes the rows of what it dispatched, ``stop_rule`` may end training at an
-  evaluation update, ``save_state`` saves by the clock. A stop request (``request_stop``) saves
-  the state and raises ``Interrupted``.
+  """Runs ``calls`` (updates per host call) of ``program`` from ``run.state``. At each moment
+  (``hooks.StepInfo``: before the first call, after each call, when a hook's clock asks, at the
+  last update) the hooks due act in order, each handed what it needs; what they dispatched is
+  read later (``read``) and handed to every hook (``on_call``, ``on_eval``). A hook's ``STOP``
+  ends training at that update (the stop rule); a stop request (``request_stop``) saves the state
+  (the ``"final"`` moment) and raises ``Interrupted``.
 
   ``done``: updates done; ``unread``: dispatched values not yet read (``hooks.Unread``);
   ``last_loss``: the last call read's mean loss ``[E]``; ``first_call_t``, ``compile_s``: when
@@ -43,11 +44,6 @@ class Trainer:
     run: startup.Start,
     hook_list: list[hooks.Hook],
     *,
-    evaluate: hooks.Evaluate | None,
-    stop_rule: hooks.StopRule | None,
-    save_state: hooks.SaveState,
-    progress: hooks.Progress,
-    evaluated: bool,
     loader: HostLoader | None,
     team: sharding.Team,
     workdir: str,
@@ -58,19 +54,29 @@ class Trainer:
   ):
     self.program, self.hooks, self.team, self.workdir = program, hook_list, team, workdir
     self.state, self.hp, self.calls, self.done = run.state, run.hp, run.calls, run.done
-    self.arrays, self.schedule, self.start = run.arrays, run.schedule, run.start
-    self.evaluate, self.stop_rule, self.evaluated = evaluate, stop_rule, evaluated
-    self.save_state, self.progress, self.loader = save_state, progress, loader
-    self.started, self.who = started, who  # perf_counter at fit's entry; log-line prefix
-    self.num_steps, self.tokens_per_step = num_steps, tokens_per_step  # tokens: per model
+    self.arrays, self.start, self.resumed = run.arrays, run.start, run.start is not None
+    self.num_steps = num_steps
+    self.loader, self.started, self.who = loader, started, who  # perf_counter at fit's entry
+    self.tokens_per_step = tokens_per_step  # per model
     self.unread: list[hooks.Unread] = []
     self.stopped_early, self.last_loss = False, None
     self.first_call_t = self.compile_s = None
 
-  def at_update(self, step: int, final: bool = False) -> None:
-    """Every hook's ``at_update`` (``final``: the run stops at ``step``)."""
+  def at_update(self, moment: str, calls_left: int = 0, first: bool = False) -> None:
+    """The hooks due at ``moment`` of update ``done`` act, in order (``hooks.StepInfo``)."""
     for hook in self.hooks:
-      hook.at_update(self, step, final)
+      info = hooks.StepInfo(
+        self.done, self.state, moment, self.resumed, first, calls_left, self.stopped_early
+      )
+      if not hook.due(info):
+        continue
+      if hook.reads_first(info):
+        self.read()
+      out = hook.at_update(info)
+      if out is hooks.STOP:
+        self.stopped_early = True
+      elif out is not None:
+        self.unread.append(out)
 
   def read(self, before: int | None = None) -> None:
     """Reads the unread values (with ``before``: those computed before that update only), in
@@ -81,7 +87,7 @@ class Trainer:
       host = sharding.to_host(u.values)
       if u.kind == "eval":
         values, diverged_at = host
-        rows = self.evaluate.rows(u.step, values, diverged_at)
+        rows = u.rows(u.step, values, diverged_at)
         for hook in self.hooks:
           hook.on_eval(u.step, rows, values, diverged_at)
         continue
@@ -99,43 +105,29 @@ class Trainer:
 
   def run(self) -> None:
     """The loop, until the last call, an early stop, or a stop request."""
-    self._before_first_call()
-    self.save_state.start_clock()
-    for k in self.calls:
-      self._call(k)
-      if self.stop_rule is not None and self.stop_rule.decides(self.done):
-        self.read()  # decide now, before the next call
-        self.stopped_early = self.stop_rule.stops(self.done)
-      else:
-        self.read(before=self.done)  # this call's values stay unread while the next one runs
+    self.at_update("begin", calls_left=len(self.calls))
+    if self.loader:
+      self.loader.prefetch(self.done, self.calls)
+    for i, k in enumerate(self.calls):
+      self._call(k, calls_left=len(self.calls) - i - 1)
+      self.read(before=self.done)  # this call's values stay unread while the next one runs
       # One collective decides both for every process of the team (their clocks differ).
       interrupted, clock_due = sharding.any_process_each(
-        (stop_requested(), self.save_state.clock_due()), self.team
+        (stop_requested(), any(hook.time_due() for hook in self.hooks)), self.team
       )
       if self.stopped_early or interrupted:
-        self.at_update(self.done, final=True)
+        self.at_update("final")
         if interrupted and self.done < self.num_steps:
           raise Interrupted(self.workdir, self.done)  # after the checkpoint
         break
-      if clock_due and self.done not in self.save_state.saved:
-        self.save_state.save(self, self.done)
+      if clock_due:
+        self.at_update("clock")
     self.read()
 
-  def _before_first_call(self) -> None:
-    """A fresh run's hooks at update 0; a resumed run's evaluation if its rows were lost."""
-    if self.start is None:
-      self.at_update(0)
-    elif self.evaluate is not None and self.schedule.eval_due(self.done) and not self.evaluated:
-      self.unread.append(self.evaluate.dispatch(self.done, self.state))  # killed before its rows
-    elif self.evaluate is not None and self.calls:
-      # Compiled in start-up, as a fresh run's evaluation at update 0 is (values discarded):
-      # its first compilation would otherwise count as training time (Throughput).
-      self.evaluate.evaluator(self.state.params)
-    if self.loader:
-      self.loader.prefetch(self.done, self.calls)
-
-  def _call(self, k: int) -> None:
-    """Dispatches one call of ``k`` updates, then the hooks due at its last update."""
+  def _call(self, k: int, calls_left: int) -> None:
+    """Dispatches one call of ``k`` updates, then the hooks due at its last update. The first
+    call's dispatch compiles (or loads) the train program; the loop waits for that call — the
+    end of start-up — before its hooks."""
     data = self.loader.next() if self.loader else self.arrays
     first = self.first_call_t is None
     if first:
@@ -145,12 +137,21 @@ class Trainer:
       dispatched = time.perf_counter()
     self.state, metrics = self.program(self.state, self.hp, data, k)  # runs while we read the last
     self.done += k
-    if first:  # the first call's dispatch compiled or loaded the train program
+    if first:
       self.first_call_t = time.perf_counter()
       self.compile_s = self.first_call_t - dispatched
-      self.progress.begin(self.done, metrics, self.started, self.compile_s, self.who)
+      jax.block_until_ready(metrics)
+      log.info(
+        "%sstart-up took %.1f s up to the end of the first call, %.1f s of it compiling (or "
+        "loading) the train program; training from update %d of %d",
+        self.who,
+        time.perf_counter() - self.started,
+        self.compile_s,
+        self.done,
+        self.num_steps,
+      )
     self.unread.append(hooks.Unread("train", self.done, metrics, k))
-    self.at_update(self.done)
+    self.at_update("call", calls_left, first)
 
 
 def train_group(
@@ -169,19 +170,45 @@ def train_group(
   directory is locked: start-up (``startup.start``), the logs lined up with the restored step
   (``resume.line_up_logs``), then the loop with its hooks; returns ``fit``'s result. ``who``
   prefixes its log lines (a sweep's group id and a colon, or nothing)."""
+  cfg, tcfg = group.cfg, group.tcfg
   run = startup.start(group, workdir, team, who)
   lined_up = resume.line_up_logs(workdir, team, run.start, run.schedule, group.n_models, stop_rule)
   if stop_rule is not None and stop_rule.done(run.done):
     run.calls = []  # stopped here before (emergence budget)
-  tokens = train.tokens_per_update(group.tcfg)
+  tokens = train.tokens_per_update(tcfg)
+  loader = None
+  if group.host_fed:
+    loader = HostLoader(group.source, run.state, group.mesh, tcfg.steps_per_call)
   bar = hooks.Progress(
-    group.tcfg.num_steps, group.n_models * tokens, show=progress, desc=desc, keep=keep_bar
+    tcfg.num_steps, group.n_models * tokens, show=progress, desc=desc, keep=keep_bar
   )
-  trainer = _trainer(group, run, lined_up, bar, workdir, team, stop_rule, started, who)
-  sink = hooks.Sinks(sinks.Writers(), train.cell_ids(group.cfg))
+  sink = hooks.Sinks(sinks.Writers(), train.cell_ids(cfg))
+  # The order they act in at an update: the bar's origin first, then the evaluation, the stop
+  # rule (which reads that evaluation), the saves (after everything before them was read).
+  hook_list = [bar]
+  if run.evaluator is not None:
+    hook_list.append(hooks.Evaluate(run.evaluator, run.schedule, cfg, tokens, lined_up))
+  if stop_rule is not None:
+    hook_list.append(hooks.StopRule(stop_rule, run.schedule, tcfg.num_steps))
+  hook_list += [
+    hooks.SaveParams(run.ckpts, run.schedule, tokens),
+    hooks.SaveState(run.ckpts, run.schedule, tokens, cfg.checkpoint.state_every_minutes),
+  ]
+  trainer = Trainer(
+    group.train_program(),
+    run,
+    hook_list,
+    loader=loader,
+    team=team,
+    workdir=workdir,
+    started=started,
+    num_steps=tcfg.num_steps,
+    tokens_per_step=tokens,
+    who=who,
+  )
   try:
-    trainer.hooks += [bar, hooks.Log(workdir, team.leads, trainer.tokens_per_step, who), sink]
-    sink.writers = sinks.open_writers(group.cfg, workdir, team.leads, run.start)
+    trainer.hooks += [hooks.Log(workdir, team.leads, tokens, who), sink]
+    sink.writers = sinks.open_writers(cfg, workdir, team.leads, run.start)
     trainer.run()
   finally:
     for hook in trainer.hooks:
@@ -194,45 +221,9 @@ def train_group(
       "%severy model past its transition by the margin: stopped at update %d of %d",
       who,
       trainer.done,
-      group.tcfg.num_steps,
+      tcfg.num_steps,
     )
   return _result(trainer, stop_rule, bar.rate)
-
-
-def _trainer(group, run, lined_up: tuple, bar, workdir, team, stop_rule, started, who) -> Trainer:
-  """The loop over ``run`` with the hooks that steer it (evaluate, stop rule, params and state
-  saves), the host loader of a host-fed source; ``train_group`` adds those that write."""
-  cfg, tcfg = group.cfg, group.tcfg
-  evaluated, loss_sum, loss_updates = lined_up
-  tokens = train.tokens_per_update(tcfg)
-  loader = None
-  if group.host_fed:
-    loader = HostLoader(group.source, run.state, group.mesh, tcfg.steps_per_call)
-  evaluate = stop = None
-  if run.evaluator is not None:
-    evaluate = hooks.Evaluate(run.evaluator, run.schedule, cfg, tokens, loss_sum, loss_updates)
-  if stop_rule is not None:
-    stop = hooks.StopRule(stop_rule, run.schedule, tcfg.num_steps)
-  every = cfg.checkpoint.state_every_minutes
-  save_state = hooks.SaveState(run.ckpts, run.schedule, tokens, every)
-  hook_list = [evaluate, stop, hooks.SaveParams(run.ckpts, run.schedule, tokens), save_state]
-  return Trainer(
-    group.train_program(),
-    run,
-    [h for h in hook_list if h is not None],
-    evaluate=evaluate,
-    stop_rule=stop,
-    save_state=save_state,
-    progress=bar,
-    evaluated=evaluated,
-    loader=loader,
-    team=team,
-    workdir=workdir,
-    started=started,
-    num_steps=tcfg.num_steps,
-    tokens_per_step=tokens,
-    who=who,
-  )
 
 
 @dataclasses.dataclass(frozen=True)
