@@ -23,7 +23,7 @@ from ihsweep.base import sharding
 from ihsweep.base.law import Law
 from ihsweep.commands import flags
 from ihsweep.compute import schedule as schedule_lib
-from ihsweep.planning import list_schedule, placement, timing
+from ihsweep.planning import chips, list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -655,7 +655,7 @@ def test_plan_refuses_the_mesh_size_run_refuses(args, value, n):
 
 def test_ring_all_reduce_known_answer():
   """2 (n − 1) / n of the bytes over the slowest link, plus 2 (n − 1) latencies."""
-  net = timing.Network("test", 100e9, 10e9, "made up", latency_s=1e-5)
+  net = chips.Network("test", 100e9, 10e9, "made up", latency_s=1e-5)
   assert net.all_reduce_s(1e9, 4, False) == pytest.approx(2 * 3 / 4 * 1e9 / 100e9 + 6e-5)
   assert net.all_reduce_s(1e9, 4, True) == pytest.approx(2 * 3 / 4 * 1e9 / 10e9 + 6e-5)
   assert net.all_reduce_s(1e9, 1, True) == 0.0
@@ -665,7 +665,7 @@ def test_flops_model_prices_the_data_axis_all_reduce():
   """A group's gradient all-reduce per update: the models of one device (E / ensemble axis) ×
   parameters × 4 bytes over the data axis; none without a data axis; across hosts (the
   InfiniBand figure) once the data axis spans more devices than a host has."""
-  net = timing.NETWORKS["h100"]
+  net = chips.NETWORKS["h100"]
   model = timing.FlopsModel(1e14, net, devices_per_host=8)
   job = list_schedule.Job("g0", 2, 8, 64, updates=1000, flops_per_update=1e12, n_params=10**6)
   compute_8 = job.cost_flops / (8 * 1e14)
@@ -690,7 +690,7 @@ def test_phase_switches_are_priced():
     list_schedule.Job(f"g{i}", 1, 8, 16, updates=100, flops_per_update=1e12, n_params=1000)
     for i in range(3)
   ]
-  model = timing.FlopsModel(1e12, timing.NETWORKS["v5e"], devices_per_host=2)
+  model = timing.FlopsModel(1e12, chips.NETWORKS["v5e"], devices_per_host=2)
   phases = phases_lib.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2, model)
   assert phases[1].start_s == pytest.approx(phases[0].end_s + 60.0)
   no_net = phases_lib.time_phases(jobs, [(1, ("g0", "g1")), (2, ("g2",))], 2, 2)
@@ -707,7 +707,7 @@ def test_runtime_model_prices_known_accelerators_only():
     for p in (0,) * 8 + (1,) * 8
   ]
   m = timing.runtime_model(h100)
-  assert m.network is timing.NETWORKS["h100"] and m.devices_per_host == 8
+  assert m.network is chips.NETWORKS["h100"] and m.devices_per_host == 8
   assert m.flops_per_s == pytest.approx(0.4 * 989e12)
   other = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA L4", process_index=0)]
   assert timing.runtime_model(other).network is None
@@ -725,7 +725,7 @@ def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(cap
   p = json.loads(out)
   assert p["throughput"]["network"]["name"] == "h100"
   g = next(x for x in p["groups"] if x["batch_size"] == 8 and x["context_size"] == 64)
-  net = timing.NETWORKS["h100"]
+  net = chips.NETWORKS["h100"]
   assert g["mesh"] == [2, 4]
   ring = 2 * 3 / 4 * g["n_params"] * 4 / net.intra_host_bytes_per_s + 6 * net.latency_s
   assert g["times"]["comm_s"] == pytest.approx(g["updates"] * ring)

@@ -146,7 +146,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
 
 
 def test_every_target_is_priced_from_a_published_figure():
-  """Each GPU and TPU generation names its interconnect (timing.NETWORKS, per device each way,
+  """Each GPU and TPU generation names its interconnect (chips.NETWORKS, per device each way,
   its source cited); a plan on a chip without one keeps to layouts without all-reduces and says
   so."""
   import types
@@ -154,15 +154,15 @@ def test_every_target_is_priced_from_a_published_figure():
   from ihsweep.planning import chips, target_plan, targets, timing, toolchain
 
   for name, chip in {**chips.GPUS, **chips.TPU_CHIPS}.items():
-    net = timing.NETWORKS.get(chip.network)
+    net = chips.NETWORKS.get(chip.network)
     assert net is not None and net.name == chip.network, name
     assert "bidirectional" in net.source or "all-reduce bandwidth" in net.source, name
-  assert timing.NETWORKS["a100"].intra_host_bytes_per_s == 600e9 / 2
-  assert timing.NETWORKS["l40s"].intra_host_bytes_per_s == 64e9 / 2
-  assert timing.NETWORKS["v6e"].inter_host_bytes_per_s == 800e9 / 2
+  assert chips.NETWORKS["a100"].intra_host_bytes_per_s == 600e9 / 2
+  assert chips.NETWORKS["l40s"].intra_host_bytes_per_s == 64e9 / 2
+  assert chips.NETWORKS["v6e"].inter_host_bytes_per_s == 800e9 / 2
   # 8 A100s, E = 2 models of 54M parameters, B split over 4 of them: 2 · 3/4 · 218 MB / 300 GB/s
   job = types.SimpleNamespace(n_models=2, batch_size=8, n_params=54_000_000)
-  a100 = timing.FlopsModel(312e12, timing.NETWORKS["a100"], 8)
+  a100 = timing.FlopsModel(312e12, chips.NETWORKS["a100"], 8)
   assert a100.all_reduce_s(job, 8) == pytest.approx(2 * 3 / 4 * 54e6 * 4 / 300e9 + 6 * 10e-6)
   # v4: libtpu lists a chip as 2 TensorCores, which share its links
   v4 = toolchain.Target("v4:2x2x1", chips.TPU_CHIPS["v4"], [], 0, 8, "TPU compiler")
@@ -172,7 +172,7 @@ def test_every_target_is_priced_from_a_published_figure():
     target_plan.Layout(4, 2, makespan_s=5.0, utilisation=0.6, data_axis_groups=0, comm_share=0.0),
     target_plan.Layout(8, 1, makespan_s=3.0, utilisation=0.9, data_axis_groups=2, comm_share=0.1),
   ]
-  h100 = types.SimpleNamespace(network=timing.NETWORKS["h100"], chip=chips.GPUS["h100-80gb"])
+  h100 = types.SimpleNamespace(network=chips.NETWORKS["h100"], chip=chips.GPUS["h100-80gb"])
   assert targets.best_layout(layouts, h100) == (layouts[2], None)
   unknown = types.SimpleNamespace(network=None, chip=chips.GPUS["h100-80gb"])
   best, why = targets.best_layout(layouts, unknown)

@@ -62,7 +62,7 @@ runs/CONFIG_NAME; a TPU pod: /mnt/shared/CONFIG_NAME)."""
 
 def flag_problem() -> str | None:
   """Why ``plan``'s numeric flags do not fit together (one line), or None."""
-  from ihsweep.planning import timing
+  from ihsweep.planning import chips
 
   n, d, h, f = (FLAGS.devices, FLAGS.devices_per_worker, FLAGS.devices_per_host, FLAGS.flops_per_s)
   if n is None:
@@ -79,8 +79,8 @@ def flag_problem() -> str | None:
       f"--network={FLAGS.network} is not allowed without --flops_per_s: measured times are "
       f"one process's, with no communication between processes to price"
     )
-  if FLAGS.network is not None and FLAGS.network not in timing.NETWORKS:
-    return f"--network={FLAGS.network} is not allowed: one of {', '.join(timing.NETWORKS)}"
+  if FLAGS.network is not None and FLAGS.network not in chips.NETWORKS:
+    return f"--network={FLAGS.network} is not allowed: one of {', '.join(chips.NETWORKS)}"
   if h is not None and f is None:
     return (
       f"--devices_per_host={h} is not allowed without --flops_per_s: measured times are "
@@ -125,10 +125,10 @@ def main(argv) -> int:
   from ihsweep.base.law import Law, LawError
   from ihsweep.configuration.fields import ConfigError
   from ihsweep.data.errors import DataError
-  from ihsweep.planning import placement, timing
+  from ihsweep.planning import chips, placement
 
   if FLAGS.target is not None:
-    from ihsweep.planning import chips, toolchain
+    from ihsweep.planning import toolchain
 
     if FLAGS.target in chips.GPUS:  # before anything starts JAX's backends
       toolchain.use_gpu_compiler()
@@ -169,11 +169,11 @@ def main(argv) -> int:
       devices_per_worker=FLAGS.devices_per_worker,
       devices_per_host=FLAGS.devices_per_host,
       flops_per_s=FLAGS.flops_per_s,
-      network=timing.NETWORKS[FLAGS.network or "h100"],
+      network=chips.NETWORKS[FLAGS.network or "h100"],
       law=law,
       log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    from ihsweep.planning import chips, toolchain
+    from ihsweep.planning import toolchain
 
     # A TPU network's plan is launched on a TPU pod (launch/tpu_pod.sh: a process per host).
     tpu = FLAGS.network in {chip.network for chip in chips.TPU_CHIPS.values()}

@@ -1,5 +1,5 @@
 """The accelerators ``ihsweep plan --target`` knows, as data: each chip's published peak
-(dense bf16 FLOP/s), memory bandwidth and interconnect (an entry of ``timing.NETWORKS``), the TPU
+(dense bf16 FLOP/s), memory bandwidth and interconnect (an entry of ``NETWORKS``), the TPU
 slice shapes each generation is sold in, and the GPU target descriptions (``gpu_targets/``).
 
 Peak numbers (dense bf16 FLOP/s, HBM bandwidth) are the vendors' published specifications:
@@ -8,7 +8,7 @@ v6e: 918, 1,640 — per chip, shared by the devices libtpu lists for a chip: a v
 TensorCores each get half, a v5p chip is one megacore device), NVIDIA data sheets
 (H100 SXM 989 TFLOP/s, 3.35 TB/s; H200 989, 4.8 TB/s; A100 80 GB 312, 2.04 TB/s; L40S 362,
 0.864 TB/s). The interconnect each gradient all-reduce is priced on: ``Chip.network``, an entry
-of ``timing.NETWORKS`` (NVLink, PCIe or ICI, and across hosts, each with its source).
+of ``NETWORKS`` (NVLink, PCIe or ICI, and across hosts, each with its source).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Chip:
   hbm_bytes_per_s: float
   capacity_bytes: int = 0  # unused: TPUs read theirs from the compiler, GPUs: gpu_capacity
   cores_per_chip: int = 1  # TPU devices per chip in libtpu's topology (make_target counts them)
-  network: str = ""  # its timing.NETWORKS entry ('': no published figure, not priced)
+  network: str = ""  # its NETWORKS entry ('': no published figure, not priced)
 
 
 TPU_CHIPS = {
@@ -109,3 +109,99 @@ def names() -> str:
     "a TPU topology (" + ", ".join(f"{c}:AxB[xC]" for c in TPU_CHIPS) + ", e.g. v5e:8x8) or a GPU "
     "(" + ", ".join(GPUS) + ") with --devices=N"
   )
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """The interconnect a plan prices a data axis's gradient all-reduce on, per device and each
+  way: ``intra_host_bytes_per_s`` among one host's devices, ``inter_host_bytes_per_s`` when the
+  data axis spans hosts; ``latency_s`` per ring step; ``phase_switch_s``: what each phase after
+  the first costs before its training starts (every process waits at a barrier, forms its new
+  team and compiles its first group's programs, which no earlier training hides: an assumed
+  figure, not a measured one). ``source``: where the bandwidths come from."""
+
+  name: str
+  intra_host_bytes_per_s: float
+  inter_host_bytes_per_s: float
+  source: str
+  latency_s: float = 10e-6
+  phase_switch_s: float = 60.0
+
+  def all_reduce_s(self, n_bytes: float, n: int, across_hosts: bool) -> float:
+    """Seconds of a ring all-reduce of ``n_bytes`` (per device) over ``n`` devices: each
+    sends and receives 2 (n − 1) / n of them over its slowest link, in 2 (n − 1) steps
+    (Patarasuk & Yuan 2009, the bandwidth-optimal ring; NCCL's ring is this algorithm)."""
+    if n <= 1:
+      return 0.0
+    bw = self.inter_host_bytes_per_s if across_hosts else self.intra_host_bytes_per_s
+    return 2 * (n - 1) / n * n_bytes / bw + 2 * (n - 1) * self.latency_s
+
+  def describe(self) -> str:
+    return (
+      f"{self.name}: {self.intra_host_bytes_per_s / 1e9:.4g} GB/s per device each way within "
+      f"a host, {self.inter_host_bytes_per_s / 1e9:.4g} GB/s across hosts ({self.source}); "
+      f"{self.latency_s * 1e6:g} µs per ring step; {self.phase_switch_s:g} s per phase switch "
+      f"(assumed)"
+    )
+
+
+# Published interconnect bandwidths, per device and each way: half the bidirectional figure
+# (NVLink, PCIe, the Cloud TPU pages' "bidirectional ICI bandwidth per chip"); a TPU chip's
+# figure is shared by its TensorCores where libtpu lists them as devices (toolchain.Target).
+NETWORKS = {
+  "none": None,
+  "h100": Network(
+    "h100",
+    450e9,
+    50e9,
+    "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional per GPU; across hosts one 400 Gb/s "
+    "InfiniBand NDR port per GPU",
+  ),
+  "h200": Network(
+    "h200",
+    450e9,
+    50e9,
+    "NVIDIA H200 SXM datasheet: NVLink 4, 900 GB/s bidirectional per GPU (the H100's); across "
+    "hosts one 400 Gb/s InfiniBand NDR port per GPU, as in DGX H200",
+  ),
+  "a100": Network(
+    "a100",
+    300e9,
+    25e9,
+    "NVIDIA A100 SXM datasheet: NVLink 3, 600 GB/s bidirectional per GPU; across hosts one "
+    "200 Gb/s InfiniBand HDR port per GPU, as in DGX A100",
+  ),
+  "l40s": Network(
+    "l40s",
+    32e9,
+    32e9,
+    "NVIDIA L40S datasheet: no NVLink, PCIe Gen4 x16, 64 GB/s bidirectional per GPU; across "
+    "hosts no published per-GPU network: its PCIe link bounds it (a lower bound on the time)",
+  ),
+  "v4": Network(
+    "v4",
+    1.1e15 / 4096,
+    1.1e15 / 4096,
+    "Cloud TPU v4 docs: all-reduce bandwidth 1.1 PB/s per 4,096-chip Pod, 268.6 GB/s per chip "
+    "(the same share gives v5e's and v6e's per-chip figures), across the hosts of a slice too",
+  ),
+  "v5e": Network(
+    "v5e",
+    200e9,
+    200e9,
+    "Cloud TPU v5e: ICI 400 GB/s bidirectional per chip, across the hosts of a slice too",
+  ),
+  "v5p": Network(
+    "v5p",
+    600e9,
+    600e9,
+    "Cloud TPU v5p: ICI 1,200 GB/s bidirectional per chip, across the hosts of a slice too",
+  ),
+  "v6e": Network(
+    "v6e",
+    400e9,
+    400e9,
+    "Cloud TPU v6e (Trillium) docs: ICI 800 GB/s bidirectional per chip, across the hosts of "
+    "a slice too",
+  ),
+}

@@ -215,7 +215,7 @@ def predict(
   log=lambda line: None,
 ) -> Prediction:
   """Plans ``cfg``'s sweep on ``n_devices``. With ``flops_per_s`` the time is
-  FLOPs-based (``timing.FlopsModel``, communication priced on ``network``, a ``timing.Network``,
+  FLOPs-based (``timing.FlopsModel``, communication priced on ``network``, a ``chips.Network``,
   or none for None; data is not read); without, measured on this machine
   (``timing.MeasuredModel``: compiles and times a few groups, printing progress to ``log``).
 

@@ -2,7 +2,7 @@
 every group's programs compiled for the target's devices (``toolchain.make_target``) at the
 memory setting that fits, each layout of workers over the devices priced (update time from the
 compiled program's FLOPs, bytes and kernels, gradient all-reduces on the chip's interconnect:
-``chips``, ``timing.NETWORKS``) and packed into phases, and the best layout with the lines that
+``chips``, ``chips.NETWORKS``) and packed into phases, and the best layout with the lines that
 launch it. Its text: ``plan_text.format_plan``.
 """
 

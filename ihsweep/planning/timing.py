@@ -31,6 +31,7 @@ from ihsweep.compute import train
 from ihsweep.data import probes as probes_lib
 from ihsweep.data.probes import eval_layout
 from ihsweep.data.source import host_batch_array
+from ihsweep.planning import chips
 from ihsweep.runs import checkpoint
 from ihsweep.training.group_build import GroupBuild
 
@@ -82,114 +83,20 @@ class MeasuredSeconds:
     return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class Network:
-  """The interconnect a plan prices a data axis's gradient all-reduce on, per device and each
-  way: ``intra_host_bytes_per_s`` among one host's devices, ``inter_host_bytes_per_s`` when the
-  data axis spans hosts; ``latency_s`` per ring step; ``phase_switch_s``: what each phase after
-  the first costs before its training starts (every process waits at a barrier, forms its new
-  team and compiles its first group's programs, which no earlier training hides: an assumed
-  figure, not a measured one). ``source``: where the bandwidths come from."""
-
-  name: str
-  intra_host_bytes_per_s: float
-  inter_host_bytes_per_s: float
-  source: str
-  latency_s: float = 10e-6
-  phase_switch_s: float = 60.0
-
-  def all_reduce_s(self, n_bytes: float, n: int, across_hosts: bool) -> float:
-    """Seconds of a ring all-reduce of ``n_bytes`` (per device) over ``n`` devices: each
-    sends and receives 2 (n − 1) / n of them over its slowest link, in 2 (n − 1) steps
-    (Patarasuk & Yuan 2009, the bandwidth-optimal ring; NCCL's ring is this algorithm)."""
-    if n <= 1:
-      return 0.0
-    bw = self.inter_host_bytes_per_s if across_hosts else self.intra_host_bytes_per_s
-    return 2 * (n - 1) / n * n_bytes / bw + 2 * (n - 1) * self.latency_s
-
-  def describe(self) -> str:
-    return (
-      f"{self.name}: {self.intra_host_bytes_per_s / 1e9:.4g} GB/s per device each way within "
-      f"a host, {self.inter_host_bytes_per_s / 1e9:.4g} GB/s across hosts ({self.source}); "
-      f"{self.latency_s * 1e6:g} µs per ring step; {self.phase_switch_s:g} s per phase switch "
-      f"(assumed)"
-    )
-
-
-# Published interconnect bandwidths, per device and each way: half the bidirectional figure
-# (NVLink, PCIe, the Cloud TPU pages' "bidirectional ICI bandwidth per chip"); a TPU chip's
-# figure is shared by its TensorCores where libtpu lists them as devices (toolchain.Target).
-NETWORKS = {
-  "none": None,
-  "h100": Network(
-    "h100",
-    450e9,
-    50e9,
-    "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional per GPU; across hosts one 400 Gb/s "
-    "InfiniBand NDR port per GPU",
-  ),
-  "h200": Network(
-    "h200",
-    450e9,
-    50e9,
-    "NVIDIA H200 SXM datasheet: NVLink 4, 900 GB/s bidirectional per GPU (the H100's); across "
-    "hosts one 400 Gb/s InfiniBand NDR port per GPU, as in DGX H200",
-  ),
-  "a100": Network(
-    "a100",
-    300e9,
-    25e9,
-    "NVIDIA A100 SXM datasheet: NVLink 3, 600 GB/s bidirectional per GPU; across hosts one "
-    "200 Gb/s InfiniBand HDR port per GPU, as in DGX A100",
-  ),
-  "l40s": Network(
-    "l40s",
-    32e9,
-    32e9,
-    "NVIDIA L40S datasheet: no NVLink, PCIe Gen4 x16, 64 GB/s bidirectional per GPU; across "
-    "hosts no published per-GPU network: its PCIe link bounds it (a lower bound on the time)",
-  ),
-  "v4": Network(
-    "v4",
-    1.1e15 / 4096,
-    1.1e15 / 4096,
-    "Cloud TPU v4 docs: all-reduce bandwidth 1.1 PB/s per 4,096-chip Pod, 268.6 GB/s per chip "
-    "(the same share gives v5e's and v6e's per-chip figures), across the hosts of a slice too",
-  ),
-  "v5e": Network(
-    "v5e",
-    200e9,
-    200e9,
-    "Cloud TPU v5e: ICI 400 GB/s bidirectional per chip, across the hosts of a slice too",
-  ),
-  "v5p": Network(
-    "v5p",
-    600e9,
-    600e9,
-    "Cloud TPU v5p: ICI 1,200 GB/s bidirectional per chip, across the hosts of a slice too",
-  ),
-  "v6e": Network(
-    "v6e",
-    400e9,
-    400e9,
-    "Cloud TPU v6e (Trillium) docs: ICI 800 GB/s bidirectional per chip, across the hosts of "
-    "a slice too",
-  ),
-}
-
-
 class FlopsModel:
   """t = (cost + evaluation FLOPs) / (m · F) + updates · all-reduce: ``flops_per_s`` F
   sustained per device, perfect data-parallel scaling of the compute inside a worker (the
   evaluations: ``eval_s``), no start-up; with a ``network``, each
   update of a group whose mesh has a data axis of n > 1 devices also all-reduces its gradient
   (the models of one device: E / ensemble axis × parameters × 4 bytes) over them
-  (``Network.all_reduce_s``; the data axis is the mesh's inner one, so a ring stays inside a
+  (``chips.Network.all_reduce_s``; the data axis is the mesh's inner one, so a ring stays inside a
   host when n divides ``devices_per_host``, else it crosses hosts), not overlapped with compute;
   and each phase switch costs ``network.phase_switch_s``. Without one: no communication
   (relative FLOPs, or the model before communication was priced)."""
 
-  def __init__(self, flops_per_s: float, network: Network | None = None, devices_per_host: int = 8):
+  def __init__(
+    self, flops_per_s: float, network: chips.Network | None = None, devices_per_host: int = 8
+  ):
     self.flops_per_s = float(flops_per_s)
     self.network, self.devices_per_host = network, int(devices_per_host)
     self.phase_switch_s = network.phase_switch_s if network else 0.0
@@ -275,7 +182,7 @@ RUNTIME_MFU = 0.4  # the sustained share of peak the runtime assumes (ihsweep pl
 def runtime_model(devices) -> FlopsModel:
   """The model a jax.distributed job chooses its phases with (``phases.plan_phases``; every
   process computes it from the same devices, so all agree): on a chip named in
-  ``_RUNTIME_CHIPS`` (by ``device_kind``), ``RUNTIME_MFU`` of its peak and its ``NETWORKS``
+  ``_RUNTIME_CHIPS`` (by ``device_kind``), ``RUNTIME_MFU`` of its peak and its ``chips.NETWORKS``
   entry, with this process's devices as a host's (what ``ihsweep plan --flops_per_s=F
   --network=NAME --devices_per_host=H`` prices); elsewhere (CPUs, other chips) relative FLOPs,
   no communication priced (``FlopsModel(1.0)``)."""
@@ -284,7 +191,7 @@ def runtime_model(devices) -> FlopsModel:
   for words, peak, net in _RUNTIME_CHIPS:
     if devices[0].platform != "cpu" and words.lower() in kind.lower():
       per_host = sum(1 for d in devices if d.process_index == devices[0].process_index)
-      return FlopsModel(RUNTIME_MFU * peak, NETWORKS[net], per_host)
+      return FlopsModel(RUNTIME_MFU * peak, chips.NETWORKS[net], per_host)
   return FlopsModel(1.0)
 
 

@@ -37,6 +37,7 @@ from ihsweep.base import environment
 from ihsweep.base.errors import IhsweepError
 from ihsweep.planning.chips import (
   GPUS,
+  NETWORKS,
   TPU_CHIPS,
   Chip,
   gpu_capacity,
@@ -76,11 +77,9 @@ class Target:
 
   @property
   def network(self):
-    """The chip's ``timing.Network`` per device (a chip's links shared by its cores), or None
+    """The chip's ``chips.Network`` per device (a chip's links shared by its cores), or None
     where the table has no published figure (communication not priced: ``best_layout``)."""
-    from ihsweep.planning import timing
-
-    net = timing.NETWORKS.get(self.chip.network)
+    net = NETWORKS.get(self.chip.network)
     if net is None or self.chip.cores_per_chip == 1:
       return net
     k = self.chip.cores_per_chip
