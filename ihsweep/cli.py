@@ -128,15 +128,12 @@ def main(argv=None) -> int:
   if module.TRAINS:
     from ihsweep.base.sharding import initialize_distributed
 
-    # The training stack (orbax, flax, the runner) is imported before the job starts, as it was
-    # before the folders became layers. Imported after jax.distributed.initialize, it once let
-    # JAX's own abort beat the peer watchdog when a peer stopped (tests/test_launch.py, a
-    # stopped process: 0 of 3 runs; orbax alone first, 3 of 5; the runner first, 5 of 5). Not
-    # reproduced since (issue 44: imported after, 4 of 4 ended by the watchdog in 5.4-6.3 s,
-    # also beside 3 busy loops on 2 cores), so most likely load, not the order; the order no
-    # longer decides what the user sees: JAX's abort now comes 30 s later, and if it still
-    # comes first its stack trace is one line (ihsweep.base.runtime_abort).
-    from ihsweep.training import runner  # noqa: F401
+    # Nothing is imported ahead of the join: the command imports the training stack (orbax,
+    # flax, the runner) when it needs it. An earlier session imported the runner first, having
+    # once seen JAX's abort beat the peer watchdog with the other order; that was load: with the
+    # stack imported after the join the watchdog ended the stopped peer's partner in 4 of 4
+    # runs (issue 44) and 6 of 6 beside a full test suite (issue 46), in 5.5-7.1 s. If JAX's
+    # abort does come first, it is still one line (ihsweep.base.runtime_abort).
     from ihsweep.training.stopping import install_stop_handlers
 
     initialize_distributed()
