@@ -262,7 +262,13 @@ class RunCheckpoints:
         # Own barrier names per manager: under several processes the two managers' background
         # commits would otherwise meet at the same coordination barrier and fail.
         processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"ihsweep-{name}")
-        handler, asynchronous = ocp.StandardCheckpointHandler(), None
+        handler = ocp.StandardCheckpointHandler()
+        # Step directories created before save returns here too: the asynchronous creation's
+        # signals are keyed by orbax's one operation counter per process, which concurrent
+        # saves in several threads (workers of one process: sweep.devices_per_worker) advance
+        # for each other (a save then made or awaited another's directory: FileExistsError,
+        # "Directory not empty", a commit never finished).
+        asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
       options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         create=not read_only and not alone and not some,
