@@ -371,3 +371,21 @@ def test_a_schedule_over_the_token_budget_needs_one(tiny):
   plan = grid_lib.make_plan(cfg)
   assert sorted(g.num_steps for g in plan.groups) == [3, 5]
   assert {g.cfg.train.schedule_steps for g in plan.groups} == {0}
+
+
+@pytest.mark.parametrize(
+  "value,ok", [(0, True), (1, True), (2, True), (4, True), (3, False), (8, False)]
+)
+def test_devices_per_worker_is_zero_or_a_divisor_of_the_process_devices(tiny, value, ok):
+  """sweep.devices_per_worker on this session's 4 CPU devices (2 with mesh.num_devices = 2)."""
+  from ihsweep.configuration.config import validate_sweep
+
+  cfg = tiny(**{"sweep.devices_per_worker": value})
+  if ok:
+    validate_sweep(cfg, 4)
+  else:
+    with pytest.raises(ConfigError, match=r"a divisor of this process's 4 devices: 1, 2, 4"):
+      validate_sweep(cfg, 4)
+  cfg = tiny(**{"sweep.devices_per_worker": 4, "mesh.num_devices": 2})
+  with pytest.raises(ConfigError, match=r"sweep.devices_per_worker = 4 .*process's 2 devices"):
+    validate_sweep(cfg, 4)

@@ -327,6 +327,10 @@ FIELDS: tuple[Field, ...] = (
   _f("sweep.processes_per_worker", 0,
     "processes per worker in a jax.distributed job (0 = phases chosen from the groups' costs)",
     lo=0, hi="jax.process_count()"),
+  _f("sweep.devices_per_worker", 0,
+    "devices per worker inside one process: its devices split into workers of this many, "
+    "training groups side by side (0 = one worker over all of them)",
+    lo=0, hi="the process's devices"),
   # log
   _f("log.tensorboard", False, "TensorBoard event files in the run directory (tensorboardX)"),
   _f("log.wandb", False, "a Weights & Biases run per run directory (wandb)"),

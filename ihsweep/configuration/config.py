@@ -339,3 +339,27 @@ def validate_sweep(cfg, n_devices: int) -> None:
   check(cfg, "sweep.placement")
   check(cfg, "sweep.wait_to_take_over")
   check(cfg, "sweep.processes_per_worker", hi=jax.process_count())
+  _validate_devices_per_worker(cfg)
+
+
+def _validate_devices_per_worker(cfg) -> None:
+  """``sweep.devices_per_worker``: 0, or in a one-process run a divisor of the process's
+  devices (``mesh.num_devices`` of them where set)."""
+  d = int(cfg.sweep.get("devices_per_worker", 0))
+  if not d:
+    return
+  if jax.process_count() > 1:
+    raise ConfigError(
+      "sweep.devices_per_worker",
+      d,
+      f"0 in a jax.distributed job of {jax.process_count()} processes (its workers are "
+      f"processes: sweep.processes_per_worker)",
+    )
+  n = len(jax.local_devices()[: int(cfg.mesh.num_devices) or None])
+  if d > n or n % d:
+    raise ConfigError(
+      "sweep.devices_per_worker",
+      d,
+      f"0 (one worker over all of them) or a divisor of this process's {n} devices: "
+      f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)}",
+    )

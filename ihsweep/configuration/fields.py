@@ -31,6 +31,7 @@ EXECUTION_FIELDS = (
   "sweep.placement",
   "sweep.wait_to_take_over",
   "sweep.processes_per_worker",
+  "sweep.devices_per_worker",
   "log.tensorboard",
   "log.wandb",
   "log.wandb_project",
@@ -105,6 +106,11 @@ def default_sweep():
     phase's groups fill (1: process-local groups; several: a worker spanning hosts trains a
     group on all their devices; all: one global mesh); k = one phase, workers of k
     consecutive processes.
+    devices_per_worker (one process; 'worker' placement): 0 = one worker over all of the
+    process's devices (``mesh.num_devices`` of them where set); D = its devices split into
+    workers of D consecutive devices, each a thread of the process claiming and training groups
+    as a separate process would (``sweep._thread_workers``), so that small groups train side by
+    side instead of splitting their batch over every device.
   """
   return schema.defaults("sweep")
 

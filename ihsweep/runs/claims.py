@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 
 from ihsweep.base import environment
@@ -57,13 +58,25 @@ def claims_lock(workdir: str):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_thread_worker = threading.local()  # .index: this thread's worker in its process, if several
+
+
+def set_thread_worker(index: int | None) -> None:
+  """Names the calling thread worker ``index`` of its process (``sweep.devices_per_worker``:
+  several workers in one process, one thread each); None: the process's one worker."""
+  _thread_worker.index = index
+
+
 def worker_id() -> str:
   """This worker's name in claims: ``host:pid`` (``/pN`` added for process N of a
-  jax.distributed job)."""
+  jax.distributed job, ``/wK`` for worker K of several in one process)."""
   import jax  # here, not at module level: ``ihsweep status`` reads claims without JAX
 
   name = f"{socket.gethostname()}:{os.getpid()}"
-  return f"{name}/p{jax.process_index()}" if jax.process_count() > 1 else name
+  if jax.process_count() > 1:
+    name = f"{name}/p{jax.process_index()}"
+  index = getattr(_thread_worker, "index", None)
+  return name if index is None else f"{name}/w{index}"
 
 
 def read_claim(workdir: str, group_id: str) -> dict | None:
@@ -240,11 +253,13 @@ class ClaimHeartbeat:
     import threading
 
     self.workdir, self.group_id = workdir, group_id
+    self.worker = getattr(_thread_worker, "index", None)  # the beat speaks for its worker
     self.lost = threading.Event()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name=f"ihsweep-claim-{group_id}", daemon=True)
 
   def _run(self) -> None:
+    set_thread_worker(self.worker)
     while not self._stop.wait(claim_heartbeat_s()):
       try:
         if not refresh_claim(self.workdir, self.group_id):

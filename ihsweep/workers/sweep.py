@@ -45,10 +45,8 @@ import traceback
 from ihsweep.base import atomic, sharding
 from ihsweep.base.errors import IhsweepError, StorageFault
 from ihsweep.configuration import grid as grid_lib
-from ihsweep.configuration.fields import ConfigError, WorkdirError
+from ihsweep.configuration.fields import WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
-from ihsweep.planning import list_schedule, placement, timing
-from ihsweep.planning import phases as phases_lib
 from ihsweep.runs import claims, ownership
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
 from ihsweep.training import evaluation, memory, resume, runner, stopping
@@ -58,6 +56,7 @@ from ihsweep.workers.compile_ahead import (
 )
 from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
+from ihsweep.workers.worker_layout import Worker, device_slices, phase_worker, phases
 
 log = logging.getLogger("ihsweep")
 
@@ -93,10 +92,12 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
 
   plan = make_plan(cfg)
   # A group too large for any memory setting, before the run directory exists (on every
-  # device of a multi-process job: the widest placement needs the least per device).
+  # device of a multi-process job: the widest placement needs the least per device; on a
+  # worker's slice with sweep.devices_per_worker).
   everywhere = jax.process_count() > 1
+  widest = device_slices(cfg)[0] if not everywhere else None
   for group in plan.groups:
-    devices = runner.group_devices(group.cfg, None, not everywhere)
+    devices = runner.group_devices(group.cfg, widest, not everywhere)
     memory.check_possible(group.cfg, devices, f"group {group.id}", n_params=group.n_params)
   ownership.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
@@ -188,110 +189,14 @@ def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
   return None, None, waiting
 
 
-@dataclasses.dataclass
-class _Worker:
-  """Where a worker trains: its devices and the processes owning them (``sharding.Team``:
-  this process alone for independent processes and process-local groups; several processes of
-  a jax.distributed job for a worker spanning hosts), and the groups it may take."""
-
-  devices: list
-  team: object  # sharding.Team
-  groups: list
-  local: bool  # a process-local worker inside a jax.distributed job
-  resolved: dict = dataclasses.field(default_factory=dict)  # group id -> runner.ResolvedGroup
-
-  def resolve(self, group) -> runner.ResolvedGroup:
-    """The group as this worker resolved it (``_fit_memory``), resolved now if it was not (a
-    group that read as done then)."""
-    if group.id not in self.resolved:
-      resolved = runner.resolve(
-        group.cfg, self.devices, self.local, group_id=group.id, checked=True
-      )
-      group.cfg = resolved.cfg
-      self.resolved[group.id] = resolved
-    return self.resolved[group.id]
-
-
-def phases(cfg, plan: Plan) -> list:
-  """The phases of a sweep inside a jax.distributed job of several processes
-  (``phases.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
-  processes take that phase's groups; every process computes the same list). One phase of
-  process-local workers holding every group when the job has one process.
-
-  Raises:
-    ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
-      with a group that cannot use all of a worker's devices; ``mesh.num_devices`` below a
-      process's device count when a phase has workers spanning processes.
-  """
-  import jax
-
-  n = jax.process_count()
-  k = int(cfg.sweep.processes_per_worker)
-  if n == 1:
-    return [phases_lib.Phase(1, tuple(g.id for g in plan.groups))]
-  if k and n % k:
-    raise ConfigError(
-      "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
-    )
-  local = len(jax.local_devices())
-  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
-  try:
-    steps = phases_lib.plan_phases(
-      placement.jobs_from_plan(cfg, plan),
-      n,
-      per_process,
-      k,
-      model=timing.runtime_model(jax.devices()),
-    )
-  except list_schedule.LayoutError as e:
-    why = str(e)  # the field and value once: ConfigError names them
-    why = (
-      why[len(f"sweep.processes_per_worker={k}: ") :]
-      if why.startswith(f"sweep.processes_per_worker={k}: ")
-      else why
-    )
-    raise ConfigError("sweep.processes_per_worker", k, why) from None
-  if per_process < local and any(p.processes_per_worker > 1 for p in steps):
-    # A team's mesh over part of each process's devices ends in mismatched collectives (gloo
-    # aborts the job on CPU); refused before anything is compiled.
-    raise ConfigError(
-      "mesh.num_devices",
-      cfg.mesh.num_devices,
-      f"0 or {local} (all of a process's devices) when workers span processes "
-      f"(sweep.processes_per_worker = {k}"
-      f"{' chose phases with teams' if not k else ''}); or "
-      f"sweep.processes_per_worker = 1 to keep every worker in one process",
-    )
-  return steps
-
-
-def _phase_worker(cfg, plan: Plan, phase) -> _Worker:
-  """This process's worker in ``phase``: the team of ``processes_per_worker`` consecutive
-  processes it belongs to, their devices, and the phase's groups."""
-  import jax
-
-  k = int(phase.processes_per_worker)
-  wanted = set(phase.groups)
-  groups = [g for g in plan.groups if g.id in wanted]
-  if k == 1:
-    devices = jax.local_devices()[: cfg.mesh.num_devices or None]
-    return _Worker(
-      devices, sharding.Team((jax.process_index(),)), groups, local=jax.process_count() > 1
-    )
-  first = jax.process_index() // k * k
-  team = sharding.Team(tuple(range(first, first + k)))
-  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
-  devices = []
-  for p in team.processes:
-    devices += [d for d in jax.devices() if d.process_index == p][:per_process]
-  return _Worker(devices, team, groups, local=False)
-
-
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
 
   steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
+  slices = device_slices(cfg) if jax.process_count() == 1 else []
+  if len(slices) > 1:
+    return _thread_workers(cfg, plan, workdir, progress, slices)
   log.info(
     "sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
     len(plan.cells),
@@ -307,13 +212,13 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     workdir,
   )
   ahead = CompileAhead(plan, workdir)
-  first = _phase_worker(cfg, plan, steps[0])
+  first = phase_worker(cfg, plan, steps[0])
   tracker = SweepProgress(cfg, plan, workdir, first.devices, first.local, progress)
   tracker.report()
   result, trained = None, []
   try:
     for i, phase in enumerate(steps):
-      worker = _phase_worker(cfg, plan, phase)
+      worker = phase_worker(cfg, plan, phase)
       result = _work(cfg, plan, workdir, progress, worker, ahead, trained, tracker)
       if jax.process_count() > 1 and i + 1 < len(steps):
         # Every process ends the phase together (the next one forms other workers): it waits
@@ -337,6 +242,60 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   return result
 
 
+def _thread_workers(cfg, plan: Plan, workdir: str, progress: bool, slices: list) -> SweepResult:
+  """Workers of ``sweep.devices_per_worker`` devices inside this process, one thread each
+  (worker ``K`` named ``host:pid/wK`` in claims): each claims, trains and records groups on its
+  own slice as a separate process would (``_work``; the devices run the programs the threads
+  dispatch side by side). A worker whose group fails records it and goes on; an error that
+  ends a worker (a storage fault) is raised once every worker has ended."""
+  import threading
+
+  log.info(
+    "sweep: %d cells in %d groups (%s budget); %d workers of %d device(s) in this process "
+    "(sweep.devices_per_worker = %d), %s to %s; cells.csv in %s",
+    len(plan.cells),
+    len(plan.groups),
+    plan.budget,
+    len(slices),
+    len(slices[0]),
+    int(cfg.sweep.devices_per_worker),
+    claims.worker_id() + "/w0",
+    f"/w{len(slices) - 1}",
+    workdir,
+  )
+  tracker = SweepProgress(cfg, plan, workdir, slices[0], False, progress)
+  tracker.report()
+  trained, errors = [], []
+
+  def work(index: int, devices: list) -> None:
+    claims.set_thread_worker(index)
+    ahead = CompileAhead(plan, workdir)
+    worker = Worker(devices, sharding.Team((0,)), list(plan.groups), local=False)
+    try:  # no per-group bars: several groups train at once; the sweep's line follows them
+      _work(cfg, plan, workdir, False, worker, ahead, trained, tracker)
+    except BaseException as e:  # noqa: BLE001 — raised below, after its siblings end
+      errors.append(e)
+    finally:
+      ahead.close()
+
+  threads = [
+    threading.Thread(target=work, args=(i, devices), name=f"ihsweep-worker-{i}")
+    for i, devices in enumerate(slices)
+  ]
+  for thread in threads:
+    thread.start()
+  try:
+    for thread in threads:
+      while thread.is_alive():  # in short waits: a signal (stop request) is handled meanwhile
+        thread.join(0.5)
+  finally:
+    tracker.close()
+  log.info("workers of this process: trained %s", ", ".join(trained) or "no group")
+  if errors:
+    raise errors[0]
+  return _recorded_result(plan, workdir, stopping.stop_requested())
+
+
 def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
   """Returns once every group of a phase is done or failed, or one was interrupted (here or by
   another worker), or this process is asked to stop: a process that finished its share of a
@@ -348,7 +307,7 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
     time.sleep(min(claims.claim_heartbeat_s(), 2.0))
 
 
-def _fit_memory(worker: _Worker, workdir: str) -> None:
+def _fit_memory(worker: Worker, workdir: str) -> None:
   """Before any group trains: each of the worker's unfinished groups is resolved for the
   worker's devices (``runner.resolve``: validated and checked when the sweep was planned, its
   memory chosen here, compiled against the devices' capacity where it is known, and recorded
@@ -364,7 +323,7 @@ def _work(
   plan: Plan,
   workdir: str,
   progress: bool,
-  worker: _Worker,
+  worker: Worker,
   ahead: CompileAhead,
   trained: list,
   tracker: SweepProgress,
@@ -413,7 +372,7 @@ def _work(
   return _recorded_result(plan, workdir, interrupted)
 
 
-def _agree_on_next(plan: Plan, worker: _Worker, workdir: str, since: float) -> tuple:
+def _agree_on_next(plan: Plan, worker: Worker, workdir: str, since: float) -> tuple:
   """``(group or None, claim event, groups others hold)``: the lead claims the next group
   (``_next_group``); a worker of several processes then agrees on it with its lead."""
   team = worker.team
@@ -428,7 +387,7 @@ def _agree_on_next(plan: Plan, worker: _Worker, workdir: str, since: float) -> t
   return group, event, waiting
 
 
-def _start_group(plan: Plan, workdir: str, worker: _Worker, group, event) -> tuple[dict, list]:
+def _start_group(plan: Plan, workdir: str, worker: Worker, group, event) -> tuple[dict, list]:
   """``(the status fields common to the group's records, its devices)`` for a group just
   claimed (``event``: how); its lead records it running."""
   team = worker.team

@@ -34,9 +34,12 @@ class SweepProgress:
   Before a group has finished here, the model's own seconds on a known chip, else no ETA."""
 
   def __init__(self, cfg, plan: Plan, workdir: str, devices: list, local: bool, progress: bool):
+    import threading
+
     from tqdm.auto import tqdm
 
     self.plan, self.workdir = plan, workdir
+    self.lock = threading.Lock()  # workers of one process share it (sweep.devices_per_worker)
     self.model = timing.runtime_model(devices)
     self.known_chip = self.model.flops_per_s > 1.0  # FlopsModel(1.0): relative FLOPs
     try:
@@ -68,6 +71,10 @@ class SweepProgress:
   def finished(self, group, out, devices: int) -> None:
     """A group this process trained to its end (or early stop; ``out``: its ``FitResult``): its
     measured seconds against the model's for the updates it trained in this run."""
+    with self.lock:
+      self._finished(group, out, devices)
+
+  def _finished(self, group, out, devices: int) -> None:
     updates = int(out.step) - int(out.resumed_from or 0)
     seconds = out.timings.total_s
     if group.id not in self.jobs or updates <= 0 or not seconds:
@@ -81,6 +88,10 @@ class SweepProgress:
 
   def report(self) -> None:
     """Logs the progress line and refreshes the bar."""
+    with self.lock:
+      self._report()
+
+  def _report(self) -> None:
     counts = {"done": 0, "running": 0, "pending": 0, "failed": 0}
     tokens, left_s, early = 0, 0.0, 0
     for group in self.plan.groups:
