@@ -263,12 +263,16 @@ class RunCheckpoints:
         # commits would otherwise meet at the same coordination barrier and fail.
         processes = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"ihsweep-{name}")
         handler = ocp.StandardCheckpointHandler()
-        # Step directories created before save returns here too: the asynchronous creation's
-        # signals are keyed by orbax's one operation counter per process, which concurrent
-        # saves in several threads (workers of one process: sweep.devices_per_worker) advance
-        # for each other (a save then made or awaited another's directory: FileExistsError,
-        # "Directory not empty", a commit never finished).
-        asynchronous = ocp.options.AsyncOptions(create_directories_asynchronously=False)
+        # In a one-process job, step directories are created before save returns too: the
+        # asynchronous creation's signals are keyed by orbax's one operation counter per
+        # process, which concurrent saves in several threads (workers of one process:
+        # sweep.devices_per_worker) advance for each other (a save then made or awaited
+        # another's directory: FileExistsError, "Directory not empty", a commit never
+        # finished). Over every process of a job orbax's synchronous creation asserts from a
+        # background thread (multihost assert_equal) and fails: its default is kept there.
+        asynchronous = (
+          ocp.options.AsyncOptions(create_directories_asynchronously=False) if n == 1 else None
+        )
       options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         create=not read_only and not alone and not some,
