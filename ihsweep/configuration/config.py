@@ -342,6 +342,20 @@ def validate_sweep(cfg, n_devices: int) -> None:
   _validate_devices_per_worker(cfg)
 
 
+def process_devices(cfg) -> list:
+  """This process's devices a sweep's workers share: its first ``mesh.num_devices`` local
+  devices where that is set, else all of them."""
+  return jax.local_devices()[: int(cfg.mesh.num_devices) or None]
+
+
+def worker_slices(cfg) -> list[list]:
+  """The devices of each worker of a one-process sweep: ``process_devices`` in slices of
+  ``sweep.devices_per_worker`` consecutive ones, or one slice of all of them (0)."""
+  devices = process_devices(cfg)
+  d = int(cfg.get("sweep", {}).get("devices_per_worker", 0)) or len(devices)
+  return [devices[i : i + d] for i in range(0, len(devices), d)]
+
+
 def _validate_devices_per_worker(cfg) -> None:
   """``sweep.devices_per_worker``: 0, or in a one-process run a divisor of the process's
   devices (``mesh.num_devices`` of them where set)."""
@@ -355,7 +369,7 @@ def _validate_devices_per_worker(cfg) -> None:
       f"0 in a jax.distributed job of {jax.process_count()} processes (its workers are "
       f"processes: sweep.processes_per_worker)",
     )
-  n = len(jax.local_devices()[: int(cfg.mesh.num_devices) or None])
+  n = len(process_devices(cfg))
   if d > n or n % d:
     raise ConfigError(
       "sweep.devices_per_worker",

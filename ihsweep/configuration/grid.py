@@ -389,11 +389,7 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
 def _worker_devices(cfg) -> list:
   """The devices of the worker that will train a group (``sweep`` module: placement 'worker'):
   with ``sweep.devices_per_worker``, a worker's slice (the first; all are alike)."""
-  import jax
-
-  devices = jax.local_devices()[: cfg.mesh.num_devices or None]
-  per_worker = int(cfg.get("sweep", {}).get("devices_per_worker", 0))
-  return devices[:per_worker] if per_worker else devices
+  return config_lib.worker_slices(cfg)[0]
 
 
 def where(group: Group) -> str:

@@ -250,8 +250,6 @@ class ClaimHeartbeat:
   is set if the claim was taken over."""
 
   def __init__(self, workdir: str, group_id: str):
-    import threading
-
     self.workdir, self.group_id = workdir, group_id
     self.worker = getattr(_thread_worker, "index", None)  # the beat speaks for its worker
     self.lost = threading.Event()

@@ -120,17 +120,17 @@ class Evaluate(Hook):
     self.tokens_per_step = tokens_per_step
     self.evaluated, self.loss_sum, self.loss_updates = lined_up
 
+  def _rows_lost(self, info: StepInfo) -> bool:
+    """A resumed run's restored update is an evaluation update whose rows a kill lost."""
+    return self.schedule.eval_due(info.step) and not self.evaluated
+
   def due(self, info: StepInfo) -> bool:
     if info.moment == "begin" and info.resumed:  # its rows lost to a kill, or compile it now
-      return self.schedule.eval_due(info.step) and not self.evaluated or info.calls_left > 0
+      return self._rows_lost(info) or info.calls_left > 0
     return info.moment in ("begin", "call") and self.schedule.eval_due(info.step)
 
   def at_update(self, info: StepInfo) -> Unread | None:
-    if (
-      info.moment == "begin"
-      and info.resumed
-      and not (self.schedule.eval_due(info.step) and not self.evaluated)
-    ):
+    if info.moment == "begin" and info.resumed and not self._rows_lost(info):
       # Compiled in start-up, as a fresh run's evaluation at update 0 is (values discarded):
       # its first compilation would otherwise count as training time (Throughput).
       self.evaluator(info.state.params)
@@ -159,11 +159,11 @@ class StopRule(Hook):
   """The 'until emergence + margin' budget (``EmergenceStop``): records every evaluation's
   metric per model; at an evaluation update before the last, says whether training stops."""
 
-  def reads_first(self, info: StepInfo) -> bool:
-    return True  # the evaluation at this update is read (observed) before deciding
-
   def __init__(self, rule, schedule, num_steps: int):
     self.rule, self.schedule, self.num_steps = rule, schedule, num_steps
+
+  def reads_first(self, info: StepInfo) -> bool:
+    return True  # the evaluation at this update is read (observed) before deciding
 
   def on_eval(self, step: int, rows: list[dict], host: dict, diverged_at: np.ndarray) -> None:
     self.rule.observe(step, [r[self.rule.metric] for r in rows], diverged_at >= 0)
@@ -182,12 +182,12 @@ class SaveParams(Hook):
   stop. Reads the dispatched calls first when any is unread: the save waits for the last one
   anyway, and a read after it would time the save as training (``Throughput``)."""
 
-  def reads_first(self, info: StepInfo) -> bool:
-    return info.moment != "begin"  # nothing trained to read before the first call
-
   def __init__(self, ckpts, schedule, tokens_per_step: int):
     self.ckpts, self.schedule, self.tokens_per_step = ckpts, schedule, tokens_per_step
     self.saved: set[int] = set()  # by this run
+
+  def reads_first(self, info: StepInfo) -> bool:
+    return info.moment != "begin"  # nothing trained to read before the first call
 
   def due(self, info: StepInfo) -> bool:
     if info.step in self.saved or (info.moment == "begin" and info.resumed):

@@ -44,6 +44,7 @@ import traceback
 
 from ihsweep.base import atomic, sharding
 from ihsweep.base.errors import IhsweepError, StorageFault
+from ihsweep.configuration import config as config_lib
 from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
@@ -56,7 +57,7 @@ from ihsweep.workers.compile_ahead import (
 )
 from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
-from ihsweep.workers.worker_layout import Worker, device_slices, phase_worker, phases
+from ihsweep.workers.worker_layout import Worker, phase_worker, phases
 
 log = logging.getLogger("ihsweep")
 
@@ -95,7 +96,7 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   # device of a multi-process job: the widest placement needs the least per device; on a
   # worker's slice with sweep.devices_per_worker).
   everywhere = jax.process_count() > 1
-  widest = device_slices(cfg)[0] if not everywhere else None
+  widest = config_lib.worker_slices(cfg)[0] if not everywhere else None
   for group in plan.groups:
     devices = runner.group_devices(group.cfg, widest, not everywhere)
     memory.check_possible(group.cfg, devices, f"group {group.id}", n_params=group.n_params)
@@ -194,7 +195,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
 
   steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
-  slices = device_slices(cfg) if jax.process_count() == 1 else []
+  slices = config_lib.worker_slices(cfg) if jax.process_count() == 1 else []
   if len(slices) > 1:
     return _thread_workers(cfg, plan, workdir, progress, slices)
   log.info(

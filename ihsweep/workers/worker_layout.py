@@ -1,7 +1,7 @@
 """Which workers a process runs (``sweep``): in a jax.distributed job, the phases of workers of
 ``sweep.processes_per_worker`` processes (``phases``, ``phase_worker``); in one process, one
 worker over its devices or, with ``sweep.devices_per_worker``, several over slices of them
-(``device_slices``). A ``Worker`` is where one trains: its devices, the processes owning them
+(``config.worker_slices``). A ``Worker`` is where one trains: its devices, the processes owning them
 and the groups it may take."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ihsweep.base import sharding
+from ihsweep.configuration import config as config_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.configuration.grid import Plan
 from ihsweep.planning import list_schedule, placement, timing
@@ -62,7 +63,7 @@ def phases(cfg, plan: Plan) -> list:
       "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
     )
   local = len(jax.local_devices())
-  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
+  per_process = len(config_lib.process_devices(cfg))
   try:
     steps = phases_lib.plan_phases(
       placement.jobs_from_plan(cfg, plan),
@@ -102,25 +103,14 @@ def phase_worker(cfg, plan: Plan, phase) -> Worker:
   wanted = set(phase.groups)
   groups = [g for g in plan.groups if g.id in wanted]
   if k == 1:
-    devices = jax.local_devices()[: cfg.mesh.num_devices or None]
+    devices = config_lib.process_devices(cfg)
     return Worker(
       devices, sharding.Team((jax.process_index(),)), groups, local=jax.process_count() > 1
     )
   first = jax.process_index() // k * k
   team = sharding.Team(tuple(range(first, first + k)))
-  per_process = len(jax.local_devices()[: cfg.mesh.num_devices or None])
+  per_process = len(config_lib.process_devices(cfg))
   devices = []
   for p in team.processes:
     devices += [d for d in jax.devices() if d.process_index == p][:per_process]
   return Worker(devices, team, groups, local=False)
-
-
-def device_slices(cfg) -> list[list]:
-  """The devices of each worker this process runs, in a one-process run: this process's devices
-  (``mesh.num_devices`` of them where set) in slices of ``sweep.devices_per_worker``
-  consecutive ones, or one slice of all of them (0)."""
-  import jax
-
-  devices = jax.local_devices()[: int(cfg.mesh.num_devices) or None]
-  d = int(cfg.sweep.get("devices_per_worker", 0)) or len(devices)
-  return [devices[i : i + d] for i in range(0, len(devices), d)]
