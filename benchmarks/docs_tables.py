@@ -116,13 +116,15 @@ def why_text(plans: list) -> str:
   """Why communication decides exp1's layout, in numbers: the smallest group's update against
   its all-reduce on 64 devices (h100 network), the best one-phase layout against the phases, the
   phases without communication on 64 and 256 devices, and ``:models=3`` on 256 and 64.
-  ``plans``: those six ``--flops_per_s`` plans, in that order (``TABLES["exp1-why"]``)."""
-  p64, p256, n64, n256, m256, m64 = plans
-  g = min(p64["groups"], key=lambda g: g["batch_size"] * g["context_size"])
+  ``plans``: those seven ``--flops_per_s`` plans, in that order (``TABLES["exp1-why"]``; the
+  last: 64 devices in one worker per host, ``--devices_per_worker=8``)."""
+  p64, p256, n64, n256, m256, m64, h64 = plans
+  g = min(h64["groups"], key=lambda g: g["batch_size"] * g["context_size"])
   t, net = g["times"], p64["throughput"]["network"]
   data = g["mesh"][1]
   grad_mb = 4 * g["n_params"] / 1e6  # float32 gradients of one model
   best = next(lay for lay in p64["layouts"] if lay["best"])
+  host = next(lay for lay in h64["layouts"] if lay["best"])
   best256 = next(lay for lay in p256["layouts"] if lay["best"])
   best_m256 = next(lay for lay in m256["layouts"] if lay["best"])
   best_m64 = next(lay for lay in m64["layouts"] if lay["best"])
@@ -141,12 +143,16 @@ def why_text(plans: list) -> str:
     f"{2 * (data - 1)} steps of {net['latency_s'] * 1e6:.0f} µs): {t['comm_s']:,.0f} s of its "
     f"{t['total_s']:,.0f} s. Workers of {best['devices_per_worker']} GPUs"
     + (" hold each model whole on its own GPU (no data axis, no all-reduce)" if whole else "")
-    + f": {p64['makespan_s'] / best['makespan_s']:.1f}× faster than the phases on "
-    f"{p64['n_devices']} devices, whose teams are whole hosts. The plan marks that layout best "
-    "and says why and how to run it — independent processes of "
-    f"{best['devices_per_worker']} GPUs each (`launch/slurm_array.sbatch`, "
-    "`local_multiprocess.sh --independent`), since a jax.distributed job's phases use a "
-    "process's devices together. Without communication (`--network=none`) the phases fill "
+    + f": {host['makespan_s'] / best['makespan_s']:.1f}× faster on {p64['n_devices']} devices "
+    f"than one worker per host ({host['n_workers']} × {host['devices_per_worker']}: "
+    f"{_duration(host['makespan_s'])}, {host['utilisation']:.1%}, what a jax.distributed job "
+    "ran before its processes split into workers). The plan marks that layout best, and it is "
+    f"the default launch: each of the job's {p64['n_processes']} processes runs "
+    f"{p64['devices_per_process'] // best['devices_per_worker']} workers of "
+    f"{best['devices_per_worker']} GPUs side by side (`sweep.devices_per_worker` = 0, auto; "
+    f"{_duration(p64['makespan_s'])}, {p64['utilisation']:.1%}), started by the "
+    "`launch/slurm.sbatch` line the plan prints. Without communication (`--network=none`) the "
+    "phases fill "
     f"{n64['n_devices']} and {n256['n_devices']} devices at {filled[0]:.0%}–{filled[1]:.0%} by "
     "moving the largest groups to teams of several hosts; priced, that is what they cannot "
     f"afford, and {p256['n_devices']} devices are more than {models} models can use well "
@@ -180,7 +186,8 @@ TABLES = {
           flops_table),
     Table("exp1-why", "docs/sweeps.md",
           (*(_flops(n, net, EXP1) for net in ("h100", "none") for n in (64, 256)),
-           *(_flops(n, "h100", f"{EXP1}:models=3") for n in (256, 64))),
+           *(_flops(n, "h100", f"{EXP1}:models=3") for n in (256, 64)),
+           (*_flops(64, "h100", EXP1), "--devices_per_worker=8")),
           why_text),
   )
 }  # fmt: skip

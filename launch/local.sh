@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One process: `ihsweep run` on this machine's devices (every GPU, or one fake CPU device per
-# core): one worker, taking the sweep's groups one after another. Usage:
+# core), running the workers side by side that the plan finds fastest for the groups
+# (sweep.devices_per_worker = 0, auto; e.g. 4 workers of 2 GPUs for exp1 on 8 H100s; the log's
+# first line names them; --config.sweep.devices_per_worker=D fixes D). Usage:
 #   launch/local.sh [--dry-run] --config=configs/demo.py --workdir=runs/demo [more run flags]
 # More workers on the same sweep: launch/local_multiprocess.sh N --independent (N at once), or
 # this same command again in another shell (it joins the running sweep as another worker).

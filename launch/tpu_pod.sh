@@ -3,10 +3,11 @@
 # `gcloud … ssh --worker=all` as a detached process (setsid nohup) that outlives the SSH session;
 # jax.distributed.initialize() finds the other hosts itself (IHSWEEP_DISTRIBUTED=1): the hosts
 # of a slice must join one job to use its chips.
-# Groups are process-local by default: each host's process
-# is a worker over its own chips that claims the next pending group in the run directory (most
-# expensive first), trains it, then takes the next; a v4-32 slice (4 hosts × 4 chips) trains 4
-# groups side by side; large groups go, in later phases, to workers spanning several hosts
+# Groups are process-local by default: each host's process runs workers over slices of its own
+# chips (the layout the plan finds fastest: sweep.devices_per_worker = 0, auto; the host's log
+# names it), each claiming the next pending group in the run directory (most expensive first),
+# training it, then taking the next; a v4-32 slice (4 hosts × 4 chips) with workers of 1 chip
+# trains 16 groups side by side; large groups go, in later phases, to workers spanning several hosts
 # (--config.sweep.processes_per_worker=k fixes k). ihsweep/workers/sweep.py explains it.
 # Usage:
 #   launch/tpu_pod.sh TPU_NAME ZONE [--sync] [--dry-run] --config=configs/exp1_natural.py \

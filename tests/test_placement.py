@@ -715,47 +715,78 @@ def test_runtime_model_prices_known_accelerators_only():
 
 def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(capsys):
   """exp1 on 64 H100s (8 per host, the default network): every E = 2 group on a host's 8 GPUs
-  splits each model's batch 4 ways and all-reduces its 54M-parameter gradient every update,
-  most of the time at B = 8 (1.95M updates); 32 workers of 2 GPUs hold each model whole on
-  its own GPU (no data axis). The plan picks that layout and says why."""
+  (one worker per host, ``--devices_per_worker=8``) splits each model's batch 4 ways and
+  all-reduces its 54M-parameter gradient every update, most of the time at B = 8 (1.95M
+  updates); 32 workers of 2 GPUs hold each model whole on its own GPU (no data axis). The plan
+  marks that layout best, and it is the default launch (`ihsweep run`'s auto layout: 4 workers
+  of 2 side by side in each of the job's 8 processes), printed with the line that starts it;
+  against the fixed 8 × 8 it says why it is faster."""
   code, out, err = _plan(
-    capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14", "--json"
-  )
+    capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14", "--json",
+    "--devices_per_worker=8",
+  )  # fmt: skip
   assert code == 0, err
-  p = json.loads(out)
-  assert p["throughput"]["network"]["name"] == "h100"
-  g = next(x for x in p["groups"] if x["batch_size"] == 8 and x["context_size"] == 64)
+  host = json.loads(out)
+  assert host["throughput"]["network"]["name"] == "h100"
+  g = next(x for x in host["groups"] if x["batch_size"] == 8 and x["context_size"] == 64)
   net = chips.NETWORKS["h100"]
   assert g["mesh"] == [2, 4]
   ring = 2 * 3 / 4 * g["n_params"] * 4 / net.intra_host_bytes_per_s + 6 * net.latency_s
   assert g["times"]["comm_s"] == pytest.approx(g["updates"] * ring)
   assert g["times"]["comm_s"] > 5 * g["times"]["train_s"]
+  assert host["comm_share"] > 0.5
+  code, out, err = _plan(
+    capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14", "--json"
+  )
+  p = json.loads(out)
   best = next(x for x in p["layouts"] if x["best"])
   assert best["devices_per_worker"] == 2 and best["groups_with_data_axis"] == 0
-  assert best["comm_share"] == 0.0 and p["comm_share"] > 0.5
-  assert best["makespan_s"] < p["makespan_s"] / 2
+  assert best["comm_share"] == 0.0 and best["makespan_s"] < host["makespan_s"] / 2
+  # the default launch: that layout, as phases of 4 workers of 2 in each of 8 processes
+  ((phase),) = p["phases"]
+  assert (phase["processes_per_worker"], phase["devices_per_worker"], phase["n_workers"]) == (
+    1, 2, 32
+  )  # fmt: skip
+  assert p["makespan_s"] == pytest.approx(best["makespan_s"]) and p["comm_share"] == 0.0
+  assert p["utilisation"] > 0.9 * 0.78  # issue 47: the packing bound 0.78; before, 0.53
   code, out, err = _plan(
     capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14"
   )
   assert "--network=h100: 450 GB/s per device each way within a host, 50 GB/s across" in out
+  assert (
+    "4 worker(s) of 2 device(s) side by side in each process (sweep.devices_per_worker = 0" in out
+  )
+  assert "faster: " not in out
+  assert (
+    "\n  sbatch --nodes=8 --ntasks-per-node=1 --gpus-per-task=8 launch/slurm.sbatch "
+    "--config=configs/exp1_natural.py --workdir=runs/exp1_natural\n" in out
+  )
+  code, out, err = _plan(
+    capsys, "--config=configs/exp1_natural.py", "--devices=64", "--flops_per_s=4e14",
+    "--config.sweep.devices_per_worker=8",
+  )  # fmt: skip
   assert "faster: 32 × 2" in out and "all-reduce its gradient every update" in out
+  assert "--config.sweep.devices_per_worker=2" in out  # the faster layout's launch pins D
+  assert "--config.sweep.devices_per_worker=8" not in out  # the plan's own field left out
 
 
 def test_a_faster_layout_is_explained_without_communication_too(capsys):
-  """On 3 devices (one process of 3) every E = 2 group uses 2 of them in the phases; 3 workers
+  """On 3 devices (one process of 3, one worker over them) every E = 2 group uses 2 of them in
+  the phases; 3 workers
   of 1 keep all 3 busy: the plan says so, with no network priced, and prints the lines that
   start them with the plan's flags; the local one, run in the launcher's dry-run mode, starts
   3 workers of one GPU each whose `ihsweep run` flags the CLI accepts."""
-  code, out, err = _plan(
-    capsys,
-    "--config=configs/exp1_natural.py",
-    "--devices=3",
-    "--flops_per_s=4e14",
-    "--network=none",
-    "--config.sweep.grid.train.batch_size=(8, 16, 32)",
-    "--grid=train.context_size=64,1024",
-  )
-  assert code == 0, err
+  # in a process of its own: absl defines a --config.FIELD flag once per process, and the test
+  # above gives this one too
+  r = subprocess.run(
+    [sys.executable, "-m", "ihsweep.cli", "plan", "--config=configs/exp1_natural.py",
+     "--devices=3", "--flops_per_s=4e14", "--network=none",
+     "--config.sweep.grid.train.batch_size=(8, 16, 32)", "--grid=train.context_size=64,1024",
+     "--config.sweep.devices_per_worker=3"],  # one worker per process (auto would take 3 × 1)
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  out = r.stdout
   [line] = [x for x in out.splitlines() if x.startswith("faster: ")]
   assert line.startswith("faster: 3 × 1 ") and "busy" in line and "all-reduce" not in line
   assert "…" not in out
@@ -764,9 +795,10 @@ def test_a_faster_layout_is_explained_without_communication_too(capsys):
     "--grid=train.context_size=64,1024 --workdir=runs/exp1_natural"
   )
   lines = out.split(line, 1)[1].splitlines()[1:3]
+  pinned = "--config.sweep.devices_per_worker=1"
   assert lines == [
-    f"  sbatch --array=0-2 --gres=gpu:1 launch/slurm_array.sbatch {flags_words}",
-    f"  IHSWEEP_GPUS=0,1,2 launch/local_multiprocess.sh 3 --independent {flags_words}",
+    f"  sbatch --array=0-2 --gres=gpu:1 launch/slurm_array.sbatch {flags_words} {pinned}",
+    f"  IHSWEEP_GPUS=0,1,2 launch/local_multiprocess.sh 3 --independent {flags_words} {pinned}",
   ]
   workers = _dry_run(lines[1])
   assert len(workers) == 3
@@ -774,7 +806,9 @@ def test_a_faster_layout_is_explained_without_communication_too(capsys):
     assert f"CUDA_VISIBLE_DEVICES={k} " in w, w
     found, positional = flags.split_args(shlex.split(w.split(" ihsweep run ", 1)[1]))
     assert cli._check_flags("run", found, positional) is None and positional == []
-    assert [f"--{name}={value}" for name, _, value in found] == shlex.split(flags_words)
+    assert [f"--{name}={value}" for name, _, value in found] == shlex.split(flags_words) + [
+      "--config.sweep.devices_per_worker=1"
+    ]
 
 
 def _dry_run(line: str) -> list[str]:
@@ -820,8 +854,9 @@ def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags():
   (cmd,) = r.stdout.strip().splitlines()
   assert cmd.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")
   assert "--config.sweep.processes_per_worker=2 >> /mnt/shared/exp_tiny/logs/host_" in cmd
-  assert placement.launch_lines(tpu, 8, 2, 4, "tpu") == (
-    [],
-    "launch/tpu_pod.sh runs one process per TPU host, a worker over all its 4 devices: "
-    "workers of 2 device(s) cannot be started",
+  # workers of 2 chips: each host's one process runs 2 of them side by side
+  (line,), note = placement.launch_lines(tpu, 8, 2, 4, "tpu")
+  assert (
+    line.endswith(" --config.sweep.processes_per_worker=1 --config.sweep.devices_per_worker=2")
+    and "each of its 4 host(s) runs one process of 2 workers of 2 chip(s) side by side" in note
   )

@@ -566,6 +566,34 @@ def test_each_group_is_resolved_once(reference):
   }
 
 
+def test_status_names_the_worker_layout_of_each_process_holding_a_running_group(
+  reference, tmp_path
+):
+  """workers.jsonl records each process's layout as it started (the run log's words); `ihsweep
+  status` names it for a process whose worker (a thread's /wK included) holds a running
+  group, and not for a process holding none."""
+  import shutil
+
+  from ihsweep.runs import claims
+
+  work = str(tmp_path / "copy")
+  shutil.copytree(reference[0], work)
+  ((process, layout),) = claims.read_layouts(work).items()
+  assert process == claims.worker_id()  # the reference trained in this process
+  assert layout.startswith("1 worker(s) of 4 cpu device(s) in this process (sweep."), layout
+  assert f"process {process}:" not in sweep_status.format_status(work)
+  claims.set_thread_worker(1)
+  try:
+    with claims.claims_lock(work):
+      assert claims.try_claim(work, "g002", ["cpu:0"]) == "claimed"
+    rundir.write_status(work, "g002", state="running", worker=claims.worker_id())
+    text = sweep_status.format_status(work)
+  finally:
+    claims.release_claim(work, "g002", "interrupted")
+    claims.set_thread_worker(None)
+  assert f"worker {process}/w1" in text and text.endswith(f"\nprocess {process}: {layout}"), text
+
+
 def test_done_is_believed_only_with_a_finished_groups_evidence(reference, tmp_path, caplog):
   """A status.json that says done where the group's checkpoints and train log do not show its
   final update (cut short; never trained) is not counted as done: status says why, and a rerun

@@ -121,6 +121,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
     "--config=configs/default.py:tiny --config.ensemble.size=2 --config.train.batch_size=16 "
     "--workdir=runs/default_tiny"
   )
+  words += " --config.sweep.devices_per_worker=2"  # each process one worker of its 2 GPUs
   assert p["launch"]["lines"] == [
     f"sbatch --array=0-0 --gres=gpu:2 launch/slurm_array.sbatch {words}",
     f"IHSWEEP_GPUS=0,1 launch/local_multiprocess.sh 1 --independent {words}",

@@ -114,7 +114,9 @@ def _assert_same_results(workdir, reference, groups=GROUPS) -> None:
 
 
 def _reference(tmp_path_factory, devices: int, flags=FLAGS) -> str:
+  """The sweep of ``flags`` trained by one worker over ``devices`` CPU devices."""
   work = str(tmp_path_factory.mktemp(f"reference{devices}") / "run")
+  flags = [*flags, f"--config.sweep.devices_per_worker={devices}"]
   [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *flags, env=_env(devices))])
   assert rc == 0, out[-3000:]
   return work
@@ -265,20 +267,24 @@ def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
 
 
 def test_process_local_groups_in_one_jax_distributed_job(tmp_path, reference_two_devices):
-  """2 processes × 2 CPU devices joined by jax.distributed: each process trains whole groups on
-  its own 2 devices (placement 'worker'); every group once, the same numbers as one process
-  with 2 devices, and the checkpoints read back on this test's one device."""
+  """2 processes × 4 CPU devices joined by jax.distributed, each running 2 workers of 2 devices
+  side by side (``sweep.devices_per_worker=2``: threads, named /pK/wJ in claims): each trains
+  whole groups on its own 2 devices (placement 'worker'); every group once, the same numbers
+  as one process with 2 devices, and the checkpoints read back on this test's one device."""
   work = str(tmp_path / "run")
-  procs = _job(work, [*FLAGS_4, "--config.sweep.processes_per_worker=1"], 2, 2)
+  flags = [*FLAGS_4, "--config.sweep.processes_per_worker=1", "--config.sweep.devices_per_worker=2"]
+  procs = _job(work, flags, 2, 4)
   results = _finish(procs)
   assert [rc for rc, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+  assert "2 worker(s) of 2 cpu device(s) side by side in each process" in results[0][1]
   events = _claims(work)
   groups = GROUPS[:4]
   assert sorted(events) == groups
   for g in groups:
     assert [(e, s) for e, _, s in events[g]] == [("claimed", None), ("released", "done")], g
   workers = {w for g in groups for _, w, _ in events[g]}
-  assert {w.rsplit("/", 1)[1] for w in workers} == {"p0", "p1"}  # both processes trained
+  assert {w.split("/")[1] for w in workers} == {"p0", "p1"}  # both processes trained
+  assert {w.split("/")[2] for w in workers} == {"w0", "w1"}  # side by side in a process
   assert {rundir.read_status(work, g)["devices"] for g in groups} == {2}
   for g in groups:  # each group directory marked as a run by the process that trained it
     assert os.path.exists(os.path.join(work, "groups", g, ownership.RUN_MARKER)), g
@@ -336,8 +342,9 @@ def test_phases_in_one_jax_distributed_job(tmp_path):
   assert rundir.read_status(work, large)["devices"] == 2
   assert rundir.read_status(work, large)["processes"] == [0, 1]
   assert (
-    "phase 1: 1 group(s) on workers of 1 process(es); phase 2: 1 group(s) on workers of "
-    "2 process(es)" in results[0][1]
+    "phase 1: 1 group(s) on 1 worker(s) of 1 cpu device(s) in each process; phase 2: 1 "
+    "group(s) on workers of 2 processes × 1 device(s) (sweep.devices_per_worker = 0: auto"
+    in results[0][1]
   )
   _assert_same_results(work, reference, [small, large])
 
@@ -533,20 +540,31 @@ def test_a_paused_worker_keeps_its_group_and_the_sweep_ends_done(tmp_path):
   assert status["state"] == "done" and status["step"] == 3000 and status["attempts"] == 1, status
 
 
-def test_workers_over_device_slices_of_one_process_train_side_by_side_and_resume(
-  tmp_path, reference_two_devices
-):
-  """`ihsweep run` on 8 CPU devices with ``sweep.devices_per_worker=2``: 4 workers in one process
-  (threads, named /w0-/w3 in claims), each claiming and training groups on its own 2 devices;
-  the process is SIGKILLed while g000 saves its state at update 20, with other groups mid-way
-  (killed together); the rerun resumes every group, and each group's losses and params equal
-  those of one worker on 2 devices bit for bit (the same program over the same inputs on a mesh
-  of the same shape)."""
-  work = str(tmp_path / "run")
-  flags = [*FLAGS_4, "--config.sweep.devices_per_worker=2"]
+# 4 groups of one model each and of equal cost (1 or 2 heads × learned or rotary positions), with
+# B = 2: a mesh over at most 2 devices (E · B), so that on 8 devices one worker trains them one
+# after another on 2 devices each (6 idle) and the auto layout runs 4 workers of 2 side by side
+# (with groups of unequal cost, fewer workers of 4 may finish as early, and auto takes them).
+FLAGS_B2 = [f for f in FLAGS if not f.startswith(("--grid", "--config.model.n_heads"))] + [
+  "--config.train.batch_size=2",
+  "--config.train.context_size=16",
+  "--config.model.d_model=8",
+  "--grid=model.n_heads=1,2",
+  "--grid=model.pos_encoding=learned,rotary",
+]
+
+
+def test_the_auto_layout_trains_groups_side_by_side_in_one_process_and_resumes(tmp_path_factory):
+  """`ihsweep run` on 8 CPU devices with the default layout (``sweep.devices_per_worker`` = 0,
+  auto): the plan's model chooses 4 workers of 2 devices in one process (threads, named
+  /w0-/w3 in claims); the process is SIGKILLed while g000 saves its state at update 20, with
+  other groups mid-way (killed together); the rerun resumes every group, and each group's
+  losses and params equal the 1 × 8 run's (one worker over the 8 devices, each group on 2 of
+  them: the same program over the same inputs on a mesh of the same shape) bit for bit."""
+  one_by_eight = _reference(tmp_path_factory, 8, FLAGS_B2)
+  work = str(tmp_path_factory.mktemp("auto") / "run")
   killed = subprocess.run(
     [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "KILL", "20", "g000", "--"]
-    + ["run", f"--workdir={work}", *flags],
+    + ["run", f"--workdir={work}", *FLAGS_B2],
     cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=600,
   )  # fmt: skip
   assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-3000:]
@@ -554,12 +572,16 @@ def test_workers_over_device_slices_of_one_process_train_side_by_side_and_resume
   claimed = {w for g in first for e, w, _ in first[g] if e == "claimed"}
   assert len(claimed) >= 2 and all(w.rsplit("/", 1)[1] in {"w0", "w1", "w2", "w3"} for w in claimed)
   assert len({w.rsplit("/", 1)[0] for w in claimed}) == 1  # one process
-  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *flags, env=_env(8))])
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *FLAGS_B2, env=_env(8))])
   assert rc == 0, out[-3000:]
-  assert "4 workers of 2 device(s) in this process (sweep.devices_per_worker = 2)" in out
+  assert (
+    "4 worker(s) of 2 cpu device(s) side by side in this process (sweep.devices_per_worker = "
+    "0: auto" in out
+  ), out[:3000]
   groups = GROUPS[:4]
   for g in groups:
     status = rundir.read_status(work, g)
     assert status["state"] == "done" and status["step"] == 30 and status["devices"] == 2, status
+    assert rundir.read_status(one_by_eight, g)["devices"] == 2
   assert rundir.read_status(work, "g000")["resumed_from"] in (10, 20)
-  _assert_same_results(work, reference_two_devices, groups)
+  _assert_same_results(work, one_by_eight, groups)

@@ -328,8 +328,9 @@ FIELDS: tuple[Field, ...] = (
     "processes per worker in a jax.distributed job (0 = phases chosen from the groups' costs)",
     lo=0, hi="jax.process_count()"),
   _f("sweep.devices_per_worker", 0,
-    "devices per worker inside one process: its devices split into workers of this many, "
-    "training groups side by side (0 = one worker over all of them)",
+    "devices per worker inside a process: its devices split into workers of this many, "
+    "training groups side by side (0 = auto: the layout the plan finds fastest for the groups' "
+    "costs; the process's device count = one worker over all of them)",
     lo=0, hi="the process's devices"),
   # log
   _f("log.tensorboard", False, "TensorBoard event files in the run directory (tensorboardX)"),

@@ -349,31 +349,25 @@ def process_devices(cfg) -> list:
 
 
 def worker_slices(cfg) -> list[list]:
-  """The devices of each worker of a one-process sweep: ``process_devices`` in slices of
-  ``sweep.devices_per_worker`` consecutive ones, or one slice of all of them (0)."""
+  """``process_devices`` in slices of ``sweep.devices_per_worker`` consecutive ones, or one
+  slice of all of them (0, auto: the widest worker the layout may choose, what a group is
+  validated against before ``worker_layout.phases`` chooses)."""
   devices = process_devices(cfg)
   d = int(cfg.get("sweep", {}).get("devices_per_worker", 0)) or len(devices)
   return [devices[i : i + d] for i in range(0, len(devices), d)]
 
 
 def _validate_devices_per_worker(cfg) -> None:
-  """``sweep.devices_per_worker``: 0, or in a one-process run a divisor of the process's
-  devices (``mesh.num_devices`` of them where set)."""
+  """``sweep.devices_per_worker``: 0 (auto), or a divisor of the process's devices
+  (``mesh.num_devices`` of them where set)."""
   d = int(cfg.sweep.get("devices_per_worker", 0))
   if not d:
     return
-  if jax.process_count() > 1:
-    raise ConfigError(
-      "sweep.devices_per_worker",
-      d,
-      f"0 in a jax.distributed job of {jax.process_count()} processes (its workers are "
-      f"processes: sweep.processes_per_worker)",
-    )
   n = len(process_devices(cfg))
   if d > n or n % d:
     raise ConfigError(
       "sweep.devices_per_worker",
       d,
-      f"0 (one worker over all of them) or a divisor of this process's {n} devices: "
-      f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)}",
+      f"0 (auto: the plan's fastest layout) or a divisor of this process's {n} devices: "
+      f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)} ({n}: one worker over all)",
     )

@@ -106,11 +106,13 @@ def default_sweep():
     phase's groups fill (1: process-local groups; several: a worker spanning hosts trains a
     group on all their devices; all: one global mesh); k = one phase, workers of k
     consecutive processes.
-    devices_per_worker (one process; 'worker' placement): 0 = one worker over all of the
-    process's devices (``mesh.num_devices`` of them where set); D = its devices split into
-    workers of D consecutive devices, each a thread of the process claiming and training groups
-    as a separate process would (``sweep._thread_workers``), so that small groups train side by
-    side instead of splitting their batch over every device.
+    devices_per_worker: D = a process's devices (``mesh.num_devices`` of them where set) split
+    into workers of D consecutive devices in its phases of process-local workers, each a thread
+    of the process claiming and training groups as a separate process would
+    (``sweep._side_by_side``), so that small groups train side by side instead of splitting
+    their batch over every device; D = all of them: one worker; 0 = auto, the D the plan's
+    model finds fastest for the groups' costs (``phases.choose_local_devices``, with
+    ``timing.runtime_model``: on a known accelerator its FLOP/s and network).
   """
   return schema.defaults("sweep")
 

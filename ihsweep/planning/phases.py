@@ -13,6 +13,7 @@ import math
 from ihsweep.base.numbers import divisors
 from ihsweep.planning import timing
 from ihsweep.planning.list_schedule import (
+  LAYOUT_TIE,
   LayoutError,
   busy_share,
   schedule_entry,
@@ -32,7 +33,8 @@ class Phase:
   The processes form ``n_workers`` = P / p workers ("teams") of ``processes_per_worker`` = p
   consecutive processes: team t is processes t · p … t · p + p − 1 (process indices), and trains
   a group on a mesh over all its ``devices_per_worker`` = p · d devices (p = 1: one process's
-  local devices, of which a group may use part; p = P: one global mesh). The teams claim
+  local devices, of which a group may use part, or with ``devices_per_worker`` D below them
+  several workers of D side by side in each process; p = P: one global mesh). The teams claim
   the phase's ``groups`` dynamically in the order given (plan order: most expensive first); the
   phase ends when all of them are done, then the next phase starts.
 
@@ -101,10 +103,13 @@ def fills(job, devices: int) -> bool:
   return usable_device_count(job.n_models, job.batch_size, devices) == devices
 
 
-def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=None) -> list:
+def time_phases(
+  jobs, phases, n_processes: int, devices_per_process: int, model=None, local_devices: int = 0
+) -> list:
   """``[(processes_per_worker p, group ids)]`` (or ``Phase``\\ s) timed one after another with
   ``model`` (default ``timing.FlopsModel(1.0)``): each phase list-scheduled (``simulate``) on its
-  P / p teams of p · d devices, each group on ``usable_device_count`` of them (all of them where
+  P / p teams of p · d devices (p = 1: P · d / D workers of ``local_devices`` D, a divisor of d,
+  several in a process; 0 = d), each group on ``usable_device_count`` of them (all of them where
   p > 1, which ``plan_phases`` ensures), starting ``model.phase_switch_s`` after the previous one.
   Returns ``Phase``\\ s with slots, start and end; a slot's ``worker`` is its team
   within the phase and ``phase`` the phase's index."""
@@ -115,13 +120,18 @@ def time_phases(jobs, phases, n_processes: int, devices_per_process: int, model=
   for index, phase in enumerate(phases):
     p, groups = (phase.processes_per_worker, phase.groups) if isinstance(phase, Phase) else phase
     at += model.phase_switch_s if index else 0.0  # the barrier and the new teams' compiling
-    out.append(
-      timed_phase(
-        [by_id[g] for g in groups], model, n_devices, p * devices_per_process, p, at, index
-      )
-    )
+    size = worker_devices(p, devices_per_process, local_devices)
+    out.append(timed_phase([by_id[g] for g in groups], model, n_devices, size, p, at, index))
     at = out[-1].end_s
   return out
+
+
+def worker_devices(processes_per_worker: int, devices_per_process: int, local: int = 0) -> int:
+  """A worker's devices in a phase of teams of p processes of d: p · d, or for p = 1 the
+  ``local`` D (0 = d) of the workers a process runs side by side (``sweep.devices_per_worker``)."""
+  if processes_per_worker == 1 and local:
+    return local
+  return processes_per_worker * devices_per_process
 
 
 def timed_phase(
@@ -167,7 +177,13 @@ def _check_processes(n_processes, devices_per_process, processes_per_worker) -> 
 
 
 def plan_phases(
-  jobs, n_processes: int, devices_per_process: int, processes_per_worker: int = 0, *, model=None
+  jobs,
+  n_processes: int,
+  devices_per_process: int,
+  processes_per_worker: int = 0,
+  *,
+  model=None,
+  local_devices: int = 0,
 ) -> list[Phase]:
   """The phases a sweep inside one jax.distributed job runs in: pure and deterministic, so that
   every process computes the same phases from the same jobs.
@@ -181,6 +197,8 @@ def plan_phases(
       when no communication is priced, as that model is linear; ``timing.runtime_model`` on a
       known accelerator prices the data axis's all-reduce and the phase switch); team sizes it
       cannot time (``cannot_time``) are skipped.
+    local_devices: D, the devices of each worker of a phase of p = 1 (several workers side by
+      side in a process: ``sweep.devices_per_worker``); 0 = d, one worker per process.
 
   Choosing (processes_per_worker = 0): team sizes p are the divisors of P; a group may go to a
   phase with p > 1 only if its mesh uses all p · d devices (``fills``), with p = 1 it may use
@@ -223,21 +241,61 @@ def plan_phases(
         f"{', …' if len(short) > 5 else ''}; allowed: 0 (phases chosen) or "
         f"{', '.join(map(str, allowed))}"
       )
-    return time_phases(jobs, [(k, tuple(j.id for j in jobs))], n_processes, d, model)
+    return time_phases(jobs, [(k, tuple(j.id for j in jobs))], n_processes, d, model, local_devices)
   sizes = [p for p in divisors(n_processes) if p == 1 or model.cannot_time(p * d) is None]
-  runs = _cut_search(jobs, sizes, n_processes, d, model)
+  runs = _cut_search(jobs, sizes, n_processes, d, model, local_devices)
   plan_index = {j.id: i for i, j in enumerate(jobs)}
   phases = [(p, tuple(sorted(ids, key=plan_index.get))) for p, ids in runs]
-  return time_phases(jobs, phases, n_processes, d, model)
+  return time_phases(jobs, phases, n_processes, d, model, local_devices)
 
 
-def _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at) -> dict:
+def choose_local_devices(
+  jobs,
+  n_processes: int,
+  devices_per_process: int,
+  processes_per_worker: int = 0,
+  *,
+  model=None,
+  allowed=None,
+) -> tuple[int, list[Phase]]:
+  """``(D, phases)``: the devices of each process-local worker (``sweep.devices_per_worker`` =
+  0, auto) and the phases planned with it (``plan_phases``): every divisor D of a process's d
+  devices (``allowed``: a predicate on D, e.g. that every group fits a slice of D; d is always
+  tried), the shortest makespan; makespans within ``list_schedule.LAYOUT_TIE`` of it count as
+  equal, and among them, where the model prices a network, the smallest D wins, as
+  ``choose_layout`` chooses among one-phase layouts (less data-axis communication than the
+  model sees, more workers to take over a failed one); where it prices none
+  (``timing.FlopsModel(1.0)``: CPUs, chips without a network figure) the largest: there a
+  split is only worth its workers' start-ups and shared host when it packs the groups faster,
+  e.g. where groups cannot use all of a process's devices (CPU devices share the host's
+  cores: on a 2-core machine 2 workers of 1 device took 258 s for a demo sweep that one worker
+  of 2 trained in 218 s, docs/sweeps.md)."""
+  d = devices_per_process
+  if processes_per_worker > 1:  # no phase of process-local workers
+    return d, plan_phases(jobs, n_processes, d, processes_per_worker, model=model)
+  tried = []
+  for size in divisors(d):
+    if size != d and allowed is not None and not allowed(size):
+      continue
+    steps = plan_phases(jobs, n_processes, d, processes_per_worker, model=model, local_devices=size)
+    tried.append((steps[-1].end_s if steps else 0.0, size, steps))
+  best = min(span for span, _, _ in tried)
+  priced = getattr(model, "network", None) is not None
+  _, size, steps = min(
+    (t for t in tried if t[0] <= best * (1 + LAYOUT_TIE)),
+    key=lambda t: t[1] if priced else -t[1],
+  )
+  return size, steps
+
+
+def _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at, local=0) -> dict:
   """``span[p][i, j]``: the makespan of ordered groups i … j − 1 (``order``; i, j in
-  ``cuts_at``) on the P / p teams of p processes, list-scheduled in plan order; absent where
-  one of them does not fill a team (``fit[p]``)."""
+  ``cuts_at``) on the P / p teams of p processes (p = 1: workers of ``local`` devices),
+  list-scheduled in plan order; absent where one of them does not fill a team (``fit[p]``)."""
   n, at_cut, span = len(order), set(cuts_at), {}
   for p in sizes:
-    teams, devices = n_processes // p, p * d
+    devices = worker_devices(p, d, local)
+    teams = n_processes * d // devices
     entries = [
       schedule_entry(job, model, usable_device_count(job.n_models, job.batch_size, devices))
       for job in jobs
@@ -258,7 +316,7 @@ def _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at) -> dict:
   return span
 
 
-def _cut_search(jobs, sizes, n_processes, d, model) -> list:
+def _cut_search(jobs, sizes, n_processes, d, model, local=0) -> list:
   """``[(p, group ids)]``: the best cut of the ordered groups into runs of increasing team
   sizes (``plan_phases``). Cut points: every position while |sizes| · n³ list-scheduling steps
   stay within ``SEARCH_WORK``, else the positions where the order's (largest team, E · B)
@@ -276,7 +334,7 @@ def _cut_search(jobs, sizes, n_processes, d, model) -> list:
       {round(k * n / m) for k in range(m + 1)}
       | {j for j in range(1, n) if key[order[j]] != key[order[j - 1]]}
     )
-  span = _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at)
+  span = _spans(jobs, sizes, n_processes, d, model, order, fit, cuts_at, local)
   suffixes = {}
 
   def suffix(tail):  # {i: (the best makespan of groups i … n − 1 on runs of tail, its cuts)}

@@ -46,6 +46,7 @@ from ihsweep.data.probes import eval_layout
 from ihsweep.planning import timing
 from ihsweep.planning.list_schedule import (
   DEFAULT_DEVICES_PER_HOST,
+  LAYOUT_TIE,
   Job,
   LayoutError,
   Schedule,
@@ -57,6 +58,7 @@ from ihsweep.planning.phases import (
   MAX_PHASES,
   PHASE_TIE,
   PhasedSchedule,
+  choose_local_devices,
   fills,
   plan_phases,
   timed_phase,
@@ -147,7 +149,8 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
   """``(plan, jobs)`` for a sweep config, planned for any device count: groups are validated
   as a worker of this process would run them (``sweep.placement = 'worker'``,
   ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them;
-  ``sweep.processes_per_worker = 0``: checked against this machine's process count otherwise),
+  ``sweep.processes_per_worker = 0``: checked against this machine's process count otherwise;
+  ``sweep.devices_per_worker = 0``: against its devices),
   so that planning N devices this machine lacks is not refused here; the rules are applied by
   ``plan_phases`` and ``worker_schedule``.
 
@@ -161,6 +164,8 @@ def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
     cfg.sweep.placement = "worker"
     if "processes_per_worker" in cfg.sweep:
       cfg.sweep.processes_per_worker = 0
+    if "devices_per_worker" in cfg.sweep:  # checked by predict against the planned processes
+      cfg.sweep.devices_per_worker = 0
     cfg.mesh.num_devices = 0
   with contextlib.nullcontext() if check_data else data_unchecked():
     plan = grid_lib.make_plan(cfg)
@@ -227,9 +232,11 @@ def predict(
   ``mesh.num_devices`` (a worker uses at most that many), give one phase of N / D workers (D a
   divisor of N up to a host, or a multiple of d: workers of D / d processes); else the config's
   ``sweep.processes_per_worker`` k >= 1 one phase of teams of k processes; else (0) the phases
-  ``plan_phases`` chooses. The one-phase layouts beside them: D alone when given, else — FLOPs
-  — every divisor of N up to a host and every team of several processes (``layout_schedule``),
-  the best by ``choose_layout``; measured, d.
+  ``plan_phases`` chooses; a phase of process-local workers runs workers of the config's
+  ``sweep.devices_per_worker`` side by side in each process, or (0, auto: what ``ihsweep run``
+  does) of the D ``choose_local_devices`` finds fastest. The one-phase layouts beside them: D
+  alone when given, else — FLOPs — every divisor of N up to a host and every team of several
+  processes (``layout_schedule``), the best by ``choose_layout``; measured, d.
 
   Raises:
     LayoutError: a D that fits neither a host nor whole processes, a team some group cannot
@@ -245,7 +252,7 @@ def predict(
     jobs, n_devices, devices_per_host, flops_per_s, network, log
   )
   configured = int(cfg.mesh.num_devices)
-  teams = int(cfg.sweep.get("processes_per_worker", 0) or 0) if "sweep" in cfg else 0
+  sweep = cfg.get("sweep", {})
   fixed = devices_per_worker or configured
   if fixed:
     source = "--devices_per_worker" if devices_per_worker else "the config's mesh.num_devices"
@@ -259,8 +266,7 @@ def predict(
       ]
     else:
       sizes = [per_process]
-    phases = plan_phases(jobs, n_processes, per_process, teams, model=model)
-    reason = _chosen_reason(teams, n_processes, per_process)
+    phases, reason = _default_phases(jobs, model, sweep, n_processes, per_process, flops_per_s)
   layouts = [layout_schedule(jobs, model, n_devices, d, per_process) for d in sizes]
   return Prediction(
     n_devices=n_devices,
@@ -276,6 +282,7 @@ def predict(
     devices_per_process=per_process,
     updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
     schedule_note=schedule_note(cfg, plan),
+    default_launch=not fixed and not sweep.get("devices_per_worker", 0),
   )
 
 
@@ -287,13 +294,15 @@ TPU_WORKDIR = "/mnt/shared"  # launch/tpu_pod.sh's own example: a filesystem eve
 def run_flags(found, workdir: str | None = None, tpu: bool = False) -> list[str]:
   """The ``ihsweep run`` flags of a planned sweep, from the plan's own command line (``found``:
   ``flags.split_args``'s flags): ``--config=FILE[:VARIANT]``, its ``--config.SECTION.FIELD``
-  overrides, ``--grid`` and ``--zip`` as typed (``sweep.processes_per_worker`` left out: the
-  layout's launch sets it), then ``--workdir``: ``workdir``, else ``runs/NAME`` (NAME: the
-  config file's name and variant); on a TPU pod an absolute path every host mounts
-  (``TPU_WORKDIR``/NAME unless ``workdir`` is absolute)."""
+  overrides, ``--grid`` and ``--zip`` as typed (``sweep.processes_per_worker`` and
+  ``sweep.devices_per_worker`` left out: the layout's launch sets them), then ``--workdir``:
+  ``workdir``, else ``runs/NAME`` (NAME: the config file's name and variant); on a TPU pod an
+  absolute path every host mounts (``TPU_WORKDIR``/NAME unless ``workdir`` is absolute)."""
   out, name = [], "sweep"
   for typed, flag, value in found:
-    if flag not in ("config", "grid", "zip") or typed.endswith("sweep.processes_per_worker"):
+    if flag not in ("config", "grid", "zip") or typed.endswith(
+      ("sweep.processes_per_worker", "sweep.devices_per_worker")
+    ):
       continue
     out.append(f"--{typed}" if value is None else f"--{typed}={value}")
     if typed == "config" and value:
@@ -324,17 +333,21 @@ def launch_lines(
   GPUs handed out D each (IHSWEEP_GPUS). GPUs, D a multiple of H: one jax.distributed job
   (launch/slurm.sbatch, one process per host) whose workers span D / H hosts
   (``sweep.processes_per_worker``). TPUs: launch/tpu_pod.sh runs one process per host of the
-  slice, a worker over all its devices, so D must be a multiple of H (D / H hosts a worker)."""
+  slice: D below H, H / D workers of D side by side in each (``sweep.devices_per_worker``);
+  else D / H hosts a worker."""
   import shlex
 
   d, h, w = devices_per_worker, devices_per_host, n_workers
   words = " ".join(shlex.quote(f) for f in flags)
   teams = f" --config.sweep.processes_per_worker={d // h}" if d > h else ""
   if platform == "tpu":
-    if d % h:
-      return [], (
-        f"launch/tpu_pod.sh runs one process per TPU host, a worker over all its {h} "
-        f"devices: workers of {d} device(s) cannot be started"
+    if d < h:
+      return [
+        f'launch/tpu_pod.sh "${{TPU_NAME:?}}" "${{ZONE:?}}" {words}'
+        f" --config.sweep.processes_per_worker=1 --config.sweep.devices_per_worker={d}"
+      ], (
+        f"TPU_NAME, ZONE: the slice; --workdir on a filesystem every host mounts; each of its "
+        f"{w * d // h} host(s) runs one process of {h // d} workers of {d} chip(s) side by side"
       )
     return [
       f'launch/tpu_pod.sh "${{TPU_NAME:?}}" "${{ZONE:?}}" {words}'
@@ -352,6 +365,7 @@ def launch_lines(
     ], f"one jax.distributed job of {hosts} processes of {h} GPUs, {d // h} per worker"
   per_machine = min(w, h // d)
   gpus = ",".join(str(k) for k in range(per_machine * d))
+  words += f" --config.sweep.devices_per_worker={d}"  # each process one worker of its D GPUs
   lines = [
     f"sbatch --array=0-{w - 1} --gres=gpu:{d} launch/slurm_array.sbatch {words}",
     f"IHSWEEP_GPUS={gpus} launch/local_multiprocess.sh {per_machine} --independent {words}",
@@ -362,6 +376,33 @@ def launch_lines(
     f"{w} independent worker(s) of {d} GPU(s): the SLURM job array (one task per worker), "
     f"or on {where} {per_machine} local worker(s); the run directory on a filesystem every "
     f"worker sees (plan --workdir=DIR sets it)"
+  )
+
+
+def default_launch_lines(
+  flags: list[str], n_processes: int, devices_per_process: int, platform: str = "gpu"
+) -> tuple[list[str], str]:
+  """``(lines, note)``: the shell line (run from the repository root) that starts the sweep as
+  its phases are planned, with ``ihsweep run``'s default layout (``sweep.devices_per_worker`` =
+  0: each process runs the workers side by side that the same model chooses): one process on
+  one machine (launch/local.sh), one jax.distributed job of P processes of d GPUs
+  (launch/slurm.sbatch, one process per node), or launch/tpu_pod.sh on a TPU slice."""
+  import shlex
+
+  words = " ".join(shlex.quote(f) for f in flags)
+  p, d = n_processes, devices_per_process
+  if platform == "tpu":
+    return [f'launch/tpu_pod.sh "${{TPU_NAME:?}}" "${{ZONE:?}}" {words}'], (
+      f"one process on each of the slice's {p} host(s), joined by jax.distributed; TPU_NAME, "
+      f"ZONE: the slice; --workdir on a filesystem every host mounts"
+    )
+  if p == 1:
+    return [f"launch/local.sh {words}"], f"one process over this machine's {d} device(s)"
+  return [
+    f"sbatch --nodes={p} --ntasks-per-node=1 --gpus-per-task={d} launch/slurm.sbatch {words}"
+  ], (
+    f"one jax.distributed job of {p} processes of {d} GPUs, one per node; the run directory "
+    f"on a filesystem every node sees"
   )
 
 
@@ -380,6 +421,36 @@ def _throughput(jobs, n_devices, devices_per_host, flops_per_s, network, log) ->
   host = len(local)
   n_processes, per_process = processes_of(n_devices, host)
   return model, host, n_processes, per_process
+
+
+def _default_phases(jobs, model, sweep, n_processes, per_process, flops_per_s) -> tuple:
+  """``(phases, reason)`` for ``predict`` without a fixed D: ``plan_phases`` with the config's
+  ``sweep.processes_per_worker`` and, for its phases of process-local workers, the config's
+  ``sweep.devices_per_worker`` or (0) the D ``ihsweep run`` takes: ``choose_local_devices``
+  with the plan's FLOPs model, or measured with this machine's runtime model (timed as
+  measured).
+
+  Raises:
+    LayoutError: a ``sweep.devices_per_worker`` that does not divide a process's devices.
+  """
+  teams = int(sweep.get("processes_per_worker", 0) or 0)
+  local = given = int(sweep.get("devices_per_worker", 0) or 0)
+  if local:
+    if per_process % local:
+      raise LayoutError(
+        f"the config's sweep.devices_per_worker={local} does not divide a process's "
+        f"{per_process} devices"
+      )
+    phases = plan_phases(jobs, n_processes, per_process, teams, model=model, local_devices=local)
+  elif flops_per_s is not None:
+    local, phases = choose_local_devices(jobs, n_processes, per_process, teams, model=model)
+  else:
+    import jax
+
+    chooser = timing.runtime_model(jax.local_devices())
+    local, _ = choose_local_devices(jobs, n_processes, per_process, teams, model=chooser)
+    phases = plan_phases(jobs, n_processes, per_process, teams, model=model, local_devices=local)
+  return phases, _chosen_reason(teams, n_processes, per_process, local, bool(given))
 
 
 def _fixed_phases(
@@ -429,17 +500,32 @@ def _fixed_phases(
   return [fixed], phases, reason
 
 
-def _chosen_reason(teams: int, n_processes: int, per_process: int) -> str:
-  """Where ``predict``'s phases came from without a fixed D: the config's teams, or chosen."""
+def _chosen_reason(teams: int, n_processes: int, per_process: int, local: int, given: bool) -> str:
+  """Where ``predict``'s phases came from without a fixed D: the config's teams, or chosen;
+  and the devices of each process-local worker (``local``: the config's
+  ``sweep.devices_per_worker`` where ``given``, else auto's choice)."""
+  count = per_process // local
+  side = (
+    f"; in a phase of process-local workers, {count} worker(s) of {local} device(s) side by "
+    f"side in each process"
+    + (
+      " (the config's sweep.devices_per_worker)"
+      if given
+      else f" (sweep.devices_per_worker = 0, auto: of the divisors of {per_process}, the "
+      f"shortest makespan; within {LAYOUT_TIE:.0%}, the fewest devices per worker where the "
+      f"network is priced, else the most)"
+    )
+  )
   if teams:
     return (
-      f"the config's sweep.processes_per_worker={teams}: one phase of teams of {teams} process(es)"
+      f"the config's sweep.processes_per_worker={teams}: one phase of teams of {teams} "
+      f"process(es)" + (side if teams == 1 else "")
     )
   return (
     f"chosen (sweep.processes_per_worker=0): at most {MAX_PHASES} phases of teams "
     f"of p processes (p dividing P = {n_processes}, ascending; p > 1 only for groups "
     f"whose mesh uses all p × {per_process} devices), the shortest makespan; within "
-    f"{PHASE_TIE:.0%} of it, the fewest phases, then the smallest teams"
+    f"{PHASE_TIE:.0%} of it, the fewest phases, then the smallest teams" + side
   )
 
 

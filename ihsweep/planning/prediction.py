@@ -36,6 +36,7 @@ class Prediction:
   schedule_note: str = ""  # the groups' learning-rate schedule and its horizon
   run_flags: list = dataclasses.field(default_factory=list)  # placement.run_flags: the launch's
   platform: str = "gpu"  # what the launch lines start workers on (gpu | tpu)
+  default_launch: bool = True  # the phases are what `ihsweep run` does by default (no fixed D)
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -273,6 +274,7 @@ def _outcome_lines(p: Prediction) -> list[str]:
     f"the sweep ({len(phases)} phase(s): {shape}): "
     f"makespan {duration(phased.makespan_s)}, utilisation "
     f"{_percent(phased.utilisation)}" + _comm_text(p, phased.slots),
+    *_default_launch(p),
     f"best one-phase layout, {_layout_name(best.devices_per_worker, best.n_workers, d)}"
     f": makespan {duration(best.makespan_s)}, utilisation "
     f"{_percent(best.utilisation)}" + _comm_text(p, best.slots),
@@ -281,6 +283,17 @@ def _outcome_lines(p: Prediction) -> list[str]:
   if why:
     lines.append(why)
   return lines
+
+
+def _default_launch(p: Prediction) -> list[str]:
+  """How to start the sweep as its phases are planned (``placement.default_launch_lines``):
+  what ``ihsweep run`` does by default; [] for a plan with a fixed D or without run flags."""
+  from ihsweep.planning.placement import default_launch_lines
+
+  if not p.run_flags or not p.default_launch:
+    return []
+  lines, note = default_launch_lines(p.run_flags, p.n_processes, p.devices_per_process, p.platform)
+  return [f"  to run it ({note}):", *(f"  {line}" for line in lines)]
 
 
 def _comm_text(p: Prediction, slots) -> str:

@@ -505,8 +505,9 @@ def _wider_layouts(
         ),
         comm_share=sum(m_wide[i] * c for i, c in comm.items()) / held if held else 0.0,
         not_launchable=(
-          f"a TPU host runs one process, a worker over its {host} devices"
-          if target.chip.platform == "tpu" and wide % host
+          f"a TPU host runs one process, whose workers take slices of its {host} devices "
+          f"or whole hosts"
+          if target.chip.platform == "tpu" and wide % host and host % wide
           else None
         ),
         schedule=tuple(sched.slots),

@@ -24,6 +24,7 @@ log = logging.getLogger("ihsweep")
 
 CLAIM_FILE = "claim.json"
 CLAIMS_LOG = "claims.jsonl"
+WORKERS_LOG = "workers.jsonl"  # each process's worker layout as it started (``log_layout``)
 
 
 def _claim_path(workdir: str, group_id: str) -> str:
@@ -126,6 +127,32 @@ def group_state(workdir: str, group_id: str, status: dict) -> str:
   claim = read_claim(workdir, group_id)
   gone = claim_is_stale(claim) if claim is not None else alive(status) is False
   return "stopped" if gone else "running"
+
+
+def log_layout(workdir: str, layout: str) -> None:
+  """Appends this process's worker layout (``layout``: how its workers are laid out and why,
+  the run log's words) to ``WORKERS_LOG``, under the claims lock: ``ihsweep status`` names the
+  layout of each process that holds a running group."""
+  row = {"time": round(time.time(), 3), "process": worker_id(), "layout": layout}
+  with claims_lock(workdir), open(os.path.join(workdir, WORKERS_LOG), "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def read_layouts(workdir: str) -> dict[str, str]:
+  """``{process name: its layout}`` from ``WORKERS_LOG`` (the last line per process; {} without
+  the file; unreadable lines skipped)."""
+  out = {}
+  try:
+    with open(os.path.join(workdir, WORKERS_LOG)) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+          out[str(row["process"])] = str(row["layout"])
+        except (ValueError, KeyError, TypeError):
+          continue
+  except OSError:
+    return {}
+  return out
 
 
 def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:

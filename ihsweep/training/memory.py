@@ -241,14 +241,23 @@ def minimum_bytes(cfg, n_devices: int, n_params: int) -> int:
 
 def check_possible(cfg, devices: list, name: str, capacity=None, n_params=None) -> None:
   """Refuses a group that cannot fit ``devices`` at any setting by arithmetic alone
-  (``minimum_bytes``), before its run directory or a program exists: against ``capacity``
-  (bytes per device), else the devices' own (``device_capacity``), else on CPU devices this
-  machine's memory shared by the process's CPU devices. ``n_params``: the model's parameter
-  count where the caller has it (a plan's ``Group.n_params``), else computed.
+  (``shortfall``), before its run directory or a program exists.
 
   Raises:
     TooLarge: the lower bound exceeds the capacity.
   """
+  short = shortfall(cfg, devices, capacity, n_params)
+  if short is not None:
+    raise TooLarge(name, cfg, *short)
+
+
+def shortfall(cfg, devices: list, capacity=None, n_params=None) -> tuple[int, int] | None:
+  """``(bytes needed, capacity)`` per device where a group cannot fit ``devices`` at any
+  setting (``minimum_bytes`` above the capacity), else None: against ``capacity`` (bytes per
+  device), else the devices' own (``device_capacity``), else on CPU devices this machine's
+  memory shared by the process's CPU devices (None where none is known). ``n_params``: the
+  model's parameter count where the caller has it (a plan's ``Group.n_params``), else
+  computed."""
   import jax
 
   if capacity is None:
@@ -257,12 +266,11 @@ def check_possible(cfg, devices: list, name: str, capacity=None, n_params=None) 
     host = host_memory_bytes()
     capacity = host // max(1, len(jax.local_devices(backend="cpu"))) if host else None
   if capacity is None:
-    return
+    return None
   if n_params is None:
     n_params = grid.n_params(ModelConfig.from_config(cfg.model), int(cfg.train.context_size))
   need = minimum_bytes(cfg, len(devices), n_params)
-  if need > capacity:
-    raise TooLarge(name, cfg, need, capacity)
+  return (need, capacity) if need > capacity else None
 
 
 class TooLarge(ConfigError):

@@ -28,6 +28,7 @@ Run directory (``ihsweep run --workdir=DIR``)::
   DIR/config.json      the sweep's resolved config
   DIR/cells.csv        one row per cell (written before training; status columns refreshed)
   DIR/claims.jsonl     every claim, takeover and release: which worker trained which group
+  DIR/workers.jsonl    each process's worker layout as it started (``ihsweep status`` shows it)
   DIR/sweep.json       summary: per-group state, budget, compute saved by early stops
   DIR/groups/g000/     one group's run directory (runner.fit) + status.json (+ claim.json
                        while a worker holds it)
@@ -57,7 +58,7 @@ from ihsweep.workers.compile_ahead import (
 )
 from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
-from ihsweep.workers.worker_layout import Worker, phase_worker, phases
+from ihsweep.workers.worker_layout import Worker, phase_workers, phases
 
 log = logging.getLogger("ihsweep")
 
@@ -195,37 +196,37 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
 
   steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
-  slices = config_lib.worker_slices(cfg) if jax.process_count() == 1 else []
-  if len(slices) > 1:
-    return _thread_workers(cfg, plan, workdir, progress, slices)
+  layout = layout_words(cfg, steps)
+  claims.log_layout(workdir, layout)
   log.info(
     "sweep: %d cells in %d groups (%s budget); worker %s, %s; cells.csv in %s",
     len(plan.cells),
     len(plan.groups),
     plan.budget,
     claims.worker_id(),
-    "; ".join(
-      f"phase {i + 1}: {len(p.groups)} group(s) on workers of {p.processes_per_worker} process(es)"
-      for i, p in enumerate(steps)
-    )
-    if jax.process_count() > 1
-    else f"{len(jax.local_devices())} {jax.default_backend()} device(s)",
+    layout,
     workdir,
   )
-  ahead = CompileAhead(plan, workdir)
-  first = phase_worker(cfg, plan, steps[0])
+  first = phase_workers(cfg, plan, steps[0])[0]
   tracker = SweepProgress(cfg, plan, workdir, first.devices, first.local, progress)
   tracker.report()
   result, trained = None, []
   try:
     for i, phase in enumerate(steps):
-      worker = phase_worker(cfg, plan, phase)
-      result = _work(cfg, plan, workdir, progress, worker, ahead, trained, tracker)
+      workers = phase_workers(cfg, plan, phase)
+      if len(workers) > 1:
+        result = _side_by_side(cfg, plan, workdir, workers, trained, tracker)
+      else:
+        ahead = CompileAhead(plan, workdir)
+        try:
+          result = _work(cfg, plan, workdir, progress, workers[0], ahead, trained, tracker)
+        finally:
+          ahead.close()
       if jax.process_count() > 1 and i + 1 < len(steps):
         # Every process ends the phase together (the next one forms other workers): it waits
         # on the run directory until the phase's groups are finished, then meets the others;
         # a stop request in any process stops all of them here.
-        _wait_for_phase(workdir, worker.groups, result.interrupted)
+        _wait_for_phase(workdir, workers[0].groups, result.interrupted)
         if sharding.any_process(result.interrupted or stopping.stop_requested()):
           result.interrupted = True
           break
@@ -234,44 +235,57 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
         # the other workers' groups; exiting now would leave it in jax.distributed's shutdown
         # barrier, which ends every process of the job (the ones still training included)
         # after its timeout (300 s). Then its result reports the whole sweep.
-        _wait_for_phase(workdir, worker.groups, False)
+        _wait_for_phase(workdir, workers[0].groups, False)
         result = _recorded_result(plan, workdir, stopping.stop_requested())
   finally:
-    ahead.close()
     tracker.close()
   log.info("worker %s: trained %s", claims.worker_id(), ", ".join(trained) or "no group")
   return result
 
 
-def _thread_workers(cfg, plan: Plan, workdir: str, progress: bool, slices: list) -> SweepResult:
-  """Workers of ``sweep.devices_per_worker`` devices inside this process, one thread each
-  (worker ``K`` named ``host:pid/wK`` in claims): each claims, trains and records groups on its
-  own slice as a separate process would (``_work``; the devices run the programs the threads
-  dispatch side by side). A worker whose group fails records it and goes on; an error that
-  ends a worker (a storage fault) is raised once every worker has ended."""
+def layout_words(cfg, steps: list) -> str:
+  """How this process's workers are laid out, for the run log's first line: each phase's
+  workers (of how many processes, or how many side by side in this process, of how many
+  devices) and where the layout came from (``sweep.devices_per_worker``: given, or auto)."""
+  import jax
+
+  fixed = int(cfg.sweep.get("devices_per_worker", 0))
+  per_process = len(config_lib.process_devices(cfg))
+  parts = []
+  for i, p in enumerate(steps):
+    if p.processes_per_worker > 1:
+      where = f"workers of {p.processes_per_worker} processes × {per_process} device(s)"
+    else:
+      size = p.devices_per_worker or per_process
+      count = per_process // size
+      where = (
+        f"{count} worker(s) of {size} {jax.default_backend()} device(s) "
+        f"{'side by side ' if count > 1 else ''}in {'each' if jax.process_count() > 1 else 'this'}"
+        f" process"
+      )
+    parts.append(f"phase {i + 1}: {len(p.groups)} group(s) on {where}" if len(steps) > 1 else where)
+  source = (
+    f"sweep.devices_per_worker = {fixed}"
+    if fixed
+    else "sweep.devices_per_worker = 0: auto, the plan's best layout for the groups' costs"
+  )
+  return "; ".join(parts) + f" ({source})"
+
+
+def _side_by_side(cfg, plan: Plan, workdir: str, workers: list, trained: list, tracker):
+  """A phase's workers of this process over slices of its devices, one thread each (worker
+  ``K`` named ``…/wK`` in claims): each claims, trains and records the phase's groups on its own
+  slice as a separate process would (``_work``; the devices run the programs the threads
+  dispatch side by side). A worker whose group fails records it and goes on; an error that ends
+  a worker (a storage fault) is raised once every worker has ended. Returns the phase's result
+  as the run directory records it."""
   import threading
 
-  log.info(
-    "sweep: %d cells in %d groups (%s budget); %d workers of %d device(s) in this process "
-    "(sweep.devices_per_worker = %d), %s to %s; cells.csv in %s",
-    len(plan.cells),
-    len(plan.groups),
-    plan.budget,
-    len(slices),
-    len(slices[0]),
-    int(cfg.sweep.devices_per_worker),
-    claims.worker_id() + "/w0",
-    f"/w{len(slices) - 1}",
-    workdir,
-  )
-  tracker = SweepProgress(cfg, plan, workdir, slices[0], False, progress)
-  tracker.report()
-  trained, errors = [], []
+  errors = []
 
-  def work(index: int, devices: list) -> None:
+  def work(index: int, worker: Worker) -> None:
     claims.set_thread_worker(index)
     ahead = CompileAhead(plan, workdir)
-    worker = Worker(devices, sharding.Team((0,)), list(plan.groups), local=False)
     try:  # no per-group bars: several groups train at once; the sweep's line follows them
       _work(cfg, plan, workdir, False, worker, ahead, trained, tracker)
     except BaseException as e:  # noqa: BLE001 — raised below, after its siblings end
@@ -280,18 +294,17 @@ def _thread_workers(cfg, plan: Plan, workdir: str, progress: bool, slices: list)
       ahead.close()
 
   threads = [
-    threading.Thread(target=work, args=(i, devices), name=f"ihsweep-worker-{i}")
-    for i, devices in enumerate(slices)
+    threading.Thread(target=work, args=(i, worker), name=f"ihsweep-worker-{i}")
+    for i, worker in enumerate(workers)
   ]
   for thread in threads:
     thread.start()
-  try:
-    for thread in threads:
-      while thread.is_alive():  # in short waits: a signal (stop request) is handled meanwhile
-        thread.join(0.5)
-  finally:
-    tracker.close()
-  log.info("workers of this process: trained %s", ", ".join(trained) or "no group")
+  for thread in threads:
+    while thread.is_alive():  # in short waits: a signal (stop request) is handled meanwhile
+      thread.join(0.5)
+  log.info(
+    "the %d workers of this process: trained %s", len(workers), ", ".join(trained) or "no group"
+  )
   if errors:
     raise errors[0]
   return _recorded_result(plan, workdir, stopping.stop_requested())

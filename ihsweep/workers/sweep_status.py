@@ -164,8 +164,9 @@ def _worker_name(worker: str | None, processes: list | None) -> str | None:
 
 
 def format_status(workdir: str) -> str:
-  """``ihsweep status``: one line per group and a count of cells by state (after a warning
-  line when cells.csv is damaged: ``status_rows``)."""
+  """``ihsweep status``: one line per group, a count of cells by state (after a warning line
+  when cells.csv is damaged: ``status_rows``), and the worker layout of each process holding a
+  running group (``claims.read_layouts``: ``workers.jsonl``)."""
   notes: list[str] = []
   rows = status_rows(workdir, notes)
   lines = [f"warning: {n}" for n in notes]
@@ -198,4 +199,19 @@ def format_status(workdir: str) -> str:
       f"{r['step']:>8,d}/{r['budget']:<8,d}  {'; '.join(notes)}"
     )
   lines.append("cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+  layouts = claims.read_layouts(workdir)
+  running = sorted(
+    {_process_of(r["worker"]) for r in rows if r["state"] == "running" and r["worker"]}
+  )
+  for process in running:
+    if process in layouts:
+      lines.append(f"process {process}: {layouts[process]}")
   return "\n".join(lines)
+
+
+def _process_of(worker: str) -> str:
+  """The process a worker name belongs to: ``host:pid[/pN]`` without a thread's ``/wK`` (and
+  without what ``_worker_name`` appends)."""
+  name = worker.split(" ", 1)[0]
+  head, _, last = name.rpartition("/")
+  return head if head and last.startswith("w") and last[1:].isdigit() else name

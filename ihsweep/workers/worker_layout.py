@@ -1,8 +1,8 @@
-"""Which workers a process runs (``sweep``): in a jax.distributed job, the phases of workers of
-``sweep.processes_per_worker`` processes (``phases``, ``phase_worker``); in one process, one
-worker over its devices or, with ``sweep.devices_per_worker``, several over slices of them
-(``config.worker_slices``). A ``Worker`` is where one trains: its devices, the processes owning them
-and the groups it may take."""
+"""Which workers a process runs (``sweep``): the phases (``phases``; one in a one-process run),
+and in each this process's workers (``phase_workers``): one spanning
+``sweep.processes_per_worker`` processes of a jax.distributed job, or several side by side over
+slices of its devices (``sweep.devices_per_worker``, or the auto layout). A ``Worker`` is where
+one trains: its devices, the processes owning them and the groups it may take."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ihsweep.configuration.fields import ConfigError
 from ihsweep.configuration.grid import Plan
 from ihsweep.planning import list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
-from ihsweep.training import runner
+from ihsweep.training import memory, runner
 
 
 @dataclasses.dataclass
@@ -42,10 +42,12 @@ class Worker:
 
 
 def phases(cfg, plan: Plan) -> list:
-  """The phases of a sweep inside a jax.distributed job of several processes
-  (``phases.plan_phases``: in each, workers of ``processes_per_worker`` consecutive
-  processes take that phase's groups; every process computes the same list). One phase of
-  process-local workers holding every group when the job has one process.
+  """The phases of a sweep (``phases.plan_phases``: in each, workers of
+  ``processes_per_worker`` consecutive processes take that phase's groups; every process of a
+  jax.distributed job computes the same list; one process: one phase), with the devices of a
+  phase's process-local workers: ``sweep.devices_per_worker`` D, or where it is 0 (auto) the D
+  ``phases.choose_local_devices`` chooses with ``timing.runtime_model`` among the divisors of a
+  process's devices whose slices every group fits (``memory.shortfall``).
 
   Raises:
     ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
@@ -56,22 +58,23 @@ def phases(cfg, plan: Plan) -> list:
 
   n = jax.process_count()
   k = int(cfg.sweep.processes_per_worker)
-  if n == 1:
-    return [phases_lib.Phase(1, tuple(g.id for g in plan.groups))]
   if k and n % k:
     raise ConfigError(
       "sweep.processes_per_worker", k, f"0 (chosen) or a divisor of the {n} processes of this job"
     )
   local = len(jax.local_devices())
-  per_process = len(config_lib.process_devices(cfg))
+  devices = config_lib.process_devices(cfg)
+  per_process = len(devices)
+  fixed = int(cfg.sweep.get("devices_per_worker", 0))
+  jobs = placement.jobs_from_plan(cfg, plan)
+  model = timing.runtime_model(jax.devices())
   try:
-    steps = phases_lib.plan_phases(
-      placement.jobs_from_plan(cfg, plan),
-      n,
-      per_process,
-      k,
-      model=timing.runtime_model(jax.devices()),
-    )
+    if fixed:
+      steps = phases_lib.plan_phases(jobs, n, per_process, k, model=model, local_devices=fixed)
+    else:
+      _, steps = phases_lib.choose_local_devices(
+        jobs, n, per_process, k, model=model, allowed=lambda d: _fits(plan, devices[:d], n > 1)
+      )
   except list_schedule.LayoutError as e:
     why = str(e)  # the field and value once: ConfigError names them
     why = (
@@ -94,9 +97,20 @@ def phases(cfg, plan: Plan) -> list:
   return steps
 
 
-def phase_worker(cfg, plan: Plan, phase) -> Worker:
-  """This process's worker in ``phase``: the team of ``processes_per_worker`` consecutive
-  processes it belongs to, their devices, and the phase's groups."""
+def _fits(plan: Plan, devices: list, local: bool) -> bool:
+  """Whether every group of ``plan`` can fit a worker over ``devices`` at some memory setting
+  (``memory.shortfall``: arithmetic, no compile)."""
+  return not any(
+    memory.shortfall(g.cfg, runner.group_devices(g.cfg, devices, local), n_params=g.n_params)
+    for g in plan.groups
+  )
+
+
+def phase_workers(cfg, plan: Plan, phase) -> list[Worker]:
+  """This process's workers in ``phase``: for workers of one process, one per slice of
+  ``phase.devices_per_worker`` of its devices (several side by side where that is below them);
+  else the one team of ``processes_per_worker`` consecutive processes it belongs to, over their
+  devices. Each holds the phase's groups."""
   import jax
 
   k = int(phase.processes_per_worker)
@@ -104,13 +118,16 @@ def phase_worker(cfg, plan: Plan, phase) -> Worker:
   groups = [g for g in plan.groups if g.id in wanted]
   if k == 1:
     devices = config_lib.process_devices(cfg)
-    return Worker(
-      devices, sharding.Team((jax.process_index(),)), groups, local=jax.process_count() > 1
-    )
+    size = int(phase.devices_per_worker) or len(devices)
+    team = sharding.Team((jax.process_index(),))
+    return [
+      Worker(devices[i : i + size], team, groups, local=jax.process_count() > 1)
+      for i in range(0, len(devices), size)
+    ]
   first = jax.process_index() // k * k
   team = sharding.Team(tuple(range(first, first + k)))
   per_process = len(config_lib.process_devices(cfg))
   devices = []
   for p in team.processes:
     devices += [d for d in jax.devices() if d.process_index == p][:per_process]
-  return Worker(devices, team, groups, local=False)
+  return [Worker(devices, team, groups, local=False)]
