@@ -282,7 +282,8 @@ def predict(
     devices_per_process=per_process,
     updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
     schedule_note=schedule_note(cfg, plan),
-    default_launch=not fixed and not sweep.get("devices_per_worker", 0),
+    default_launch=not fixed,
+    pinned_devices_per_worker=int(sweep.get("devices_per_worker", 0) or 0),
   )
 
 

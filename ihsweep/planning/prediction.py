@@ -36,7 +36,8 @@ class Prediction:
   schedule_note: str = ""  # the groups' learning-rate schedule and its horizon
   run_flags: list = dataclasses.field(default_factory=list)  # placement.run_flags: the launch's
   platform: str = "gpu"  # what the launch lines start workers on (gpu | tpu)
-  default_launch: bool = True  # the phases are what `ihsweep run` does by default (no fixed D)
+  default_launch: bool = True  # the phases are `ihsweep run`'s (no --devices_per_worker)
+  pinned_devices_per_worker: int = 0  # the config's sweep.devices_per_worker (0: auto)
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -286,13 +287,22 @@ def _outcome_lines(p: Prediction) -> list[str]:
 
 
 def _default_launch(p: Prediction) -> list[str]:
-  """How to start the sweep as its phases are planned (``placement.default_launch_lines``):
-  what ``ihsweep run`` does by default; [] for a plan with a fixed D or without run flags."""
-  from ihsweep.planning.placement import default_launch_lines
+  """How to start the sweep as its phases are planned: ``ihsweep run``'s phases
+  (``placement.default_launch_lines``, the config's ``sweep.devices_per_worker`` kept), or the
+  one phase of a fixed D (``placement.launch_lines``); [] without run flags."""
+  from ihsweep.planning.placement import default_launch_lines, launch_lines
 
-  if not p.run_flags or not p.default_launch:
+  if not p.run_flags:
     return []
-  lines, note = default_launch_lines(p.run_flags, p.n_processes, p.devices_per_process, p.platform)
+  if p.default_launch:
+    pinned = p.pinned_devices_per_worker
+    flags = p.run_flags + ([f"--config.sweep.devices_per_worker={pinned}"] if pinned else [])
+    lines, note = default_launch_lines(flags, p.n_processes, p.devices_per_process, p.platform)
+  else:
+    (phase,) = p.phased.phases
+    lines, note = launch_lines(
+      p.run_flags, phase.n_workers, phase.devices_per_worker, p.devices_per_process, p.platform
+    )
   return [f"  to run it ({note}):", *(f"  {line}" for line in lines)]
 
 
