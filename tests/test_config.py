@@ -374,7 +374,7 @@ def test_a_schedule_over_the_token_budget_needs_one(tiny):
 
 
 @pytest.mark.parametrize(
-  "value,ok", [(0, True), (1, True), (2, True), (4, True), (3, False), (8, False)]
+  "value,ok", [(0, True), (1, True), (2, True), (4, True), (3, False), (8, False), (-1, False)]
 )
 def test_devices_per_worker_is_zero_or_a_divisor_of_the_process_devices(tiny, value, ok):
   """sweep.devices_per_worker on this session's 4 CPU devices (2 with mesh.num_devices = 2)."""
@@ -388,4 +388,8 @@ def test_devices_per_worker_is_zero_or_a_divisor_of_the_process_devices(tiny, va
       validate_sweep(cfg, 4)
   cfg = tiny(**{"sweep.devices_per_worker": 4, "mesh.num_devices": 2})
   with pytest.raises(ConfigError, match=r"sweep.devices_per_worker = 4 .*process's 2 devices"):
+    validate_sweep(cfg, 4)
+  # mesh.num_devices fixes a group's mesh: a worker of fewer devices could not hold it
+  cfg = tiny(**{"sweep.devices_per_worker": 1, "mesh.num_devices": 2})
+  with pytest.raises(ConfigError, match=r"= 1 is not allowed: 0 or 2 with mesh.num_devices = 2"):
     validate_sweep(cfg, 4)

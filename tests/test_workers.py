@@ -578,6 +578,8 @@ def test_the_auto_layout_trains_groups_side_by_side_in_one_process_and_resumes(t
     "4 worker(s) of 2 cpu device(s) side by side in this process (sweep.devices_per_worker = "
     "0: auto" in out
   ), out[:3000]
+  # a worker with nothing left ends: its siblings' groups end with this process, no takeover
+  assert "nothing left to take" not in out, out[-3000:]
   groups = GROUPS[:4]
   for g in groups:
     status = rundir.read_status(work, g)

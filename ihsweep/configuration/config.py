@@ -359,15 +359,22 @@ def worker_slices(cfg) -> list[list]:
 
 def _validate_devices_per_worker(cfg) -> None:
   """``sweep.devices_per_worker``: 0 (auto), or a divisor of the process's devices
-  (``mesh.num_devices`` of them where set)."""
-  d = int(cfg.sweep.get("devices_per_worker", 0))
+  (``mesh.num_devices`` of them where set, which then fixes a worker's devices: 0 or all of
+  them)."""
+  n = len(process_devices(cfg))
+  allowed = (
+    f"0 (auto: the plan's fastest layout) or a divisor of this process's {n} devices: "
+    f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)} ({n}: one worker over all)"
+  )
+  d = check(cfg, "sweep.devices_per_worker", lo=0, hi=n, hint=f" ({allowed})")
   if not d:
     return
-  n = len(process_devices(cfg))
-  if d > n or n % d:
+  if n % d:
+    raise ConfigError("sweep.devices_per_worker", d, allowed)
+  if int(cfg.mesh.num_devices) and d != n:
     raise ConfigError(
       "sweep.devices_per_worker",
       d,
-      f"0 (auto: the plan's fastest layout) or a divisor of this process's {n} devices: "
-      f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)} ({n}: one worker over all)",
+      f"0 or {n} with mesh.num_devices = {cfg.mesh.num_devices}: a group's mesh takes that "
+      f"many devices, a whole worker (set mesh.num_devices = 0 to split the process's devices)",
     )

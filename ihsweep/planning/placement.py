@@ -436,12 +436,12 @@ def _default_phases(jobs, model, sweep, n_processes, per_process, flops_per_s) -
   """
   teams = int(sweep.get("processes_per_worker", 0) or 0)
   local = given = int(sweep.get("devices_per_worker", 0) or 0)
+  if local < 0 or (local and per_process % local):
+    raise LayoutError(
+      f"the config's sweep.devices_per_worker={local} is not allowed: 0 (auto) or a divisor "
+      f"of a process's {per_process} devices"
+    )
   if local:
-    if per_process % local:
-      raise LayoutError(
-        f"the config's sweep.devices_per_worker={local} does not divide a process's "
-        f"{per_process} devices"
-      )
     phases = plan_phases(jobs, n_processes, per_process, teams, model=model, local_devices=local)
   elif flops_per_s is not None:
     local, phases = choose_local_devices(jobs, n_processes, per_process, teams, model=model)

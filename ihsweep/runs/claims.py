@@ -97,6 +97,16 @@ def read_claim(workdir: str, group_id: str) -> dict | None:
   return {"worker": "(unreadable claim)", "heartbeat": 0.0}
 
 
+def held_here(workdir: str, group_id: str) -> bool:
+  """Whether ``group_id``'s claim belongs to a worker of this process (a sibling thread:
+  ``sweep.devices_per_worker``), which releases it before it ends and dies only with this
+  process: nothing another worker of this process could take over."""
+  claim = read_claim(workdir, group_id)
+  return (
+    bool(claim) and claim.get("host") == socket.gethostname() and (claim.get("pid") == os.getpid())
+  )
+
+
 def alive(status: dict) -> bool | None:
   """Whether a 'running' group's process still exists (None: another host, cannot tell)."""
   if status.get("host") != socket.gethostname() or "pid" not in status:

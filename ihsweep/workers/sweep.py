@@ -264,11 +264,12 @@ def layout_words(cfg, steps: list) -> str:
         f" process"
       )
     parts.append(f"phase {i + 1}: {len(p.groups)} group(s) on {where}" if len(steps) > 1 else where)
-  source = (
-    f"sweep.devices_per_worker = {fixed}"
-    if fixed
-    else "sweep.devices_per_worker = 0: auto, the plan's best layout for the groups' costs"
-  )
+  if fixed:
+    source = f"sweep.devices_per_worker = {fixed}"
+  elif int(cfg.mesh.num_devices):
+    source = f"mesh.num_devices = {cfg.mesh.num_devices}: a group's mesh, a whole worker"
+  else:
+    source = "sweep.devices_per_worker = 0: auto, the plan's best layout for the groups' costs"
   return "; ".join(parts) + f" ({source})"
 
 
@@ -360,6 +361,8 @@ def _work(
       break
     group, event, waiting = _agree_on_next(plan, worker, workdir, since)
     if group is None:
+      # groups this process's other workers hold end with it: no takeover to wait for
+      waiting = [g for g in waiting if not claims.held_here(workdir, g)]
       if not waiting or not wait:
         break
       if announced != waiting:

@@ -65,7 +65,10 @@ def phases(cfg, plan: Plan) -> list:
   local = len(jax.local_devices())
   devices = config_lib.process_devices(cfg)
   per_process = len(devices)
-  fixed = int(cfg.sweep.get("devices_per_worker", 0))
+  # mesh.num_devices fixes a group's mesh, hence a whole worker (config validates the field)
+  fixed = int(cfg.sweep.get("devices_per_worker", 0)) or (
+    per_process if int(cfg.mesh.num_devices) else 0
+  )
   jobs = placement.jobs_from_plan(cfg, plan)
   model = timing.runtime_model(jax.devices())
   try:
