@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 from ihsweep.configuration.grid import Plan
 from ihsweep.runs import claims
@@ -11,6 +12,12 @@ from ihsweep.training import runner
 from ihsweep.workers import compile_cache
 
 log = logging.getLogger("ihsweep")
+
+# Groups a worker of this process compiles ahead, (run directory, group id): sibling workers
+# (threads: sweep.devices_per_worker) each take the next such group nobody compiles yet, rather
+# than all compiling the same one.
+_AHEAD: set = set()
+_AHEAD_LOCK = threading.Lock()
 
 
 class CompileAhead:
@@ -26,21 +33,29 @@ class CompileAhead:
     self.on = compile_cache.enabled()
     self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
     self.pending: dict = {}  # group id → future
+    self._mine: set = set()  # the ids this worker put in _AHEAD
 
   def after(self, group, worker) -> None:
     """Starts compiling the first of ``worker``'s groups (a ``sweep`` worker: its ``groups`` and
-    ``resolve``) after ``group`` in plan order that nobody holds or has finished, as the worker
-    resolved it (another worker may take it first: then the cache still serves equal shapes)."""
+    ``resolve``) after ``group`` in plan order that nobody holds or has finished and no other
+    worker of this process compiles ahead, as the worker resolved it (another worker may take it
+    first: then the cache still serves equal shapes)."""
     groups = worker.groups
     if not self.on or group not in groups:
       return
     for later in groups[groups.index(group) + 1 :]:
       if later.id in self.pending:
         return
+      key = (self.workdir, later.id)
       if (
         read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
         and claims.read_claim(self.workdir, later.id) is None
       ):
+        with _AHEAD_LOCK:
+          if key in _AHEAD:  # a sibling worker compiles it: the next one is this worker's
+            continue
+          _AHEAD.add(key)
+        self._mine.add(later.id)
         self.pending[later.id] = self.pool.submit(self._compile, worker.resolve(later))
         return
 
@@ -60,3 +75,6 @@ class CompileAhead:
 
   def close(self) -> None:
     self.pool.shutdown(wait=False, cancel_futures=True)
+    with _AHEAD_LOCK:  # a later sweep in this process compiles them ahead again
+      _AHEAD.difference_update((self.workdir, gid) for gid in self._mine)
+    self._mine.clear()
