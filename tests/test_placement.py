@@ -711,6 +711,16 @@ def test_runtime_model_prices_known_accelerators_only():
   assert m.flops_per_s == pytest.approx(0.4 * 989e12)
   other = [types.SimpleNamespace(platform="gpu", device_kind="NVIDIA L4", process_index=0)]
   assert timing.runtime_model(other).network is None
+  # every chip `ihsweep plan --target` prices, by its device_kind (the auto layout's model)
+  for kind, net in (
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA L40S", "l40s"),
+    ("TPU v4", "v4"),
+    ("TPU v6 lite", "v6e"),
+    ("TPU v5 lite", "v5e"),
+  ):
+    chip = [types.SimpleNamespace(platform="tpu", device_kind=kind, process_index=0)]
+    assert timing.runtime_model(chip).network is chips.NETWORKS[net], kind  # fmt: skip
 
 
 def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(capsys):

@@ -169,12 +169,17 @@ class FlopsModel:
 
 # Chips whose FLOP/s and network a jax.distributed job prices its phases with, by the words in
 # JAX's device_kind: (peak dense bf16 FLOP/s per device, network). An H200 has the H100's NVLink 4.
-_RUNTIME_CHIPS = (
+_RUNTIME_CHIPS = (  # (words of its device_kind, peak FLOP/s, chips.NETWORKS entry): chips.CHIPS
   ("H100", 989e12, "h100"),
   ("H200", 989e12, "h100"),
+  ("A100", 312e12, "a100"),
+  ("L40S", 362e12, "l40s"),
+  ("TPU v4", 275e12, "v4"),
   ("v5 lite", 197e12, "v5e"),
   ("v5e", 197e12, "v5e"),
   ("v5p", 459e12, "v5p"),
+  ("v6 lite", 918e12, "v6e"),
+  ("v6e", 918e12, "v6e"),
 )
 RUNTIME_MFU = 0.4  # the sustained share of peak the runtime assumes (ihsweep plan's example)
 
