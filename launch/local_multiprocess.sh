@@ -33,7 +33,9 @@
 # Output: process 0 on this terminal and in DIR/logs/process_0.log, process k in
 # DIR/logs/process_k.log (independent: DIR/logs/worker_k.log), appended, one header line per
 # launch. SIGTERM/SIGINT are passed to every process (each checkpoints its group and exits).
-# --dry-run prints each process's environment and command, one line each, and starts nothing.
+# --dry-run prints each process's environment and command, one line each, and starts nothing;
+# on stderr, each process's devices and the workers it runs over them (auto, or slices of
+# --config.sweep.devices_per_worker=D).
 #
 # Exit status, joined: the first failure's, as the shell reports it (128 + the signal's number
 # for a process killed by a signal: 137 after SIGKILL), with one line naming the process. The
@@ -154,11 +156,31 @@ env_for() {  # process $1's environment as VAR=value words, into the array `envs
     fi
   fi
 }
+# The workers a process of devices $1 (comma-separated) runs side by side, as a dry run tells
+# them on stderr: slices of --config.sweep.devices_per_worker=D, or auto (ihsweep run chooses
+# from the groups' costs and names them in its log's first line).
+workers_of() {
+  local d=0 a devs slices=() i
+  for a in "${args[@]}"; do if [[ "$a" == --config.sweep.devices_per_worker=* ]]; then d=${a#*=}; fi; done
+  IFS=, read -ra devs <<< "$1"
+  if [[ ! "$d" =~ ^[0-9]+$ ]] || (( d == 0 )); then
+    echo "auto (sweep.devices_per_worker = 0: ihsweep run chooses workers over slices of its ${#devs[@]} device(s) from the groups' costs; its log's first line names them)"
+  elif (( ${#devs[@]} % d )); then
+    echo "refused: sweep.devices_per_worker=$d does not divide its ${#devs[@]} device(s)"
+  else
+    for ((i = 0; i < ${#devs[@]}; i += d)); do slices+=("[$(IFS=,; echo "${devs[*]:i:d}")]"); done
+    echo "$(( ${#devs[@]} / d )) worker(s) of $d: ${slices[*]}"
+  fi
+}
 if (( dry )); then
   for ((k = 0; k < n; k++)); do
     env_for $k
     if (( ${#drop[@]} )); then printf 'env '; printf -- '-u %s ' "${drop[@]}"; fi
     printf '%q ' "${envs[@]}" "${ihsweep[@]}" run "${args[@]}"; echo
+    mine=""
+    for e in "${envs[@]}"; do if [[ "$e" == CUDA_VISIBLE_DEVICES=* ]]; then mine=${e#*=}; fi; done
+    if [[ -z "$mine" ]]; then mine=$(seq -s, -f 'cpu:%g' 0 $(( per - 1 ))); fi
+    echo "# $label $k: devices $mine; workers: $(workers_of "$mine")" >&2
   done
   exit 0
 fi

@@ -108,3 +108,12 @@ run=${run% }
 # A host whose pid file names a live process is already running this sweep: it starts nothing.
 remote="cd $repo && mkdir -p $logs && if [ -f $logs/host_$host.pid ] && kill -0 -- -\$(cat $logs/host_$host.pid) 2>/dev/null; then echo \"$host: already running (process \$(cat $logs/host_$host.pid)); --stop first\"; exit 1; fi && echo \"=== \$(date +%F_%T) $host: ihsweep run\" >> $logs/host_$host.log && { setsid nohup env $run >> $logs/host_$host.log 2>&1 < /dev/null & echo \$! > $logs/host_$host.pid; echo \"$host: started, log $logs/host_$host.log\"; }"
 go "${ssh[@]}" --command="$remote"
+if (( dry )); then
+  d=0  # on stderr: the workers each host's process runs side by side
+  for a in "${args[@]}"; do if [[ "$a" == --config.sweep.devices_per_worker=* ]]; then d=${a#*=}; fi; done
+  if [[ "$d" == 0 ]]; then
+    echo "# each host's workers: auto (sweep.devices_per_worker = 0: ihsweep run chooses slices of its chips from the groups' costs; its log's first line names them)" >&2
+  else
+    echo "# each host's workers: $d consecutive chip(s) each, in its phases of process-local workers" >&2
+  fi
+fi

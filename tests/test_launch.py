@@ -354,6 +354,35 @@ def test_independent_workers_gpus_round_robin_with_memory_fraction(n, gpus, frac
     assert "IHSWEEP_COORDINATOR" not in variables
 
 
+def test_dry_runs_name_each_processs_workers():
+  """Every launcher's dry run says on stderr which workers each process runs side by side:
+  auto (ihsweep run chooses; its log names them) or slices of --config.sweep.devices_per_worker
+  = D of the devices the process gets; a D that does not divide them is named."""
+  fixed = "--config.sweep.devices_per_worker=2"
+  r = _dry(
+    "local_multiprocess.sh", "2", "--independent", *ARGS, fixed, IHSWEEP_GPUS="0,1,2,3,4,5,6,7"
+  )
+  assert _lines(r)[0].endswith(f"{RUN} {fixed}")
+  assert r.stderr.splitlines() == [
+    "# worker 0: devices 0,1,2,3; workers: 2 worker(s) of 2: [0,1] [2,3]",
+    "# worker 1: devices 4,5,6,7; workers: 2 worker(s) of 2: [4,5] [6,7]",
+  ]
+  r = _dry("local_multiprocess.sh", "2", "--independent", *ARGS, IHSWEEP_GPUS="0,1,2,3")
+  assert [line.split("; workers: ")[1][:5] for line in r.stderr.splitlines()] == ["auto "] * 2
+  assert "slices of its 2 device(s)" in r.stderr
+  r = _dry("local_multiprocess.sh", "1", "--independent", *ARGS, fixed, IHSWEEP_GPUS="0,1,2")
+  assert "refused: sweep.devices_per_worker=2 does not divide its 3 device(s)" in r.stderr
+  for script, words in (
+    ("local.sh", "# workers: 2 consecutive devices each, over this machine's devices"),
+    ("slurm_array.sbatch", "# each process's workers: 2 consecutive device(s) each, over its GPUs"),
+    ("slurm.sbatch", "# each process's workers: 2 consecutive device(s) each, over its GPUs"),
+  ):
+    r = _dry(script, *ARGS, fixed)
+    assert r.returncode == 0 and words in r.stderr, (script, r.stderr)
+    auto = _dry(script, *ARGS).stderr
+    assert "auto" in auto and "(sweep.devices_per_worker = 0: ihsweep run chooses" in auto, script
+
+
 def test_joined_processes_one_gpu_each_and_never_two_on_one():
   lines = _lines(
     _dry("local_multiprocess.sh", "2", *ARGS, IHSWEEP_GPUS="3,5", IHSWEEP_PORT="12345")
