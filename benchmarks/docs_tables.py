@@ -24,7 +24,9 @@ from typing import Callable
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# benchmarks/ after the repository: its analysis.py must not hide the analysis package from a
+# process (a test session) that imports both
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
 
 import doc_blocks  # noqa: E402 (benchmarks/ is on the path from here on)
 

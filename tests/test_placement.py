@@ -764,8 +764,9 @@ def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(cap
   )
   assert "--network=h100: 450 GB/s per device each way within a host, 50 GB/s across" in out
   assert (
-    "4 worker(s) of 2 device(s) side by side in each process (sweep.devices_per_worker = 0" in out
+    "4 workers of 2 device(s) side by side in each process (sweep.devices_per_worker = 0" in out
   )
+  assert "the default launch: `ihsweep run`'s auto layout (4 workers of 2 device(s) side by" in out
   assert "faster: " not in out
   assert (
     "\n  sbatch --nodes=8 --ntasks-per-node=1 --gpus-per-task=8 launch/slurm.sbatch "

@@ -398,7 +398,7 @@ def default_launch_lines(
       f"ZONE: the slice; --workdir on a filesystem every host mounts"
     )
   if p == 1:
-    return [f"launch/local.sh {words}"], f"one process over this machine's {d} device(s)"
+    return [f"launch/local.sh {words}"], f"one process over the host's {d} device(s)"
   return [
     f"sbatch --nodes={p} --ntasks-per-node=1 --gpus-per-task={d} launch/slurm.sbatch {words}"
   ], (
@@ -507,8 +507,12 @@ def _chosen_reason(teams: int, n_processes: int, per_process: int, local: int, g
   ``sweep.devices_per_worker`` where ``given``, else auto's choice)."""
   count = per_process // local
   side = (
-    f"; in a phase of process-local workers, {count} worker(s) of {local} device(s) side by "
-    f"side in each process"
+    "; in a phase of process-local workers, "
+    + (
+      f"{count} workers of {local} device(s) side by side in each process"
+      if count > 1
+      else f"one worker of {local} device(s) per process"
+    )
     + (
       " (the config's sweep.devices_per_worker)"
       if given

@@ -303,7 +303,22 @@ def _default_launch(p: Prediction) -> list[str]:
     lines, note = launch_lines(
       p.run_flags, phase.n_workers, phase.devices_per_worker, p.devices_per_process, p.platform
     )
-  return [f"  to run it ({note}):", *(f"  {line}" for line in lines)]
+  if p.default_launch:
+    ph = next((x for x in p.phased.phases if x.processes_per_worker == 1), None)
+    size = ph.devices_per_worker if ph is not None else p.devices_per_process
+    count = p.devices_per_process // size
+    what = (
+      f"{count} workers of {size} device(s) side by side in each process"
+      if count > 1
+      else "one worker per process"
+    )
+    head = (
+      f"  the default launch: `ihsweep run`'s auto layout ({what}) on chips it prices this way "
+      f"(timing.runtime_model); to run it ({note}):"
+    )
+  else:
+    head = f"  to run it ({note}):"
+  return [head, *(f"  {line}" for line in lines)]
 
 
 def _comm_text(p: Prediction, slots) -> str:
