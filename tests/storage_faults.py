@@ -8,6 +8,8 @@ KIND:
 
 * ``KILL``: the process is SIGKILLed right after the save has started (its asynchronous write
   possibly unfinished): a crash, a preemption without warning, the OOM killer.
+* ``TERM``: the process is sent SIGTERM right after the save has started: a stop request (a
+  scheduler's preemption notice), which it handles (not a fault: the save goes on).
 
 * ``ENOSPC``: the save raises what orbax raises on a full disk (tried on a 2 MB tmpfs): a
   ``ValueError`` from tensorstore, ``RESOURCE_EXHAUSTED: … No space left on device
@@ -40,9 +42,10 @@ def _failing(kind: str, at: int, group: str | None, process: int | None):
     elsewhere = process is not None and jax.process_index() != process
     if step != at or (group and here != group) or elsewhere:
       return save(self, step, state, extra)
-    if kind == "KILL":
-      save(self, step, state, extra)
-      os.kill(os.getpid(), signal.SIGKILL)
+    if kind in ("KILL", "TERM"):
+      saved = save(self, step, state, extra)
+      os.kill(os.getpid(), getattr(signal, f"SIG{kind}"))
+      return saved
     if kind == "ENOSPC":
       tmp = os.path.join(self.directory, "state", f"{step}.orbax-checkpoint-tmp")
       raise ValueError(

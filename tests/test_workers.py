@@ -553,14 +553,21 @@ FLAGS_B2 = [f for f in FLAGS if not f.startswith(("--grid", "--config.model.n_he
 ]
 
 
-def test_the_auto_layout_trains_groups_side_by_side_in_one_process_and_resumes(tmp_path_factory):
+@pytest.fixture(scope="module")
+def one_by_eight(tmp_path_factory):
+  """FLAGS_B2's sweep by one worker over 8 CPU devices (each group on 2 of them)."""
+  return _reference(tmp_path_factory, 8, FLAGS_B2)
+
+
+def test_the_auto_layout_trains_groups_side_by_side_in_one_process_and_resumes(
+  tmp_path_factory, one_by_eight
+):
   """`ihsweep run` on 8 CPU devices with the default layout (``sweep.devices_per_worker`` = 0,
   auto): the plan's model chooses 4 workers of 2 devices in one process (threads, named
   /w0-/w3 in claims); the process is SIGKILLed while g000 saves its state at update 20, with
   other groups mid-way (killed together); the rerun resumes every group, and each group's
   losses and params equal the 1 × 8 run's (one worker over the 8 devices, each group on 2 of
   them: the same program over the same inputs on a mesh of the same shape) bit for bit."""
-  one_by_eight = _reference(tmp_path_factory, 8, FLAGS_B2)
   work = str(tmp_path_factory.mktemp("auto") / "run")
   killed = subprocess.run(
     [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "KILL", "20", "g000", "--"]
@@ -587,3 +594,33 @@ def test_the_auto_layout_trains_groups_side_by_side_in_one_process_and_resumes(t
     assert rundir.read_status(one_by_eight, g)["devices"] == 2
   assert rundir.read_status(work, "g000")["resumed_from"] in (10, 20)
   _assert_same_results(work, one_by_eight, groups)
+
+
+def test_a_stop_request_stops_every_worker_of_the_process_and_a_rerun_resumes(
+  tmp_path, one_by_eight
+):
+  """SIGTERM (a stop request) to a process of 4 workers of 2 devices (the auto layout), sent
+  while g000 saves its state at update 10: every worker checkpoints its group after its current
+  call (g000's at 10 or 20 of 30) and the process exits 143 with one line; no group is
+  recorded failed; the rerun resumes them to the 1 × 8 run's numbers bit for bit."""
+  work = str(tmp_path / "run")
+  stopped = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "TERM", "10", "g000", "--"]
+    + ["run", f"--workdir={work}", *FLAGS_B2],
+    cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert stopped.returncode == 143, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+  assert "Traceback" not in stopped.stdout + stopped.stderr, stopped.stderr[-3000:]
+  assert stopped.stderr.strip().splitlines()[-1] == (
+    f"interrupted: state saved; rerun the same command to resume ({work})"
+  )
+  states = {g: rundir.read_status(work, g)["state"] for g in GROUPS[:4]}
+  assert states["g000"] == "interrupted" and "failed" not in states.values(), states
+  # the handler runs on the main thread while g000's worker goes on: it sees the request before
+  # its next call or after it
+  stop = rundir.read_status(work, "g000")["step"]
+  assert stop in (10, 20)
+  [(rc, out)] = _finish([_ihsweep("run", f"--workdir={work}", *FLAGS_B2, env=_env(8))])
+  assert rc == 0, out[-3000:]
+  assert rundir.read_status(work, "g000")["resumed_from"] == stop
+  _assert_same_results(work, one_by_eight, GROUPS[:4])
