@@ -348,12 +348,15 @@ def process_devices(cfg) -> list:
   return jax.local_devices()[: int(cfg.mesh.num_devices) or None]
 
 
-def worker_slices(cfg) -> list[list]:
-  """``process_devices`` in slices of ``sweep.devices_per_worker`` consecutive ones, or one
-  slice of all of them (0, auto: the widest worker the layout may choose, what a group is
-  validated against before ``worker_layout.phases`` chooses)."""
+def worker_slices(cfg, size: int | None = None) -> list[list]:
+  """``process_devices`` in slices of ``size`` consecutive ones (default
+  ``sweep.devices_per_worker``), or one slice of all of them (0, auto: the widest worker the
+  layout may choose, what a group is validated against before ``worker_layout.phases``
+  chooses)."""
   devices = process_devices(cfg)
-  d = int(cfg.get("sweep", {}).get("devices_per_worker", 0)) or len(devices)
+  if size is None:
+    size = int(cfg.get("sweep", {}).get("devices_per_worker", 0))
+  d = int(size) or len(devices)
   return [devices[i : i + d] for i in range(0, len(devices), d)]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ihsweep.base import sharding
+from ihsweep.base.numbers import divisors
 from ihsweep.configuration import config as config_lib
 from ihsweep.configuration.fields import ConfigError
 from ihsweep.configuration.grid import Plan
@@ -47,7 +48,7 @@ def phases(cfg, plan: Plan) -> list:
   jax.distributed job computes the same list; one process: one phase), with the devices of a
   phase's process-local workers: ``sweep.devices_per_worker`` D, or where it is 0 (auto) the D
   ``phases.choose_local_devices`` chooses with ``timing.runtime_model`` among the divisors of a
-  process's devices whose slices every group fits (``memory.shortfall``).
+  process's devices whose slices every group fits in every process (``_fits_everywhere``).
 
   Raises:
     ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
@@ -75,8 +76,9 @@ def phases(cfg, plan: Plan) -> list:
     if fixed:
       steps = phases_lib.plan_phases(jobs, n, per_process, k, model=model, local_devices=fixed)
     else:
+      fits = _fits_everywhere(plan, devices, n > 1)
       _, steps = phases_lib.choose_local_devices(
-        jobs, n, per_process, k, model=model, allowed=lambda d: _fits(plan, devices[:d], n > 1)
+        jobs, n, per_process, k, model=model, allowed=fits.get
       )
   except list_schedule.LayoutError as e:
     why = str(e)  # the field and value once: ConfigError names them
@@ -100,6 +102,19 @@ def phases(cfg, plan: Plan) -> list:
   return steps
 
 
+def _fits_everywhere(plan: Plan, devices: list, local: bool) -> dict[int, bool]:
+  """``{D: whether every group fits a slice of D of ``devices``}`` for each divisor D of their
+  count (``_fits``); in a jax.distributed job (``local``) D fits only where it fits in every
+  process (one collective), so that all of them choose the same phases even where their
+  memory differs (CPU hosts of unequal RAM)."""
+  sizes = divisors(len(devices))
+  fits = [_fits(plan, devices[:d], local) for d in sizes]
+  if local:
+    refused = sharding.any_process_each([not f for f in fits])
+    fits = [not r for r in refused]
+  return dict(zip(sizes, fits))
+
+
 def _fits(plan: Plan, devices: list, local: bool) -> bool:
   """Whether every group of ``plan`` can fit a worker over ``devices`` at some memory setting
   (``memory.shortfall``: arithmetic, no compile)."""
@@ -120,12 +135,10 @@ def phase_workers(cfg, plan: Plan, phase) -> list[Worker]:
   wanted = set(phase.groups)
   groups = [g for g in plan.groups if g.id in wanted]
   if k == 1:
-    devices = config_lib.process_devices(cfg)
-    size = int(phase.devices_per_worker) or len(devices)
     team = sharding.Team((jax.process_index(),))
     return [
-      Worker(devices[i : i + size], team, groups, local=jax.process_count() > 1)
-      for i in range(0, len(devices), size)
+      Worker(devices, team, groups, local=jax.process_count() > 1)
+      for devices in config_lib.worker_slices(cfg, phase.devices_per_worker)
     ]
   first = jax.process_index() // k * k
   team = sharding.Team(tuple(range(first, first + k)))
