@@ -63,7 +63,7 @@ from ihsweep.planning.phases import (
   plan_phases,
   timed_phase,
 )
-from ihsweep.planning.prediction import Prediction
+from ihsweep.planning.prediction import Prediction, local_workers
 
 # ---- updates: the budget, or where an 'emergence' budget stops ----
 
@@ -505,21 +505,12 @@ def _chosen_reason(teams: int, n_processes: int, per_process: int, local: int, g
   """Where ``predict``'s phases came from without a fixed D: the config's teams, or chosen;
   and the devices of each process-local worker (``local``: the config's
   ``sweep.devices_per_worker`` where ``given``, else auto's choice)."""
-  count = per_process // local
-  side = (
-    "; in a phase of process-local workers, "
-    + (
-      f"{count} workers of {local} device(s) side by side in each process"
-      if count > 1
-      else f"one worker of {local} device(s) per process"
-    )
-    + (
-      " (the config's sweep.devices_per_worker)"
-      if given
-      else f" (sweep.devices_per_worker = 0, auto: of the divisors of {per_process}, the "
-      f"shortest makespan; within {LAYOUT_TIE:.0%}, the fewest devices per worker where the "
-      f"network is priced, else the most)"
-    )
+  side = f"; in a phase of process-local workers, {local_workers(per_process, local)}" + (
+    " (the config's sweep.devices_per_worker)"
+    if given
+    else f" (sweep.devices_per_worker = 0, auto: of the divisors of {per_process}, the "
+    f"shortest makespan; within {LAYOUT_TIE:.0%}, the fewest devices per worker where the "
+    f"network is priced, else the most)"
   )
   if teams:
     return (

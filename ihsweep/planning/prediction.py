@@ -286,6 +286,15 @@ def _outcome_lines(p: Prediction) -> list[str]:
   return lines
 
 
+def local_workers(devices_per_process: int, devices_per_worker: int) -> str:
+  """A process's process-local workers in words: '4 workers of 2 device(s) side by side in
+  each process', or 'one worker of 8 device(s) per process'."""
+  count = devices_per_process // devices_per_worker
+  if count > 1:
+    return f"{count} workers of {devices_per_worker} device(s) side by side in each process"
+  return f"one worker of {devices_per_worker} device(s) per process"
+
+
 def _default_launch(p: Prediction) -> list[str]:
   """How to start the sweep as its phases are planned: ``ihsweep run``'s phases
   (``placement.default_launch_lines``, the config's ``sweep.devices_per_worker`` kept), or the
@@ -294,30 +303,25 @@ def _default_launch(p: Prediction) -> list[str]:
 
   if not p.run_flags:
     return []
-  if p.default_launch:
-    pinned = p.pinned_devices_per_worker
-    flags = p.run_flags + ([f"--config.sweep.devices_per_worker={pinned}"] if pinned else [])
-    lines, note = default_launch_lines(flags, p.n_processes, p.devices_per_process, p.platform)
-  else:
+  if not p.default_launch:
     (phase,) = p.phased.phases
     lines, note = launch_lines(
       p.run_flags, phase.n_workers, phase.devices_per_worker, p.devices_per_process, p.platform
     )
-  if p.default_launch:
-    ph = next((x for x in p.phased.phases if x.processes_per_worker == 1), None)
-    size = ph.devices_per_worker if ph is not None else p.devices_per_process
-    count = p.devices_per_process // size
-    what = (
-      f"{count} workers of {size} device(s) side by side in each process"
-      if count > 1
-      else "one worker per process"
-    )
-    head = (
-      f"  the default launch: `ihsweep run`'s auto layout ({what}) on chips it prices this way "
-      f"(timing.runtime_model); to run it ({note}):"
-    )
-  else:
-    head = f"  to run it ({note}):"
+    return [f"  to run it ({note}):", *(f"  {line}" for line in lines)]
+  pinned = p.pinned_devices_per_worker
+  flags = p.run_flags + ([f"--config.sweep.devices_per_worker={pinned}"] if pinned else [])
+  lines, note = default_launch_lines(flags, p.n_processes, p.devices_per_process, p.platform)
+  local = next((x for x in p.phased.phases if x.processes_per_worker == 1), None)
+  what = local_workers(
+    p.devices_per_process, local.devices_per_worker if local else p.devices_per_process
+  )
+  layout = (
+    f"layout ({what}, the config's sweep.devices_per_worker)"
+    if pinned
+    else f"auto layout ({what}) on chips it prices this way (timing.runtime_model)"
+  )
+  head = f"  the default launch: `ihsweep run`'s {layout}; to run it ({note}):"
   return [head, *(f"  {line}" for line in lines)]
 
 
