@@ -1,7 +1,7 @@
 """``python -m analysis``: reports from run directories, and the law fitted to a CSV.
 
   python -m analysis report DIR [DIR ...] [--out OUT] [--metric ps_max] [--method threshold]
-  python -m analysis fit-law --csv FILE [--with_params] [--n_boot 2000] [--fix alpha=0.37]
+  python -m analysis fit-law --csv FILE [--terms=COLUMN,...] [--n_boot 2000] [--fix alpha=0.37]
 
 One module per command in ``analysis/commands/`` (its flags, help and ``main``); this module
 builds the parser from them and dispatches. Exit status: 0 done, 2 bad input (a directory that
@@ -31,7 +31,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def _empty_value(args) -> str | None:
   """The first flag or directory given as an empty string (``--out=``), which would otherwise
   read as not given (the default) or as the current directory."""
-  for name in ("out", "csv", "metric", "method"):
+  for name in ("out", "csv", "metric", "method", "terms"):
     if getattr(args, name, None) == "":
       return f"--{name}= is empty: give a value, or leave the flag out for its default"
   if "" in getattr(args, "dirs", ()):

@@ -44,7 +44,7 @@ def _cov_matrix(cov, names) -> np.ndarray | None:
 
 def law_band(fit, batch_size, context_size, level: float = 0.95):
   """The fitted law's 95% prediction band for one cell's UPT at arrays of B and C (a law
-  without a model-size term).
+  without terms beyond B and C: ``fit_law(terms=...)``).
 
   Returns ``(lo, hi, how)``: updates (arrays like B) and a phrase saying where the band comes
   from, or None when the fit carries nothing to make one from. ``fit``: a ``LawFit`` or its
@@ -60,7 +60,7 @@ def law_band(fit, batch_size, context_size, level: float = 0.95):
   from scipy import stats
 
   law = _law_dict(fit)
-  if law.get("gamma") is not None:
+  if law.get("gamma") is not None or law.get("terms"):  # its band needs the terms' values
     return None
   t_dof = law["cov"].get("t_dof") if isinstance(law.get("cov"), dict) else None
   z = float(
@@ -149,7 +149,8 @@ def _law_cells(fit, points: pd.DataFrame | None) -> tuple:
   obs = res["observed_updates"].to_numpy(float)
   pred = res["predicted_updates"].to_numpy(float)
   cens = np.zeros(len(res), bool)
-  if points is not None and fit.gamma is None and {"censored", "censor_step"} <= set(points):
+  terms = getattr(fit, "terms", ())
+  if points is not None and not terms and {"censored", "censor_step"} <= set(points):
     extra = points[points["censored"].astype(bool) & points["censor_step"].notna()]
     if len(extra):
       eb, ec = extra["batch_size"].to_numpy(float), extra["context_size"].to_numpy(float)
@@ -220,8 +221,8 @@ def _law_panels(plt, fit, panels, cs, cols, rows, b, c, obs, cens) -> str | None
     if (m & cens).any():
       ax2.plot(b[m & cens], obs[m & cens], "^", mfc="none", color=color, alpha=0.8)
     scale = 1.0
-    if fit.gamma is not None:
-      scale = np.exp(fit.gamma * np.log(res["n_params"].to_numpy(float)[m].mean()))
+    for term, gamma in getattr(fit, "gammas", {}).items():  # at this C's mean term values
+      scale *= np.exp(gamma * np.log(res[term].to_numpy(float)[m].mean()))
     law = fit.T * bs**-fit.alpha * cv**-fit.beta * scale
     ax2.plot(bs, law, "-", color=color, lw=1)
     shift = _level_shift(fit, cv) if c_lacks_fit else None

@@ -11,9 +11,22 @@ import pandas as pd
 
 from ihsweep.base.errors import IhsweepError
 
-# Every column of an emergence table is a count (updates, sequences, tokens, parameters): a
-# value past what a 64-bit counter holds is a unit or typing error, and would drag the fit.
+# The law's columns are counts (updates, sequences, tokens, parameters): a value past what a
+# 64-bit counter holds is a unit or typing error, and would drag the fit. A term's column may
+# be no count (a frequency, a learning rate): only n_params among them is held to it.
 MAX_COUNT = 2**63 - 1
+COUNTS = ("batch_size", "context_size", "emergence_step", "censor_step", "n_params")
+
+# Columns that are no term + γ ln x of the law: B and C are in it already, the others say when
+# (or whether) a cell emerged.
+NOT_TERMS = (
+  "batch_size",
+  "context_size",
+  "emergence_step",
+  "emergence_tokens",
+  "censor_step",
+  "censored",
+)
 
 
 class FitError(IhsweepError, ValueError):
@@ -21,19 +34,38 @@ class FitError(IhsweepError, ValueError):
   values)."""
 
 
-def clean_points(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame, np.ndarray]:
+def clean_points(points: pd.DataFrame, terms: tuple = ()) -> tuple[pd.DataFrame, np.ndarray]:
   """The rows as numbers and a censored mask (bool, len(rows)): censored = empty
-  ``emergence_step`` or a true ``censored``; censored rows need a positive ``censor_step``."""
-  need = ["batch_size", "context_size", "emergence_step"] + (["n_params"] if with_params else [])
+  ``emergence_step`` or a true ``censored``; censored rows need a positive ``censor_step``;
+  each column of ``terms`` (the law's + γ ln x beyond B and C) needs a positive number in every
+  row and more than one value among the emerged cells.
+
+  Raises:
+    FitError: as ``check_term_names``; a missing, non-numeric or non-positive column (naming a
+      line), or a term that does not vary among the emerged cells (naming its value).
+  """
+  terms = tuple(terms)
+  check_term_names(terms)
+  need = ["batch_size", "context_size", "emergence_step"]
   missing = [c for c in need if c not in points]
   if missing:
     raise FitError(f"emergence points need columns {', '.join(need)}; missing {', '.join(missing)}")
+  absent = [c for c in terms if c not in points]
+  if absent:
+    raise FitError(f"no column {absent[0]!r} for a term; {_term_columns(points)}")
   if points.empty:
     raise FitError("no emergence points (the table has no rows)")
   pts = points.copy()
+  need += terms
   for c in need + (["censor_step"] if "censor_step" in pts else []):
     values = pd.to_numeric(pts[c], errors="coerce")
     text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
+    if text.any() and c in terms:
+      row = int(np.flatnonzero(text)[0])
+      raise FitError(
+        f"term column {c} is not numeric ({_where(pts, row)} has {str(pts[c].iloc[row])!r}): "
+        f"a term enters as ln {c}; {_term_columns(points)}"
+      )
     if text.any():
       row = int(np.flatnonzero(text)[0])
       raise FitError(
@@ -59,7 +91,7 @@ def clean_points(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame,
     checks += [("censor_step", censored)]
   for c, rows in checks:
     v = pts[c].to_numpy(float)
-    too_large = np.flatnonzero(rows & np.isfinite(v) & (v > MAX_COUNT))
+    too_large = np.flatnonzero(rows & np.isfinite(v) & (v > MAX_COUNT) & (c in COUNTS))
     if len(too_large):
       raise FitError(
         f"column {c}: {_where(pts, int(too_large[0]))} has {float(v[too_large[0]])!r}, more "
@@ -75,11 +107,64 @@ def clean_points(points: pd.DataFrame, with_params: bool) -> tuple[pd.DataFrame,
       )
     if len(bad):
       what = " (a censored row's last update without emergence)" if c == "censor_step" else ""
+      what = f" (a term enters as ln {c})" if c in terms else what
       raise FitError(
         f"column {c} must be positive and finite{what}; {_where(pts, int(bad[0]))} "
         f"has {float(v[bad[0]])!r}"
       )
+  for c in terms:
+    values = pts.loc[~censored, c].unique()
+    if len(values) == 1:  # its γ would be ln T's
+      raise FitError(
+        f"term {c} does not vary among the emerged cells (all {values[0]:g}): its "
+        f"coefficient gamma[{c}] cannot be told from ln T"
+      )
   return pts, censored
+
+
+def law_terms(terms, with_params: bool = False) -> tuple:
+  """The law's terms beyond B and C: ``terms`` (columns), or ("n_params",) for
+  ``with_params`` (the model-size term alone).
+
+  Raises:
+    FitError: ``with_params`` beside other terms; as ``check_term_names``.
+  """
+  terms = tuple(terms)
+  if with_params and terms not in ((), ("n_params",)):
+    raise FitError(
+      f"with_params (the n_params term alone) beside the terms {', '.join(terms)}: give the "
+      f"terms alone, with n_params among them for the model size"
+    )
+  check_term_names(terms)
+  return terms or (("n_params",) if with_params else ())
+
+
+def check_term_names(terms: tuple) -> None:
+  """Raises ``FitError`` for a term (a column of + γ ln x) that is B or C (in the law already),
+  says when a cell emerged (``NOT_TERMS``), has no name, or is given twice."""
+  for i, c in enumerate(terms):
+    if c in ("batch_size", "context_size"):
+      symbol = "alpha ln B" if c == "batch_size" else "beta ln C"
+      raise FitError(f"term {c}: in the law already ({symbol}); a term is a column beyond B and C")
+    if c in NOT_TERMS:
+      raise FitError(f"term {c}: says when a cell emerged; a term is a property of the cell")
+    if not c.strip():
+      raise FitError("a term with an empty column name")
+    if c in terms[:i]:
+      raise FitError(f"term {c}: given twice; give each column once")
+
+
+def _term_columns(points: pd.DataFrame) -> str:
+  """The columns of ``points`` that could serve as terms, in words: numeric and positive in
+  every row, none of ``NOT_TERMS``."""
+  fit = [
+    c
+    for c in points.columns
+    if c not in NOT_TERMS
+    and points[c].dtype != bool
+    and (pd.to_numeric(points[c], errors="coerce") > 0).all()
+  ]
+  return f"numeric columns that could serve: {', '.join(map(str, fit)) or 'none'}"
 
 
 def _where(points: pd.DataFrame, position: int) -> str:

@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from ihsweep.base.law import STUDY
+from ihsweep.base.law import STUDY, term_name
 
 from . import emergence as emergence_lib
 from . import figure_axes, lack_of_fit, law_figure, law_fit, law_points, scaling
@@ -52,6 +52,8 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
   doc.table(_law_table(fit, written["law_sensitivity"]))
   if fit.lack_of_fit:
     doc.p(_lack_of_fit_words(fit))
+  if fit.held_out is not None:
+    doc.p(_held_out_words(fit, outs))
   n_emerged = getattr(fit, "n_emerged", 0) or fit.n
   if fit.dof < law_fit.MIN_DOF_FOR_INTERVALS:
     doc.p(
@@ -66,7 +68,7 @@ def law_section(doc, points, opts, outs: Outputs, written) -> None:
     "than the law predicts):"
   )
   doc.table(scaling.compare(fit))
-  _model_size(doc, points, opts)
+  _terms_refit(doc, points, opts)
   fit.residuals.to_csv(outs.claim("residuals.csv"), index=False)
   doc.p("Residuals per cell (`residuals.csv`):")
   doc.table(fit.residuals)
@@ -77,12 +79,34 @@ def _lack_of_fit_words(fit) -> str:
   """Both axes' lack-of-fit tests in words (``analysis.lack_of_fit``): flagged, not rejected,
   or why not tested."""
   said = [t.sentence() for t in fit.lack_of_fit]
-  return (
+  text = (
     "Does the power law describe the grid along each axis? A free level per value of C (or B) "
     "against the law, by an F test whose unit is the grid point (its seeds averaged: they share "
-    f"the point's deviation), at p < {lack_of_fit.FLAG_P:g}: "
+    f"the point's deviation); p < {lack_of_fit.FLAG_P:g} rejects the law, p < "
+    f"{lack_of_fit.SOME_P:g} is some evidence against it: "
     + "; ".join(t[0].upper() + t[1:] if i == 0 else t for i, t in enumerate(said))
     + "."
+  )
+  if fit.separability is not None:
+    sep = fit.separability.sentence()
+    text += (
+      " Is the law separable (one exponent in B at every C)? The law against the law with an "
+      f"added ln B · ln C term, on the same grid points: {sep[0].upper() + sep[1:]}."
+    )
+  return text
+
+
+def _held_out_words(fit, outs: Outputs) -> str:
+  """The held-out check in words (``analysis.held_out``), its cells written to held_out.csv."""
+  h = fit.held_out
+  if h.cells is not None:
+    h.cells.to_csv(outs.claim("held_out.csv"), index=False)
+  text = h.sentence()
+  return (
+    "How well does the law predict a grid point it has not seen? "
+    + text[0].upper()
+    + text[1:]
+    + (" (`held_out.csv`)." if h.cells is not None else ".")
   )
 
 
@@ -116,19 +140,31 @@ def _censored_check(doc, fit, points, outs: Outputs) -> None:
     doc.table(check)
 
 
-def _model_size(doc, points, opts) -> None:
-  """With several model sizes (or ``opts.with_params``), the law refitted with + γ ln n_params."""
+def _terms_refit(doc, points, opts) -> None:
+  """The law refitted with + γ ln x for each column x of ``opts.terms`` (``--terms``), or, with
+  several model sizes (or ``opts.with_params``), for n_params: each γ with its interval."""
   sizes = points["n_params"].nunique() if "n_params" in points else 0
-  if opts.with_params or sizes > 1:
-    try:
-      gfit = scaling.fit_law(points, with_params=True, n_boot=opts.n_boot, seed=opts.seed)
-      lo, hi = gfit.ci.get("gamma", [math.nan, math.nan])
-      doc.p(
-        f"Model size: with + γ ln n_params, γ = {gfit.gamma:.3f} (95% CI {lo:.3f} … "
-        f"{hi:.3f}); the study finds UPT independent of model size (γ = 0)."
-      )
-    except law_points.FitError as e:
-      doc.p(f"Model-size term not fitted: {e}")
+  terms = tuple(opts.terms) or (("n_params",) if opts.with_params or sizes > 1 else ())
+  if not terms:
+    return
+  try:
+    tfit = scaling.fit_law(points, terms=terms, n_boot=opts.n_boot, seed=opts.seed)
+  except law_points.FitError as e:
+    doc.p(f"The law with terms in {', '.join(terms)} not fitted: {e}")
+    return
+  said = []
+  for t in terms:
+    lo, hi = tfit.ci.get(term_name(t), [None, None])
+    ci = f" (95% CI {lo:.3f} … {hi:.3f})" if lo is not None else ""
+    said.append(f"γ[{t}] = {tfit.gammas[t]:.3f}{ci}")
+  doc.p(
+    f"With + γ ln x for {', '.join(terms)}: {'; '.join(said)}."
+    + (
+      " The study finds UPT independent of model size (γ[n_params] = 0)."
+      if "n_params" in terms
+      else ""
+    )
+  )
 
 
 def _law_figure(doc, fit, points, outs: Outputs, written) -> None:
@@ -200,15 +236,22 @@ def _law_words(fit) -> str:
   return text
 
 
+def _by_name(law: dict | None) -> dict | None:
+  """A ``LawFit.to_dict()`` with each term's γ also under its coefficient's name, gamma[X]."""
+  if not law:
+    return law
+  return {**law, **{term_name(t): g for t, g in (law.get("gammas") or {}).items()}}
+
+
 def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
   """Coefficients with 95% intervals, the emerged-only fit beside them where there is one, the
   law refitted with the flagged models censored (``sensitivity``, ``_sensitivity``) where there
   is one, the study's published values (its r on its own cells), and the study's law's r on
   these cells."""
-  law, ci = fit.to_dict(), fit.ci
-  eo = law.get("emerged_only") or None
+  law, ci = _by_name(fit.to_dict()), fit.ci
+  eo = _by_name(law.get("emerged_only") or None)
   flagged = sensitivity if sensitivity and "alpha" in sensitivity else None
-  names = ["log_T", "T", "alpha", "beta"] + (["gamma"] if fit.gamma is not None else [])
+  names = ["log_T", "T", "alpha", "beta", *map(term_name, fit.terms)]
   if "sigma" in law:
     names.append("sigma")
   rows = []
@@ -224,6 +267,8 @@ def _law_table(fit, sensitivity: dict | None = None) -> pd.DataFrame:
     if flagged is not None:
       row["flagged censored"] = flagged.get(k, math.nan)
     row["study (published)"] = math.exp(STUDY["log_T"]) if k == "T" else STUDY.get(k, math.nan)
+    if any(lack_of_fit.caution(law, n) for n in ("alpha", "beta")):
+      row["lack of fit"] = lack_of_fit.caution(law, k).strip(" ()")
     rows.append(row)
   r = law.get("r")
   row = {

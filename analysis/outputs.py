@@ -36,6 +36,7 @@ FILES = (
   "agreement.csv",
   "residuals.csv",
   "censored_check.csv",
+  "held_out.csv",
   "emergence_map.csv",
   "frontier.csv",
   "factorial.csv",

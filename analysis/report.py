@@ -74,7 +74,8 @@ class Options:
   n_sequences: int | None = curves_lib.DEFAULT_SEQUENCES
   n_boot: int = 2000
   seed: int = 0
-  with_params: bool = False
+  with_params: bool = False  # the law refitted with the n_params term: terms=("n_params",)
+  terms: tuple = ()  # the law refitted with + γ ln x for each of these columns (--terms)
   progress: bool = True
 
 

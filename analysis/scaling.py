@@ -3,9 +3,11 @@
 UPT (updates to the phase transition) is a cell's emergence step in updates, B its batch size
 (sequences per update), C its context size (tokens per sequence); logs are natural, so ``log_T``
 compares directly with the study's ln T = 13.26 (Aoyama, Wilcox & Schneider 2025, arXiv
-2511.16893 v2, experiment 1: α = 0.37, β = 0.62, r = 0.98; summarised in docs/study.md). An
-optional model-size term + γ ln n_params tests the study's finding that UPT does not depend on
-model size (γ ≈ 0).
+2511.16893 v2, experiment 1: α = 0.37, β = 0.62, r = 0.98; summarised in docs/study.md).
+Optional terms + γ_k ln x_k for other columns of the cells (``terms``; coefficients named
+``gamma[x_k]``): the model-size term + γ[n_params] ln n_params tests the study's finding that
+UPT does not depend on model size (γ ≈ 0); data.frequency or train.lr say how much a data or
+training property moves the transition.
 
 Two fits of the law on the same cells:
 
@@ -53,8 +55,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ihsweep.base.law import STUDY
+from ihsweep.base.law import STUDY, term_column, term_name
 
+from . import held_out as held_out_lib
 from . import lack_of_fit
 from .censored_fit import (
   cluster_bootstrap,
@@ -65,7 +68,7 @@ from .censored_fit import (
   small_sample_factor,
 )
 from .law_fit import LSQ, MIN_DOF_FOR_INTERVALS, MLE, V1_LOG10_T_TOKENS, LawFit, score
-from .law_points import FitError, as_bool, clean_points
+from .law_points import FitError, as_bool, clean_points, law_terms
 
 # Fewer bootstrap resamples than this give no intervals: a 2.5% percentile needs 1 of 40.
 MIN_BOOT = 40
@@ -81,8 +84,9 @@ def _design(pts: pd.DataFrame, names: list[str]) -> np.ndarray:
     "alpha": -np.log(pts["batch_size"].to_numpy(float)),
     "beta": -np.log(pts["context_size"].to_numpy(float)),
   }
-  if "gamma" in names:
-    cols["gamma"] = np.log(pts["n_params"].to_numpy(float))
+  for name in names:  # a term's coefficient gamma[X]: its column is ln X
+    if term_column(name):
+      cols[name] = np.log(pts[term_column(name)].to_numpy(float))
   return np.stack([cols[n] for n in names], axis=1)
 
 
@@ -128,29 +132,31 @@ def _r(pred: np.ndarray, y: np.ndarray, dof: int) -> tuple[float, str | None]:
   return float(np.corrcoef(pred, y)[0, 1]), None
 
 
-def _range(pts: pd.DataFrame, with_params: bool) -> dict:
+def _range(pts: pd.DataFrame, terms: tuple) -> dict:
   def num(v):
     return int(v) if float(v).is_integer() and abs(v) < 2**53 else float(v)
 
-  cols = ("batch_size", "context_size") + (("n_params",) if with_params else ())
+  cols = ("batch_size", "context_size", *terms)
   return {c: [num(pts[c].min()), num(pts[c].max())] for c in cols}
 
 
 def fit_law(
   points: pd.DataFrame,
   *,
+  terms: tuple = (),
   with_params: bool = False,
   n_boot: int = 2000,
   seed: int = 0,
   fixed: dict | None = None,
   csv: str = "emergence.csv",
   shape_tests: bool = True,
+  held_out: bool = True,
 ) -> LawFit:
   """The emergence law (module docstring) fitted to emergence points: the censored log-normal
   MLE, with the emerged-only least-squares fit under ``emerged_only``.
 
   Intervals: 95% percentile intervals from a bootstrap over **grid points**: each resample
-  draws the G distinct (B, C[, n_params]) points with replacement — every cell of a point (all
+  draws the G distinct (B, C, term values) points with replacement — every cell of a point (all
   its seeds, emerged and censored) together — and refits both fits on it (a point drawn k times
   weighs k). Why not over cells: (1) the seeds of one point share whatever makes that point
   deviate from a power law, and its checkpoints and budget, hence its censoring; they are not
@@ -173,12 +179,15 @@ def fit_law(
 
   Args:
     points: one row per cell with ``batch_size``, ``context_size``, ``emergence_step``
-      (updates; empty/NaN = censored) and, with ``with_params``, ``n_params``; an optional
+      (updates; empty/NaN = censored) and each column of ``terms``; an optional
       ``censored`` column (true/false) also marks censored rows. Censored rows need
       ``censor_step`` (updates: the last checkpoint at which the cell had not emerged, as in
       an analysis emergence.csv). Other columns (``run``, ``cell``, ``seed``) are carried
       into ``residuals``.
-    with_params: also fit γ for + γ ln n_params.
+    terms: columns x_k of ``points`` (positive numbers, e.g. ``n_params``,
+      ``data.frequency``, ``train.lr``) whose terms + γ_k ln x_k the law adds beyond B and C;
+      their coefficients are named ``gamma[x_k]`` (``names``, ``ci``, ``cov``, ``fixed``).
+    with_params: the model-size term alone: the same as ``terms=("n_params",)``.
     n_boot: bootstrap resamples (0: no intervals; none either with fewer than
       ``MIN_DOF_FOR_INTERVALS`` residual degrees of freedom, or fewer grid points with emerged
       cells than free coefficients + ``MIN_DOF_FOR_INTERVALS``).
@@ -187,22 +196,27 @@ def fit_law(
       only C was varied (both fits).
     csv: the file ``points`` came from, named in the ``--fix`` command an unidentifiable fit's
       error suggests.
-    shape_tests: run the lack-of-fit tests (``lack_of_fit``; not with ``fixed`` or
-      ``with_params``).
+    shape_tests: run the lack-of-fit tests of each axis and the separability test
+      (``lack_of_fit``; not with ``fixed`` or ``terms``).
+    held_out: leave each grid point out in turn and predict it from the law refitted on the
+      others (``held_out``: ``LawFit.held_out``).
 
   Returns:
     A ``LawFit`` with ``method`` = ``MLE`` and ``emerged_only`` = the ``LSQ`` fit.
 
   Raises:
     FitError: missing columns, non-positive values, a censored row without a positive
-      ``censor_step`` (naming its line), too few emerged cells or distinct (B, C[, n_params])
+      ``censor_step`` (naming its line); a term that is B, C or an outcome column, given
+      twice, not numeric, or that does not vary among the emerged cells (``clean_points``);
+      ``with_params`` beside other terms; too few emerged cells or distinct (B, C, term)
       values among them to identify the free coefficients (with a ``--fix`` suggestion where
       that fit would succeed), or an MLE that does not converge (emerged cells exactly on a law).
   """
   fixed = dict(fixed or {})
-  all_names = ["log_T", "alpha", "beta"] + (["gamma"] if with_params else [])
-  _check_fixed(fixed, all_names, with_params)
-  pts, censored = clean_points(points, with_params)
+  terms = law_terms(terms, with_params)
+  all_names = ["log_T", "alpha", "beta", *map(term_name, terms)]
+  _check_fixed(fixed, all_names)
+  pts, censored = clean_points(points, terms)
   emerged = ~censored
   n_em, n_cens = int(emerged.sum()), int(censored.sum())
   names = [n for n in all_names if n not in fixed]
@@ -232,9 +246,7 @@ def fit_law(
   exact = p is None  # the emerged cells lie exactly on a law: σ = 0, the MLE is least squares
   coef_ml, s_ml = (coef_ls, s_ls * math.sqrt(dof / n_em)) if exact else (p[:-1] / p[-1], 1 / p[-1])
 
-  cluster = pd.MultiIndex.from_frame(
-    pts[["batch_size", "context_size"] + (["n_params"] if with_params else [])]
-  ).factorize()[0]
+  cluster = pd.MultiIndex.from_frame(pts[["batch_size", "context_size", *terms]]).factorize()[0]
   n_groups = int(cluster.max()) + 1
   em_points = len(np.unique(cluster[emerged]))
   boot, ci_note = None, _no_interval_note(n_boot, dof, em_points, k)
@@ -255,7 +267,7 @@ def fit_law(
     emerged=emerged,
     y=y,
     dof=dof,
-    with_params=with_params,
+    terms=terms,
     n_groups=n_groups,
     factor=small_sample_factor(n_groups) if n_groups > 1 else math.nan,
     ci_note=ci_note,
@@ -269,9 +281,67 @@ def fit_law(
   all_cells = np.ones(len(pts), bool)
   fit = _law_fit(problem, coef_ml, s_ml, ml_draws, ml_sig, MLE, len(pts), all_cells)
   fit.emerged_only = emerged_only
-  if shape_tests and not fixed and not with_params:
+  if shape_tests and not fixed and not terms:
     fit.lack_of_fit = lack_of_fit.axis_tests(pts, censored, y)
+    fit.separability = lack_of_fit.separability_test(pts, censored, y)
+  if held_out:
+    fit.held_out = _held_out(pts, censored, y, cluster, terms, fixed)
   return fit
+
+
+def held_out_by(
+  points: pd.DataFrame, by: list[str], *, terms=(), fixed: dict | None = None
+) -> held_out_lib.HeldOut:
+  """The held-out check (``analysis.held_out``) with the grid point defined by the columns
+  ``by`` instead of the law's own coordinates (B, C and its terms): e.g. ``by`` =
+  ["data.frequency", "data.reliability"] scores laws of different forms (no term, one term,
+  both) on the same folds, the experiment's grid points.
+
+  Raises:
+    FitError: as ``fit_law``; or a column of ``by`` missing.
+  """
+  missing = [c for c in by if c not in points]
+  if missing:
+    raise FitError(f"held out by {', '.join(missing)}: no such column(s)")
+  pts, censored = clean_points(points, law_terms(terms, False))
+  bound = pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float)
+  y = np.log(np.where(censored, bound, pts["emergence_step"].to_numpy(float)))
+  cluster = pd.MultiIndex.from_frame(pts[list(by)]).factorize()[0]
+  return _held_out(pts, censored, y, cluster, law_terms(terms, False), dict(fixed or {}))
+
+
+def _held_out(pts, censored, y, cluster, terms, fixed) -> held_out_lib.HeldOut:
+  """Each grid point of ``cluster`` left out, the law (``terms``, ``fixed``) refitted on the
+  others by ``fit_law`` and the point predicted (``held_out.evaluate``)."""
+
+  def refit(keep):
+    try:
+      law = fit_law(
+        pts[keep], terms=terms, n_boot=0, fixed=fixed, shape_tests=False, held_out=False
+      )
+    except FitError:
+      return "the other points do not identify the law without it"
+    if not law.sigma > 0:
+      return "the other points lie exactly on a law (sigma = 0): no scale for an interval"
+    return law
+
+  return held_out_lib.evaluate(pts, censored, y, cluster, refit, _cell_interval)
+
+
+def _cell_interval(law: LawFit, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int]:
+  """``(ln median UPT, prediction scale, t dof)`` of one new cell at each of ``rows`` under
+  ``law`` (``_prediction_scale``), for the held-out check."""
+  at = _law_args(rows, law)
+  return np.log(law.predict_updates(*at)), *_prediction_scale(law, at)
+
+
+def _law_args(rows: pd.DataFrame, law: LawFit) -> tuple:
+  """``(B, C, {term column: values})`` of ``rows`` as ``law``'s predictions take them."""
+  return (
+    rows["batch_size"].to_numpy(float),
+    rows["context_size"].to_numpy(float),
+    {t: rows[t].to_numpy(float) for t in law.terms},
+  )
 
 
 def _least_squares_then_mle(x, v, emerged, n_cens: int, dof: int) -> tuple:
@@ -303,13 +373,17 @@ def _least_squares_then_mle(x, v, emerged, n_cens: int, dof: int) -> tuple:
   return coef_ls, s_ls, a, p[0]
 
 
-def _check_fixed(fixed: dict, all_names: list[str], with_params: bool) -> None:
+def _check_fixed(fixed: dict, all_names: list[str]) -> None:
   """Raises ``FitError`` for fixed coefficients that are unknown, not finite, or all of them."""
   unknown = set(fixed) - set(all_names)
   if unknown:
     raise FitError(
       f"fixed coefficients {sorted(unknown)}: allowed {', '.join(all_names)}"
-      + ("" if with_params else " (gamma only with the n_params term)")
+      + (
+        " (a term's gamma[COLUMN] only with that term: --terms=COLUMN)"
+        if any(n.startswith("gamma") for n in unknown)
+        else ""
+      )
     )
   for name, value in fixed.items():
     if not math.isfinite(value):
@@ -357,7 +431,7 @@ class _Problem:
   emerged: np.ndarray
   y: np.ndarray
   dof: int
-  with_params: bool
+  terms: tuple
   n_groups: int
   factor: float
   ci_note: str | None
@@ -368,7 +442,8 @@ def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFi
   """One fit as a ``LawFit``: free coefficients ``coef`` and scatter ``sigma`` (``method``, on
   ``n`` cells), its residuals over the emerged cells, and with bootstrap ``draws`` its
   intervals and covariance; ``cells``: the rows whose range it covers."""
-  keep = [c for c in ("run", "cell", "batch_size", "context_size", "n_params") if c in q.pts]
+  keep = ("run", "cell", "batch_size", "context_size", "n_params", *q.terms)
+  keep = [c for c in dict.fromkeys(keep) if c in q.pts]
   y_em = q.y[q.emerged]
   values = dict(q.fixed)
   values.update(zip(q.names, (float(c) for c in coef)))
@@ -395,7 +470,8 @@ def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFi
     n=n,
     ci=ci,
     residuals=residuals,
-    gamma=values["gamma"] if q.with_params else None,
+    terms=q.terms,
+    gammas={t: values[term_name(t)] for t in q.terms},
     n_censored=int((~q.emerged).sum()),
     n_boot=0 if draws is None else len(draws),
     fixed=q.fixed,
@@ -407,28 +483,29 @@ def _law_fit(q: _Problem, coef, sigma, draws, sigmas, method, n, cells) -> LawFi
     names=list(q.all_names),
     draws=all_draws,
     cov=cov,
-    range=_range(q.pts[cells], q.with_params),
+    range=_range(q.pts[cells], q.terms),
     n_grid_points=q.n_groups,
     ci_note=q.ci_note,
     boot_note=q.boot_note,
   )
 
 
-def _prediction_scale(law: LawFit, at: tuple) -> np.ndarray:
-  """The scale of ln UPT of a new cell at ``at`` = (B, C, n_params or None) about ``law``'s
-  prediction: s·sqrt(1 + x (XᵀX)⁻¹ xᵀ), s the scatter on the emerged cells' residual degrees
-  of freedom and X their design over the free coefficients — the classical prediction
-  interval of a new observation (Draper & Smith, *Applied Regression Analysis*, 3rd ed., §3.3),
-  read with t(dof), so a refit on few cells does not treat its own estimates as exact."""
+def _prediction_scale(law: LawFit, at: tuple) -> tuple[np.ndarray, int]:
+  """``(scale, t dof)``: the scale of ln UPT of a new cell at ``at`` = (B, C, term values:
+  ``_law_args``) about ``law``'s prediction, s·sqrt(1 + x (XᵀX)⁻¹ xᵀ), and the degrees of
+  freedom to read it with — the classical prediction interval of a new observation (Draper &
+  Smith, *Applied Regression Analysis*, 3rd ed., §3.3) with the grid point as the unit: s is
+  the cells' scatter on their residual degrees of freedom, but X holds each emerged grid point
+  once and dof = emerged points − free coefficients, since a point's seeds share its deviation
+  and do not narrow the coefficients' uncertainty as independent cells would (counting cells
+  gave 93.3% coverage of left-out points at 95%; ``analysis.held_out``)."""
   free = [i for i, n in enumerate(law.names) if n not in law.fixed]
-  res = law.residuals
-  design = law._x(
-    *law._by()[:2], res["n_params"].to_numpy(float) if law.gamma is not None else None
-  )
-  design, new = design[:, free], law._x(*at)[:, free]
-  leverage = np.einsum("ij,jk,ik->i", new, np.linalg.pinv(design.T @ design), new)
+  design = law._x(*_law_args(law.residuals, law))[:, free]
+  points = np.unique(design, axis=0)
+  new = law._x(*at)[:, free]
+  leverage = np.einsum("ij,jk,ik->i", new, np.linalg.pinv(points.T @ points), new)
   s = law.sigma * math.sqrt(law.n_emerged / law.dof)
-  return s * np.sqrt(1 + leverage)
+  return s * np.sqrt(1 + leverage), max(len(points) - len(free), 1)
 
 
 def compare(fit: LawFit) -> pd.DataFrame:
@@ -441,17 +518,17 @@ def compare(fit: LawFit) -> pd.DataFrame:
   res = fit.residuals
   b, c, y = fit._by()
   rows = []
-  if fit.gamma is None:
+  if not fit.terms:
     rows.append(score("fitted", fit.log_T, fit.alpha, fit.beta, b, c, y, 3 - len(fit.fixed)))
   else:
     pred = np.log(res["predicted_updates"].to_numpy(float))
     rows.append(
       {
-        "law": "fitted (with gamma)",
+        "law": f"fitted (with {', '.join(map(term_name, fit.terms))})",
         "log_T": fit.log_T,
         "alpha": fit.alpha,
         "beta": fit.beta,
-        "free_parameters": 4 - len(fit.fixed),
+        "free_parameters": len(fit.names) - len(fit.fixed),
         "r": fit.r,
         "rmse_ln": float(np.sqrt(np.mean((y - pred) ** 2))),
         "mean_residual_ln": float(np.mean(y - pred)),
@@ -492,41 +569,36 @@ def censored_check(fit: LawFit, points: pd.DataFrame, level: float = CHECK_P) ->
   if "censored" in points:
     mask |= as_bool(points["censored"], points)
   cens = points[mask]
-  cols = [
-    c for c in ("run", "cell", "batch_size", "context_size", "n_params", "censor_step") if c in cens
-  ]
-  out = cens[cols].copy()
-  with_params = fit.gamma is not None
-  if out.empty or (with_params and "n_params" not in out):
+  cols = ("run", "cell", "batch_size", "context_size", "n_params", *fit.terms, "censor_step")
+  out = cens[[c for c in dict.fromkeys(cols) if c in cens]].copy()
+  if out.empty or any(t not in out for t in fit.terms):
     return out.assign(predicted_updates=[], contradicts=[]) if out.empty else out
 
-  def x(rows, law):
-    return (
-      rows["batch_size"].to_numpy(float),
-      rows["context_size"].to_numpy(float),
-      (rows["n_params"].to_numpy(float) if law.gamma is not None else None),
-    )
-
-  out["predicted_updates"] = fit.predict_updates(*x(out, fit))
+  out["predicted_updates"] = fit.predict_updates(*_law_args(out, fit))
   out["before_median"] = out["predicted_updates"] < out["censor_step"]
   if not (math.isfinite(fit.sigma) and fit.sigma > 0):
     out["contradicts"] = out["before_median"]
     return out.reset_index(drop=True)
-  keys = [c for c in ("batch_size", "context_size", "n_params") if c in points and c in out]
-  keys = keys if with_params else keys[:2]
+  keys = ["batch_size", "context_size", *fit.terms]  # a grid point
   p_not, left_out = np.empty(len(out)), np.zeros(len(out), bool)
   for point, rows in out.reset_index(drop=True).groupby(keys, sort=False):
     here = (points[keys].to_numpy(float) == np.asarray(point, float)).all(1)
     try:
       law = fit_law(
-        points[~here], with_params=with_params, n_boot=0, fixed=fit.fixed, shape_tests=False
+        points[~here],
+        terms=fit.terms,
+        n_boot=0,
+        fixed=fit.fixed,
+        shape_tests=False,
+        held_out=False,
       )
     except FitError:
       law = fit
     law = law if law.sigma > 0 and law.dof > 0 else fit
     left_out[rows.index] = law is not fit
-    z = np.log(law.predict_updates(*x(rows, law)) / rows["censor_step"].to_numpy(float))
-    p_not[rows.index] = stats.t.cdf(z / _prediction_scale(law, x(rows, law)), law.dof)
+    z = np.log(law.predict_updates(*_law_args(rows, law)) / rows["censor_step"].to_numpy(float))
+    scale, dof = _prediction_scale(law, _law_args(rows, law))
+    p_not[rows.index] = stats.t.cdf(z / scale, dof)
   out["p_not_emerged"] = p_not
   out["left_out"] = left_out
   out["contradicts"] = out["p_not_emerged"] < level / len(out)

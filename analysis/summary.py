@@ -206,6 +206,13 @@ def _law_finding(law: dict, em: pd.DataFrame) -> list[str]:
     a_text = f"{lacking['B']['sentence']}, so α = {law['alpha']:.2f} is not a trend"
   if "C" in lacking:
     b_text, b_sign = f"{lacking['C']['sentence']}, so β = {law['beta']:.2f} is not a trend", None
+  # Some evidence against the law, short of the report's level: the trend stands, with what
+  # the free levels show beside it.
+  some = {t["symbol"]: t for t in law.get("lack_of_fit") or [] if t.get("evidence") == "some"}
+  if "B" in some:
+    a_text = f"{a_text}; but {some['B']['sentence']}"
+  if "C" in some:
+    b_text = f"{b_text}; but {some['C']['sentence']}"
   a_ci, b_ci = interval_of(law, "alpha"), interval_of(law, "beta")
   if "B" in lacking:
     a_ci = None  # no count trend is read from an exponent that does not describe the grid
@@ -227,6 +234,9 @@ def _law_finding(law: dict, em: pd.DataFrame) -> list[str]:
       1 - law["beta"], (1 - b_ci[1], 1 - b_ci[0]), "C", "number of tokens (UPT·B·C; at a given B)"
     )
     sentences.append(tok_c[0])
+  sep = law.get("separability") or {}
+  if sep.get("evidence") in ("rejected", "some"):
+    sentences.append(f"Separability: {sep['sentence']}")
   parts.append(" ".join(sentence(t) for t in sentences if t))
   if seq[1] == "fixed" and b_sign == 0:
     seqs = em["emergence_step"].astype(float) * em["batch_size"].astype(float)

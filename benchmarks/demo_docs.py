@@ -211,9 +211,11 @@ def finding_block(demo: Demo) -> str:
   sentence = next((s for s in against.split(". ") if "the study's law predicts" in s), None)
   if sentence:
     text += f" {sentence.rstrip('.')} (the report)."
-  for test in law.get("lack_of_fit") or []:
-    if test.get("lacks_fit"):
+  for test in (law.get("lack_of_fit") or []) + [law.get("separability") or {}]:
+    if test.get("evidence") in ("rejected", "some"):  # the report's 1% level, or short of it
       text += f" {test['sentence'][0].upper()}{test['sentence'][1:]}."
+  if law.get("held_out"):
+    text += f" {law['held_out']['sentence'][0].upper()}{law['held_out']['sentence'][1:]}."
   return text
 
 
@@ -231,6 +233,13 @@ def law_block(demo: Demo) -> str:
       f"test on the grid points)"
     )
     lines += ["", f"{what}: {test['sentence']}."]
+  if demo.law.get("separability"):
+    lines += [
+      "",
+      f"Separability (an added ln B · ln C term): {demo.law['separability']['sentence']}.",
+    ]
+  if demo.law.get("held_out"):
+    lines += ["", f"Held-out prediction: {demo.law['held_out']['sentence']}."]
   return "\n".join(lines)
 
 

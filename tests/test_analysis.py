@@ -215,9 +215,10 @@ def test_law_fit_model_size_fixed_coefficients_and_errors():
   sized = scaling.fit_law(
     _law_points(gamma=0.2, n_params=[1e5, 1e6, 1e7]), with_params=True, n_boot=300
   )
-  assert abs(sized.gamma - 0.2) < 0.05 and sized.ci["gamma"][0] <= 0.2 <= sized.ci["gamma"][1]
+  lo, hi = sized.ci["gamma[n_params]"]
+  assert abs(sized.gamma - 0.2) < 0.05 and lo <= 0.2 <= hi
   flat = scaling.fit_law(_law_points(n_params=[1e5, 1e6, 1e7]), with_params=True, n_boot=300)
-  assert flat.ci["gamma"][0] <= 0.0 <= flat.ci["gamma"][1]  # no dependence on model size
+  assert flat.ci["gamma[n_params]"][0] <= 0.0 <= flat.ci["gamma[n_params]"][1]  # no size effect
   one_b = _law_points()
   one_b = one_b[one_b["batch_size"] == 8]
   with pytest.raises(
@@ -289,7 +290,7 @@ def test_fit_law_cli_json_is_read_by_ihsweep_predict(tmp_path, capsys):
   assert cli.main(["fit-law", "--csv", str(bad)]) == 2
   assert "missing emergence_step" in capsys.readouterr().err
   for fix, message in (
-    ("gamma=0.1", "gamma only with the n_params term"),
+    ("gamma=0.1", "allowed log_T, alpha, beta (a term's gamma[COLUMN] only with that term"),
     ("alpha=nan", "must be a finite number"),
   ):
     assert cli.main(["fit-law", "--csv", str(csv), "--fix", fix]) == 2
@@ -328,6 +329,160 @@ def test_a_coefficient_fixed_twice_is_refused(tmp_path, capsys):
     err == "python -m analysis: --fix 'alpha=0.5': alpha is already fixed (--fix "
     "alpha=0.3); give each coefficient once\n"
   )
+
+
+# ---------------------------------------------------------------- terms beyond B and C
+
+
+def _terms_points(seed=0, sigma=0.1, gammas=(0.5, -0.8)) -> pd.DataFrame:
+  """Two seeds per (B, C, frequency, reliability) point of the law ln T 12, α 0.4, β 0.6, +
+  0.5 ln data.frequency − 0.8 ln data.reliability, with scatter ``sigma`` (a seed-wide shift
+  of 0.05 besides), n_params constant."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for s in (0, 1):
+    shift = 0.05 * rng.standard_normal()
+    for b in (4, 16, 64):
+      for c in (64, 256):
+        for f in (0.25, 0.5, 1.0):
+          for r in (0.5, 0.75, 1.0):
+            ln_upt = 12 - 0.4 * math.log(b) - 0.6 * math.log(c) + gammas[0] * math.log(f)
+            ln_upt += gammas[1] * math.log(r) + shift + sigma * rng.standard_normal()
+            rows.append(
+              {
+                "seed": s,
+                "batch_size": b,
+                "context_size": c,
+                "data.frequency": f,
+                "data.reliability": r,
+                "n_params": 1e6,
+                "emergence_step": math.exp(ln_upt),
+              }
+            )
+  return pd.DataFrame(rows)
+
+
+def test_terms_n_params_is_with_params():
+  points = _law_points(gamma=0.2, n_params=[1e5, 1e6, 1e7])
+  old = scaling.fit_law(points, with_params=True, n_boot=300, seed=0)
+  new = scaling.fit_law(points, terms=("n_params",), n_boot=300, seed=0)
+  assert new.names == old.names == ["log_T", "alpha", "beta", "gamma[n_params]"]
+  assert new.terms == ("n_params",) and new.gammas == old.gammas == {"n_params": old.gamma}
+  np.testing.assert_allclose(new.coef, old.coef, rtol=0, atol=1e-12)
+  np.testing.assert_allclose(new.cov, old.cov, rtol=0, atol=1e-12)
+  assert new.ci.keys() == old.ci.keys()
+  for k in old.ci:
+    np.testing.assert_allclose(new.ci[k], old.ci[k], rtol=0, atol=1e-12)
+  law = new.to_dict()
+  assert law["terms"] == ["n_params"] and law["gamma"] == law["gammas"]["n_params"] == new.gamma
+  assert law["form"] == "ln UPT = ln T - alpha ln B - beta ln C + gamma[n_params] ln n_params"
+  assert law["cov"]["names"] == new.names and law["range"]["n_params"] == [100000, 10000000]
+  with pytest.raises(law_points.FitError, match="with_params .* beside the terms n_params, x"):
+    scaling.fit_law(points, terms=("n_params", "x"), with_params=True)
+
+
+def test_a_law_with_two_covariates_recovers_their_gammas(tmp_path, capsys):
+  from ihsweep.base.law import Law
+
+  truth = {
+    "alpha": 0.4,
+    "beta": 0.6,
+    "gamma[data.frequency]": 0.5,
+    "gamma[data.reliability]": -0.8,
+  }
+  points = _terms_points()
+  fit = scaling.fit_law(points, terms=("data.frequency", "data.reliability"), n_boot=300)
+  assert fit.names == ["log_T", "alpha", "beta", *list(truth)[2:]]
+  assert fit.n_grid_points == 54 and fit.n == 108  # clusters: distinct (B, C, f, r) points
+  for name, value in truth.items():
+    estimate = dict(zip(fit.names, fit.coef))[name]
+    lo, hi = fit.ci[name]
+    assert lo <= value <= hi and hi - lo < 0.3 and abs(estimate - value) < 0.1, (name, lo, hi)
+  assert fit.range["data.frequency"] == [0.25, 1] and fit.range["data.reliability"] == [0.5, 1]
+  assert {"data.frequency", "data.reliability"} <= set(fit.residuals)
+  # law.json as ihsweep predict reads it: the same median and interval
+  law_file = tmp_path / "law.json"
+  law_file.write_text(json.dumps(fit.to_dict()))
+  law = Law.from_json(str(law_file))
+  at = {"data.frequency": 0.3, "data.reliability": 0.6}
+  median, lo, hi = fit.predict_interval(8.0, 128.0, at, cell=True)
+  assert law.updates(8, 128, **at) == pytest.approx(float(median), rel=1e-9)
+  assert law.interval(8, 128, cell=True, **at) == pytest.approx((float(lo), float(hi)), rel=1e-9)
+  # the same through the command line, --terms=a,b and --terms a,b alike
+  csv = tmp_path / "points.csv"
+  points.to_csv(csv, index=False)
+  both = "data.frequency,data.reliability"
+  for terms in ([f"--terms={both}"], ["--terms", both]):
+    assert cli.main(["fit-law", "--csv", str(csv), "--n_boot", "300", *terms]) == 0
+    out = capsys.readouterr()
+    got = json.loads(out.out)
+    assert got["terms"] == ["data.frequency", "data.reliability"] and "gamma" not in got
+    assert got["gammas"] == fit.gammas and got["ci"] == fit.ci
+    assert got["cov"]["names"] == fit.names
+    assert got["form"].endswith(
+      " + gamma[data.frequency] ln data.frequency + gamma[data.reliability] ln data.reliability"
+    )
+    header = out.err.splitlines()[1].split()  # the table: a column per term
+    assert header[6:9] == ["gamma[data.frequency]", "gamma[data.reliability]", "sigma"]
+  fixed = ["--terms=data.frequency", "--fix", "gamma[data.frequency]=0.5", "--n_boot", "0"]
+  assert cli.main(["fit-law", "--csv", str(csv), *fixed]) == 0
+  got = json.loads(capsys.readouterr().out)
+  assert got["fixed"] == {"gamma[data.frequency]": 0.5} and got["gammas"]["data.frequency"] == 0.5
+
+
+def test_terms_that_cannot_enter_the_law_are_refused_in_one_line(tmp_path, capsys):
+  points = _terms_points()
+  points["data.source"] = "markov"
+  points.loc[2, "data.reliability"] = 0.0
+  csv = tmp_path / "points.csv"
+  points.to_csv(csv, index=False)
+  numeric = "numeric columns that could serve: data.frequency, n_params"  # seed has 0
+  for terms, words in (
+    ("data.freq", f"{csv}: no column 'data.freq' for a term; {numeric}"),
+    ("data.source", f"{csv}: term column data.source is not numeric (line 2 has 'markov'): a "
+     f"term enters as ln data.source; {numeric}"),
+    ("data.reliability", f"{csv}: column data.reliability must be positive and finite (a term "
+     "enters as ln data.reliability); line 4 has 0.0"),
+    ("n_params", f"{csv}: term n_params does not vary among the emerged cells (all 1e+06): its "
+     "coefficient gamma[n_params] cannot be told from ln T"),
+    ("context_size", "--terms=context_size: term context_size: in the law already (beta ln C); "
+     "a term is a column beyond B and C"),
+    ("data.frequency,data.frequency", "--terms=data.frequency,data.frequency: term "
+     "data.frequency: given twice; give each column once"),
+    ("data.frequency,", "--terms=data.frequency,: a term with an empty column name"),
+  ):  # fmt: skip
+    assert cli.main(["fit-law", "--csv", str(csv), f"--terms={terms}"]) == 2, terms
+    assert capsys.readouterr().err == f"python -m analysis: {words}\n", terms
+  assert cli.main(["fit-law", "--csv", str(csv), "--terms=data.frequency", "--with_params"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "with_params (the n_params term alone) beside" in err, err
+  # a term that varies only among censored cells tells nothing about emergence
+  censored = _terms_points().assign(censored=False, censor_step=np.nan)
+  censored.loc[censored["data.frequency"] == 1.0, ["censored", "censor_step"]] = [True, 1e9]
+  with pytest.raises(law_points.FitError, match=r"data.frequency does not vary .* \(all 0.25\)"):
+    scaling.fit_law(censored[censored["data.frequency"] != 0.5], terms=("data.frequency",))
+
+
+def test_the_report_refits_the_law_with_its_terms(tmp_path, capsys):
+  from analysis import law_section, report
+
+  said = []
+  doc = type("Doc", (), {"p": staticmethod(said.append)})
+  points = _terms_points()
+  both = ("data.frequency", "data.reliability")
+  law_section._terms_refit(doc, points, report.Options(terms=both, n_boot=50))
+  fit = scaling.fit_law(points, terms=both, n_boot=50)
+  f, r = (f"{fit.gammas[t]:.3f} (95% CI {fit.ci[f'gamma[{t}]'][0]:.3f} …" for t in both)
+  assert said[0].startswith("With + γ ln x for data.frequency, data.reliability: γ[data.freq")
+  assert f"γ[data.frequency] = {f}" in said[0] and f"γ[data.reliability] = {r}" in said[0]
+  # refused before any run is read: --terms with B, or beside --with_params
+  for flags, words in (
+    (["--terms=batch_size"], "--terms=batch_size: term batch_size: in the law already"),
+    (["--terms=data.frequency", "--with_params"], "with_params (the n_params term alone)"),
+  ):
+    assert cli.main(["report", str(tmp_path / "none"), "--noprogress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
 
 
 # ---------------------------------------------------------------- frontier and factorial

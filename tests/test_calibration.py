@@ -35,8 +35,46 @@ def test_lack_of_fit_holds_its_level_when_grid_points_deviate():
   draws = 150
   got = calibration.lack_of_fit(POINTS_DEVIATE, draws, seed=1)
   bound = _at_most(0.01, draws)  # 6 of 150
-  assert got["flagged_C"] * draws <= bound and got["flagged_B"] * draws <= bound, got
-  assert got["untested_C"] == got["untested_B"] == 0, got
+  for test in ("C", "B", "BxC"):  # each axis and the separability test
+    assert got[f"flagged_{test}"] * draws <= bound, got
+    # p < 0.1 (rejected or "some evidence against") at its 10%
+    assert (got[f"flagged_{test}"] + got[f"some_{test}"]) * draws <= _at_most(0.1, draws), got
+  assert got["untested_C"] == got["untested_B"] == got["untested_BxC"] == 0, got
+
+
+# Issue 56: the study's design gives every cell one token budget, so a cell's cap in updates is
+# tokens / (B·C): about half of the grid censored, at different updates, and here varying by seed.
+TOKEN_CAPS = calibration.Truth(
+  sigma_point=0.3, sigma_seed=0.15, censored=0.5, cap="tokens", seed_cap_spread=0.3
+)
+
+
+def test_lack_of_fit_and_separability_hold_their_level_under_token_budget_caps():
+  draws = 300
+  got = calibration.lack_of_fit(TOKEN_CAPS, draws, seed=11)
+  for test in ("C", "B", "BxC"):
+    assert got[f"flagged_{test}"] * draws <= _at_most(0.01, draws), got  # 9 of 300
+
+
+def test_separability_finds_an_exponent_that_drifts_by_as_much_as_alpha():
+  """α changes by 0.37 from the smallest to the largest C of the exp1 grid (point scatter 0.1,
+  seed scatter 0.1): flagged in at least 90% of grids; the axis tests stay at their level."""
+  draws = 60
+  truth = calibration.Truth(sigma_point=0.1, sigma_seed=0.1, interaction=0.37)
+  got = calibration.lack_of_fit(truth, draws, seed=12)
+  assert got["flagged_BxC"] * draws >= _at_least(0.9, draws), got  # 47 of 60
+  assert got["flagged_C"] * draws <= _at_most(0.01, draws), got
+  assert got["flagged_B"] * draws <= _at_most(0.01, draws), got
+
+
+@pytest.mark.parametrize("truth", [POINTS_DEVIATE, TOKEN_CAPS], ids=["20% capped", "token caps"])
+def test_held_out_prediction_intervals_cover_left_out_cells(truth):
+  """Each grid point left out and predicted by the law refitted on the others: 95% of its
+  emerged cells inside their 95% one-cell interval, within 3.3 standard errors (the draws'
+  spread: a two-sided 1e-3 bound) and 2.5 points."""
+  got = calibration.held_out(truth, 30, seed=13)
+  assert abs(got["held_out_coverage"] - 0.95) <= max(3.3 * got["held_out_coverage_se"], 0.0), got
+  assert abs(got["held_out_coverage"] - 0.95) <= 0.025, got
 
 
 def test_lack_of_fit_flags_a_u_of_half_a_ln_unit():

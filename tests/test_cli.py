@@ -1,6 +1,7 @@
 """End-to-end: the installed ``ihsweep`` console script."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -184,7 +185,7 @@ OWN_FLAGS = {
   "train": ("config", "workdir", "progress"),
   "corpus fetch": ("cache_dir",),
   "corpus prepare": ("config",),
-  "predict": ("batch_size", "context_size", "law", "json"),
+  "predict": ("batch_size", "context_size", "law", "term", "json"),
   "plan": (
     "config",
     "grid",
@@ -211,6 +212,7 @@ FLAG_ARGS = {
   "batch_size": "--batch_size=32",
   "context_size": "--context_size=64",
   "law": "--law={tmp}/law.json",
+  "term": "--term=n_params=1e6",
   "json": "--json",
   "target": "--target=v5e:2x2",
   "compare_attention": "--compare_attention",
@@ -855,3 +857,67 @@ def test_predict_says_why_a_law_gives_no_interval(tmp_path, capsys, fields, word
     flags_lib.FLAGS.unparse_flags()
   out = capsys.readouterr().out.splitlines()
   assert out[1] == "  no interval: " + words.format(f=path), out
+
+
+TERMS_LAW = {  # a law as `python -m analysis fit-law --terms=data.frequency,data.reliability`
+  "log_T": 9.65,  # writes it: + gamma[X] ln X for each term
+  "alpha": 1.07,
+  "beta": -0.17,
+  "terms": ["data.frequency", "data.reliability"],
+  "gammas": {"data.frequency": 0.5, "data.reliability": -0.3},
+}
+
+
+def test_predict_with_a_law_with_terms_takes_each_terms_value(tmp_path, capsys):
+  """A law fitted with terms beyond B and C predicts exp(x·coef), x = (1, −ln B, −ln C, ln x_k,
+  ...), with each term's value from --term=COLUMN=VALUE; a term missing, one the law does not
+  have, a value that is no number or not positive: one line, exit 2."""
+  path = tmp_path / "law.json"
+  path.write_text(json.dumps(TERMS_LAW))
+
+  def predict(*args, law=f"--law={path}"):
+    argv = ["ihsweep", "predict", "--batch_size=8", "--context_size=64", law, *args]
+    flags_lib.FLAGS.unparse_flags()  # in one process, absl keeps an earlier call's values
+    try:
+      code = cli.main([a for a in argv if a])
+    finally:
+      flags_lib.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+  terms = ("--term=data.frequency=0.8", "--term=data.reliability=0.9")
+  x = (1.0, -math.log(8), -math.log(64), math.log(0.8), math.log(0.9))
+  coef = (9.65, 1.07, -0.17, 0.5, -0.3)
+  updates = math.exp(sum(a * b for a, b in zip(x, coef)))
+  code, out, err = predict(*terms, "--json")
+  assert code == 0, err
+  got = json.loads(out)
+  assert got["updates"] == pytest.approx(updates, rel=1e-12)
+  assert got["terms"] == {"data.frequency": 0.8, "data.reliability": 0.9}
+  assert got["law"]["gammas"] == TERMS_LAW["gammas"]
+  code, out, err = predict(*terms)
+  assert code == 0, err
+  assert out.splitlines()[0].startswith(
+    f"B = 8, C = 64, data.frequency = 0.8, data.reliability = 0.9: induction heads predicted "
+    f"after {updates:,.0f} updates"
+  ), out
+  assert "· data.frequency^0.5 · data.reliability^-0.3, ln T = 9.65" in out, out
+  for args, words in (
+    (terms[:1], f"the law in {path} also depends on data.reliability (fit-law --terms): give "
+     "--term=data.reliability=VALUE"),
+    ((*terms, "--term=n_params=1e6"), f"--term=n_params=1e+06: the law in {path} has no term in "
+     "n_params (its terms: data.frequency, data.reliability)"),
+    (("--term=data.frequency=-0.5", terms[1]), "data.frequency = -0.5: the law needs a positive "
+     "finite number"),
+    (("--term=data.frequency", terms[1]), "--term=data.frequency: expected COLUMN=NUMBER, e.g. "
+     "--term=data.frequency=0.8"),
+    ((*terms, "--term=data.frequency=0.7"), "--term data.frequency is given twice (0.8 and 0.7): "
+     "give it once"),
+  ):  # fmt: skip
+    assert predict(*args) == (2, "", f"ihsweep: {words}\n"), args
+  code, out, err = predict("--term=data.frequency=0.8", law="")
+  assert (code, err) == (
+    2,
+    "ihsweep: --term=data.frequency=0.8: the study's law has no term in data.frequency (it "
+    "takes B and C only)\n",
+  )

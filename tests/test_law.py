@@ -28,7 +28,17 @@ def _law_file(tmp_path, text):
       ["'log_T' = an integer of 401 digits"],
     ),
     ('{"T": 1' + "0" * 400 + ', "alpha": 0.37, "beta": 0.62}', ["T = an integer of 401 digits"]),
-    ('{"log_T": 10, "alpha": 0.3, "beta": 0.6, "gamma": 0.2}', ["gamma = 0.2", "model size"]),
+    ('{"log_T": 10, "alpha": 0.3, "beta": 0.6, "gammas": {"x": "1"}}', ["gammas['x'] = '1'"]),
+    (
+      '{"log_T": 10, "alpha": 0.3, "beta": 0.6, "terms": ["y"], "gammas": {"x": 1}}',
+      ["terms = ['y'] and gammas (of x) disagree"],
+    ),
+    (
+      '{"log_T": 10, "alpha": 0.3, "beta": 0.6, "gammas": {"x": 1}, "cov": '
+      '{"names": ["log_T", "alpha", "beta"], "matrix": [[1, 0, 0], [0, 1, 0], [0, 0, 1]]}}',
+      ["cov: need", "with log_T, alpha, beta, gamma[x]"],
+    ),
+    ('{"log_T": 10, "alpha": 0.3, "beta": 0.6, "gammas": {"batch_size": 1}}', ["batch_size"]),
   ],
 )
 def test_law_files_outside_the_domain_are_refused_in_one_short_line(tmp_path, text, words):
@@ -99,3 +109,84 @@ def test_the_studys_law_is_kept_in_one_place():
         )
   assert law_lib.STUDY == {"log_T": 13.26, "alpha": 0.37, "beta": 0.62, "r": 0.98}
   assert (Law().log_T, Law().alpha, Law().beta) == (13.26, 0.37, 0.62)
+
+
+# A law as `python -m analysis fit-law --terms=data.frequency,n_params` writes it (the keys Law
+# reads): ln UPT = ln T − α ln B − β ln C + γ[data.frequency] ln f + γ[n_params] ln N.
+TERMS_LAW = {
+  "log_T": 10.0,
+  "alpha": 0.4,
+  "beta": 0.6,
+  "terms": ["data.frequency", "n_params"],
+  "gammas": {"data.frequency": 0.5, "n_params": -0.1},
+  "sigma": 0.2,
+  "cov": {
+    "names": ["log_T", "alpha", "beta", "gamma[data.frequency]", "gamma[n_params]"],
+    "matrix": [
+      [0.3, 0.01, 0.02, 0.0, -0.01],
+      [0.01, 0.004, 0.0, 0.0, 0.0],
+      [0.02, 0.0, 0.005, 0.0, 0.0],
+      [0.0, 0.0, 0.0, 0.01, 0.0],
+      [-0.01, 0.0, 0.0, 0.0, 0.002],
+    ],
+    "t_dof": 9,
+  },
+  "range": {
+    "batch_size": [4, 64],
+    "context_size": [16, 256],
+    "data.frequency": [0.25, 1.0],
+    "n_params": [1e5, 1e7],
+  },
+}
+
+
+def test_a_law_with_terms_round_trips_and_needs_each_terms_value(tmp_path):
+  from scipy import stats
+
+  law = Law.from_json(_law_file(tmp_path, json.dumps(TERMS_LAW)))
+  assert law.terms == ("data.frequency", "n_params")
+  at = {"data.frequency": 0.5, "n_params": 1e6}
+  x = [1.0, -math.log(8), -math.log(64), math.log(0.5), math.log(1e6)]
+  coef = [10.0, 0.4, 0.6, 0.5, -0.1]
+  ln_upt = sum(a * b for a, b in zip(x, coef))
+  assert law.updates(8, 64, **at) == pytest.approx(math.exp(ln_upt), rel=1e-12)
+  assert law.tokens(8, 64, **at) == pytest.approx(math.exp(ln_upt) * 8 * 64, rel=1e-12)
+  cov = TERMS_LAW["cov"]["matrix"]
+  var = sum(x[i] * cov[i][j] * x[j] for i in range(5) for j in range(5))
+  half = stats.t.ppf(0.975, 9) * math.sqrt(var + 0.2**2)  # one cell: + sigma²
+  lo, hi = law.interval(8, 64, cell=True, **at)
+  assert (lo, hi) == pytest.approx((math.exp(ln_upt - half), math.exp(ln_upt + half)), rel=1e-9)
+  # written back (Law.to_dict) and read again: the same law
+  assert Law.from_json(_law_file(tmp_path, json.dumps(law.to_dict()))) == law
+  assert law.range_warnings(8, 64, **{**at, "data.frequency": 2.0}) == [
+    "data.frequency = 2 is outside the law's fitted range: fitted on data.frequency 0.25–1; "
+    "2 is 2× beyond"
+  ]
+  for given, words in (
+    ({"data.frequency": 0.5}, "this law also depends on n_params (+ gamma[n_params] ln "
+     "n_params): give its value"),
+    ({**at, "train.lr": 1e-3}, "train.lr is not a term of this law (its terms: data.frequency, "
+     "n_params)"),
+    ({**at, "data.frequency": 0.0}, "data.frequency = 0.0: the law needs a positive finite number"),
+  ):  # fmt: skip
+    with pytest.raises(LawError) as e:
+      law.updates(8, 64, **given)
+    assert str(e.value) == words
+
+
+def test_an_older_law_s_gamma_is_its_n_params_term(tmp_path):
+  """fit-law --with_params wrote ``gamma`` (and ``gamma`` in cov's names) before terms: read as
+  the term in n_params."""
+  old = {
+    "log_T": 10.0,
+    "alpha": 0.3,
+    "beta": 0.6,
+    "gamma": 0.2,
+    "cov": {"names": ["log_T", "alpha", "beta", "gamma"], "matrix": [[0.1] * 4] * 4, "t_dof": 5},
+  }
+  law = Law.from_json(_law_file(tmp_path, json.dumps(old)))
+  assert law.gammas == (("n_params", 0.2),) and len(law.cov) == 4
+  expected = math.exp(10 - 0.3 * math.log(8) - 0.6 * math.log(64) + 0.2 * math.log(1e6))
+  assert law.updates(8, 64, n_params=1e6) == pytest.approx(expected, rel=1e-12)
+  with pytest.raises(LawError, match=r"also depends on n_params"):
+    law.updates(8, 64)

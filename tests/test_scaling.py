@@ -191,7 +191,7 @@ def test_json_keys_and_prediction_intervals():
     "form",
   }
   new = {"sigma", "method", "n_emerged", "cov", "range", "n_grid_points", "study_r"}
-  assert set(law) == old | new | {"emerged_only", "lack_of_fit"}
+  assert set(law) == old | new | {"emerged_only", "lack_of_fit", "separability", "held_out"}
   assert set(law["emerged_only"]) == old | new
   assert law["method"] == "censored log-normal MLE" and law["emerged_only"]["method"] == law_fit.LSQ
   assert law["range"] == {"batch_size": [4, 128], "context_size": [16, 512]}

@@ -11,7 +11,13 @@ import sys
 ARGUMENTS = {
   "--n_boot": dict(type=int, default=2000, help="bootstrap resamples (default 2000)"),
   "--with_params": dict(
-    action="store_true", help="also fit + gamma ln n_params (model-size dependence)"
+    action="store_true",
+    help="also fit + gamma[n_params] ln n_params (model-size dependence): --terms=n_params",
+  ),
+  "--terms": dict(
+    metavar="COLUMN[,COLUMN...]",
+    help="also fit + gamma[X] ln X for each column X of the emergence points (positive "
+    "numbers that vary among the emerged cells), e.g. --terms=data.frequency,data.reliability",
   ),
 }
 # The spellings these commands had before they took the other ihsweep commands' (absl's:
@@ -56,6 +62,19 @@ def fail(args, message: str) -> int:
   return 2
 
 
+def law_terms(args) -> tuple[tuple, str | None]:
+  """``(the law's terms beyond B and C from --terms and --with_params, None)``, or ``((), why
+  they are refused)``: --with_params beside other terms, or a term that is B or C, says when a
+  cell emerged, has no name or is given twice (``law_points.law_terms``)."""
+  from .. import law_points
+
+  given = () if args.terms is None else tuple(c.strip() for c in args.terms.split(","))
+  try:
+    return law_points.law_terms(given, args.with_params), None
+  except law_points.FitError as e:
+    return (), f"--terms={args.terms}" + (" --with_params" if args.with_params else "") + f": {e}"
+
+
 def bad_n_boot(args) -> int | None:
   """Exit code 2 after one line for a negative --n_boot or --seed; None if they are fine."""
   if args.n_boot < 0:
@@ -79,25 +98,33 @@ def law_table(law: dict, sensitivity: dict | None = None, tablefmt: str = "plain
 
 
 def law_rows(law: dict, sensitivity: dict | None = None) -> tuple[tuple, list[tuple]]:
-  """``law_table``'s ``(headers, rows)`` of text."""
-  from ihsweep.base.law import STUDY
+  """``law_table``'s ``(headers, rows)`` of text; a law with terms beyond B and C (``terms``,
+  ``gammas``) gets a column ``gamma[X]`` per term."""
+  from ihsweep.base.law import STUDY, term_column, term_name
 
+  from ..lack_of_fit import caution
   from ..law_fit import MLE
 
   with_sigma = "sigma" in law
+  gammas = [term_name(t) for t in law.get("terms") or []]
 
   def row(label, fit, cells):
     ci = fit.get("ci") or {}
 
     def value(name):
-      text = f"{fit[name]:.2f}"
+      column = term_column(name)
+      v = (fit.get("gammas") or {}).get(column) if column else fit[name]
+      if v is None:  # a fit without that term
+        return ""
+      text = f"{v:.2f}"
       if name in (fit.get("fixed") or {}):
         return text + " (fixed)"
-      return text + (f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else "")
+      text += f" [{ci[name][0]:.2f}, {ci[name][1]:.2f}]" if name in ci else ""
+      return text + caution(law, name)
 
     r = "-" if fit.get("r") is None else f"{fit['r']:.2f}"
     return (
-      (label, value("log_T"), value("alpha"), value("beta"))
+      (label, value("log_T"), value("alpha"), value("beta"), *map(value, gammas))
       + ((value("sigma") if "sigma" in fit else "",) if with_sigma else ())
       + (r, cells)
     )
@@ -120,10 +147,13 @@ def law_rows(law: dict, sensitivity: dict | None = None) -> tuple[tuple, list[tu
   study_r = "-" if law.get("study_r") is None else f"{law['study_r']:.2f}"
   rows.append(
     ("study (published)", f"{STUDY['log_T']:.2f}", f"{STUDY['alpha']:.2f}", f"{STUDY['beta']:.2f}")
+    + ("",) * len(gammas)
     + (("",) if with_sigma else ())
     + (study_r, f"(published r {STUDY['r']:.2f} on the study's cells)")
   )
   headers = (
-    ("", "ln T", "alpha (B)", "beta (C)") + (("sigma",) if with_sigma else ()) + ("r", "cells")
+    ("", "ln T", "alpha (B)", "beta (C)", *gammas)
+    + (("sigma",) if with_sigma else ())
+    + ("r", "cells")
   )
   return headers, rows

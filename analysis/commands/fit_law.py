@@ -8,18 +8,20 @@ import json
 import math
 import sys
 
-from .common import add, bad_n_boot, fail, law_table
+from .common import add, bad_n_boot, fail, law_table, law_terms
 
 NAME = "fit-law"
 HELP = "fit the emergence law to a CSV of emergence points"
 DESCRIPTION = (
   "CSV columns batch_size, context_size, emergence_step (updates; empty = censored), "
   "censor_step (updates; needed for censored rows: the last checkpoint without emergence), "
-  "optionally censored and n_params. Fits the law by censored log-normal maximum likelihood "
-  "(censored cells enter by their survival term) and, for comparison, by least squares on "
-  "emerged cells. Prints one JSON object on stdout: log_T, T, alpha, beta, sigma, r, n, "
-  "n_censored, ci (95 percent intervals from a bootstrap over grid points), cov, range, "
-  "emerged_only, ...; and a table of both fits on stderr. An analysis emergence.csv is read at "
+  "optionally censored and the columns of --terms. Fits ln UPT = ln T - alpha ln B - beta ln C "
+  "(+ gamma[X] ln X for each column X of --terms, e.g. n_params, data.frequency) by censored "
+  "log-normal maximum likelihood (censored cells enter by their survival term) and, for "
+  "comparison, by least squares on emerged cells. Prints one JSON object on stdout: log_T, T, "
+  "alpha, beta, terms and gammas (with --terms), sigma, r, n, n_censored, ci (95 percent "
+  "intervals from a bootstrap over grid points), cov, range, emerged_only, ...; and a table of "
+  "both fits on stderr. An analysis emergence.csv is read at "
   "--metric/--method (default ps_max/threshold)."
 )
 USES_DEVICES = False
@@ -31,14 +33,15 @@ def add_arguments(f: argparse.ArgumentParser) -> None:
     required=True,
     help="emergence points (e.g. DIR/analysis/emergence.csv filtered to one metric and method)",
   )
-  add(f, "--with_params", "--n_boot")
+  add(f, "--terms", "--with_params", "--n_boot")
   f.add_argument("--seed", type=int, default=0, help="bootstrap seed")
   f.add_argument(
     "--fix",
     action="append",
     default=[],
     metavar="NAME=VALUE",
-    help="hold a coefficient fixed, e.g. alpha=0.37 when B was not varied",
+    help="hold a coefficient fixed, e.g. alpha=0.37 when B was not varied, or "
+    "gamma[data.frequency]=0.5 for a term of --terms",
   )
   f.add_argument("--metric", help="with an emergence.csv: rows of this metric (default ps_max)")
   f.add_argument("--method", help="with an emergence.csv: rows of this method (default threshold)")
@@ -91,6 +94,9 @@ def main(args) -> int:
   fixed, problem = _fixed(args)
   if problem:
     return fail(args, problem)
+  terms, problem = law_terms(args)
+  if problem:
+    return fail(args, problem)
   points, problem = _points(args)
   if problem:
     return fail(args, problem)
@@ -100,7 +106,7 @@ def main(args) -> int:
   try:
     fit = scaling.fit_law(
       points,
-      with_params=args.with_params,
+      terms=terms,
       n_boot=args.n_boot,
       seed=args.seed,
       fixed=fixed,
@@ -128,7 +134,8 @@ def fit_summary(law: dict) -> str:
     if law.get("n_boot")
     else "no intervals"
   )
-  lines = [f"law: ln UPT = ln T - alpha ln B - beta ln C (updates); {boot}"]
+  form = law.get("form") or "ln UPT = ln T - alpha ln B - beta ln C"
+  lines = [f"law: {form} (updates); {boot}"]
   lines += ["  " + line for line in law_table(law).splitlines()]
   n_cens = law.get("n_censored") or 0
   if n_cens:
@@ -147,4 +154,23 @@ def fit_summary(law: dict) -> str:
     lines.append(f"r {law['r_note']}")
   for t in law.get("lack_of_fit") or []:
     lines.append(f"lack of fit in {t['symbol']}: {t['sentence']}" if t["tested"] else t["sentence"])
+  if law.get("separability"):
+    lines.append(f"separability: {law['separability']['sentence']}")
+  if not law.get("lack_of_fit") and not law.get("separability"):
+    lines.append(f"lack of fit and separability not tested: {untested_reason(law)}")
+  if law.get("held_out"):
+    lines.append(f"held-out prediction: {law['held_out']['sentence']}")
   return "\n".join(lines)
+
+
+def untested_reason(law: dict) -> str:
+  """Why a law has no lack-of-fit or separability test: coefficients held fixed (``--fix``)
+  or a term beyond B and C (their tests compare levels of B and C at fixed other values)."""
+  fixed = law.get("fixed") or {}
+  if fixed:
+    held = ", ".join(f"{k} = {v:g}" for k, v in fixed.items())
+    return (
+      f"{held} held fixed (--fix): the tests compare free levels of B and C with the "
+      f"fitted exponents, which a fixed exponent does not have"
+    )
+  return "the law has terms beyond B and C; the tests compare levels of B and C alone"

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from .. import outputs
-from .common import add, bad_n_boot, fail, law_table
+from .common import add, bad_n_boot, fail, law_table, law_terms
 
 NAME = "report"
 HELP = "curves, emergence points, law, figures and report.md/.html"
@@ -78,7 +78,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     help=f"held-out sequences per model and checkpoint, or 'all' (default "
     f"{curves.DEFAULT_SEQUENCES})",
   )
-  add(r, "--n_boot", "--with_params")
+  add(r, "--n_boot", "--terms", "--with_params")
   r.add_argument("--noprogress", dest="no_progress", action="store_true", help="no progress bar")
 
 
@@ -100,6 +100,9 @@ def _report(args) -> int:
     return failed
   if not 0 < args.fraction < 1:
     return fail(args, f"--fraction {args.fraction}: must be in (0, 1)")
+  terms, problem = law_terms(args)
+  if problem:
+    return fail(args, problem)
   opts = report.Options(
     metric=args.metric,
     method=args.method,
@@ -109,7 +112,7 @@ def _report(args) -> int:
     n_boot=args.n_boot,
     n_probes=args.probes,
     n_sequences=args.sequences,
-    with_params=args.with_params,
+    terms=terms,
     progress=not args.no_progress,
   )
   try:

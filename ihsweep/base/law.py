@@ -16,6 +16,11 @@ cell-to-cell scatter of ln UPT about the law; from them ``Law.interval`` gives t
 predicted median and a prediction interval for one cell (``log_half_width``). Its ``range`` (the
 B and C it was fitted on) lets ``Law.range_warnings`` say when a prediction extrapolates. The
 study's law is published without intervals, so the default ``Law()`` has none.
+
+A law fitted with ``fit-law --terms=COLUMN,...`` has terms beyond B and C: ln UPT gains
++ γ_k ln x_k for each column x_k (e.g. ``n_params``, ``data.frequency``), its coefficient named
+``gamma[COLUMN]`` (``term_name``); its predictions need each term's value
+(``Law.updates(B, C, **{"data.frequency": 0.8})``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,17 @@ class LawError(IhsweepError, ValueError):
   """A law file that cannot be read, or a (B, C) outside the law's domain."""
 
 
+def term_name(column: str) -> str:
+  """The name of the coefficient of a law's term + γ ln ``column``: ``gamma[column]``."""
+  return f"gamma[{column}]"
+
+
+def term_column(name: str) -> str | None:
+  """The column of a term's coefficient name (``gamma[data.frequency]`` → ``data.frequency``);
+  None for any other name (log_T, alpha, beta)."""
+  return name[6:-1] if name.startswith("gamma[") and name.endswith("]") else None
+
+
 def log_half_width(x, cov, sigma: float = 0.0, level: float = 0.95, t_dof: float | None = None):
   """Half-width of a ``level`` interval of ln UPT: q·sqrt(xᵀ·cov·x + σ²) — σ = 0: the interval
   of the law's median (its coefficients' uncertainty); σ > 0: a prediction interval for one new
@@ -45,8 +61,8 @@ def log_half_width(x, cov, sigma: float = 0.0, level: float = 0.95, t_dof: float
   bootstrap distribution of the predicted ln UPT.
 
   Args:
-    x: array-like (..., k): the design row(s) (1, −ln B, −ln C[, ln n_params]).
-    cov: (k, k) covariance of the coefficients (log_T, alpha, beta[, gamma]).
+    x: array-like (..., k): the design row(s) (1, −ln B, −ln C, ln x_1, ...: one per term).
+    cov: (k, k) covariance of the coefficients (log_T, alpha, beta, gamma[x_1], ...).
   Returns:
     float or ndarray (...,), in ln units.
   Raises:
@@ -102,25 +118,37 @@ STUDY_CONTEXT_RANGE = (64, 1024)
 
 @dataclasses.dataclass(frozen=True)
 class Law:
-  """``UPT = exp(log_T) / (B^alpha · C^beta)`` (natural log; the study's values by default)."""
+  """``UPT = exp(log_T) / (B^alpha · C^beta)`` (natural log; the study's values by default),
+  times ``x_k^gamma_k`` for each term beyond B and C (``gammas``; none by default)."""
 
   log_T: float = STUDY["log_T"]
   alpha: float = STUDY["alpha"]
   beta: float = STUDY["beta"]
   source: str = "Aoyama et al. 2025 (arXiv 2511.16893), experiment 1"
   # A fitted law's uncertainty and domain (None: not known, as for the study's law).
-  cov: tuple | None = None  # 3 × 3 covariance of (log_T, alpha, beta), tuples of floats
+  cov: tuple | None = None  # covariance of (log_T, alpha, beta, gamma[x_k]...), tuples of floats
   t_dof: float | None = None  # degrees of freedom of the interval's t quantile (None: normal)
   sigma: float | None = None  # scatter of ln UPT of one cell about the law
   batch_range: tuple | None = None  # (min, max) B the law was fitted on
   context_range: tuple | None = None  # (min, max) C the law was fitted on
+  # Terms beyond B and C, in the law's order: ((column, gamma), ...) (a dict is taken too).
+  gammas: tuple = ()
+  term_ranges: tuple = ()  # ((column, (min, max)), ...): the term values the law was fitted on
 
   def __post_init__(self):
-    """Raises LawError for a coefficient that is not a finite number, or |log_T| > MAX_LOG_T."""
+    """Raises LawError for a coefficient that is not a finite number, |log_T| > MAX_LOG_T, or a
+    term in B or C (or without a column name)."""
+    object.__setattr__(self, "gammas", tuple(dict(self.gammas).items()))  # frozen: hashable
+    object.__setattr__(self, "term_ranges", tuple(dict(self.term_ranges).items()))
     for key in ("log_T", "alpha", "beta"):
       v = getattr(self, key)
       if not _finite(v):
         raise LawError(f"{key} = {_show(v)}: need a finite number")
+    for column, v in self.gammas:
+      if not isinstance(column, str) or column in ("", "batch_size", "context_size"):
+        raise LawError(f"a term in {column!r}: need a column other than batch_size, context_size")
+      if not _finite(v):
+        raise LawError(f"{term_name(column)} = {_show(v)}: need a finite number")
     if abs(self.log_T) > MAX_LOG_T:
       raise LawError(
         f"log_T = {self.log_T:.4g}: need |log_T| <= {MAX_LOG_T} (T = e^log_T "
@@ -131,34 +159,77 @@ class Law:
   def T(self) -> float:
     return math.exp(self.log_T)
 
+  @property
+  def terms(self) -> tuple:
+    """The columns of the law's terms beyond B and C, in order (() for the study's law)."""
+    return tuple(column for column, _ in self.gammas)
+
+  def term_problems(self, terms) -> tuple[list, list]:
+    """``(missing, unknown)``: the law's terms without a value in ``terms`` (columns), and the
+    columns of ``terms`` that are no term of the law."""
+    return [k for k in self.terms if k not in terms], [k for k in terms if k not in self.terms]
+
+  def _x(self, batch_size: float, context_size: float, terms: dict) -> tuple:
+    """The design row (1, −ln B, −ln C, ln x_k...) of the coefficients (log_T, alpha, beta,
+    gamma[x_k]...).
+
+    Raises:
+      LawError: a term of the law without a value, a value for a term the law does not have,
+        or B, C or a term's value that is not a positive finite number.
+    """
+    missing, unknown = self.term_problems(terms)
+    if unknown:
+      has = ", ".join(self.terms) if self.terms else "none: it takes B and C only"
+      raise LawError(f"{unknown[0]} is not a term of this law (its terms: {has})")
+    if missing:
+      raise LawError(
+        f"this law also depends on {', '.join(missing)} ("
+        + " ".join(f"+ {term_name(k)} ln {k}" for k in missing)
+        + f"): give {'its value' if len(missing) == 1 else 'their values'}"
+      )
+    given = (("batch_size", batch_size), ("context_size", context_size), *terms.items())
+    for name, v in given:
+      if not _finite(v) or not v > 0:
+        raise LawError(f"{name} = {_show(v)}: the law needs a positive finite number")
+    logs = (math.log(terms[k]) for k in self.terms)
+    return (1.0, -math.log(batch_size), -math.log(context_size), *logs)
+
   def interval(
-    self, batch_size: float, context_size: float, *, level: float = 0.95, cell: bool = False
+    self,
+    batch_size: float,
+    context_size: float,
+    *,
+    level: float = 0.95,
+    cell: bool = False,
+    **terms: float,
   ) -> tuple[float, float]:
     """``(lo, hi)`` updates: the ``level`` interval of the predicted median UPT (the law's own
     uncertainty), or with ``cell`` the prediction interval for one cell (adds ``sigma``²):
-    exp(ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²))), x = (1, −ln B, −ln C) (``log_half_width``). Times
-    B·C for tokens.
+    exp(ln UPT ± q·sqrt(xᵀ·cov·x (+ σ²))), x = (1, −ln B, −ln C, ln x_k...)
+    (``log_half_width``). ``terms``: each term's value, as ``updates`` takes them. Times B·C
+    for tokens.
 
     Raises:
       LawError: as ``updates``; or the law has no ``cov`` (or, with ``cell``, no ``sigma``).
     """
-    median = self.updates(batch_size, context_size)
+    median = self.updates(batch_size, context_size, **terms)
     if self.cov is None or (cell and self.sigma is None):
       raise LawError(
         f"{self.source}: no interval (the law stores no {'cov' if self.cov is None else 'sigma'})"
       )
-    x = (1.0, -math.log(batch_size), -math.log(context_size))
+    x = self._x(batch_size, context_size, terms)
     half = float(log_half_width(x, self.cov, self.sigma if cell else 0.0, level, self.t_dof))
     return median * math.exp(-half), median * math.exp(half)
 
-  def range_warnings(self, batch_size: float, context_size: float) -> list[str]:
-    """One sentence per B or C outside the range the law was fitted on, e.g. "C = 1024 is
-    outside the law's fitted range: fitted on C 16–64; 1024 is 16× beyond"; [] inside it or
-    when the range is not known."""
+  def range_warnings(self, batch_size: float, context_size: float, **terms: float) -> list[str]:
+    """One sentence per B, C or term value (``terms``: column → value) outside the range the
+    law was fitted on, e.g. "C = 1024 is outside the law's fitted range: fitted on C 16–64;
+    1024 is 16× beyond"; [] inside it or when the range is not known."""
     out = []
     for name, v, span in (
       ("B", batch_size, self.batch_range),
       ("C", context_size, self.context_range),
+      *((column, terms.get(column), span) for column, span in self.term_ranges),
     ):
       if span is None or not _finite(v) or v <= 0:
         continue
@@ -174,17 +245,19 @@ class Law:
       )
     return out
 
-  def updates(self, batch_size: float, context_size: float) -> float:
-    """Predicted updates at the transition (float, in [1, e^MAX_LOG_UPDATES]).
+  def updates(self, batch_size: float, context_size: float, **terms: float) -> float:
+    """Predicted updates at the transition (float, in [1, e^MAX_LOG_UPDATES]); ``terms``: the
+    value of each of the law's terms beyond B and C, by column (a dotted column by
+    ``**{"data.frequency": 0.8}``).
 
     Raises:
-      LawError: if B or C is not a positive finite number, or the prediction is below one
-        update or above e^MAX_LOG_UPDATES (a law or (B, C) far outside any run).
+      LawError: if B, C or a term's value is not a positive finite number, a term of the law
+        is not given or one it does not have is, or the prediction is below one update or
+        above e^MAX_LOG_UPDATES (a law or (B, C) far outside any run).
     """
-    for name, v in (("batch_size", batch_size), ("context_size", context_size)):
-      if not _finite(v) or not v > 0:
-        raise LawError(f"{name} = {_show(v)}: the law needs a positive finite number")
-    log_upt = self.log_T - self.alpha * math.log(batch_size) - self.beta * math.log(context_size)
+    x = self._x(batch_size, context_size, terms)
+    coef = (self.log_T, self.alpha, self.beta, *(g for _, g in self.gammas))
+    log_upt = sum(c * v for c, v in zip(coef, x))  # ln T − α ln B − β ln C + Σ γ_k ln x_k
     if not 0 <= log_upt <= MAX_LOG_UPDATES:  # NaN too (inf - inf)
       bound = (
         f"more than e^{MAX_LOG_UPDATES}"
@@ -196,17 +269,20 @@ class Law:
       raise LawError(
         f"the law (log_T = {self.log_T:.4g}, alpha = {self.alpha:.4g}, beta = "
         f"{self.beta:.4g}) predicts e^{log_upt:.4g} updates for B = {batch_size:g}, "
-        f"C = {context_size:g}: outside any run ({bound})"
+        f"C = {context_size:g}"
+        + "".join(f", {k} = {v:g}" for k, v in terms.items())
+        + f": outside any run ({bound})"
       )
     return math.exp(log_upt)
 
-  def tokens(self, batch_size: float, context_size: float) -> float:
-    """Predicted tokens per model at the transition: UPT · B · C.
+  def tokens(self, batch_size: float, context_size: float, **terms: float) -> float:
+    """Predicted tokens per model at the transition: UPT · B · C (``terms`` as ``updates``).
 
     Raises:
       LawError: as ``updates``, or when UPT · B · C is not a finite float.
     """
-    tokens = self.updates(batch_size, context_size) * float(batch_size) * float(context_size)
+    upt = self.updates(batch_size, context_size, **terms)
+    tokens = upt * float(batch_size) * float(context_size)
     if not math.isfinite(tokens):
       raise LawError(
         f"B = {batch_size:g}, C = {context_size:g}: the predicted tokens overflow a float"
@@ -221,20 +297,20 @@ class Law:
       "beta": self.beta,
       "source": self.source,
     }
+    if self.gammas:
+      out["terms"], out["gammas"] = list(self.terms), dict(self.gammas)
     if self.sigma is not None:
       out["sigma"] = self.sigma
     if self.cov is not None:
       out["cov"] = {
-        "names": ["log_T", "alpha", "beta"],
+        "names": ["log_T", "alpha", "beta", *map(term_name, self.terms)],
         "matrix": [list(r) for r in self.cov],
         "t_dof": self.t_dof,
       }
-    if self.batch_range is not None or self.context_range is not None:
-      out["range"] = {
-        k: list(v)
-        for k, v in (("batch_size", self.batch_range), ("context_size", self.context_range))
-        if v
-      }
+    spans = (("batch_size", self.batch_range), ("context_size", self.context_range))
+    spans += self.term_ranges
+    if any(v for _, v in spans):
+      out["range"] = {k: list(v) for k, v in spans if v}
     return out
 
   @classmethod
@@ -244,14 +320,15 @@ class Law:
     fitted law.
 
     Also read when present (fit-law writes them; older files without them still load):
+    ``terms`` and ``gammas`` (``fit-law --terms``: ``["data.frequency", ...]`` and
+    ``{"data.frequency": gamma, ...}``; an older file's ``gamma`` is the n_params term),
     ``sigma`` (a number >= 0), ``cov`` (``{"names": [...], "matrix": [[...]], "t_dof": n}``
-    with log_T, alpha, beta among the names) and ``range`` (``{"batch_size": [min, max],
-    "context_size": [min, max]}``).
+    with log_T, alpha, beta and each term's ``gamma[COLUMN]`` among the names) and ``range``
+    (``{"batch_size": [min, max], "context_size": [min, max]}``, and each term's column).
 
     Raises:
       LawError: unreadable file, not a JSON object, missing/non-numeric/non-finite fields,
-        |log_T| > MAX_LOG_T, ``T`` and ``log_T`` that disagree, a law that also depends on
-        the model size (a fitted ``gamma``: this law takes B and C only), or a malformed
+        |log_T| > MAX_LOG_T, ``T`` and ``log_T`` that disagree, or malformed terms, gammas,
         sigma, cov or range (naming the field).
     """
     try:
@@ -286,14 +363,9 @@ class Law:
       if not _finite(v):
         raise LawError(f"law file {path}: field {key!r} = {_show(v)}; need a finite number")
       values[key] = float(v)
-    if obj.get("gamma") is not None:
-      raise LawError(
-        f"law file {path}: gamma = {obj['gamma']!r}: this law also depends on the "
-        f"model size (ln UPT + gamma ln n_params); predictions here take B and C "
-        f"only: fit it without gamma"
-      )
     try:
-      values.update(_uncertainty(obj))
+      values["gammas"] = _gammas(obj)
+      values.update(_uncertainty(obj, tuple(k for k, _ in values["gammas"])))
     except LawError as e:
       raise LawError(f"law file {path}: {e}") from None
     try:
@@ -302,9 +374,42 @@ class Law:
       raise LawError(f"law file {path}: {e}") from None
 
 
-def _uncertainty(obj: dict) -> dict:
-  """The ``Law`` fields cov, t_dof, sigma, batch_range, context_range from a law JSON's
-  ``cov``, ``sigma`` and ``range`` (absent or null: not set).
+def _gammas(obj: dict) -> tuple:
+  """A law JSON's terms beyond B and C as ``((column, gamma), ...)`` in the order of ``terms``:
+  ``gammas`` ({column: gamma}), or an older file's ``gamma`` (the n_params term); () without.
+
+  Raises:
+    LawError: gammas not an object of finite numbers, terms that name other columns, or a
+      ``gamma`` that disagrees with ``gammas["n_params"]``.
+  """
+  gammas, terms, gamma = obj.get("gammas"), obj.get("terms"), obj.get("gamma")
+  if gammas is None and gamma is not None:
+    gammas = {"n_params": gamma}  # a law from before terms: gamma is the model-size term
+  if gammas is None:
+    if terms:
+      raise LawError(f"terms = {_show(terms)} without gammas: need {{column: gamma}} for each")
+    return ()
+  if not isinstance(gammas, dict):
+    raise LawError(f'gammas = {_show(gammas)}: need {{"COLUMN": gamma, ...}}')
+  order = list(gammas) if terms is None else terms
+  if (
+    not isinstance(order, list)
+    or not all(isinstance(column, str) for column in order)
+    or sorted(order) != sorted(gammas)
+  ):
+    raise LawError(f"terms = {_show(terms)} and gammas (of {', '.join(gammas)}) disagree")
+  for column in order:
+    if not _finite(gammas[column]):
+      raise LawError(f"gammas[{column!r}] = {_show(gammas[column])}: need a finite number")
+  if gamma is not None and gamma != gammas.get("n_params"):
+    raise LawError(f"gamma = {_show(gamma)} and gammas disagree (gamma is the n_params term)")
+  return tuple((column, float(gammas[column])) for column in order)
+
+
+def _uncertainty(obj: dict, terms: tuple = ()) -> dict:
+  """The ``Law`` fields cov, t_dof, sigma, batch_range, context_range and term_ranges from a
+  law JSON's ``cov``, ``sigma`` and ``range`` (absent or null: not set), for a law with the
+  terms ``terms`` (columns).
 
   Raises:
     LawError: a field of the wrong shape or with a value that is not a finite number (negative
@@ -318,8 +423,10 @@ def _uncertainty(obj: dict) -> dict:
     out["sigma"] = float(sigma)
   cov = obj.get("cov")
   if cov is not None:
-    want = ["log_T", "alpha", "beta"]
+    want = ["log_T", "alpha", "beta", *map(term_name, terms)]
     names = cov.get("names") if isinstance(cov, dict) else None
+    if isinstance(names, list):  # an older file's gamma: the n_params term
+      names = [term_name("n_params") if n == "gamma" else n for n in names]
     matrix = cov.get("matrix") if isinstance(cov, dict) else None
     if (
       not isinstance(names, list)
@@ -329,13 +436,13 @@ def _uncertainty(obj: dict) -> dict:
       or not all(isinstance(row, list) and len(row) == len(names) for row in matrix)
     ):
       raise LawError(
-        'cov: need {"names": [...] with log_T, alpha, beta, "matrix": a square list '
+        f'cov: need {{"names": [...] with {", ".join(want)}, "matrix": a square list '
         "of lists, one row per name}"
       )
     idx = [names.index(n) for n in want]
     sub = tuple(tuple(matrix[i][j] for j in idx) for i in idx)
     bad = [v for row in sub for v in row if not _finite(v)]
-    if bad or any(sub[i][i] < 0 for i in range(3)):
+    if bad or any(sub[i][i] < 0 for i in range(len(want))):
       raise LawError(
         f"cov: {_show(bad[0]) if bad else 'a negative variance'}: need finite "
         f"numbers and variances >= 0"
@@ -350,7 +457,9 @@ def _uncertainty(obj: dict) -> dict:
   if span is not None:
     if not isinstance(span, dict):
       raise LawError('range: need {"batch_size": [min, max], "context_size": [min, max]}')
-    for key, field in (("batch_size", "batch_range"), ("context_size", "context_range")):
+    term_ranges = []
+    fields = [("batch_size", "batch_range"), ("context_size", "context_range")]
+    for key, field in fields + [(column, None) for column in terms]:
       v = span.get(key)
       if v is None:
         continue
@@ -361,5 +470,10 @@ def _uncertainty(obj: dict) -> dict:
         or not 0 < v[0] <= v[1]
       ):
         raise LawError(f"range.{key} = {_show(v)}: need [min, max] with 0 < min <= max")
-      out[field] = (float(v[0]), float(v[1]))
+      if field:
+        out[field] = (float(v[0]), float(v[1]))
+      else:
+        term_ranges.append((key, (float(v[0]), float(v[1]))))
+    if term_ranges:
+      out["term_ranges"] = tuple(term_ranges)
   return out

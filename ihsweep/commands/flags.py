@@ -44,7 +44,8 @@ flags.DEFINE_string(
   "law",
   None,
   'an emergence law JSON {"log_T": ..., "alpha": ..., "beta": ...} (or "T" for log_T; other '
-  'keys ignored, but a fitted "gamma" (model size) is refused; e.g. from ihsweep fit-law). '
+  'keys ignored; e.g. from ihsweep fit-law; a law with "terms" beyond B and C predicts only '
+  "with each term's value, which predict takes). "
   f"predict: default the study's ln T = {STUDY['log_T']}, alpha = {STUDY['alpha']}, "
   f"beta = {STUDY['beta']}; a law from fit-law "
   "also gives 95% intervals and warns outside the B and C it was fitted on. plan: where an "
@@ -58,10 +59,17 @@ flags.DEFINE_multi_string(
   "--grid=train.batch_size=8,16",
 )
 flags.DEFINE_multi_string("zip", [], "an axis of values varied together with the other --zip axes")
+flags.DEFINE_multi_string(
+  "term",
+  [],
+  "predict: the value of one of the law's terms beyond B and C (its law.json's \"terms\", "
+  "from fit-law; the law gains + gamma[COLUMN] ln VALUE), e.g. --term=data.frequency=0.8; "
+  "one per term",
+)
 flags.DEFINE_bool(
   "json",
   False,
-  "one JSON object. predict: batch_size, context_size, updates, tokens, interval, "
+  "one JSON object. predict: batch_size, context_size, terms, updates, tokens, interval, "
   "prediction_interval, warnings, law; plan: groups, phases, schedule, makespan_s, "
   "utilisation, layouts (each with refused and best)",
 )
@@ -142,6 +150,7 @@ FORMS = {
   "batch_size": "--batch_size=B",
   "context_size": "--context_size=C",
   "law": "--law=FILE",
+  "term": "--term=COLUMN=VALUE",
   "json": "--[no]json",
   "target": "--target=NAME",
   "cache_dir": "--cache_dir=DIR",
@@ -248,10 +257,11 @@ def check(command: str, found, positional, command_flags) -> str | None:
 
 def _given_twice(found) -> str | None:
   """A one-value flag given twice with different values (absl keeps the last silently);
-  ``--grid``/``--zip`` are repeatable, and a later ``--config.X`` overrides an earlier one."""
+  ``--grid``/``--zip``/``--term`` are repeatable, and a later ``--config.X`` overrides an
+  earlier one."""
   given = {}
   for name, flag, value in found:
-    if flag in ("grid", "zip") or "." in name:
+    if flag in ("grid", "zip", "term") or "." in name:
       continue
     typed = f"--{name}" + (f"={value}" if value is not None else "")
     if given.setdefault(flag, typed) != typed:

@@ -11,19 +11,25 @@ from ihsweep.commands.flags import FLAGS
 
 NAME = "predict"
 DESCRIPTION = "updates and tokens until induction heads form, by the emergence law"
-FLAG_NAMES = ("batch_size", "context_size", "law", "json")
+FLAG_NAMES = ("batch_size", "context_size", "law", "term", "json")
 FLAGS_ONLY, COMPILES, TRAINS = True, False, False
 USES_DEVICES = False  # reads files only: no JAX imported (tests/test_cli.py checks)
-USAGE = "usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] [--json]"
+USAGE = (
+  "usage: ihsweep predict --batch_size=B --context_size=C [--law=FILE] "
+  "[--term=COLUMN=VALUE ...] [--json]"
+)
 ABOUT = """\
-Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form."""
+Updates (UPT = T / (B^alpha · C^beta)) and tokens (UPT · B · C) until induction heads form; a
+law fitted with terms beyond B and C (law.json's "terms") takes each term's value by --term."""
 
 
 def main(argv) -> int:
   """The law's updates and tokens at (B, C); with a fitted law that stores its uncertainty
   (``cov``, ``sigma``: ``python -m analysis fit-law``), the 95% interval of the median and the
   95% prediction interval for one cell (``Law.interval``); a warning (stderr, and ``warnings``
-  in --json) for a B or C outside the law's fitted ``range``."""
+  in --json) for a B, C or term value outside the law's fitted ``range``. A law with terms
+  beyond B and C (``fit-law --terms``) needs ``--term=COLUMN=VALUE`` for each of them, and no
+  other: refused in one line otherwise."""
   del argv
   from ihsweep.base.law import STUDY_BATCH_RANGE, STUDY_CONTEXT_RANGE, Law, LawError
 
@@ -32,28 +38,111 @@ def main(argv) -> int:
   failed = empty_law("study's")
   if failed is not None:
     return failed
+  terms, problem = _terms(FLAGS.term)
+  if problem:
+    return fail(problem)
   try:
     if FLAGS.law:
       law = Law.from_json(FLAGS.law)
     else:  # the study's law, with the grid it was fitted on
       law = Law(batch_range=STUDY_BATCH_RANGE, context_range=STUDY_CONTEXT_RANGE)
+    problem = _term_problem(law, terms)
+    if problem:
+      return fail(problem)
     b, c = FLAGS.batch_size, FLAGS.context_size
-    updates, tokens = law.updates(b, c), law.tokens(b, c)
-    median = law.interval(b, c) if law.cov is not None else None
-    cell = law.interval(b, c, cell=True) if median and law.sigma is not None else None
+    updates, tokens = law.updates(b, c, **terms), law.tokens(b, c, **terms)
+    median = law.interval(b, c, **terms) if law.cov is not None else None
+    cell = law.interval(b, c, cell=True, **terms) if median and law.sigma is not None else None
   except LawError as e:
     return fail(str(e))
   note = None
   if median is None:
     note = "the study's law is published without intervals" if not FLAGS.law else _no_cov(FLAGS.law)
-  warnings = law.range_warnings(b, c)
+  warnings = law.range_warnings(b, c, **terms)
+  warnings += shape_warnings(FLAGS.law) if FLAGS.law else []
   for w in warnings:
     print(f"ihsweep: warning: {w}", file=sys.stderr)
   if FLAGS.json:
-    print(json.dumps(_as_json(law, b, c, median, cell, warnings, note, updates, tokens)))
+    print(json.dumps(_as_json(law, b, c, terms, median, cell, warnings, note, updates, tokens)))
   else:
-    print(_as_text(law, b, c, median, cell, note, updates, tokens))
+    print(_as_text(law, b, c, terms, median, cell, note, updates, tokens))
   return 0
+
+
+def _terms(specs: list[str]) -> tuple[dict, str | None]:
+  """``({column: value} of the --term=COLUMN=VALUE flags, None)``, or ``({}, why not)``: not
+  COLUMN=NUMBER, or a column given twice. (The law checks that each value is positive.)"""
+  out = {}
+  for spec in specs:
+    name, eq, value = (part.strip() for part in spec.partition("="))
+    try:
+      number = float(value) if eq and name else None
+    except ValueError:
+      number = None
+    if number is None:
+      return {}, f"--term={spec}: expected COLUMN=NUMBER, e.g. --term=data.frequency=0.8"
+    if name in out:
+      return {}, f"--term {name} is given twice ({out[name]:g} and {number:g}): give it once"
+    out[name] = number
+  return out, None
+
+
+def _term_problem(law, terms: dict) -> str | None:
+  """Why ``terms`` (from --term) do not suit ``law``: a term of the law without a value, or a
+  value for a column that is no term of it; None when they suit."""
+  missing, unknown = law.term_problems(terms)
+  which = f"the law in {FLAGS.law}" if FLAGS.law else "the study's law"
+  if unknown:
+    has = f"its terms: {', '.join(law.terms)}" if law.terms else "it takes B and C only"
+    return f"--term={unknown[0]}={terms[unknown[0]]:g}: {which} has no term in {unknown[0]} ({has})"
+  if missing:
+    flags = " ".join(f"--term={k}=VALUE" for k in missing)
+    return f"{which} also depends on {', '.join(missing)} (fit-law --terms): give {flags}"
+  return None
+
+
+def shape_warnings(path: str) -> list[str]:
+  """One sentence per test of the law's form that its fit (``python -m analysis fit-law`` or
+  the report's law.json) rejected — lack of fit along B or C, separability — and, for a fit
+  that ran none of them (coefficients held fixed, terms beyond B and C), why; [] for a law
+  whose tests all passed or one written by hand (no test fields)."""
+  try:
+    with open(path, encoding="utf-8-sig") as f:
+      obj = json.load(f)
+  except (OSError, ValueError):  # Law.from_json read it: only a race fails
+    return []
+  out = []
+  exponent = {"B": "alpha", "C": "beta"}
+  for t in obj.get("lack_of_fit") or []:
+    if not isinstance(t, dict):
+      continue
+    sym = t.get("symbol")
+    if t.get("lacks_fit"):
+      out.append(
+        f"{path}: the power law in {sym} was rejected by its fit's lack-of-fit test "
+        f"({t.get('numbers')}): {exponent.get(sym, 'its exponent')} averages a shape the law "
+        f"cannot take, so predictions across {sym} follow that average, not the grid"
+      )
+    elif t.get("tested") is False:
+      out.append(f"{path}: lack of fit in {sym} not tested: {t.get('reason')}")
+  sep = obj.get("separability")
+  if isinstance(sep, dict) and sep.get("lacks_fit"):
+    out.append(
+      f"{path}: the law's separable form was rejected by its fit ({sep.get('numbers')}; "
+      f"{sep.get('sentence')}): one alpha at every C does not describe the grid it was fitted on"
+    )
+  if "lack_of_fit" not in obj and obj.get("terms") and not obj.get("fixed"):
+    out.append(
+      f"{path}: its fit has terms beyond B and C ({', '.join(map(str, obj['terms']))}), so it "
+      f"ran no lack-of-fit or separability test (they compare levels of B and C alone)"
+    )
+  if "lack_of_fit" not in obj and obj.get("fixed"):
+    held = ", ".join(f"{k} = {v}" for k, v in obj["fixed"].items())
+    out.append(
+      f"{path}: its fit held {held} fixed (--fix), so it ran no lack-of-fit or separability "
+      f"test: nothing says the power law describes the axes it was fitted on"
+    )
+  return out
 
 
 def _no_cov(path: str) -> str:
@@ -75,7 +164,7 @@ def _no_cov(path: str) -> str:
   )
 
 
-def _as_json(law, b, c, median, cell, warnings, note, updates, tokens) -> dict:
+def _as_json(law, b, c, terms, median, cell, warnings, note, updates, tokens) -> dict:
   """``--json``'s object."""
   bc = float(b) * float(c)
 
@@ -89,6 +178,7 @@ def _as_json(law, b, c, median, cell, warnings, note, updates, tokens) -> dict:
   out = {
     "batch_size": b,
     "context_size": c,
+    "terms": terms,
     "updates": updates,
     "tokens": tokens,
     "interval": span(median),
@@ -101,11 +191,12 @@ def _as_json(law, b, c, median, cell, warnings, note, updates, tokens) -> dict:
   return out
 
 
-def _as_text(law, b, c, median, cell, note, updates, tokens) -> str:
+def _as_text(law, b, c, terms, median, cell, note, updates, tokens) -> str:
   """The prediction in words: updates and tokens, the intervals, the law."""
   bc = float(b) * float(c)
+  at = "".join(f", {k} = {v:g}" for k, v in terms.items())
   lines = [
-    f"B = {b:g}, C = {c:g}: induction heads predicted after {_count(updates)} updates "
+    f"B = {b:g}, C = {c:g}{at}: induction heads predicted after {_count(updates)} updates "
     f"= {_count(tokens, 1e6, 'M')} tokens"
   ]
   sigma = f"sigma = {law.sigma or 0:.2f}"
@@ -121,7 +212,9 @@ def _as_text(law, b, c, median, cell, note, updates, tokens) -> str:
   if note:
     lines.append(f"  no interval: {note}")
   lines.append(
-    f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g}), ln T = {law.log_T:g} "
+    f"law: UPT = T / (B^{law.alpha:g} · C^{law.beta:g})"
+    + "".join(f" · {k}^{g:g}" for k, g in law.gammas)
+    + f", ln T = {law.log_T:g} "
     f"(T = {_count(law.T)}); {law.source}"
   )
   return "\n".join(lines)
