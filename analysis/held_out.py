@@ -17,7 +17,8 @@ point's cells are predicted:
 
 The study's published law (fixed coefficients, nothing refitted) is scored on the same cells
 beside it: its error, and its coverage with a scatter estimated from the other points' emerged
-cells (RMS of its residuals there, t(n − 1)), so the two columns are comparable: a refitted law
+cells (the standard deviation of its residuals there, t(n − 1): an offset is error, not
+scatter), so the two columns are comparable: a refitted law
 that predicts no better than the study's fixed one has learnt nothing from the grid.
 
 This is cross-validation with the grid point as the fold (Stone 1974, J. R. Stat. Soc. B 36:111;
@@ -91,6 +92,13 @@ class HeldOut:
     """The held-out check in words, fitted law and study's side by side."""
     if self.fitted is None:
       return f"no held-out prediction: {self.skip_note}"
+    if not self.n_emerged:
+      return (
+        f"held out one grid point at a time ({self.n_left_out} of {self.n_points} refitted "
+        f"without it), none of the left-out cells had emerged: {self.n_censored} censored, of "
+        f"which {self.fitted.censored_agree} agree with the law and "
+        f"{self.fitted.censored_contradict} contradict it"
+      )
     f, s = self.fitted, self.study
     text = (
       f"held out one grid point at a time ({self.n_left_out} of {self.n_points} refitted "
@@ -226,8 +234,8 @@ def _study_columns(table, pts, censored, y, cluster) -> pd.DataFrame:
   for point in table["grid_point"].unique():  # the scatter without the left-out point's cells
     others = em & (cluster != point)
     n = int(others.sum())
-    if n > 1:
-      s = math.sqrt(float(np.mean(resid[others] ** 2)))
+    if n > 1:  # its scatter about its own offset: a law off by a constant is not excused
+      s = float(np.std(resid[others], ddof=1))
       half[table["grid_point"].to_numpy() == point] = stats.t.ppf((1 + LEVEL) / 2, n - 1) * s
   out = table.copy()
   out["study_predicted_updates"] = np.exp(ln_pred)

@@ -90,6 +90,17 @@ class _Verdict:
     """'F(3, 19) = 12.3, p < 1e-4'."""
     return f"F({self.dof}, {self.dof_resid:g}) = {self.statistic:.1f}, p {p_text(self.p_value)}"
 
+  def censored_note(self) -> str:
+    """Where a ``CENSORED_SHARE`` or more of the tested grid points are censored: that the
+    test's level is then approximate, with what the bench measured; '' otherwise."""
+    if not self.n_points or self.n_censored_points < CENSORED_SHARE * self.n_points:
+      return ""
+    return (
+      f"; {self.n_censored_points} of them censored, where the test's level is approximate: "
+      f"{CENSORED_LEVEL} at its 1% on the calibration bench's grids with half the cells past a "
+      f"token budget"
+    )
+
   def _verdict_dict(self, test: str) -> dict:
     """The JSON fields every test shares (law.json's ``lack_of_fit`` and ``separability``)."""
     return {
@@ -146,7 +157,7 @@ class AxisTest(_Verdict):
     s, other = self.symbol, "B" if self.symbol == "C" else "C"
     if not self.tested:
       return f"lack of fit in {s} not tested: {self.reason}"
-    test = f"lack-of-fit {self.numbers()} over {self.n_points} grid points"
+    test = f"lack-of-fit {self.numbers()} over {self.n_points} grid points{self.censored_note()}"
     if self.left_out:
       test += (
         f"; {s} = {', '.join(_num(lv) for lv in self.left_out)} not compared: no grid point "
@@ -208,8 +219,14 @@ def evidence(p: float) -> str:
 
 
 def p_text(p: float) -> str:
-  """A p-value in words after "p": '= 0.21', or '< 1e-4' below 1e-4."""
-  return f"= {p:.2g}" if p >= 1e-4 else "< 1e-4"
+  """A p-value in words after "p": '= 0.21', or '< 1e-4' below 1e-4; never rounded up to a
+  threshold of the words (p = 0.009996 is '< 0.01', not '= 0.01', beside "rejected")."""
+  if p < 1e-4:
+    return "< 1e-4"
+  for edge in (FLAG_P, SOME_P):
+    if p < edge and float(f"{p:.2g}") >= edge:
+      return f"< {edge:g}"
+  return f"= {p:.2g}"
 
 
 def _num(v) -> str:
@@ -232,6 +249,23 @@ class _Points:
 
   def subset(self, keep: np.ndarray) -> "_Points":
     return _Points(*(getattr(self, f.name)[keep] for f in dataclasses.fields(self)))
+
+
+def _without_censored_if_exact(p: _Points) -> _Points:
+  """``p`` without its censored points where its emerged points lie on a power law in B and C
+  within ``SCATTER_FLOOR`` (exact or integer-rounded data): there the censored likelihood
+  drives σ to 0 (a fit that does not converge, or an LR that reads rounding as evidence), while
+  a censored point's bound says nothing about the shape that the exact points do not; the
+  floored least squares on the emerged points decides. ``p`` itself otherwise."""
+  emerged = ~p.censored
+  if not p.censored.any() or emerged.sum() < 4:
+    return p
+  x = np.column_stack([np.ones(p.n), np.log(p.batch_size), np.log(p.context_size)])[emerged]
+  ones = np.ones((1, int(emerged.sum())))
+  if not identifiable(x, ones)[0]:
+    return p
+  scale = float(fit_ols(x, p.v[emerged], ones)[1][0])
+  return p.subset(emerged) if scale <= 10 * SCATTER_FLOOR else p
 
 
 def grid_points(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) -> _Points:
@@ -278,6 +312,10 @@ def _fit(x: np.ndarray, p: _Points) -> tuple[float, float, np.ndarray] | None:
 
 # What a censored grid point counts for in the F reading's sample size (module docstring).
 CENSORED_WEIGHT = 0.5
+# From this share of censored grid points the words say the level is approximate, with the
+# bench's measurement (docs/benchmarks.md, "Calibration of the report's verdicts").
+CENSORED_SHARE = 0.3
+CENSORED_LEVEL = "0.8–2.3% (C), 0.3–1.5% (B), 0.5–1.5% (B × C)"
 
 
 def _f_test(half_lr: float, p: _Points, k1: int, q: int) -> tuple[float, float, float]:
@@ -303,7 +341,7 @@ def axis_tests(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) -> list[A
   in ``AxisTest.left_out``.
 
   Returns: two ``AxisTest``s, C first."""
-  every = grid_points(pts, censored, v)
+  every = _without_censored_if_exact(grid_points(pts, censored, v))
   out = []
   for axis, symbol, other, other_symbol in AXES:
     all_levels = tuple(sorted(set(getattr(every, axis))))
@@ -448,7 +486,10 @@ class SeparabilityTest(_Verdict):
   def sentence(self) -> str:
     if not self.tested:
       return f"separability not tested: {self.reason}"
-    test = f"an added ln B · ln C term, {self.numbers()} over {self.n_points} grid points"
+    test = (
+      f"an added ln B · ln C term, {self.numbers()} over {self.n_points} grid points"
+      f"{self.censored_note()}"
+    )
     if self.evidence == "none":
       return f"no evidence against the law's separable form ({test})"
     if self.evidence == "some":
@@ -490,7 +531,7 @@ def separability_test(pts: pd.DataFrame, censored: np.ndarray, v: np.ndarray) ->
 
   Returns: a ``SeparabilityTest`` (``reason`` set where it cannot be tested: fewer than 2
     values of B or C, or fewer than 5 grid points whose emerged points identify the term)."""
-  p = grid_points(pts, censored, v)
+  p = _without_censored_if_exact(grid_points(pts, censored, v))
   common = dict(n_points=p.n, n_censored_points=int(p.censored.sum()))
   lb, lc = np.log(p.batch_size), np.log(p.context_size)
   n_b, n_c = len(set(lb)), len(set(lc))

@@ -28,6 +28,13 @@ uniform distribution, 2-layer attention-only d_model 64) at B = 16, C = 64, freq
 reliability ∈ {0.25, 0.5, 0.75, 1.0}², one seed, 3,000 updates. Results: docs/results.md.
 
   ihsweep run --config=configs/exp2_seminatural.py:scale=cpu --workdir=runs/exp2_cpu
+
+The law at CPU scale (``scale=cpu_law``, 70 min on 2 shared cores, ~55 min alone): the corner
+that ``scale=cpu`` found, frequency ∈ {0.75, 0.875, 1} × reliability ∈ {0.9, 0.95, 1} × 2 seeds,
+5,000 updates, otherwise as ``scale=cpu``; every model emerged, and ``fit-law
+--terms=data.frequency,data.reliability`` fits the law in both (docs/results.md, section 3b).
+
+  ihsweep run --config=configs/exp2_seminatural.py:scale=cpu_law --workdir=runs/exp2_cpu_law
 """
 
 import ml_collections

@@ -17,6 +17,7 @@ EXPECTED = {
   ("exp1_natural", "scale=cpu"): (18, 9, 2),
   ("exp2_seminatural", ""): (98, 1, 98),
   ("exp2_seminatural", "scale=cpu"): (16, 1, 16),
+  ("exp2_seminatural", "scale=cpu_law"): (18, 1, 18),
   ("exp3_synthetic", ""): (72, 9, 8),
   ("exp3_synthetic", "scale=cpu"): (36, 9, 4),
 }

@@ -257,3 +257,53 @@ def test_experiment_2_law_blocks_prefer_the_form_of_the_truth(tmp_path):
   with_r = max(errors["reliability only"], errors["frequency and reliability"])
   without_r = min(errors["no term"], errors["frequency only"])
   assert with_r < 1.15 < 1.3 < without_r, errors  # the truth's spread in ln UPT is 1.05
+
+
+def test_exact_or_rounded_points_with_censored_cells_are_tested_and_not_rejected():
+  """From a break-it run: a 5 × 5 grid on the study's law, rounded to whole updates, the slowest
+  20 of 50 cells past a budget, was rejected in B (F(3, 14) = 6.3, p = 0.006: the censored fit
+  read rounding as evidence), and unrounded it was "not tested: did not converge"."""
+  exact = _grid(_study, np.random.default_rng(0), sigma=0.0)
+  cap = float(np.quantile(exact["emergence_step"], 0.6))
+  for points in (exact, exact.assign(emergence_step=exact["emergence_step"].round())):
+    late = points["emergence_step"] > cap
+    capped = points.assign(
+      emergence_step=points["emergence_step"].mask(late), censor_step=np.where(late, cap, np.nan)
+    )
+    fit = scaling.fit_law(capped, n_boot=0)
+    tests = list(fit.lack_of_fit) + [fit.separability]
+    assert all(t.tested and t.evidence == "none" for t in tests), [t.sentence() for t in tests]
+
+
+def test_p_is_never_rounded_up_to_a_threshold_of_the_words():
+  assert lack_of_fit.p_text(0.009996) == "< 0.01" and lack_of_fit.evidence(0.009996) == "rejected"
+  assert lack_of_fit.p_text(0.09996) == "< 0.1" and lack_of_fit.evidence(0.09996) == "some"
+  assert lack_of_fit.p_text(0.013) == "= 0.013" and lack_of_fit.p_text(0.47) == "= 0.47"
+
+
+def test_terms_given_twice_are_both_fitted(tmp_path, capsys):
+  from analysis import __main__ as cli
+
+  rng = np.random.default_rng(11)
+  rows = [
+    dict(batch_size=b, context_size=64, f=f, r=r, emergence_step=math.exp(
+      8 - 0.4 * math.log(b) - 0.5 * math.log(f) - 2 * math.log(r) + rng.normal(0, 0.05)))
+    for b in (8, 16, 32) for f in (0.5, 0.75, 1.0) for r in (0.8, 0.9, 1.0)
+  ]  # fmt: skip
+  csv = tmp_path / "t.csv"
+  pd.DataFrame(rows).to_csv(csv, index=False)
+  flags = ["fit-law", "--csv", str(csv), "--n_boot", "0", "--fix", "beta=0"]
+  assert cli.main(flags + ["--terms=f", "--terms=r"]) == 0
+  twice = json.loads(capsys.readouterr()[0])
+  assert cli.main(flags + ["--terms=f,r"]) == 0
+  once = json.loads(capsys.readouterr()[0])
+  assert twice["terms"] == once["terms"] == ["f", "r"] and twice["gammas"] == once["gammas"]
+
+
+def test_predict_reads_a_bom_and_a_hand_edited_fixed_field(tmp_path):
+  law = {"log_T": 10.0, "alpha": 0.4, "beta": 0.6, "fixed": [["alpha", 0.4]]}
+  path = tmp_path / "law.json"
+  path.write_bytes(b"\xef\xbb\xbf" + json.dumps(law).encode())
+  r = _predict("--batch_size=16", "--context_size=64", f"--law={path}", "--json")
+  out = json.loads(r.stdout)
+  assert out["updates"] == pytest.approx(math.exp(10 - 0.4 * math.log(16) - 0.6 * math.log(64)))

@@ -15,6 +15,7 @@ ARGUMENTS = {
     help="also fit + gamma[n_params] ln n_params (model-size dependence): --terms=n_params",
   ),
   "--terms": dict(
+    action="append",
     metavar="COLUMN[,COLUMN...]",
     help="also fit + gamma[X] ln X for each column X of the emergence points (positive "
     "numbers that vary among the emerged cells), e.g. --terms=data.frequency,data.reliability",
@@ -68,11 +69,12 @@ def law_terms(args) -> tuple[tuple, str | None]:
   cell emerged, has no name or is given twice (``law_points.law_terms``)."""
   from .. import law_points
 
-  given = () if args.terms is None else tuple(c.strip() for c in args.terms.split(","))
+  text = ",".join(args.terms or [])  # --terms may be given more than once: all of them
+  given = () if args.terms is None else tuple(c.strip() for c in text.split(","))
   try:
     return law_points.law_terms(given, args.with_params), None
   except law_points.FitError as e:
-    return (), f"--terms={args.terms}" + (" --with_params" if args.with_params else "") + f": {e}"
+    return (), f"--terms={text}" + (" --with_params" if args.with_params else "") + f": {e}"
 
 
 def bad_n_boot(args) -> int | None:

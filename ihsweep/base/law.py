@@ -332,7 +332,7 @@ class Law:
         sigma, cov or range (naming the field).
     """
     try:
-      with open(path) as f:
+      with open(path, encoding="utf-8-sig") as f:  # a BOM, as fit-law reads CSVs
         obj = json.load(f)
     except (OSError, ValueError) as e:
       raise LawError(f"law file {path}: cannot read a JSON law ({e})") from None

@@ -111,13 +111,16 @@ def shape_warnings(path: str) -> list[str]:
       obj = json.load(f)
   except (OSError, ValueError):  # Law.from_json read it: only a race fails
     return []
+  if not isinstance(obj, dict):
+    return []
   out = []
   exponent = {"B": "alpha", "C": "beta"}
-  for t in obj.get("lack_of_fit") or []:
-    if not isinstance(t, dict):
+  tests = obj.get("lack_of_fit")
+  for t in tests if isinstance(tests, list) else []:
+    if not isinstance(t, dict) or t.get("symbol") not in exponent:
       continue
     sym = t.get("symbol")
-    if t.get("lacks_fit"):
+    if t.get("lacks_fit") is True:
       out.append(
         f"{path}: the power law in {sym} was rejected by its fit's lack-of-fit test "
         f"({t.get('numbers')}): {exponent.get(sym, 'its exponent')} averages a shape the law "
@@ -126,18 +129,21 @@ def shape_warnings(path: str) -> list[str]:
     elif t.get("tested") is False:
       out.append(f"{path}: lack of fit in {sym} not tested: {t.get('reason')}")
   sep = obj.get("separability")
-  if isinstance(sep, dict) and sep.get("lacks_fit"):
+  if isinstance(sep, dict) and sep.get("lacks_fit") is True:
     out.append(
-      f"{path}: the law's separable form was rejected by its fit ({sep.get('numbers')}; "
-      f"{sep.get('sentence')}): one alpha at every C does not describe the grid it was fitted on"
+      f"{path}: the law's separable form was rejected by its fit ({sep.get('numbers')}): one "
+      f"alpha at every C does not describe the grid it was fitted on"
     )
-  if "lack_of_fit" not in obj and obj.get("terms") and not obj.get("fixed"):
+  elif isinstance(sep, dict) and sep.get("tested") is False:
+    out.append(f"{path}: separability not tested: {sep.get('reason')}")
+  fixed = obj.get("fixed") if isinstance(obj.get("fixed"), dict) else {}
+  if "lack_of_fit" not in obj and obj.get("terms") and not fixed:
     out.append(
       f"{path}: its fit has terms beyond B and C ({', '.join(map(str, obj['terms']))}), so it "
       f"ran no lack-of-fit or separability test (they compare levels of B and C alone)"
     )
-  if "lack_of_fit" not in obj and obj.get("fixed"):
-    held = ", ".join(f"{k} = {v}" for k, v in obj["fixed"].items())
+  if "lack_of_fit" not in obj and fixed:
+    held = ", ".join(f"{k} = {v}" for k, v in fixed.items())
     out.append(
       f"{path}: its fit held {held} fixed (--fix), so it ran no lack-of-fit or separability "
       f"test: nothing says the power law describes the axes it was fitted on"
@@ -151,7 +157,7 @@ def _no_cov(path: str) -> str:
   ``python -m analysis fit-law`` and the report beside an empty ``ci``), or, without one, a law
   that no fit of this version wrote."""
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8-sig") as f:
       why = json.load(f).get("ci_note")
   except (OSError, ValueError, AttributeError):  # Law.from_json read it: only a race fails
     why = None
