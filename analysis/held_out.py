@@ -159,26 +159,23 @@ def evaluate(
     interval: ``(ln median (m,), scale (m,), t dof)`` of a refit law's prediction for rows.
   """
   g = int(cluster.max()) + 1
-  rows, skipped, why = [], 0, None
+  rows, ln_med, half, skipped, why = [], [], [], 0, None
   for point in range(g):
-    out = cluster == point
-    law = refit(~out)
+    out = np.flatnonzero(cluster == point)
+    law = refit(cluster != point)
     if isinstance(law, str):
       skipped += 1
       why = why or law
       continue
-    cells = pts[out]
-    ln_med, scale, dof = interval(law, cells)
-    q = stats.t.ppf((1 + LEVEL) / 2, dof)
-    rows.append(
-      _cells(cells, censored[out], y[out], ln_med, ln_med - q * scale, ln_med + q * scale).assign(
-        grid_point=point
-      )
-    )
+    median, scale, dof = interval(law, pts.iloc[out])
+    rows.append(out)
+    ln_med.append(median)
+    half.append(stats.t.ppf((1 + LEVEL) / 2, dof) * scale)
   if not rows:
     return HeldOut(g, 0, 0, 0, None, None, skipped, why)
-  table = pd.concat(rows, ignore_index=True)
-  table = _study_columns(table, pts, censored, y, cluster)
+  at, ln_med, half = (np.concatenate(v) for v in (rows, ln_med, half))
+  table = _cells(pts.iloc[at], censored[at], y[at], ln_med, ln_med - half, ln_med + half)
+  table = _study_columns(table.assign(grid_point=cluster[at]), pts, censored, y, cluster)
   em = ~table["censored"].to_numpy(bool)
   return HeldOut(
     n_points=g,

@@ -151,6 +151,7 @@ def fit_law(
   csv: str = "emergence.csv",
   shape_tests: bool = True,
   held_out: bool = True,
+  _censored: np.ndarray | None = None,
 ) -> LawFit:
   """The emergence law (module docstring) fitted to emergence points: the censored log-normal
   MLE, with the emerged-only least-squares fit under ``emerged_only``.
@@ -216,7 +217,10 @@ def fit_law(
   terms = law_terms(terms, with_params)
   all_names = ["log_T", "alpha", "beta", *map(term_name, terms)]
   _check_fixed(fixed, all_names)
-  pts, censored = clean_points(points, terms)
+  if _censored is None:
+    pts, censored = clean_points(points, terms)
+  else:  # a refit on cells this module cleaned already (held out): their censored mask
+    pts, censored = points, _censored
   emerged = ~censored
   n_em, n_cens = int(emerged.sum()), int(censored.sum())
   names = [n for n in all_names if n not in fixed]
@@ -225,12 +229,7 @@ def fit_law(
   full = _design(pts, all_names)
   offset = full @ np.array([fixed.get(n, 0.0) for n in all_names])
   x = full[:, free]
-  time = np.where(
-    censored,
-    pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float),
-    pts["emergence_step"].to_numpy(float),
-  )
-  y = np.log(time)  # ln UPT (emerged) or ln censor_step (censored)
+  y = _ln_times(pts, censored)
   v = y - offset
   if not identifiable(x[emerged], np.ones((1, n_em)))[0]:
     n_b, n_c = (int(pts.loc[emerged, c].nunique()) for c in ("batch_size", "context_size"))
@@ -304,10 +303,15 @@ def held_out_by(
   if missing:
     raise FitError(f"held out by {', '.join(missing)}: no such column(s)")
   pts, censored = clean_points(points, law_terms(terms, False))
-  bound = pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float)
-  y = np.log(np.where(censored, bound, pts["emergence_step"].to_numpy(float)))
+  y = _ln_times(pts, censored)
   cluster = pd.MultiIndex.from_frame(pts[list(by)]).factorize()[0]
   return _held_out(pts, censored, y, cluster, law_terms(terms, False), dict(fixed or {}))
+
+
+def _ln_times(pts: pd.DataFrame, censored: np.ndarray) -> np.ndarray:
+  """ln UPT of each emerged cell, ln censor_step of each censored one (float64, len(pts))."""
+  bound = pts.get("censor_step", pd.Series(np.nan, pts.index)).to_numpy(float)
+  return np.log(np.where(censored, bound, pts["emergence_step"].to_numpy(float)))
 
 
 def _held_out(pts, censored, y, cluster, terms, fixed) -> held_out_lib.HeldOut:
@@ -317,8 +321,9 @@ def _held_out(pts, censored, y, cluster, terms, fixed) -> held_out_lib.HeldOut:
   def refit(keep):
     try:
       law = fit_law(
-        pts[keep], terms=terms, n_boot=0, fixed=fixed, shape_tests=False, held_out=False
-      )
+        pts[keep], terms=terms, n_boot=0, fixed=fixed, shape_tests=False, held_out=False,
+        _censored=censored[keep],
+      )  # fmt: skip
     except FitError:
       return "the other points do not identify the law without it"
     if not law.sigma > 1e-8:  # an exact fit keeps rounding's ~1e-14
