@@ -69,9 +69,20 @@ SCATTER_FLOOR = 1e-3  # ln units: differences between grid points below this are
 AXES = (("context_size", "C", "batch_size", "B"), ("batch_size", "B", "context_size", "C"))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Verdict:
-  """What a test of the law's form says, shared by ``AxisTest`` and ``SeparabilityTest``
-  (dataclasses with ``reason``, ``statistic``, ``dof``, ``dof_resid``, ``p_value``)."""
+  """What a test of the law's form says, shared by ``AxisTest`` and ``SeparabilityTest``: why
+  it was not tested (``reason``, None where it was), F (``statistic``) on (``dof``,
+  ``dof_resid``), its ``p_value``, and the grid points it read (``n_points``, of them
+  ``n_censored_points``)."""
+
+  reason: str | None = None
+  statistic: float | None = None
+  dof: int | None = None
+  dof_resid: float | None = None
+  p_value: float | None = None
+  n_points: int = 0
+  n_censored_points: int = 0
 
   @property
   def tested(self) -> bool:
@@ -120,7 +131,7 @@ class _Verdict:
     }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AxisTest(_Verdict):
   """The lack-of-fit test of one axis (module docstring), or why it was not tested.
 
@@ -140,14 +151,7 @@ class AxisTest(_Verdict):
   axis: str
   symbol: str
   levels: tuple
-  reason: str | None = None
   left_out: tuple = ()
-  statistic: float | None = None
-  dof: int | None = None
-  dof_resid: int | None = None
-  p_value: float | None = None
-  n_points: int = 0
-  n_censored_points: int = 0
   offsets: tuple = ()
   fastest: dict = dataclasses.field(default_factory=dict)
 
@@ -455,7 +459,7 @@ def _fastest(pts, emerged, v, axis, other, levels) -> dict:
   return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SeparabilityTest(_Verdict):
   """The test of the law's separable form (``separability_test``), or why it was not tested.
 
@@ -467,13 +471,6 @@ class SeparabilityTest(_Verdict):
     C of the grid, −λ·ln(C_max / C_min) (positive: UPT falls faster with B at large C).
   """
 
-  reason: str | None = None
-  statistic: float | None = None
-  dof: int | None = None
-  dof_resid: int | None = None
-  p_value: float | None = None
-  n_points: int = 0
-  n_censored_points: int = 0
   interaction: float | None = None
   drift: float | None = None
   context_range: tuple = ()
