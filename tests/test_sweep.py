@@ -584,8 +584,7 @@ def test_status_names_the_worker_layout_of_each_process_holding_a_running_group(
   assert f"process {process}:" not in sweep_status.format_status(work)
   claims.set_thread_worker(1)
   try:
-    with claims.claims_lock(work):
-      assert claims.try_claim(work, "g002", ["cpu:0"]) == "claimed"
+    assert claims.try_claim(work, "g002", ["cpu:0"]) == "claimed"
     rundir.write_status(work, "g002", state="running", worker=claims.worker_id())
     text = sweep_status.format_status(work)
   finally:
@@ -714,6 +713,10 @@ def test_two_processes_match_one_then_survive_a_kill(reference, tmp_path):
       json.loads(line) for line in open(os.path.join(work, "groups", g, "train_log.jsonl"))
     ]
     assert rows == ref_rows
+    # Every metrics row bit-equal (no field of it holds a time: test_checkpoint's
+    # METRICS_TIMING_FIELDS); a float's JSON repr is its shortest, so equal text is equal bits.
+    metrics = [open(os.path.join(d, "groups", g, "metrics.jsonl")).read() for d in (killed, work)]
+    assert metrics[0] == metrics[1], g
     got, want = (
       checkpoint.RunCheckpoints(os.path.join(d, "groups", g, "checkpoints"), {})
       for d in (str(killed), work)

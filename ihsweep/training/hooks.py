@@ -106,6 +106,15 @@ class Hook:
     """The run ends (also on an error)."""
 
 
+def add_call_loss(loss_sum: np.ndarray, loss: np.ndarray, updates: int) -> None:
+  """Adds a call's training loss to ``loss_sum`` (``[E]`` float64, in place): its mean loss
+  ``loss`` (``[E]``, the model's ``accum_dtype``: float32, or float64 in a float64 model) times
+  its ``updates``, the product rounded to ``loss``'s dtype. The live run (``Evaluate``) and a
+  resume (``resume.line_up_logs``, from the logged losses in that dtype) add through here call
+  by call, in the same order, so their ``train_loss`` rows are equal to the bit."""
+  loss_sum += loss * loss.dtype.type(updates)
+
+
 class Evaluate(Hook):
   """Dispatches the online evaluation (``Evaluator``) at the schedule's evaluation updates, and
   turns its values into ``metrics.jsonl`` rows when read. Keeps the training loss since the
@@ -144,7 +153,7 @@ class Evaluate(Hook):
     return Unread("eval", step, values, 0, self.rows)
 
   def on_call(self, row: dict, loss: np.ndarray) -> None:
-    self.loss_sum += loss * row["updates"]
+    add_call_loss(self.loss_sum, loss, row["updates"])
     self.loss_updates += row["updates"]
 
   def rows(self, step: int, host: dict, diverged_at: np.ndarray) -> list[dict]:

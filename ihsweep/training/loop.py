@@ -172,7 +172,9 @@ def train_group(
   prefixes its log lines (a sweep's group id and a colon, or nothing)."""
   cfg, tcfg = group.cfg, group.tcfg
   run = startup.start(group, workdir, team, who)
-  lined_up = resume.line_up_logs(workdir, team, run.start, run.schedule, group.n_models, stop_rule)
+  lined_up = resume.line_up_logs(
+    workdir, team, run.start, run.schedule, group.n_models, stop_rule, group.mcfg.accum_dtype
+  )
   if stop_rule is not None and stop_rule.done(run.done):
     run.calls = []  # stopped here before (emergence budget)
   tokens = train.tokens_per_update(tcfg)

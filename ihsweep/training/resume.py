@@ -14,6 +14,7 @@ from ihsweep import data
 from ihsweep.base import atomic, sharding
 from ihsweep.configuration import fields
 from ihsweep.runs import rundir
+from ihsweep.training import hooks
 from ihsweep.training.evaluation import replay
 
 log = logging.getLogger("ihsweep")
@@ -115,15 +116,20 @@ def _rewrite_jsonl(path: str, rows: list[dict]) -> None:
     f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-def line_up_logs(workdir: str, team, start, schedule, n_models: int, stop_rule=None) -> tuple:
+def line_up_logs(
+  workdir: str, team, start, schedule, n_models: int, stop_rule=None, loss_dtype=np.float32
+) -> tuple:
   """Starts the logs afresh (``start`` None), or cuts them back to the restored update
   ``start`` (what was logged after it will be logged again, identically); the stop rule's
   record is replayed from them. Every process of ``team`` reads; its lead writes.
+  ``loss_dtype``: the dtype the run computes its loss in (``ModelConfig.accum_dtype``), which
+  its logged losses hold exactly.
 
   Returns:
     ``(evaluated, loss_sum, loss_updates)``: whether all of update ``start``'s evaluation rows
-    were logged before; the training loss (per model, ``[E]`` float, summed over updates) and
-    the updates since the last evaluation logged, which its next row averages.
+    were logged before; the training loss (per model, ``[E]`` float64, summed over updates by
+    ``hooks.add_call_loss`` as the live run sums it) and the updates since the last evaluation
+    logged, which its next row averages.
   """
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   log_path = os.path.join(workdir, "train_log.jsonl")
@@ -155,7 +161,9 @@ def line_up_logs(workdir: str, team, start, schedule, n_models: int, stop_rule=N
   loss_sum, loss_updates = np.zeros(n_models), 0
   for r in train_rows:
     if r["step"] > last_eval:
-      loss_sum += np.asarray(r["loss"], float) * r["updates"]  # null (diverged) -> NaN
+      # The live run's float32 (not the JSON's float64) products, so the next row's mean
+      # is bit-equal to an uninterrupted run's; null (diverged) -> NaN.
+      hooks.add_call_loss(loss_sum, np.asarray(r["loss"], loss_dtype), r["updates"])
       loss_updates += r["updates"]
   return evaluated, loss_sum, loss_updates
 
