@@ -23,7 +23,7 @@ from ihsweep.base import sharding
 from ihsweep.base.law import Law
 from ihsweep.commands import flags
 from ihsweep.compute import schedule as schedule_lib
-from ihsweep.planning import chips, list_schedule, placement, timing
+from ihsweep.planning import chips, launch, list_schedule, placement, timing
 from ihsweep.planning import phases as phases_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -778,10 +778,10 @@ def test_plan_at_study_scale_prices_communication_and_says_why_a_layout_wins(cap
   )  # fmt: skip
   assert "faster: 32 × 2" in out and "all-reduce its gradient every update" in out
   # the phases' launch keeps the config's D; the faster layout's lines pin their own
-  launch = out.split("faster: ", 1)
-  assert launch[0].count(" --config.sweep.devices_per_worker=8") == 1, launch[0]
-  assert launch[1].count(" --config.sweep.devices_per_worker=2") == 2, launch[1]
-  assert "devices_per_worker=8" not in launch[1]
+  halves = out.split("faster: ", 1)
+  assert halves[0].count(" --config.sweep.devices_per_worker=8") == 1, halves[0]
+  assert halves[1].count(" --config.sweep.devices_per_worker=2") == 2, halves[1]
+  assert "devices_per_worker=8" not in halves[1]
 
 
 def test_a_faster_layout_is_explained_without_communication_too(capsys):
@@ -852,14 +852,14 @@ def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags():
   assert placement.run_flags(found, "/shared/x") == words + ["--workdir=/shared/x"]
   tpu = placement.run_flags(found, "runs/x", tpu=True)
   assert tpu == words + ["--workdir=/mnt/shared/exp_tiny"]
-  lines, note = placement.launch_lines(words + ["--workdir=/shared/x"], 4, 16, 8)
+  lines, note = launch.launch_lines(words + ["--workdir=/shared/x"], 4, 16, 8)
   assert lines == [
     "sbatch --nodes=8 --ntasks-per-node=1 --gpus-per-task=8 launch/slurm.sbatch "
     "--config=configs/exp.py:tiny '--config.sweep.grid.train.batch_size=(8, 16)' "
     "--zip=seed=0,1 --workdir=/shared/x --config.sweep.processes_per_worker=2"
   ]
   assert "one jax.distributed job of 8 processes" in note
-  (line,), note = placement.launch_lines(tpu, 2, 8, 4, "tpu")
+  (line,), note = launch.launch_lines(tpu, 2, 8, 4, "tpu")
   assert line.endswith(" --config.sweep.processes_per_worker=2") and "4 host(s)" in note
   env = {**os.environ, "TPU_NAME": "my-tpu", "ZONE": "us-central2-b"}
   r = subprocess.run(["bash", "-c", line + " --dry-run"], cwd=ROOT, env=env,
@@ -869,7 +869,7 @@ def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags():
   assert cmd.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")
   assert "--config.sweep.processes_per_worker=2 >> /mnt/shared/exp_tiny/logs/host_" in cmd
   # workers of 2 chips: each host's one process runs 2 of them side by side
-  (line,), note = placement.launch_lines(tpu, 8, 2, 4, "tpu")
+  (line,), note = launch.launch_lines(tpu, 8, 2, 4, "tpu")
   assert (
     line.endswith(" --config.sweep.processes_per_worker=1 --config.sweep.devices_per_worker=2")
     and "each of its 4 host(s) runs one process of 2 workers of 2 chip(s) side by side" in note

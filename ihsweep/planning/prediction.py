@@ -11,6 +11,7 @@ from ihsweep.base import sharding
 from ihsweep.compute import schedule
 from ihsweep.compute import schedule as schedule_lib
 from ihsweep.configuration.grid import ranges
+from ihsweep.planning.launch import default_launch_lines, launch_lines
 from ihsweep.planning.list_schedule import Schedule, Slot
 from ihsweep.planning.phases import PHASE_TIE, PhasedSchedule
 
@@ -297,10 +298,8 @@ def local_workers(devices_per_process: int, devices_per_worker: int) -> str:
 
 def _default_launch(p: Prediction) -> list[str]:
   """How to start the sweep as its phases are planned: ``ihsweep run``'s phases
-  (``placement.default_launch_lines``, the config's ``sweep.devices_per_worker`` kept), or the
-  one phase of a fixed D (``placement.launch_lines``); [] without run flags."""
-  from ihsweep.planning.placement import default_launch_lines, launch_lines
-
+  (``launch.default_launch_lines``, the config's ``sweep.devices_per_worker`` kept), or the
+  one phase of a fixed D (``launch.launch_lines``); [] without run flags."""
   if not p.run_flags:
     return []
   if not p.default_launch:
@@ -358,8 +357,6 @@ def _why_best(p: Prediction) -> str:
       f"{_percent(phased.utilisation)} (workers of whole processes leave devices idle beside "
       f"groups that cannot use them all, or wait for the last groups)"
     )
-  from ihsweep.planning.placement import launch_lines
-
   lines, note = launch_lines(p.run_flags, best.n_workers, d, per_process, p.platform)
   return "\n  ".join(
     [

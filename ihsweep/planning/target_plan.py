@@ -134,7 +134,7 @@ class RefusedLayout:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-  """``placement.launch_lines`` for the plan's layout: shell ``lines`` and a ``note``."""
+  """``launch.launch_lines`` for the plan's layout: shell ``lines`` and a ``note``."""
 
   lines: list[str]
   note: str

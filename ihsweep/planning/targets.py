@@ -170,13 +170,14 @@ def plan_for_target(
   and why, ``layouts`` (D and every wider layout: groups on more devices, times scaled by the
   device ratio) and the best of them (the shortest makespan among the launchable layouts, and
   where the chip's network has no published figure among those without all-reduces,
-  ``unpriced`` saying so), with its launch lines (``placement.launch_lines``; None without
+  ``unpriced`` saying so), with its launch lines (``launch.launch_lines``; None without
   ``run_flags``). Its JSON (``to_json``) is what ``ihsweep plan --target --json`` prints.
   """
   import time
 
   from ihsweep.compute import schedule
   from ihsweep.planning import kernels, placement, timing
+  from ihsweep.planning.launch import launch_lines
   from ihsweep.training import memory
 
   t0 = time.perf_counter()
@@ -220,7 +221,7 @@ def plan_for_target(
   launch = None
   if run_flags is not None:
     launch = Launch(
-      *placement.launch_lines(
+      *launch_lines(
         run_flags,
         best.n_workers,
         best.devices_per_worker,
