@@ -138,7 +138,12 @@ def main(argv=None) -> int:
 
     initialize_distributed()
     install_stop_handlers()  # SIGTERM (preemption): checkpoint, then exit
-  return run_guarded(module.main, rest)
+  code = run_guarded(module.main, rest)
+  if module.TRAINS:  # a stop or an error never waits for a compile ahead in flight
+    from ihsweep.workers.compile_ahead import end_process_if_compiling
+
+    end_process_if_compiling(code)
+  return code
 
 
 if __name__ == "__main__":

@@ -55,14 +55,12 @@ def test_a_stale_claim_whose_directory_is_held_is_not_taken_over(tmp_path, holde
   assert (
     atomic.lock_holder(os.path.join(workdir, "groups", "g000")) == f"pid {holder.pid} on elsewhere"
   )
-  with claims.claims_lock(workdir):
-    assert claims.try_claim(workdir, "g000", ["cpu:0"]) is None  # its worker lives: left to it
+  assert claims.try_claim(workdir, "g000", ["cpu:0"]) is None  # its worker lives: left to it
   assert claims.read_claim(workdir, "g000")["pid"] == holder.pid
   holder.kill()  # the lock dies with its process: now the group is taken over
   holder.wait()
   assert atomic.lock_holder(os.path.join(workdir, "groups", "g000")) is None
-  with claims.claims_lock(workdir):
-    assert claims.try_claim(workdir, "g000", ["cpu:0"]) == "taken over"
+  assert claims.try_claim(workdir, "g000", ["cpu:0"]) == "taken over"
   assert claims.holds_claim(workdir, "g000")
 
 
@@ -101,3 +99,76 @@ def test_a_probe_never_makes_the_owner_fail_to_lock(tmp_path):
         pass
   finally:
     probing.wait()
+
+
+HOLD_AND_STOP = """
+import sys
+from ihsweep.runs import claims
+with claims.claim_lock(sys.argv[1], sys.argv[2]):
+  print("locked", flush=True)
+  sys.stdin.readline()
+"""
+
+
+def test_a_worker_stuck_holding_one_claim_lock_keeps_only_that_group(tmp_path, caplog):
+  """A process that holds g000's claim lock and stops answering (waiting on stdin here, as a
+  SIGSTOPped one would) keeps g000 alone: g001 is claimed at once, g000 is left after
+  ``CLAIM_PATIENCE_S`` with a line naming the holder, and claimed once the holder ends."""
+  workdir = str(tmp_path)
+  stuck = subprocess.Popen(
+    [sys.executable, "-c", HOLD_AND_STOP, workdir, "g000"],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert stuck.stdout.readline().strip() == "locked"
+    start = time.monotonic()
+    assert claims.try_claim(workdir, "g001", ["cpu:0"]) == "claimed"
+    assert time.monotonic() - start < 1.0
+    with caplog.at_level("INFO", logger="ihsweep"):
+      assert claims.try_claim(workdir, "g000", ["cpu:0"]) is None
+    waited = time.monotonic() - start
+    assert claims.CLAIM_PATIENCE_S <= waited < claims.CLAIM_PATIENCE_S + 2
+    assert f"pid {stuck.pid} on {socket.gethostname()}" in caplog.text
+    assert "not answering" in caplog.text
+  finally:
+    stuck.stdin.close()
+    stuck.wait()
+  assert claims.try_claim(workdir, "g000", ["cpu:0"]) == "claimed"
+
+
+def test_locks_taken_by_a_thread_worker_name_it(tmp_path):
+  """A thread of worker 2 of its process writes ``, worker w2`` into the locks it takes."""
+  seen = []
+
+  def worker():
+    claims.set_thread_worker(2)
+    with claims.claim_lock(str(tmp_path), "g000"):
+      seen.append(open(tmp_path / "groups" / "g000" / claims.CLAIM_LOCK).read().strip())
+
+  import threading
+
+  t = threading.Thread(target=worker)
+  t.start()
+  t.join()
+  assert seen == [f"pid {os.getpid()} on {socket.gethostname()}, worker w2"]
+
+
+def test_rewrite_when_free_never_waits_and_the_holder_rewrites_for_others(tmp_path):
+  """A writer that finds the derived file's lock held returns at once; the holder, seeing the
+  request left beside the lock, rewrites once more after its own write."""
+  lock = str(tmp_path / ".derived.lock")
+  writes = []
+  inner = []
+
+  def nested_write():
+    writes.append("holder")
+    if len(writes) == 1:  # a second writer arrives while the first holds the lock
+      start = time.monotonic()
+      inner.append(atomic.rewrite_when_free(lock, lambda: writes.append("other")))
+      assert time.monotonic() - start < 0.5
+
+  assert atomic.rewrite_when_free(lock, nested_write)
+  assert inner == [False] and writes == ["holder", "holder"]
+  assert not os.path.exists(lock + ".again")

@@ -584,8 +584,7 @@ def test_status_names_the_worker_layout_of_each_process_holding_a_running_group(
   assert f"process {process}:" not in sweep_status.format_status(work)
   claims.set_thread_worker(1)
   try:
-    with claims.claims_lock(work):
-      assert claims.try_claim(work, "g002", ["cpu:0"]) == "claimed"
+    assert claims.try_claim(work, "g002", ["cpu:0"]) == "claimed"
     rundir.write_status(work, "g002", state="running", worker=claims.worker_id())
     text = sweep_status.format_status(work)
   finally:

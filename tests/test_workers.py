@@ -4,6 +4,7 @@ jax.distributed job take groups through claims in the run directory (``ihsweep.w
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,13 +91,13 @@ def _losses(workdir, group: str) -> list:
     return [(r["step"], r["loss"]) for r in map(json.loads, f)]
 
 
-def _final_params(workdir, group: str):
+def _final_params(workdir, group: str, last: int = 30):
   from ihsweep.runs.checkpoint import RunCheckpoints
 
   ckpts = RunCheckpoints(os.path.join(workdir, "groups", group, "checkpoints"))
   try:
     step = ckpts.params_steps_saved()[-1]
-    assert step == 30, ckpts.params_steps_saved()
+    assert step == last, ckpts.params_steps_saved()
     import jax
 
     return jax.tree_util.tree_map(np.asarray, ckpts.restore_params(step))
@@ -104,12 +105,12 @@ def _final_params(workdir, group: str):
     ckpts.close()
 
 
-def _assert_same_results(workdir, reference, groups=GROUPS) -> None:
+def _assert_same_results(workdir, reference, groups=GROUPS, step: int = 30) -> None:
   import jax
 
   for g in groups:
     assert _losses(workdir, g) == _losses(reference, g), g
-    a, b = _final_params(workdir, g), _final_params(reference, g)
+    a, b = _final_params(workdir, g, step), _final_params(reference, g, step)
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b)), g
 
 
@@ -238,8 +239,7 @@ def test_a_file_size_limit_ends_the_sweep_in_one_line_and_a_rerun_resumes(tmp_pa
 def test_a_live_claim_is_not_taken_and_a_stale_one_is(tmp_path, monkeypatch):
   work = str(tmp_path)
   os.makedirs(os.path.join(work, "groups", "g000"))
-  with claims.claims_lock(work):
-    assert claims.try_claim(work, "g000", ["cpu:0"]) == "claimed"
+  assert claims.try_claim(work, "g000", ["cpu:0"]) == "claimed"
   claim = claims.read_claim(work, "g000")
   assert claim["worker"] == claims.worker_id() and claim["pid"] == os.getpid()
   # Another worker (a live process on this host) holds it: not taken while it beats.
@@ -624,3 +624,91 @@ def test_a_stop_request_stops_every_worker_of_the_process_and_a_rerun_resumes(
   assert rc == 0, out[-3000:]
   assert rundir.read_status(work, "g000")["resumed_from"] == stop
   _assert_same_results(work, one_by_eight, GROUPS[:4])
+
+
+# FLAGS_B2 over a third axis of equal cost (Adam's b2): 8 groups, which the auto layout trains
+# as 4 workers of 2 devices side by side; 200 updates, so that a paused process is mid-training.
+FLAGS_8 = [
+  f for f in FLAGS_B2 if not f.startswith(("--config.train.num_steps", "--config.checkpoint.state"))
+] + [
+  "--config.train.num_steps=200",
+  "--config.checkpoint.state_every_steps=50",
+  "--grid=train.b2=0.95,0.99",
+]
+
+
+def _claim_locks_held(work: str, pid: int) -> list[str]:
+  """The groups whose claim lock (``groups/*/.claim.lock``) ``pid`` holds, from /proc/locks."""
+  inodes = {}
+  groups = os.path.join(work, "groups")
+  for g in os.listdir(groups) if os.path.isdir(groups) else []:
+    path = os.path.join(groups, g, claims.CLAIM_LOCK)
+    if os.path.exists(path):
+      inodes[os.stat(path).st_ino] = g
+  held = []
+  with open("/proc/locks") as f:
+    for line in f:
+      parts = line.split()
+      if "FLOCK" in parts and str(pid) in parts:
+        inode = int(parts[parts.index(str(pid)) + 1].rsplit(":", 1)[1])
+        if inode in inodes:
+          held.append(inodes[inode])
+  return held
+
+
+def test_a_process_paused_holding_a_claim_lock_never_stops_another(tmp_path_factory):
+  """The auto layout (4 workers of 2 of 8 CPU devices in one process) on 8 groups: the process
+  is SIGSTOPped mid-training at a moment it holds a group's claim lock (as /proc/locks shows:
+  its heartbeat is refreshing a claim), and a second `ihsweep run` on the same directory trains
+  the 4 groups the paused one does not hold, saying why it leaves each of the others; after
+  SIGCONT both exit 0, every group is claimed once and done once, and each equals an
+  uninterrupted run's losses and params bit for bit."""
+  work = str(tmp_path_factory.mktemp("paused") / "run")
+  env = _env(8, IHSWEEP_CLAIM_HEARTBEAT_S="0.2", IHSWEEP_CLAIM_STALE_S="3")
+  first = _ihsweep("run", f"--workdir={work}", *FLAGS_8, env=env)
+  out_first = []
+  threading.Thread(target=lambda: out_first.extend(first.stdout), daemon=True).start()
+  deadline = time.time() + 600
+  # until its 4 workers train: each holds a claim and its group's directory
+  while sum(atomic.lock_holder(rundir.group_dir(work, g)) is not None for g in GROUPS) < 4:
+    assert first.poll() is None and time.time() < deadline, "".join(out_first)[-3000:]
+    time.sleep(0.05)
+  held, tries = [], 0
+  while not held:  # pause it the moment /proc/locks shows a claim lock held, until one sticks
+    assert time.time() < deadline and first.poll() is None, "".join(out_first)[-3000:]
+    if _claim_locks_held(work, first.pid):
+      first.send_signal(signal.SIGSTOP)
+      time.sleep(0.05)
+      held = _claim_locks_held(work, first.pid)
+      if not held:
+        first.send_signal(signal.SIGCONT)
+        tries += 1
+  lines = []
+  try:
+    mine = {g for g in GROUPS if claims.read_claim(work, g) is not None}
+    assert len(mine) == 4 and set(held) <= mine, (held, mine)
+    second = _ihsweep("run", f"--workdir={work}", *FLAGS_8, env=env)
+    reader = threading.Thread(target=lambda: lines.extend(second.stdout), daemon=True)
+    reader.start()
+    rest = sorted(set(GROUPS) - mine)
+    # the second trains the rest while the first stays paused, then waits on the paused one
+    while "nothing left to take: waiting while other workers hold" not in "".join(lines):
+      assert second.poll() is None and time.time() < deadline, "".join(lines)[-3000:]
+      time.sleep(0.2)
+    assert all(rundir.read_status(work, g)["state"] == "done" for g in rest)
+    text = "".join(lines)
+    why = "\n".join(line for line in lines if "left to it" in line)
+    for g in mine:  # why it leaves each of the paused one's groups, named
+      assert re.search(rf"group {g}: .*left to it", text), (g, why)
+    assert any(f"group {g}: claim lock busy: pid {first.pid}" in text for g in held), (held, why)
+  finally:
+    first.send_signal(signal.SIGCONT)
+  assert second.wait(timeout=600) == 0 and first.wait(timeout=600) == 0, "".join(lines)[-3000:]
+  events = _claims(work)
+  for g in GROUPS:
+    assert [e for e, _, _ in events[g]] == ["claimed", "released"], (g, events[g])
+    assert events[g][1][2] == "done"
+    status = rundir.read_status(work, g)
+    assert status["state"] == "done" and status["step"] == 200 and status["attempts"] == 1
+  reference = _reference(tmp_path_factory, 8, FLAGS_8)
+  _assert_same_results(work, reference, GROUPS, step=200)

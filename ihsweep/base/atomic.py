@@ -10,15 +10,139 @@ import fcntl
 import json
 import os
 import socket
+import threading
+import time
 
 # ``ownership.workdir_lock`` holds an exclusive ``flock`` on this file of a run (or a sweep group's)
 # directory while a process writes it, and writes ``pid P on HOST`` into it.
 LOCK_FILE = ".ihsweep.lock"
 
 
+_thread_worker = threading.local()  # .name: the sweep worker this thread works for, if any
+
+
+def name_thread_worker(name: str | None) -> None:
+  """Names the sweep worker the calling thread works for (``claims.set_thread_worker``: several
+  workers side by side in one process), so that the locks it takes name it."""
+  _thread_worker.name = name
+
+
 def lock_text() -> str:
-  """What the holder of a directory's lock writes into it: ``pid P on HOST``."""
-  return f"pid {os.getpid()} on {socket.gethostname()}"
+  """What the holder of a lock writes into it: ``pid P on HOST``, with ``, worker W`` for a
+  thread of one of several workers in its process (``name_thread_worker``)."""
+  text = f"pid {os.getpid()} on {socket.gethostname()}"
+  name = getattr(_thread_worker, "name", None)
+  return f"{text}, worker {name}" if name else text
+
+
+# Seconds each brief lock (``brief_lock``) was held, per lock file's name, when
+# ``IHSWEEP_LOCK_TIMES`` names a file to append them to (benchmarks/claims_lock.py reads it).
+_LOCK_TIMES = os.environ.get("IHSWEEP_LOCK_TIMES")
+
+
+_NAME_BYTES = 160  # a brief lock's holder record, space-padded
+
+
+def _flock_pid(f) -> int | None:
+  """The pid holding an ``flock`` on open file ``f`` as Linux's /proc/locks lists it (None
+  elsewhere, or not found: another host's process on a network filesystem)."""
+  st = os.fstat(f.fileno())
+  dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+  try:
+    with open("/proc/locks") as locks:
+      for line in locks:
+        parts = line.split()
+        if "FLOCK" in parts and dev in parts:
+          return int(parts[parts.index(dev) - 1])
+  except (OSError, ValueError, IndexError):
+    return None
+  return None
+
+
+def _holder_of(f) -> str:
+  """Who holds the brief lock on ``f``: its record (``lock_text``), unless /proc/locks names
+  another pid (the holder stopped between taking the lock and writing its name)."""
+  f.seek(0)
+  text = f.read().strip()
+  pid = _flock_pid(f)
+  if pid is not None and not text.startswith(f"pid {pid} "):
+    return f"pid {pid} on {socket.gethostname()}"
+  return text or "another process"
+
+
+class LockBusy(Exception):
+  """A brief lock (``brief_lock``) another holder kept past the caller's patience.
+
+  Attributes:
+    holder: the holder's ``lock_text`` (``pid P on HOST[, worker W]``), or "another process".
+    waited: seconds the caller tried, a float.
+  """
+
+  def __init__(self, path: str, holder: str, waited: float):
+    self.path, self.holder, self.waited = path, holder, waited
+    super().__init__(f"{path} held by {holder} for over {waited:g} s (not answering)")
+
+
+@contextlib.contextmanager
+def brief_lock(path: str, patience: float = 2.0):
+  """Holds an exclusive ``flock`` on ``path`` (created if missing) for a few small file reads and
+  writes, writing this holder's ``lock_text`` into it. Never blocks past ``patience`` seconds:
+  a holder that is paused (SIGSTOP) or hung keeps its lock, and the caller goes on without it.
+
+  Raises:
+    LockBusy: not taken within ``patience`` seconds (0: one try); names the holder.
+  """
+  f = open(path, "a+")
+  start = time.monotonic()
+  try:
+    while True:
+      try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        waited = time.monotonic() - start
+        if waited >= patience:
+          raise LockBusy(path, _holder_of(f), round(waited, 3)) from None
+        time.sleep(min(0.002 + waited / 10, 0.05))
+    taken = time.perf_counter()
+    try:
+      # one write of a fixed-size record, never truncated: a reader always finds a whole name
+      os.pwrite(f.fileno(), lock_text().ljust(_NAME_BYTES)[:_NAME_BYTES].encode(), 0)
+      yield
+    finally:
+      held = time.perf_counter() - taken
+      fcntl.flock(f, fcntl.LOCK_UN)
+      if _LOCK_TIMES:
+        with open(_LOCK_TIMES, "a") as times:
+          times.write(f"{os.path.basename(path)} {held:.6f}\n")
+  finally:
+    f.close()
+
+
+def rewrite_when_free(lock_path: str, write) -> bool:
+  """Runs ``write()`` (which rewrites a file derived from others, e.g. cells.csv from every
+  group's status) under ``lock_path`` without ever waiting for it: a caller that finds the lock
+  held leaves a request beside it (``lock_path + ".again"``), and whoever holds the lock runs
+  ``write`` again until no request is left, so the last rewrite sees every change made before
+  its request, even where the holder is paused for a while. Returns whether this call wrote.
+  ``write``'s errors propagate."""
+  again = lock_path + ".again"
+  wrote = False
+  while True:
+    with open(again, "a"):
+      pass  # the request: one more rewrite, by this caller or the lock's holder
+    try:
+      with brief_lock(lock_path, patience=0):
+        while os.path.exists(again):
+          with contextlib.suppress(FileNotFoundError):
+            os.remove(again)
+          write()
+          wrote = True
+    except LockBusy:
+      return wrote  # the holder sees the request
+    # a request made between the last check and the release: its maker found the lock held
+    if not os.path.exists(again):
+      return wrote
 
 
 def lock_holder(directory: str) -> str | None:

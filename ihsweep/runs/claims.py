@@ -1,15 +1,16 @@
 """Claims: which worker trains which group of a sweep. The run directory is the only meeting
 point of the workers (independent processes, SLURM array tasks, the processes of a
-jax.distributed job): a worker claims a group by writing ``groups/<id>/claim.json`` under a brief
-exclusive lock of ``.claims.lock`` (``fcntl.flock``, which NFSv4 and Lustre mounted with
-``flock`` support), refreshes the claim's heartbeat while it trains, and removes it when the
-group is finished. ``claims.jsonl`` logs every claim, takeover and release."""
+jax.distributed job, workers side by side in one process): a worker claims a group by writing
+``groups/<id>/claim.json`` under that group's own brief lock (``groups/<id>/.claim.lock``,
+``atomic.brief_lock``: an ``fcntl.flock``, which NFSv4 and Lustre mounted with ``flock``
+support), held only to read and write that small file; refreshes the claim's heartbeat while it
+trains, and removes it when the group is finished. No lock spans the run directory: a worker
+paused or hung while it holds a group's claim lock keeps that one group from the others, never
+the rest. ``claims.jsonl`` logs every claim, takeover and release."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import json
 import logging
 import os
@@ -18,7 +19,14 @@ import threading
 import time
 
 from ihsweep.base import environment
-from ihsweep.base.atomic import atomic_write_json, lock_holder, lock_text
+from ihsweep.base.atomic import (
+  LockBusy,
+  atomic_write_json,
+  brief_lock,
+  lock_holder,
+  lock_text,
+  name_thread_worker,
+)
 
 log = logging.getLogger("ihsweep")
 
@@ -47,16 +55,20 @@ def claim_stale_s() -> float:
   return environment.claim_stale_s()
 
 
-@contextlib.contextmanager
-def claims_lock(workdir: str):
-  """Holds the exclusive lock under which workers read and change claims (blocking; held for
-  milliseconds)."""
-  with open(os.path.join(workdir, ".claims.lock"), "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+CLAIM_LOCK = ".claim.lock"  # in the group's directory: held to read and write its claim
+CLAIM_PATIENCE_S = 2.0  # how long a worker tries a group's claim lock before leaving the group
+
+
+def claim_lock(workdir: str, group_id: str, patience: float = CLAIM_PATIENCE_S):
+  """Holds ``group_id``'s claim lock (``atomic.brief_lock``) while a worker reads and changes its
+  claim: milliseconds, never across training, saves or compiles.
+
+  Raises:
+    atomic.LockBusy: another holder kept it for ``patience`` seconds (paused or hung).
+  """
+  directory = os.path.dirname(_claim_path(workdir, group_id))
+  os.makedirs(directory, exist_ok=True)
+  return brief_lock(os.path.join(directory, CLAIM_LOCK), patience)
 
 
 _thread_worker = threading.local()  # .index: this thread's worker in its process, if several
@@ -64,8 +76,10 @@ _thread_worker = threading.local()  # .index: this thread's worker in its proces
 
 def set_thread_worker(index: int | None) -> None:
   """Names the calling thread worker ``index`` of its process (``sweep.devices_per_worker``:
-  several workers in one process, one thread each); None: the process's one worker."""
+  several workers in one process, one thread each); None: the process's one worker. The locks
+  the thread takes name the worker too (``atomic.lock_text``)."""
   _thread_worker.index = index
+  name_thread_worker(None if index is None else f"w{index}")
 
 
 def worker_id() -> str:
@@ -130,22 +144,48 @@ def claim_is_stale(claim: dict, now: float | None = None) -> bool:
 
 
 def group_state(workdir: str, group_id: str, status: dict) -> str:
-  """``status["state"]``, except that a 'running' group whose worker is gone (its claim stale,
-  or without a claim its process dead on this host) reads 'stopped'."""
+  """``status["state"]``, except that a 'running' group whose worker is gone reads 'stopped':
+  its process dead on this host, or its claim stale while no live process holds the group's
+  directory (``try_claim``'s rule: a worker that is not answering but holds the directory, a
+  paused or hung one, still reads 'running'; ``not_answering`` says so)."""
   if status["state"] != "running":
     return status["state"]
   claim = read_claim(workdir, group_id)
-  gone = claim_is_stale(claim) if claim is not None else alive(status) is False
-  return "stopped" if gone else "running"
+  if claim is None:
+    return "stopped" if alive(status) is False else "running"
+  if alive(claim) is False or (
+    claim_is_stale(claim) and _group_lock_holder(workdir, group_id) is None
+  ):
+    return "stopped"
+  return "running"
+
+
+def not_answering(workdir: str, group_id: str) -> str | None:
+  """Who holds a running group's directory while its claim has had no heartbeat for
+  ``claim_stale_s()`` (a worker paused or hung: nothing takes the group over), else None."""
+  claim = read_claim(workdir, group_id)
+  if claim is None or not claim_is_stale(claim) or alive(claim) is False:
+    return None
+  return _group_lock_holder(workdir, group_id)
+
+
+def _append_line(path: str, row: dict) -> None:
+  """Appends ``row`` as one JSON line in a single ``write`` to a file opened for appending
+  (``O_APPEND``): lines from several workers never interleave, and no lock is taken."""
+  data = (json.dumps(row) + "\n").encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    os.write(fd, data)
+  finally:
+    os.close(fd)
 
 
 def log_layout(workdir: str, layout: str) -> None:
   """Appends this process's worker layout (``layout``: how its workers are laid out and why,
-  the run log's words) to ``WORKERS_LOG``, under the claims lock: ``ihsweep status`` names the
-  layout of each process that holds a running group."""
+  the run log's words) to ``WORKERS_LOG``: ``ihsweep status`` names the layout of each process
+  that holds a running group."""
   row = {"time": round(time.time(), 3), "process": worker_id(), "layout": layout}
-  with claims_lock(workdir), open(os.path.join(workdir, WORKERS_LOG), "a") as f:
-    f.write(json.dumps(row) + "\n")
+  _append_line(os.path.join(workdir, WORKERS_LOG), row)
 
 
 def read_layouts(workdir: str) -> dict[str, str]:
@@ -173,8 +213,7 @@ def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
     "worker": worker_id(),
     **fields,
   }
-  with open(os.path.join(workdir, CLAIMS_LOG), "a") as f:
-    f.write(json.dumps(row) + "\n")
+  _append_line(os.path.join(workdir, CLAIMS_LOG), row)
 
 
 def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
@@ -187,60 +226,99 @@ def _group_lock_holder(workdir: str, group_id: str) -> str | None:
   return lock_holder(os.path.dirname(_claim_path(workdir, group_id)))
 
 
-_left_to_holder: set = set()  # groups this process already said it leaves to their live holder
+def _same_process(claim: dict) -> bool:
+  return claim.get("host") == socket.gethostname() and claim.get("pid") == os.getpid()
+
+
+_told: dict = {}  # (run directory, group id) -> why this process last left the group, once said
+
+
+def _leave(workdir: str, group_id: str, why: str) -> None:
+  """Says once per reason why this process leaves ``group_id`` to another worker."""
+  key = (os.path.abspath(workdir), group_id)
+  kind = why.split(":", 1)[0]
+  if _told.get(key) != kind:
+    _told[key] = kind
+    log.info("group %s: %s", group_id, why)
+
+
+def _ago(claim: dict, now: float) -> str:
+  return f"{max(now - float(claim.get('heartbeat', 0.0)), 0.0):.0f} s ago"
 
 
 def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
-  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale; call under
-  ``claims_lock``. Returns None if another live worker holds it, else the event logged:
-  ``"claimed"`` or ``"taken over"`` (from a stale claim, whose worker is named in the log).
+  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale, under the
+  group's claim lock (``claim_lock``, held to read and write the claim). Returns None if another
+  live worker holds it (or has held its claim lock past ``CLAIM_PATIENCE_S``: it is left for
+  now), else the event logged: ``"claimed"`` or ``"taken over"`` (from a stale claim, whose
+  worker is named in the log). Why a group another process holds is left is logged once.
 
   The one rule of a takeover: the group's directory lock, not the claim's heartbeat, says
   whether its worker lives. A claim that looks stale (no refresh for ``claim_stale_s()``: a
   paused worker, a slow filesystem) is left alone while a live process holds the group's
   directory (``atomic.lock_holder``); only a dead or lockless holder's group is taken over."""
-  old = read_claim(workdir, group_id)
-  if old is not None and not claim_is_stale(old):
-    return None
-  holder = _group_lock_holder(workdir, group_id)
-  if holder is not None:
-    if group_id not in _left_to_holder:
-      _left_to_holder.add(group_id)
-      log.warning(
-        "group %s: its claim by %s looks stale, but its directory is in use by %s (alive): "
-        "left to it",
-        group_id,
-        old.get("worker") if old else "nobody",
-        holder,
-      )
-    return None
   import jax
 
-  now = time.time()
-  _write_claim(
-    workdir,
+  try:
+    with claim_lock(workdir, group_id):
+      now = time.time()
+      old = read_claim(workdir, group_id)
+      if old is not None and not claim_is_stale(old, now):
+        if not _same_process(old):
+          _leave(workdir, group_id, f"held: {old.get('worker')} trains it "
+                 f"(heartbeat {_ago(old, now)}); left to it")  # fmt: skip
+        return None
+      holder = _group_lock_holder(workdir, group_id)
+      if holder is not None:
+        _leave(
+          workdir,
+          group_id,
+          f"not answering: its claim by {old.get('worker') if old else 'nobody'} had its last "
+          f"heartbeat {_ago(old or {}, now)} (paused or hung), but its directory is held by "
+          f"{holder}, a live process: left to it",
+        )
+        return None
+      _write_claim(
+        workdir,
+        group_id,
+        {
+          "group": group_id,
+          "worker": worker_id(),
+          "host": socket.gethostname(),
+          "pid": os.getpid(),
+          "process": jax.process_index(),
+          "devices": devices,
+          "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "heartbeat": now,
+        },
+      )
+      if old is None:
+        _log_claim(workdir, "claimed", group_id, devices=devices)
+        return "claimed"
+      _log_claim(
+        workdir,
+        "taken over",
+        group_id,
+        devices=devices,
+        previous=old.get("worker"),
+        previous_heartbeat=old.get("heartbeat"),
+      )
+  except LockBusy as e:
+    _leave(
+      workdir,
+      group_id,
+      f"claim lock busy: {e.holder} has held its claim lock for over {e.waited:g} s (not "
+      f"answering: paused or hung); left to it for now",
+    )
+    return None
+  dead = alive(old) is False
+  log.warning(
+    "group %s: taken over from %s, %s (claims.jsonl)",
     group_id,
-    {
-      "group": group_id,
-      "worker": worker_id(),
-      "host": socket.gethostname(),
-      "pid": os.getpid(),
-      "process": jax.process_index(),
-      "devices": devices,
-      "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "heartbeat": now,
-    },
-  )
-  if old is None:
-    _log_claim(workdir, "claimed", group_id, devices=devices)
-    return "claimed"
-  _log_claim(
-    workdir,
-    "taken over",
-    group_id,
-    devices=devices,
-    previous=old.get("worker"),
-    previous_heartbeat=old.get("heartbeat"),
+    old.get("worker"),
+    "whose process has died"
+    if dead
+    else f"which stopped answering (last heartbeat {_ago(old, now)}) and holds nothing",
   )
   return "taken over"
 
@@ -254,11 +332,16 @@ def holds_claim(workdir: str, group_id: str) -> bool:
 def refresh_claim(workdir: str, group_id: str) -> bool:
   """Refreshes this worker's claim on ``group_id`` (its heartbeat); False if the claim is no
   longer this worker's (taken over after this worker stopped answering). A claim another worker
-  wrote while this process holds the group's directory lock (it trains the group; the other
-  could not) is written back as this worker's and logged ``reclaimed``."""
+  wrote while this worker holds the group's directory lock (it trains the group; the other
+  could not) is written back as this worker's and logged ``reclaimed``.
+
+  Raises:
+    atomic.LockBusy: the group's claim lock is held past ``CLAIM_PATIENCE_S`` (the next
+      heartbeat tries again).
+  """
   import jax
 
-  with claims_lock(workdir):
+  with claim_lock(workdir, group_id):
     claim = read_claim(workdir, group_id)
     if claim is None or claim.get("worker") != worker_id():
       if _group_lock_holder(workdir, group_id) != lock_text():
@@ -273,12 +356,17 @@ def refresh_claim(workdir: str, group_id: str) -> bool:
 
 def release_claim(workdir: str, group_id: str, state: str) -> None:
   """Removes this worker's claim on ``group_id`` (the group is ``state`` now); a claim that is
-  no longer this worker's is left alone."""
-  with claims_lock(workdir):
-    claim = read_claim(workdir, group_id)
-    if claim is not None and claim.get("worker") == worker_id():
-      os.remove(_claim_path(workdir, group_id))
-      _log_claim(workdir, "released", group_id, state=state)
+  no longer this worker's is left alone. Waits for the group's claim lock up to
+  ``CLAIM_PATIENCE_S`` (a holder past it: the claim is left, and reads as stale once this
+  process ends or its heartbeat ages)."""
+  try:
+    with claim_lock(workdir, group_id):
+      claim = read_claim(workdir, group_id)
+      if claim is not None and claim.get("worker") == worker_id():
+        os.remove(_claim_path(workdir, group_id))
+        _log_claim(workdir, "released", group_id, state=state)
+  except LockBusy as e:
+    log.warning("group %s: its claim is left (%s)", group_id, e)
 
 
 class ClaimHeartbeat:
@@ -300,7 +388,7 @@ class ClaimHeartbeat:
         if not refresh_claim(self.workdir, self.group_id):
           self.lost.set()
           return
-      except OSError as e:  # a filesystem hiccup: the next beat tries again
+      except (OSError, LockBusy) as e:  # a filesystem hiccup: the next beat tries again
         log.warning("could not refresh the claim on %s: %s", self.group_id, e)
 
   def __enter__(self):

@@ -5,7 +5,6 @@ the JSONL logs' reader. Which directories ihsweep may write, and their lock: ``o
 from __future__ import annotations
 
 import datetime
-import fcntl
 import json
 import logging
 import os
@@ -14,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ihsweep.base.atomic import atomic_file, atomic_write_json
+from ihsweep.base.atomic import atomic_file, atomic_write_json, rewrite_when_free
 
 STATES = ("pending", "running", "done", "failed", "interrupted")
 
@@ -160,13 +159,17 @@ def cells_table(plan, workdir: str | None = None):
 
 
 def write_cells(plan, workdir: str) -> str:
-  """(Re)writes ``workdir/cells.csv`` from the plan and the groups' status files, atomically and
-  under a lock (processes finishing groups may refresh it at the same time)."""
+  """(Re)writes ``workdir/cells.csv`` from the plan and the groups' status files, atomically;
+  workers finishing groups at the same time never wait on each other for it
+  (``atomic.rewrite_when_free``: whoever holds ``.cells.lock`` rewrites it once more for a
+  worker that found it held)."""
   path = os.path.join(workdir, "cells.csv")
-  with open(os.path.join(workdir, ".cells.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
+
+  def write() -> None:
     with atomic_file(path) as f:
       cells_table(plan, workdir).to_csv(f, index=False)
+
+  rewrite_when_free(os.path.join(workdir, ".cells.lock"), write)
   return path
 
 

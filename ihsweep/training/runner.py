@@ -100,6 +100,16 @@ class ResolvedGroup:
         self._built.append(GroupBuild(self.cfg, list(self.devices)))
       return self._built[0]
 
+  def on(self, devices) -> ResolvedGroup:
+    """This resolution bound to a worker over ``devices`` (another slice of the same layout:
+    as many devices of the same kind, ``worker_layout.Resolutions``): the same config and
+    memory choice on the same-length prefix of ``devices``, with parts of its own (built when
+    first asked for); itself where the devices are its own."""
+    devices = tuple(list(devices)[: len(self.devices)])
+    if devices == self.devices:
+      return self
+    return dataclasses.replace(self, devices=devices, _lock=threading.Lock(), _built=[])
+
   def release(self) -> None:
     """Drops the built parts (a data source can hold large arrays): a worker keeps the records
     of all its groups, the parts of the one it trains and the next only."""

@@ -2,79 +2,175 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 
 from ihsweep.configuration.grid import Plan
 from ihsweep.runs import claims
 from ihsweep.runs.rundir import read_status
-from ihsweep.training import runner
+from ihsweep.training import runner, stopping
 from ihsweep.workers import compile_cache
 
 log = logging.getLogger("ihsweep")
 
-# Groups a worker of this process compiles ahead, (run directory, group id): sibling workers
-# (threads: sweep.devices_per_worker) each take the next such group nobody compiles yet, rather
-# than all compiling the same one.
-_AHEAD: set = set()
+# Who compiles which group ahead in this process, (run directory, group id) -> its CompileAhead:
+# sibling workers (threads: sweep.devices_per_worker) each take the next group nobody compiles
+# yet, rather than all compiling the same one, and a worker that claims a group a sibling
+# compiled ahead has the sibling drop what it built (``claimed``).
+_AHEAD: dict = {}
 _AHEAD_LOCK = threading.Lock()
+_IN_FLIGHT: set = set()  # the _Compile threads not yet finished, in this process
+
+
+def end_process_if_compiling(code: int) -> None:
+  """Ends the process now with ``code`` (after flushing its logs and output) if a compile ahead
+  is still in flight: the sweep has recorded everything, and a daemon thread still inside XLA
+  when the interpreter finalizes aborts the process ("terminate called …") as it returns. In a
+  job of several processes it waits for the compiles instead (every process must reach
+  jax.distributed's shutdown). Returns when none is in flight."""
+  import jax
+
+  alive = [c for c in list(_IN_FLIGHT) if c.thread.is_alive()]
+  if not alive:
+    return
+  if jax.process_count() > 1:
+    log.info("waiting for %d compile(s) ahead to end before the job's shutdown", len(alive))
+    for c in alive:
+      c.thread.join()
+    return
+  import sys
+
+  logging.shutdown()
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  os._exit(code)
+
+
+class _Compile:
+  """One group's compile on a daemon thread (a stop request never waits for it to finish)."""
+
+  def __init__(self, group: runner.ResolvedGroup, run):
+    self.group, self.dropped = group, False
+    self.done = threading.Event()
+    self._lock = threading.Lock()
+    self.thread = threading.Thread(
+      target=self._run, args=(run,), name=f"ihsweep-compile-{group.id}", daemon=True
+    )
+    _IN_FLIGHT.add(self)
+    self.thread.start()
+
+  def _run(self, run) -> None:
+    try:
+      run(self.group)
+    finally:
+      _IN_FLIGHT.discard(self)
+      with self._lock:
+        self.done.set()
+        if self.dropped:  # a sibling took the group meanwhile: its parts are not needed here
+          self.group.release()
+
+  def drop(self) -> None:
+    """The group went to another worker: release its parts now, or once the compile ends."""
+    with self._lock:
+      self.dropped = True
+      if self.done.is_set():
+        self.group.release()
 
 
 class CompileAhead:
   """Compiles the programs of the group a worker will probably take next on a background thread
   while it trains the current one (``runner.precompile`` of the worker's ``ResolvedGroup``): its
   ``fit`` then runs the compiled programs, and another worker taking the group finds them in
-  the persistent compilation cache."""
+  the persistent compilation cache.
 
-  def __init__(self, plan: Plan, workdir: str):
-    import concurrent.futures
+  ``idle``: a callable giving how many other workers of this process are between groups now
+  (they will claim the first groups nobody holds: those are not compiled here)."""
 
-    self.plan, self.workdir = plan, workdir
+  def __init__(self, plan: Plan, workdir: str, idle=lambda: 0):
+    self.plan, self.workdir, self.idle = plan, workdir, idle
     self.on = compile_cache.enabled()
-    self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ihsweep-compile")
-    self.pending: dict = {}  # group id → future
-    self._mine: set = set()  # the ids this worker put in _AHEAD
+    self.pending: dict = {}  # group id → _Compile
+    self.closed = False
 
   def after(self, group, worker) -> None:
-    """Starts compiling the first of ``worker``'s groups (a ``sweep`` worker: its ``groups`` and
+    """Starts compiling a group of ``worker``'s (a ``sweep`` worker: its ``groups`` and
     ``resolve``) after ``group`` in plan order that nobody holds or has finished and no other
-    worker of this process compiles ahead, as the worker resolved it (another worker may take it
-    first: then the cache still serves equal shapes)."""
+    worker of this process compiles ahead, as the worker resolved it, past the first ones the
+    process's idle workers are about to claim (another worker may still take it first: then it
+    drops what it built, ``claimed``)."""
     groups = worker.groups
-    if not self.on or group not in groups:
+    if not self.on or group not in groups or self.pending:
       return
+    skip = self.idle()
     for later in groups[groups.index(group) + 1 :]:
-      if later.id in self.pending:
-        return
       key = (self.workdir, later.id)
       if (
         read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
         and claims.read_claim(self.workdir, later.id) is None
       ):
+        if skip > 0:
+          skip -= 1
+          continue
         with _AHEAD_LOCK:
           if key in _AHEAD:  # a sibling worker compiles it: the next one is this worker's
             continue
-          _AHEAD.add(key)
-        self._mine.add(later.id)
-        self.pending[later.id] = self.pool.submit(self._compile, worker.resolve(later))
+          _AHEAD[key] = self
+        self.pending[later.id] = _Compile(worker.resolve(later), self._compile)
         return
 
-  def _compile(self, group: runner.ResolvedGroup) -> None:
+  @staticmethod
+  def _compile(group: runner.ResolvedGroup) -> None:
     try:
       seconds = runner.precompile(group)
       log.info("compiled group %s's programs ahead in %.1f s", group.id, sum(seconds.values()))
-    except Exception as e:  # noqa: BLE001 — its fit reports any real error
-      log.debug("compiling group %s ahead failed: %s", group.id, e)
+    except Exception as e:  # noqa: BLE001 — not fatal: the group's fit compiles it again
+      log.warning(
+        "compiling group %s ahead failed (its training compiles it again and reports any "
+        "error): %s: %s",
+        group.id,
+        type(e).__name__,
+        e,
+      )
 
-  def wait_for(self, group) -> None:
+  def wait_for(self, group) -> bool:
     """Before training ``group``: lets a compilation of it that is under way finish (its fit
-    then loads the programs rather than compiling them a second time beside it)."""
-    future = self.pending.pop(group.id, None)
-    if future is not None:
-      future.result()
+    then loads the programs rather than compiling them a second time beside it). Returns False
+    without waiting further if a stop is requested meanwhile."""
+    pending = self.pending.pop(group.id, None)
+    if pending is None:
+      return True
+    with _AHEAD_LOCK:
+      _AHEAD.pop((self.workdir, group.id), None)
+    while not pending.done.wait(0.2):
+      if stopping.stop_requested():
+        return False
+    return True
+
+  def claimed(self, group_id: str) -> None:
+    """This worker claimed ``group_id``: a sibling that compiled it ahead drops its parts."""
+    with _AHEAD_LOCK:
+      other = _AHEAD.get((self.workdir, group_id))
+      if other is None or other is self:
+        return
+      del _AHEAD[(self.workdir, group_id)]
+    other.drop(group_id)
+
+  def drop(self, group_id: str) -> None:
+    pending = self.pending.pop(group_id, None)
+    if pending is not None:
+      log.info("group %s: a sibling worker took it; its compile ahead here is dropped", group_id)
+      pending.drop()
 
   def close(self) -> None:
-    self.pool.shutdown(wait=False, cancel_futures=True)
-    with _AHEAD_LOCK:  # a later sweep in this process compiles them ahead again
-      _AHEAD.difference_update((self.workdir, gid) for gid in self._mine)
-    self._mine.clear()
+    """Ends this worker's compiles ahead: their parts are released (a compile in flight
+    finishes on its daemon thread, unwaited), and a later sweep in this process may compile
+    them ahead again."""
+    with _AHEAD_LOCK:
+      for gid in list(self.pending):
+        _AHEAD.pop((self.workdir, gid), None)
+    for pending in self.pending.values():
+      pending.drop()
+    self.pending.clear()

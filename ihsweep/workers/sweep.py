@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import traceback
 
@@ -53,12 +54,10 @@ from ihsweep.runs import claims, ownership
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
 from ihsweep.training import evaluation, memory, resume, runner, stopping
 from ihsweep.training import progress as progress_lib
-from ihsweep.workers.compile_ahead import (
-  CompileAhead,
-)
+from ihsweep.workers.compile_ahead import CompileAhead
 from ihsweep.workers.sweep_progress import SweepProgress
 from ihsweep.workers.sweep_status import summarize
-from ihsweep.workers.worker_layout import Worker, phase_workers, phases
+from ihsweep.workers.worker_layout import Resolutions, Worker, phase_workers, phases
 
 log = logging.getLogger("ihsweep")
 
@@ -162,33 +161,83 @@ def _describe(group, i: int, n: int, common: dict) -> None:
   )
 
 
+PREPARE_LOCK = ".prepare.lock"  # held by the worker that writes a new sweep's first files
+
+
 def _prepare(cfg, plan: Plan, workdir: str) -> None:
   """Writes config.json and cells.csv, or checks that a sweep already there has the same
-  config (under the claims lock: workers may start together)."""
-  with claims.claims_lock(workdir):
-    if os.path.exists(os.path.join(workdir, "cells.csv")):
-      resume.check_resumable(cfg, workdir)
-    resume.write_resolved_config(cfg, workdir)
-    write_cells(plan, workdir)
+  config. Workers starting together on a new directory take turns under ``PREPARE_LOCK`` (the
+  first writes, the others then check against it); one that waits says on whom every few
+  seconds, and a stop request ends the wait."""
+  cells = os.path.join(workdir, "cells.csv")
+  if not os.path.exists(cells):
+    os.makedirs(workdir, exist_ok=True)
+    while True:
+      try:
+        with atomic.brief_lock(os.path.join(workdir, PREPARE_LOCK), patience=5.0):
+          if not os.path.exists(cells):  # config.json first: cells.csv says both are there
+            resume.write_resolved_config(cfg, workdir)
+            write_cells(plan, workdir)
+            return
+        break
+      except atomic.LockBusy as e:
+        if stopping.stop_requested():
+          raise stopping.Interrupted(workdir, 0) from None
+        log.warning("waiting for %s to write the sweep's config.json and cells.csv (%s)",
+                    e.holder, "not answering for over 5 s: paused or hung")  # fmt: skip
+  resume.check_resumable(cfg, workdir)
+  resume.write_resolved_config(cfg, workdir)
+  write_cells(plan, workdir)
 
 
-def _next_group(groups: list, workdir: str, since: float, devices: list[str]):
+def _next_group(groups: list, workdir: str, since: float, devices: list[str], siblings):
   """``(group, event, waiting)``: the first of ``groups`` (plan order: most expensive first)
   this worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)``
-  with ``waiting`` the groups other live workers hold."""
+  with ``waiting`` the groups other live workers hold. Each group's claim is read and written
+  under its own brief lock (``claims.try_claim``): no lock spans the groups. Groups this
+  process's workers saw fail (or meet a storage fault) in this run are skipped."""
   waiting = []
-  with claims.claims_lock(workdir):
-    for group in groups:
-      status = read_status(workdir, group.id)
-      if status["state"] == "done" or (
-        status["state"] == "failed" and float(status.get("failed_at", 0)) >= since
-      ):
-        continue
-      event = claims.try_claim(workdir, group.id, devices)
-      if event:
-        return group, event, []
-      waiting.append(group.id)
+  for group in groups:
+    if group.id in siblings.faulted:
+      continue
+    status = read_status(workdir, group.id)
+    if status["state"] == "done" or (
+      status["state"] == "failed" and float(status.get("failed_at", 0)) >= since
+    ):
+      continue
+    event = claims.try_claim(workdir, group.id, devices)
+    if event:
+      return group, event, []
+    waiting.append(group.id)
   return None, None, waiting
+
+
+class Siblings:
+  """What the workers of one process share in a phase: a stop for all of them once one meets an
+  error that ends the process (each stops at its next group boundary), every such error with
+  its worker and group, the groups that met a storage fault (no sibling retries them), and how
+  many are between groups (``CompileAhead`` leaves the next groups to them)."""
+
+  def __init__(self, count: int = 1):
+    self.count = count
+    self.stop = threading.Event()
+    self.errors: list = []  # (worker name, group id or None, exception)
+    self.faulted: set = set()
+    self.between: set = set(range(count))
+    self.lock = threading.Lock()
+
+  def failed(self, worker: str, group_id: str | None, error: BaseException) -> None:
+    with self.lock:
+      self.errors.append((worker, group_id, error))
+    self.stop.set()
+
+  def idle_besides(self, index: int) -> int:
+    with self.lock:
+      return len(self.between - {index})
+
+  def busy(self, index: int, busy: bool) -> None:
+    with self.lock:
+      (self.between.discard if busy else self.between.add)(index)
 
 
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
@@ -211,15 +260,18 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   tracker = SweepProgress(cfg, plan, workdir, first.devices, first.local, progress)
   tracker.report()
   result, trained = None, []
+  shared = Resolutions()  # each group resolved once per device layout in this process
   try:
     for i, phase in enumerate(steps):
-      workers = phase_workers(cfg, plan, phase)
+      workers = phase_workers(cfg, plan, phase, shared)
       if len(workers) > 1:
         result = _side_by_side(cfg, plan, workdir, workers, trained, tracker)
       else:
         ahead = CompileAhead(plan, workdir)
         try:
-          result = _work(cfg, plan, workdir, progress, workers[0], ahead, trained, tracker)
+          result = _work(
+            cfg, plan, workdir, progress, workers[0], ahead, trained, tracker, Siblings()
+          )
         finally:
           ahead.close()
       if jax.process_count() > 1 and i + 1 < len(steps):
@@ -278,19 +330,18 @@ def _side_by_side(cfg, plan: Plan, workdir: str, workers: list, trained: list, t
   ``K`` named ``…/wK`` in claims): each claims, trains and records the phase's groups on its own
   slice as a separate process would (``_work``; the devices run the programs the threads
   dispatch side by side). A worker whose group fails records it and goes on; an error that ends
-  a worker (a storage fault) is raised once every worker has ended. Returns the phase's result
-  as the run directory records it."""
-  import threading
-
-  errors = []
+  a worker (a storage fault) stops its siblings at their next group boundary (``Siblings``),
+  each such error is logged with its worker and group, and the first is raised once every
+  worker has ended. Returns the phase's result as the run directory records it."""
+  siblings = Siblings(len(workers))
 
   def work(index: int, worker: Worker) -> None:
     claims.set_thread_worker(index)
-    ahead = CompileAhead(plan, workdir)
+    ahead = CompileAhead(plan, workdir, idle=lambda: siblings.idle_besides(index))
     try:  # no per-group bars: several groups train at once; the sweep's line follows them
-      _work(cfg, plan, workdir, False, worker, ahead, trained, tracker)
+      _work(cfg, plan, workdir, False, worker, ahead, trained, tracker, siblings, index)
     except BaseException as e:  # noqa: BLE001 — raised below, after its siblings end
-      errors.append(e)
+      siblings.failed(claims.worker_id(), getattr(e, "group_id", None), e)
     finally:
       ahead.close()
 
@@ -306,8 +357,16 @@ def _side_by_side(cfg, plan: Plan, workdir: str, workers: list, trained: list, t
   log.info(
     "the %d workers of this process: trained %s", len(workers), ", ".join(trained) or "no group"
   )
-  if errors:
-    raise errors[0]
+  if siblings.errors:
+    for name, group_id, e in siblings.errors:
+      log.error(
+        "worker %s ended%s: %s: %s",
+        name,
+        f" in group {group_id}" if group_id else "",
+        type(e).__name__,
+        e,
+      )
+    raise siblings.errors[0][2]
   return _recorded_result(plan, workdir, stopping.stop_requested())
 
 
@@ -324,10 +383,10 @@ def _wait_for_phase(workdir: str, groups: list, interrupted: bool) -> None:
 
 def _fit_memory(worker: Worker, workdir: str) -> None:
   """Before any group trains: each of the worker's unfinished groups is resolved for the
-  worker's devices (``runner.resolve``: validated and checked when the sweep was planned, its
-  memory chosen here, compiled against the devices' capacity where it is known, and recorded
-  in the group's config), so a group that fits at no setting is refused
-  (``memory.DoesNotFit``) before hours of other groups."""
+  worker's devices (``runner.resolve``, once per device layout in the process:
+  ``worker_layout.Resolutions``; validated and checked when the sweep was planned, its memory
+  chosen here, compiled against the devices' capacity where it is known), so a group that fits
+  at no setting is refused (``memory.DoesNotFit``) before hours of other groups."""
   for group in worker.groups:
     if read_status(workdir, group.id)["state"] != "done":
       worker.resolve(group)
@@ -342,9 +401,13 @@ def _work(
   ahead: CompileAhead,
   trained: list,
   tracker: SweepProgress,
+  siblings: Siblings,
+  index: int = 0,
 ) -> SweepResult:
   """A worker's loop: claim the next of its groups, train it, record it (and report the
-  sweep's progress: ``SweepProgress``); until none is left.
+  sweep's progress: ``SweepProgress``); until none is left, a stop is requested, or a sibling
+  worker of this process met an error that ends the process (``siblings.stop``: checked between
+  groups). ``index``: this worker among ``siblings``.
   In a worker of several processes its lead claims and writes and tells the others which
   group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
   finished to ``trained`` (every phase's, for the sweep's last log line)."""
@@ -356,10 +419,14 @@ def _work(
   wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
   interrupted, announced = False, None
   while True:
+    siblings.busy(index, False)
     if sharding.any_process(stopping.stop_requested(), worker.team):
       interrupted = True
       break
-    group, event, waiting = _agree_on_next(plan, worker, workdir, since)
+    if siblings.stop.is_set():
+      log.warning("worker %s: stops, as a sibling worker ended in an error", claims.worker_id())
+      break
+    group, event, waiting = _agree_on_next(plan, worker, workdir, since, siblings)
     if group is None:
       # groups this process's other workers hold end with it: no takeover to wait for
       waiting = [g for g in waiting if not claims.held_here(workdir, g)]
@@ -372,14 +439,17 @@ def _work(
           ", ".join(waiting),
         )
         announced = waiting
-      time.sleep(claims.claim_heartbeat_s())
+      _sleep(claims.claim_heartbeat_s(), siblings.stop)
       continue
     announced = None
+    siblings.busy(index, True)
+    ahead.claimed(group.id)
     common, group_devices = _start_group(plan, workdir, worker, group, event)
     _describe(group, plan.groups.index(group), n, common)
     state = _train_group(
-      cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker
-    )
+      cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker,
+      siblings,
+    )  # fmt: skip
     if state == "lost":
       continue
     interrupted = state == "interrupted"
@@ -389,14 +459,21 @@ def _work(
   return _recorded_result(plan, workdir, interrupted)
 
 
-def _agree_on_next(plan: Plan, worker: Worker, workdir: str, since: float) -> tuple:
+def _sleep(seconds: float, stop: threading.Event) -> None:
+  """Sleeps ``seconds``, or less once a stop is requested or ``stop`` is set."""
+  end = time.monotonic() + seconds
+  while time.monotonic() < end and not (stopping.stop_requested() or stop.is_set()):
+    time.sleep(min(0.2, max(end - time.monotonic(), 0)))
+
+
+def _agree_on_next(plan: Plan, worker: Worker, workdir: str, since: float, siblings) -> tuple:
   """``(group or None, claim event, groups others hold)``: the lead claims the next group
   (``_next_group``); a worker of several processes then agrees on it with its lead."""
   team = worker.team
   group, event, waiting = None, None, []
   if team.leads:
     group, event, waiting = _next_group(
-      worker.groups, workdir, since, [str(d) for d in worker.devices]
+      worker.groups, workdir, since, [str(d) for d in worker.devices], siblings
     )
   if len(team.processes) > 1:
     index = sharding.lead_value(plan.groups.index(group) if group else -1, team)
@@ -412,10 +489,13 @@ def _start_group(plan: Plan, workdir: str, worker: Worker, group, event) -> tupl
   attempts = int(read_status(workdir, group.id).get("attempts", 0)) + 1
   common["attempts"] = attempts
   if event == "taken over":
+    saved = _has_state(group_dir(workdir, group.id))
     log.warning(
-      "group %s: taken over from a worker that stopped answering (claims.jsonl); "
-      "resuming from its last checkpoint",
+      "group %s: %s",
       group.id,
+      "resuming from its last full-state checkpoint"
+      if saved
+      else "no full-state checkpoint was saved: training it from the start",
     )
   group_devices = list(worker.resolve(group).devices)
   common["devices"] = len(group_devices)
@@ -427,9 +507,25 @@ def _start_group(plan: Plan, workdir: str, worker: Worker, group, event) -> tupl
   return common, group_devices
 
 
+def _state_steps(directory: str) -> list[int]:
+  """The updates of a group directory's full-state checkpoints (orbax's numbered step folders
+  under ``checkpoints/state/``), [] without any."""
+  try:
+    return sorted(
+      int(n) for n in os.listdir(os.path.join(directory, "checkpoints", "state")) if n.isdigit()
+    )
+  except OSError:
+    return []
+
+
+def _has_state(directory: str) -> bool:
+  return bool(_state_steps(directory))
+
+
 def _train_group(
-  cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker
-) -> str:
+  cfg, plan, workdir, progress, worker, ahead, group, common, group_devices, trained, tracker,
+  siblings,
+) -> str:  # fmt: skip
   """Trains one claimed group and records how it ended: 'done' (appended to ``trained``,
   counted by ``tracker``), 'lost' (its claim was taken over meanwhile), 'interrupted', or
   'failed' (recorded; in a worker of several processes, raised as ``GroupFailed``)."""
@@ -451,7 +547,8 @@ def _train_group(
       lost if several else contextlib.nullcontext(),
       claims.ClaimHeartbeat(workdir, group.id) if lead else _NoHeartbeat() as beat,
     ):
-      ahead.wait_for(group)
+      if not ahead.wait_for(group):  # a stop request while its compile ahead runs
+        raise stopping.Interrupted(group_dir(workdir, group.id), _saved_step(workdir, group))
       ahead.after(group, worker)
       out = runner.fit(
         worker.resolve(group),
@@ -483,6 +580,7 @@ def _train_group(
     fault = StorageFault.of(e, group_dir(workdir, group.id))
     if fault is not None:  # a storage fault: every later group would meet it; a rerun resumes
       state = "interrupted"
+      _record_fault(workdir, group, common, me, fault, siblings)
       if fault is e:
         raise
       raise fault from e
@@ -519,6 +617,32 @@ def _in_use_by_another(e: Exception, workdir: str, group) -> bool:
   return True
 
 
+def _saved_step(workdir: str, group) -> int:
+  """The update a rerun resumes ``group`` from: its last full-state checkpoint's, else 0."""
+  return (_state_steps(group_dir(workdir, group.id)) or [0])[-1]
+
+
+def _record_fault(workdir: str, group, common: dict, me: str, fault, siblings) -> None:
+  """A storage fault in ``group``: said at once (with the worker), the group kept from this
+  process's other workers (they would meet the same fault), and recorded 'interrupted' with
+  the fault in its status.json where the storage still takes a small write."""
+  fault.group_id = group.id
+  siblings.faulted.add(group.id)
+  siblings.stop.set()
+  if siblings.count > 1:  # one worker: the process's last line says it, at once
+    log.error("group %s: worker %s met a storage fault: %s", group.id, me, fault)
+  with contextlib.suppress(OSError):
+    write_status(
+      workdir,
+      group.id,
+      state="interrupted",
+      **common,
+      worker=me,
+      error=f"storage fault: {fault}",
+      step=_saved_step(workdir, group),
+    )
+
+
 def _record_failure(workdir: str, group, common: dict, me: str, e: Exception) -> None:
   """Logs a group that raised ``e`` and records it failed, with the traceback being handled
   (call inside the ``except``)."""
@@ -536,11 +660,15 @@ def _record_failure(workdir: str, group, common: dict, me: str, e: Exception) ->
 
 
 def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult:
-  """Writes sweep.json from every group's status (under the claims lock: workers finish
-  together) and returns the sweep's result as the run directory now records it."""
-  with claims.claims_lock(workdir):
-    summary = summarize(plan, workdir)
-    atomic.atomic_write_json(os.path.join(workdir, "sweep.json"), summary)
+  """Writes sweep.json from every group's status (``atomic.rewrite_when_free``: workers
+  finishing together never wait on each other) and returns the sweep's result as the run
+  directory now records it."""
+
+  def write() -> None:
+    atomic.atomic_write_json(os.path.join(workdir, "sweep.json"), summarize(plan, workdir))
+
+  atomic.rewrite_when_free(os.path.join(workdir, ".sweep.lock"), write)
+  summary = summarize(plan, workdir)
   return SweepResult(
     groups={g.id: read_status(workdir, g.id) for g in plan.groups},
     summary=summary,

@@ -182,12 +182,21 @@ def format_status(workdir: str) -> str:
     if r["diverged"]:
       notes.append(f"diverged cells {','.join(map(str, r['diverged']))}")
     if r["state"] == "stopped":
-      notes.append("its worker is gone: a waiting worker or a rerun takes it over")
+      notes.append(
+        "its worker is gone (its process died, or it stopped answering and holds nothing): "
+        "a waiting worker or a rerun takes it over"
+      )
     elif r["state"] == "running" and r["worker"]:
       seen = r["reported_s_ago"]
       notes.append(
         f"worker {r['worker']}" + (f", last report {seen:.0f} s ago" if seen is not None else "")
       )
+      holder = claims.not_answering(workdir, r["group"])
+      if holder:
+        notes.append(
+          f"not answering (paused or hung), but its directory is held by {holder}, a live "
+          "process: nothing takes it over"
+        )
     if r["unreadable"]:
       notes.append("status.json unreadable: a rerun resumes it from its checkpoints")
     if r["unverified"]:

@@ -7,6 +7,7 @@ one trains: its devices, the processes owning them and the groups it may take.""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from ihsweep.base import sharding
 from ihsweep.base.numbers import divisors
@@ -18,27 +19,58 @@ from ihsweep.planning import phases as phases_lib
 from ihsweep.training import memory, runner
 
 
+class Resolutions:
+  """Each group's resolution (``runner.resolve``: validated for the devices, its memory chosen,
+  compiled against their capacity where it is known) made once per device layout in a process
+  and shared by its workers: workers side by side over equal slices of the process's devices
+  (one layout: as many devices of one kind, process-local or not) make one resolution per group
+  between them, whichever asks first (the others wait for it), then each binds it to its own
+  devices (``ResolvedGroup.on``). A resolution, once made, is never written again; the plan's
+  ``Group.cfg`` is never written. Thread-safe.
+
+  ``made``: how many resolutions were made, per (group id, device count) — what a test counts.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._making: dict = {}  # layout key -> threading.Lock, held while one is made
+    self._made: dict = {}  # layout key -> runner.ResolvedGroup
+    self.made: dict = {}
+
+  def get(self, group, devices: list, local: bool) -> runner.ResolvedGroup:
+    """``group`` resolved for a worker over ``devices`` (``local``: process-local in a job)."""
+    first = devices[0]
+    key = (group.id, len(devices), first.platform, getattr(first, "device_kind", ""), local)
+    with self._lock:
+      making = self._making.setdefault(key, threading.Lock())
+    with making:
+      if key not in self._made:
+        self._made[key] = runner.resolve(group.cfg, devices, local, group_id=group.id, checked=True)
+        with self._lock:
+          self.made[(group.id, len(devices))] = self.made.get((group.id, len(devices)), 0) + 1
+    return self._made[key].on(devices)
+
+
 @dataclasses.dataclass
 class Worker:
   """Where a worker trains: its devices and the processes owning them (``sharding.Team``:
   this process alone for independent processes and process-local groups; several processes of
-  a jax.distributed job for a worker spanning hosts), and the groups it may take."""
+  a jax.distributed job for a worker spanning hosts), and the groups it may take; the
+  resolutions it shares with the other workers of its process (``Resolutions``)."""
 
   devices: list
   team: object  # sharding.Team
   groups: list
   local: bool  # a process-local worker inside a jax.distributed job
+  shared: Resolutions = dataclasses.field(default_factory=Resolutions)
   resolved: dict = dataclasses.field(default_factory=dict)  # group id -> runner.ResolvedGroup
 
   def resolve(self, group) -> runner.ResolvedGroup:
-    """The group as this worker resolved it (``_fit_memory``), resolved now if it was not (a
-    group that read as done then)."""
+    """The group as resolved for this worker's devices (``Resolutions``: once per layout in the
+    process), bound to them; the same object for every call of this worker, whose built parts
+    it releases after training the group."""
     if group.id not in self.resolved:
-      resolved = runner.resolve(
-        group.cfg, self.devices, self.local, group_id=group.id, checked=True
-      )
-      group.cfg = resolved.cfg
-      self.resolved[group.id] = resolved
+      self.resolved[group.id] = self.shared.get(group, self.devices, self.local)
     return self.resolved[group.id]
 
 
@@ -124,11 +156,13 @@ def _fits(plan: Plan, devices: list, local: bool) -> bool:
   )
 
 
-def phase_workers(cfg, plan: Plan, phase) -> list[Worker]:
+def phase_workers(cfg, plan: Plan, phase, shared: Resolutions | None = None) -> list[Worker]:
   """This process's workers in ``phase``: for workers of one process, one per slice of
   ``phase.devices_per_worker`` of its devices (several side by side where that is below them);
   else the one team of ``processes_per_worker`` consecutive processes it belongs to, over their
-  devices. Each holds the phase's groups."""
+  devices. Each holds the phase's groups and ``shared`` (the process's ``Resolutions``, made
+  once per sweep; a new one if None)."""
+  shared = shared or Resolutions()
   import jax
 
   k = int(phase.processes_per_worker)
@@ -137,7 +171,7 @@ def phase_workers(cfg, plan: Plan, phase) -> list[Worker]:
   if k == 1:
     team = sharding.Team((jax.process_index(),))
     return [
-      Worker(devices, team, groups, local=jax.process_count() > 1)
+      Worker(devices, team, groups, local=jax.process_count() > 1, shared=shared)
       for devices in config_lib.worker_slices(cfg, phase.devices_per_worker)
     ]
   first = jax.process_index() // k * k
@@ -146,4 +180,4 @@ def phase_workers(cfg, plan: Plan, phase) -> list[Worker]:
   devices = []
   for p in team.processes:
     devices += [d for d in jax.devices() if d.process_index == p][:per_process]
-  return [Worker(devices, team, groups, local=False)]
+  return [Worker(devices, team, groups, local=False, shared=shared)]
