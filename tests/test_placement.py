@@ -317,6 +317,69 @@ def test_measured_times_on_one_machine_give_one_phase_of_processes(monkeypatch):
   assert placement.predict(cfg, 4).phased.makespan_s == pytest.approx(6)
 
 
+def _marked(p) -> tuple[list, list, str]:
+  """A plan's best and chosen layouts ``(D, workers)`` as --json marks them, and its text."""
+  from ihsweep.planning import prediction
+
+  rows = p.to_json()["layouts"]
+  best = [(r["devices_per_worker"], r["n_workers"]) for r in rows if r["best"]]
+  chosen = [(r["devices_per_worker"], r["n_workers"]) for r in rows if r["chosen"]]
+  return best, chosen, prediction.format_text(p)
+
+
+def test_the_layout_list_its_best_mark_and_the_phases_agree(monkeypatch):
+  """The plan's one-phase layouts include the one its phases run, and where none beats the
+  phases (``PHASE_TIE``) that one is `best` in the text and in --json.
+
+  Measured (a start-up of 1.5 s and 100 updates of 10 ms per group, whatever its devices) on
+  this machine's 4 devices, 4 groups of E = 1, B = 2 (a mesh of at most 2 devices): auto runs
+  2 workers of 2 (4.0 s), which the list lacked (it listed 1 × 4 alone, 7.6 s, marked best).
+  From FLOPs, 4 groups of equal cost that use all 4 devices: 4 × 1, 2 × 2 and 1 × 4 tie; the
+  phases run 1 × 4 (no network priced: the most devices), which `best` marked 4 × 1 (the
+  fewest)."""
+  pieces = dict(startup_s=1.0, compile_s=0.5, call_s=0.0, update_s=0.01, eval_s=0.0,
+                params_save_s=0.0, state_save_s=0.0)  # fmt: skip
+  monkeypatch.setattr(
+    timing,
+    "MeasuredModel",
+    functools.partial(
+      timing.MeasuredModel, measure=lambda cfg, devices: dict(devices=len(devices), **pieces)
+    ),
+  )
+  cfg = tiny_config(**{"train.num_steps": 100, "ensemble.size": 1, "train.batch_size": 2})
+  with cfg.unlocked():
+    cfg.sweep.seeds = 1
+    cfg.sweep.grid.train = ml_collections.ConfigDict({"context_size": (8, 16, 24, 32)})
+  p = placement.predict(cfg, 4)
+  (phase,) = p.phased.phases
+  assert (phase.n_workers, phase.devices_per_worker) == (2, 2)
+  assert p.phased.makespan_s == pytest.approx(4.0)
+  assert [s.devices_per_worker for s in p.layouts] == [2, 4]
+  assert p.layout is p.chosen_layout and p.layout.makespan_s == pytest.approx(4.0)
+  best, chosen, text = _marked(p)
+  assert best == chosen == [(2, 2)]
+  listed = text.split("one-phase layouts (workers × devices each):\n")[1].split("\n\n")[0]
+  assert [" ".join(line.split()) for line in listed.splitlines()] == [
+    "2 × 2 makespan 4.0 s, utilisation 95.4% <- best, the phases' layout",
+    "1 × 4 makespan 7.6 s, utilisation 50.0%",
+  ]
+  assert "\nbest one-phase layout, 2 × 2: makespan 4.0 s" in text and "faster" not in text
+
+  cfg = tiny_config(**{"train.num_steps": 100})
+  with cfg.unlocked():
+    cfg.sweep.grid.train = ml_collections.ConfigDict({"weight_decay": (0.0, 0.1, 0.2, 0.3)})
+  p = placement.predict(cfg, 4, flops_per_s=1e12, network=None)
+  assert [(x.n_workers, x.devices_per_worker) for x in p.phased.phases] == [(1, 4)]
+  spans = [s.makespan_s for s in p.layouts]
+  assert [s.devices_per_worker for s in p.layouts] == [1, 2, 4]
+  assert max(spans) == pytest.approx(min(spans))  # a tie, which choose_layout gives to 4 × 1
+  assert list_schedule.choose_layout(p.layouts).devices_per_worker == 1
+  best, chosen, text = _marked(p)
+  assert best == chosen == [(4, 1)]
+  assert text.count("<- best") == 1 and "1 × 4 " in text.split("<- best")[0].splitlines()[-1]
+  assert "\nbest one-phase layout, 1 × 4: " in text
+
+
 class _Group:
   """The fields of grid.Group that predicted_updates reads."""
 

@@ -95,6 +95,12 @@ class PhasedSchedule:
     """Σ m · t / (N · makespan) over every phase's groups, in [0, 1]."""
     return busy_share(self.slots, self.n_devices, self.makespan_s)
 
+  def beaten_by(self, layout) -> bool:
+    """Whether the one-phase ``layout`` (a ``list_schedule.Schedule``) ends sooner than these
+    phases by more than ``PHASE_TIE`` (False where it is refused or not predicted)."""
+    span = layout.makespan_s
+    return span is not None and span < self.makespan_s * (1 - PHASE_TIE)
+
 
 def fills(job, devices: int) -> bool:
   """Whether a group's mesh can use all ``devices`` (``sharding.mesh_shape`` accepts the

@@ -236,7 +236,8 @@ def predict(
   ``sweep.devices_per_worker`` side by side in each process, or (0, auto: what ``ihsweep run``
   does) of the D ``choose_local_devices`` finds fastest. The one-phase layouts beside them: D
   alone when given, else — FLOPs — every divisor of N up to a host and every team of several
-  processes (``layout_schedule``), the best by ``choose_layout``; measured, d.
+  processes (``layout_schedule``); measured, d; and the phases' own D where they are one
+  phase. The best of them (``best_layout``): the phases' layout, unless one is faster.
 
   Raises:
     LayoutError: a D that fits neither a host nor whole processes, a team some group cannot
@@ -267,17 +268,22 @@ def predict(
     else:
       sizes = [per_process]
     phases, reason = _default_phases(jobs, model, sweep, n_processes, per_process, flops_per_s)
+  if len(phases) == 1 and phases[0].devices_per_worker not in sizes:
+    sizes = sorted([*sizes, phases[0].devices_per_worker])  # e.g. auto's D on a measured plan
   layouts = [layout_schedule(jobs, model, n_devices, d, per_process) for d in sizes]
+  phased = PhasedSchedule(n_devices, phases)
+  chosen = _chosen_layout(layouts, phased)
   return Prediction(
     n_devices=n_devices,
     budget=plan.budget,
     n_cells=len(plan.cells),
     jobs=jobs,
     model=model,
-    phased=PhasedSchedule(n_devices, phases),
+    phased=phased,
     phases_reason=reason,
     layouts=layouts,
-    layout=choose_layout(layouts),
+    layout=best_layout(layouts, phased, chosen),
+    chosen_layout=chosen,
     n_processes=n_processes,
     devices_per_process=per_process,
     updates_note=_updates_note(cfg, law, plan) if plan.budget == "emergence" else "",
@@ -285,6 +291,28 @@ def predict(
     default_launch=not fixed,
     pinned_devices_per_worker=int(sweep.get("devices_per_worker", 0) or 0),
   )
+
+
+def _chosen_layout(layouts: list[Schedule], phased: PhasedSchedule) -> Schedule | None:
+  """The one-phase layout the plan's phases are (their one phase's D, timed), or None: several
+  phases, or that layout refused or not predicted."""
+  if len(phased.phases) != 1:
+    return None
+  d = phased.phases[0].devices_per_worker
+  return next((s for s in layouts if s.devices_per_worker == d and s.makespan_s is not None), None)
+
+
+def best_layout(layouts: list[Schedule], phased: PhasedSchedule, chosen: Schedule | None):
+  """The one-phase layout a plan marks best (``Schedule``): its phases' own (``chosen``)
+  unless ``choose_layout``'s pick beats the phases by more than ``PHASE_TIE`` — the plan then
+  says why it is faster and how to run it. Within that tie the phases' layout wins: the two
+  choices break ties differently (``choose_layout`` the fewest devices per worker,
+  ``choose_local_devices`` without a priced network the most), and the plan's list, its best
+  mark and its phases must name one layout."""
+  fastest = choose_layout(layouts)
+  if chosen is None or phased.beaten_by(fastest):
+    return fastest
+  return chosen
 
 
 # ---- how to start a layout: the planned run's flags (the launch lines: ``launch``) ----

@@ -13,14 +13,16 @@ from ihsweep.compute import schedule as schedule_lib
 from ihsweep.configuration.grid import ranges
 from ihsweep.planning.launch import default_launch_lines, launch_lines
 from ihsweep.planning.list_schedule import Schedule, Slot
-from ihsweep.planning.phases import PHASE_TIE, PhasedSchedule
+from ihsweep.planning.phases import PhasedSchedule
 
 
 @dataclasses.dataclass
 class Prediction:
   """What ``ihsweep plan`` prints: the jobs, the throughput model, the phases
   (``phased``; ``phases_reason``: where they came from) on ``n_processes`` × ``devices_per_process``
-  devices, and every one-phase layout tried (``layouts``; ``layout``: the best of them)."""
+  devices, and every one-phase layout tried (``layouts``; ``chosen_layout``: the one the phases
+  are, where they are one phase and it is timed, else None; ``layout``: the best,
+  ``placement.best_layout``: the chosen one unless another beats the phases)."""
 
   n_devices: int
   budget: str
@@ -39,6 +41,7 @@ class Prediction:
   platform: str = "gpu"  # what the launch lines start workers on (gpu | tpu)
   default_launch: bool = True  # the phases are `ihsweep run`'s (no --devices_per_worker)
   pinned_devices_per_worker: int = 0  # the config's sweep.devices_per_worker (0: auto)
+  chosen_layout: Schedule | None = None
 
   def slot(self, job) -> Slot:
     return next(s for s in self.phased.slots if s.group == job.id)
@@ -121,6 +124,7 @@ class Prediction:
           **self.communication(s.slots),
           "refused": s.refused,
           "best": s is self.layout,
+          "chosen": s is self.chosen_layout,
         }
         for s in self.layouts
       ],
@@ -217,7 +221,7 @@ def _layout_lines(p: Prediction) -> list[str]:
   lines = ["", "one-phase layouts (workers × devices each):"]
   for s in p.layouts:
     name = _layout_name(s.devices_per_worker, s.n_workers, p.devices_per_process)
-    mark = "  <- best" if s is p.layout and len(p.layouts) > 1 else ""
+    mark = _layout_mark(p, s) if len(p.layouts) > 1 else ""
     lines.append(
       f"  {name:<28} "
       + (
@@ -231,6 +235,15 @@ def _layout_lines(p: Prediction) -> list[str]:
       )
     )
   return lines
+
+
+def _layout_mark(p: Prediction, s) -> str:
+  """'  <- best', '  <- best, the phases' layout' or '  <- the phases' layout' (a faster one is
+  then best: the plan says why and how to run it), or ''."""
+  marks = ["best"] if s is p.layout else []
+  if s is p.chosen_layout:
+    marks.append("the phases' layout")
+  return "  <- " + ", ".join(marks) if marks else ""
 
 
 def _phase_lines(p: Prediction) -> list[str]:
@@ -339,7 +352,7 @@ def _why_best(p: Prediction) -> str:
   """Why the best one-phase layout beats the phases (which a jax.distributed job of these
   processes would run), and how to run it; '' when it does not."""
   best, phased = p.layout, p.phased
-  if best.makespan_s is None or best.makespan_s >= phased.makespan_s * (1 - PHASE_TIE):
+  if not phased.beaten_by(best):  # as placement.best_layout decides
     return ""
   d, per_process = best.devices_per_worker, p.devices_per_process
   ours, theirs = p.communication(best.slots), p.communication(phased.slots)
