@@ -20,7 +20,11 @@
 # least 1) through XLA_FLAGS, unless XLA_FLAGS already sets a count. IHSWEEP_GPUS=0,1,... (GPU
 # ids or UUIDs, G of them) hands them out: with N < G, N dividing G, process k gets G/N of them
 # (CUDA_VISIBLE_DEVICES=its consecutive share: 8 GPUs, 4 workers: 0,1 / 2,3 / 4,5 / 6,7, as
-# `ihsweep plan` lays out workers of 2 GPUs); with N >= G round-robin, the (k mod G)-th.
+# `ihsweep plan` lays out workers of 2 GPUs); with N >= G round-robin, the (k mod G)-th. With
+# IHSWEEP_GPUS a process's fake CPU devices are as many as its GPUs (XLA_FLAGS' count replaced,
+# IHSWEEP_CPU_DEVICES unused), so that the plan's line run where JAX has only the CPU starts
+# the processes and workers it describes (there 8 devices each would make 4 workers of 2 in
+# every process of `IHSWEEP_GPUS=0,...,7 ... 4 --independent ... devices_per_worker=2`).
 # Independent workers may share a GPU (tiny models; N > G): the workers of a shared GPU get
 # XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/K (K = workers on
 # that GPU; a value you set yourself is kept). Joined processes cannot share a GPU (NCCL
@@ -135,25 +139,38 @@ if (( independent )); then
     if [[ -n "${!v+set}" ]]; then drop+=("$v"); fi
   done
 fi
+# XLA_FLAGS with $1 fake CPU devices: the caller's flags, their device count replaced.
+xla_with() {
+  local words w out=()
+  read -ra words <<< "${XLA_FLAGS:-}"
+  for w in "${words[@]}"; do
+    if [[ "$w" != --xla_force_host_platform_device_count=* ]]; then out+=("$w"); fi
+  done
+  out+=("--xla_force_host_platform_device_count=$1")
+  echo "${out[*]}"
+}
 env_for() {  # process $1's environment as VAR=value words, into the array `envs`
   local k=$1
   envs=()
   if (( ! independent )); then
     envs+=("IHSWEEP_COORDINATOR=localhost:$port" "IHSWEEP_NUM_PROCESSES=$n" "IHSWEEP_PROCESS_ID=$k")
   fi
-  envs+=("XLA_FLAGS=$xla")
   if (( ${#gpus[@]} && n < ${#gpus[@]} )); then  # G/N GPUs each, consecutive
     local share=$(( ${#gpus[@]} / n ))
     local mine=("${gpus[@]:k * share:share}")
+    envs+=("XLA_FLAGS=$(xla_with "$share")")  # on CPU, as many devices as its GPUs
     envs+=("CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${mine[*]}")")
   elif (( ${#gpus[@]} )); then
     local g=$(( k % ${#gpus[@]} ))
     local sharing=$(( n / ${#gpus[@]} + (g < n % ${#gpus[@]} ? 1 : 0) ))
+    envs+=("XLA_FLAGS=$(xla_with 1)")
     envs+=("CUDA_VISIBLE_DEVICES=${gpus[g]}")
     if (( sharing > 1 )); then
       envs+=("XLA_PYTHON_CLIENT_PREALLOCATE=false")
       envs+=("XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-$(awk -v k="$sharing" 'BEGIN { printf "%.3f", 0.9 / k }')}")
     fi
+  else
+    envs+=("XLA_FLAGS=$xla")
   fi
 }
 # The workers a process of devices $1 (comma-separated) runs side by side, as a dry run tells

@@ -403,6 +403,63 @@ def test_joined_processes_one_gpu_each_and_never_two_on_one():
   assert r.returncode == 2 and "a number of processes that divides the GPUs" in r.stderr
 
 
+# A stand-in `ihsweep run`: one JSON line of the devices JAX gives the process and the workers
+# `ihsweep run` lays over them (config.worker_slices, slices of sweep.devices_per_worker).
+DEVICES_AND_WORKERS = """
+import json, sys
+import jax, ml_collections
+from ihsweep.configuration import config
+given = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--config.sweep.devices_per_worker=")]
+cfg = ml_collections.ConfigDict(
+  {"mesh": {"num_devices": 0}, "sweep": {"devices_per_worker": int(given[-1]) if given else 0}}
+)
+workers = [len(s) for s in config.worker_slices(cfg)]
+print(json.dumps({"devices": len(jax.local_devices()), "workers": workers}), flush=True)
+"""
+
+
+def test_the_plans_launch_line_starts_the_processes_and_workers_it_describes(tmp_path):
+  """The plan's local line for 4 independent workers of 2 devices on a host of 8
+  (``launch.launch_lines``: ``IHSWEEP_GPUS=0,...,7 launch/local_multiprocess.sh 4 --independent
+  ... --config.sweep.devices_per_worker=2``), run as printed where JAX has only the CPU and
+  XLA_FLAGS gives a process 8 fake devices: 4 processes, each of 2 devices and one worker over
+  them (before: 8 devices and 4 workers in each, 16 workers)."""
+  from ihsweep.planning import launch
+
+  work = tmp_path / "run"
+  lines, note = launch.launch_lines(["--config=configs/default.py", f"--workdir={work}"], 4, 2, 8)
+  line = lines[1]
+  assert line.startswith("IHSWEEP_GPUS=0,1,2,3,4,5,6,7 launch/local_multiprocess.sh 4 --indep")
+  assert line.endswith(" --config.sweep.devices_per_worker=2") and "4 local worker(s)" in note
+  stand_in = tmp_path / "stand_in.py"
+  stand_in.write_text(DEVICES_AND_WORKERS)
+  env = _clean_env(
+    IHSWEEP=f"{sys.executable} {stand_in}",
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  )
+  r = subprocess.run(
+    ["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert r.returncode == 0, r.stdout + r.stderr
+  logs = sorted(os.listdir(work / "logs"))
+  assert logs == [f"worker_{k}.log" for k in range(4)]
+  seen = [
+    json.loads((work / "logs" / name).read_text().splitlines()[-1]) for name in logs
+  ]  # after each log's header line
+  assert seen == [{"devices": 2, "workers": [2]}] * 4
+  # The dry run says the same of each process.
+  r = subprocess.run(["bash", "-c", line + " --dry-run"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=60)  # fmt: skip
+  assert [said.split(": ", 1)[1] for said in r.stderr.splitlines()] == [
+    f"devices {2 * k},{2 * k + 1}; workers: 1 worker(s) of 2: [{2 * k},{2 * k + 1}]"
+    for k in range(4)
+  ]
+  for row in r.stdout.splitlines():
+    variables, _ = _split(row)
+    assert variables["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2", row
+
+
 def _fake_launch(tmp_path, n: int, *flags, term: bool = False, **env):
   """local_multiprocess.sh with the stand-in ihsweep, worker k on GPU "k"; with ``term``,
   SIGTERM to the launcher once every worker has started. Returns (status, stdout, the
