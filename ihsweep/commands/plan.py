@@ -4,6 +4,7 @@ accelerator this machine need not have (``ihsweep.planning.targets``)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -57,7 +58,14 @@ which every group fits), each gradient all-reduce priced on the chip's published
 interconnect, then the layout with the shortest roofline makespan and the lines that launch
 it (exit 1 if some group fits nowhere). Progress (each compile's pass, group i of n,
 seconds) goes to stderr. A layout recommended with launch lines uses --workdir=DIR (default
-runs/CONFIG_NAME; a TPU pod: /mnt/shared/CONFIG_NAME)."""
+runs/CONFIG_NAME; a TPU pod: /mnt/shared/CONFIG_NAME).
+
+Before anything is timed or compiled, every group is checked as `ihsweep run` checks it on the
+planned devices, not this machine's: on a worker of a process of the plan (the N devices as
+hosts of --devices_per_host, of the target's, or measured of this machine's device count),
+--devices_per_worker or the config's sweep.devices_per_worker devices (0: all of the process's),
+its config validated and its memory bounded (with --flops_per_s the devices' memory is unknown
+unless $IHSWEEP_DEVICE_MEMORY gives it); a group `run` would refuse is refused here."""
 
 
 def flag_problem() -> str | None:
@@ -163,6 +171,9 @@ def main(argv) -> int:
     problem = add_axis_flags(cfg)
     if problem:
       return fail(problem)
+    problem = check_as_run(cfg)
+    if problem:
+      return fail(problem)
     prediction = placement.predict(
       cfg,
       FLAGS.devices,
@@ -217,6 +228,10 @@ def _plan_target(cfg) -> int:
     if problem:
       return fail(problem)
     target = toolchain.make_target(FLAGS.target, FLAGS.devices)
+    mesh = cfg.mesh.num_devices
+    if not mesh or mesh in targets.candidate_layouts(target):  # else the target's own words
+      host, n = target.devices_per_host, len(target.devices)
+      _check_devices(cfg, target.devices[:host], n if n > host else 0, target.capacity_bytes)
     result = targets.plan_for_target(
       cfg,
       target,
@@ -233,6 +248,85 @@ def _plan_target(cfg) -> int:
     return fail(f"--law={FLAGS.law}: {e}" if FLAGS.law else str(e))
   print(json.dumps(result.to_json()) if FLAGS.json else plan_text.format_plan(result))
   return 0 if result.fits else 1
+
+
+def check_as_run(cfg) -> str | None:
+  """Refuses, before anything is timed, what ``ihsweep run`` would refuse on the devices this
+  plan is for (``worker_fit.check_sweep``), whatever this machine has: the N = --devices as P
+  processes of d (``placement.processes_of``: hosts of --devices_per_host, default 8, with
+  --flops_per_s; measured, of this machine's device count), a process's devices this machine's
+  first d where measured, else ``worker_fit.PlannedDevice`` stand-ins of unknown memory (known
+  only from ``$IHSWEEP_DEVICE_MEMORY``); its workers of D = --devices_per_worker (what the plan's
+  launch lines pass as sweep.devices_per_worker; above d, a worker of several processes: checked
+  as auto), else the config's sweep.devices_per_worker (0: the widest). A group's memory counts
+  all N devices where the plan is one jax.distributed job of several processes (P > 1 without a
+  fixed D), as ``run`` does there.
+
+  Returns:
+    Why --devices_per_worker cannot be run with this config (one line), or None.
+
+  Raises:
+    ConfigError, DataError, memory.TooLarge: as ``ihsweep run`` before its run directory exists
+      (the config's mesh.num_devices first against N, as ``placement.predict`` checks it).
+  """
+  import jax
+
+  from ihsweep.configuration import fields
+  from ihsweep.planning import list_schedule, placement
+  from ihsweep.training import worker_fit
+
+  n, d, flops = FLAGS.devices, FLAGS.devices_per_worker, FLAGS.flops_per_s
+  hint = f" (0 = as many of the {n} devices as a group can use)"  # placement.predict's words
+  fields.check(cfg, "mesh.num_devices", hi=n, hint=hint)
+  local = jax.local_devices()
+  if flops is not None:
+    host = FLAGS.devices_per_host or list_schedule.DEFAULT_DEVICES_PER_HOST
+  else:
+    host = len(local)
+  n_processes, per_process = placement.processes_of(n, host)
+  if flops is None:
+    devices = local[:per_process]
+  else:
+    devices = [worker_fit.PlannedDevice(i) for i in range(per_process)]
+  team = d is not None and d > per_process
+  job = n if n_processes > 1 and (team or not (d or cfg.mesh.num_devices)) else 0
+  if d is not None:
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+      if "sweep" not in cfg:
+        cfg.sweep = fields.default_sweep()
+      cfg.sweep.devices_per_worker = 0 if team else d
+  try:
+    _check_devices(cfg, devices, job, None, data=flops is None)
+  except fields.ConfigError as e:
+    if d is None or team or e.field != "sweep.devices_per_worker":
+      raise
+    return f"--devices_per_worker={d} is not allowed with this config: {e.allowed}"
+  return None
+
+
+def _check_devices(cfg, devices, job_devices: int, capacity, data: bool = False) -> None:
+  """``worker_fit.check_sweep`` of ``cfg``'s plan for a process of ``devices`` (``data``: the
+  corpus checked, as the measured plan reads it; else not, as ``placement.make_jobs`` with
+  ``check_data=False``). sweep.processes_per_worker is left to the plan, which checks it
+  against its P processes (``placement.predict``), not this machine's.
+
+  Raises:
+    ConfigError, DataError, memory.TooLarge: as ``worker_fit.check_sweep``.
+  """
+  import contextlib
+
+  from ihsweep.configuration import grid
+  from ihsweep.planning import placement
+  from ihsweep.training import worker_fit
+
+  if cfg.get("sweep", {}).get("processes_per_worker", 0):
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+      cfg.sweep.processes_per_worker = 0
+  with contextlib.nullcontext() if data else placement.data_unchecked():
+    plan = grid.make_plan(cfg)
+    worker_fit.check_sweep(cfg, plan, devices, capacity=capacity, job_devices=job_devices)
 
 
 def _run_flags(tpu: bool) -> list[str]:

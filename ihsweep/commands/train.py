@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from ihsweep.commands.common import bad_input, config_and_workdir
-from ihsweep.commands.flags import FLAGS
+from ihsweep.commands.common import bad_input, config_and_workdir, fail
+from ihsweep.commands.flags import ARGV, FLAGS, split_args
 
 NAME = "train"
 DESCRIPTION = "train one ensemble (config sections model/train/ensemble/data/mesh)"
@@ -16,7 +16,24 @@ USAGE = """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogr
                      [--config.SECTION.FIELD=VALUE ...]"""
 ABOUT = """\
 Trains one ensemble and writes config.json, metrics.jsonl, train_log.jsonl and checkpoints
-into the run directory; rerunning the same command resumes at its last checkpoint."""
+into the run directory; rerunning the same command resumes at its last checkpoint. It reads no
+sweep.* field: a --config.sweep.* override is refused (`ihsweep run` trains a sweep)."""
+
+
+def sweep_override() -> str | None:
+  """Why the command line cannot be trained by ``train`` (one line): the first
+  ``--config.sweep.*`` override, a field of the sweep section that ``ihsweep train`` never reads
+  (it trains the config's one ensemble; seeds, budget, devices_per_worker, stop_threshold, ...
+  are ``ihsweep run``'s); None if there is none."""
+  for name, flag, value in split_args(ARGV[1:])[0]:
+    if flag == "config" and name.split(".")[1:2] == ["sweep"]:
+      typed = f"--{name}" if value is None else f"--{name}={value}"
+      return (
+        f"{typed} is not allowed with `ihsweep train`: it trains one ensemble and reads no "
+        f"sweep.* field (only seed and the other sections); use `ihsweep run` to train a "
+        f"sweep, or leave the flag out"
+      )
+  return None
 
 
 def main(argv) -> int:
@@ -32,6 +49,9 @@ def main(argv) -> int:
   cfg, failed = config_and_workdir("train")
   if failed is not None:
     return failed
+  problem = sweep_override()
+  if problem:
+    return fail(problem)
   try:
     config_lib.validate(cfg)  # a bad field first: it leaves no directory behind
     # too large for any memory setting: refused before the directory exists, as `ihsweep run`

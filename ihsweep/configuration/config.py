@@ -263,6 +263,24 @@ def validate(cfg, devices=None) -> None:
   ``mesh.num_devices`` = 0 and one process (or given ``devices``), an ensemble that cannot use
   them all runs on as many as it can (``sharding.usable_devices``); several processes on one
   global mesh must use all."""
+  size, batch = _validate_settings(cfg)
+  _validate_devices(cfg, size, batch, devices)
+
+
+def validate_settings(cfg) -> None:
+  """``validate``'s rules that do not depend on the devices: every rule but those of
+  ``validate_devices`` (a sweep's plan, ``grid.make_plan``, before it knows which devices a
+  group's worker has).
+
+  Raises:
+    ConfigError: naming the field, the value and what is allowed.
+    DataError: data that cannot be found, as ``validate``.
+  """
+  _validate_settings(cfg)
+
+
+def _validate_settings(cfg) -> tuple[int, int]:
+  """``validate_settings``; returns ``(ensemble.size, train.batch_size)`` as validated."""
   for section in ("model", "train", "ensemble", "data", "mesh", "eval", "checkpoint"):
     if section not in cfg:
       raise ConfigError(section, None, f"a section '{section}' (see configs/default.py)")
@@ -274,7 +292,7 @@ def validate(cfg, devices=None) -> None:
   data_rules.validate_eval(cfg, vocab, source)
   _validate_checkpoint(cfg)
   _validate_log(cfg)
-  _validate_devices(cfg, size, batch, devices)
+  return size, batch
 
 
 def _validate_budget(cfg) -> None:
@@ -311,9 +329,12 @@ def _validate_budget(cfg) -> None:
       )
 
 
-def validate_sweep(cfg, n_devices: int) -> None:
+def validate_sweep(cfg, n_devices: int | None = None) -> None:
   """The ``sweep`` section of a sweep's config, and the fields a sweep fills per group, before
-  anything is planned (``grid.make_plan``); ``n_devices``: the devices the sweep may use.
+  anything is planned (``grid.make_plan``). ``n_devices``: the devices of the process the sweep
+  is planned for, against which ``sweep.devices_per_worker`` is checked
+  (``check_devices_per_worker``); None: not checked here (``grid.make_plan``: the check is
+  ``worker_fit.check_sweep``'s, for the devices of a run or of a plan).
 
   Raises:
     ConfigError: naming the field, the value and what is allowed.
@@ -339,45 +360,54 @@ def validate_sweep(cfg, n_devices: int) -> None:
   check(cfg, "sweep.placement")
   check(cfg, "sweep.wait_to_take_over")
   check(cfg, "sweep.processes_per_worker", hi=jax.process_count())
-  _validate_devices_per_worker(cfg)
+  if n_devices is not None:
+    check_devices_per_worker(cfg, n_devices)
 
 
-def process_devices(cfg) -> list:
-  """This process's devices a sweep's workers share: its first ``mesh.num_devices`` local
-  devices where that is set, else all of them."""
-  return jax.local_devices()[: int(cfg.mesh.num_devices) or None]
+def process_devices(cfg, devices=None) -> list:
+  """The devices of a process that a sweep's workers share: the first ``mesh.num_devices`` of
+  ``devices`` (default this process's, ``jax.local_devices()``; a plan passes those of the
+  process it plans) where that is set, else all of them."""
+  devices = jax.local_devices() if devices is None else devices
+  return list(devices[: int(cfg.mesh.num_devices) or None])
 
 
-def worker_slices(cfg, size: int | None = None) -> list[list]:
-  """``process_devices`` in slices of ``size`` consecutive ones (default
-  ``sweep.devices_per_worker``), or one slice of all of them (0, auto: the widest worker the
-  layout may choose, what a group is validated against before ``worker_layout.phases``
-  chooses)."""
-  devices = process_devices(cfg)
+def worker_slices(cfg, size: int | None = None, devices=None) -> list[list]:
+  """``process_devices`` (of ``devices``, default this process's) in slices of ``size``
+  consecutive ones (default ``sweep.devices_per_worker``), or one slice of all of them (0, auto:
+  the widest worker the layout may choose, what a group is checked against before
+  ``worker_layout.phases`` chooses)."""
+  devices = process_devices(cfg, devices)
   if size is None:
     size = int(cfg.get("sweep", {}).get("devices_per_worker", 0))
   d = int(size) or len(devices)
   return [devices[i : i + d] for i in range(0, len(devices), d)]
 
 
-def _validate_devices_per_worker(cfg) -> None:
-  """``sweep.devices_per_worker``: 0 (auto), or a divisor of the process's devices
-  (``mesh.num_devices`` of them where set, which then fixes a worker's devices: 0 or all of
-  them)."""
-  n = len(process_devices(cfg))
+def check_devices_per_worker(cfg, n_devices: int) -> None:
+  """``sweep.devices_per_worker`` against a process of ``n_devices`` devices: 0 (auto), or a
+  divisor of the process's devices (its first ``mesh.num_devices`` where set, which then fixes a
+  worker's devices: 0 or all of them).
+
+  Raises:
+    ConfigError: ``sweep.devices_per_worker``, its value and the divisors allowed.
+  """
+  m = check_int("mesh.num_devices", cfg.mesh.num_devices, 0)  # it sets the process's share
+  n = min(m, n_devices) if m else n_devices
   allowed = (
     f"0 (auto: the plan's fastest layout) or a divisor of this process's {n} devices: "
     f"{', '.join(str(k) for k in range(1, n + 1) if n % k == 0)} ({n}: one worker over all)"
   )
-  d = check(cfg, "sweep.devices_per_worker", lo=0, hi=n, hint=f" ({allowed})")
+  value = cfg.get("sweep", {}).get("devices_per_worker", 0)  # no sweep section: one worker
+  d = check(cfg, "sweep.devices_per_worker", value, lo=0, hi=n, hint=f" ({allowed})")
   if not d:
     return
   if n % d:
     raise ConfigError("sweep.devices_per_worker", d, allowed)
-  if int(cfg.mesh.num_devices) and d != n:
+  if m and d != n:
     raise ConfigError(
       "sweep.devices_per_worker",
       d,
-      f"0 or {n} with mesh.num_devices = {cfg.mesh.num_devices}: a group's mesh takes that "
+      f"0 or {n} with mesh.num_devices = {m}: a group's mesh takes that "
       f"many devices, a whole worker (set mesh.num_devices = 0 to split the process's devices)",
     )

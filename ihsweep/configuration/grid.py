@@ -9,12 +9,18 @@ seed, ``train.lr`` and the Markov knobs ``data.frequency`` / ``data.reliability`
 
 Groups are ordered by predicted cost, most expensive first: E · updates · B · C · training
 FLOPs per token (``model.flops_per_token``), where updates is the group's budget.
+
+A plan is made for no devices in particular: the rules that depend on the devices a group's
+worker has (``sweep.devices_per_worker``, the mesh, the memory choices and ``ensemble.vmap_chunk``
+on it, the memory a group needs at least) are ``ihsweep.training.worker_fit.check_sweep``'s, which
+``ihsweep run`` applies for its process's devices and ``ihsweep plan`` for the devices it plans.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -208,7 +214,11 @@ def _group_key(cell_cfg) -> str:
   return json.dumps(d, sort_keys=True)
 
 
+@functools.lru_cache(maxsize=1024)
 def n_params(mcfg, context_size: int) -> int:
+  """Parameters of one model of ``mcfg`` (a ``model.ModelConfig``) at ``context_size``, from
+  the shapes of its initialisation (nothing is computed); remembered, as a plan's groups share
+  a few model shapes and ``ihsweep plan`` plans twice (its own check and the prediction)."""
   import jax
   import jax.numpy as jnp
 
@@ -245,20 +255,19 @@ def _check_cell_count(cfg, n_seeds: int) -> None:
 def make_plan(cfg) -> Plan:
   """Cells and groups of ``cfg`` (a config with an optional ``sweep`` section; without one, or
   with an empty grid, the sweep is one grid point with ``ensemble.size`` seeds). Validates the
-  sweep section and every group's run config; compiles nothing.
+  sweep section and every group's run config apart from the rules that depend on the devices
+  of the worker that trains it (``validate_group`` without devices: those are
+  ``worker_fit.check_sweep``'s, module docstring); compiles nothing.
 
   Raises:
     ConfigError: naming the ``sweep.*`` field (or the config field) and the value at fault.
     DataError: data that cannot be found (e.g. a missing corpus), as ``config.validate``.
   """
-  import jax
-
   if "sweep" not in cfg:
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():
       cfg.sweep = fields.default_sweep()
-  n_devices = len(jax.devices())
-  config_lib.validate_sweep(cfg, n_devices)
+  config_lib.validate_sweep(cfg)
   n_seeds = cfg.sweep.seeds or cfg.ensemble.size
   _check_cell_count(cfg, n_seeds)
   axes, points = grid_points(cfg)
@@ -321,7 +330,7 @@ def _group(cfg, members: list[Cell], axes: list[str], law: Law) -> Group:
     law_updates=0.0,
     n_params=0,
   )
-  _validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
+  validate_group(group, axes, cfg)  # B and C are valid from here on: the law can use them
   _check_stop_threshold(cfg, group, where(group))
   b, c_size = int(g.train.batch_size), int(g.train.context_size)
   group.num_steps, group.cap_reason = budget_updates(cfg, b, c_size, law)
@@ -369,11 +378,22 @@ def _check_schedule(group: Group, axes: list[str], sweep_cfg) -> None:
     )
 
 
-def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
-  """``config.validate`` of a group's run config; an error in a field the grid sets is reported
-  under the sweep field, with the group's cells."""
+def validate_group(group: Group, axes: list[str], sweep_cfg, devices=None) -> None:
+  """Validates a group's run config, an error in a field the grid sets reported under the sweep
+  field (``sweep.grid.train.batch_size``, a vmapped field under its own: ``train.lr``), with the
+  group's cells. ``devices``: those of the worker that would train it (a list; a plan's
+  stand-ins are only counted): ``config.validate`` on them; None: the rules that do not depend
+  on the devices (``config.validate_settings``).
+
+  Raises:
+    ConfigError: naming the field, the value and what is allowed [the group's cells, B, C, E].
+    DataError: data that cannot be found, as ``config.validate``.
+  """
   try:
-    config_lib.validate(group.cfg, _worker_devices(group.cfg))
+    if devices is None:
+      config_lib.validate_settings(group.cfg)
+    else:
+      config_lib.validate(group.cfg, devices)
   except ConfigError as e:
     field = e.field.split("[")[0]
     reverse = {v: k for k, v in VALUE_FIELDS.items()}
@@ -384,12 +404,6 @@ def _validate_group(group: Group, axes: list[str], sweep_cfg) -> None:
         f"sweep.{field_section(sweep_cfg, field)}.{field}", e.value, f"{e.allowed} [{place}]"
       ) from None
     raise ConfigError(e.field, e.value, f"{e.allowed} [{place}]") from None
-
-
-def _worker_devices(cfg) -> list:
-  """The devices of the worker that will train a group (``sweep`` module: placement 'worker'):
-  with ``sweep.devices_per_worker``, a worker's slice (the first; all are alike)."""
-  return config_lib.worker_slices(cfg)[0]
 
 
 def where(group: Group) -> str:

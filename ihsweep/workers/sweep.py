@@ -52,7 +52,7 @@ from ihsweep.configuration.fields import WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
 from ihsweep.runs import claims, ownership
 from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
-from ihsweep.training import evaluation, memory, resume, runner, stopping
+from ihsweep.training import evaluation, resume, runner, stopping, worker_fit
 from ihsweep.training import progress as progress_lib
 from ihsweep.workers.compile_ahead import CompileAhead
 from ihsweep.workers.sweep_progress import SweepProgress
@@ -86,20 +86,19 @@ def run(cfg, workdir: str, *, progress: bool = True) -> SweepResult:
   marks it ``interrupted`` and returns with ``interrupted=True``.
 
   Raises:
-    ConfigError / DataError: before anything is compiled (``make_plan``; an unwritable
-      workdir; a workdir holding a sweep with a different config).
+    ConfigError / DataError: before anything is compiled (``make_plan``; a group its worker's
+      devices cannot train, ``worker_fit.check_sweep``; an unwritable workdir; a workdir
+      holding a sweep with a different config).
   """
   import jax
 
   plan = make_plan(cfg)
-  # A group too large for any memory setting, before the run directory exists (on every
-  # device of a multi-process job: the widest placement needs the least per device; on a
-  # worker's slice with sweep.devices_per_worker).
-  everywhere = jax.process_count() > 1
-  widest = config_lib.worker_slices(cfg)[0] if not everywhere else None
-  for group in plan.groups:
-    devices = runner.group_devices(group.cfg, widest, not everywhere)
-    memory.check_possible(group.cfg, devices, f"group {group.id}", n_params=group.n_params)
+  # Every group checked for the worker that would train it before the run directory exists,
+  # as `ihsweep plan` checks it for the devices it plans: on a worker's slice of this process's
+  # devices (all of them for sweep.devices_per_worker = 0), its memory on every device of a
+  # multi-process job (the widest placement needs the least per device).
+  job = len(jax.devices()) if jax.process_count() > 1 else 0
+  worker_fit.check_sweep(cfg, plan, jax.local_devices(), job_devices=job)
   ownership.check_workdir(workdir, "sweep")
   # Every process of a jax.distributed job has checked the directory before any writes in it.
   sharding.barrier("ihsweep-workdir-checked")
