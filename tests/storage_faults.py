@@ -20,6 +20,9 @@ KIND:
   ignores SIGXFSZ, so the write fails instead of the process being killed).
 * any other errno name (``EROFS``, ``EIO``): the save raises ``OSError(errno.KIND)``, as a write
   from Python would.
+
+``KIND1,KIND2 STEP GROUP1,GROUP2``: group GROUP1's save meets KIND1, GROUP2's KIND2 (each
+patch wraps the one before).
 """
 
 import errno
@@ -74,7 +77,11 @@ if __name__ == "__main__":
   split = sys.argv.index("--")
   kind, at, *where = sys.argv[1:split]
   group, process = (where + [None, None])[:2]
-  checkpoint.RunCheckpoints.save_state = _failing(
-    kind, int(at), group or None, None if process is None else int(process)
-  )
+  if "," in kind:  # KIND1,KIND2 STEP GROUP1,GROUP2: each group's save meets its own fault
+    for k, g in zip(kind.split(","), group.split(","), strict=True):
+      checkpoint.RunCheckpoints.save_state = _failing(k, int(at), g, None)
+  else:
+    checkpoint.RunCheckpoints.save_state = _failing(
+      kind, int(at), group or None, None if process is None else int(process)
+    )
   sys.exit(cli.main(["ihsweep", *sys.argv[split + 1 :]]))

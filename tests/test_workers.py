@@ -2,6 +2,7 @@
 jax.distributed job take groups through claims in the run directory (``ihsweep.workers.sweep``)."""
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -637,14 +638,15 @@ FLAGS_8 = [
 ]
 
 
-def _claim_locks_held(work: str, pid: int) -> list[str]:
-  """The groups whose claim lock (``groups/*/.claim.lock``) ``pid`` holds, from /proc/locks."""
+def _locks_held(work: str, pid: int) -> list[str]:
+  """The files under ``work`` on which ``pid`` holds an flock, from /proc/locks."""
   inodes = {}
-  groups = os.path.join(work, "groups")
-  for g in os.listdir(groups) if os.path.isdir(groups) else []:
-    path = os.path.join(groups, g, claims.CLAIM_LOCK)
-    if os.path.exists(path):
-      inodes[os.stat(path).st_ino] = g
+  for here, _, files in os.walk(work):
+    for name in files:
+      with contextlib.suppress(OSError):
+        inodes[os.stat(os.path.join(here, name)).st_ino] = os.path.relpath(
+          os.path.join(here, name), work
+        )
   held = []
   with open("/proc/locks") as f:
     for line in f:
@@ -653,18 +655,19 @@ def _claim_locks_held(work: str, pid: int) -> list[str]:
         inode = int(parts[parts.index(str(pid)) + 1].rsplit(":", 1)[1])
         if inode in inodes:
           held.append(inodes[inode])
-  return held
+  return sorted(held)
 
 
-def test_a_process_paused_holding_a_claim_lock_never_stops_another(tmp_path_factory):
+def test_a_paused_process_never_stops_another_and_a_stop_ends_a_waiting_one(tmp_path_factory):
   """The auto layout (4 workers of 2 of 8 CPU devices in one process) on 8 groups: the process
-  is SIGSTOPped mid-training at a moment it holds a group's claim lock (as /proc/locks shows:
-  its heartbeat is refreshing a claim), and a second `ihsweep run` on the same directory trains
-  the 4 groups the paused one does not hold, saying why it leaves each of the others; after
-  SIGCONT both exit 0, every group is claimed once and done once, and each equals an
+  is SIGSTOPped mid-training (claims take no lock: /proc/locks shows it holding only its 4
+  groups' directories), and a second `ihsweep run` on the same directory trains the 4 groups
+  the paused one does not hold, saying why it leaves each of the others, then waits to take
+  them over; a third, asked to stop (SIGTERM) while it waits, exits within seconds; after
+  SIGCONT the first two exit 0, every group is claimed once and done once, and each equals an
   uninterrupted run's losses and params bit for bit."""
   work = str(tmp_path_factory.mktemp("paused") / "run")
-  env = _env(8, IHSWEEP_CLAIM_HEARTBEAT_S="0.2", IHSWEEP_CLAIM_STALE_S="3")
+  env = _env(8, IHSWEEP_CLAIM_HEARTBEAT_S="0.5", IHSWEEP_CLAIM_STALE_S="3")
   first = _ihsweep("run", f"--workdir={work}", *FLAGS_8, env=env)
   out_first = []
   threading.Thread(target=lambda: out_first.extend(first.stdout), daemon=True).start()
@@ -673,36 +676,39 @@ def test_a_process_paused_holding_a_claim_lock_never_stops_another(tmp_path_fact
   while sum(atomic.lock_holder(rundir.group_dir(work, g)) is not None for g in GROUPS) < 4:
     assert first.poll() is None and time.time() < deadline, "".join(out_first)[-3000:]
     time.sleep(0.05)
-  held, tries = [], 0
-  while not held:  # pause it the moment /proc/locks shows a claim lock held, until one sticks
-    assert time.time() < deadline and first.poll() is None, "".join(out_first)[-3000:]
-    if _claim_locks_held(work, first.pid):
-      first.send_signal(signal.SIGSTOP)
-      time.sleep(0.05)
-      held = _claim_locks_held(work, first.pid)
-      if not held:
-        first.send_signal(signal.SIGCONT)
-        tries += 1
-  lines = []
+  first.send_signal(signal.SIGSTOP)
+  lines, third = [], None
   try:
-    mine = {g for g in GROUPS if claims.read_claim(work, g) is not None}
-    assert len(mine) == 4 and set(held) <= mine, (held, mine)
+    mine = sorted(g for g in GROUPS if claims.read_claim(work, g) is not None)
+    assert len(mine) == 4, mine
+    held = [f for f in _locks_held(work, first.pid) if not f.startswith((".cells", ".sweep"))]
+    assert held == [f"groups/{g}/{atomic.LOCK_FILE}" for g in mine], held
     second = _ihsweep("run", f"--workdir={work}", *FLAGS_8, env=env)
     reader = threading.Thread(target=lambda: lines.extend(second.stdout), daemon=True)
     reader.start()
-    rest = sorted(set(GROUPS) - mine)
+    rest = sorted(set(GROUPS) - set(mine))
     # the second trains the rest while the first stays paused, then waits on the paused one
     while "nothing left to take: waiting while other workers hold" not in "".join(lines):
       assert second.poll() is None and time.time() < deadline, "".join(lines)[-3000:]
       time.sleep(0.2)
     assert all(rundir.read_status(work, g)["state"] == "done" for g in rest)
-    text = "".join(lines)
     why = "\n".join(line for line in lines if "left to it" in line)
-    for g in mine:  # why it leaves each of the paused one's groups, named
-      assert re.search(rf"group {g}: .*left to it", text), (g, why)
-    assert any(f"group {g}: claim lock busy: pid {first.pid}" in text for g in held), (held, why)
+    for g in mine:  # why it leaves each of the paused one's groups, naming the worker
+      assert re.search(rf"group {g}: (held|not answering): .*{first.pid}.*left to it", why), why
+    third = _ihsweep("run", f"--workdir={work}", *FLAGS_8, env=env)
+    third_lines = []
+    threading.Thread(target=lambda: third_lines.extend(third.stdout), daemon=True).start()
+    while "nothing left to take" not in "".join(third_lines):
+      assert third.poll() is None and time.time() < deadline, "".join(third_lines)[-3000:]
+      time.sleep(0.2)
+    third.send_signal(signal.SIGTERM)
+    asked = time.monotonic()
+    third.wait(timeout=60)
+    assert time.monotonic() - asked < 10, time.monotonic() - asked
   finally:
     first.send_signal(signal.SIGCONT)
+    if third is not None and third.poll() is None:
+      third.kill()
   assert second.wait(timeout=600) == 0 and first.wait(timeout=600) == 0, "".join(lines)[-3000:]
   events = _claims(work)
   for g in GROUPS:
@@ -712,3 +718,92 @@ def test_a_process_paused_holding_a_claim_lock_never_stops_another(tmp_path_fact
     assert status["state"] == "done" and status["step"] == 200 and status["attempts"] == 1
   reference = _reference(tmp_path_factory, 8, FLAGS_8)
   _assert_same_results(work, reference, GROUPS, step=200)
+
+
+def _counted(work: str, out: str, flags: list, env: dict) -> subprocess.Popen:
+  """``ihsweep run`` under tests/counting.py, its counts written to ``out``."""
+  return subprocess.Popen(
+    [sys.executable, os.path.join(ROOT, "tests", "counting.py"), out, "--", "run"]
+    + [f"--workdir={work}", *flags],
+    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+  )  # fmt: skip
+
+
+def test_each_group_is_resolved_checked_and_built_once_by_workers_side_by_side(tmp_path):
+  """4 thread workers in one process (the auto layout on 8 CPU devices), then a jax.distributed
+  job of 2 processes × 2 workers (4 devices each): per process each group is resolved, its
+  memory checked and its memory setting chosen once (shared by the process's workers:
+  worker_layout.Resolutions), and over the whole sweep its programs are built once (by the
+  worker that trains it; nothing compiled ahead for a group a sibling then takes)."""
+  groups = GROUPS[:4]
+  work, out = str(tmp_path / "threads"), str(tmp_path / "threads.json")
+  [(rc, text)] = _finish([_counted(work, out, FLAGS_B2, _env(8))])
+  assert rc == 0, text[-3000:]
+  assert "4 worker(s) of 2 cpu device(s) side by side" in text
+  counts = json.load(open(out))
+  for what in ("resolve", "check_possible", "resolve_memory", "build"):
+    assert counts[what] == {g: 1 for g in groups}, (what, counts)
+
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  work = str(tmp_path / "job")
+  flags = [*FLAGS_B2, "--config.sweep.devices_per_worker=2"]
+  procs = [
+    _counted(
+      work,
+      str(tmp_path / f"p{k}.json"),
+      flags,
+      _env(
+        4,
+        IHSWEEP_COORDINATOR=f"localhost:{port}",
+        IHSWEEP_NUM_PROCESSES="2",
+        IHSWEEP_PROCESS_ID=str(k),
+      ),  # fmt: skip
+    )
+    for k in range(2)
+  ]
+  results = _finish(procs)
+  assert [rc for rc, _ in results] == [0, 0], [t[-3000:] for _, t in results]
+  assert all("2 worker(s) of 2 cpu device(s) side by side in each process" in t for _, t in results)
+  per_process = [json.load(open(tmp_path / f"p{k}.json")) for k in range(2)]
+  for counts in per_process:
+    for what in ("resolve", "check_possible", "resolve_memory"):
+      assert counts[what] == {g: 1 for g in groups}, (what, counts)
+  built = collections.Counter()
+  for counts in per_process:
+    built.update(counts.get("build", {}))
+  assert built == {g: 1 for g in groups}, per_process
+  assert {g: rundir.read_status(work, g)["state"] for g in groups} == {g: "done" for g in groups}
+
+
+def test_two_workers_meeting_different_storage_faults_are_both_named(tmp_path):
+  """4 workers side by side (the auto layout on 8 CPU devices): g000's full-state save at
+  update 50 meets a read-only filesystem and g001's an I/O error. Each fault is logged at once
+  with its worker and group, each group's status.json records it, the other workers stop at
+  their next group boundary (no group after the first four is started), and the process ends
+  with exit 75 after naming both workers' errors."""
+  work = str(tmp_path / "run")
+  faulty = [sys.executable, os.path.join(ROOT, "tests", "storage_faults.py"), "EROFS,EIO", "50"]
+  r = subprocess.run(
+    [*faulty, "g000,g001", "--", "run", f"--workdir={work}", *FLAGS_8],
+    cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=900,
+  )  # fmt: skip
+  assert r.returncode == 75, r.stderr[-3000:]
+  assert "Traceback" not in r.stderr, r.stderr[-3000:]
+  ended = {
+    g: re.search(rf"worker \S+/(w\d) ended in group {g}: StorageFault: (.*)", r.stderr)
+    for g in ("g000", "g001")
+  }
+  assert all(ended.values()), r.stderr[-3000:]
+  assert ended["g000"].group(1) != ended["g001"].group(1)  # two workers, each named
+  assert ended["g000"].group(2).startswith("read-only file system writing"), ended["g000"].group(2)
+  assert ended["g001"].group(2).startswith("input/output error writing"), ended["g001"].group(2)
+  for g in ("g000", "g001"):
+    status = rundir.read_status(work, g)
+    assert status["state"] == "interrupted" and "storage fault" in status["error"], status
+    assert re.search(rf"group {g}: worker \S+ met a storage fault", r.stderr)
+  states = {g: rundir.read_status(work, g)["state"] for g in GROUPS[4:]}
+  assert states == {g: "pending" for g in GROUPS[4:]}, states

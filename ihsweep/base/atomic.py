@@ -1,6 +1,7 @@
 """Writes that a reader, a concurrent writer or a kill never sees half done: ``atomic_file`` and
 ``atomic_write_json``, for every file ihsweep and its analysis write (callers import them from
-here); and the lock that says which live process writes a directory (``lock_holder``). A leaf
+here); the lock that says which live process writes a directory (``lock_holder``); and brief
+locks that never wait on a paused holder (``brief_lock``, ``rewrite_when_free``). A leaf
 module: it imports nothing of ihsweep."""
 
 from __future__ import annotations
@@ -35,9 +36,14 @@ def lock_text() -> str:
   return f"{text}, worker {name}" if name else text
 
 
-# Seconds each brief lock (``brief_lock``) was held, per lock file's name, when
-# ``IHSWEEP_LOCK_TIMES`` names a file to append them to (benchmarks/claims_lock.py reads it).
-_LOCK_TIMES = os.environ.get("IHSWEEP_LOCK_TIMES")
+_lock_times: list = [None]  # where brief locks' hold times go, if anywhere (record_lock_times)
+
+
+def record_lock_times(path: str | None) -> None:
+  """From now on, appends each brief lock's hold and wait to ``path`` as ``<lock file name>
+  <seconds held> <seconds waited>`` lines (``IHSWEEP_LOCK_TIMES``, which ``ihsweep run`` passes
+  here; benchmarks/claims_lock.py reads them); None: no more."""
+  _lock_times[0] = path
 
 
 _NAME_BYTES = 160  # a brief lock's holder record, space-padded
@@ -93,7 +99,7 @@ def brief_lock(path: str, patience: float = 2.0):
     LockBusy: not taken within ``patience`` seconds (0: one try); names the holder.
   """
   f = open(path, "a+")
-  start = time.monotonic()
+  start, start_perf = time.monotonic(), time.perf_counter()
   try:
     while True:
       try:
@@ -112,9 +118,11 @@ def brief_lock(path: str, patience: float = 2.0):
     finally:
       held = time.perf_counter() - taken
       fcntl.flock(f, fcntl.LOCK_UN)
-      if _LOCK_TIMES:
-        with open(_LOCK_TIMES, "a") as times:
-          times.write(f"{os.path.basename(path)} {held:.6f}\n")
+      times_path = _lock_times[0]
+      if times_path:
+        waited = taken - start_perf
+        with open(times_path, "a") as times:
+          times.write(f"{os.path.basename(path)} {held:.6f} {waited:.6f}\n")
   finally:
     f.close()
 

@@ -183,6 +183,14 @@ VARIABLES = {
       "seconds the processes of a job wait for a silent one (ihsweep.base.sharding)",
     ),
     Variable(
+      "IHSWEEP_LOCK_TIMES",
+      _path,
+      "a file path",
+      None,
+      "a file to which each brief lock's hold and wait are appended (ihsweep run; "
+      "benchmarks/claims_lock.py)",
+    ),
+    Variable(
       "IHSWEEP_LOCAL_DEVICE_IDS",
       _device_ids,
       "distinct device ids >= 0, comma-separated (e.g. 0,1)",

@@ -1,15 +1,19 @@
 """Claims: which worker trains which group of a sweep. The run directory is the only meeting
 point of the workers (independent processes, SLURM array tasks, the processes of a
-jax.distributed job, workers side by side in one process): a worker claims a group by writing
-``groups/<id>/claim.json`` under that group's own brief lock (``groups/<id>/.claim.lock``,
-``atomic.brief_lock``: an ``fcntl.flock``, which NFSv4 and Lustre mounted with ``flock``
-support), held only to read and write that small file; refreshes the claim's heartbeat while it
-trains, and removes it when the group is finished. No lock spans the run directory: a worker
-paused or hung while it holds a group's claim lock keeps that one group from the others, never
-the rest. ``claims.jsonl`` logs every claim, takeover and release."""
+jax.distributed job, workers side by side in one process), and claims take no lock: a worker
+claims a free group by creating ``groups/<id>/claim.json`` whole in one atomic step (a
+complete temporary file hard-linked to that name, which fails if the name exists: the classic
+lock-file idiom, atomic on local filesystems and NFS); refreshes the claim's heartbeat while
+it trains (a complete file renamed over it); takes over a stale claim only after creating a
+hard link named after that claim, which only one worker can do (``_take_over``); and removes
+it when the group is finished. A paused or hung worker holds nothing another worker waits for.
+Whether a claim's worker lives is decided by the group directory's lock
+(``atomic.lock_holder``), which also keeps two workers from training one group should two
+ever hold its claim. ``claims.jsonl`` logs every claim, takeover and release."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -20,9 +24,6 @@ import time
 
 from ihsweep.base import environment
 from ihsweep.base.atomic import (
-  LockBusy,
-  atomic_write_json,
-  brief_lock,
   lock_holder,
   lock_text,
   name_thread_worker,
@@ -55,22 +56,6 @@ def claim_stale_s() -> float:
   return environment.claim_stale_s()
 
 
-CLAIM_LOCK = ".claim.lock"  # in the group's directory: held to read and write its claim
-CLAIM_PATIENCE_S = 2.0  # how long a worker tries a group's claim lock before leaving the group
-
-
-def claim_lock(workdir: str, group_id: str, patience: float = CLAIM_PATIENCE_S):
-  """Holds ``group_id``'s claim lock (``atomic.brief_lock``) while a worker reads and changes its
-  claim: milliseconds, never across training, saves or compiles.
-
-  Raises:
-    atomic.LockBusy: another holder kept it for ``patience`` seconds (paused or hung).
-  """
-  directory = os.path.dirname(_claim_path(workdir, group_id))
-  os.makedirs(directory, exist_ok=True)
-  return brief_lock(os.path.join(directory, CLAIM_LOCK), patience)
-
-
 _thread_worker = threading.local()  # .index: this thread's worker in its process, if several
 
 
@@ -98,7 +83,10 @@ def read_claim(workdir: str, group_id: str) -> dict | None:
   """A group's claim (``worker``, ``host``, ``pid``, ``devices``, ``claimed``, ``heartbeat``:
   Unix time of the last refresh), or None if it has none (an unreadable claim reads as stale:
   ``heartbeat`` 0)."""
-  path = _claim_path(workdir, group_id)
+  return _read_claim(_claim_path(workdir, group_id))
+
+
+def _read_claim(path: str) -> dict | None:
   try:
     with open(path) as f:
       claim = json.load(f)
@@ -216,10 +204,55 @@ def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
   _append_line(os.path.join(workdir, CLAIMS_LOG), row)
 
 
+def _complete_file(path: str, claim: dict) -> str:
+  """``claim`` written whole to a temporary file beside ``path``; returns its name."""
+  tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+  try:
+    os.write(fd, json.dumps(claim).encode())
+  finally:
+    os.close(fd)
+  return tmp
+
+
 def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
+  """Replaces claim.json by ``claim`` in one rename (a heartbeat, a reclaim)."""
   path = _claim_path(workdir, group_id)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  atomic_write_json(path, claim)
+  os.replace(_complete_file(path, claim), path)
+
+
+def _create_claim(path: str, claim: dict) -> bool:
+  """Creates claim.json as ``claim`` if no claim is there: a complete file hard-linked to the
+  name (``link`` fails if it exists; atomic on NFS too). Returns whether this call made it."""
+  tmp = _complete_file(path, claim)
+  try:
+    os.link(tmp, path)
+    return True
+  except FileExistsError:
+    return False
+  finally:
+    os.remove(tmp)
+
+
+def _take_over(path: str, old: dict, claim: dict) -> bool:
+  """Replaces the stale claim ``old`` at ``path`` by ``claim`` if no other worker does first:
+  the taker hard-links the current claim.json to a name made of ``old``'s identity (its worker
+  and heartbeat), which only one taker can create, checks that what it linked is ``old`` (not
+  a refresh or a newer claim: compared by content, as inode numbers are reused at once), and
+  only then renames its complete claim over it. Returns whether it did."""
+  who = f"{old.get('worker')}.{old.get('heartbeat')}".replace("/", "-")
+  marker = f"{path}.takeover.{who}"
+  try:
+    os.link(path, marker)
+  except (FileExistsError, FileNotFoundError):
+    return False  # another worker takes it over, or its worker released it
+  try:
+    if _read_claim(marker) != old:
+      return False
+    os.replace(_complete_file(path, claim), path)
+    return True
+  finally:
+    os.remove(marker)
 
 
 def _group_lock_holder(workdir: str, group_id: str) -> str | None:
@@ -247,11 +280,11 @@ def _ago(claim: dict, now: float) -> str:
 
 
 def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
-  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale, under the
-  group's claim lock (``claim_lock``, held to read and write the claim). Returns None if another
-  live worker holds it (or has held its claim lock past ``CLAIM_PATIENCE_S``: it is left for
-  now), else the event logged: ``"claimed"`` or ``"taken over"`` (from a stale claim, whose
-  worker is named in the log). Why a group another process holds is left is logged once.
+  """Claims ``group_id`` for this worker if nobody holds it or its claim is stale, taking no
+  lock (module docstring). Returns None if another live worker holds it (or another worker
+  claimed or took it over first), else the event logged: ``"claimed"`` or ``"taken over"``
+  (from a stale claim, whose worker is named in the log). Why a group another process holds is
+  left is logged once.
 
   The one rule of a takeover: the group's directory lock, not the claim's heartbeat, says
   whether its worker lives. A claim that looks stale (no refresh for ``claim_stale_s()``: a
@@ -259,65 +292,55 @@ def try_claim(workdir: str, group_id: str, devices: list[str]) -> str | None:
   directory (``atomic.lock_holder``); only a dead or lockless holder's group is taken over."""
   import jax
 
-  try:
-    with claim_lock(workdir, group_id):
-      now = time.time()
-      old = read_claim(workdir, group_id)
-      if old is not None and not claim_is_stale(old, now):
-        if not _same_process(old):
-          _leave(workdir, group_id, f"held: {old.get('worker')} trains it "
-                 f"(heartbeat {_ago(old, now)}); left to it")  # fmt: skip
-        return None
-      holder = _group_lock_holder(workdir, group_id)
-      if holder is not None:
-        _leave(
-          workdir,
-          group_id,
-          f"not answering: its claim by {old.get('worker') if old else 'nobody'} had its last "
-          f"heartbeat {_ago(old or {}, now)} (paused or hung), but its directory is held by "
-          f"{holder}, a live process: left to it",
-        )
-        return None
-      _write_claim(
-        workdir,
-        group_id,
-        {
-          "group": group_id,
-          "worker": worker_id(),
-          "host": socket.gethostname(),
-          "pid": os.getpid(),
-          "process": jax.process_index(),
-          "devices": devices,
-          "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "heartbeat": now,
-        },
-      )
-      if old is None:
-        _log_claim(workdir, "claimed", group_id, devices=devices)
-        return "claimed"
-      _log_claim(
-        workdir,
-        "taken over",
-        group_id,
-        devices=devices,
-        previous=old.get("worker"),
-        previous_heartbeat=old.get("heartbeat"),
-      )
-  except LockBusy as e:
-    _leave(
-      workdir,
-      group_id,
-      f"claim lock busy: {e.holder} has held its claim lock for over {e.waited:g} s (not "
-      f"answering: paused or hung); left to it for now",
-    )
+  path = _claim_path(workdir, group_id)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  now = time.time()
+  old = _read_claim(path)
+  if old is not None and not claim_is_stale(old, now):
+    if not _same_process(old):
+      _leave(workdir, group_id, f"held: {old.get('worker')} trains it "
+             f"(heartbeat {_ago(old, now)}); left to it")  # fmt: skip
     return None
-  dead = alive(old) is False
+  if old is not None:
+    holder = _group_lock_holder(workdir, group_id)
+    if holder is not None:
+      _leave(
+        workdir,
+        group_id,
+        f"not answering: its claim by {old.get('worker')} had its last heartbeat "
+        f"{_ago(old, now)} (paused or hung), but its directory is held by {holder}, a live "
+        "process: left to it",
+      )
+      return None
+  claim = {
+    "group": group_id,
+    "worker": worker_id(),
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "process": jax.process_index(),
+    "devices": devices,
+    "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "heartbeat": time.time(),
+  }
+  if not (_create_claim(path, claim) if old is None else _take_over(path, old, claim)):
+    return None  # another worker claimed it or took it over first
+  if old is None:
+    _log_claim(workdir, "claimed", group_id, devices=devices)
+    return "claimed"
+  _log_claim(
+    workdir,
+    "taken over",
+    group_id,
+    devices=devices,
+    previous=old.get("worker"),
+    previous_heartbeat=old.get("heartbeat"),
+  )
   log.warning(
     "group %s: taken over from %s, %s (claims.jsonl)",
     group_id,
     old.get("worker"),
     "whose process has died"
-    if dead
+    if alive(old) is False
     else f"which stopped answering (last heartbeat {_ago(old, now)}) and holds nothing",
   )
   return "taken over"
@@ -330,43 +353,37 @@ def holds_claim(workdir: str, group_id: str) -> bool:
 
 
 def refresh_claim(workdir: str, group_id: str) -> bool:
-  """Refreshes this worker's claim on ``group_id`` (its heartbeat); False if the claim is no
-  longer this worker's (taken over after this worker stopped answering). A claim another worker
-  wrote while this worker holds the group's directory lock (it trains the group; the other
-  could not) is written back as this worker's and logged ``reclaimed``.
-
-  Raises:
-    atomic.LockBusy: the group's claim lock is held past ``CLAIM_PATIENCE_S`` (the next
-      heartbeat tries again).
-  """
+  """Refreshes this worker's claim on ``group_id`` (its heartbeat: a complete file renamed over
+  claim.json); False if the claim is no longer this worker's (taken over after this worker
+  stopped answering). A claim another worker wrote while this worker holds the group's
+  directory lock (it trains the group; the other could not) is written back as this worker's
+  and logged ``reclaimed``."""
   import jax
 
-  with claim_lock(workdir, group_id):
-    claim = read_claim(workdir, group_id)
-    if claim is None or claim.get("worker") != worker_id():
-      if _group_lock_holder(workdir, group_id) != lock_text():
-        return False
-      _log_claim(workdir, "reclaimed", group_id, previous=(claim or {}).get("worker"))
-      claim = {**(claim or {}), "group": group_id, "worker": worker_id()}
-      claim.update(host=socket.gethostname(), pid=os.getpid(), process=jax.process_index())
-    claim["heartbeat"] = time.time()
-    _write_claim(workdir, group_id, claim)
-    return True
+  me = worker_id()
+  claim = read_claim(workdir, group_id)
+  taken_from = False
+  if claim is None or claim.get("worker") != me:
+    if _group_lock_holder(workdir, group_id) != lock_text():
+      return False
+    taken_from = (claim or {}).get("worker")
+    claim = {**(claim or {}), "group": group_id, "worker": me}
+    claim.update(host=socket.gethostname(), pid=os.getpid(), process=jax.process_index())
+  claim["heartbeat"] = time.time()
+  _write_claim(workdir, group_id, claim)
+  if taken_from is not False:
+    _log_claim(workdir, "reclaimed", group_id, previous=taken_from)
+  return True
 
 
 def release_claim(workdir: str, group_id: str, state: str) -> None:
   """Removes this worker's claim on ``group_id`` (the group is ``state`` now); a claim that is
-  no longer this worker's is left alone. Waits for the group's claim lock up to
-  ``CLAIM_PATIENCE_S`` (a holder past it: the claim is left, and reads as stale once this
-  process ends or its heartbeat ages)."""
-  try:
-    with claim_lock(workdir, group_id):
-      claim = read_claim(workdir, group_id)
-      if claim is not None and claim.get("worker") == worker_id():
-        os.remove(_claim_path(workdir, group_id))
-        _log_claim(workdir, "released", group_id, state=state)
-  except LockBusy as e:
-    log.warning("group %s: its claim is left (%s)", group_id, e)
+  no longer this worker's is left alone."""
+  claim = read_claim(workdir, group_id)
+  if claim is not None and claim.get("worker") == worker_id():
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(_claim_path(workdir, group_id))
+    _log_claim(workdir, "released", group_id, state=state)
 
 
 class ClaimHeartbeat:
@@ -388,7 +405,7 @@ class ClaimHeartbeat:
         if not refresh_claim(self.workdir, self.group_id):
           self.lost.set()
           return
-      except (OSError, LockBusy) as e:  # a filesystem hiccup: the next beat tries again
+      except OSError as e:  # a filesystem hiccup: the next beat tries again
         log.warning("could not refresh the claim on %s: %s", self.group_id, e)
 
   def __enter__(self):

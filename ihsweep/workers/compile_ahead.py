@@ -64,7 +64,9 @@ class _Compile:
 
   def _run(self, run) -> None:
     try:
-      run(self.group)
+      run(self.group)  # logs its own errors
+    except BaseException:  # noqa: BLE001, S110 — not an Exception (SystemExit, …): the thread ends
+      pass
     finally:
       _IN_FLIGHT.discard(self)
       with self._lock:
@@ -86,11 +88,13 @@ class CompileAhead:
   ``fit`` then runs the compiled programs, and another worker taking the group finds them in
   the persistent compilation cache.
 
-  ``idle``: a callable giving how many other workers of this process are between groups now
-  (they will claim the first groups nobody holds: those are not compiled here)."""
+  ``workers``: how many workers take these groups at once (this process's side by side, times
+  the processes of a jax.distributed job; independent processes cannot be counted): those not
+  holding a claim now will claim the first groups nobody holds, so those are not compiled
+  here."""
 
-  def __init__(self, plan: Plan, workdir: str, idle=lambda: 0):
-    self.plan, self.workdir, self.idle = plan, workdir, idle
+  def __init__(self, plan: Plan, workdir: str, workers: int = 1):
+    self.plan, self.workdir, self.workers = plan, workdir, workers
     self.on = compile_cache.enabled()
     self.pending: dict = {}  # group id → _Compile
     self.closed = False
@@ -98,19 +102,23 @@ class CompileAhead:
   def after(self, group, worker) -> None:
     """Starts compiling a group of ``worker``'s (a ``sweep`` worker: its ``groups`` and
     ``resolve``) after ``group`` in plan order that nobody holds or has finished and no other
-    worker of this process compiles ahead, as the worker resolved it, past the first ones the
-    process's idle workers are about to claim (another worker may still take it first: then it
-    drops what it built, ``claimed``)."""
+    worker of this process compiles ahead, as the worker resolved it, past the first free ones
+    the workers holding no claim are about to take (another worker may still take it first:
+    then it drops what it built, ``claimed``)."""
     groups = worker.groups
     if not self.on or group not in groups or self.pending:
       return
-    skip = self.idle()
+    free = [
+      g
+      for g in groups
+      if read_status(self.workdir, g.id)["state"] in ("pending", "interrupted")
+      and claims.read_claim(self.workdir, g.id) is None
+    ]
+    # the workers holding no claim now take the first free groups: not compiled here
+    skip = max(self.workers - (len(groups) - len(free) - self._finished(groups)), 0)
     for later in groups[groups.index(group) + 1 :]:
       key = (self.workdir, later.id)
-      if (
-        read_status(self.workdir, later.id)["state"] in ("pending", "interrupted")
-        and claims.read_claim(self.workdir, later.id) is None
-      ):
+      if later in free:
         if skip > 0:
           skip -= 1
           continue
@@ -120,6 +128,9 @@ class CompileAhead:
           _AHEAD[key] = self
         self.pending[later.id] = _Compile(worker.resolve(later), self._compile)
         return
+
+  def _finished(self, groups: list) -> int:
+    return sum(read_status(self.workdir, g.id)["state"] in ("done", "failed") for g in groups)
 
   @staticmethod
   def _compile(group: runner.ResolvedGroup) -> None:

@@ -44,7 +44,7 @@ import threading
 import time
 import traceback
 
-from ihsweep.base import atomic, sharding
+from ihsweep.base import atomic, environment, sharding
 from ihsweep.base.errors import IhsweepError, StorageFault
 from ihsweep.configuration import config as config_lib
 from ihsweep.configuration import grid as grid_lib
@@ -214,15 +214,13 @@ def _next_group(groups: list, workdir: str, since: float, devices: list[str], si
 class Siblings:
   """What the workers of one process share in a phase: a stop for all of them once one meets an
   error that ends the process (each stops at its next group boundary), every such error with
-  its worker and group, the groups that met a storage fault (no sibling retries them), and how
-  many are between groups (``CompileAhead`` leaves the next groups to them)."""
+  its worker and group, and the groups that met a storage fault (no sibling retries them)."""
 
   def __init__(self, count: int = 1):
     self.count = count
     self.stop = threading.Event()
     self.errors: list = []  # (worker name, group id or None, exception)
     self.faulted: set = set()
-    self.between: set = set(range(count))
     self.lock = threading.Lock()
 
   def failed(self, worker: str, group_id: str | None, error: BaseException) -> None:
@@ -230,18 +228,11 @@ class Siblings:
       self.errors.append((worker, group_id, error))
     self.stop.set()
 
-  def idle_besides(self, index: int) -> int:
-    with self.lock:
-      return len(self.between - {index})
-
-  def busy(self, index: int, busy: bool) -> None:
-    with self.lock:
-      (self.between.discard if busy else self.between.add)(index)
-
 
 def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
   import jax
 
+  atomic.record_lock_times(environment.get("IHSWEEP_LOCK_TIMES"))  # benchmarks/claims_lock.py
   steps = phases(cfg, plan)
   _prepare(cfg, plan, workdir)
   layout = layout_words(cfg, steps)
@@ -266,7 +257,7 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
       if len(workers) > 1:
         result = _side_by_side(cfg, plan, workdir, workers, trained, tracker)
       else:
-        ahead = CompileAhead(plan, workdir)
+        ahead = CompileAhead(plan, workdir, _job_workers(workers))
         try:
           result = _work(
             cfg, plan, workdir, progress, workers[0], ahead, trained, tracker, Siblings()
@@ -292,6 +283,14 @@ def _run_worker(cfg, plan: Plan, workdir: str, progress: bool) -> SweepResult:
     tracker.close()
   log.info("worker %s: trained %s", claims.worker_id(), ", ".join(trained) or "no group")
   return result
+
+
+def _job_workers(workers: list) -> int:
+  """How many workers take a phase's groups at once: this process's, times the job's processes
+  over the processes of a worker (independent processes cannot be counted)."""
+  import jax
+
+  return len(workers) * max(jax.process_count() // len(workers[0].team.processes), 1)
 
 
 def layout_words(cfg, steps: list) -> str:
@@ -336,9 +335,9 @@ def _side_by_side(cfg, plan: Plan, workdir: str, workers: list, trained: list, t
 
   def work(index: int, worker: Worker) -> None:
     claims.set_thread_worker(index)
-    ahead = CompileAhead(plan, workdir, idle=lambda: siblings.idle_besides(index))
+    ahead = CompileAhead(plan, workdir, _job_workers(workers))
     try:  # no per-group bars: several groups train at once; the sweep's line follows them
-      _work(cfg, plan, workdir, False, worker, ahead, trained, tracker, siblings, index)
+      _work(cfg, plan, workdir, False, worker, ahead, trained, tracker, siblings)
     except BaseException as e:  # noqa: BLE001 — raised below, after its siblings end
       siblings.failed(claims.worker_id(), getattr(e, "group_id", None), e)
     finally:
@@ -401,12 +400,11 @@ def _work(
   trained: list,
   tracker: SweepProgress,
   siblings: Siblings,
-  index: int = 0,
 ) -> SweepResult:
   """A worker's loop: claim the next of its groups, train it, record it (and report the
   sweep's progress: ``SweepProgress``); until none is left, a stop is requested, or a sibling
   worker of this process met an error that ends the process (``siblings.stop``: checked between
-  groups). ``index``: this worker among ``siblings``.
+  groups).
   In a worker of several processes its lead claims and writes and tells the others which
   group (``sharding.lead_value``); all of them train it. Appends the ids of the groups it
   finished to ``trained`` (every phase's, for the sweep's last log line)."""
@@ -418,7 +416,6 @@ def _work(
   wait = cfg.sweep.wait_to_take_over and jax.process_count() == 1
   interrupted, announced = False, None
   while True:
-    siblings.busy(index, False)
     if sharding.any_process(stopping.stop_requested(), worker.team):
       interrupted = True
       break
@@ -441,7 +438,6 @@ def _work(
       _sleep(claims.claim_heartbeat_s(), siblings.stop)
       continue
     announced = None
-    siblings.busy(index, True)
     ahead.claimed(group.id)
     common, group_devices = _start_group(plan, workdir, worker, group, event)
     _describe(group, plan.groups.index(group), n, common)
