@@ -921,3 +921,13 @@ def test_predict_with_a_law_with_terms_takes_each_terms_value(tmp_path, capsys):
     "ihsweep: --term=data.frequency=0.8: the study's law has no term in data.frequency (it "
     "takes B and C only)\n",
   )
+
+
+def test_a_closed_pipe_ends_quietly():
+  """`ihsweep ... | head`: exit 141 (128 + SIGPIPE), no BrokenPipeError traceback. The reader
+  (`true`) closes the pipe before the command, still starting, writes."""
+  for cmd in ("-m ihsweep.cli plan --help", "-m ihsweep.cli --help"):
+    script = f'{sys.executable} {cmd} | true; echo "rc=${{PIPESTATUS[0]}}" >&2'
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert "rc=141" in r.stderr, r.stderr
