@@ -10,6 +10,7 @@ import math
 import os
 
 import jax
+import numpy as np
 
 from ihsweep.base import numbers, schema
 from ihsweep.base.law import Law, LawError
@@ -136,6 +137,69 @@ def _validate_model(cfg) -> int:
   return vocab
 
 
+# The learning rates allowed. An AdamW update moves a weight by about lr (|m̂/√v̂| <~ 1): below
+# LR_MIN it is under half the float32 spacing at the initial weight scale 0.02 (0.02 * 2^-24 ~
+# 1.2e-9), so no such weight changes; above LR_MAX one update moves every weight 500 times its
+# initial scale, and the loss overflows to NaN.
+LR_MIN, LR_MAX = 1e-9, 10.0
+# The optimizer's state is float32; an accelerator flushes subnormal numbers to 0.
+F32_TINY, F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+
+
+def check_lr(field: str, lr) -> float:
+  """A peak learning rate (``train.lr``, ``ensemble.peak_lrs[i]``, a grid's values), in
+  [LR_MIN, LR_MAX].
+
+  Raises:
+    ConfigError: naming ``field``, ``lr`` and the range, with why.
+  """
+  check_real(field, lr, 0.0, math.inf, True, True)
+  if not LR_MIN <= lr <= LR_MAX:
+    raise ConfigError(
+      field,
+      lr,
+      f"a learning rate in [{LR_MIN:g}, {LR_MAX:g}]: an AdamW update moves each weight by "
+      f"about lr, so below {LR_MIN:g} no float32 weight of the initial scale 0.02 changes "
+      f"(half its spacing is 1.2e-9), and above {LR_MAX:g} the weights leave their scale in "
+      f"one update and the loss overflows to NaN",
+    )
+  return float(lr)
+
+
+def _check_adam_float32(cfg) -> None:
+  """``train.b1``, ``train.b2`` and ``train.eps`` as the float32 the optimizer computes with: a β
+  that rounds to 1 makes the bias correction 1 - β^t = 0 and every update 0/0 = NaN; an ε that
+  is 0 (or subnormal, flushed to 0 on accelerators) divides a zero gradient's 0 by 0, and an
+  infinite one makes every update 0.
+
+  Raises:
+    ConfigError: naming the field, the value and what float32 allows.
+  """
+  below_one = float(np.nextafter(np.float32(1), np.float32(0)))
+  for name in ("b1", "b2"):
+    b = cfg.train[name]
+    if np.float32(b) >= 1:
+      raise ConfigError(
+        f"train.{name}",
+        b,
+        f"a number in [0, {below_one:.8f}]: the optimizer computes in float32, where "
+        f"{b!r} is 1.0, so its bias correction 1 - {name}^t is 0 and every update NaN",
+      )
+  eps = cfg.train.eps
+  if not F32_TINY <= eps <= F32_MAX:
+    what = (
+      "infinite (every update 0)"
+      if eps > F32_MAX
+      else "0 or subnormal (flushed to 0 on accelerators), and a zero gradient gives 0/0 = NaN"
+    )
+    raise ConfigError(
+      "train.eps",
+      eps,
+      f"a number in [{F32_TINY:.3g}, {F32_MAX:.3g}], the normal float32 range: the optimizer "
+      f"computes in float32, where {eps!r} is {what}",
+    )
+
+
 def _validate_train(cfg) -> int:
   """The ``train`` section but its memory choices; returns train.batch_size."""
   batch = check(cfg, "train.batch_size")
@@ -162,6 +226,8 @@ def _validate_train(cfg) -> int:
     "grad_clip",
   ):
     check(cfg, f"train.{name}")
+  check_lr("train.lr", cfg.train.lr)
+  _check_adam_float32(cfg)
   horizon = cfg.train.get("schedule_steps", 0)  # a config written before it: 0
   check(cfg, "train.schedule_steps", horizon)
   if horizon and horizon < cfg.train.num_steps:
@@ -188,6 +254,7 @@ def _validate_ensemble(cfg) -> int:
       )
     for i, lr in enumerate(peak_lrs):
       check_real(f"ensemble.peak_lrs[{i}]", lr, 0.0, math.inf, True, True)
+      check_lr(f"ensemble.peak_lrs[{i}]", lr)
   for name in ("seeds", "cell_ids"):
     values = cfg.ensemble.get(name, ())
     if values and len(values) != size:
