@@ -49,3 +49,73 @@ def test_the_edges_of_the_float32_ranges_are_accepted(tiny, field, value):
   with cfg.unlocked():
     cfg[section][name] = value
   validate(cfg)
+
+
+def test_the_divergence_line_names_the_models_and_whether_all_diverged():
+  from ihsweep.commands.train import divergence
+
+  assert divergence([-1, -1]) == (None, False)
+  line, every = divergence([-1, 12])
+  assert not every and "1 of 2 models diverged" in line and "1 at update 12" in line
+  line, every = divergence([3, 1200], ids=[7, 9])
+  assert every and line.startswith("every model diverged") and "9 at update 1,200" in line
+
+
+@pytest.mark.parametrize("diverged_at,code", [((-1, 5), 0), ((4, 5), 1)])
+def test_train_warns_of_diverged_models_and_fails_when_all_did(
+  tmp_path, capsys, monkeypatch, diverged_at, code
+):
+  """``ihsweep train`` as ``ihsweep run``: a warning naming each diverged model, exit status 1
+  when every model diverged (training stubbed: the command's words only)."""
+  import types
+
+  import numpy as np
+
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+  from ihsweep.training import memory, runner
+
+  out = types.SimpleNamespace(
+    losses=np.array([2.5, np.nan]), tokens_per_s=1e3, diverged_at=np.array(diverged_at)
+  )
+  monkeypatch.setattr(memory, "check_possible", lambda *a, **k: None)
+  monkeypatch.setattr(runner, "resolve", lambda cfg, **k: cfg)
+  monkeypatch.setattr(runner, "fit", lambda *a, **k: out)
+  argv = ["ihsweep", "train", "--config=configs/default.py", f"--workdir={tmp_path / 'r'}"]
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    assert cli.main(argv) == code
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "1 at update 5" in err[0], err
+  assert err[0].startswith("ihsweep: error: every model" if code else "ihsweep: warning: 1 of 2")
+
+
+@pytest.mark.parametrize("diverged,code", [(1, 0), (2, 1)])
+def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diverged, code):
+  """``ihsweep run`` counts diverged cells in its summary; all of them: exit status 1."""
+  import types
+
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+  from ihsweep.workers import sweep
+
+  summary = {
+    "cells": 2,
+    "groups": [],
+    "cells_by_state": {"done": 2},
+    "diverged_cells": diverged,
+    "budget": "updates",
+  }
+  result = types.SimpleNamespace(groups={}, summary=summary, interrupted=False)
+  monkeypatch.setattr(sweep, "run", lambda *a, **k: result)
+  argv = ["ihsweep", "run", "--config=configs/default.py", f"--workdir={tmp_path / 'r'}"]
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    assert cli.main(argv) == code
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  captured = capsys.readouterr()
+  assert f"diverged cells (loss NaN/inf, frozen): {diverged}" in captured.out
+  assert ("every one of the sweep's 2 cells diverged" in captured.err) == bool(code)

@@ -21,9 +21,11 @@ Trains every cell of the config's sweep section (grid × zip × seeds; no sectio
 point with ensemble.size seeds), one compiled ensemble per group of cells with equal shapes,
 and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.json.
 Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
-running group's state and exits with status 143. Several processes on one run directory are
-workers that take groups side by side (launch/*.sh: independent processes, or the processes
-of one jax.distributed job, in phases of workers of sweep.processes_per_worker processes).
+running group's state and exits with status 143. A cell whose loss turns NaN/inf is frozen and
+counted in the last lines; if every cell diverged the command exits with status 1. Several
+processes on one run directory are workers that take groups side by side (launch/*.sh:
+independent processes, or the processes of one jax.distributed job, in phases of workers of
+sweep.processes_per_worker processes).
 --config.sweep.grid.train.batch_size="(8,16)"   change an axis the config file defines
 --config.sweep.budget=updates|tokens|law|emergence (fields: ihsweep/configuration/fields.py
 default_sweep)"""
@@ -73,6 +75,15 @@ def main(argv) -> int:
     print(
       f"ihsweep: groups {', '.join(failed_groups)} failed (errors in their status.json; "
       f"`ihsweep status --workdir={FLAGS.workdir}`); rerun to retry them",
+      file=sys.stderr,
+    )
+    return 1
+  every = result.summary["diverged_cells"] == result.summary["cells"] > 0
+  if every:  # as `ihsweep train`: no cell trained a usable model
+    print(
+      f"ihsweep: error: every one of the sweep's {result.summary['cells']} cells diverged (loss "
+      f"NaN/inf; frozen at the last finite parameters); lower train.lr or raise "
+      f"train.warmup_frac",
       file=sys.stderr,
     )
     return 1

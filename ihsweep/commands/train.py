@@ -17,7 +17,9 @@ USAGE = """usage: ihsweep train --config=FILE[:VARIANT] --workdir=DIR [--noprogr
 ABOUT = """\
 Trains one ensemble and writes config.json, metrics.jsonl, train_log.jsonl and checkpoints
 into the run directory; rerunning the same command resumes at its last checkpoint. It reads no
-sweep.* field: a --config.sweep.* override is refused (`ihsweep run` trains a sweep)."""
+sweep.* field: a --config.sweep.* override is refused (`ihsweep run` trains a sweep). A model
+whose loss turns NaN/inf is frozen and named in a warning; if every model diverged the command
+exits with status 1."""
 
 
 def sweep_override() -> str | None:
@@ -34,6 +36,32 @@ def sweep_override() -> str | None:
         f"sweep, or leave the flag out"
       )
   return None
+
+
+def divergence(diverged_at, ids=None) -> tuple[str | None, bool]:
+  """The line that says which models diverged, and whether every one did.
+
+  Args:
+    diverged_at: int [E], the update at which each model's loss turned NaN/inf (-1: never).
+    ids: the models' names (default 0 … E-1; a sweep's cell ids).
+
+  Returns:
+    (None, False) if none diverged, else (one line, all diverged): a diverged model is frozen at
+    its last finite parameters, so a run whose every model diverged trained nothing usable.
+  """
+  at = [int(d) for d in diverged_at]
+  ids = list(range(len(at))) if ids is None else list(ids)
+  bad = [(i, d) for i, d in zip(ids, at) if d >= 0]
+  if not bad:
+    return None, False
+  every = len(bad) == len(at)
+  which = "every model" if every else f"{len(bad)} of {len(at)} models"
+  where = ", ".join(f"{i} at update {d:,}" for i, d in bad)
+  return (
+    f"{which} diverged (loss NaN/inf; frozen at the last finite parameters): {where}; "
+    f"lower train.lr or raise train.warmup_frac",
+    every,
+  )
 
 
 def main(argv) -> int:
@@ -71,4 +99,7 @@ def main(argv) -> int:
   speed = out.tokens_per_s
   speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
   print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
-  return 0
+  line, every = divergence(out.diverged_at)
+  if line:  # as `ihsweep run`: a warning, and exit status 1 when no model is usable
+    print(f"ihsweep: {'error' if every else 'warning'}: {line}", file=sys.stderr)
+  return 1 if every else 0
