@@ -60,6 +60,9 @@ def clean_points(points: pd.DataFrame, terms: tuple = ()) -> tuple[pd.DataFrame,
   for c in need + (["censor_step"] if "censor_step" in pts else []):
     values = pd.to_numeric(pts[c], errors="coerce")
     text = values.isna() & pts[c].notna() & (pts[c].astype(str).str.strip() != "")
+    if c == "emergence_step" and "censored" in pts:  # 'NaN' beside censored true: no step
+      nan_text = pts[c].astype(str).str.strip().str.lower() == "nan"
+      text &= ~(nan_text & as_bool(pts["censored"], pts))
     if text.any() and c in terms:
       row = int(np.flatnonzero(text)[0])
       raise FitError(
@@ -71,7 +74,11 @@ def clean_points(points: pd.DataFrame, terms: tuple = ()) -> tuple[pd.DataFrame,
       raise FitError(
         f"column {c}: {_where(pts, row)} has {str(pts[c].iloc[row])!r}, not a "
         f"number"
-        + (" (leave emergence_step empty for a censored cell)" if c == "emergence_step" else "")
+        + (
+          " (leave emergence_step empty, or set censored true, for a censored cell)"
+          if c == "emergence_step"
+          else ""
+        )
       )
     pts[c] = values.astype(float)
   censored = pts["emergence_step"].isna().to_numpy().copy()
@@ -167,6 +174,12 @@ def _term_columns(points: pd.DataFrame) -> str:
   return f"numeric columns that could serve: {', '.join(map(str, fit)) or 'none'}"
 
 
+def duplicated_lines(points: pd.DataFrame) -> list[str]:
+  """The rows of ``points`` equal in every column to an earlier row, named as ``_where`` does
+  ('line N'); empty if none."""
+  return [_where(points, int(i)) for i in np.flatnonzero(points.duplicated().to_numpy())]
+
+
 def _where(points: pd.DataFrame, position: int) -> str:
   """Names the row at ``position``: 'line N' (of the CSV file, the header being line 1) when the
   index holds file line numbers (index name 'line', as ``read_points`` makes it), else the row's
@@ -177,14 +190,18 @@ def _where(points: pd.DataFrame, position: int) -> str:
 
 def read_points(path: str) -> pd.DataFrame:
   """A CSV of emergence points, indexed by each row's line number in the file (the header is
-  line 1; blank lines are skipped but counted), so that errors name the line a user sees.
+  line 1; blank lines are skipped but counted), so that errors name the line a user sees. Only
+  an empty field is missing: text such as 'NaN' stays text, and ``clean_points`` refuses it in a
+  number column (but an emergence_step 'NaN' where ``censored`` is true).
 
   Raises:
     OSError, ValueError: the file cannot be read as a CSV.
   """
   import csv
 
-  points = pd.read_csv(path)
+  # Only an empty field is missing: pandas' default reads 'NaN', 'NA', 'null', ... as empty too,
+  # and an emergence_step 'NaN' would pass silently as a censored cell.
+  points = pd.read_csv(path, keep_default_na=False, na_values=[""])
   with open(path, newline="", encoding="utf-8", errors="replace") as f:
     reader, lines, start = csv.reader(f), [], 1
     for row in reader:

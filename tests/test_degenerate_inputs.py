@@ -119,3 +119,61 @@ def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diver
   captured = capsys.readouterr()
   assert f"diverged cells (loss NaN/inf, frozen): {diverged}" in captured.out
   assert ("every one of the sweep's 2 cells diverged" in captured.err) == bool(code)
+
+
+def _points_csv(rows=None):
+  """25 emerged cells on a 5 × 5 (B, C) grid from a law, as a hand-made fit-law CSV."""
+  import math
+
+  rows = rows or [
+    {
+      "batch_size": b,
+      "context_size": c,
+      "emergence_step": round(math.exp(13.26) / (b**0.37 * c**0.62) * (1 + 0.01 * i)),
+    }
+    for i, (b, c) in enumerate(
+      (b, c) for b in (4, 8, 16, 32, 64) for c in (64, 128, 256, 512, 1024)
+    )
+  ]
+  return rows
+
+
+def _write(path, rows, extra=""):
+  cols = list(rows[0])
+  lines = [",".join(cols)] + [",".join(str(r[k]) for k in cols) for r in rows]
+  path.write_text("\n".join(lines) + "\n" + extra)
+  return str(path)
+
+
+def test_fit_law_refuses_a_nan_step_unless_the_row_is_censored(tmp_path, capsys):
+  from analysis import __main__ as cli
+
+  rows = _points_csv()
+  rows[3]["emergence_step"] = "NaN"
+  csv = _write(tmp_path / "nan.csv", rows)
+  assert cli.main(["fit-law", "--csv", csv, "--n_boot", "0"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1
+  assert "column emergence_step: line 5 has 'NaN', not a number" in err, err
+  assert "set censored true" in err
+  for r in rows:  # the censored column says so: 'NaN' is the censored cell's missing step
+    r["censored"], r["censor_step"] = "false", ""
+  rows[3]["censored"], rows[3]["censor_step"] = "true", 400
+  csv = _write(tmp_path / "censored.csv", rows)
+  assert cli.main(["fit-law", "--csv", csv, "--n_boot", "0"]) == 0
+  out = capsys.readouterr().out
+  assert '"n_censored": 1' in out
+
+
+def test_fit_law_warns_of_rows_repeated_in_every_column(tmp_path, capsys):
+  from analysis import __main__ as cli
+
+  rows = _points_csv()
+  csv = _write(tmp_path / "twice.csv", rows + rows)
+  assert cli.main(["fit-law", "--csv", csv, "--n_boot", "0"]) == 0
+  err = capsys.readouterr().err
+  assert "warning: 25 of 50 rows repeat an earlier row in every column (line 27, line 28" in err
+  assert "and 20 more); each is fitted as a cell of its own" in err
+  csv = _write(tmp_path / "once.csv", rows)
+  assert cli.main(["fit-law", "--csv", csv, "--n_boot", "0"]) == 0
+  assert "repeat an earlier row" not in capsys.readouterr().err

@@ -13,7 +13,8 @@ from .common import add, bad_n_boot, fail, law_table, law_terms
 NAME = "fit-law"
 HELP = "fit the emergence law to a CSV of emergence points"
 DESCRIPTION = (
-  "CSV columns batch_size, context_size, emergence_step (updates; empty = censored), "
+  "CSV columns batch_size, context_size, emergence_step (updates; empty = censored; 'NaN' "
+  "only where censored is true), "
   "censor_step (updates; needed for censored rows: the last checkpoint without emergence), "
   "optionally censored and the columns of --terms. Fits ln UPT = ln T - alpha ln B - beta ln C "
   "(+ gamma[X] ln X for each column X of --terms, e.g. n_params, data.frequency) by censored "
@@ -103,6 +104,15 @@ def main(args) -> int:
   failed = bad_n_boot(args)
   if failed is not None:
     return failed
+  repeats = law_points.duplicated_lines(points)
+  if repeats:  # two seeds may emerge at one checkpoint; a copied table is likelier
+    shown = ", ".join(repeats[:5]) + (f" and {len(repeats) - 5} more" if len(repeats) > 5 else "")
+    print(
+      f"{args.prog}: warning: {len(repeats)} of {len(points)} rows repeat an earlier row in "
+      f"every column ({shown}); each is fitted as a cell of its own: drop them if they are "
+      f"copies",
+      file=sys.stderr,
+    )
   try:
     fit = scaling.fit_law(
       points,
