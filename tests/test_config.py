@@ -252,10 +252,10 @@ def test_a_sweeps_seeds_must_fit_int32(tiny, no_compile):
   from ihsweep.configuration import grid as grid_lib
 
   cfg = tiny(**{"seed": INT32_MAX, "ensemble.size": 2, "sweep.seeds": 2})  # seeds 2^31 - 1, 2^31
-  with pytest.raises(
+  with pytest.raises(  # named by the field the user gave, not the filled ensemble.seeds
     ConfigError,
-    match=r"config.ensemble.seeds\[1\] = 2147483648 is not "
-    r"allowed: an integer in \[0, 2147483647\]",
+    match=r"config.seed = 2147483647 is not allowed: an integer in \[0, 2147483646\]: a "
+    r"sweep's cells use seeds seed … seed \+ 1",
   ):
     grid_lib.make_plan(cfg)
   cfg.sweep.seeds = cfg.ensemble.size = 1  # the sweep reads sweep.seeds; the two agree

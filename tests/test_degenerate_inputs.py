@@ -177,3 +177,11 @@ def test_fit_law_warns_of_rows_repeated_in_every_column(tmp_path, capsys):
   csv = _write(tmp_path / "once.csv", rows)
   assert cli.main(["fit-law", "--csv", csv, "--n_boot", "0"]) == 0
   assert "repeat an earlier row" not in capsys.readouterr().err
+
+
+def test_a_sweeps_negative_seed_is_named_as_the_user_gave_it(tiny, no_compile):
+  from ihsweep.configuration import grid as grid_lib
+
+  with pytest.raises(ConfigError) as err:
+    grid_lib.make_plan(tiny(**{"seed": -1}))
+  assert err.value.field == "seed" and "config.seed = -1" in str(err.value)

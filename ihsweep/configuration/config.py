@@ -406,7 +406,18 @@ def validate_sweep(cfg, n_devices: int | None = None) -> None:
   Raises:
     ConfigError: naming the field, the value and what is allowed.
   """
-  check(cfg, "sweep.seeds")
+  n_seeds = check(cfg, "sweep.seeds") or check(cfg, "ensemble.size")
+  # The cells' seeds are seed, seed + 1, ...: named by the field the user gave, not by the
+  # ensemble.seeds the planner fills from it.
+  seed = check(cfg, "seed")
+  if seed + n_seeds - 1 > INT32_MAX:
+    raise ConfigError(
+      "seed",
+      seed,
+      f"an integer in [0, {INT32_MAX - n_seeds + 1}]: a sweep's cells use seeds seed … seed + "
+      f"{n_seeds - 1} (sweep.seeds or ensemble.size = {n_seeds}), and seeds are int32, at most "
+      f"2^31 - 1 = {INT32_MAX}",
+    )
   _validate_budget(cfg)
   for field in (
     "ensemble.peak_lrs",
