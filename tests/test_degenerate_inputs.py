@@ -185,3 +185,22 @@ def test_a_sweeps_negative_seed_is_named_as_the_user_gave_it(tiny, no_compile):
   with pytest.raises(ConfigError) as err:
     grid_lib.make_plan(tiny(**{"seed": -1}))
   assert err.value.field == "seed" and "config.seed = -1" in str(err.value)
+
+
+@pytest.mark.parametrize(
+  "spec,words",
+  [
+    ("train.batch_size=2,abc", "batch_size = 'abc' is not allowed: an int, the type of "),
+    ("train.batch_size=2,2.5", "batch_size = 2.5 is not allowed: an int, the type of "),
+    ("model.pos_encoding=rotary,3", "pos_encoding = 3 is not allowed: a str, the type of "),
+  ],
+)
+def test_a_grid_value_of_the_wrong_type_is_one_line(tiny, no_compile, spec, words):
+  from ihsweep.configuration import axes, grid
+
+  cfg = axes.add_axes(tiny(), [spec])
+  with pytest.raises(ConfigError) as err:
+    grid.make_plan(cfg)
+  path = spec.split("=")[0]
+  assert err.value.field == f"sweep.grid.{path}"
+  assert words in str(err.value) and "TypeError" not in str(err.value), str(err.value)

@@ -35,6 +35,11 @@ def get_field(cfg, path: str):
   return node
 
 
+def _a(kind: type) -> str:
+  """'an int', 'a str': a type's name with its article."""
+  return f"{'an' if kind.__name__[0] in 'aeiou' else 'a'} {kind.__name__}"
+
+
 def set_field(cfg, path: str, value, sweep_field: str) -> None:
   *parents, name = path.split(".")
   node = cfg
@@ -43,9 +48,12 @@ def set_field(cfg, path: str, value, sweep_field: str) -> None:
   try:
     node[name] = value
   except (TypeError, ValueError, KeyError) as e:
-    raise ConfigError(
-      sweep_field, value, f"a value {path} can hold ({type(e).__name__}: {e})"
-    ) from None
+    old = node[name] if name in node else None
+    if isinstance(e, TypeError) and old is not None:  # ml_collections keeps a field's type
+      allowed = f"{_a(type(old))}, the type of {path} ({value!r} is {_a(type(value))})"
+    else:
+      allowed = f"a value {path} can hold ({type(e).__name__}: {e})"
+    raise ConfigError(sweep_field, value, allowed) from None
 
 
 def leaves(node, prefix: str = "") -> list[tuple[str, Any]]:
