@@ -204,3 +204,19 @@ def test_a_grid_value_of_the_wrong_type_is_one_line(tiny, no_compile, spec, word
   path = spec.split("=")[0]
   assert err.value.field == f"sweep.grid.{path}"
   assert words in str(err.value) and "TypeError" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_an_override_without_config_names_the_missing_flag(tmp_path, capsys, command):
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+
+  argv = ["ihsweep", command, f"--workdir={tmp_path / 'r'}", "--config.train.eps=1e-3"]
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    assert cli.main(argv) == 2
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  err = capsys.readouterr().err
+  assert err.startswith("ihsweep: --config.train.eps needs --config=FILE[:VARIANT]"), err
+  assert len(err.splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -268,6 +268,12 @@ def parse(command: str, argv: list[str], args: list[str], found) -> tuple[list[s
   except flags.Error as e:  # ml_collections puts the config file's traceback in the message
     if config_file_error(e, config_arg(found)):
       return [], config_load_failed(e, found)
+    overrides = [n for n, flag, _ in found if flag == "config" and "." in n]
+    if overrides and not config_arg(found):  # absl knows --config.X only once --config is given
+      return [], fail(
+        f"--{overrides[0]} needs --config=FILE[:VARIANT]: an override changes a field of the "
+        f"config file's config, and no --config was given (e.g. --config=configs/default.py)"
+      )
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return [], fail(" ".join(lines[:1] + lines[-1:] if len(lines) > 1 else lines))
   except Exception as e:  # loading runs the config file: any error (SyntaxError, NameError, ...)
