@@ -709,3 +709,19 @@ def test_the_readme_export_command_names_the_demo_cell_it_says(
     assert os.path.isfile(os.path.join(swept, "analysis", "export", "cell1_step10.pt"))
   finally:
     shutil.rmtree(os.path.join(swept, "analysis"), ignore_errors=True)
+
+
+def test_cli_a_cell_whose_params_are_gone_names_the_cell_not_a_step(swept, tmp_path, capsys):
+  """With no --step and the group's params/ removed: one line naming --cell and the missing
+  directory, not a '--step=None' the user never gave."""
+  import shutil
+
+  copy = str(tmp_path / "run")
+  shutil.copytree(swept, copy)
+  shutil.rmtree(os.path.join(copy, "groups", "g001", "checkpoints", "params"))
+  out = tmp_path / "m.pt"
+  assert _cli(f"--workdir={copy}", "--cell=1", "--to=transformer_lens", f"--out={out}") == 2
+  err = capsys.readouterr().err
+  assert err.startswith("ihsweep: --cell=1: cell 1 (group g001) has no complete params"), err
+  assert "groups/g001/checkpoints/params was removed" in err and "None" not in err, err
+  assert len(err.strip().splitlines()) == 1 and not out.exists()

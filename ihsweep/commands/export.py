@@ -50,8 +50,10 @@ def main(argv) -> int:
     out, step = export.export_run(run, FLAGS.cell, FLAGS.step, FLAGS.to, FLAGS.out)
   except notebook.UnknownCell as e:
     return fail(f"--cell={FLAGS.cell}: {e}")
-  except notebook.StepNotSaved as e:
-    return fail(f"--step={FLAGS.step}: {e}")
+  except notebook.StepNotSaved as e:  # with no --step: the cell has no checkpoint at all
+    return fail(
+      f"--step={FLAGS.step}: {e}" if FLAGS.step is not None else f"--cell={FLAGS.cell}: {e}"
+    )
   except notebook.CheckpointUnreadable as e:
     flag = "--step" if FLAGS.step is None else f"--step={FLAGS.step}"
     return fail(f"{flag}: {e}{'; choose one with --step=S' if FLAGS.step is None else ''}")

@@ -568,12 +568,23 @@ def export_run(run, cell: int, step: int | None = None, to: str = "transformer_l
 
   Returns: ``(out, step)``.
   Raises: ``ihsweep.runs.notebook.UnknownCell`` (cell, naming the valid ids), ``StepNotSaved``
-  (step, naming the saved steps), ``CheckpointUnreadable`` (a damaged checkpoint at that step),
-  ``ExportError`` (also for ``out`` inside the run directory), ModuleNotFoundError.
+  (step, naming the saved steps; with no ``step``, the cell has no complete checkpoint),
+  ``CheckpointUnreadable`` (a damaged checkpoint at that step), ``ExportError`` (also for
+  ``out`` inside the run directory), ModuleNotFoundError.
   """
   _check_target(to)
   cfg = run.model_config(cell)  # UnknownCell first, before any checkpoint is read
   _check(cfg, to)
+  if step is None and not run.steps(cell):  # no default step: name what is missing, not a step
+    from ihsweep.runs.notebook import StepNotSaved
+
+    group = run.group_of(cell)
+    single = group == "run"  # ihsweep train's run directory: no groups/
+    where = os.path.join(*([] if single else ["groups", group]), "checkpoints", "params")
+    raise StepNotSaved(
+      f"cell {int(cell)}{'' if single else f' (group {group})'} has no complete params "
+      f"checkpoint to export: none was saved yet, or {where} was removed from the run directory"
+    )
   model = run.model(cell, step)  # StepNotSaved
   source = {"run_dir": run.dir, "cell": int(model.cell), "step": int(model.step)}
   if out is None:
