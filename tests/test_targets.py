@@ -331,3 +331,20 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   )
   small = cells[(8, 64)]["roofline_terms"]
   assert small["state_bytes_s"] > small["launch_s"] > small["flops_s"], small
+
+
+@pytest.mark.skipif(not (LIBTPU / "libtpu").is_dir(), reason="make test installs build/libtpu")
+def test_a_tpu_target_starts_without_libtpus_metadata_noise():
+  """Off a TPU VM libtpu asked the metadata server and printed "could not determine TPU
+  accelerator type" and an E0000 "unexpected worker hostname" before every TPU plan."""
+  code = (
+    "from ihsweep.planning import toolchain\n"
+    "for n in ('v5e:2x4', 'v4:2x2x2'): print(n, len(toolchain.make_target(n).devices))"
+  )
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+  r = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.split() == ["v5e:2x4", "8", "v4:2x2x2", "16"]
+  assert "could not determine" not in r.stderr and "E0000" not in r.stderr, r.stderr

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import math
 import os
 import re
@@ -171,6 +172,31 @@ def _find_libtpu() -> bool:
   return _importable("libtpu", CHECKOUT_LIBTPU)
 
 
+# TPU_ACCELERATOR_TYPE's name for a slice of N chips (v4 and v5p count TensorCores, 2 per chip).
+_ACCELERATOR_TYPES = {
+  "v4": "v4-{cores}",
+  "v5e": "v5litepod-{chips}",
+  "v5p": "v5p-{cores}",
+  "v6e": "v6e-{chips}",
+}
+
+
+def _describe_this_host_to_libtpu(chip_name: str, shape: str) -> None:
+  """Off a TPU VM, libtpu asks the GCE metadata server for this host's accelerator type and the
+  slice's worker hostnames, and with no answer prints "could not determine TPU accelerator
+  type" and an E0000 INVALID_ARGUMENT "unexpected worker hostname" before every TPU plan. The
+  values a one-host VM of the target would have (only where unset and no TPU is attached, so a
+  TPU VM's own are kept) answer it; the compile-only topology comes from --target, and libtpu's
+  other messages (real errors) still show."""
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  chips = math.prod(int(x) for x in shape.split("x"))
+  kind = _ACCELERATOR_TYPES.get(chip_name)
+  if kind:
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", kind.format(chips=chips, cores=2 * chips))
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
 def make_target(name: str, n_devices: int | None = None) -> Target:
   """The devices and numbers of target ``name`` (``names()``).
 
@@ -201,6 +227,7 @@ def make_target(name: str, n_devices: int | None = None) -> Target:
     # libtpu locks /tmp/libtpu_lockfile for the one process that drives a TPU; compile-only
     # devices drive none, so plans may run side by side (and beside a training on a TPU VM).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    _describe_this_host_to_libtpu(chip_name, name.split(":", 1)[1])
     # Programs for compile-only devices cannot be loaded back from the persistent compilation
     # cache (JAX warns for each), and no run here would use them.
     jax.config.update("jax_enable_compilation_cache", False)
