@@ -28,12 +28,16 @@ CUDNN    := nvidia-cudnn-cu12==9.8.0.87
 # clone named ihsweep got that folder as an empty namespace package; ihsweep-first.pth moves the
 # finder (which answers for ihsweep and ihsweep_analysis only) to the front.
 FIRST_PTH := import sys; sys.meta_path[:] = sorted(sys.meta_path, key=lambda f: not str(getattr(f, "__module__", "")).startswith("__editable___ihsweep_"))
+# setuptools' "Editable installation." box (InformationOnly, a UserWarning: folders named like the
+# package may take precedence; ihsweep-first.pth handles that) is filtered by its exact message;
+# every other warning and error of the build still shows.
+EDITABLE_NOTE := ignore:Editable installation.:UserWarning
 # pip byte-compiles what it installs one file at a time (~60 s of the ~90 s install on 2 cores);
 # compileall does it on every core, beside the two --target installs (which need no .pyc: their
 # Python is a few plugin files). A file compileall cannot compile (one written for another Python
 # version) is skipped, as pip skips it.
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt Makefile
-	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[dev,interop]'
+	PYTHONWARNINGS='$(EDITABLE_NOTE)' $(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[dev,interop]'
 	$(BIN)/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/ihsweep-first.pth", "w").write(sys.argv[1] + "\n")' '$(FIRST_PTH)'
 	purelib=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); \
 	{ $(BIN)/python -m compileall -q -j 0 "$$purelib" > /dev/null 2>&1 || true; } & compiling=$$!; \
