@@ -393,6 +393,13 @@ def _default_text(f: Field) -> str:
   return repr(f.default)
 
 
+# A field the defaults leave out: --config.FIELD=… overrides only fields the config file has.
+NOT_IN_DEFAULTS = (
+  " — not in configs/default.py, so `--config.{path}=…` is refused as no field: set it in a "
+  "config file (`config.{path} = …` in its get_config)"
+)
+
+
 def reference_markdown() -> str:
   """The configuration reference: one table per section, generated from ``FIELDS``."""
   out = []
@@ -402,7 +409,7 @@ def reference_markdown() -> str:
     out += ["| field | default | allowed | unit | help |", "|---|---|---|---|---|"]
     for f in fields(section):
       allowed = f.allowed() or f.kind
-      help_ = f.help + ("" if f.in_defaults else " — not in configs/default.py")
+      help_ = f.help + ("" if f.in_defaults else NOT_IN_DEFAULTS.format(path=f.path))
       row = (f"`{f.path}`", f"`{_default_text(f)}`", allowed, f.unit, help_)
       out.append("| " + " | ".join(_cell(c) for c in row) + " |")
     out.append("")
