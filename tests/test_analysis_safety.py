@@ -3,6 +3,7 @@ metrics masked from the divergence on), a run too short for probes (C = 1) is sk
 reason instead of crashing."""
 
 import json
+import math
 import os
 import shutil
 
@@ -12,6 +13,7 @@ import pytest
 
 from analysis import curves as curves_lib
 from analysis import report
+from ihsweep.configuration import config as config_lib
 from ihsweep.runs.reader import load_run
 
 FAST = {
@@ -32,6 +34,13 @@ def diverged_run(tmp_path_factory):
   from ihsweep.training.runner import fit
 
   workdir = str(tmp_path_factory.mktemp("diverged") / "run")
+  with pytest.MonkeyPatch.context() as mp:  # validation refuses lr > LR_MAX: let 1e30 through
+    mp.setattr(config_lib, "LR_MAX", math.inf)
+    _fit_diverging(fit, tiny_config, workdir)
+  return workdir
+
+
+def _fit_diverging(fit, tiny_config, workdir):
   fit(
     tiny_config(
       **FAST,
@@ -46,7 +55,6 @@ def diverged_run(tmp_path_factory):
     workdir,
     progress=False,
   )
-  return workdir
 
 
 def test_a_diverged_model_of_a_single_run_reads_as_diverged(diverged_run, tmp_path):
