@@ -171,7 +171,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   """Analyses the run directories and writes the report files (module docstring).
 
   Returns a dict of what was written (paths) and computed (``law``: the fit dict or None,
-  ``law_error``, counts).
+  ``law_error``, counts; ``no_models``: True when no curve could be read).
 
   Raises:
     ihsweep.runs.reader.NotARun: a directory that is not a run.
@@ -209,6 +209,7 @@ def report(dirs: list[str], out_dir: str | None = None, options: Options | None 
   _overview(doc, runs, curves, all_axes)
   if curves.empty or "ps_max" not in curves:
     doc.p("No curves could be read: no group has params checkpoints or online metrics yet.")
+    written["no_models"] = True  # the command exits 1: a report of no models is no result
     return _finish(doc, outs, written, runs)
 
   phase = _Phases(opts.progress)

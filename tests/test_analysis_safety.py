@@ -100,6 +100,7 @@ def test_a_run_too_short_for_probes_is_skipped_with_the_reason(tmp_path):
   assert "block of L = 0" in warnings and "C >= 6" in warnings
   assert "cannot be computed for group run; the group is skipped" in warnings
   assert "No curves could be read" in open(out["report_md"]).read()
+  assert out["no_models"]  # the command exits 1 (test_degenerate_inputs)
   assert np.isnan(out.get("n_cells", np.nan))  # nothing was computed, nothing made up
 
 

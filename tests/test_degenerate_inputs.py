@@ -220,3 +220,25 @@ def test_an_override_without_config_names_the_missing_flag(tmp_path, capsys, com
   err = capsys.readouterr().err
   assert err.startswith("ihsweep: --config.train.eps needs --config=FILE[:VARIANT]"), err
   assert len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_a_report_of_no_models_exits_1_saying_why(tmp_path, capsys, monkeypatch):
+  """A run directory whose groups/ is gone: the report is written but the command exits 1 with
+  the first warning (report.report stubbed: test_analysis_safety checks it sets no_models)."""
+  from analysis import __main__ as cli
+  from analysis import report
+
+  why = "group g000 (2 cells) is skipped: cells.csv lists it as done, but its directory is missing"
+  written = {
+    "out_dir": str(tmp_path),
+    "report_md": str(tmp_path / "report.md"),
+    "no_models": True,
+    "warnings": [why, "group g001 ..."],
+  }
+  monkeypatch.setattr(report, "report", lambda *a, **k: written)
+  assert cli.main(["report", str(tmp_path), "--noprogress"]) == 1
+  err = capsys.readouterr().err.strip()
+  assert err.endswith(f"no model could be read: {why} (and 1 more warning(s) in the report)")
+  assert len(err.splitlines()) == 1
+  written["no_models"] = False
+  assert cli.main(["report", str(tmp_path), "--noprogress"]) == 0

@@ -135,6 +135,11 @@ def _report(args) -> int:
     print(f"law: not fitted ({written['law_error']})")
   if written.get("warnings"):
     print(f"{len(written['warnings'])} warning(s); see the report")
+  if written.get("no_models"):  # a report of no models is not a result: say why, exit 1
+    why = written.get("warnings") or ["no group has params checkpoints or online metrics yet"]
+    more = f" (and {len(why) - 1} more warning(s) in the report)" if len(why) > 1 else ""
+    print(f"{args.prog}: no model could be read: {why[0]}{more}", file=sys.stderr)
+    return 1
   return 0
 
 
