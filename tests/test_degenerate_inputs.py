@@ -242,3 +242,31 @@ def test_a_report_of_no_models_exits_1_saying_why(tmp_path, capsys, monkeypatch)
   assert len(err.splitlines()) == 1
   written["no_models"] = False
   assert cli.main(["report", str(tmp_path), "--noprogress"]) == 0
+
+
+@pytest.mark.parametrize("state", ["interrupted", "pending"])
+def test_a_stop_before_any_group_started_says_nothing_was_saved(
+  tmp_path, capsys, monkeypatch, state
+):
+  import types
+
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+  from ihsweep.workers import sweep
+
+  summary = {"cells": 2, "groups": [], "cells_by_state": {state: 2}, "diverged_cells": 0}
+  summary["budget"] = "updates"
+  groups = {"g000": {"state": state}}
+  result = types.SimpleNamespace(groups=groups, summary=summary, interrupted=True)
+  monkeypatch.setattr(sweep, "run", lambda *a, **k: result)
+  work = tmp_path / "r"
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    assert cli.main(["ihsweep", "run", "--config=configs/default.py", f"--workdir={work}"]) == 143
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  last = capsys.readouterr().err.strip().splitlines()[-1]
+  if state == "interrupted":
+    assert last == f"interrupted: state saved; rerun the same command to resume ({work})"
+  else:
+    assert last.startswith("interrupted before any group started training: nothing to save")

@@ -66,8 +66,12 @@ def main(argv) -> int:
   if jax.process_index() == 0:
     print(sweep_status.format_summary(result.summary))
   if result.interrupted:
+    saved = [g for g, s in result.groups.items() if s["state"] == "interrupted"]
     print(
-      f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})",
+      f"interrupted: state saved; rerun the same command to resume ({FLAGS.workdir})"
+      if saved  # a stop before any group started saved nothing: say so
+      else f"interrupted before any group started training: nothing to save; rerun the same "
+      f"command to start ({FLAGS.workdir})",
       file=sys.stderr,
     )
     return 143
