@@ -187,6 +187,8 @@ class AxisTest(_Verdict):
     """The level of this axis that is fastest at every value of the other axis (at least two
     of them), or None."""
     winners = set(self.fastest.values())
+    if None in winners:  # a tie for fastest at some value of the other axis: no one level
+      return None
     return next(iter(winners)) if len(self.fastest) > 1 and len(winners) == 1 else None
 
   def shape(self) -> str:
@@ -209,7 +211,7 @@ class AxisTest(_Verdict):
       "left_out": [float(v) for v in self.left_out],
       **self._verdict_dict("F on grid points"),
       "offsets": list(self.offsets),
-      "fastest": {str(_num(k)): float(v) for k, v in self.fastest.items()},
+      "fastest": {str(_num(k)): None if v is None else float(v) for k, v in self.fastest.items()},
     }
 
 
@@ -448,15 +450,21 @@ def _offsets(pts, censored, v, axis, other, levels) -> tuple:
 
 def _fastest(pts, emerged, v, axis, other, levels) -> dict:
   """Per value of ``other``: the value of ``axis`` among ``levels`` (those tested) with the
-  lowest mean ln UPT of its emerged cells."""
+  lowest mean ln UPT of its emerged cells; None where two or more tie for it (within
+  ``TIE_LN``)."""
   keep = emerged & np.isin(pts[axis].to_numpy(float), levels)
   em = pts.loc[keep, [axis, other]].assign(v=v[keep])
   out = {}
   for o, rows in em.groupby(other):
     means = rows.groupby(axis)["v"].mean()
     if len(means) > 1:
-      out[float(o)] = float(means.idxmin())
+      tied = int((means <= means.min() + TIE_LN).sum()) > 1
+      out[float(o)] = None if tied else float(means.idxmin())
   return out
+
+
+# Mean ln UPT this close count as a tie for fastest: float rounding of equal updates, not data.
+TIE_LN = 1e-9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

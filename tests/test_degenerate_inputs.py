@@ -270,3 +270,25 @@ def test_a_stop_before_any_group_started_says_nothing_was_saved(
     assert last == f"interrupted: state saved; rerun the same command to resume ({work})"
   else:
     assert last.startswith("interrupted before any group started training: nothing to save")
+
+
+def test_levels_that_tie_for_fastest_are_not_called_fastest():
+  """An exact U in C whose minimum lies between C = 32 and 64: they tie at every B, so no one
+  level is said to be fastest (was: 'C = 32 is fastest', the first of the tie)."""
+  import numpy as np
+  import pandas as pd
+
+  from analysis import scaling
+
+  rows = [
+    {"batch_size": b, "context_size": c, "seed": s, "censored": False, "censor_step": np.nan}
+    | {"emergence_step": float(np.exp(9.0 - 0.8 * np.log(b) + 0.6 * (np.log2(c) - 5.5) ** 2))}
+    for b in (8, 16, 32)
+    for c in (16, 32, 64, 128)
+    for s in range(2)
+  ]
+  fit = scaling.fit_law(pd.DataFrame(rows), n_boot=0)
+  by = {t.symbol: t for t in fit.lack_of_fit}
+  assert by["C"].fastest == {8.0: None, 16.0: None, 32.0: None}
+  assert by["C"].lacks_fit and "is fastest" not in by["C"].sentence()
+  assert fit.to_dict()["lack_of_fit"][0]["fastest"] == {"8": None, "16": None, "32": None}
