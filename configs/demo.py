@@ -65,7 +65,8 @@ def get_config(arg: str = ""):
     schedule="constant",
     warmup_frac=0.01,
   )
-  c.ensemble.update(size=2)
+  # Models per grid point: sweep.seeds below (ensemble.size, unread where it is set, stays at
+  # its default, so that --config.sweep.seeds=N alone changes them).
   c.data.update(
     source="markov",
     transitions="bigram",

@@ -7,16 +7,21 @@
 #   launch/local.sh [--dry-run] --config=configs/demo.py --workdir=runs/demo [more run flags]
 # More workers on the same sweep: launch/local_multiprocess.sh N --independent (N at once), or
 # this same command again in another shell (it joins the running sweep as another worker).
-# Environment: IHSWEEP = the command to run (default: ihsweep; e.g. ".venv/bin/ihsweep").
+# Environment: IHSWEEP = the command to run (default: ihsweep on PATH, else this checkout's
+# .venv/bin/ihsweep). --dry-run also checks that it and the --config file exist (one line on
+# stderr; status 1 where the run would fail).
 set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/launch/ihsweep_command.sh"
 dry=0
 args=()
 for a in "$@"; do
   if [[ "$a" == --dry-run ]]; then dry=1; else args+=("$a"); fi
 done
-read -ra ihsweep <<< "${IHSWEEP:-ihsweep}"
+find_ihsweep "$root"
 cmd=("${ihsweep[@]}" run "${args[@]}")
 if (( dry )); then
+  check_run "$0" "${args[@]}" || exit 1
   printf '%q ' "${cmd[@]}"; echo
   d=0  # its workers, on stderr: slices of --config.sweep.devices_per_worker=D, or auto
   for a in "${args[@]}"; do if [[ "$a" == --config.sweep.devices_per_worker=* ]]; then d=${a#*=}; fi; done
@@ -28,4 +33,5 @@ if (( dry )); then
   fi
   exit 0
 fi
+require_ihsweep "$0"
 exec "${cmd[@]}"

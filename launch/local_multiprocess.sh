@@ -29,7 +29,8 @@
 # XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/K (K = workers on
 # that GPU; a value you set yourself is kept). Joined processes cannot share a GPU (NCCL
 # refuses two ranks of one job on one device): N > G is refused there.
-# Environment it reads: IHSWEEP (command, default ihsweep), IHSWEEP_PORT (joined; default: a
+# Environment it reads: IHSWEEP (command, default: ihsweep on PATH, else this checkout's
+# .venv/bin/ihsweep), IHSWEEP_PORT (joined; default: a
 # free port), IHSWEEP_CPU_DEVICES, IHSWEEP_GPUS, IHSWEEP_GRACE_S, IHSWEEP_LOG_PREFIX (log
 # names; default process_ joined, worker_ independent; launch/slurm_array.sbatch sets one per
 # array task).
@@ -39,7 +40,8 @@
 # launch. SIGTERM/SIGINT are passed to every process (each checkpoints its group and exits).
 # --dry-run prints each process's environment and command, one line each, and starts nothing;
 # on stderr, each process's devices and the workers it runs over them (auto, or slices of
-# --config.sweep.devices_per_worker=D).
+# --config.sweep.devices_per_worker=D); it first checks that the command and the --config file
+# exist (one line on stderr; status 1, nothing printed, where the run would fail).
 #
 # Exit status, joined: the first failure's, as the shell reports it (128 + the signal's number
 # for a process killed by a signal: 137 after SIGKILL), with one line naming the process. The
@@ -57,6 +59,8 @@
 # killed and counts as failed (status 137). After a SIGTERM/SIGINT to this script, the workers'
 # own statuses (143 for a checkpointed stop) are its exit status and no failure line is printed.
 set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/launch/ihsweep_command.sh"
 usage="usage: $0 N [--independent] [--dry-run] --config=FILE --workdir=DIR [ihsweep run flags]"
 if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ || "$1" -lt 1 ]]; then
   echo "$usage" >&2
@@ -77,7 +81,7 @@ for a in "$@"; do
   esac
   prev=$a
 done
-read -ra ihsweep <<< "${IHSWEEP:-ihsweep}"
+find_ihsweep "$root"
 # This script's own variables, checked before anything starts (one line, exit 2).
 whole() {  # $1: name, $2: value, $3: least allowed
   if [[ -n "$2" && ( ! "$2" =~ ^[0-9]+$ || "$2" -lt "$3" ) ]]; then
@@ -190,6 +194,7 @@ workers_of() {
   fi
 }
 if (( dry )); then
+  check_run "$0" "${args[@]}" || exit 1
   for ((k = 0; k < n; k++)); do
     env_for $k
     if (( ${#drop[@]} )); then printf 'env '; printf -- '-u %s ' "${drop[@]}"; fi
@@ -201,6 +206,7 @@ if (( dry )); then
   done
   exit 0
 fi
+require_ihsweep "$0"
 logdir=${workdir:+$workdir/logs}
 logdir=${logdir:-.}
 mkdir -p "$logdir"

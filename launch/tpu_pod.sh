@@ -26,11 +26,16 @@
 # (e.g. JAX_COMPILATION_CACHE_DIR on the shared filesystem: one host's compile serves all),
 # XLA_FLAGS, LIBTPU_INIT_ARGS, TFDS_DATA_DIR.
 # Flags are passed as --flag=value (one word each); --dry-run may come anywhere and prints the
-# commands, one per line, quoted for the shell. The run directory must be on a filesystem every host mounts
-# and that supports flock (e.g. Filestore/NFSv4; the workers' claims lock a file in it); each
-# group's checkpoints are written by the host that trains it. Several slices (or a slice and
+# commands, one per line, quoted for the shell, after checking what this machine's part needs:
+# gcloud, and the --config file in this checkout (each host reads its own copy; --sync sends
+# this one's committed tree); one line on stderr, status 1 where the run would fail. The run
+# directory must be on a filesystem every host mounts and that supports flock (e.g.
+# Filestore/NFSv4; the workers' claims lock a file in it); each group's checkpoints are written
+# by the host that trains it. Several slices (or a slice and
 # other machines) can work on one sweep: run this for each with the same --workdir.
 set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/launch/ihsweep_command.sh"
 dry=0 sync=0 stop=0
 args=()
 positional=()
@@ -58,6 +63,25 @@ fi
 if (( stop )) && (( sync || ${#args[@]} > 1 )); then
   echo "$0: --stop takes --workdir only (and --dry-run)" >&2; echo "$usage" >&2
   exit 2
+fi
+if (( dry )); then  # what this machine runs: gcloud; and the config the hosts will read
+  problems=()
+  gcloud=$(type -P gcloud) \
+    || problems+=("gcloud is not on PATH (the Google Cloud CLI: it starts the hosts' processes)")
+  if (( ! stop )); then
+    p=$(config_problem "${args[@]}"); if [[ -n "$p" ]]; then problems+=("$p"); fi
+  fi
+  if (( ${#problems[@]} )); then
+    p=$(printf '%s; ' "${problems[@]}")
+    echo "$0: the run would fail: ${p%; }" >&2
+    exit 1
+  fi
+  if (( stop )); then echo "# checked: gcloud found ($gcloud)" >&2
+  else
+    config_problem "${args[@]}" > /dev/null
+    echo "# checked: gcloud found ($gcloud); $config_file found here (the hosts run their" \
+      "checkout's .venv/bin/ihsweep on theirs, not checked from here)" >&2
+  fi
 fi
 tpu=${positional[0]} zone=${positional[1]}
 repo=${IHSWEEP_REPO:-'~/ihsweep'}

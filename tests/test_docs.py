@@ -17,9 +17,11 @@ that starts like a command (a command block left unlabelled would never run).
 
 1. ``ihsweep ARGS`` (or ``.venv/bin/ihsweep``) runs ``ihsweep.cli.main`` in this process,
    ``python -m analysis ARGS`` ``analysis.__main__.main``; ``make TARGET [VAR=V]`` runs ``make
-   -n`` (prints the recipe, runs nothing); a launcher (``launch/X``, ``bash launch/X``,
-   ``sbatch [OPTIONS] launch/X``) runs as ``bash launch/X ARGS --dry-run`` (prints what it would
-   start); other words (``python benchmarks/...``) must be marked.
+   -n`` (prints the recipe, runs nothing), then the recipe's ``.venv/bin/ihsweep run`` lines
+   as ``ihsweep`` commands (``make demo DEMO_FLAGS=…``: the flags reach ``run``); a launcher
+   (``launch/X``, ``bash launch/X``, ``sbatch [OPTIONS] launch/X``) runs as ``bash launch/X
+   ARGS --dry-run`` (prints what it would start, after checking that the .venv/bin/ihsweep it
+   finds and the config file exist); other words (``python benchmarks/...``) must be marked.
 2. A run directory that a command reads (``status``/``export`` ``--workdir``, ``report``'s
    directories, ``--law=…/law.json`` or any law file, ``--csv points.csv``) is a sweep made once
    by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves written
@@ -27,10 +29,10 @@ that starts like a command (a command block left unlabelled would never run).
    runs/b``) is its copy; ``points.csv`` is its report's emergence.csv and a law file its
    law.json. A directory that a command writes (``run``/``train`` ``--workdir``, ``--out``) is a
    new one under the test's temporary folder (the same path in the docs: the same directory).
-3. Placeholders: ``FILE`` → configs/default.py:tiny, ``TPU_NAME ZONE`` → ``my-tpu
-   us-central2-b`` (``DIR`` stays: a launcher's dry run only prints it); ``[…]`` (optional
-   parts) are left out; ``~`` is a temporary HOME holding a few text files; the python-docs
-   corpus is tests/conftest.py's stand-in.
+3. Placeholders: ``FILE`` (a word, or a flag's ``=FILE``) → configs/default.py:tiny,
+   ``TPU_NAME ZONE`` → ``my-tpu us-central2-b`` (``DIR`` stays: a launcher's dry run only
+   prints it); ``[…]`` (optional parts) are left out; ``~`` is a temporary HOME holding a few
+   text files; the python-docs corpus is tests/conftest.py's stand-in.
 4. A command that would compile the trainer's programs (``run``, ``train``, a ``plan`` that
    measures) runs up to its first train or init program, where ``Compiling`` stops it: what it
    checks is everything before — its flags, the config and every override, the grid and the
@@ -233,6 +235,12 @@ def rewrite(words: list[str], place: Place) -> tuple[str, list[str]]:
   """``(how, argv)`` of a command's words (rules 1–3): how is ``ihsweep``, ``analysis``,
   ``make`` or ``bash``."""
   words = [PLACEHOLDERS.get(w, w) for w in words]
+  words = [  # --config=FILE too: a launcher's dry run checks that the file exists
+    f"{w.partition('=')[0]}={PLACEHOLDERS[w.partition('=')[2]]}"
+    if w.startswith("--") and w.partition("=")[2] in PLACEHOLDERS
+    else w
+    for w in words
+  ]
   if words[0] == "make":
     return "make", ["make", "-n", *words[1:]]
   if words[0] == "sbatch":  # its options are SLURM's; the script prints what a task runs
@@ -267,14 +275,21 @@ def rewrite(words: list[str], place: Place) -> tuple[str, list[str]]:
   return how, out
 
 
-def _clean_env() -> dict:
-  """This environment without what the launchers read (as tests/test_launch.py's)."""
+def _clean_env(tmp: pathlib.Path) -> dict:
+  """This environment without what the launchers read (as tests/test_launch.py's): IHSWEEP
+  unset, so that a launcher finds ihsweep as from a fresh clone (PATH, else .venv/bin), its
+  dry run checking it; a stand-in gcloud on PATH (launch/tpu_pod.sh's dry run checks for one)."""
   keep = {
     k: v
     for k, v in os.environ.items()
     if not k.startswith(("IHSWEEP", "XLA_", "SLURM_", "OMP_", "CUDA_VISIBLE_DEVICES"))
   }
-  return {**keep, "IHSWEEP": "ihsweep"}
+  stand_ins = tmp / "bin"
+  if not (stand_ins / "gcloud").exists():
+    stand_ins.mkdir(exist_ok=True)
+    (stand_ins / "gcloud").write_text("#!/bin/sh\nexit 0\n")
+    (stand_ins / "gcloud").chmod(0o755)
+  return {**keep, "PATH": f"{keep.get('PATH', '')}:{stand_ins}"}
 
 
 def _in_process(how: str, argv: list[str]) -> int:
@@ -377,14 +392,19 @@ _DONE: dict = {}  # rule 5: (how, argv) -> what the command printed
 PRINTS = re.compile(r'# .*?prints "([^"]+)"')  # rule 6
 
 
-def _run(command: Command, how: str, argv: list[str], capfd) -> str:
+def _run(command: Command, how: str, argv: list[str], capfd, place: Place) -> str:
   """Runs one rewritten command (rules 1-4); what it printed (stdout and stderr)."""
   shown = f"{command.id}\n  as {how} {shlex.join(argv)}"
   if how in ("make", "bash"):
-    env = _clean_env() if how == "bash" else None
+    env = _clean_env(place.tmp) if how == "bash" else None
     r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{shown}: exit {r.returncode}\n{r.stdout}{r.stderr}"
-    return r.stdout + r.stderr
+    printed = r.stdout + r.stderr
+    if how == "make":  # the recipe's trainer, with the flags make gave it (rule 1)
+      for line in r.stdout.splitlines():
+        if line.startswith(".venv/bin/ihsweep run "):
+          printed += _run(command, *rewrite(_words(line), place), capfd, place)
+    return printed
   if any(a.startswith("--target=") for a in argv):
     rc = _target_plan(argv)
     assert rc in (0, COMPILING_EXIT), f"{shown}: exit {rc}"
@@ -408,7 +428,7 @@ def test_the_command_runs(command, place, capfd):
   how, argv = rewrite(words, place)
   key = (how, tuple(argv))
   if key not in _DONE:  # else the same command, already run (rule 5)
-    _DONE[key] = _run(command, how, argv, capfd)
+    _DONE[key] = _run(command, how, argv, capfd, place)
   printed = " ".join(_DONE[key].split())
   for quoted in PRINTS.findall(command.text):
     assert quoted in printed, f"{command.id}: it does not print {quoted!r}:\n{printed[-2000:]}"

@@ -7,16 +7,21 @@ is one line. local_multiprocess.sh --independent: each worker's environment (no 
 GPUs round-robin, memory fraction for a shared GPU) and its exit rules (a failed worker does
 not stop the others), with a stand-in for ihsweep; a real tiny sweep. slurm_array.sbatch,
 slurm.sbatch, tpu_pod.sh: --dry-run commands and the environment a task's worker gets (a
-stand-in srun)."""
+stand-in srun). From the repository without an activated venv: the printed local lines run for
+real to done, and every dry run checks the command and the config in one line, without a
+traceback."""
 
+import functools
 import io
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -237,8 +242,8 @@ def test_bad_heartbeat_is_one_line(tmp_path, value):
 # ------------------------------------------------------------- launchers without JAX (stand-ins)
 
 LAUNCH = os.path.join(ROOT, "launch")
-ARGS = ["--config=configs/exp.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
-RUN = "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+ARGS = ["--config=configs/default.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
+RUN = "ihsweep run --config=configs/default.py --workdir=/shared/runs/x --grid=seed=0\\,1"
 # A stand-in for `ihsweep`: says what it got, then acts as FAKE_<CUDA_VISIBLE_DEVICES> says (the
 # GPU id tells the workers apart): ok (runs 1 s), slow (60 s), fail (status 3), kill (SIGKILL
 # itself), stop (SIGSTOP itself). SIGTERM: "term", status 143 (as ihsweep after checkpointing).
@@ -259,19 +264,43 @@ echo "done $CUDA_VISIBLE_DEVICES"
 """
 
 
+@functools.cache
+def _stand_ins() -> str:
+  """A folder of do-nothing ``ihsweep`` and ``gcloud`` commands: what a dry run checks for."""
+  folder = tempfile.mkdtemp(prefix="launch_stand_ins_")
+  for name in ("ihsweep", "gcloud"):
+    with open(os.path.join(folder, name), "w") as f:
+      f.write("#!/bin/sh\nexit 0\n")
+    os.chmod(os.path.join(folder, name), 0o755)
+  return folder
+
+
 def _clean_env(**extra) -> dict:
   """This environment without what the launchers read (IHSWEEP*, XLA_*, SLURM_*, GPUs; nproc
-  also reads OMP_*), plus ``extra``."""
+  also reads OMP_*), with stand-ins for ihsweep and gcloud on PATH, plus ``extra``."""
   keep = {
     k: v
     for k, v in os.environ.items()
     if not k.startswith(("IHSWEEP", "XLA_", "SLURM_", "OMP_", "CUDA_VISIBLE_DEVICES"))
   }
+  keep["PATH"] = f"{_stand_ins()}:{keep.get('PATH', '')}"
   return {**keep, "IHSWEEP": "ihsweep", **extra}
 
 
+CHECKED = "# checked: "  # a dry run's line on stderr: the command and config it found
+
+
+def _without_check(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+  """``r`` with its dry run's "# checked: …" line (one at most) taken out of stderr."""
+  lines = r.stderr.splitlines(keepends=True)
+  assert sum(line.startswith(CHECKED) for line in lines) <= 1, r.stderr
+  r.stderr = "".join(line for line in lines if not line.startswith(CHECKED))
+  return r
+
+
 def _dry(script: str, *args, **env) -> subprocess.CompletedProcess:
-  return subprocess.run(
+  """``script ARGS --dry-run``, its "# checked: …" line taken out of stderr."""
+  r = subprocess.run(
     ["bash", os.path.join(LAUNCH, script), *args, "--dry-run"],
     cwd=ROOT,
     env=_clean_env(**env),
@@ -279,6 +308,7 @@ def _dry(script: str, *args, **env) -> subprocess.CompletedProcess:
     text=True,
     timeout=60,
   )
+  return _without_check(r)
 
 
 def _lines(r: subprocess.CompletedProcess) -> list[str]:
@@ -451,6 +481,7 @@ def test_the_plans_launch_line_starts_the_processes_and_workers_it_describes(tmp
   # The dry run says the same of each process.
   r = subprocess.run(["bash", "-c", line + " --dry-run"], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=60)  # fmt: skip
+  r = _without_check(r)
   assert [said.split(": ", 1)[1] for said in r.stderr.splitlines()] == [
     f"devices {2 * k},{2 * k + 1}; workers: 1 worker(s) of 2: [{2 * k},{2 * k + 1}]"
     for k in range(4)
@@ -569,19 +600,19 @@ def test_joined_failure_stops_the_others(tmp_path):
 
 def test_slurm_array_dry_runs_and_header():
   assert _lines(_dry("slurm_array.sbatch", *ARGS)) == [
-    "srun --ntasks=1 ihsweep run --noprogress --config=configs/exp.py "
+    "srun --ntasks=1 ihsweep run --noprogress --config=configs/default.py "
     "--workdir=/shared/runs/x --grid=seed=0\\,1"
   ]
   assert _lines(_dry("slurm_array.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8")) == [
-    "srun --ntasks=1 --cpus-per-task=8 ihsweep run --noprogress --config=configs/exp.py "
+    "srun --ntasks=1 --cpus-per-task=8 ihsweep run --noprogress --config=configs/default.py "
     "--workdir=/shared/runs/x --grid=seed=0\\,1"
   ]
   assert _lines(
     _dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="4", SLURM_ARRAY_TASK_ID="3")
-  ) == [
-    "XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.225 "
+  ) == [  # IHSWEEP: the command found here, for local_multiprocess.sh to start
+    "IHSWEEP=ihsweep XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=0.225 "
     "IHSWEEP_LOG_PREFIX=task3_worker_ srun --ntasks=1 launch/local_multiprocess.sh 4 "
-    "--independent --noprogress --config=configs/exp.py --workdir=/shared/runs/x "
+    "--independent --noprogress --config=configs/default.py --workdir=/shared/runs/x "
     "--grid=seed=0\\,1"
   ]
   r = _dry("slurm_array.sbatch", *ARGS, IHSWEEP_WORKERS_PER_GPU="0")
@@ -647,7 +678,7 @@ def test_joined_launchers_dry_runs():
   lines = _lines(_dry("slurm.sbatch", *ARGS, SLURM_CPUS_PER_TASK="8", IHSWEEP=ihsweep))
   assert lines[0] == (
     f"IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 --cpus-per-task=8 {ihsweep} run "
-    "--noprogress --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+    "--noprogress --config=configs/default.py --workdir=/shared/runs/x --grid=seed=0\\,1"
   )
   # Inside an allocation: 4 tasks on this node, srun binds one GPU to each (--gpus-per-task=1).
   slurm = dict(
@@ -690,7 +721,7 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
   )
   stand_in.chmod(0o755)
   env = dict(IHSWEEP_REPO=str(repo), IHSWEEP_HEARTBEAT_S="50", JAX_COMPILATION_CACHE_DIR="/c d")
-  args = ("my-tpu", "us-central2-b", f"--workdir={work}", "--config=configs/exp.py",
+  args = ("my-tpu", "us-central2-b", f"--workdir={work}", "--config=configs/default.py",
           "--grid=seed=0,1")  # fmt: skip
   lines = _lines(_dry("tpu_pod.sh", *args, **env))
   assert len(lines) == 1 and lines[0].startswith(
@@ -710,7 +741,7 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
                          timeout=60)  # fmt: skip
   assert again.returncode == 1 and f"{host}: already running (process {pid})" in again.stdout
   assert (
-    f"args: run --noprogress --workdir={work} --config=configs/exp.py --grid=seed=0,1 "
+    f"args: run --noprogress --workdir={work} --config=configs/default.py --grid=seed=0,1 "
     "heartbeat=50 cache=/c d distributed=1 repo=unset"
   ) in log.read_text()
   stop = _lines(_dry("tpu_pod.sh", "my-tpu", "us-central2-b", "--stop", f"--workdir={work}"))
@@ -726,7 +757,7 @@ def test_tpu_pod_hosts_run_detached_with_the_environment_and_a_log(tmp_path):
   assert sync[0].startswith("git archive --format=tar.gz -o ") and sync[0].endswith(" HEAD")
   assert sync[1].startswith("gcloud compute tpus tpu-vm scp ") and "--worker=all" in sync[1]
   assert "pip install -q -c constraints.txt -e" in _remote(sync[2]) and sync[3] == lines[0]
-  for bad in ([], ["--stop", f"--workdir={work}", "--sync"], ["--config=configs/exp.py"]):
+  for bad in ([], ["--stop", f"--workdir={work}", "--sync"], ["--config=configs/default.py"]):
     r = _dry("tpu_pod.sh", "my-tpu", "us-central2-b", *bad)
     assert r.returncode == 2 and "usage:" in r.stderr
   for relative in ("runs/x", "~/x"):  # each host would resolve it in its own directory
@@ -886,8 +917,147 @@ def test_the_launchers_own_variables_are_checked_before_anything_starts(tmp_path
     ("IHSWEEP_GPUS", "1,2,01", "distinct GPU ids or UUIDs"),
   ):
     work = tmp_path / name
-    r = _dry("local_multiprocess.sh", "2", "--config=configs/exp.py", f"--workdir={work}",
+    r = _dry("local_multiprocess.sh", "2", "--config=configs/default.py", f"--workdir={work}",
              **{name: value})  # fmt: skip
     assert r.returncode == 2 and r.stdout == "" and not work.exists(), r.stderr
     assert r.stderr.endswith(f"{name}={value} is not allowed: " + r.stderr.split(": ", 2)[2])
     assert words in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+# ------------------------------------------- the printed lines, run as from a fresh clone (#58)
+
+VENV_IHSWEEP = os.path.join(ROOT, ".venv", "bin", "ihsweep")
+SMALL = [f for f in TINY if not f.startswith("--config.train.num_steps=")]
+SMALL += ["--config.train.num_steps=20"]  # a tiny sweep: one group of 2 models, 20 updates
+needs_venv = pytest.mark.skipif(
+  not os.access(VENV_IHSWEEP, os.X_OK), reason="`make install` makes .venv/bin/ihsweep"
+)
+
+
+def _no_venv_env(*extra_path: str, **extra) -> dict:
+  """A user's shell after `make install` without activating the venv: PATH without .venv/bin
+  (``ihsweep`` is not found there; ``python3`` is the system's, which may have no JAX), no
+  IHSWEEP; ``extra_path`` folders (stand-ins) first."""
+  venv_bin = os.path.realpath(os.path.dirname(VENV_IHSWEEP))
+  env = {k: v for k, v in _clean_env().items() if k not in ("IHSWEEP", "VIRTUAL_ENV")}
+  path = [p for p in os.environ.get("PATH", "").split(":") if p]
+  path = [p for p in path if os.path.realpath(p) != venv_bin]
+  env["PATH"] = ":".join([*extra_path, *path])
+  assert subprocess.run(["bash", "-c", "type -P ihsweep"], env=env).returncode != 0
+  return {**env, **extra}
+
+
+def _stand_in(folder, name: str, text: str) -> str:
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, name)
+  with open(path, "w") as f:
+    f.write(text)
+  os.chmod(path, 0o755)
+  return str(folder)
+
+
+@needs_venv
+def test_the_printed_local_lines_run_as_printed_without_an_activated_venv(tmp_path):
+  """The plan's local line (``ihsweep plan`` → ``launch/local.sh …``), the local and SLURM job
+  array lines of independent workers (``launch.launch_lines``; the array's task through a
+  stand-in srun), each run as printed from the repository with PATH not holding .venv/bin:
+  each launcher finds .venv/bin/ihsweep (before: bash found the ihsweep/ package folder, "exec:
+  ihsweep: cannot execute: Is a directory", status 126) and the tiny sweep ends done."""
+  from ihsweep.planning import launch
+
+  env = _no_venv_env(
+    _stand_in(
+      tmp_path / "bin",
+      "srun",
+      '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n',
+    ),
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=CPU_COMPILE_FLAGS,
+  )
+  plan_dir = tmp_path / "plan"
+  r = subprocess.run(
+    [VENV_IHSWEEP, "plan", "--config=configs/default.py", f"--workdir={plan_dir}", *SMALL,
+     "--devices=1", "--flops_per_s=1e12"],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("launch/")]
+  assert lines and lines[0].startswith("launch/local.sh "), r.stdout[-3000:]
+  flags = ["--config=configs/default.py", "--noprogress", *SMALL]
+  array, local = launch.launch_lines([*flags, f"--workdir={tmp_path / 'local'}"], 1, 1, 1)[0]
+  array = launch.launch_lines([*flags, f"--workdir={tmp_path / 'array'}"], 1, 1, 1)[0][0]
+  assert array.startswith("sbatch --array=0-0 --gres=gpu:1 launch/slurm_array.sbatch ")
+  assert local.startswith("IHSWEEP_GPUS=0 launch/local_multiprocess.sh 1 --independent ")
+  for line, work in (
+    (lines[0], plan_dir),
+    (local, tmp_path / "local"),
+    ("bash " + array.split(" ", 3)[3], tmp_path / "array"),  # what sbatch runs, here
+  ):
+    r = subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)  # fmt: skip
+    assert r.returncode == 0, f"{line}\n{r.stdout[-2000:]}{r.stderr[-3000:]}"
+    assert "Traceback" not in r.stdout + r.stderr, line
+    assert rundir.read_status(str(work), "g000")["state"] == "done", line
+
+
+@needs_venv
+def test_dry_runs_check_the_command_and_config_and_never_trace(tmp_path):
+  """Each launcher's --dry-run from the repository without an activated venv, the system
+  python3 on PATH: one "# checked: …" line naming .venv/bin/ihsweep and the config; where the
+  run would fail (no such config; a clone without `make install`), one line, status 1, nothing
+  printed to run, and no traceback (before: slurm.sbatch ran the system python3 and printed
+  "No module named 'jax'", status 0); a real run without the command: one line, status 127."""
+  env = _no_venv_env(_stand_in(tmp_path / "bin", "gcloud", "#!/bin/sh\nexit 0\n"))
+  found = f"the run starts {VENV_IHSWEEP} (this checkout's venv: no ihsweep on PATH)"
+  launchers = {
+    "local.sh": [],
+    "local_multiprocess.sh": ["2", "--independent"],
+    "slurm.sbatch": [],
+    "slurm_array.sbatch": [],
+    "tpu_pod.sh": ["my-tpu", "us-central2-b"],
+  }
+
+  def dry(script, *args, where=LAUNCH, **more):
+    return subprocess.run(
+      ["bash", os.path.join(where, script), *launchers[script], *args, "--dry-run"],
+      cwd=ROOT, env={**env, **more}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+  good = ["--config=configs/default.py:tiny", "--workdir=/shared/runs/x"]
+  for script in launchers:
+    r = dry(script, *good)
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, (script, r.stderr)
+    checked = [line for line in r.stderr.splitlines() if line.startswith(CHECKED)]
+    assert len(checked) == 1 and "configs/default.py found" in checked[0].replace(" (", " "), (
+      r.stderr
+    )
+    if script != "tpu_pod.sh":  # the hosts run their own checkout's .venv/bin/ihsweep
+      assert checked[0] == f"{CHECKED}{found} with configs/default.py (found)"
+      assert f"{VENV_IHSWEEP} run " in r.stdout.splitlines()[0] or script == "slurm_array.sbatch"
+    bad = dry(script, "--config=configs/nope.py", "--workdir=/shared/runs/x")
+    assert bad.returncode == 1 and bad.stdout == "", (script, bad.stdout, bad.stderr)
+    assert bad.stderr.splitlines() == [
+      f"{os.path.join(LAUNCH, script)}: the run would fail: --config=configs/nope.py: no file "
+      f"configs/nope.py (from {ROOT})"
+    ]
+  # slurm.sbatch in an allocation: each task's GPUs, by the Python behind .venv/bin/ihsweep
+  slurm = dict(SLURM_JOB_ID="1", SLURM_NTASKS_PER_NODE="2", SLURM_GPUS_PER_TASK="2",
+               JAX_PLATFORMS="cuda")  # fmt: skip
+  r = dry("slurm.sbatch", *good, **slurm)
+  assert r.returncode == 0 and r.stdout.splitlines()[1].startswith("task 0 of 2 on node 0: "), r
+  # A clone without `make install`: no .venv/bin/ihsweep beside the launchers.
+  clone = tmp_path / "clone"
+  shutil.copytree(LAUNCH, clone / "launch")
+  missing = os.path.join(clone, ".venv", "bin", "ihsweep")
+  for script in ("local.sh", "local_multiprocess.sh", "slurm.sbatch", "slurm_array.sbatch"):
+    r = dry(script, *good, where=clone / "launch")
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [
+      f"{clone / 'launch' / script}: the run would fail: {missing} (this checkout's venv: no "
+      "ihsweep on PATH) is not an executable file (`make install` makes .venv/bin/ihsweep; or "
+      "set IHSWEEP)"
+    ]
+  r = subprocess.run(["bash", str(clone / "launch" / "local.sh"), *good], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=60)  # fmt: skip
+  assert r.returncode == 127 and "cannot start ihsweep: " in r.stderr, r.stderr
+  assert len(r.stderr.splitlines()) == 1 and "Is a directory" not in r.stderr
