@@ -91,13 +91,30 @@ def data_words(cfg) -> str:
   return f"data source {source!r}"
 
 
+def _model_field(cfg, points: pd.DataFrame, path: str):
+  """``(value, varied)``: a grid axis's values ('{1, 2}', varied True) where the cells vary
+  ``path``, else the run config's value (the groups' default, not theirs when it is an axis)."""
+  if path in points and points[path].nunique() > 1:
+    return axis_values(points, path), True
+  if path in points and points[path].notna().any():  # a grid axis of one value
+    v = points[path].dropna().iloc[0]
+    return (int(v) if isinstance(v, (float, np.floating)) and float(v).is_integer() else v), False
+  return config_field(cfg, path), False
+
+
 def model_words(cfg, points: pd.DataFrame) -> str:
-  layers, heads = config_field(cfg, "model.n_layers"), config_field(cfg, "model.n_heads")
-  d, mlp = config_field(cfg, "model.d_model"), config_field(cfg, "model.d_mlp")
-  kind = "attention-only" if mlp == 0 else f"with MLPs (d_mlp {mlp})"
+  (layers, vl), (heads, vh) = (
+    _model_field(cfg, points, f"model.{f}") for f in ("n_layers", "n_heads")
+  )
+  (d, vd), (mlp, vm) = (_model_field(cfg, points, f"model.{f}") for f in ("d_model", "d_mlp"))
+  if vm:
+    kind = f"with MLPs of d_mlp ∈ {mlp} (0: attention-only)"
+  else:
+    kind = "attention-only" if mlp == 0 else f"with MLPs (d_mlp {mlp})"
+  layer_words = f"{layers} layers," if vl else f"{layers}-layer"
   text = (
-    f"{layers}-layer {kind} transformers, {heads} head{'s' if heads != 1 else ''} per "
-    f"layer, d_model {d}"
+    f"{layer_words} {kind} transformers, {heads} head{'s' if vh or heads != 1 else ''} per "
+    f"layer, d_model {'∈ ' if vd else ''}{d}"
   )
   if "n_params" in points and points["n_params"].notna().any():
     sizes = sorted(points["n_params"].dropna().astype(int).unique())

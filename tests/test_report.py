@@ -108,6 +108,18 @@ def test_setup_words_come_from_the_config_and_the_grid():
   assert "each cell trained for 3,000 updates" in setup and "3 seeds per grid point" in setup
 
 
+def test_setup_words_give_a_model_axis_of_the_grid_its_values():
+  """A sweep over model.n_heads=1,2 (the run's default 4): the grid's values, not the default."""
+  points = _points()
+  points["model.n_heads"] = [1, 2] * (len(points) // 2)
+  cfg = _config(**{"model.n_heads": 4})
+  setup = " ".join(summary.summary(points, None, config=cfg)[0].split())
+  assert "2-layer attention-only transformers, {1, 2} heads per layer, d_model 64" in setup
+  points["model.n_heads"] = 2  # one value: that value
+  setup = " ".join(summary.summary(points, None, config=cfg)[0].split())
+  assert "transformers, 2 heads per layer" in setup
+
+
 def test_emergence_falls_with_b_only_where_alphas_interval_excludes_0():
   falls = _text(
     summary.summary(_points(), _law(0.84, (0.68, 0.98), -0.07, (-0.22, 0.09)), config=_config())
