@@ -738,6 +738,14 @@ def test_not_a_run_directory_gets_a_clear_error(tmp_path, capsys):
   (tmp_path / "cells.csv").write_text("garbage\n")
   assert cli.main(["report", str(tmp_path), "--noprogress"]) == 2
   assert "cannot be read as a sweep's cells table" in capsys.readouterr().err
+  # a sweep whose top-level config.json is gone: one line before any work (was a traceback)
+  (tmp_path / "groups").mkdir()
+  assert cli.main(["report", str(tmp_path), "--noprogress"]) == 2
+  err = capsys.readouterr().err
+  assert "config.json is missing: the sweep's config" in err and len(err.splitlines()) == 1
+  (tmp_path / "config.json").write_text("{not json")
+  assert cli.main(["report", str(tmp_path), "--noprogress"]) == 2
+  assert "config.json cannot be read (" in capsys.readouterr().err
 
 
 def test_the_old_flag_spellings_still_work_and_say_the_new_ones(tmp_path, capsys):

@@ -4,6 +4,7 @@ the law, figures and report.md/.html from run directories (``analysis.report.rep
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import outputs
@@ -90,6 +91,27 @@ def main(args) -> int:
     return 130
 
 
+def missing_sweep_config(dirs) -> str | None:
+  """Why a sweep directory (cells.csv, groups/) cannot be reported: its top-level config.json (the
+  report's setup, data and probes) is gone or unreadable; checked before any work."""
+  from ihsweep.runs import rundir
+
+  for d in dirs:
+    path = os.path.join(os.path.abspath(d), "config.json")
+    sweep = [os.path.join(os.path.abspath(d), f) for f in ("cells.csv", "groups")]
+    if not (os.path.exists(sweep[0]) and os.path.isdir(sweep[1])):
+      continue
+    try:
+      rundir.read_config_json(path)
+    except (OSError, ValueError) as e:
+      why = "is missing" if isinstance(e, FileNotFoundError) else f"cannot be read ({e})"
+      return (
+        f"{path} {why}: the sweep's config, which `ihsweep run` writes and the report needs "
+        f"(its setup, data and probes); restore it from a copy of the run directory"
+      )
+  return None
+
+
 def _report(args) -> int:
   from ihsweep.runs.reader import NotARun
 
@@ -98,6 +120,9 @@ def _report(args) -> int:
   failed = bad_n_boot(args)
   if failed is not None:
     return failed
+  problem = missing_sweep_config(args.dirs)
+  if problem:
+    return fail(args, problem)
   if not 0 < args.fraction < 1:
     return fail(args, f"--fraction {args.fraction}: must be in (0, 1)")
   terms, problem = law_terms(args)
