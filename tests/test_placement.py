@@ -890,8 +890,10 @@ def test_a_faster_layout_is_explained_without_communication_too(capsys):
 
 def _dry_run(line: str) -> list[str]:
   """The per-worker commands a printed launch line runs, from the launcher's --dry-run (run from
-  the repository root, as the plan's lines are)."""
-  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
+  the repository root, as the plan's lines are), with the venv's ihsweep on PATH (its dry run
+  checks that the command exists)."""
+  path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
+  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": "", "PATH": path}
   r = subprocess.run(
     ["bash", "-c", line.strip() + " --dry-run"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
@@ -900,37 +902,40 @@ def _dry_run(line: str) -> list[str]:
   return [x.strip() for x in r.stdout.strip().splitlines()]
 
 
-def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags():
+def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags(tmp_path):
   """placement.run_flags keeps the plan's config, overrides and axes (not its own flags) and adds
   --workdir; launch_lines: workers spanning hosts are one jax.distributed job with
   sweep.processes_per_worker; a TPU pod runs one process per host (tpu_pod.sh, whose dry run
   accepts the line), so workers narrower than a host get no line and say why."""
   found = flags.split_args(
-    ["--config=configs/exp.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)",
+    ["--config=configs/default.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)",
      "--config.sweep.processes_per_worker=4", "--zip=seed=0,1", "--devices=64", "--json"]
   )[0]  # fmt: skip
-  words = ["--config=configs/exp.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)"]
+  words = ["--config=configs/default.py:tiny", "--config.sweep.grid.train.batch_size=(8, 16)"]
   words.append("--zip=seed=0,1")
-  assert placement.run_flags(found) == words + ["--workdir=runs/exp_tiny"]
+  assert placement.run_flags(found) == words + ["--workdir=runs/default_tiny"]
   assert placement.run_flags(found, "/shared/x") == words + ["--workdir=/shared/x"]
   tpu = placement.run_flags(found, "runs/x", tpu=True)
-  assert tpu == words + ["--workdir=/mnt/shared/exp_tiny"]
+  assert tpu == words + ["--workdir=/mnt/shared/default_tiny"]
   lines, note = launch.launch_lines(words + ["--workdir=/shared/x"], 4, 16, 8)
   assert lines == [
     "sbatch --nodes=8 --ntasks-per-node=1 --gpus-per-task=8 launch/slurm.sbatch "
-    "--config=configs/exp.py:tiny '--config.sweep.grid.train.batch_size=(8, 16)' "
+    "--config=configs/default.py:tiny '--config.sweep.grid.train.batch_size=(8, 16)' "
     "--zip=seed=0,1 --workdir=/shared/x --config.sweep.processes_per_worker=2"
   ]
   assert "one jax.distributed job of 8 processes" in note
   (line,), note = launch.launch_lines(tpu, 2, 8, 4, "tpu")
   assert line.endswith(" --config.sweep.processes_per_worker=2") and "4 host(s)" in note
-  env = {**os.environ, "TPU_NAME": "my-tpu", "ZONE": "us-central2-b"}
+  (tmp_path / "gcloud").write_text("#!/bin/sh\nexit 0\n")  # the dry run checks for gcloud
+  (tmp_path / "gcloud").chmod(0o755)
+  path = f"{tmp_path}:{os.environ.get('PATH', '')}"
+  env = {**os.environ, "TPU_NAME": "my-tpu", "ZONE": "us-central2-b", "PATH": path}
   r = subprocess.run(["bash", "-c", line + " --dry-run"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=60)  # fmt: skip
   assert r.returncode == 0, r.stderr
   (cmd,) = r.stdout.strip().splitlines()
   assert cmd.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")
-  assert "--config.sweep.processes_per_worker=2 >> /mnt/shared/exp_tiny/logs/host_" in cmd
+  assert "--config.sweep.processes_per_worker=2 >> /mnt/shared/default_tiny/logs/host_" in cmd
   # workers of 2 chips: each host's one process runs 2 of them side by side
   (line,), note = launch.launch_lines(tpu, 8, 2, 4, "tpu")
   assert (

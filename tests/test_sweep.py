@@ -482,16 +482,21 @@ def test_launchers_parse(script):
   subprocess.run(["bash", "-n", os.path.join(LAUNCH, script)], check=True)
 
 
-def test_launcher_dry_runs():
-  env = {**os.environ, "IHSWEEP": "ihsweep", "IHSWEEP_PORT": "12345", "XLA_FLAGS": ""}
-  args = ["--dry-run", "--config=configs/exp.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
+def test_launcher_dry_runs(tmp_path):
+  # A dry run checks that the command and the config exist: stand-ins for ihsweep and gcloud.
+  for name in ("ihsweep", "gcloud"):
+    (tmp_path / name).write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / name).chmod(0o755)
+  path = f"{tmp_path}:{os.environ.get('PATH', '')}"
+  env = {**os.environ, "IHSWEEP": "ihsweep", "IHSWEEP_PORT": "12345", "XLA_FLAGS": "", "PATH": path}
+  args = ["--dry-run", "--config=configs/default.py", "--workdir=/shared/runs/x", "--grid=seed=0,1"]
 
   def dry(*cmd):
     r = subprocess.run(["bash", *cmd], env=env, capture_output=True, text=True, check=True)
     return [line.strip() for line in r.stdout.strip().splitlines()]
 
   assert dry(f"{LAUNCH}/local.sh", *args) == [
-    "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+    "ihsweep run --config=configs/default.py --workdir=/shared/runs/x --grid=seed=0\\,1"
   ]
   lines = dry(f"{LAUNCH}/local_multiprocess.sh", "3", *args)
   assert len(lines) == 3
@@ -502,12 +507,12 @@ def test_launcher_dry_runs():
       f"count="
     )
     assert line.endswith(
-      "ihsweep run --config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+      "ihsweep run --config=configs/default.py --workdir=/shared/runs/x --grid=seed=0\\,1"
     )
   # (the device ids slurm.sbatch prints next, and tpu_pod.sh's per-host command: test_launch)
   assert dry(f"{LAUNCH}/slurm.sbatch", *args)[0] == (
     "IHSWEEP_DISTRIBUTED=1 srun --kill-on-bad-exit=1 ihsweep run --noprogress "
-    "--config=configs/exp.py --workdir=/shared/runs/x --grid=seed=0\\,1"
+    "--config=configs/default.py --workdir=/shared/runs/x --grid=seed=0\\,1"
   )
   (line,) = dry(f"{LAUNCH}/tpu_pod.sh", "my-tpu", "us-central2-b", *args)
   assert line.startswith("gcloud compute tpus tpu-vm ssh my-tpu --zone=us-central2-b --worker=all")

@@ -132,7 +132,8 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
   text = plan_text.format_plan(plan)
   assert "to run it (1 worker(s) × 2 device(s); " in text
   assert text.endswith("\n  " + "\n  ".join(p["launch"]["lines"]))
-  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": ""}
+  path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"  # the venv's ihsweep
+  env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": "", "PATH": path}
   r = subprocess.run(["bash", "-c", p["launch"]["lines"][1] + " --dry-run"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=60)  # fmt: skip
   assert r.returncode == 0, r.stderr
