@@ -61,6 +61,6 @@ def main(argv=None, prog: str = "python -m analysis") -> int:
 
 
 if __name__ == "__main__":
-  from ihsweep.commands.common import quiet_on_closed_pipe
+  from ihsweep.base.errors import quiet_on_closed_pipe
 
   sys.exit(quiet_on_closed_pipe(main))  # `| head`: exit 141, no traceback

@@ -13,9 +13,9 @@ import sys
 from absl import flags
 
 from ihsweep.base import environment, schema
+from ihsweep.base.errors import quiet_on_closed_pipe
 from ihsweep.commands import analysis, corpus, export, plan, predict, run, status, train
-from ihsweep.commands.common import fail, load_config, parse, quiet_on_closed_pipe, run_guarded
-from ihsweep.commands.common import start_logging
+from ihsweep.commands.common import fail, load_config, parse, run_guarded, start_logging
 from ihsweep.commands.flags import FLAGS, FORMS, check, config_arg, flag_list, help_text
 from ihsweep.commands.flags import split_args as _split_args
 
@@ -89,7 +89,7 @@ def _usage() -> str:
 
 def main(argv=None) -> int:
   """Every command's exit code; a closed pipe on stdout (``ihsweep status | head``) exits 141
-  without a traceback (``common.quiet_on_closed_pipe``)."""
+  without a traceback (``errors.quiet_on_closed_pipe``)."""
   return quiet_on_closed_pipe(_main, argv)
 
 

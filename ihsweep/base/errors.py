@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 
 class IhsweepError(Exception):
@@ -94,3 +95,22 @@ class StorageFault(IhsweepError):
       return error
     found = storage_errno(error)
     return None if found is None else cls(directory, found[1])
+
+
+CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE, what `yes | head` gives under `set -o pipefail`
+
+
+def quiet_on_closed_pipe(main, *args) -> int:
+  """``main(*args)``'s exit code; a reader that closed the pipe early (``ihsweep status |
+  head``) ends it quietly with exit 141 instead of a BrokenPipeError traceback. Stdout is pointed
+  at /dev/null so that the interpreter's final flush does not raise again."""
+  try:
+    code = main(*args)
+    sys.stdout.flush()
+    return code
+  except BrokenPipeError:
+    try:
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test's capture)
+      pass
+    return CLOSED_PIPE_EXIT

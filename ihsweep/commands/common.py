@@ -313,25 +313,6 @@ def run_guarded(handler, rest: list[str]) -> int:
     os._exit(1)
 
 
-CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE, what `yes | head` gives under `set -o pipefail`
-
-
-def quiet_on_closed_pipe(main, *args) -> int:
-  """``main(*args)``'s exit code; a reader that closed the pipe early (``ihsweep status |
-  head``) ends it quietly with exit 141 instead of a BrokenPipeError traceback. Stdout is pointed
-  at /dev/null so that the interpreter's final flush does not raise again."""
-  try:
-    code = main(*args)
-    sys.stdout.flush()
-    return code
-  except BrokenPipeError:
-    try:
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # no real stdout (a test's capture)
-      pass
-    return CLOSED_PIPE_EXIT
-
-
 def start_logging(devices: bool = True) -> None:
   """The log format and, with ``devices`` (a command that uses JAX), one CPU device per core
   (before JAX picks its devices). Without ``devices`` JAX is not imported: ``status`` and
