@@ -25,18 +25,20 @@ _IN_FLIGHT: set = set()  # the _Compile threads not yet finished, in this proces
 
 
 def end_process_if_compiling(code: int) -> None:
-  """Ends the process now with ``code`` (after flushing its logs and output) if a compile ahead
-  is still in flight: the sweep has recorded everything, and a daemon thread still inside XLA
-  when the interpreter finalizes aborts the process ("terminate called …") as it returns. In a
-  job of several processes it waits for the compiles instead (every process must reach
-  jax.distributed's shutdown). Returns when none is in flight."""
+  """After a stop request or an error (``code`` not 0), ends the process now with ``code`` (after
+  flushing its logs and output) if a compile ahead is still in flight: the sweep has recorded
+  everything, and a daemon thread still inside XLA when the interpreter finalizes aborts the
+  process ("terminate called …") as it returns. After a sweep that ended normally (a compile a
+  sibling's claim dropped may still run), and in a job of several processes (every process must
+  reach jax.distributed's shutdown), it waits for the compiles instead. Returns when none is in
+  flight."""
   import jax
 
   alive = [c for c in list(_IN_FLIGHT) if c.thread.is_alive()]
   if not alive:
     return
-  if jax.process_count() > 1:
-    log.info("waiting for %d compile(s) ahead to end before the job's shutdown", len(alive))
+  if (code == 0 and not stopping.stop_requested()) or jax.process_count() > 1:
+    log.info("waiting for %d compile(s) ahead to end", len(alive))
     for c in alive:
       c.thread.join()
     return
