@@ -1,8 +1,8 @@
 """Writes that a reader, a concurrent writer or a kill never sees half done: ``atomic_file`` and
 ``atomic_write_json``, for every file ihsweep and its analysis write (callers import them from
 here); the lock that says which live process writes a directory (``lock_holder``); and brief
-locks that never wait on a paused holder (``brief_lock``, ``rewrite_when_free``). A leaf
-module: it imports nothing of ihsweep."""
+locks that never wait on a paused holder (``brief_lock``, ``rewrite_when_free``). It imports
+nothing of ihsweep but ``errors`` (a leaf)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import os
 import socket
 import threading
 import time
+
+from ihsweep.base.errors import IhsweepError
 
 # ``ownership.workdir_lock`` holds an exclusive ``flock`` on this file of a run (or a sweep group's)
 # directory while a process writes it, and writes ``pid P on HOST`` into it.
@@ -76,7 +78,7 @@ def _holder_of(f) -> str:
   return text or "another process"
 
 
-class LockBusy(Exception):
+class LockBusy(IhsweepError):
   """A brief lock (``brief_lock``) another holder kept past the caller's patience.
 
   Attributes:
