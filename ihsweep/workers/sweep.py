@@ -438,6 +438,9 @@ def _work(
       _sleep(claims.claim_heartbeat_s(), siblings.stop)
       continue
     announced = None
+    if siblings.stop.is_set() and len(worker.team.processes) == 1:  # stopped while it claimed
+      claims.release_claim(workdir, group.id, "pending")
+      continue
     ahead.claimed(group.id)
     common, group_devices = _start_group(plan, workdir, worker, group, event)
     _describe(group, plan.groups.index(group), n, common)
