@@ -24,6 +24,7 @@ import time
 
 from ihsweep.base import environment
 from ihsweep.base.atomic import (
+  atomic_write_json,
   lock_holder,
   lock_text,
   name_thread_worker,
@@ -205,7 +206,8 @@ def _log_claim(workdir: str, event: str, group_id: str, **fields) -> None:
 
 
 def _complete_file(path: str, claim: dict) -> str:
-  """``claim`` written whole to a temporary file beside ``path``; returns its name."""
+  """``claim`` written whole to a temporary file beside ``path``; returns its name (for a hard
+  link: ``atomic.atomic_file`` renames its temporary file, which would replace a claim)."""
   tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
   fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
   try:
@@ -217,8 +219,7 @@ def _complete_file(path: str, claim: dict) -> str:
 
 def _write_claim(workdir: str, group_id: str, claim: dict) -> None:
   """Replaces claim.json by ``claim`` in one rename (a heartbeat, a reclaim)."""
-  path = _claim_path(workdir, group_id)
-  os.replace(_complete_file(path, claim), path)
+  atomic_write_json(_claim_path(workdir, group_id), claim)
 
 
 def _create_claim(path: str, claim: dict) -> bool:
@@ -249,7 +250,7 @@ def _take_over(path: str, old: dict, claim: dict) -> bool:
   try:
     if _read_claim(marker) != old:
       return False
-    os.replace(_complete_file(path, claim), path)
+    atomic_write_json(path, claim)
     return True
   finally:
     os.remove(marker)

@@ -99,7 +99,6 @@ class CompileAhead:
     self.plan, self.workdir, self.workers = plan, workdir, workers
     self.on = compile_cache.enabled()
     self.pending: dict = {}  # group id → _Compile
-    self.closed = False
 
   def after(self, group, worker) -> None:
     """Starts compiling a group of ``worker``'s (a ``sweep`` worker: its ``groups`` and
@@ -110,14 +109,15 @@ class CompileAhead:
     groups = worker.groups
     if not self.on or group not in groups or self.pending:
       return
-    free = [
-      g
-      for g in groups
-      if read_status(self.workdir, g.id)["state"] in ("pending", "interrupted")
-      and claims.read_claim(self.workdir, g.id) is None
-    ]
+    free, held = [], 0
+    for g in groups:
+      state = read_status(self.workdir, g.id)["state"]
+      if state in ("pending", "interrupted") and claims.read_claim(self.workdir, g.id) is None:
+        free.append(g)
+      elif state not in ("done", "failed"):
+        held += 1
     # the workers holding no claim now take the first free groups: not compiled here
-    skip = max(self.workers - (len(groups) - len(free) - self._finished(groups)), 0)
+    skip = max(self.workers - held, 0)
     for later in groups[groups.index(group) + 1 :]:
       key = (self.workdir, later.id)
       if later in free:
@@ -130,9 +130,6 @@ class CompileAhead:
           _AHEAD[key] = self
         self.pending[later.id] = _Compile(worker.resolve(later), self._compile)
         return
-
-  def _finished(self, groups: list) -> int:
-    return sum(read_status(self.workdir, g.id)["state"] in ("done", "failed") for g in groups)
 
   @staticmethod
   def _compile(group: runner.ResolvedGroup) -> None:

@@ -51,7 +51,7 @@ from ihsweep.configuration import grid as grid_lib
 from ihsweep.configuration.fields import WorkdirError
 from ihsweep.configuration.grid import Plan, make_plan
 from ihsweep.runs import claims, ownership
-from ihsweep.runs.rundir import group_dir, read_status, write_cells, write_status
+from ihsweep.runs.rundir import group_dir, read_status, saved_steps, write_cells, write_status
 from ihsweep.training import evaluation, resume, runner, stopping, worker_fit
 from ihsweep.training import progress as progress_lib
 from ihsweep.workers.compile_ahead import CompileAhead
@@ -192,9 +192,9 @@ def _prepare(cfg, plan: Plan, workdir: str) -> None:
 def _next_group(groups: list, workdir: str, since: float, devices: list[str], siblings):
   """``(group, event, waiting)``: the first of ``groups`` (plan order: most expensive first)
   this worker now holds (``event``: "claimed" or "taken over"), else ``(None, None, waiting)``
-  with ``waiting`` the groups other live workers hold. Each group's claim is read and written
-  under its own brief lock (``claims.try_claim``): no lock spans the groups. Groups this
-  process's workers saw fail (or meet a storage fault) in this run are skipped."""
+  with ``waiting`` the groups other live workers hold. Claims take no lock
+  (``claims.try_claim``). Groups this process's workers saw fail (or meet a storage fault) in
+  this run are skipped."""
   waiting = []
   for group in groups:
     if group.id in siblings.faulted:
@@ -487,7 +487,7 @@ def _start_group(plan: Plan, workdir: str, worker: Worker, group, event) -> tupl
   attempts = int(read_status(workdir, group.id).get("attempts", 0)) + 1
   common["attempts"] = attempts
   if event == "taken over":
-    saved = _has_state(group_dir(workdir, group.id))
+    saved = bool(_state_steps(workdir, group))
     log.warning(
       "group %s: %s",
       group.id,
@@ -505,19 +505,9 @@ def _start_group(plan: Plan, workdir: str, worker: Worker, group, event) -> tupl
   return common, group_devices
 
 
-def _state_steps(directory: str) -> list[int]:
-  """The updates of a group directory's full-state checkpoints (orbax's numbered step folders
-  under ``checkpoints/state/``), [] without any."""
-  try:
-    return sorted(
-      int(n) for n in os.listdir(os.path.join(directory, "checkpoints", "state")) if n.isdigit()
-    )
-  except OSError:
-    return []
-
-
-def _has_state(directory: str) -> bool:
-  return bool(_state_steps(directory))
+def _state_steps(workdir: str, group) -> list[int]:
+  """The updates of ``group``'s complete full-state checkpoints (``rundir.saved_steps``)."""
+  return saved_steps(os.path.join(group_dir(workdir, group.id), "checkpoints", "state"))
 
 
 def _train_group(
@@ -617,7 +607,7 @@ def _in_use_by_another(e: Exception, workdir: str, group) -> bool:
 
 def _saved_step(workdir: str, group) -> int:
   """The update a rerun resumes ``group`` from: its last full-state checkpoint's, else 0."""
-  return (_state_steps(group_dir(workdir, group.id)) or [0])[-1]
+  return (_state_steps(workdir, group) or [0])[-1]
 
 
 def _record_fault(workdir: str, group, common: dict, me: str, fault, siblings) -> None:
@@ -662,11 +652,14 @@ def _recorded_result(plan: Plan, workdir: str, interrupted: bool) -> SweepResult
   finishing together never wait on each other) and returns the sweep's result as the run
   directory now records it."""
 
+  written = []
+
   def write() -> None:
-    atomic.atomic_write_json(os.path.join(workdir, "sweep.json"), summarize(plan, workdir))
+    written.append(summarize(plan, workdir))
+    atomic.atomic_write_json(os.path.join(workdir, "sweep.json"), written[-1])
 
   atomic.rewrite_when_free(os.path.join(workdir, ".sweep.lock"), write)
-  summary = summarize(plan, workdir)
+  summary = written[-1] if written else summarize(plan, workdir)
   return SweepResult(
     groups={g.id: read_status(workdir, g.id) for g in plan.groups},
     summary=summary,

@@ -26,16 +26,12 @@ class Resolutions:
   (one layout: as many devices of one kind, process-local or not) make one resolution per group
   between them, whichever asks first (the others wait for it), then each binds it to its own
   devices (``ResolvedGroup.on``). A resolution, once made, is never written again; the plan's
-  ``Group.cfg`` is never written. Thread-safe.
-
-  ``made``: how many resolutions were made, per (group id, device count) — what a test counts.
-  """
+  ``Group.cfg`` is never written. Thread-safe."""
 
   def __init__(self):
     self._lock = threading.Lock()
     self._making: dict = {}  # layout key -> threading.Lock, held while one is made
     self._made: dict = {}  # layout key -> runner.ResolvedGroup
-    self.made: dict = {}
 
   def get(self, group, devices: list, local: bool) -> runner.ResolvedGroup:
     """``group`` resolved for a worker over ``devices`` (``local``: process-local in a job)."""
@@ -46,8 +42,6 @@ class Resolutions:
     with making:
       if key not in self._made:
         self._made[key] = runner.resolve(group.cfg, devices, local, group_id=group.id, checked=True)
-        with self._lock:
-          self.made[(group.id, len(devices))] = self.made.get((group.id, len(devices)), 0) + 1
     return self._made[key].on(devices)
 
 
