@@ -23,8 +23,8 @@ that starts like a command (a command block left unlabelled would never run).
    ARGS --dry-run`` (prints what it would start, after checking that the .venv/bin/ihsweep it
    finds and the config file exist); other words (``python benchmarks/...``) must be marked.
 2. A run directory that a command reads (``status``/``export`` ``--workdir``, ``report``'s
-   directories, ``--law=…/law.json`` or any law file, ``--csv points.csv``) is a sweep made once
-   by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves written
+   directories, ``--law=…/law.json`` or any law file, ``--csv points.csv``) is a made-up sweep,
+   made once by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves written
    into metrics.jsonl, no checkpoints); the second directory of one command (``report runs/a
    runs/b``) is its copy; ``points.csv`` is its report's emergence.csv and a law file its
    law.json. A directory that a command writes (``run``/``train`` ``--workdir``, ``--out``) is a
@@ -43,6 +43,12 @@ that starts like a command (a command block left unlabelled would never run).
 5. Commands that are equal after the rewrites run once.
 6. A comment that says a command ``prints "TEXT"`` is checked: the command's output holds TEXT
    (spaces aside), so that an output a doc quotes is what the command prints.
+
+**What the reader is told.** A block whose commands rules 1–4 change carries, on the lines right
+above its fence, one note that says how (``CHANGES``: the words it must hold for each change
+its run commands get, and may not hold for the others); a block run as written carries none:
+
+  <!-- tests/test_docs.py runs this with: run stopped at its first compile; status reads a made-up sweep -->
 
 The file takes ~40 s of CPU (user + sys, the imports of JAX, flax and the analysis and the two
 --target subprocesses included; 50-65 s wall on the 2-core machine under a load of 7-10).
@@ -72,6 +78,20 @@ NOT_RUN = re.compile(r"<!-- not run(?: \((?P<text>[^)]+)\))?: (?P<reason>.+?) --
 COMMAND_START = re.compile(r"((\.venv/bin/)?(ihsweep|python3?|make|sbatch|bash)|launch/\S+)(\s|$)")
 PLACEHOLDERS = {"FILE": "configs/default.py:tiny", "TPU_NAME": "my-tpu", "ZONE": "us-central2-b"}
 TRAINERS = {"run", "train", "plan"}  # commands stopped at their first compile (rule 4)
+NOTE = re.compile(r"<!-- tests/test_docs\.py runs this with: (?P<text>.+?) -->")
+# What the rewrites change in a command, and the words that say so in its block's note.
+CHANGES = {
+  "compile": "first compile",  # rule 4
+  "make": "make -n",  # rule 1
+  "dry-run": "--dry-run",  # rule 1: a launcher
+  "sbatch": "sbatch → bash",  # rule 1
+  "sweep": "made-up sweep",  # rule 2: a run directory, law file or points.csv read
+  "FILE": "FILE → configs/default.py:tiny",  # rule 3
+  "TPU": "TPU_NAME ZONE → my-tpu us-central2-b",  # rule 3
+  "optional": "[…] left out",  # rule 3
+  "home": "~ → a temporary HOME",  # rule 3
+}
+OPTIONAL = re.compile(r"\s*\[[^\[\]]*\]")
 
 
 @dataclasses.dataclass
@@ -166,6 +186,64 @@ def test_every_not_run_marker_names_commands_and_a_reason():
     assert not notes, f"{b.doc}:{b.line}: not the marker's form {NOT_RUN.pattern}: {notes}"
 
 
+def test_a_block_the_test_changes_says_how_beside_it():
+  """Rules 1–4 change most commands (a run directory made up, training stopped at its first
+  compile, a launcher's dry run): a block whose run commands they change says how in one note
+  right above its fence, with CHANGES' words for each change and for no other; a block run as
+  written has no note."""
+  problems = []
+  for b in ALL_BLOCKS:
+    where = f"{b.doc}:{b.line}"
+    notes = [m for m in map(NOTE.fullmatch, b.notes) if m]
+    odd = [n for n in b.notes if "test_docs.py" in n and not NOTE.fullmatch(n)]
+    if odd:
+      problems.append(f"{where}: not the note's form {NOTE.pattern}: {odd}")
+    run = [c for c in commands(b) if c.not_run is None] if b.info in SHELL else []
+    made = set().union(*map(changes, run))
+    said = " ".join(m["text"] for m in notes)
+    if len(notes) > 1:
+      problems.append(f"{where}: {len(notes)} notes; one says it all")
+    if made and not notes:
+      wanted = "; ".join(CHANGES[k] for k in sorted(made))
+      problems.append(f"{where}: add <!-- tests/test_docs.py runs this with: … --> saying {wanted}")
+    elif notes and not made:
+      problems.append(f"{where}: run as written (or not run): no note")
+    elif notes:
+      missing = [CHANGES[k] for k in sorted(made) if CHANGES[k] not in said]
+      wrong = [v for k, v in CHANGES.items() if k not in made and v in said]
+      if missing:
+        problems.append(f"{where}: the note does not say {missing}")
+      if wrong:
+        problems.append(f"{where}: the note says {wrong}, which the test does not do here")
+  assert not problems, "\n".join(problems)
+
+
+def test_the_note_check_finds_a_missing_wrong_or_needless_note(monkeypatch):
+  """A changed block without a note, a note that leaves a change out or names one not made,
+  and a note beside a block run as written: each found."""
+  doc = ROOT / "docs" / "x.md"
+  text = (
+    "<!-- tests/test_docs.py runs this with: train stopped at its first compile -->\n"
+    "```bash\nihsweep run --config=configs/demo.py --workdir=runs/a\n"
+    "ihsweep status --workdir=runs/a\n```\n\n"
+    "```bash\nlaunch/local.sh --config=FILE --workdir=DIR\n```\n\n"
+    "<!-- tests/test_docs.py runs this with: a made-up sweep, --dry-run -->\n"
+    "```bash\nihsweep status --workdir=runs/a\n```\n\n"
+    "<!-- tests/test_docs.py runs this with: make -n -->\n"
+    "```bash\nihsweep predict --batch_size=8 --context_size=64\n```\n"
+  )
+  monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: text)
+  monkeypatch.setattr(sys.modules[__name__], "ALL_BLOCKS", blocks(str(doc.relative_to(ROOT))))
+  with pytest.raises(AssertionError) as e:
+    test_a_block_the_test_changes_says_how_beside_it()
+  found = str(e.value)
+  assert "docs/x.md:2: the note does not say ['made-up sweep']" in found
+  assert "docs/x.md:7: add <!-- tests/test_docs.py runs this with: … --> saying FILE → " \
+    "configs/default.py:tiny; --dry-run" in found
+  assert "docs/x.md:12: the note says ['--dry-run'], which the test does not do here" in found
+  assert "docs/x.md:17: run as written (or not run): no note" in found
+
+
 def test_every_python_block_is_run_by_a_test():
   """tests/test_notebook.py runs every python block of the docs that reads runs/ (the one
   after ``<!-- export-example -->`` is tests/test_export.py's, which runs it on a model that
@@ -195,7 +273,7 @@ def _stop(*args, **kwargs):
 
 
 def _words(text: str) -> list[str]:
-  text = re.sub(r"\s*\[[^\[\]]*\]", "", text)  # optional parts: left out (rule 3)
+  text = OPTIONAL.sub("", text)  # optional parts: left out (rule 3)
   return shlex.split(text, comments=True)
 
 
@@ -231,9 +309,14 @@ class Place:
     return self.sweep if seen.index(shown) == 0 else self.copy
 
 
-def rewrite(words: list[str], place: Place) -> tuple[str, list[str]]:
+def rewrite(words: list[str], place: Place, changed: set | None = None) -> tuple[str, list[str]]:
   """``(how, argv)`` of a command's words (rules 1–3): how is ``ihsweep``, ``analysis``,
-  ``make`` or ``bash``."""
+  ``make`` or ``bash``. ``changed`` gains the ``CHANGES`` of rules 1–3 made here."""
+  changed = set() if changed is None else changed
+  for w in words:
+    value = w.partition("=")[2] if w.startswith("--") else w
+    if value in PLACEHOLDERS:
+      changed.add("FILE" if value == "FILE" else "TPU")
   words = [PLACEHOLDERS.get(w, w) for w in words]
   words = [  # --config=FILE too: a launcher's dry run checks that the file exists
     f"{w.partition('=')[0]}={PLACEHOLDERS[w.partition('=')[2]]}"
@@ -242,12 +325,16 @@ def rewrite(words: list[str], place: Place) -> tuple[str, list[str]]:
     for w in words
   ]
   if words[0] == "make":
+    changed.add("make")
     return "make", ["make", "-n", *words[1:]]
   if words[0] == "sbatch":  # its options are SLURM's; the script prints what a task runs
+    changed.add("sbatch")
     words = ["bash", *words[next(i for i, w in enumerate(words) if w.startswith("launch/")) :]]
   if words[0].startswith("launch/"):
     words = ["bash", *words]
   if words[0] == "bash":
+    if "--dry-run" not in words:
+      changed.add("dry-run")
     return "bash", [*words, "--dry-run"]
   if words[0] in ("ihsweep", ".venv/bin/ihsweep"):
     how, args = "ihsweep", words[1:]
@@ -262,17 +349,67 @@ def rewrite(words: list[str], place: Place) -> tuple[str, list[str]]:
     key, _, value = a.partition("=")
     if key == "--workdir":
       a = f"--workdir={place.read(value, seen) if reads else place.new(value)}"
+      changed |= {"sweep"} if reads else set()
     elif key == "--law":
       a = f"--law={place.reported('law.json')}"
+      changed.add("sweep")
     elif a in ("--out", "--csv"):
       value = next(rest)
       path = place.reported("emergence.csv") if a == "--csv" else place.new(value)
+      changed |= {"sweep"} if a == "--csv" else set()
       out += [a, path]
       continue
     elif command == "report" and not a.startswith("-"):
       a = place.read(a, seen)
+      changed.add("sweep")
     out.append(a)
   return how, out
+
+
+class _Named(Place):
+  """rewrite's paths named, nothing made or reported: what a command's rewrite changes."""
+
+  def reported(self, name: str) -> str:
+    return name
+
+
+@functools.cache
+def _make_runs(argv: tuple) -> tuple:
+  """The ``.venv/bin/ihsweep run`` lines of the recipe that ``make -n ARGS`` prints (rule 1)."""
+  r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, f"{shlex.join(argv)}: exit {r.returncode}\n{r.stdout}{r.stderr}"
+  return tuple(line for line in r.stdout.splitlines() if line.startswith(".venv/bin/ihsweep run "))
+
+
+def _compiles(how: str, argv: list[str]) -> bool:
+  """Rule 4: a ``run``, ``train`` or measuring ``plan`` (no ``--flops_per_s``), not ``--help``."""
+  return (
+    how == "ihsweep"
+    and argv[0] in TRAINERS
+    and not any(a in ("--help", "-h", "--helpfull") or a.startswith("--flops_per_s") for a in argv)
+  )
+
+
+def changes(command: Command) -> set[str]:
+  """The ``CHANGES`` that rules 1–4 make to a command, found without running it."""
+  out = set()
+  shown = shlex.split(command.text, comments=True)
+  words = _words(command.text)
+  if words != shown:
+    out.add("optional")
+  if re.search(r"(^|[\s=,])~/", " ".join(words)):
+    out.add("home")
+  named = _Named(pathlib.Path("/nonexistent"), "SWEEP", "COPY")
+  try:
+    how, argv = rewrite(words, named, out)
+  except AssertionError:  # no rule runs it: test_the_command_runs says so
+    return out
+  runs = [(how, argv)]
+  if how == "make":
+    runs = [rewrite(_words(line), named, out) for line in _make_runs(tuple(argv))]
+  if any(_compiles(h, a) for h, a in runs):
+    out.add("compile")
+  return out
 
 
 def _clean_env(tmp: pathlib.Path) -> dict:
@@ -392,32 +529,34 @@ _DONE: dict = {}  # rule 5: (how, argv) -> what the command printed
 PRINTS = re.compile(r'# .*?prints "([^"]+)"')  # rule 6
 
 
-def _run(command: Command, how: str, argv: list[str], capfd, place: Place) -> str:
-  """Runs one rewritten command (rules 1-4); what it printed (stdout and stderr)."""
+def _run(command: Command, how: str, argv: list[str], capfd, place: Place) -> tuple[str, bool]:
+  """Runs one rewritten command (rules 1-4): what it printed (stdout and stderr), and whether
+  rule 4 stopped it (or the run line of its make recipe) at its first compile."""
   shown = f"{command.id}\n  as {how} {shlex.join(argv)}"
   if how in ("make", "bash"):
     env = _clean_env(place.tmp) if how == "bash" else None
     r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{shown}: exit {r.returncode}\n{r.stdout}{r.stderr}"
-    printed = r.stdout + r.stderr
+    printed, compiled = r.stdout + r.stderr, False
     if how == "make":  # the recipe's trainer, with the flags make gave it (rule 1)
       for line in r.stdout.splitlines():
         if line.startswith(".venv/bin/ihsweep run "):
-          printed += _run(command, *rewrite(_words(line), place), capfd, place)
-    return printed
+          text, stopped = _run(command, *rewrite(_words(line), place), capfd, place)
+          printed, compiled = printed + text, compiled or stopped
+    return printed, compiled
   if any(a.startswith("--target=") for a in argv):
     rc = _target_plan(argv)
     assert rc in (0, COMPILING_EXIT), f"{shown}: exit {rc}"
-    return ""
+    return "", rc == COMPILING_EXIT
   capfd.readouterr()
   try:
     rc = _in_process(how, argv)
   except Compiling:
     assert argv[0] in TRAINERS, f"{shown}: {argv[0]} reached the trainer's compile"
-    return ""
+    return "", True
   out, err = capfd.readouterr()
   assert rc == 0, f"{shown}: exit {rc}\n{out[-2000:]}{err[-3000:]}"
-  return out + err
+  return out + err, False
 
 
 @pytest.mark.parametrize("command", TO_RUN, ids=lambda c: c.id)
@@ -429,7 +568,13 @@ def test_the_command_runs(command, place, capfd):
   key = (how, tuple(argv))
   if key not in _DONE:  # else the same command, already run (rule 5)
     _DONE[key] = _run(command, how, argv, capfd, place)
-  printed = " ".join(_DONE[key].split())
+  printed, compiled = _DONE[key]
+  said = "compile" in changes(command)
+  assert compiled == said, (
+    f"{command.id}: {'stopped' if compiled else 'not stopped'} at its first compile, which "
+    f"changes() did {'not ' if compiled else ''}foresee: its block's note would be wrong"
+  )
+  printed = " ".join(printed.split())
   for quoted in PRINTS.findall(command.text):
     assert quoted in printed, f"{command.id}: it does not print {quoted!r}:\n{printed[-2000:]}"
 
