@@ -177,6 +177,8 @@ def fit_law(
   "Interval coverage of the law fit"). ``cov`` is
   the covariance of the bootstrap coefficients times G/(G − 1), read with t(G − 1) quantiles
   (prediction intervals).
+  σ's interval is not a percentile interval but the basic bootstrap interval on ln σ, which
+  contains σ̂ (the resampled σ runs below σ̂: ``censored_fit.percentile_intervals``).
 
   Args:
     points: one row per cell with ``batch_size``, ``context_size``, ``emergence_step``

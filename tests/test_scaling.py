@@ -414,13 +414,41 @@ def test_censor_turns_rows_censored_at_their_last_checkpoint():
 
 
 def test_the_scatters_interval_stays_at_or_above_zero():
-  """The small-sample widening moves an interval's ends away from the estimate; for σ, a
-  scatter, the low end stops at 0 (it went to -0.02 on five grid points)."""
+  """The small-sample widening moves an interval's ends away from the estimate; σ's interval,
+  on ln σ, cannot cross 0 (a linear one went to -0.02 on five grid points), and where 2.5% or
+  more of the resamples fitted a law exactly (σ* = 0) its high end is unbounded."""
   from analysis.censored_fit import percentile_intervals as _percentiles
 
-  sigmas = np.array([0.0, 0.01, 0.02, 0.2, 0.21])
-  ci = _percentiles(np.zeros((5, 0)), [], {}, sigmas, 0.15, factor=2.0)
-  assert ci["sigma"][0] == 0.0 and ci["sigma"][1] > 0.21
+  sigmas = np.array([0.001, 0.01, 0.02, 0.2, 0.21])
+  lo, hi = _percentiles(np.zeros((5, 0)), [], {}, sigmas, 0.15, factor=2.0)["sigma"]
+  # basic interval on ln σ: ln 0.15 ∓ 2 (ln q − ln 0.15), q the 97.5% / 2.5% quantiles
+  assert lo == pytest.approx(0.15 * (0.15 / 0.209) ** 2, rel=1e-9) and lo > 0
+  assert hi == pytest.approx(0.15 * (0.15 / 0.0019) ** 2, rel=1e-9)
+  zeros = np.array([0.0, 0.0, 0.1, 0.2, 0.21])
+  assert _percentiles(np.zeros((5, 0)), [], {}, zeros, 0.15, 2.0)["sigma"][1] == math.inf
+
+
+def _exact_u(b, c):  # an exact U in C (no noise): σ is the law's lack of fit alone
+  return 9.0 - 0.8 * np.log(b) + 0.6 * (np.log(c / 32) / np.log(2)) ** 2
+
+
+def test_the_scatters_interval_contains_it_on_an_exact_u():
+  """Issue 58: on an exact U in C every resample's σ* fell below σ̂ (a repeated grid point adds
+  no lack of fit), and the percentile interval printed σ = 0.60 beside [0.33, 0.59]. The basic
+  interval on ln σ starts at σ̂ there (every σ* below it) and reaches above it; so does the
+  emerged-only fit's."""
+  rows = [
+    dict(batch_size=b, context_size=c, seed=s, emergence_step=float(np.exp(_exact_u(b, c))))
+    for b in (8, 16, 32, 64)
+    for c in (16, 32, 64, 128)
+    for s in range(2)
+  ]
+  fit = scaling.fit_law(pd.DataFrame(rows), held_out=False, shape_tests=False)  # 2000
+  assert fit.sigma == pytest.approx(0.600, abs=5e-4)
+  lo, hi = fit.ci["sigma"]
+  assert lo == fit.sigma and hi == pytest.approx(1.05, abs=0.03), (lo, hi)
+  only = fit.emerged_only
+  assert only.ci["sigma"][0] <= only.sigma < only.ci["sigma"][1], (only.sigma, only.ci)
 
 
 def test_a_count_no_counter_holds_is_refused(tmp_path):
