@@ -1,6 +1,7 @@
 """Generated blocks in the docs: the text between ``<!-- TOOL NAME -->`` and ``<!-- /TOOL NAME
 -->`` in a Markdown file, written and checked by the script named TOOL (docs_tables.py,
-demo_docs.py), so that a number in the docs is the one a command printed."""
+demo_docs.py), so that a number in the docs is the one a command printed. A block is lines
+between markers on lines of their own, or inline: a few words between markers within a line."""
 
 from __future__ import annotations
 
@@ -22,10 +23,16 @@ def read(path: str, tool: str, name: str) -> str:
   with open(path) as f:
     text = f.read()
   begin, end = markers(tool, name)
-  m = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, re.S)
+  m = _find(text, begin, end)
   if not m:
     raise SystemExit(f"{tool}: {path} has no {begin} ... {end} block")
-  return m.group(1).rstrip("\n")
+  return m.group(2).rstrip("\n")
+
+
+def _find(text: str, begin: str, end: str) -> re.Match | None:
+  """The block: group 1 the newline after its opening marker (empty where the block is inline,
+  within a line of prose: ``<!-- TOOL NAME -->12,078<!-- /TOOL NAME -->``), group 2 its text."""
+  return re.search(re.escape(begin) + r"(\n?)(.*?)" + re.escape(end), text, re.S)
 
 
 def write(path: str, tool: str, name: str, body: str) -> None:
@@ -38,13 +45,11 @@ def write(path: str, tool: str, name: str, body: str) -> None:
   with open(path) as f:
     text = f.read()
   begin, end = markers(tool, name)
-  text = re.sub(
-    re.escape(begin) + r"\n.*?" + re.escape(end),
-    lambda _: f"{begin}\n{body}\n{end}",
-    text,
-    count=1,
-    flags=re.S,
-  )
+  m = _find(text, begin, end)
+  if not m.group(1) and "\n" in body:
+    raise SystemExit(f"{tool}: {name}: an inline block in {path} cannot take several lines")
+  new = f"{begin}\n{body}\n{end}" if m.group(1) else f"{begin}{body}{end}"
+  text = text[: m.start()] + new + text[m.end() :]
   with open(path, "w") as f:
     f.write(text)
 

@@ -24,8 +24,8 @@ that starts like a command (a command block left unlabelled would never run).
    finds and the config file exist); other words (``python benchmarks/...``) must be marked.
 2. A run directory that a command reads (``status``/``export`` ``--workdir``, ``report``'s
    directories, ``--law=…/law.json`` or any law file, ``--csv points.csv``) is a made-up sweep,
-   made once by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves written
-   into metrics.jsonl, no checkpoints); the second directory of one command (``report runs/a
+   made once by ``fake_sweep`` (configs/induction.py, B 8, 32 × C 32, 64 × 2 seeds, ps_max curves
+   written into metrics.jsonl, no checkpoints); the second directory of one command (``report runs/a
    runs/b``) is its copy; ``points.csv`` is its report's emergence.csv and a law file its
    law.json. A directory that a command writes (``run``/``train`` ``--workdir``, ``--out``) is a
    new one under the test's temporary folder (the same path in the docs: the same directory).
@@ -48,7 +48,8 @@ that starts like a command (a command block left unlabelled would never run).
 above its fence, one note that says how (``CHANGES``: the words it must hold for each change
 its run commands get, and may not hold for the others); a block run as written carries none:
 
-  <!-- tests/test_docs.py runs this with: run stopped at its first compile; status reads a made-up sweep -->
+  <!-- tests/test_docs.py runs this with: run stopped at its first compile; status reads a
+  made-up sweep -->  (on one line)
 
 The file takes ~40 s of CPU (user + sys, the imports of JAX, flax and the analysis and the two
 --target subprocesses included; 50-65 s wall on the 2-core machine under a load of 7-10).
@@ -238,8 +239,10 @@ def test_the_note_check_finds_a_missing_wrong_or_needless_note(monkeypatch):
     test_a_block_the_test_changes_says_how_beside_it()
   found = str(e.value)
   assert "docs/x.md:2: the note does not say ['made-up sweep']" in found
-  assert "docs/x.md:7: add <!-- tests/test_docs.py runs this with: … --> saying FILE → " \
+  assert (
+    "docs/x.md:7: add <!-- tests/test_docs.py runs this with: … --> saying FILE → "
     "configs/default.py:tiny; --dry-run" in found
+  )
   assert "docs/x.md:12: the note says ['--dry-run'], which the test does not do here" in found
   assert "docs/x.md:17: run as written (or not run): no note" in found
 

@@ -1,5 +1,6 @@
-"""docs/planning.md and docs/sweeps.md hold the plan tables that benchmarks/docs_tables.py makes
-from the commands: the small configs' tables must equal what the commands print now."""
+"""The docs hold the plan tables, checkpoint totals and law predictions that
+benchmarks/docs_tables.py makes from the commands that print them: those that take seconds
+(docs_tables.CHECKED) must equal what the commands print now."""
 
 import os
 import pathlib
@@ -32,8 +33,21 @@ def _check(*names):
   assert r.stdout.count(" matches") == len(names)
 
 
-def test_the_sweeps_small_table_is_what_the_commands_print():
-  _check("tiny-flops")
+def test_the_tables_that_take_seconds_are_what_the_commands_print():
+  """The tiny config's FLOPs plans, exp1's checkpoint totals, setup and schedule (FLOPs plans,
+  ~5 s each here) and the study's law's predictions (``ihsweep predict``)."""
+  _check(*docs_tables.CHECKED)
+
+
+def test_every_table_has_its_block_in_its_doc():
+  """Each table's markers are in its file (inline where the table is: within a line)."""
+  import doc_blocks
+
+  for t in docs_tables.TABLES.values():
+    doc_blocks.read(str(ROOT / t.doc), docs_tables.TOOL, t.name)  # exits where it is not
+    begin, _ = docs_tables._markers(t.name)
+    line = next(x for x in (ROOT / t.doc).read_text().splitlines() if begin in x)
+    assert (line.strip() != begin) == t.inline, f"{t.doc}: {t.name}'s markers"
 
 
 @needs_gpu_compiler
@@ -54,3 +68,17 @@ def test_a_table_that_differs_fails_the_check(tmp_path, monkeypatch, capsys):
   assert docs_tables.main(["tiny-flops"]) == 0  # rewritten: now it matches
   assert doc.read_text() == f"# x\n\n{begin}\n| 2 | none | 0.8 s |\n{end}\n\nafter\n"
   assert docs_tables.main(["--check", "tiny-flops"]) == 0
+
+
+def test_an_inline_block_is_rewritten_within_its_line(tmp_path, monkeypatch, capsys):
+  doc = tmp_path / "docs" / "usage.md"
+  doc.parent.mkdir()
+  begin, end = docs_tables._markers("usage-law")
+  doc.write_text(f"the law predicts {begin}15,600{end} updates; more\n")
+  monkeypatch.setattr(docs_tables, "ROOT", str(tmp_path))
+  monkeypatch.setattr(docs_tables, "output", lambda args: "B = 16, C = 64: induction heads "
+                      "predicted after 15,609 updates = 16.0M tokens\n")  # fmt: skip
+  assert docs_tables.main(["--check", "usage-law"]) == 1
+  assert "-15,600" in capsys.readouterr().out
+  assert docs_tables.main(["usage-law"]) == 0
+  assert doc.read_text() == f"the law predicts {begin}15,609{end} updates; more\n"
