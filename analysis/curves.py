@@ -233,7 +233,9 @@ def evaluate_group(
   One evaluation program is compiled for the group (``ihsweep.training.evaluation.Evaluator``: the
   metric functions vmapped over the ensemble, split over the local devices); while step k is
   evaluated on the devices, step k + 1's params are read from disk. A checkpoint that cannot be
-  restored (damaged by hand, deleted while reading) is skipped with a warning. ``n_probes`` /
+  restored (damaged by hand, deleted while reading) is skipped with a warning; one whose orbax
+  metadata file is damaged but whose params restore is used, with a warning naming the file and
+  what was wrong (``damaged_metadata_warnings``). ``n_probes`` /
   ``n_sequences``: evaluate on the first that many of the run's probes / held-out sequences
   (None: all, exactly as online).
 
@@ -254,6 +256,7 @@ def evaluate_group(
   sizes = {"n_probes": len(probes.repeated), "n_sequences": probes.sequences.shape[1]}
   rows: list[dict] = []
   pending = None
+  restored: list[int] = []
 
   def collect(item):
     step, out = item
@@ -290,13 +293,34 @@ def evaluate_group(
           f"group {group.id}: its checkpoints hold {sorted(lead)} models but its "
           f"config and cells list {group.n_models}; skipped"
         )
+      restored.append(step)
       out = evaluator(params)  # dispatched asynchronously
       if pending is not None:
         collect(pending)
       pending = (step, out)
     if pending is not None:
       collect(pending)
+  for msg in damaged_metadata_warnings(group, restored):
+    log.warning("%s", msg)
+    warnings.append(msg)
   return pd.DataFrame(rows)
+
+
+def damaged_metadata_warnings(group: Group, steps: list[int]) -> list[str]:
+  """One line per orbax metadata file of ``group``'s params checkpoints at ``steps`` (restored)
+  that orbax could not parse or read (``checkpoint.damaged_metadata``): group, update, file,
+  what was wrong. Orbax restores the arrays without it (a checkpoint's ``_CHECKPOINT_METADATA``
+  holds its custom metadata and timestamps)."""
+  root = os.path.join(group.checkpoints().directory, "params")
+  out = []
+  for path, what in sorted(checkpoint.damaged_metadata(root).items()):
+    step = os.path.relpath(path, root).split(os.sep)[0]
+    if step.isdigit() and int(step) in steps:
+      out.append(
+        f"group {group.id}: the checkpoint at update {step} has a damaged metadata file "
+        f"{os.path.relpath(path, group.dir)} ({what}); its params were read without it"
+      )
+  return out
 
 
 def _online_rows(group: Group, warnings: list[str]) -> pd.DataFrame:

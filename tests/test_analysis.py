@@ -959,6 +959,31 @@ def test_a_damaged_checkpoint_is_one_warning_not_a_traceback_storm(trained, tmp_
   assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
 
 
+def test_a_damaged_checkpoint_metadata_file_is_one_counted_warning(trained, tmp_path, caplog):
+  """Issue 58: a checkpoint whose _CHECKPOINT_METADATA is not JSON printed orbax's "ERROR ...
+  Failed to json parse Metadata file: ..., file content: ..." four times mid-output, and the
+  report counted no warning. Orbax restores its params without the file: the report uses them
+  and says so in one warning naming the group, the update, the file and what was wrong."""
+  from analysis import report
+
+  run = tmp_path / "run"
+  shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))
+  meta = run / "checkpoints" / "params" / "4" / "_CHECKPOINT_METADATA"
+  meta.write_text(meta.read_text()[:10])  # a write cut short
+  out = report.report([str(run)], None, report.Options(progress=False, n_boot=0))
+  line = (
+    "group run: the checkpoint at update 4 has a damaged metadata file "
+    "checkpoints/params/4/_CHECKPOINT_METADATA (JSONDecodeError: Unterminated string starting "
+    "at: line 1 column 2 (char 1)); its params were read without it"
+  )
+  assert out["warnings"].count(line) == 1, out["warnings"]
+  logged = [r.getMessage() for r in caplog.records]
+  assert not [m for m in logged if "Failed to json parse" in m], logged
+  assert [m for m in logged if "damaged metadata file" in m] == [line]
+  curves = pd.read_csv(os.path.join(run, "analysis", "curves.csv"))
+  assert 4 in set(curves.loc[curves["source"] == "checkpoint", "step"])  # its params were used
+
+
 def test_out_inside_a_run_is_refused_except_its_analysis_folder(trained, tmp_path, capsys):
   run = tmp_path / "run"
   shutil.copytree(trained, run, ignore=shutil.ignore_patterns("analysis"))

@@ -5,6 +5,7 @@ import dataclasses
 import errno
 import itertools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -402,7 +403,9 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
     fit(cfg, str(tmp_path), progress=False)
 
 
-def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path):
+def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path, caplog):
+  """The fallback is one warning that names whose checkpoint it was (issue 58: with 4 workers
+  side by side it named no group): by default its directory, in a run its group and worker."""
   state = {"w": jnp.arange(6.0), "step": jnp.zeros((), jnp.int32)}
   ckpts = checkpoint.RunCheckpoints(str(tmp_path), {"cells": []}, async_save=False, read_only=False)
   ckpts.save_state(10, state)
@@ -411,6 +414,16 @@ def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path):
   for root, _, files in os.walk(tmp_path / "state" / "20" / "state"):
     for f in files:
       os.remove(os.path.join(root, f))  # a step directory emptied by hand
-  step, restored = checkpoint.RunCheckpoints(str(tmp_path), {}).restore_latest_state(state)
+  with caplog.at_level(logging.WARNING, logger="ihsweep"):
+    step, restored = checkpoint.RunCheckpoints(str(tmp_path), {}).restore_latest_state(state)
   assert step == 10
   np.testing.assert_array_equal(restored["w"], state["w"])
+  (line,) = [r.getMessage() for r in caplog.records if r.name == "ihsweep"]
+  assert line.startswith(f"{tmp_path}: full-state checkpoint 20 cannot be restored (20: ")
+  assert line.endswith("; trying an older one")
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="ihsweep"):
+    reader = checkpoint.RunCheckpoints(str(tmp_path), {})
+    assert reader.restore_latest_state(state, "g003 (worker h:1/w2): ")[0] == 10
+  (line,) = [r.getMessage() for r in caplog.records if r.name == "ihsweep"]
+  assert line.startswith("g003 (worker h:1/w2): full-state checkpoint 20 cannot be restored")

@@ -71,6 +71,38 @@ def _not_read_only_notice(record: logging.LogRecord) -> bool:
 
 logging.getLogger("absl").addFilter(_not_read_only_notice)
 
+# Orbax's metadata files that it could not read or parse, by path: what was wrong.
+_damaged_metadata: dict[str, str] = {}
+
+
+def _damaged_metadata_notice(record: logging.LogRecord) -> bool:
+  """Records and drops orbax's ``Failed to json parse Metadata file: PATH, file content: …``
+  (or ``Failed to read …``) errors: orbax goes on without the file (a checkpoint's
+  ``_CHECKPOINT_METADATA`` holds its custom metadata and timestamps, not its arrays) and
+  printed the whole damaged content each time it looked, with no group or step; its readers
+  say it once, in their own words (``damaged_metadata``)."""
+  message = str(record.msg)
+  if not (
+    message.startswith(("Failed to json parse Metadata file", "Failed to read Metadata file"))
+    and isinstance(record.args, tuple)
+    and len(record.args) >= 2
+  ):
+    return True
+  error = record.args[-1]
+  what = error_text(error) if isinstance(error, BaseException) else str(error)[:160]
+  _damaged_metadata[os.path.abspath(str(record.args[0]))] = what
+  return False
+
+
+logging.getLogger("absl").addFilter(_damaged_metadata_notice)
+
+
+def damaged_metadata(directory: str) -> dict[str, str]:
+  """Orbax metadata files under ``directory`` that this process found damaged (not JSON, or
+  unreadable) while reading checkpoints, path -> what was wrong (``Type: message``)."""
+  root = os.path.abspath(directory) + os.sep
+  return {p: w for p, w in list(_damaged_metadata.items()) if p.startswith(root)}
+
 
 def error_text(e: BaseException, limit: int = 160) -> str:
   """``Type: first line`` of an error from orbax or tensorstore, without the tensorstore spec
@@ -289,9 +321,12 @@ class RunCheckpoints:
     self._params = manager("params", None)
     self._state = manager("state", keep_state)
 
-  def restore_latest_state(self, like: Any) -> tuple[int | None, Any]:
+  def restore_latest_state(self, like: Any, who: str = "") -> tuple[int | None, Any]:
     """``(step, state)`` from the newest full-state checkpoint that restores, trying older ones
     if a newer one is damaged (e.g. files deleted by hand); ``(None, like)`` if there is none.
+    Each fallback is one warning line led by ``who`` (the group and worker, e.g. ``"g003
+    (worker host:123/w2): "``; by default the checkpoint directory, which names the group), so
+    that workers side by side say whose checkpoint it was.
 
     Raises:
       CheckpointError: checkpoints exist but none can be restored.
@@ -300,12 +335,26 @@ class RunCheckpoints:
     errors = []
     for step in steps:
       try:
-        return step, self.restore_state(step, like)
+        state = self.restore_state(step, like)
       except Exception as e:  # orbax raises many kinds (NOT_FOUND, KeyError, ValueError…)
         errors.append(f"{step}: {error_text(e, 200)}")
         log.warning(
-          "full-state checkpoint %d cannot be restored (%s); trying an older one", step, errors[-1]
+          "%sfull-state checkpoint %d cannot be restored (%s); trying an older one",
+          who or f"{self.directory}: ",
+          step,
+          errors[-1],
         )
+        continue
+      where = os.path.join(self.directory, "state", str(step))
+      for path, what in sorted(damaged_metadata(where).items()):
+        log.warning(
+          "%sfull-state checkpoint %d: its metadata file %s is damaged (%s); restored without it",
+          who or f"{self.directory}: ",
+          step,
+          os.path.relpath(path, self.directory),
+          what,
+        )
+      return step, state
     if steps:
       raise CheckpointError(
         f"no full-state checkpoint in {self.directory}/state can be "

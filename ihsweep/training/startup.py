@@ -16,7 +16,7 @@ from ihsweep.base import sharding
 from ihsweep.compute import schedule as schedule_lib
 from ihsweep.compute import train
 from ihsweep.data import probes as probes_lib
-from ihsweep.runs import checkpoint
+from ihsweep.runs import checkpoint, claims
 from ihsweep.training import resume
 from ihsweep.training.evaluation import Evaluator
 
@@ -83,7 +83,9 @@ def start(group, workdir: str, team: sharding.Team, who: str = "") -> Start:
     read_only=False,
     processes=team.processes,
   )
-  restored, state = ckpts.restore_latest_state(state)
+  # A fallback to an older checkpoint names the group and the worker (workers side by side)
+  owner = f"{who.removesuffix(': ')} (worker {claims.worker_id()}): " if who else ""
+  restored, state = ckpts.restore_latest_state(state, owner)
   if restored is not None:
     log.info("%sresuming from the full-state checkpoint at update %d", who, restored)
   host_arrays = (
