@@ -403,6 +403,37 @@ def test_resume_refuses_a_different_config(tiny, tmp_path, no_compile):
     fit(cfg, str(tmp_path), progress=False)
 
 
+def test_a_rerun_with_another_grid_is_refused_naming_the_axes(tiny, tmp_path):
+  """Issue 58: a rerun adding --grid=model.n_heads=1,2 to a sweep over train.batch_size was
+  refused as "absent from the run being resumed (made before the field existed)", and one
+  dropping an axis blamed "config.sweep.grid.train.batch_size = '(absent)'". The refusal stays
+  and says what differs: each axis added, dropped or changed, with its values."""
+  from ihsweep.configuration import axes as axes_lib
+
+  def swept(*axes):
+    cfg = tiny()
+    axes_lib.add_axes(cfg, list(axes))
+    return cfg
+
+  work = str(tmp_path)
+  write_resolved_config(swept("train.batch_size=4,8"), work)
+  resume.check_resumable(swept("train.batch_size=4,8"), work)  # the same grid resumes
+  lead = f"--workdir={work} holds a sweep over another grid: this run "
+  tail = (
+    " (the run directory's axes: train.batch_size = (4, 8)); its checkpoints are of that "
+    "grid's cells: rerun with its axes to resume it, or use a new --workdir for this grid"
+  )
+  for axes, change in (
+    (("train.batch_size=4,8", "model.n_heads=1,2"), "adds the axis model.n_heads = (1, 2)"),
+    ((), "drops the axis train.batch_size = (4, 8)"),
+    (("train.batch_size=4,8,16",), "changes the axis train.batch_size from (4, 8) to (4, 8, 16)"),
+  ):
+    with pytest.raises(fields.WorkdirError) as e:
+      resume.check_resumable(swept(*axes), work)
+    assert str(e.value) == lead + change + tail
+    assert "existed" not in str(e.value)
+
+
 def test_a_damaged_newest_state_falls_back_to_an_older_one(tmp_path, caplog):
   """The fallback is one warning that names whose checkpoint it was (issue 58: with 4 workers
   side by side it named no group): by default its directory, in a run its group and worker."""

@@ -55,7 +55,7 @@ def check_resumable(cfg, workdir: str) -> None:
   Raises:
     ConfigError: naming the first field whose value differs from the stored ``config.json``
       (fields in ``RESUME_FREE_FIELDS`` may differ); ``WorkdirError`` if that file is missing
-      or unreadable.
+      or unreadable, or if the sweep's axes differ (``_check_same_axes``).
   """
   path = os.path.join(workdir, "config.json")
   try:
@@ -68,6 +68,7 @@ def check_resumable(cfg, workdir: str) -> None:
       f"config ({e}); its checkpoints cannot be verified: use a new --workdir",
     ) from None
   new = _flatten(_jsonable(cfg))
+  _check_same_axes(old, new, workdir)
   for field in sorted(set(old) | set(new)):
     free = any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUME_FREE_FIELDS)
     if free or old.get(field) == new.get(field):
@@ -85,6 +86,40 @@ def check_resumable(cfg, workdir: str) -> None:
       field,
       new.get(field, "(absent)"),
       f"{was} (it has checkpoints); use a new --workdir to train with a different value",
+    )
+
+
+def _axes(flat: dict, section: str) -> dict:
+  """The axes of ``sweep.<section>`` (grid or zip) in a flattened config: field -> values."""
+  prefix = f"sweep.{section}."
+  return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
+def _check_same_axes(old: dict, new: dict, workdir: str) -> None:
+  """Refuses a rerun whose sweep axes (``sweep.grid``, ``sweep.zip``: the config's and the
+  ``--grid``/``--zip`` flags') differ from those of the run in ``workdir``, naming each axis
+  added, dropped or changed with its values: its checkpoints are of its own cells."""
+  shown = lambda v: "(" + ", ".join(map(str, v)) + ")" if isinstance(v, list) else repr(v)  # noqa: E731
+  changes, had = [], []
+  for section in ("grid", "zip"):
+    was, now = _axes(old, section), _axes(new, section)
+    kind = "axis" if section == "grid" else "zip axis"
+    had += [f"{axis} = {shown(v)}" for axis, v in sorted(was.items())]
+    for axis in sorted(set(was) | set(now)):
+      if axis not in was:
+        changes.append(f"adds the {kind} {axis} = {shown(now[axis])}")
+      elif axis not in now:
+        changes.append(f"drops the {kind} {axis} = {shown(was[axis])}")
+      elif was[axis] != now[axis]:
+        changes.append(f"changes the {kind} {axis} from {shown(was[axis])} to {shown(now[axis])}")
+  if changes:
+    raise fields.WorkdirError(
+      workdir,
+      "",
+      f"--workdir={workdir} holds a sweep over another grid: this run "
+      f"{'; '.join(changes)} (the run directory's axes: {', '.join(had) or 'none'}); its "
+      f"checkpoints are of that grid's cells: rerun with its axes to resume it, or use a new "
+      f"--workdir for this grid",
     )
 
 
