@@ -107,7 +107,7 @@ def get_config(arg: str = ""):
     c = markov_base("cpu", cpu_updates=LAW_UPDATES)
     levels = dict(frequency=LAW_FREQUENCY, reliability=LAW_RELIABILITY)
     c.sweep.grid = ml_collections.ConfigDict(dict(data=ml_collections.ConfigDict(levels)))
-    c.sweep.seeds = c.ensemble.size = 2
+    c.sweep.seeds = 2  # models per grid point (ensemble.size stays at its default: unread)
     return c
   c = markov_base(scale, cpu_updates=3000)
   if scale == "cpu":
@@ -124,5 +124,7 @@ def get_config(arg: str = ""):
   c.sweep.grid = ml_collections.ConfigDict(
     dict(data=ml_collections.ConfigDict(dict(frequency=levels, reliability=levels)))
   )
-  c.sweep.seeds = c.ensemble.size = seeds  # models per grid point
+  # models per grid point; ensemble.size, unread where sweep.seeds is set, stays at its default
+  # so that --config.sweep.seeds=N alone changes them
+  c.sweep.seeds = seeds
   return c

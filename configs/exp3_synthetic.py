@@ -72,5 +72,7 @@ def get_config(arg: str = ""):
       )
     )
   )
-  c.sweep.seeds = c.ensemble.size = seeds  # models per grid point
+  # models per grid point; ensemble.size, unread where sweep.seeds is set, stays at its default
+  # so that --config.sweep.seeds=N alone changes them
+  c.sweep.seeds = seeds
   return c
