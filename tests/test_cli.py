@@ -931,3 +931,13 @@ def test_a_closed_pipe_ends_quietly():
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
     assert "rc=141" in r.stderr, r.stderr
+
+
+def test_status_help_names_every_group_state():
+  """Issue 58: status's description and --help named done, running, pending, failed (and
+  interrupted) but not 'stopped', a state it prints (a running group whose worker is gone)."""
+  from ihsweep.commands import status
+
+  for state in ("done", "running", "stopped", "pending", "failed", "interrupted"):
+    assert state in status.DESCRIPTION and state in status.ABOUT, state
+  assert "stopped (running, but its worker is gone" in " ".join(status.ABOUT.split())

@@ -6,15 +6,18 @@ from ihsweep.commands.common import fail
 from ihsweep.commands.flags import FLAGS
 
 NAME = "status"
-DESCRIPTION = "per-group state of a sweep's run directory (done, running, pending, failed)"
+DESCRIPTION = (
+  "per-group state of a sweep's run directory (done, running, stopped, pending, failed, "
+  "interrupted)"
+)
 FLAG_NAMES = ("workdir",)
 FLAGS_ONLY, COMPILES, TRAINS = True, False, False
 USES_DEVICES = False  # reads files only: no JAX imported (tests/test_cli.py checks)
 USAGE = "usage: ihsweep status --workdir=DIR"
 ABOUT = """\
 Reads a sweep's run directory (cells.csv, groups/*/status.json, train logs) and prints each
-group's state — done, running, pending, failed, interrupted — with its progress and diverged
-cells. Touches nothing."""
+group's state — done, running, stopped (running, but its worker is gone: rerun to resume it),
+pending, failed, interrupted — with its progress and diverged cells. Touches nothing."""
 
 
 def main(argv) -> int:

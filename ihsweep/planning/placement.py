@@ -146,13 +146,14 @@ def data_unchecked():
 
 
 def make_jobs(cfg, law=None, check_data: bool = True) -> tuple[Any, list[Job]]:
-  """``(plan, jobs)`` for a sweep config, planned for any device count: groups are validated
-  as a worker of this process would run them (``sweep.placement = 'worker'``,
-  ``mesh.num_devices = 0``: a group smaller than the devices runs on part of them;
-  ``sweep.processes_per_worker = 0``: checked against this machine's process count otherwise;
-  ``sweep.devices_per_worker = 0``: against its devices),
-  so that planning N devices this machine lacks is not refused here; the rules are applied by
-  ``plan_phases`` and ``worker_schedule``.
+  """``(plan, jobs)`` for a sweep config, planned for any device count: ``grid.make_plan``
+  validates every group's settings, none of the device rules, with the placement fields that
+  would bind a device count reset (``sweep.placement = 'worker'``, ``mesh.num_devices = 0``,
+  ``sweep.processes_per_worker = 0``, ``sweep.devices_per_worker = 0``); this machine's devices
+  are not consulted. Whether each group fits the devices planned is checked by
+  ``training.worker_fit.check_sweep`` on those devices (``ihsweep plan``, as ``ihsweep run``
+  does on its own), and the placement rules are applied by ``plan_phases`` and
+  ``worker_schedule``.
 
   Raises:
     ConfigError, DataError (``check_data``), LawError: as ``grid.make_plan``.
