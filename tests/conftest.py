@@ -100,6 +100,14 @@ def write_python_docs_corpus(cache_dir) -> str:
   return root
 
 
+@pytest.fixture(autouse=True)
+def own_compiled_times(tmp_path_factory, monkeypatch):
+  """Each test its own empty ``IHSWEEP_COMPILED_TIMES`` (its subprocesses inherit it): a
+  ``plan --target`` in one test leaves compiled times that would change another test's FLOPs
+  plans and auto layouts on that chip (``ihsweep.planning.compiled_times``)."""
+  monkeypatch.setenv("IHSWEEP_COMPILED_TIMES", str(tmp_path_factory.mktemp("compiled-times")))
+
+
 @pytest.fixture
 def python_docs_corpus(tmp_path, monkeypatch):
   """``IHSWEEP_CACHE`` pointed at a temporary cache holding ``write_python_docs_corpus``'s

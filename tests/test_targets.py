@@ -117,28 +117,28 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
 
   p = json.loads(tiny_h100.stdout)
   assert p["n_workers"] == 1 and p["devices_per_worker"] == 2, p["layouts"]
+  # its choice is `ihsweep run`'s own layout on the 2 GPUs, launched as the FLOPs plan launches
+  # it (one process, the auto layout: prediction._default_launch)
+  assert p["chosen"] == "phases"
+  assert [(ph["n_workers"], ph["devices_per_worker"]) for ph in p["phases"]] == [(1, 2)]
   words = (
     "--config=configs/default.py:tiny --config.ensemble.size=2 --config.train.batch_size=16 "
     "--workdir=runs/default_tiny"
   )
-  words += " --config.sweep.devices_per_worker=2"  # each process one worker of its 2 GPUs
-  assert p["launch"]["lines"] == [
-    f"sbatch --array=0-0 --gres=gpu:2 launch/slurm_array.sbatch {words}",
-    f"IHSWEEP_GPUS=0,1 launch/local_multiprocess.sh 1 --independent {words}",
-  ]
+  assert p["launch"]["lines"] == [f"launch/local.sh {words}"]
   # the typed plan reads back what --json printed, and formats from it
   plan = target_plan.TargetPlan.from_json(p)
   assert plan.to_json() == p and plan.best.devices_per_worker == 2 and plan.fits
   text = plan_text.format_plan(plan)
-  assert "to run it (1 worker(s) × 2 device(s); " in text
+  assert "to run it (1 phase(s): 1 worker(s) × 2 device(s); `ihsweep run`'s auto layout" in text
   assert text.endswith("\n  " + "\n  ".join(p["launch"]["lines"]))
   path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"  # the venv's ihsweep
   env = {**os.environ, "IHSWEEP": "ihsweep", "XLA_FLAGS": "", "PATH": path}
-  r = subprocess.run(["bash", "-c", p["launch"]["lines"][1] + " --dry-run"], cwd=ROOT, env=env,
+  r = subprocess.run(["bash", "-c", p["launch"]["lines"][0] + " --dry-run"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=60)  # fmt: skip
   assert r.returncode == 0, r.stderr
   (worker,) = r.stdout.strip().splitlines()
-  assert "CUDA_VISIBLE_DEVICES=0\\,1 " in worker and worker.strip().endswith(f"ihsweep run {words}")
+  assert worker.strip() == f"ihsweep run {words}"
   found, positional = flags.split_args(worker.split(" ihsweep run ", 1)[1].split())
   assert cli._check_flags("run", found, positional) is None
   err = tiny_h100.stderr

@@ -118,6 +118,15 @@ VARIABLES = {
       _writable_directory,
     ),
     Variable(
+      "IHSWEEP_COMPILED_TIMES",
+      _path,
+      "a directory path",
+      None,
+      "where `ihsweep plan --target` keeps each group's compiled seconds per update, which "
+      "the FLOPs plan and `ihsweep run`'s auto layout on that chip read "
+      "(ihsweep.planning.compiled_times; default $IHSWEEP_CACHE/compiled/times)",
+    ),
+    Variable(
       "IHSWEEP_CLAIM_HEARTBEAT_S",
       _number(float, 0, strict=True),
       _SECONDS,

@@ -266,8 +266,9 @@ def choose_local_devices(
 ) -> tuple[int, list[Phase]]:
   """``(D, phases)``: the devices of each process-local worker (``sweep.devices_per_worker`` =
   0, auto) and the phases planned with it (``plan_phases``): every divisor D of a process's d
-  devices (``allowed``: a predicate on D, e.g. that every group fits a slice of D; d is always
-  tried), the shortest makespan; makespans within ``list_schedule.LAYOUT_TIE`` of it count as
+  devices (``allowed``: a predicate on D, e.g. that every group fits a slice of D; a D the
+  model cannot time, ``cannot_time``, is skipped; d is always tried), the shortest makespan;
+  makespans within ``list_schedule.LAYOUT_TIE`` of it count as
   equal, and among them, where the model prices a network, the smallest D wins, as
   ``choose_layout`` chooses among one-phase layouts (less data-axis communication than the
   model sees, more workers to take over a failed one); where it prices none
@@ -283,6 +284,8 @@ def choose_local_devices(
   for size in divisors(d):
     if size != d and allowed is not None and not allowed(size):
       continue
+    if size != d and model is not None and model.cannot_time(size):
+      continue  # e.g. a group the compiled plan found too large for its slice of it
     steps = plan_phases(jobs, n_processes, d, processes_per_worker, model=model, local_devices=size)
     tried.append((steps[-1].end_s if steps else 0.0, size, steps))
   best = min(span for span, _, _ in tried)

@@ -348,12 +348,15 @@ def run_flags(found, workdir: str | None = None, tpu: bool = False) -> list[str]
 
 def _throughput(jobs, n_devices, devices_per_host, flops_per_s, network, log) -> tuple:
   """``(model, devices per host, P, d)`` for ``predict``: a ``timing.FlopsModel`` on hosts of
-  ``devices_per_host`` (default ``DEFAULT_DEVICES_PER_HOST``) with ``flops_per_s``, else a
+  ``devices_per_host`` (default ``DEFAULT_DEVICES_PER_HOST``) with ``flops_per_s`` (pricing the
+  groups by their compiled times on the network's chip where ``ihsweep plan --target`` left
+  them for every group: ``FlopsModel.compiled_for``), else a
   ``timing.MeasuredModel`` on this machine's devices (a host)."""
   if flops_per_s is not None:
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
     n_processes, per_process = processes_of(n_devices, host)
-    return timing.FlopsModel(flops_per_s, network, per_process), host, n_processes, per_process
+    model = timing.FlopsModel(flops_per_s, network, per_process).compiled_for(jobs)
+    return model, host, n_processes, per_process
   import jax
 
   local = jax.local_devices()

@@ -38,11 +38,17 @@ def format_plan(p: TargetPlan) -> str:
   if not p.groups:
     lines.append("no layout fits every group")
     return "\n".join(lines)
-  lines += _group_lines(p) + _attention_lines(p) + _layout_lines(p)
-  lines.append(
-    f"roofline makespan {duration(p.best.makespan_s)}, utilisation {p.best.utilisation:.0%} on "
-    f"{p.best.n_workers} worker(s) × {p.best.devices_per_worker} device(s) ({p.roofline})"
-  )
+  lines += _group_lines(p) + _attention_lines(p) + _layout_lines(p) + _phase_lines(p)
+  if p.chosen == "phases":
+    lines.append(
+      f"roofline makespan {duration(p.phases_makespan_s)} in `ihsweep run`'s phases "
+      f"({_phases_shape(p)}; {p.roofline})"
+    )
+  else:
+    lines.append(
+      f"roofline makespan {duration(p.best.makespan_s)}, utilisation {p.best.utilisation:.0%} "
+      f"on {p.best.n_workers} worker(s) × {p.best.devices_per_worker} device(s) ({p.roofline})"
+    )
   lines.append(_analytic_floor_line(p))
   lines.append(describe_checkpoint_totals(p.checkpoints) + " (roofline times)")
   lines.append("every group fits" if p.fits else "NOT every group fits")
@@ -123,6 +129,35 @@ def _layout_lines(p: TargetPlan) -> list[str]:
   return lines
 
 
+def _phases_shape(p: TargetPlan) -> str:
+  """'1 phase: 4 worker(s) × 2 device(s)' or '2 phases: …, then …'."""
+  shape = ", then ".join(
+    f"{ph['n_workers']} worker(s) × {ph['devices_per_worker']} device(s)" for ph in p.phases
+  )
+  return f"{len(p.phases)} phase(s): {shape}"
+
+
+def _phase_lines(p: TargetPlan) -> list[str]:
+  """How ``ihsweep run`` lays the sweep out on the target with these times, and whether that is
+  the plan's choice (the same rule as ``ihsweep plan --flops_per_s``: ``placement.best_layout``)."""
+  from ihsweep.planning.prediction import duration
+
+  if not p.phases:
+    return []
+  verdict = (
+    "the plan's choice"
+    if p.chosen == "phases"
+    else "slower than the best layout by more than 1%: the plan's choice is that layout"
+  )
+  return [
+    f"`ihsweep run` on the target: {_phases_shape(p)}, roofline makespan "
+    f"{duration(p.phases_makespan_s)}; {verdict}",
+    f"  phases: {p.phases_reason}",
+    f"  times (the same in `ihsweep plan --flops_per_s --network={p.target['network']['name']}` "
+    f"and `ihsweep run`'s auto layout on this chip): {p.time_model}",
+  ]
+
+
 def _analytic_floor_line(p: TargetPlan) -> str:
   """How the FLOPs-only plan (``--flops_per_s``) compares: the F above which it would promise
   less time than this roofline."""
@@ -146,10 +181,12 @@ def _launch_lines(p: TargetPlan) -> list[str]:
   if launch is None:
     return []
   if launch.lines:
-    return [
-      f"to run it ({p.best.n_workers} worker(s) × {p.best.devices_per_worker} device(s); "
-      f"{launch.note}):"
-    ] + [f"  {line}" for line in launch.lines]
+    what = (
+      _phases_shape(p)
+      if p.chosen == "phases"
+      else f"{p.best.n_workers} worker(s) × {p.best.devices_per_worker} device(s)"
+    )
+    return [f"to run it ({what}; {launch.note}):"] + [f"  {line}" for line in launch.lines]
   if launch.note:
     return [f"not launchable as planned: {launch.note}"]
   return []

@@ -325,8 +325,10 @@ def _default_launch(p: Prediction) -> list[str]:
   flags = p.run_flags + ([f"--config.sweep.devices_per_worker={pinned}"] if pinned else [])
   lines, note = default_launch_lines(flags, p.n_processes, p.devices_per_process, p.platform)
   local = next((x for x in p.phased.phases if x.processes_per_worker == 1), None)
-  what = local_workers(
-    p.devices_per_process, local.devices_per_worker if local else p.devices_per_process
+  what = (
+    local_workers(p.devices_per_process, local.devices_per_worker)
+    if local
+    else "workers of several processes"
   )
   layout = (
     f"layout ({what}, the config's sweep.devices_per_worker)"

@@ -147,7 +147,13 @@ class TargetPlan:
   ``compiled_devices_per_worker`` (None where none fits, and then ``groups`` is empty);
   ``groups`` compiled there; ``layouts``: it and every wider one; ``best``: the plan's
   (``targets.best_layout``), with ``unpriced`` where the chip's network has no published figure;
-  ``launch``: its lines (None without the run's flags); ``checkpoints``
+  ``phases`` (each a ``Phase.to_json``), ``phases_reason`` and ``phases_makespan_s``: how
+  ``ihsweep run`` lays the sweep out on the target with the same times (none where the config
+  fixes mesh.num_devices or the network is unpriced); ``chosen``: "phases" (the plan's choice
+  is run's own layout, as ``placement.best_layout`` decides: unless ``best`` beats it by more
+  than ``phases.PHASE_TIE``) or "layout" (``best``); ``time_model``: how every time was priced
+  (``timing.FlopsModel.describe`` with the compiled times); ``launch``: the choice's lines
+  (None without the run's flags); ``checkpoints``
   (``schedule.checkpoint_totals``); ``headroom`` (a share of capacity) and ``roofline`` (how
   times are bounded, words)."""
 
@@ -158,6 +164,11 @@ class TargetPlan:
   layouts: tuple[Layout, ...] = ()
   best: Layout | None = None
   unpriced: str | None = None
+  phases: tuple = ()
+  phases_reason: str | None = None
+  phases_makespan_s: float | None = None
+  chosen: str = "layout"
+  time_model: str | None = None
   launch: Launch | None = None
   checkpoints: dict | None = None
   headroom: float | None = None
@@ -184,6 +195,11 @@ class TargetPlan:
       "makespan_s": best.makespan_s,
       "utilisation": best.utilisation,
       "unpriced": self.unpriced,
+      "phases": list(self.phases),
+      "phases_reason": self.phases_reason,
+      "phases_makespan_s": self.phases_makespan_s,
+      "chosen": self.chosen,
+      "time_model": self.time_model,
       "launch": dataclasses.asdict(self.launch) if self.launch else None,
       "fits": self.fits,
       "checkpoints": self.checkpoints,
@@ -210,6 +226,11 @@ class TargetPlan:
       layouts=layouts,
       best=next(lay for lay in layouts if lay.devices_per_worker == best_d),
       unpriced=d["unpriced"],
+      phases=tuple(d.get("phases", ())),
+      phases_reason=d.get("phases_reason"),
+      phases_makespan_s=d.get("phases_makespan_s"),
+      chosen=d.get("chosen", "layout"),
+      time_model=d.get("time_model"),
       launch=Launch(**d["launch"]) if d["launch"] else None,
       checkpoints=d["checkpoints"],
       headroom=d["headroom"],

@@ -177,7 +177,6 @@ def plan_for_target(
 
   from ihsweep.compute import schedule
   from ihsweep.planning import kernels, placement, timing
-  from ihsweep.planning.launch import launch_lines
   from ihsweep.training import memory
 
   t0 = time.perf_counter()
@@ -210,25 +209,13 @@ def plan_for_target(
       )
       compile_group.explicit_bytes(j, sizes[j.id], where)
   comm_model = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
-  groups, entries = [], []
-  for j in jobs:
-    m = sizes[j.id]
-    row = _group_row(j, m, compile_group, target, comm_model)
-    groups.append(row)
-    entries.append((j, m, row.roofline_s))
-  layouts = _wider_layouts(jobs, target, d, entries, comm_model, fixed)
-  best, unpriced = best_layout(layouts, target)
+  groups = [_group_row(j, sizes[j.id], compile_group, target, comm_model) for j in jobs]
+  model = _compiled_model(jobs, groups, compile_group, target)
+  layouts, best, unpriced, phased, reason = decide(cfg, jobs, target, model, d, fixed)
+  chose_phases = phased is not None and not phased.beaten_by(best)
   launch = None
   if run_flags is not None:
-    launch = Launch(
-      *launch_lines(
-        run_flags,
-        best.n_workers,
-        best.devices_per_worker,
-        target.devices_per_host,
-        target.chip.platform,
-      )
-    )
+    launch = _launch(run_flags, cfg, best, target, phased if chose_phases else None)
   return TargetPlan(
     target=target.to_json(),
     refused=tuple(refused),
@@ -237,6 +224,11 @@ def plan_for_target(
     layouts=tuple(layouts),
     best=best,
     unpriced=unpriced,
+    phases=tuple(ph.to_json() for ph in phased.phases) if phased else (),
+    phases_reason=reason,
+    phases_makespan_s=phased.makespan_s if phased else None,
+    chosen="phases" if chose_phases else "layout",
+    time_model=model.describe(),
     launch=launch,
     checkpoints=schedule.checkpoint_totals([g.checkpoints for g in groups]),
     headroom=memory.HEADROOM,
@@ -250,13 +242,30 @@ def plan_for_target(
   )
 
 
+def decide(cfg, jobs, target: Target, model, d: int, fixed: int = 0) -> tuple:
+  """``(layouts, best, unpriced, phased, reason)``: the plan's layouts from D = ``d`` up
+  (``_wider_layouts``), the best of them (``best_layout``), and the phases ``ihsweep run``
+  lays the sweep out in on the target (``_run_phases``; None where the config fixes
+  mesh.num_devices, ``fixed``, or the network is unpriced), all priced by ``model``. The
+  plan's choice is the phases unless ``best`` beats them by more than ``phases.PHASE_TIE``
+  (``PhasedSchedule.beaten_by``), as ``ihsweep plan --flops_per_s`` decides
+  (``placement.best_layout``)."""
+  layouts = _wider_layouts(jobs, target, d, model, fixed)
+  best, unpriced = best_layout(layouts, target)
+  phased = reason = None
+  if not fixed and unpriced is None:
+    phased, reason = _run_phases(cfg, jobs, model, target)
+  return layouts, best, unpriced, phased, reason
+
+
 def best_layout(layouts: list[Layout], target: Target) -> tuple[Layout, str | None]:
   """``(the plan's layout, None or why its choice is unpriced)``: of ``_wider_layouts``' layouts
-  the launchable ones (``not_launchable`` None), the shortest makespan first, then the fewest
-  devices per worker. Where the chip's network has no published figure the all-reduces are
-  not priced, so only layouts without any (``data_axis_groups`` 0: every group's models whole
-  on their devices) compete; where none is, the choice is the same and ``unpriced`` says it
-  ignored their all-reduces."""
+  the launchable ones (``not_launchable`` None): of those within ``list_schedule.LAYOUT_TIE``
+  (1%) of the shortest makespan, the fewest devices per worker (``list_schedule.choose_layout``'s
+  rule, which ``ihsweep plan --flops_per_s`` applies). Where the chip's network has no published
+  figure the all-reduces are not priced, so only layouts without any (``data_axis_groups`` 0:
+  every group's models whole on their devices) compete; where none is, the choice is the same
+  and ``unpriced`` says it ignored their all-reduces."""
   pool = [lay for lay in layouts if lay.not_launchable is None] or layouts
   unpriced = None
   if target.network is None:
@@ -271,8 +280,82 @@ def best_layout(layouts: list[Layout], target: Target) -> tuple[Layout, str | No
       )
     )
     pool = nil or pool
-  best = min(pool, key=lambda lay: (round(lay.makespan_s, 6), lay.devices_per_worker))
+  fastest = min(lay.makespan_s for lay in pool)
+  best = min(
+    (lay for lay in pool if lay.makespan_s <= fastest * (1 + list_schedule.LAYOUT_TIE)),
+    key=lambda lay: lay.devices_per_worker,
+  )
   return best, unpriced
+
+
+def _compiled_model(jobs, groups, compile_group, target: Target):
+  """The time model every layout of the plan is priced with, and that later plans and runs on
+  the chip read back (``compiled_times``): each group's roofline seconds per update where it
+  was compiled (and where it did not fit, which m) kept under the chip's name, then a
+  ``timing.FlopsModel`` of the target's network bound to those times
+  (``FlopsModel.compiled_for``: what ``plan --flops_per_s --network`` and ``ihsweep run``'s
+  auto layout then compute). Where the cache cannot be written, this plan's own times."""
+  import datetime
+
+  from ihsweep.planning import compiled_times, timing
+
+  base = timing.FlopsModel(target.peak_flops, target.network, target.devices_per_host)
+  if target.network is None:
+    return base
+  store = compiled_times.CompiledTimes(target.network.name)
+  own = {}
+  for j, row in zip(jobs, groups):
+    times = {m: None for (gid, m), (_, _, why) in _fits_tried(compile_group, j) if why}
+    times[row.devices] = row.roofline_update_s
+    own[j.id] = compiled_times.GroupTimes(times, "this plan")
+    when = datetime.date.today().isoformat()
+    store.write(j, times, f"ihsweep plan --target={target.name} on {when}")
+  model = base.compiled_for(jobs, store)
+  if model.compiled is None:  # not kept (a read-only cache): this plan's times alone
+    model = timing.FlopsModel(
+      target.peak_flops, target.network, target.devices_per_host, own, "this plan's own"
+    )
+    model.compiled_jobs = list(jobs)
+  return model
+
+
+def _fits_tried(compile_group, job):
+  """``((group id, m), (cfg, choice, why))`` of every compile of ``job``'s group this plan made."""
+  return [
+    (key, found) for key, found in compile_group.memo.items() if len(key) == 2 and key[0] == job.id
+  ]
+
+
+def _run_phases(cfg, jobs, model, target: Target):
+  """``(phases.PhasedSchedule, reason)``: the phases ``ihsweep run`` lays the sweep out in on
+  the target's P hosts of H devices (``placement._default_phases``: its auto layout with the
+  config's sweep.processes_per_worker and sweep.devices_per_worker), priced with ``model``."""
+  from ihsweep.planning import placement
+  from ihsweep.planning.phases import PhasedSchedule
+
+  host, n = target.devices_per_host, len(target.devices)
+  sweep = cfg.get("sweep", {})
+  steps, reason = placement._default_phases(jobs, model, sweep, n // host, host, 1.0)
+  return PhasedSchedule(n, steps), reason
+
+
+def _launch(run_flags, cfg, best: Layout, target: Target, phased) -> Launch:
+  """The lines that start the plan's choice, in the form ``ihsweep plan --flops_per_s`` prints
+  for the same layout: ``ihsweep run``'s own layout (``launch.default_launch_lines``) where the
+  plan chose the phases it computes, else the one-phase layout's (``launch.launch_lines``)."""
+  from ihsweep.planning.launch import default_launch_lines, launch_lines
+  from ihsweep.planning.prediction import local_workers
+
+  host, platform = target.devices_per_host, target.chip.platform
+  if phased is None:
+    return Launch(*launch_lines(run_flags, best.n_workers, best.devices_per_worker, host, platform))
+  pinned = int(cfg.get("sweep", {}).get("devices_per_worker", 0) or 0)
+  flags = run_flags + ([f"--config.sweep.devices_per_worker={pinned}"] if pinned else [])
+  lines, note = default_launch_lines(flags, len(target.devices) // host, host, platform)
+  local = next((x for x in phased.phases if x.processes_per_worker == 1), None)
+  what = f" ({local_workers(host, local.devices_per_worker)})" if local else ""
+  how = "layout of the config's sweep.devices_per_worker" if pinned else "auto layout"
+  return Launch(lines, f"`ihsweep run`'s {how}{what}; {note}")
 
 
 class _GroupCompiler:
@@ -294,10 +377,18 @@ class _GroupCompiler:
     self.log(f"[{now - self.t0:6.0f} s] {where}: {text}")
     return now
 
-  def _reused(self, hits_before: int) -> str:
-    n = self.facts.hits - hits_before
+  def _reused(self, hits_before: int, own_before: int) -> str:
+    """How many of the programs just asked for were read back, and whose they were: an
+    earlier plan's, or this plan's own (the same program met again, e.g. two groups alike)."""
+    own = self.facts.own_hits - own_before
+    earlier = self.facts.hits - hits_before - own
     where = self.facts.directory
-    return f"; {n} program(s) read back from {where}, compiled by an earlier plan" if n else ""
+    parts = []
+    if earlier:
+      parts.append(f"{earlier} program(s) read back from {where}, compiled by an earlier plan")
+    if own:
+      parts.append(f"{own} program(s) compiled earlier in this plan, read back")
+    return "".join(f"; {x}" for x in parts)
 
   def __call__(self, job, m: int, where: str = "") -> tuple:
     import time
@@ -306,7 +397,7 @@ class _GroupCompiler:
 
     target, memo = self.target, self.memo
     if (job.id, m) not in memo:
-      hits = self.facts.hits
+      hits, own = self.facts.hits, self.facts.own_hits
       start = self._progress(
         where,
         f"group {job.id} (E = {job.n_models}, B = {job.batch_size}, C = {job.context_size}): "
@@ -335,7 +426,7 @@ class _GroupCompiler:
         where,
         f"group {job.id} done in {time.perf_counter() - start:.0f} s: {c.setting.describe()}, "
         f"{memory.gib(c.per_device_bytes)} per device ({len(c.tried)} setting(s) "
-        f"{'tried' if self.facts.hits > hits else 'compiled'}{self._reused(hits)})",
+        f"{'tried' if self.facts.hits > hits else 'compiled'}{self._reused(hits, own)})",
       )
     return memo[(job.id, m)]
 
@@ -355,7 +446,7 @@ class _GroupCompiler:
         cfg.train.gradient_accumulation_steps = s.gradient_accumulation_steps
         cfg.train.remat = s.remat
         cfg.ensemble.vmap_chunk = s.vmap_chunk
-      hits = self.facts.hits
+      hits, own = self.facts.hits, self.facts.own_hits
       start = self._progress(
         where,
         f"group {job.id}: compiling with the explicit attention pattern (what "
@@ -377,7 +468,7 @@ class _GroupCompiler:
       self._progress(
         where,
         f"group {job.id} done in {time.perf_counter() - start:.0f} s: "
-        f"{memory.gib(found.per_device_bytes)} per device{self._reused(hits)}",
+        f"{memory.gib(found.per_device_bytes)} per device{self._reused(hits, own)}",
       )
     return self.memo[("explicit", job.id, m)]
 
@@ -470,29 +561,28 @@ def _group_row(j, m: int, compile_group, target: Target, comm_model) -> PlannedG
   )
 
 
-def _wider_layouts(
-  jobs, target: Target, d: int, entries, comm_model, fixed: int = 0
-) -> list[Layout]:
+def _wider_layouts(jobs, target: Target, d: int, model, fixed: int = 0) -> list[Layout]:
   """D and every wider layout (D alone when ``fixed``, the config's mesh.num_devices), each
-  list-scheduled (``list_schedule.simulate``), with the groups whose mesh has a data axis there
-  (``data_axis_groups``), the all-reduces' share of the groups' device-time (``comm_share``)
-  and, on a TPU, workers narrower than a host ``not_launchable``
-  (launch/tpu_pod.sh runs one process per host, a worker over all its devices)."""
+  list-scheduled (``list_schedule.simulate``) with ``model``'s seconds (``_compiled_model``),
+  with the groups whose mesh has a data axis there (``data_axis_groups``), the all-reduces'
+  share of the groups' device-time (``comm_share``) and, on a TPU, workers narrower than a
+  host ``not_launchable`` (launch/tpu_pod.sh runs one process per host, a worker over all its
+  devices)."""
   from ihsweep.base import sharding
 
   # Wider workers: each group on m' = usable_device_count(E, B, D') ≥ m devices, its compute time
-  # scaled from its compiled one as m / m' (its batch split further), plus its all-reduces on
-  # m' devices, and its memory per device no larger than at m (compiled there). The layout with
-  # the shortest makespan is the plan's.
+  # scaled from its compiled one as m / m' (its batch split further: the model's rule), plus its
+  # all-reduces on m' devices, and its memory per device no larger than at m (compiled there).
   n = len(target.devices)
   layouts = []
   for wide in [w for w in candidate_layouts(target) if w >= d and (not fixed or w == d)]:
     m_wide = _layout_sizes(jobs, target, wide)
     if m_wide is None:
       continue
-    comm = {j.id: j.updates * comm_model.all_reduce_s(j, m_wide[j.id]) for j, _, _ in entries}
-    rows = [(j.id, m_wide[j.id], sec * m / m_wide[j.id] + comm[j.id]) for j, m, sec in entries]
+    times = {j.id: model.seconds(j, m_wide[j.id]) for j in jobs}
+    rows = [(j.id, m_wide[j.id], times[j.id].total_s) for j in jobs]
     held = sum(mw * t for _, mw, t in rows)
+    comm = sum(m_wide[i] * t.comm_s for i, t in times.items())
     sched = list_schedule.simulate(rows, n, wide)
     host = target.devices_per_host
     layouts.append(
@@ -504,7 +594,7 @@ def _wider_layouts(
         data_axis_groups=sum(
           sharding.mesh_shape(j.n_models, j.batch_size, m_wide[j.id])[1] > 1 for j in jobs
         ),
-        comm_share=sum(m_wide[i] * c for i, c in comm.items()) / held if held else 0.0,
+        comm_share=comm / held if held else 0.0,
         not_launchable=(
           f"a TPU host runs one process, whose workers take slices of its {host} devices "
           f"or whole hosts"

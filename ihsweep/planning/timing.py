@@ -95,13 +95,45 @@ class FlopsModel:
   (relative FLOPs, or the model before communication was priced)."""
 
   def __init__(
-    self, flops_per_s: float, network: chips.Network | None = None, devices_per_host: int = 8
+    self,
+    flops_per_s: float,
+    network: chips.Network | None = None,
+    devices_per_host: int = 8,
+    compiled: dict | None = None,
+    compiled_note: str = "",
   ):
     self.flops_per_s = float(flops_per_s)
     self.network, self.devices_per_host = network, int(devices_per_host)
     self.phase_switch_s = network.phase_switch_s if network else 0.0
+    # {group id: compiled_times.GroupTimes} pricing every group (compiled_for), else None;
+    # compiled_jobs: those groups (their E and B give the devices each uses on a worker)
+    self.compiled, self.compiled_note, self.compiled_jobs = compiled, compiled_note, []
+
+  def compiled_for(self, jobs, store=None) -> FlopsModel:
+    """This model with the compiled times of ``jobs`` on its network's chip
+    (``compiled_times.CompiledTimes``; ``store`` one, default the chip's in the default
+    directory) where every group has them; else itself, noting why not (``describe``). No
+    network (relative FLOPs): itself."""
+    from ihsweep.planning import compiled_times
+
+    if self.network is None:
+      return self
+    store = store or compiled_times.CompiledTimes(self.network.name)
+    jobs = list(jobs)
+    found, note = store.for_jobs(jobs)
+    out = FlopsModel(self.flops_per_s, self.network, self.devices_per_host, found, note)
+    out.compiled_jobs = jobs if found else []
+    return out
 
   def cannot_time(self, n_devices: int) -> str | None:
+    """Why workers of ``n_devices`` cannot be priced: with compiled times, a group whose
+    programs a compiled plan found too large for the devices it would use there."""
+    from ihsweep.planning.list_schedule import usable_device_count
+
+    for job in self.compiled_jobs:
+      m = usable_device_count(job.n_models, job.batch_size, n_devices)
+      if self.compiled[job.id].does_not_fit(m):
+        return f"group {job.id} does not fit {m} device(s) (the compiled plan's memory)"
     return None
 
   def all_reduce_s(self, job, devices: int) -> float:
@@ -117,8 +149,15 @@ class FlopsModel:
     return self.network.all_reduce_s(grad_bytes, n_data, across)
 
   def seconds(self, job, devices: int) -> FlopsSeconds:
-    train_s = job.cost_flops / (devices * self.flops_per_s)
+    """With compiled times: updates × the compiled seconds per update on ``devices``
+    (``GroupTimes.seconds_per_update``) + the all-reduces; evaluations are not counted, as
+    the compiled plan counts none. Else FLOPs / (m · F) + the all-reduces + the evaluations'
+    forward FLOPs."""
     comm_s = job.updates * self.all_reduce_s(job, devices)
+    if self.compiled:
+      train_s = job.updates * self.compiled[job.id].seconds_per_update(devices)
+      return FlopsSeconds(train_s + comm_s, 0.0, train_s, comm_s, 0.0)
+    train_s = job.cost_flops / (devices * self.flops_per_s)
     eval_s = self.eval_s(job, devices)
     return FlopsSeconds(train_s + comm_s + eval_s, 0.0, train_s, comm_s, eval_s)
 
@@ -143,20 +182,35 @@ class FlopsModel:
         f"scaling inside a worker, no start-up (compilation), no communication "
         f"(--network=none)"
       )
+    comm = (
+      f"updates × its gradient all-reduce over the mesh's data axis (a ring, float32 "
+      f"gradients, not overlapped with compute; across hosts unless the axis divides a host's "
+      f"{self.devices_per_host} devices) on --network={self.network.describe()}; no start-up "
+      f"(compilation) but the phase switches"
+    )
+    if self.compiled:
+      return (
+        f"the compiled plan's times ({self.compiled_note}): a group on m devices takes updates "
+        f"× its compiled roofline seconds per update (FLOPs and memory traffic; scaled as "
+        f"m0 / m from the m0 devices it was compiled on) + {comm}; evaluations not counted, "
+        f"as in the compiled plan; --flops_per_s unused"
+      )
     return (
       f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices takes "
-      f"(cost + its evaluations' forward FLOPs) / (m · F) + updates × its gradient all-reduce "
-      f"over the mesh's data axis (a ring, float32 gradients, not overlapped with compute; "
-      f"across hosts unless the axis divides a host's {self.devices_per_host} devices) on "
-      f"--network={self.network.describe()}; no start-up (compilation) but the phase switches"
+      f"(cost + its evaluations' forward FLOPs) / (m · F) + {comm}. FLOPs cannot see memory "
+      f"traffic: a group bound by it (small B × C) takes longer than this says, and the "
+      f"layout may not be the fastest; `ihsweep plan --target={target_example(self.network)}` "
+      f"compiles every group, and this plan (and `ihsweep run`'s auto layout on that chip) then "
+      f"prices them by its times" + (f" ({self.compiled_note})" if self.compiled_note else "")
     )
 
   def to_json(self) -> dict:
     out = {
-      "model": "flops",
+      "model": "compiled" if self.compiled else "flops",
       "flops_per_s": self.flops_per_s,
       "assumes": "perfect data-parallel scaling inside a worker; no start-up; "
       + ("no communication" if self.network is None else "communication: the network below"),
+      "compiled_times": self.compiled_note or None,
     }
     out["network"] = None
     if self.network is not None:
@@ -167,11 +221,24 @@ class FlopsModel:
     return out
 
 
+def target_example(network: chips.Network) -> str:
+  """The ``--target`` value whose compiled plan writes the times of ``network``'s chip: a TPU
+  generation's 'v5e:SHAPE', a GPU's 'h100-80gb --devices=N'."""
+  for name, chip in chips.TPU_CHIPS.items():
+    if chip.network == network.name:
+      return f"{name}:SHAPE"
+  for name, chip in chips.GPUS.items():
+    if chip.network == network.name:
+      return f"{name} --devices=N"
+  return "NAME"
+
+
 # Chips whose FLOP/s and network a jax.distributed job prices its phases with, by the words in
-# JAX's device_kind: (peak dense bf16 FLOP/s per device, network). An H200 has the H100's NVLink 4.
+# JAX's device_kind: (peak dense bf16 FLOP/s per device, network: also the name its compiled
+# times are kept under, compiled_times).
 _RUNTIME_CHIPS = (  # (words of its device_kind, peak FLOP/s, chips.NETWORKS entry): chips.CHIPS
   ("H100", 989e12, "h100"),
-  ("H200", 989e12, "h100"),
+  ("H200", 989e12, "h200"),
   ("A100", 312e12, "a100"),
   ("L40S", 362e12, "l40s"),
   ("TPU v4", 275e12, "v4"),
@@ -190,7 +257,9 @@ def runtime_model(devices) -> FlopsModel:
   ``_RUNTIME_CHIPS`` (by ``device_kind``), ``RUNTIME_MFU`` of its peak and its ``chips.NETWORKS``
   entry, with this process's devices as a host's (what ``ihsweep plan --flops_per_s=F
   --network=NAME --devices_per_host=H`` prices); elsewhere (CPUs, other chips) relative FLOPs,
-  no communication priced (``FlopsModel(1.0)``)."""
+  no communication priced (``FlopsModel(1.0)``). Its callers bind their groups' compiled times
+  (``FlopsModel.compiled_for``), so that where ``ihsweep plan --target`` compiled them the run
+  prices them as both plans do."""
   devices = list(devices)
   kind = getattr(devices[0], "device_kind", "") if devices else ""
   for words, peak, net in _RUNTIME_CHIPS:

@@ -83,6 +83,8 @@ class CompiledFacts:
   devices_per_host: int = 0
   hits: int = 0
   misses: int = 0
+  own_hits: int = 0  # of the hits, programs this object compiled and wrote itself
+  written: set = dataclasses.field(default_factory=set)
 
   def analyse(
     self, lowered, n_devices: int, count_kernels: Callable[[str], int] | None = None
@@ -100,6 +102,7 @@ class CompiledFacts:
     found = self._read(path)
     if found is not None:
       self.hits += 1
+      self.own_hits += path in self.written
       return found
     self.misses += 1
     try:
@@ -112,6 +115,7 @@ class CompiledFacts:
         raise
       found = memory.ProgramMemory(0, 0, 0, memory.exhausted_bytes(str(e), self.capacity_bytes), 0)
     self._write(path, found)
+    self.written.add(path)
     return found
 
   def _path(self, lowered, n_devices: int, count_kernels) -> str | None:

@@ -73,8 +73,10 @@ def phases(cfg, plan: Plan) -> list:
   ``processes_per_worker`` consecutive processes take that phase's groups; every process of a
   jax.distributed job computes the same list; one process: one phase), with the devices of a
   phase's process-local workers: ``sweep.devices_per_worker`` D, or where it is 0 (auto) the D
-  ``phases.choose_local_devices`` chooses with ``timing.runtime_model`` among the divisors of a
-  process's devices whose slices every group fits in every process (``_fits_everywhere``).
+  ``phases.choose_local_devices`` chooses with ``timing.runtime_model`` (with the groups'
+  compiled times where ``ihsweep plan --target`` left them: ``compiled_times``) among the
+  divisors of a process's devices whose slices every group fits in every process
+  (``_fits_everywhere``).
 
   Raises:
     ConfigError: ``sweep.processes_per_worker`` that does not divide the process count, or
@@ -97,7 +99,7 @@ def phases(cfg, plan: Plan) -> list:
     per_process if int(cfg.mesh.num_devices) else 0
   )
   jobs = placement.jobs_from_plan(cfg, plan)
-  model = timing.runtime_model(jax.devices())
+  model = timing.runtime_model(jax.devices()).compiled_for(jobs)
   try:
     if fixed:
       steps = phases_lib.plan_phases(jobs, n, per_process, k, model=model, local_devices=fixed)
