@@ -7,15 +7,15 @@ from the commands that print them, so that the docs cannot drift from what the c
   python benchmarks/docs_tables.py --check NAME [NAME]   # exit 1 (and a diff) where a table differs
   python benchmarks/docs_tables.py --list                # the tables, their files and commands
 
-Each table sits between ``<!-- docs_tables.py NAME -->`` and ``<!-- /docs_tables.py NAME -->``
-in its file (a paragraph or table, or inline: a few words within a sentence); the script runs
-its commands (``ihsweep plan ... --json``, ``ihsweep predict ...``), each once per run of the
-script, and renders their output. Plans without ``--target`` and predictions run with an empty
-``$IHSWEEP_CACHE``, so that compiled facts a ``--target`` plan left in a cache cannot change
-them. ``CHECKED`` names the tables that take seconds, which tests/test_docs_tables.py compares
-(the tiny config's compiled plan, ``tiny-h100``, where the GPU compiler is installed); the
-others take minutes (exp1-h100: ~10 min on 2 cores; exp1-flops, exp1-why: ~1 min) and are
-regenerated here when the planner changes.
+Each table sits between ``<!-- docs_tables.py NAME -->`` and ``<!-- /docs_tables.py NAME -->`` in
+its file (a paragraph or table, or inline: a few words within a sentence); the script runs its
+commands (``ihsweep plan ... --json``, ``ihsweep predict ...``), each once per run of the script,
+and renders their output. Plans without ``--target`` and predictions run with an empty
+``$IHSWEEP_CACHE`` (and no ``$IHSWEEP_COMPILED_TIMES``), so that compiled facts and times a
+``--target`` plan left in a cache cannot change them. ``CHECKED`` names the tables that take
+seconds, which tests/test_docs_tables.py compares (the tiny config's compiled plan, ``tiny-h100``,
+where the GPU compiler is installed); the others take minutes (exp1-h100: ~10 min on 2 cores;
+exp1-flops, exp1-why: ~1 min) and are regenerated here when the planner changes.
 """
 
 from __future__ import annotations
@@ -418,11 +418,12 @@ _EMPTY_CACHE = tempfile.TemporaryDirectory(prefix="docs_tables_cache_")
 
 def output(args: tuple):
   """What ``ihsweep ARGS`` prints now (a plan's JSON, parsed), in a process of its own: without
-  ``--target``, with an empty ``$IHSWEEP_CACHE`` (no compiled facts)."""
+  ``--target``, with an empty ``$IHSWEEP_CACHE`` (no compiled facts or times)."""
   if args not in _OUTPUTS:
     env = dict(os.environ)
     if not any(a.startswith("--target=") for a in args):
       env["IHSWEEP_CACHE"] = _EMPTY_CACHE.name
+      env.pop("IHSWEEP_COMPILED_TIMES", None)  # nor compiled times (planning/compiled_times.py)
     r = subprocess.run(
       [sys.executable, "-m", "ihsweep.cli", *_argv(args)],
       cwd=ROOT,
