@@ -28,9 +28,10 @@ def _exp1_corners():
   return cfg
 
 
-# Roofline seconds per update on one v5e core (the compiled plan's groups, exp1's corners):
-# the B 8 x C 64 group is bound by memory traffic, 3.7x its FLOPs time at 40% of peak (4.1 ms).
-V5E_UPDATE_S = {(128, 1024): 0.690, (8, 1024): 0.050, (128, 64): 0.048, (8, 64): 0.0153}
+# Roofline seconds per update on one v5e core: the TPU compiler's plan of exp1's corners
+# (`ihsweep plan --target=v5e:2x4`, 2026-12-07); the B 8 x C 64 group is bound by memory
+# traffic, 3.7x its FLOPs time at 40% of peak (4.1 ms).
+V5E_UPDATE_S = {(128, 1024): 0.55838, (8, 1024): 0.03804, (128, 64): 0.03654, (8, 64): 0.01532}
 
 
 def _store_corners(jobs, directory):
@@ -103,7 +104,7 @@ def test_the_model_prices_by_compiled_times_only_where_every_group_has_them(tmp_
   small = next(j for j in jobs if (j.batch_size, j.context_size) == (8, 64))
   for m in (1, 2):
     t = model.seconds(small, m)
-    assert t.train_s == pytest.approx(small.updates * 0.0153 / m)
+    assert t.train_s == pytest.approx(small.updates * 0.01532 / m)
     assert t.comm_s == pytest.approx(small.updates * flops.all_reduce_s(small, m))
     assert t.total_s == pytest.approx(t.train_s + t.comm_s) and t.eval_s == 0.0
   assert model.to_json()["model"] == "compiled"

@@ -139,7 +139,7 @@ def test_the_plans_layout_is_launched_as_printed_and_its_compiles_are_told(tiny_
   assert r.returncode == 0, r.stderr
   (worker,) = r.stdout.strip().splitlines()
   assert worker.strip() == f"ihsweep run {words}"
-  found, positional = flags.split_args(worker.split(" ihsweep run ", 1)[1].split())
+  found, positional = flags.split_args(worker.split("ihsweep run ", 1)[1].split())
   assert cli._check_flags("run", found, positional) is None
   err = tiny_h100.stderr
   assert "pass 1 (memory on workers of 1 device(s)), group 1 of 1: group g000 (E = 2, B = 16" in err
@@ -267,7 +267,7 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
   both models at once (k = 1, vmap chunk 2: 22.7 GiB there with cuDNN's flash attention, 46.7
   GiB with the explicit pattern (--compare_attention, that cell alone), against the CPU
   estimate's 96); the plan's layout, 4 workers of 2 GPUs, priced on NVLink, with its launch
-  lines, and a progress line per compile."""
+  line (`ihsweep run`'s auto layout, which is that layout), and a progress line per compile."""
   r = _plan("--target=h100-80gb", "--devices=1", "--config=configs/demo.py",
             "--config.sweep.grid.train.batch_size=(32,)",
             "--config.sweep.grid.train.context_size=(64,)", "--json", libtpu=False)  # fmt: skip
@@ -290,10 +290,14 @@ def test_the_demos_largest_group_and_exp1s_extreme_cells_fit_an_h100_by_the_gpu_
     assert f"pass 1 (memory on workers of 1 device(s)), group {i} of 4: group g00" in r.stderr
   assert "explicit" not in r.stderr  # the comparison only where asked
   assert (p["n_workers"], p["devices_per_worker"], p["unpriced"]) == (4, 2, None), p["layouts"]
-  assert p["launch"]["lines"][1].startswith(
-    "IHSWEEP_GPUS=0,1,2,3,4,5,6,7 launch/local_multiprocess.sh 4 --independent "
-    "--config=configs/exp1_natural.py '--config.sweep.grid.train.batch_size=(8, 128)' "
-  )
+  # run's auto layout on the node is the same 4 × 2, so the launch is its own (one process)
+  assert p["chosen"] == "phases"
+  assert [(ph["n_workers"], ph["devices_per_worker"]) for ph in p["phases"]] == [(4, 2)]
+  assert p["launch"]["lines"] == [
+    "launch/local.sh --config=configs/exp1_natural.py "
+    "'--config.sweep.grid.train.batch_size=(8, 128)' "
+    "'--config.sweep.grid.train.context_size=(64, 1024)' --workdir=runs/exp1_natural"
+  ]
   big = cells[(128, 1024)]
   assert big["gradient_accumulation_steps"] == 1 and big["vmap_chunk"] == 2, big
   # The train step's attention is cuDNN's flash attention (bf16, head dimension 96), and at
