@@ -24,7 +24,8 @@ class SweepProgress:
   update), and an ETA for the rest.
 
   The ETA ("~": an estimate) is the runtime model's seconds (``timing.runtime_model``: FLOPs at
-  a share of the chip's peak; relative FLOPs on CPUs and unknown chips) for the updates left —
+  a share of the chip's peak, or the groups' compiled times where ``ihsweep plan --target`` left
+  them; relative FLOPs on CPUs and unknown chips) for the updates left —
   each unfinished group's predicted updates (``placement.jobs_from_plan``: an 'emergence'
   budget's predicted stop) less those logged — scaled by measured / predicted seconds of the
   groups trained here (start-up included), and shared by the workers now training (this one
@@ -44,6 +45,7 @@ class SweepProgress:
     self.known_chip = self.model.flops_per_s > 1.0  # FlopsModel(1.0): relative FLOPs
     try:
       self.jobs = {j.id: j for j in placement.jobs_from_plan(cfg, plan)}
+      self.model = self.model.compiled_for(self.jobs.values())  # as the auto layout prices them
       self.devices = {g.id: len(runner.group_devices(g.cfg, devices, local)) for g in plan.groups}
     except Exception as e:  # noqa: BLE001 — the progress line must never stop a sweep
       log.debug("no runtime prediction for the sweep's progress: %s", e)
