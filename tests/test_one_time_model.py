@@ -99,6 +99,12 @@ def test_the_model_prices_by_compiled_times_only_where_every_group_has_them(tmp_
   bare = flops.compiled_for(jobs, compiled_times.CompiledTimes("v5e", str(tmp_path)))
   assert bare.compiled is None and "memory traffic" in bare.describe()
   assert "--target=v5e:SHAPE" in bare.describe() and "exist for none of the 4" in bare.describe()
+  bare.planned_devices = 8  # a plan's N names the slice (v5e: a chip per device)
+  assert "`ihsweep plan --target=v5e:2x4`" in bare.describe()
+  h100 = timing.FlopsModel(4e14, chips.NETWORKS["h100"])
+  h100.planned_devices = 8
+  assert "`ihsweep plan --target=h100-80gb --devices=8`" in h100.describe()
+  assert timing.target_example(chips.NETWORKS["v4"], 16) == "v4:2x2x2"  # 2 TensorCores a chip
   store = _store_corners(jobs, tmp_path)
   model = flops.compiled_for(jobs, store)
   small = next(j for j in jobs if (j.batch_size, j.context_size) == (8, 64))

@@ -915,7 +915,9 @@ def test_launch_lines_start_every_kind_of_layout_with_the_plans_flags(tmp_path):
   words.append("--zip=seed=0,1")
   assert placement.run_flags(found) == words + ["--workdir=runs/default_tiny"]
   assert placement.run_flags(found, "/shared/x") == words + ["--workdir=/shared/x"]
-  tpu = placement.run_flags(found, "runs/x", tpu=True)
+  tpu = placement.run_flags(found, "runs/x", tpu=True)  # kept, under what every host mounts
+  assert tpu == words + ["--workdir=/mnt/shared/runs/x"]
+  tpu = placement.run_flags(found, tpu=True)
   assert tpu == words + ["--workdir=/mnt/shared/default_tiny"]
   lines, note = launch.launch_lines(words + ["--workdir=/shared/x"], 4, 16, 8)
   assert lines == [

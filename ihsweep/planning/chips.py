@@ -104,6 +104,16 @@ def tpu_topology_problem(chip: str, shape: str) -> str | None:
   return None
 
 
+def tpu_slice(chip: str, n_chips: int) -> str | None:
+  """The smallest-listed slice shape of TPU generation ``chip`` with ``n_chips`` chips (those
+  ``tpu_topology_problem`` accepts without the 3D rule's large shapes), or None."""
+  shapes = _3D_SMALL if chip in _3D_MAX_CHIPS else _2D_SLICES
+  for shape in shapes:
+    if math.prod(int(d) for d in shape.split("x")) == n_chips:
+      return shape
+  return None
+
+
 def names() -> str:
   return (
     "a TPU topology (" + ", ".join(f"{c}:AxB[xC]" for c in TPU_CHIPS) + ", e.g. v5e:8x8) or a GPU "

@@ -328,7 +328,8 @@ def run_flags(found, workdir: str | None = None, tpu: bool = False) -> list[str]
   ``sweep.devices_per_worker`` left out: the layout's launch lines, ``launch.launch_lines``, set
   them), then ``--workdir``:
   ``workdir``, else ``runs/NAME`` (NAME: the config file's name and variant); on a TPU pod an
-  absolute path every host mounts (``TPU_WORKDIR``/NAME unless ``workdir`` is absolute)."""
+  absolute path every host mounts (``workdir`` if absolute, else ``TPU_WORKDIR``/``workdir``, or
+  ``TPU_WORKDIR``/NAME without one)."""
   out, name = [], "sweep"
   for typed, flag, value in found:
     if flag not in ("config", "grid", "zip") or typed.endswith(
@@ -341,8 +342,12 @@ def run_flags(found, workdir: str | None = None, tpu: bool = False) -> list[str]
       name = os.path.splitext(os.path.basename(path))[0]
       if variant:
         name += "_" + re.sub(r"[^A-Za-z0-9]+", "_", variant).strip("_")
-  if tpu:
-    workdir = workdir if workdir and os.path.isabs(workdir) else f"{TPU_WORKDIR}/{name}"
+  if tpu:  # a relative --workdir is kept, under the filesystem every host mounts
+    workdir = (
+      workdir
+      if workdir and os.path.isabs(workdir)
+      else os.path.normpath(f"{TPU_WORKDIR}/{workdir or name}")
+    )
   return out + [f"--workdir={workdir or f'runs/{name}'}"]
 
 
@@ -356,6 +361,7 @@ def _throughput(jobs, n_devices, devices_per_host, flops_per_s, network, log) ->
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
     n_processes, per_process = processes_of(n_devices, host)
     model = timing.FlopsModel(flops_per_s, network, per_process).compiled_for(jobs)
+    model.planned_devices = n_devices
     return model, host, n_processes, per_process
   import jax
 

@@ -170,9 +170,14 @@ def _analytic_floor_line(p: TargetPlan) -> str:
     f"{analytic / peak / 3600:.2f} device-hours at this peak, divided by "
     f"the fraction of it you give; this roofline's {device_s / 3600:.2f} device-hours add what "
     f"the compiled programs say (their FLOPs, state bytes and kernel launches): an F above "
-    f"{f_max:.3g} FLOP/s ({f_max / peak:.0%} of peak) would promise less "
+    f"{f_max:.3g} FLOP/s ({_share(f_max / peak)} of peak) would promise less "
     f"time than it (a floor where FLOPs or memory set it; launches are an estimate)"
   )
+
+
+def _share(x: float) -> str:
+  """A share as a percentage, with two significant digits below 10% (never a bare 0%)."""
+  return f"{x:.0%}" if x >= 0.1 or x == 0 else f"{x * 100:.2g}%"
 
 
 def _launch_lines(p: TargetPlan) -> list[str]:

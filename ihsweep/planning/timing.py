@@ -108,6 +108,7 @@ class FlopsModel:
     # {group id: compiled_times.GroupTimes} pricing every group (compiled_for), else None;
     # compiled_jobs: those groups (their E and B give the devices each uses on a worker)
     self.compiled, self.compiled_note, self.compiled_jobs = compiled, compiled_note, []
+    self.planned_devices = 0  # the plan's N, where a plan made this model (describe's example)
 
   def compiled_for(self, jobs, store=None) -> FlopsModel:
     """This model with the compiled times of ``jobs`` on its network's chip
@@ -195,11 +196,12 @@ class FlopsModel:
         f"m0 / m from the m0 devices it was compiled on) + {comm}; evaluations not counted, "
         f"as in the compiled plan; --flops_per_s unused"
       )
+    target = target_example(self.network, self.planned_devices)
     return (
       f"{self.flops_per_s:.3g} FLOP/s per device (--flops_per_s); a group on m devices takes "
       f"(cost + its evaluations' forward FLOPs) / (m · F) + {comm}. FLOPs cannot see memory "
       f"traffic: a group bound by it (small B × C) takes longer than this says, and the "
-      f"layout may not be the fastest; `ihsweep plan --target={target_example(self.network)}` "
+      f"layout may not be the fastest; `ihsweep plan --target={target}` "
       f"compiles every group, and this plan (and `ihsweep run`'s auto layout on that chip) then "
       f"prices them by its times" + (f" ({self.compiled_note})" if self.compiled_note else "")
     )
@@ -221,15 +223,16 @@ class FlopsModel:
     return out
 
 
-def target_example(network: chips.Network) -> str:
-  """The ``--target`` value whose compiled plan writes the times of ``network``'s chip: a TPU
-  generation's 'v5e:SHAPE', a GPU's 'h100-80gb --devices=N'."""
+def target_example(network: chips.Network, n_devices: int = 0) -> str:
+  """The ``--target`` value whose compiled plan writes the times of ``network``'s chip for
+  ``n_devices`` devices (0: not known): a GPU's 'h100-80gb --devices=8', a TPU generation's
+  slice of that many devices ('v5e:2x4'; 'v5e:SHAPE' where no slice sold has that many)."""
   for name, chip in chips.TPU_CHIPS.items():
     if chip.network == network.name:
-      return f"{name}:SHAPE"
+      return f"{name}:{chips.tpu_slice(name, n_devices // chip.cores_per_chip) or 'SHAPE'}"
   for name, chip in chips.GPUS.items():
     if chip.network == network.name:
-      return f"{name} --devices=N"
+      return f"{name} --devices={n_devices or 'N'}"
   return "NAME"
 
 
