@@ -15,8 +15,9 @@ from ihsweep.configuration.fields import ConfigError
     ("train.eps", 1e39, ["train.eps = 1e+39", "infinite"]),
     ("train.b2", 0.9999999999, ["train.b2 = 0.9999999999", "[0, 0.99999994]", "is 1.0"]),
     ("train.b1", 0.99999999, ["train.b1 = 0.99999999", "bias correction 1 - b1^t is 0"]),
-    ("train.lr", 1e30, ["train.lr = 1e+30", "[1e-09, 10]", "overflows"]),
-    ("train.lr", 1e-50, ["train.lr = 1e-50", "[1e-09, 10]", "no float32 weight"]),
+    ("train.lr", 1e30, ["train.lr = 1e+30", "[1.18e-38, 10]", "500 times its initial scale"]),
+    ("train.lr", 1e-50, ["train.lr = 1e-50", "[1.18e-38, 10]", "no float32 parameter changes"]),
+    ("train.lr", 1e-39, ["subnormal", "half its float32 spacing", "9.3e-10"]),
   ],
 )
 def test_values_degenerate_in_float32_are_refused(tiny, field, value, words):
@@ -41,7 +42,8 @@ def test_a_per_model_learning_rate_is_held_to_the_same_range(tiny):
 
 
 @pytest.mark.parametrize(
-  "field,value", [("train.eps", 1.2e-38), ("train.b2", 0.99999994), ("train.lr", 1e-9)]
+  "field,value",
+  [("train.eps", 1.2e-38), ("train.b2", 0.99999994), ("train.lr", 1e-9), ("train.lr", 1.2e-38)],
 )
 def test_the_edges_of_the_float32_ranges_are_accepted(tiny, field, value):
   cfg = tiny()
@@ -49,6 +51,52 @@ def test_the_edges_of_the_float32_ranges_are_accepted(tiny, field, value):
   with cfg.unlocked():
     cfg[section][name] = value
   validate(cfg)
+
+
+def test_the_refusal_names_the_true_float32_half_spacing_and_a_moving_lr_is_allowed(tiny):
+  """The 0.02 weight's half-spacing is np.spacing's (9.3e-10, not 1.2e-9); an lr of 1e-10 moves
+  the zero-initialized biases and the small initial weights, so it is not refused."""
+  import numpy as np
+
+  from ihsweep.configuration import config as config_lib
+
+  assert f"{np.spacing(np.float32(0.02)) / 2:.2g}" == "9.3e-10"
+  assert config_lib.check_lr("train.lr", 1e-10) == 1e-10
+  with pytest.raises(ConfigError) as err:
+    config_lib.check_lr("train.lr", 1e-39)
+  assert "9.3e-10" in str(err.value) and "1.2e-9" not in str(err.value)
+
+
+def test_the_not_learning_line_names_models_above_a_uniform_guess():
+  import math
+
+  from ihsweep.training.evaluation import not_learning_line
+
+  ln_v = math.log(64)
+  assert not_learning_line([ln_v, ln_v + 0.9, float("nan")], 64) == (None, [])
+  line, ids = not_learning_line([3.0, 8618.7, float("nan")], 64, ids=[4, 5, 6])
+  assert ids == [5] and line.startswith("1 of 3 models diverged or did not learn"), line
+  assert "ln V + 1 = 5.16" in line and "5 (final loss 8619)" in line, line
+
+
+def test_train_at_lr_10_names_every_model_as_not_learning_and_fails(tmp_path, capsys):
+  """A real tiny train at lr = 10 for 30 updates: finite losses thousands of nats above ln V
+  (issue 58) are named, and with every model so the exit status is 1."""
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+
+  small = "n_layers=1 n_heads=2 d_model=32 d_mlp=64 vocab_size=64 max_context=32".split()
+  argv = ["ihsweep", "train", "--config=configs/default.py:tiny", f"--workdir={tmp_path / 'r'}"]
+  argv += ["--noprogress", "--config.train.lr=10", "--config.train.num_steps=30"]
+  argv += [f"--config.model.{x}" for x in small] + ["--config.ensemble.size=2"]
+  argv += ["--config.train.batch_size=8", "--config.train.context_size=32"]
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    assert cli.main(argv) == 1
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+  err = capsys.readouterr().err
+  assert "ihsweep: error: every model diverged or did not learn: final loss > ln V + 1" in err, err
 
 
 def test_the_divergence_line_names_the_models_and_whether_all_diverged():
@@ -92,8 +140,8 @@ def test_train_warns_of_diverged_models_and_fails_when_all_did(
   assert err[0].startswith("ihsweep: error: every model" if code else "ihsweep: warning: 1 of 2")
 
 
-@pytest.mark.parametrize("diverged,code", [(1, 0), (2, 1)])
-def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diverged, code):
+@pytest.mark.parametrize("diverged,stuck,code", [(1, 0, 0), (2, 0, 1), (1, 1, 1)])
+def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diverged, stuck, code):
   """``ihsweep run`` counts diverged cells in its summary; all of them: exit status 1."""
   import types
 
@@ -106,6 +154,7 @@ def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diver
     "groups": [],
     "cells_by_state": {"done": 2},
     "diverged_cells": diverged,
+    "not_learning_cells": stuck,
     "budget": "updates",
   }
   result = types.SimpleNamespace(groups={}, summary=summary, interrupted=False)
@@ -119,6 +168,7 @@ def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diver
   captured = capsys.readouterr()
   assert f"diverged cells (loss NaN/inf, frozen): {diverged}" in captured.out
   assert ("every one of the sweep's 2 cells diverged" in captured.err) == bool(code)
+  assert ("did not learn (final loss > ln V + 1" in captured.out) == bool(stuck)
 
 
 def _points_csv(rows=None):

@@ -22,7 +22,8 @@ point with ensemble.size seeds), one compiled ensemble per group of cells with e
 and writes DIR/cells.csv, DIR/groups/gNNN/ (each a run directory), DIR/sweep.json.
 Rerunning the same command skips finished groups and resumes the others. SIGTERM saves the
 running group's state and exits with status 143. A cell whose loss turns NaN/inf is frozen and
-counted in the last lines; if every cell diverged the command exits with status 1. Several
+counted in the last lines, as is one whose final loss is above ln(vocab_size) + 1 (diverged or
+did not learn); if every cell is one or the other the command exits with status 1. Several
 processes on one run directory are workers that take groups side by side (launch/*.sh:
 independent processes, or the processes of one jax.distributed job, in phases of workers of
 sweep.processes_per_worker processes).
@@ -82,11 +83,14 @@ def main(argv) -> int:
       file=sys.stderr,
     )
     return 1
-  every = result.summary["diverged_cells"] == result.summary["cells"] > 0
-  if every:  # as `ihsweep train`: no cell trained a usable model
+  # as `ihsweep train`: no cell trained a usable model (NaN/inf, or a final loss above ln V + 1)
+  bad = result.summary["diverged_cells"] + result.summary.get("not_learning_cells", 0)
+  every = bad == result.summary["cells"] > 0
+  if every:
     print(
       f"ihsweep: error: every one of the sweep's {result.summary['cells']} cells diverged (loss "
-      f"NaN/inf; frozen at the last finite parameters); lower train.lr or raise "
+      f"NaN/inf; frozen at the last finite parameters) or did not learn (final loss above "
+      f"ln V + 1, worse than a uniform guess over the vocabulary); lower train.lr or raise "
       f"train.warmup_frac",
       file=sys.stderr,
     )

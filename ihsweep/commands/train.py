@@ -18,8 +18,9 @@ ABOUT = """\
 Trains one ensemble and writes config.json, metrics.jsonl, train_log.jsonl and checkpoints
 into the run directory; rerunning the same command resumes at its last checkpoint. It reads no
 sweep.* field: a --config.sweep.* override is refused (`ihsweep run` trains a sweep). A model
-whose loss turns NaN/inf is frozen and named in a warning; if every model diverged the command
-exits with status 1."""
+whose loss turns NaN/inf is frozen and named in a warning, as is one whose final loss is above
+ln(vocab_size) + 1 (worse than a uniform guess: diverged or did not learn); if every model is
+one or the other the command exits with status 1."""
 
 
 def sweep_override() -> str | None:
@@ -99,7 +100,15 @@ def main(argv) -> int:
   speed = out.tokens_per_s
   speed = "tokens/s not measured (one call)" if speed != speed else f"{speed:,.0f} tokens/s"
   print(f"done: final loss per model [{losses}]; {speed}; run directory {FLAGS.workdir}")
+  from ihsweep.training.evaluation import not_learning_line
+
   line, every = divergence(out.diverged_at)
-  if line:  # as `ihsweep run`: a warning, and exit status 1 when no model is usable
-    print(f"ihsweep: {'error' if every else 'warning'}: {line}", file=sys.stderr)
+  # a finite loss far above a uniform guess (ln V + 1 nat) is a model that did not learn: named
+  # as a NaN divergence is, and counted with them for the exit status
+  stuck, stuck_ids = not_learning_line(out.losses, int(cfg.model.vocab_size))
+  bad = {i for i, d in enumerate(out.diverged_at) if int(d) >= 0} | set(stuck_ids)
+  every = len(bad) == len(out.losses) > 0
+  for text in (line, stuck):
+    if text:  # as `ihsweep run`: a warning, and exit status 1 when no model is usable
+      print(f"ihsweep: {'error' if every else 'warning'}: {text}", file=sys.stderr)
   return 1 if every else 0

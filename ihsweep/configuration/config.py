@@ -137,13 +137,19 @@ def _validate_model(cfg) -> int:
   return vocab
 
 
-# The learning rates allowed. An AdamW update moves a weight by about lr (|m̂/√v̂| <~ 1): below
-# LR_MIN it is under half the float32 spacing at the initial weight scale 0.02 (0.02 * 2^-24 ~
-# 1.2e-9), so no such weight changes; above LR_MAX one update moves every weight 500 times its
-# initial scale, and the loss overflows to NaN.
-LR_MIN, LR_MAX = 1e-9, 10.0
+# The learning rates allowed. An AdamW update moves a weight by about lr (|m̂/√v̂| <~ 1). A rule
+# from the initial scale 0.02 (lr under its float32 half-spacing, 9.3e-10, leaves such a weight
+# unchanged) would refuse lrs that move some weights: the model's biases start at 0 and a normal
+# draw has weights arbitrarily close to 0, which move by any normal float32 lr. So the only lr
+# that moves no parameter is one below the smallest normal float32 (F32_TINY ~ 1.2e-38): it is
+# itself subnormal, flushed to 0 on accelerators. Above LR_MAX one update moves every weight more
+# than 500 times its initial scale; at 10 the tiny config already ends thousands of nats above
+# a uniform guess (train/run name such a model: evaluation.not_learning).
 # The optimizer's state is float32; an accelerator flushes subnormal numbers to 0.
 F32_TINY, F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+LR_MIN, LR_MAX = F32_TINY, 10.0
+# the float32 half-spacing at the initial weight scale INIT_STD = 0.02, for the refusal's words
+_HALF_SPACING_002 = float(np.spacing(np.float32(0.02))) / 2
 
 
 def check_lr(field: str, lr) -> float:
@@ -158,10 +164,13 @@ def check_lr(field: str, lr) -> float:
     raise ConfigError(
       field,
       lr,
-      f"a learning rate in [{LR_MIN:g}, {LR_MAX:g}]: an AdamW update moves each weight by "
-      f"about lr, so below {LR_MIN:g} no float32 weight of the initial scale 0.02 changes "
-      f"(half its spacing is 1.2e-9), and above {LR_MAX:g} the weights leave their scale in "
-      f"one update and the loss overflows to NaN",
+      f"a learning rate in [{LR_MIN:.3g}, {LR_MAX:g}]: an AdamW update moves each weight by "
+      f"about lr, so below {LR_MIN:.3g}, the smallest normal float32 (a smaller lr is "
+      f"subnormal, flushed to 0 on accelerators), no float32 parameter changes (above it the "
+      f"zero-initialized biases and the smallest initial weights do; a weight of the initial "
+      f"scale 0.02 needs lr > {_HALF_SPACING_002:.2g}, half its float32 spacing), and above "
+      f"{LR_MAX:g} one update moves every weight over 500 times its initial scale 0.02, far "
+      f"past where a model learns",
     )
   return float(lr)
 

@@ -19,6 +19,40 @@ from ihsweep.training import memory
 log = logging.getLogger("ihsweep")
 
 
+# A model whose final training loss exceeds ln V (a uniform guess over the vocabulary) by more
+# than this many nats is named as not learning: 1 nat is a likelihood e times worse than
+# guessing, a margin no model that trains at all stays above (a healthy run starts near ln V and
+# falls below it in its first updates), while a diverging one ends far above (lr = 10 on the
+# tiny config: thousands of nats).
+NOT_LEARNING_NATS = 1.0
+
+
+def not_learning(losses, vocab_size: int) -> list[int]:
+  """The indices of the models whose final loss is finite and above ln V + ``NOT_LEARNING_NATS``
+  (NaN/inf losses are the divergence rule's: ``diverged_at``)."""
+  limit = math.log(vocab_size) + NOT_LEARNING_NATS
+  return [i for i, x in enumerate(np.asarray(losses, float)) if math.isfinite(x) and x > limit]
+
+
+def not_learning_line(losses, vocab_size: int, ids=None) -> tuple[str | None, list]:
+  """(one line naming each model ``not_learning`` finds with its loss, their ids); (None, [])
+  if none."""
+  bad = not_learning(losses, vocab_size)
+  if not bad:
+    return None, []
+  ids = list(range(len(losses))) if ids is None else list(ids)
+  named = [ids[i] for i in bad]
+  ln_v = math.log(vocab_size)
+  which = ", ".join(f"{ids[i]} (final loss {float(losses[i]):.4g})" for i in bad)
+  n = f"{len(bad)} of {len(losses)} models" if len(bad) < len(losses) else "every model"
+  return (
+    f"{n} diverged or did not learn: final loss > ln V + {NOT_LEARNING_NATS:g} = "
+    f"{ln_v + NOT_LEARNING_NATS:.3g} (ln V = {ln_v:.3g}, a uniform guess over the "
+    f"{vocab_size} tokens): {which}; lower train.lr or raise train.warmup_frac",
+    named,
+  )
+
+
 def json_value(x):
   """numpy values to JSON values, nested lists for arrays (NaN and ±inf -> None)."""
   x = np.asarray(x)

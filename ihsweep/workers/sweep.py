@@ -44,6 +44,8 @@ import threading
 import time
 import traceback
 
+import numpy as np
+
 from ihsweep.base import atomic, environment, sharding
 from ihsweep.base.errors import IhsweepError, StorageFault
 from ihsweep.configuration import config as config_lib
@@ -123,12 +125,22 @@ def _done_status(group, out, common: dict) -> dict:
   crossed = {str(ids[j]): c for j, c in enumerate(out.crossed or []) if c is not None}
   if diverged:
     log.warning("group %s: cells %s diverged (loss NaN/inf; frozen)", group.id, ", ".join(diverged))
+  # a finite final loss above ln V + 1 nat (evaluation.not_learning): diverged or did not learn
+  stuck = {}
+  if out.losses is not None:
+    losses = np.asarray(out.losses, float)
+    vocab = int(group.cfg.model.vocab_size)
+    line, _ = evaluation.not_learning_line(losses, vocab, ids)
+    stuck = {str(ids[j]): float(losses[j]) for j in evaluation.not_learning(losses, vocab)}
+    if line:
+      log.warning("group %s: %s", group.id, line)
   return dict(
     state="done",
     **common,
     step=out.step,
     stopped_early=out.stopped_early,
     diverged=diverged,
+    not_learning=stuck,
     resumed_from=out.resumed_from,
     crossed=crossed,
     timings=out.timings.to_json(),

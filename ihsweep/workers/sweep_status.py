@@ -41,6 +41,7 @@ def summarize(plan: Plan, workdir: str) -> dict:
         "step": step,
         "stopped_early": status.get("stopped_early", False),
         "diverged": status.get("diverged", {}),
+        "not_learning": status.get("not_learning", {}),
         "error": status.get("error"),
       }
     )
@@ -54,6 +55,8 @@ def summarize(plan: Plan, workdir: str) -> dict:
     "groups": groups,
     "cells_by_state": totals,
     "diverged_cells": sum(len(g["diverged"]) for g in groups),
+    # a finite final loss above ln V + 1 nat (evaluation.not_learning), not NaN-diverged
+    "not_learning_cells": sum(len(set(g["not_learning"]) - set(g["diverged"])) for g in groups),
     "budget": plan.budget,
     "budget_tokens": budget_tokens,
     "done_budget_tokens": done_budget,
@@ -71,6 +74,11 @@ def format_summary(summary: dict) -> str:
   ]
   if summary["diverged_cells"]:
     lines.append(f"diverged cells (loss NaN/inf, frozen): {summary['diverged_cells']}")
+  if summary.get("not_learning_cells"):
+    lines.append(
+      f"cells that diverged or did not learn (final loss > ln V + 1, worse than a uniform "
+      f"guess): {summary['not_learning_cells']}"
+    )
   if summary["budget"] == "emergence" and summary["done_budget_tokens"]:
     lines.append(
       f"early stops saved {summary['saved_fraction']:.1%} of the finished groups' "
