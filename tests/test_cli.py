@@ -102,6 +102,14 @@ def test_usage_lists_commands():
       ["no field trainn; did you mean train?"],
     ),
     (["--config=configs/default.py", "--config.train.lr.x=1"], ["train.lr is a float"]),
+    (  # an optional field the file does not set: said so, not "did you mean model.n_heads?"
+      ["--config=configs/default.py", "--config.model.ln_eps=1e-6"],
+      [
+        "--config.model.ln_eps: model.ln_eps is an optional field (default 1e-05) that this "
+        "config file does not set",
+        "(config.model.ln_eps = ... in its get_config)",
+      ],
+    ),
     (
       ["--config", "configs/default.py", "--config.sweep.grid.train.batch_size=(8,16)"],
       ["no field sweep.grid.train (sweep.grid has no fields)", "add an axis with --grid"],

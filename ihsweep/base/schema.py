@@ -395,8 +395,8 @@ def _default_text(f: Field) -> str:
 
 # A field the defaults leave out: --config.FIELD=… overrides only fields the config file has.
 NOT_IN_DEFAULTS = (
-  " — not in configs/default.py, so `--config.{path}=…` is refused as no field: set it in a "
-  "config file (`config.{path} = …` in its get_config)"
+  " — not in configs/default.py, so `--config.{path}=…` is refused (an optional field the config "
+  "file does not set): set it in a config file (`config.{path} = …` in its get_config)"
 )
 
 

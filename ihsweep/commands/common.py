@@ -160,6 +160,24 @@ def bad_override(found) -> str | None:
   return None
 
 
+def _optional_field(path: str) -> str | None:
+  """Why an optional field the config does not set (``schema.Field.in_defaults`` False, e.g.
+  model.ln_eps) cannot be given as ``--config.PATH``, or None for any other path."""
+  from ihsweep.base import schema
+
+  try:
+    f = schema.field(path)
+  except KeyError:
+    return None
+  if f.in_defaults:
+    return None
+  return (
+    f"{path} is an optional field (default {f.default!r}) that this config file does not set, "
+    f"and --config.X can only override a field the file sets: set it in the config file "
+    f"(config.{path} = ... in its get_config)"
+  )
+
+
 def _no_field(cfg, path: str) -> str | None:
   """Why ``--config.PATH`` names no field of ``cfg`` (with the fields there are), or None."""
   node, done = cfg, []
@@ -168,6 +186,9 @@ def _no_field(cfg, path: str) -> str | None:
     if not hasattr(node, "keys"):
       return f"--config.{path}: {here} is a {type(node).__name__}, not a section"
     if part not in node:
+      optional = _optional_field(".".join(done + [part]))
+      if optional:
+        return f"--config.{path}: {optional}"
       fields = sorted(node.keys())
       close = difflib.get_close_matches(part, fields, n=1)
       hint = f"; did you mean {'.'.join(done + close)}?" if close else ""
