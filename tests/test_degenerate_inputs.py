@@ -7,6 +7,19 @@ from ihsweep.configuration.config import validate
 from ihsweep.configuration.fields import ConfigError
 
 
+def main(argv) -> int:
+  """``cli.main(argv)`` in this process, absl's flags cleared before and after (it keeps the
+  last call's values otherwise)."""
+  from ihsweep import cli
+  from ihsweep.commands import flags as flags_lib
+
+  flags_lib.FLAGS.unparse_flags()
+  try:
+    return cli.main(argv)
+  finally:
+    flags_lib.FLAGS.unparse_flags()
+
+
 @pytest.mark.parametrize(
   "field,value,words",
   [
@@ -82,19 +95,13 @@ def test_the_not_learning_line_names_models_above_a_uniform_guess():
 def test_train_at_lr_10_names_every_model_as_not_learning_and_fails(tmp_path, capsys):
   """A real tiny train at lr = 10 for 30 updates: finite losses thousands of nats above ln V
   (issue 58) are named, and with every model so the exit status is 1."""
-  from ihsweep import cli
-  from ihsweep.commands import flags as flags_lib
 
   small = "n_layers=1 n_heads=2 d_model=32 d_mlp=64 vocab_size=64 max_context=32".split()
   argv = ["ihsweep", "train", "--config=configs/default.py:tiny", f"--workdir={tmp_path / 'r'}"]
   argv += ["--noprogress", "--config.train.lr=10", "--config.train.num_steps=30"]
   argv += [f"--config.model.{x}" for x in small] + ["--config.ensemble.size=2"]
   argv += ["--config.train.batch_size=8", "--config.train.context_size=32"]
-  flags_lib.FLAGS.unparse_flags()
-  try:
-    assert cli.main(argv) == 1
-  finally:
-    flags_lib.FLAGS.unparse_flags()
+  assert main(argv) == 1
   err = capsys.readouterr().err
   assert "ihsweep: error: every model diverged or did not learn: final loss > ln V + 1" in err, err
 
@@ -119,8 +126,6 @@ def test_train_warns_of_diverged_models_and_fails_when_all_did(
 
   import numpy as np
 
-  from ihsweep import cli
-  from ihsweep.commands import flags as flags_lib
   from ihsweep.training import memory, runner
 
   out = types.SimpleNamespace(
@@ -130,11 +135,7 @@ def test_train_warns_of_diverged_models_and_fails_when_all_did(
   monkeypatch.setattr(runner, "resolve", lambda cfg, **k: cfg)
   monkeypatch.setattr(runner, "fit", lambda *a, **k: out)
   argv = ["ihsweep", "train", "--config=configs/default.py", f"--workdir={tmp_path / 'r'}"]
-  flags_lib.FLAGS.unparse_flags()
-  try:
-    assert cli.main(argv) == code
-  finally:
-    flags_lib.FLAGS.unparse_flags()
+  assert main(argv) == code
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "1 at update 5" in err[0], err
   assert err[0].startswith("ihsweep: error: every model" if code else "ihsweep: warning: 1 of 2")
@@ -145,8 +146,6 @@ def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diver
   """``ihsweep run`` counts diverged cells in its summary; all of them: exit status 1."""
   import types
 
-  from ihsweep import cli
-  from ihsweep.commands import flags as flags_lib
   from ihsweep.workers import sweep
 
   summary = {
@@ -160,11 +159,7 @@ def test_run_fails_when_every_cell_diverged(tmp_path, capsys, monkeypatch, diver
   result = types.SimpleNamespace(groups={}, summary=summary, interrupted=False)
   monkeypatch.setattr(sweep, "run", lambda *a, **k: result)
   argv = ["ihsweep", "run", "--config=configs/default.py", f"--workdir={tmp_path / 'r'}"]
-  flags_lib.FLAGS.unparse_flags()
-  try:
-    assert cli.main(argv) == code
-  finally:
-    flags_lib.FLAGS.unparse_flags()
+  assert main(argv) == code
   captured = capsys.readouterr()
   assert f"diverged cells (loss NaN/inf, frozen): {diverged}" in captured.out
   assert ("every one of the sweep's 2 cells diverged" in captured.err) == bool(code)
@@ -258,15 +253,9 @@ def test_a_grid_value_of_the_wrong_type_is_one_line(tiny, no_compile, spec, word
 
 @pytest.mark.parametrize("command", ["train", "run"])
 def test_an_override_without_config_names_the_missing_flag(tmp_path, capsys, command):
-  from ihsweep import cli
-  from ihsweep.commands import flags as flags_lib
 
   argv = ["ihsweep", command, f"--workdir={tmp_path / 'r'}", "--config.train.eps=1e-3"]
-  flags_lib.FLAGS.unparse_flags()
-  try:
-    assert cli.main(argv) == 2
-  finally:
-    flags_lib.FLAGS.unparse_flags()
+  assert main(argv) == 2
   err = capsys.readouterr().err
   assert err.startswith("ihsweep: --config.train.eps needs --config=FILE[:VARIANT]"), err
   assert len(err.splitlines()) == 1 and not (tmp_path / "r").exists()
@@ -300,8 +289,6 @@ def test_a_stop_before_any_group_started_says_nothing_was_saved(
 ):
   import types
 
-  from ihsweep import cli
-  from ihsweep.commands import flags as flags_lib
   from ihsweep.workers import sweep
 
   summary = {"cells": 2, "groups": [], "cells_by_state": {state: 2}, "diverged_cells": 0}
@@ -310,11 +297,7 @@ def test_a_stop_before_any_group_started_says_nothing_was_saved(
   result = types.SimpleNamespace(groups=groups, summary=summary, interrupted=True)
   monkeypatch.setattr(sweep, "run", lambda *a, **k: result)
   work = tmp_path / "r"
-  flags_lib.FLAGS.unparse_flags()
-  try:
-    assert cli.main(["ihsweep", "run", "--config=configs/default.py", f"--workdir={work}"]) == 143
-  finally:
-    flags_lib.FLAGS.unparse_flags()
+  assert main(["ihsweep", "run", "--config=configs/default.py", f"--workdir={work}"]) == 143
   last = capsys.readouterr().err.strip().splitlines()[-1]
   if state == "interrupted":
     assert last == f"interrupted: state saved; rerun the same command to resume ({work})"

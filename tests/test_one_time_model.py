@@ -96,13 +96,13 @@ def test_an_entry_scales_from_its_nearest_compile_and_knows_where_it_does_not_fi
 def test_the_model_prices_by_compiled_times_only_where_every_group_has_them(tmp_path, monkeypatch):
   _, jobs = placement.make_jobs(_exp1_corners(), check_data=False)
   flops = timing.FlopsModel(7.9e13, V5E, 4)
-  bare = flops.compiled_for(jobs, compiled_times.CompiledTimes("v5e", str(tmp_path)))
+  bare_store = compiled_times.CompiledTimes("v5e", str(tmp_path))
+  bare = flops.compiled_for(jobs, bare_store)
   assert bare.compiled is None and "memory traffic" in bare.describe()
   assert "--target=v5e:SHAPE" in bare.describe() and "exist for none of the 4" in bare.describe()
-  bare.planned_devices = 8  # a plan's N names the slice (v5e: a chip per device)
-  assert "`ihsweep plan --target=v5e:2x4`" in bare.describe()
-  h100 = timing.FlopsModel(4e14, chips.NETWORKS["h100"])
-  h100.planned_devices = 8
+  planned = timing.FlopsModel(7.9e13, V5E, 4, planned_devices=8).compiled_for(jobs, bare_store)
+  assert "`ihsweep plan --target=v5e:2x4`" in planned.describe()  # a plan's N names the slice
+  h100 = timing.FlopsModel(4e14, chips.NETWORKS["h100"], planned_devices=8)
   assert "`ihsweep plan --target=h100-80gb --devices=8`" in h100.describe()
   assert timing.target_example(chips.NETWORKS["v4"], 16) == "v4:2x2x2"  # 2 TensorCores a chip
   store = _store_corners(jobs, tmp_path)

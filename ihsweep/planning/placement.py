@@ -360,8 +360,8 @@ def _throughput(jobs, n_devices, devices_per_host, flops_per_s, network, log) ->
   if flops_per_s is not None:
     host = devices_per_host or DEFAULT_DEVICES_PER_HOST
     n_processes, per_process = processes_of(n_devices, host)
-    model = timing.FlopsModel(flops_per_s, network, per_process).compiled_for(jobs)
-    model.planned_devices = n_devices
+    model = timing.FlopsModel(flops_per_s, network, per_process, planned_devices=n_devices)
+    model = model.compiled_for(jobs)
     return model, host, n_processes, per_process
   import jax
 

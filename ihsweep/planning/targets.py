@@ -303,19 +303,18 @@ def _compiled_model(jobs, groups, compile_group, target: Target):
   if target.network is None:
     return base
   store = compiled_times.CompiledTimes(target.network.name)
+  source = f"ihsweep plan --target={target.name} on {datetime.date.today().isoformat()}"
   own = {}
   for j, row in zip(jobs, groups):
-    times = {m: None for (gid, m), (_, _, why) in _fits_tried(compile_group, j) if why}
+    times = {m: None for (_, m), (_, _, why) in _fits_tried(compile_group, j) if why}
     times[row.devices] = row.roofline_update_s
     own[j.id] = compiled_times.GroupTimes(times, "this plan")
-    when = datetime.date.today().isoformat()
-    store.write(j, times, f"ihsweep plan --target={target.name} on {when}")
+    store.write(j, times, source)
   model = base.compiled_for(jobs, store)
   if model.compiled is None:  # not kept (a read-only cache): this plan's times alone
     model = timing.FlopsModel(
-      target.peak_flops, target.network, target.devices_per_host, own, "this plan's own"
+      target.peak_flops, target.network, target.devices_per_host, own, "this plan's own", jobs
     )
-    model.compiled_jobs = list(jobs)
   return model
 
 
@@ -335,6 +334,7 @@ def _run_phases(cfg, jobs, model, target: Target):
 
   host, n = target.devices_per_host, len(target.devices)
   sweep = cfg.get("sweep", {})
+  # a flops_per_s (any) makes it choose with ``model`` itself, as run does with its own model
   steps, reason = placement._default_phases(jobs, model, sweep, n // host, host, 1.0)
   return PhasedSchedule(n, steps), reason
 

@@ -101,14 +101,17 @@ class FlopsModel:
     devices_per_host: int = 8,
     compiled: dict | None = None,
     compiled_note: str = "",
+    compiled_jobs=(),
+    planned_devices: int = 0,
   ):
     self.flops_per_s = float(flops_per_s)
     self.network, self.devices_per_host = network, int(devices_per_host)
     self.phase_switch_s = network.phase_switch_s if network else 0.0
     # {group id: compiled_times.GroupTimes} pricing every group (compiled_for), else None;
     # compiled_jobs: those groups (their E and B give the devices each uses on a worker)
-    self.compiled, self.compiled_note, self.compiled_jobs = compiled, compiled_note, []
-    self.planned_devices = 0  # the plan's N, where a plan made this model (describe's example)
+    self.compiled, self.compiled_note = compiled, compiled_note
+    self.compiled_jobs = list(compiled_jobs) if compiled else []
+    self.planned_devices = planned_devices  # a plan's N (describe's --target example), or 0
 
   def compiled_for(self, jobs, store=None) -> FlopsModel:
     """This model with the compiled times of ``jobs`` on its network's chip
@@ -122,9 +125,9 @@ class FlopsModel:
     store = store or compiled_times.CompiledTimes(self.network.name)
     jobs = list(jobs)
     found, note = store.for_jobs(jobs)
-    out = FlopsModel(self.flops_per_s, self.network, self.devices_per_host, found, note)
-    out.compiled_jobs = jobs if found else []
-    return out
+    return FlopsModel(
+      self.flops_per_s, self.network, self.devices_per_host, found, note, jobs, self.planned_devices
+    )
 
   def cannot_time(self, n_devices: int) -> str | None:
     """Why workers of ``n_devices`` cannot be priced: with compiled times, a group whose
